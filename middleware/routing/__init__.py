@@ -1,0 +1,28 @@
+"""Routers: choose a route per request, and fail over while it is still safe."""
+
+from middleware.routing.context import (
+    AttemptOutcome,
+    FailoverAttempt,
+    Price,
+    RequestBudget,
+    Route,
+    RoutingContext,
+    RoutingSelection,
+    current_budget,
+)
+from middleware.routing.failover import FailoverChatClient, OrderedFailoverChatClient
+from middleware.routing.router import RoutingChatClient
+
+__all__ = [
+    "AttemptOutcome",
+    "FailoverAttempt",
+    "FailoverChatClient",
+    "OrderedFailoverChatClient",
+    "Price",
+    "RequestBudget",
+    "Route",
+    "RoutingChatClient",
+    "RoutingContext",
+    "RoutingSelection",
+    "current_budget",
+]

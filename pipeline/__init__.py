@@ -1,0 +1,51 @@
+"""chat-pipeline: a tested, observable routing layer between an application and its LLMs.
+
+The public surface: core types, the client protocol and `ChatPipeline`. Providers live in
+`pipeline.providers`, errors in `pipeline.errors`, test fakes in `pipeline.testing`, and
+layers and routers in `middleware`.
+"""
+
+from pipeline.builder import ChatPipeline, ChatPipelineBuilder
+from pipeline.client import (
+    ChatClient,
+    ChatClientMetadata,
+    DelegatingChatClient,
+    EmbeddingGenerator,
+)
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    DataContent,
+    FunctionCallContent,
+    FunctionResultContent,
+    Messages,
+    TextContent,
+    UsageDetails,
+)
+
+__all__ = [
+    "ChatClient",
+    "ChatClientMetadata",
+    "ChatMessage",
+    "ChatOptions",
+    "ChatPipeline",
+    "ChatPipelineBuilder",
+    "ChatResponse",
+    "ChatResponseUpdate",
+    "ChatRole",
+    "Content",
+    "DataContent",
+    "DelegatingChatClient",
+    "EmbeddingGenerator",
+    "FunctionCallContent",
+    "FunctionResultContent",
+    "Messages",
+    "TextContent",
+    "UsageDetails",
+]
+
+__version__ = "0.1.0"

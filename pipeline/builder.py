@@ -1,0 +1,219 @@
+"""`ChatPipeline` and its fluent builder.
+
+The first ``use_*`` call is the outermost layer. A chain either ends in a router
+(``use_router``, ``use_failover``, ``use_ordered_failover``, ``use_semantic_routing``) and
+is built with ``build()``, or wraps a client given to ``build(inner)``. Every ``use_*``
+takes ``enabled``, so one code path serves every environment: a disabled layer is simply
+absent (see `ChatPipeline.describe`).
+
+Middleware modules are imported inside the ``use_*`` methods, so ``pipeline`` never imports
+``middleware`` at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from pipeline.client import (
+    ChatClient,
+    ChatClientMetadata,
+    DelegatingChatClient,
+    check_options,
+    client_name,
+    ensure_chat_client,
+)
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
+
+if TYPE_CHECKING:
+    from middleware.routing.context import Route, RoutingContext, SelectionResult
+    from middleware.routing.failover import FailoverChatClient
+
+__all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory"]
+
+LayerFactory = Callable[[ChatClient], ChatClient]
+
+
+class ChatPipeline:
+    """A built pipeline: a `ChatClient` that validates its input once and calls its layers.
+
+    Messages may be a str, a `ChatMessage` or a sequence of them; anything else raises
+    `TypeError`, an empty sequence `ValueError`, before any layer runs.
+    """
+
+    def __init__(self, client: ChatClient, *, name: str | None = None) -> None:
+        self.client = ensure_chat_client(client)
+        inner = self.client.metadata
+        self._metadata = (
+            inner
+            if name is None
+            else ChatClientMetadata(
+                provider_name=inner.provider_name,
+                model_id=inner.model_id,
+                server_address=inner.server_address,
+                server_port=inner.server_port,
+                name=name,
+            )
+        )
+        self._closed = False
+
+    @staticmethod
+    def builder() -> ChatPipelineBuilder:
+        return ChatPipelineBuilder()
+
+    @property
+    def metadata(self) -> ChatClientMetadata:
+        return self._metadata
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        return await self.client.get_response(as_messages(messages), check_options(options))
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self.client.get_streaming_response(as_messages(messages), check_options(options))
+
+    async def aclose(self) -> None:
+        """Close every layer and the clients the pipeline owns, once."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.client.aclose()
+
+    def describe(self) -> list[str]:
+        """The layers, outermost first, ending with the router or the innermost client."""
+        return describe_chain(self.client)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"ChatPipeline({' -> '.join(self.describe())})"
+
+
+def describe_chain(client: ChatClient) -> list[str]:
+    """Describe `client` and every layer beneath it, outermost first."""
+    layers: list[str] = []
+    current: object = client
+    while True:
+        if isinstance(current, ChatPipeline):
+            current = current.client
+            continue
+        describe_layer = getattr(current, "describe_layer", None)
+        if isinstance(current, DelegatingChatClient):
+            layers.append(current.describe_layer())
+            current = current.inner
+            continue
+        if callable(describe_layer):
+            layers.append(str(describe_layer()))
+        elif isinstance(current, ChatClient):
+            layers.append(f"{type(current).__name__}({client_name(current)})")
+        else:  # pragma: no cover - ensure_chat_client guards every link
+            layers.append(type(current).__name__)
+        return layers
+
+
+class ChatPipelineBuilder:
+    """Composes layers; the first ``use_*`` call is the outermost layer."""
+
+    def __init__(self) -> None:
+        self._factories: list[LayerFactory] = []
+        self._router: Callable[[], ChatClient] | None = None
+
+    # -- generic ---------------------------------------------------------------------------
+
+    def use(self, factory: LayerFactory, *, enabled: bool = True) -> Self:
+        """Add a custom layer: `factory(inner)` returns the layer wrapping `inner`."""
+        if not callable(factory):
+            raise TypeError("use() needs a callable that takes the inner client")
+        if self._router is not None:
+            raise ValueError("a router ends the chain: add layers before the router")
+        if enabled:
+            self._factories.append(factory)
+        return self
+
+    def _end_with(self, router: Callable[[], ChatClient], enabled: bool) -> Self:
+        if self._router is not None:
+            raise ValueError("the chain already ends in a router")
+        if enabled:
+            self._router = router
+        return self
+
+    def build(self, inner: ChatClient | None = None, name: str | None = None) -> ChatPipeline:
+        """Build the pipeline around `inner`, or around the router that ends the chain."""
+        if self._router is not None:
+            if inner is not None:
+                raise ValueError("this chain ends in a router: build() takes no inner client")
+            client = self._router()
+        elif inner is None:
+            raise ValueError("build() needs an inner client unless the chain ends in a router")
+        else:
+            client = ensure_chat_client(inner, "inner")
+        for factory in reversed(self._factories):
+            client = ensure_chat_client(factory(client), "the result of a layer factory")
+        return ChatPipeline(client, name=name)
+
+    # -- layers ----------------------------------------------------------------------------
+
+    def configure_options(
+        self, configure: Callable[[ChatOptions], ChatOptions | None], *, enabled: bool = True
+    ) -> Self:
+        """Shape each request's options on a clone; the caller's object is never touched."""
+        from middleware.configure_options import ConfigureOptionsChatClient
+
+        if not callable(configure):
+            raise TypeError("configure_options() needs a callable")
+        return self.use(lambda inner: ConfigureOptionsChatClient(inner, configure), enabled=enabled)
+
+    def use_logging(self, logger: logging.Logger | None = None, *, enabled: bool = True) -> Self:
+        """Log request start/end, duration, model and outcome; never content."""
+        from middleware.logging import LoggingChatClient
+
+        return self.use(lambda inner: LoggingChatClient(inner, logger), enabled=enabled)
+
+    # -- routers (end the chain) -------------------------------------------------------------
+
+    def use_router(
+        self,
+        selector: Callable[[RoutingContext], SelectionResult | Any],
+        *,
+        enabled: bool = True,
+    ) -> Self:
+        """End the chain with a one-shot router calling `selector` once per request."""
+        from middleware.routing.router import RoutingChatClient
+
+        router = RoutingChatClient.create(selector)
+        return self._end_with(lambda: router, enabled)
+
+    def use_failover(self, policy_client: FailoverChatClient, *, enabled: bool = True) -> Self:
+        """End the chain with a custom `FailoverChatClient`."""
+        from middleware.routing.failover import FailoverChatClient
+
+        if not isinstance(policy_client, FailoverChatClient):
+            raise TypeError("use_failover() needs a FailoverChatClient")
+        return self._end_with(lambda: policy_client, enabled)
+
+    def use_ordered_failover(
+        self,
+        routes: Sequence[Route | ChatClient],
+        *,
+        enabled: bool = True,
+        **options: Any,
+    ) -> Self:
+        """End the chain with an `OrderedFailoverChatClient` over `routes`."""
+        from middleware.routing.failover import OrderedFailoverChatClient
+
+        router = OrderedFailoverChatClient(routes, **options)
+        return self._end_with(lambda: router, enabled)

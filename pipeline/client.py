@@ -1,0 +1,147 @@
+"""The chat client protocol and the base of every layer.
+
+A `ChatClient` answers a conversation either whole (`get_response`) or as a stream of
+updates (`get_streaming_response`, an async generator). Callers that stop reading a stream
+early close it (``async with contextlib.aclosing(stream)`` or ``await stream.aclose()``);
+every layer closes the inner stream it opened, so closing the outermost stream releases
+everything beneath it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+
+__all__ = [
+    "ChatClient",
+    "ChatClientMetadata",
+    "DelegatingChatClient",
+    "EmbeddingGenerator",
+    "check_options",
+    "client_name",
+    "ensure_chat_client",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatClientMetadata:
+    """What telemetry and routing know about a client. Never holds credentials."""
+
+    provider_name: str | None = None
+    model_id: str | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+    name: str | None = None
+
+
+@runtime_checkable
+class ChatClient(Protocol):
+    """An async chat client. Every layer and provider implements this."""
+
+    @property
+    def metadata(self) -> ChatClientMetadata: ...
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse: ...
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class EmbeddingGenerator(Protocol):
+    """Turns texts into vectors: `generate` returns a float32 array of shape ``(n, d)``."""
+
+    async def generate(self, values: Sequence[str]) -> npt.NDArray[np.float32]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def ensure_chat_client(client: object, what: str = "client") -> ChatClient:
+    """Return `client` typed as a `ChatClient`, or raise `TypeError` naming `what`."""
+    if not isinstance(client, ChatClient):
+        raise TypeError(
+            f"{what} must be a ChatClient (get_response, get_streaming_response, aclose, "
+            f"metadata), not {type(client).__name__}"
+        )
+    return client
+
+
+def check_options(options: object) -> ChatOptions | None:
+    """Return `options` if it is `None` or a `ChatOptions`, else raise `TypeError`."""
+    if options is None or type(options) is ChatOptions or isinstance(options, ChatOptions):
+        return options
+    raise TypeError(f"options must be ChatOptions or None, not {type(options).__name__}")
+
+
+def client_name(client: ChatClient) -> str:
+    """A readable name for a client: its metadata name, else provider/model, else its type."""
+    metadata = client.metadata
+    if metadata.name:
+        return metadata.name
+    if metadata.provider_name and metadata.model_id:
+        return f"{metadata.provider_name}/{metadata.model_id}"
+    return metadata.model_id or metadata.provider_name or type(client).__name__
+
+
+class DelegatingChatClient:
+    """A layer that forwards everything to `inner`; subclasses override what they change.
+
+    `aclose()` closes the inner client once, unless the layer was built with
+    ``leave_open=True``.
+    """
+
+    def __init__(self, inner: ChatClient, *, leave_open: bool = False) -> None:
+        self.inner: ChatClient = ensure_chat_client(inner, "inner")
+        self.leave_open = leave_open
+        self._closed = False
+
+    @property
+    def metadata(self) -> ChatClientMetadata:
+        return self.inner.metadata
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        return await self.inner.get_response(messages, options)
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self.inner.get_streaming_response(messages, options)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.leave_open:
+            await self.inner.aclose()
+
+    def describe_layer(self) -> str:
+        """How this layer appears in `ChatPipeline.describe()`."""
+        return type(self).__name__
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(inner={self.inner!r})"

@@ -1,0 +1,313 @@
+"""Every error the library raises, and how any exception is classified.
+
+::
+
+    ChatPipelineError
+    ├── ConfigError                    a configuration value is wrong; names the key path
+    ├── RoutingError                   a router could not pick a route
+    │   └── RequestBudgetExceededError  the request's provider-call budget is spent
+    └── ProviderError                  a provider failed; `kind` says how (FailureKind)
+        ├── RateLimitedError           RATE_LIMITED             429
+        ├── TransientProviderError     TRANSIENT                5xx, timeouts, resets, cut streams
+        ├── CircuitOpenError           CIRCUIT_OPEN             the route's breaker is open
+        ├── RequestInvalidError        REQUEST_INVALID          400/404/422
+        ├── ContextLengthExceededError CONTEXT_LENGTH_EXCEEDED  prompt too long for the model
+        ├── ContentFilteredError       CONTENT_FILTERED         the provider's filter refused
+        ├── AuthenticationError        AUTHENTICATION           401/403
+        └── UnknownProviderError       UNKNOWN                  anything else a provider said
+
+`classify(exc)` maps any exception (ours, httpx's, or unknown) to a `FailureKind`. The
+default policies built on it: `is_retryable` (rate limits and transient failures) and
+`is_failover_eligible` (those, an open circuit, and unknown failures). Request errors
+(invalid, too long, filtered, unauthenticated) are never retried nor failed over: another
+deployment would refuse them the same way.
+
+Messages never contain prompt text, response text or credentials: provider errors are
+built from status codes and provider error codes, never from echoed request bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import math
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import httpx
+
+__all__ = [
+    "AuthenticationError",
+    "ChatPipelineError",
+    "CircuitOpenError",
+    "ConfigError",
+    "ContentFilteredError",
+    "ContextLengthExceededError",
+    "FailureKind",
+    "ProviderError",
+    "RateLimitedError",
+    "RequestBudgetExceededError",
+    "RequestInvalidError",
+    "RoutingError",
+    "TransientProviderError",
+    "UnknownProviderError",
+    "classify",
+    "is_failover_eligible",
+    "is_retryable",
+    "kind_for_status",
+    "parse_retry_after",
+    "provider_error",
+]
+
+
+class FailureKind(StrEnum):
+    """Why a call failed, as far as routing and retry care."""
+
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    CIRCUIT_OPEN = "circuit_open"
+    REQUEST_INVALID = "request_invalid"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    CONTENT_FILTERED = "content_filtered"
+    AUTHENTICATION = "authentication"
+    UNKNOWN = "unknown"
+
+
+class ChatPipelineError(Exception):
+    """Base of every error this library raises."""
+
+
+class ConfigError(ChatPipelineError):
+    """A configuration value is missing or wrong. `key_path` names it, e.g. ``routes.a.model``."""
+
+    def __init__(self, key_path: str, message: str) -> None:
+        self.key_path = key_path
+        self.detail = message
+        super().__init__(f"{key_path}: {message}" if key_path else message)
+
+
+class RoutingError(ChatPipelineError):
+    """A router could not choose a route (the selector returned nothing, or no route fits)."""
+
+
+class RequestBudgetExceededError(RoutingError):
+    """The request has used every provider call its router allowed."""
+
+
+class ProviderError(ChatPipelineError):
+    """A provider call failed.
+
+    `kind` decides what the pipeline does next (see `FailureKind`); `status_code`,
+    `retry_after` (seconds), `provider` and the provider's error `code` describe it; `url`
+    is the endpoint called, without query string. The message is ours, never the
+    provider's body, so it cannot carry prompt text.
+    """
+
+    default_kind = FailureKind.UNKNOWN
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        kind: FailureKind | None = None,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+        provider: str | None = None,
+        code: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        self.kind = kind if kind is not None else self.default_kind
+        self.status_code = status_code
+        self.retry_after = retry_after
+        self.provider = provider
+        self.code = code
+        self.url = url
+        self.message = message or _describe(self.kind, status_code, code)
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        prefix = f"{self.provider}: " if self.provider else ""
+        return f"{prefix}{self.message}"
+
+
+class RateLimitedError(ProviderError):
+    default_kind = FailureKind.RATE_LIMITED
+
+
+class TransientProviderError(ProviderError):
+    default_kind = FailureKind.TRANSIENT
+
+
+class CircuitOpenError(ProviderError):
+    """The route's circuit breaker is open: the call was not made."""
+
+    default_kind = FailureKind.CIRCUIT_OPEN
+
+
+class RequestInvalidError(ProviderError):
+    default_kind = FailureKind.REQUEST_INVALID
+
+
+class ContextLengthExceededError(ProviderError):
+    default_kind = FailureKind.CONTEXT_LENGTH_EXCEEDED
+
+
+class ContentFilteredError(ProviderError):
+    default_kind = FailureKind.CONTENT_FILTERED
+
+
+class AuthenticationError(ProviderError):
+    default_kind = FailureKind.AUTHENTICATION
+
+
+class UnknownProviderError(ProviderError):
+    default_kind = FailureKind.UNKNOWN
+
+
+_ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
+    cls.default_kind: cls
+    for cls in (
+        RateLimitedError,
+        TransientProviderError,
+        CircuitOpenError,
+        RequestInvalidError,
+        ContextLengthExceededError,
+        ContentFilteredError,
+        AuthenticationError,
+        UnknownProviderError,
+    )
+}
+
+
+def _describe(kind: FailureKind, status_code: int | None, code: str | None) -> str:
+    parts = [kind.value.replace("_", " ")]
+    if status_code is not None:
+        parts.append(f"(HTTP {status_code}")
+        parts[-1] += f", code {code})" if code else ")"
+    elif code:
+        parts.append(f"(code {code})")
+    return " ".join(parts)
+
+
+def provider_error(
+    kind: FailureKind,
+    message: str = "",
+    *,
+    status_code: int | None = None,
+    retry_after: float | None = None,
+    provider: str | None = None,
+    code: str | None = None,
+    url: str | None = None,
+) -> ProviderError:
+    """Create the `ProviderError` subclass that matches `kind`."""
+    return _ERROR_CLASSES[kind](
+        message,
+        kind=kind,
+        status_code=status_code,
+        retry_after=retry_after,
+        provider=provider,
+        code=code,
+        url=url,
+    )
+
+
+_CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
+_FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "content_filtered"})
+
+
+def kind_for_status(status_code: int, code: str | None = None) -> FailureKind:
+    """The failure kind of an HTTP status, refined by the provider's error `code`."""
+    if code in _CONTEXT_CODES:
+        return FailureKind.CONTEXT_LENGTH_EXCEEDED
+    if code in _FILTER_CODES:
+        return FailureKind.CONTENT_FILTERED
+    if status_code == 429:
+        return FailureKind.RATE_LIMITED
+    if status_code in (401, 403):
+        return FailureKind.AUTHENTICATION
+    if status_code == 408 or status_code >= 500:
+        return FailureKind.TRANSIENT
+    if 400 <= status_code < 500:
+        return FailureKind.REQUEST_INVALID
+    return FailureKind.UNKNOWN
+
+
+def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (delta seconds or an HTTP date).
+
+    Returns `None` for a missing or unparseable value; never a negative number.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - now()
+    if math.isnan(seconds) or math.isinf(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def classify(exc: BaseException) -> FailureKind:
+    """Map any exception to a `FailureKind`.
+
+    Our `ProviderError`s carry their kind; httpx status errors map by status; timeouts,
+    connection failures and broken HTTP streams are transient; pybreaker's open-circuit
+    error is `CIRCUIT_OPEN`; everything else (including a stray `CancelledError` from a
+    client) is `UNKNOWN`.
+    """
+    if isinstance(exc, ProviderError):
+        return exc.kind
+    if isinstance(exc, httpx.HTTPStatusError):
+        return kind_for_status(exc.response.status_code)
+    if isinstance(exc, httpx.TransportError | TimeoutError | ConnectionError):
+        return FailureKind.TRANSIENT
+    if _is_breaker_open(exc):
+        return FailureKind.CIRCUIT_OPEN
+    return FailureKind.UNKNOWN
+
+
+def _is_breaker_open(exc: BaseException) -> bool:
+    # pybreaker is imported lazily: classification must stay cheap for pipelines without it.
+    try:
+        import pybreaker
+    except ImportError:  # pragma: no cover - pybreaker is a dependency
+        return False
+    return isinstance(exc, pybreaker.CircuitBreakerError)
+
+
+_RETRYABLE = frozenset({FailureKind.RATE_LIMITED, FailureKind.TRANSIENT})
+_FAILOVER = frozenset(
+    {
+        FailureKind.RATE_LIMITED,
+        FailureKind.TRANSIENT,
+        FailureKind.CIRCUIT_OPEN,
+        FailureKind.UNKNOWN,
+    }
+)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """Default retry policy: rate limits and transient failures; never a cancellation."""
+    if isinstance(exc, asyncio.CancelledError) or not isinstance(exc, Exception):
+        return False
+    return classify(exc) in _RETRYABLE
+
+
+def is_failover_eligible(exc: BaseException) -> bool:
+    """Default failover policy: deployment failures, an open circuit, and unknown failures.
+
+    A `CancelledError` raised by a client while its caller is not being cancelled counts as
+    an unknown failure; the routers decide about caller cancellation before asking.
+    """
+    if not isinstance(exc, Exception | asyncio.CancelledError):
+        return False
+    return classify(exc) in _FAILOVER

@@ -1,0 +1,340 @@
+"""Fakes for testing pipelines, this library's and yours.
+
+`ScriptedChatClient` is an in-process chat client that plays a script, one step per call,
+and records every call, stream close and client close, so a test can assert exactly which
+route was called, with what, and what was released::
+
+    from pipeline.testing import ScriptedChatClient, fail, reply
+
+    primary = ScriptedChatClient([fail(TransientProviderError())], name="primary")
+    backup = ScriptedChatClient(reply("hi", chunks=["h", "i"]), name="backup")
+    ...
+    assert primary.call_count == 1 and backup.call_count == 1
+
+Steps: `reply` (text, optionally streamed in chunks with a delay), `fail` (raise before any
+output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled) and
+`call_tools` (ask for tool calls). Any step can also fail when its stream is closed
+(``reply("x").failing_on_close(exc)``). A step may be a callable of (messages, options)
+returning a step, for replies that depend on the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from pipeline.client import ChatClient as ChatClientLike
+from pipeline.client import ChatClientMetadata, check_options
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    FunctionCallContent,
+    Messages,
+    TextContent,
+    UsageDetails,
+    as_messages,
+)
+
+__all__ = [
+    "Collected",
+    "RecordedCall",
+    "ScriptStep",
+    "ScriptedChatClient",
+    "call_tools",
+    "collect",
+    "fail",
+    "fail_after",
+    "hang",
+    "reply",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptStep:
+    """What one call does. Build steps with `reply`, `fail`, `fail_after`, `hang`, `call_tools`."""
+
+    chunks: tuple[str, ...] = ()
+    chunk_delay: float = 0.0
+    error: BaseException | None = None
+    error_after_chunks: int | None = None
+    hang: bool = False
+    close_error: BaseException | None = None
+    tool_calls: tuple[FunctionCallContent, ...] = ()
+    finish_reason: str | None = "stop"
+    usage: UsageDetails | None = None
+
+    def failing_on_close(self, exc: BaseException) -> ScriptStep:
+        """This step, except that its stream raises `exc` when it is closed or runs out."""
+        return dataclasses.replace(self, close_error=exc)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+
+StepSource: TypeAlias = ScriptStep | Callable[[list[ChatMessage], ChatOptions | None], ScriptStep]
+
+
+def reply(
+    text: str,
+    *,
+    chunks: Sequence[str] | None = None,
+    chunk_delay: float = 0.0,
+    usage: UsageDetails | None = None,
+    finish_reason: str = "stop",
+) -> ScriptStep:
+    """Answer `text`; streamed as `chunks` (default: one chunk) with `chunk_delay` between."""
+    parts = tuple(chunks) if chunks is not None else ((text,) if text else ())
+    if chunks is not None and "".join(parts) != text:
+        raise ValueError("reply(): chunks must join to the text")
+    return ScriptStep(
+        chunks=parts, chunk_delay=chunk_delay, usage=usage, finish_reason=finish_reason
+    )
+
+
+def fail(exc: BaseException) -> ScriptStep:
+    """Raise `exc` before any output: at the first `__anext__` when streaming."""
+    return ScriptStep(error=exc, error_after_chunks=0, finish_reason=None)
+
+
+def fail_after(
+    chunks: Sequence[str], exc: BaseException, *, chunk_delay: float = 0.0
+) -> ScriptStep:
+    """Stream `chunks`, then raise `exc` (non-streaming calls just raise `exc`)."""
+    return ScriptStep(
+        chunks=tuple(chunks),
+        chunk_delay=chunk_delay,
+        error=exc,
+        error_after_chunks=len(chunks),
+        finish_reason=None,
+    )
+
+
+def hang() -> ScriptStep:
+    """Never answer: wait until the call is cancelled."""
+    return ScriptStep(hang=True, finish_reason=None)
+
+
+def call_tools(*calls: FunctionCallContent, text: str = "") -> ScriptStep:
+    """Ask for the given tool calls (with optional text before them)."""
+    return ScriptStep(
+        chunks=(text,) if text else (), tool_calls=tuple(calls), finish_reason="tool_calls"
+    )
+
+
+@dataclass(slots=True)
+class RecordedCall:
+    """One call a `ScriptedChatClient` received. `options` is the very object passed in."""
+
+    messages: list[ChatMessage]
+    options: ChatOptions | None
+    streaming: bool
+    options_snapshot: ChatOptions | None = field(default=None)
+
+
+class ScriptedChatClient:
+    """A chat client that plays `script`, one step per call.
+
+    When the script runs out the last step repeats (or, with ``repeat_last=False``, the call
+    raises `RuntimeError`). Counters: `call_count`, `calls`, `streams_opened`,
+    `streams_closed` (every stream that ended, however), `streams_abandoned` (closed by the
+    caller before the end), `close_count` (`aclose()` calls).
+    """
+
+    def __init__(
+        self,
+        script: str | StepSource | Sequence[StepSource] = "ok",
+        *,
+        name: str | None = "scripted",
+        model_id: str = "scripted-model",
+        provider_name: str = "scripted",
+        repeat_last: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        if isinstance(script, str):
+            steps: list[StepSource] = [reply(script)]
+        elif isinstance(script, ScriptStep) or callable(script):
+            steps = [script]
+        else:
+            steps = list(script)
+        if not steps:
+            raise ValueError("ScriptedChatClient needs at least one script step")
+        self._steps = steps
+        self._repeat_last = repeat_last
+        self._sleep = sleep
+        self._metadata = ChatClientMetadata(
+            provider_name=provider_name, model_id=model_id, name=name
+        )
+        self.calls: list[RecordedCall] = []
+        self.streams_opened = 0
+        self.streams_closed = 0
+        self.streams_abandoned = 0
+        self.close_count = 0
+        self._call_waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    @property
+    def metadata(self) -> ChatClientMetadata:
+        return self._metadata
+
+    @property
+    def call_count(self) -> int:
+        return len(self.calls)
+
+    async def wait_for_calls(self, count: int = 1) -> None:
+        """Return once at least `count` calls have started."""
+        if len(self.calls) >= count:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._call_waiters.append((count, future))
+        await future
+
+    def _record(
+        self, messages: Messages, options: ChatOptions | None, streaming: bool
+    ) -> ScriptStep:
+        normalized = list(as_messages(messages))
+        check_options(options)
+        index = len(self.calls)
+        self.calls.append(
+            RecordedCall(
+                normalized, options, streaming, None if options is None else options.clone()
+            )
+        )
+        for waiter in [w for w in self._call_waiters if w[0] <= len(self.calls)]:
+            self._call_waiters.remove(waiter)
+            if not waiter[1].done():
+                waiter[1].set_result(None)
+        if index >= len(self._steps) and not self._repeat_last:
+            raise RuntimeError(f"script exhausted after {len(self._steps)} calls")
+        source = self._steps[min(index, len(self._steps) - 1)]
+        return source if isinstance(source, ScriptStep) else source(normalized, options)
+
+    def _model_id(self, options: ChatOptions | None) -> str | None:
+        return (options.model_id if options else None) or self._metadata.model_id
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        step = self._record(messages, options, streaming=False)
+        if step.hang:
+            await asyncio.get_running_loop().create_future()
+        if step.error is not None and step.error_after_chunks == 0:
+            raise step.error
+        for _ in step.chunks[1:]:
+            if step.chunk_delay:
+                await self._sleep(step.chunk_delay)
+        if step.error is not None:
+            raise step.error
+        contents: list[TextContent | FunctionCallContent] = []
+        if step.text:
+            contents.append(TextContent(step.text))
+        contents.extend(step.tool_calls)
+        return ChatResponse(
+            messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
+            response_id=f"scripted-{len(self.calls)}",
+            model_id=self._model_id(options),
+            finish_reason=step.finish_reason,
+            usage=step.usage,
+        )
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        step = self._record(messages, options, streaming=True)
+        return self._stream(step, self._model_id(options), f"scripted-{len(self.calls)}")
+
+    async def _stream(
+        self, step: ScriptStep, model_id: str | None, response_id: str
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        self.streams_opened += 1
+        try:
+            if step.hang:
+                await asyncio.get_running_loop().create_future()
+            for index, chunk in enumerate(step.chunks):
+                if step.error is not None and index == step.error_after_chunks:
+                    break
+                if index and step.chunk_delay:
+                    await self._sleep(step.chunk_delay)
+                last = index == len(step.chunks) - 1 and not step.tool_calls and step.error is None
+                yield ChatResponseUpdate(
+                    role=ChatRole.ASSISTANT,
+                    contents=[TextContent(chunk)],
+                    response_id=response_id,
+                    model_id=model_id,
+                    finish_reason=step.finish_reason if last else None,
+                    usage=step.usage if last else None,
+                )
+            if step.error is not None:
+                raise step.error
+            if step.tool_calls:
+                yield ChatResponseUpdate(
+                    role=ChatRole.ASSISTANT,
+                    contents=list(step.tool_calls),
+                    response_id=response_id,
+                    model_id=model_id,
+                    finish_reason=step.finish_reason,
+                    usage=step.usage,
+                )
+        except GeneratorExit:
+            self.streams_abandoned += 1
+            raise
+        finally:
+            self.streams_closed += 1
+            if step.close_error is not None:
+                raise step.close_error
+
+    async def aclose(self) -> None:
+        self.close_count += 1
+
+    def __repr__(self) -> str:
+        return f"ScriptedChatClient(name={self._metadata.name!r}, calls={len(self.calls)})"
+
+
+@dataclass(slots=True)
+class Collected:
+    """What one request produced: the response (streamed ones assembled), every update the
+    caller received, and the exception it ended with, if any."""
+
+    response: ChatResponse | None
+    updates: list[ChatResponseUpdate]
+    error: BaseException | None
+
+    @property
+    def text(self) -> str:
+        return (
+            "".join(u.text for u in self.updates) if self.response is None else self.response.text
+        )
+
+
+async def collect(
+    client: ChatClientLike,
+    messages: Messages,
+    options: ChatOptions | None = None,
+    *,
+    streaming: bool,
+) -> Collected:
+    """Run one request through `get_response` or `get_streaming_response` and record it.
+
+    Exceptions are captured in `Collected.error` (cancellation is not: it propagates), so
+    one test body can assert the same outcome for both modes.
+    """
+    if not streaming:
+        try:
+            response = await client.get_response(messages, options)
+        except Exception as exc:
+            return Collected(None, [], exc)
+        return Collected(response, response.to_updates(), None)
+    updates: list[ChatResponseUpdate] = []
+    try:
+        async with contextlib.aclosing(client.get_streaming_response(messages, options)) as stream:
+            async for update in stream:
+                updates.append(update)
+    except Exception as exc:
+        return Collected(None, updates, exc)
+    return Collected(ChatResponse.from_updates(updates), updates, None)

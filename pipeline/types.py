@@ -1,0 +1,378 @@
+"""Core chat types shared by every client and layer.
+
+Messages, contents, options and responses are plain dataclasses. A response assembled from
+streamed updates (`ChatResponse.from_updates`) equals the one a non-streaming call returns,
+so layers can treat both shapes alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeAlias, cast
+
+__all__ = [
+    "ChatMessage",
+    "ChatOptions",
+    "ChatResponse",
+    "ChatResponseUpdate",
+    "ChatRole",
+    "Content",
+    "DataContent",
+    "FunctionCallContent",
+    "FunctionResultContent",
+    "Messages",
+    "TextContent",
+    "UsageDetails",
+    "as_messages",
+]
+
+
+class ChatRole(StrEnum):
+    """Who wrote a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class TextContent:
+    """A piece of text."""
+
+    text: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"TextContent.text must be a str, not {type(self.text).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCallContent:
+    """A model's request to call a tool; `arguments` is the decoded JSON object."""
+
+    call_id: str
+    name: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("FunctionCallContent.name must be a non-empty str")
+        if not isinstance(self.arguments, Mapping):
+            raise TypeError(
+                "FunctionCallContent.arguments must be a mapping, "
+                f"not {type(self.arguments).__name__}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionResultContent:
+    """The result of a tool call, matched to its call by `call_id`."""
+
+    call_id: str
+    result: Any = None
+    exception: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataContent:
+    """Binary data, inline (`data`) or by reference (`uri`); exactly one of the two."""
+
+    data: bytes | None = None
+    uri: str | None = None
+    media_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.data is None) == (self.uri is None):
+            raise ValueError("DataContent needs exactly one of data= or uri=")
+
+
+Content: TypeAlias = TextContent | FunctionCallContent | FunctionResultContent | DataContent
+_CONTENT_TYPES = (TextContent, FunctionCallContent, FunctionResultContent, DataContent)
+
+
+def _text_of(contents: Iterable[Content]) -> str:
+    return "".join(c.text for c in contents if type(c) is TextContent)
+
+
+@dataclass(slots=True)
+class ChatMessage:
+    """One message of a conversation.
+
+    `contents` may be given as a plain string, which becomes a single `TextContent`.
+    """
+
+    role: ChatRole
+    contents: list[Content] = field(default_factory=list)
+    author_name: str | None = None
+
+    def __init__(
+        self,
+        role: ChatRole | str,
+        contents: str | Content | Iterable[Content] = (),
+        *,
+        author_name: str | None = None,
+    ) -> None:
+        try:
+            self.role = ChatRole(role)
+        except ValueError:
+            raise ValueError(
+                f"unknown chat role {role!r}; expected one of {[r.value for r in ChatRole]}"
+            ) from None
+        if isinstance(contents, str):
+            self.contents = [TextContent(contents)]
+        elif isinstance(contents, _CONTENT_TYPES):
+            self.contents = [contents]
+        else:
+            items = list(contents)
+            for item in items:
+                if not isinstance(item, _CONTENT_TYPES):
+                    raise TypeError(
+                        f"message contents must be content objects, not {type(item).__name__}"
+                    )
+            self.contents = items
+        self.author_name = author_name
+
+    @classmethod
+    def system(cls, text: str) -> ChatMessage:
+        return cls(ChatRole.SYSTEM, text)
+
+    @classmethod
+    def user(cls, contents: str | Content | Iterable[Content]) -> ChatMessage:
+        return cls(ChatRole.USER, contents)
+
+    @classmethod
+    def assistant(cls, contents: str | Content | Iterable[Content]) -> ChatMessage:
+        return cls(ChatRole.ASSISTANT, contents)
+
+    @classmethod
+    def tool(cls, contents: Content | Iterable[Content]) -> ChatMessage:
+        return cls(ChatRole.TOOL, contents)
+
+    @property
+    def text(self) -> str:
+        """The concatenated text contents."""
+        return _text_of(self.contents)
+
+    def __repr__(self) -> str:
+        # Message text stays out of reprs, so a message logged or put in an exception by
+        # accident does not leak its content.
+        kinds = ", ".join(type(c).__name__ for c in self.contents)
+        return f"ChatMessage(role={self.role.value!r}, contents=[{kinds}])"
+
+
+Messages: TypeAlias = str | ChatMessage | Sequence[ChatMessage]
+
+
+def as_messages(messages: Messages) -> list[ChatMessage]:
+    """Normalize the accepted message shapes to a list of `ChatMessage`.
+
+    Raises `TypeError` for anything but a str, a `ChatMessage` or a sequence of them, and
+    `ValueError` for an empty sequence. A list of messages is returned as is (not copied);
+    layers that change the list copy it first.
+    """
+    if type(messages) is list:
+        for message in messages:
+            if type(message) is not ChatMessage and not isinstance(message, ChatMessage):
+                raise TypeError(
+                    f"messages must contain ChatMessage objects, not {type(message).__name__}"
+                )
+        if not messages:
+            raise ValueError("messages must not be empty")
+        return messages
+    if isinstance(messages, str):
+        return [ChatMessage(ChatRole.USER, messages)]
+    if isinstance(messages, ChatMessage):
+        return [messages]
+    if messages is None:
+        raise TypeError("messages must be a str, a ChatMessage or a sequence of them, not None")
+    if isinstance(messages, Sequence):
+        return as_messages(list(cast(Sequence[ChatMessage], messages)))
+    raise TypeError(
+        "messages must be a str, a ChatMessage or a sequence of them, "
+        f"not {type(messages).__name__}"
+    )
+
+
+@dataclass(slots=True)
+class ChatOptions:
+    """Per-request options. Layers never mutate a caller's object: they work on `clone()`."""
+
+    model_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    tools: list[Any] | None = None
+    tool_mode: str | None = None
+    response_format: Any = None
+    reasoning_effort: str | None = None
+    session_id: str | None = None
+    additional_properties: dict[str, Any] = field(default_factory=dict)
+
+    def clone(self) -> ChatOptions:
+        """An independent copy: its lists and dicts are copies too."""
+        return ChatOptions(
+            model_id=self.model_id,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_output_tokens=self.max_output_tokens,
+            stop=None if self.stop is None else list(self.stop),
+            seed=self.seed,
+            tools=None if self.tools is None else list(self.tools),
+            tool_mode=self.tool_mode,
+            response_format=(
+                None if self.response_format is None else copy.deepcopy(self.response_format)
+            ),
+            reasoning_effort=self.reasoning_effort,
+            session_id=self.session_id,
+            additional_properties=(
+                copy.deepcopy(self.additional_properties) if self.additional_properties else {}
+            ),
+        )
+
+    def with_(self, **changes: Any) -> ChatOptions:
+        """A clone with the given fields replaced; unknown field names raise `TypeError`."""
+        clone = self.clone()
+        names = _OPTION_FIELDS
+        for key, value in changes.items():
+            if key not in names:
+                raise TypeError(f"ChatOptions has no field {key!r}")
+            setattr(clone, key, value)
+        return clone
+
+    def __repr__(self) -> str:
+        # Tools and additional properties may carry user data; show only which fields are set.
+        set_fields = [
+            f.name for f in dataclasses.fields(self) if getattr(self, f.name) not in (None, {}, [])
+        ]
+        return f"ChatOptions(set={set_fields})"
+
+
+_OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ChatOptions))
+
+
+@dataclass(frozen=True, slots=True)
+class UsageDetails:
+    """Token counts of one response; `None` means the provider did not say."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+
+    def __add__(self, other: UsageDetails) -> UsageDetails:
+        def add(a: int | None, b: int | None) -> int | None:
+            if a is None:
+                return b
+            if b is None:
+                return a
+            return a + b
+
+        return UsageDetails(
+            add(self.input_tokens, other.input_tokens),
+            add(self.output_tokens, other.output_tokens),
+            add(self.total_tokens, other.total_tokens),
+        )
+
+
+@dataclass(slots=True)
+class ChatResponseUpdate:
+    """One streamed piece of a response."""
+
+    role: ChatRole | None = ChatRole.ASSISTANT
+    contents: list[Content] = field(default_factory=list)
+    response_id: str | None = None
+    model_id: str | None = None
+    finish_reason: str | None = None
+    usage: UsageDetails | None = None
+
+    @property
+    def text(self) -> str:
+        return _text_of(self.contents)
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(type(c).__name__ for c in self.contents)
+        return (
+            f"ChatResponseUpdate(role={self.role}, contents=[{kinds}], "
+            f"finish_reason={self.finish_reason!r})"
+        )
+
+
+@dataclass(slots=True)
+class ChatResponse:
+    """A complete response: usually one assistant message, more when tools were called."""
+
+    messages: list[ChatMessage] = field(default_factory=list)
+    response_id: str | None = None
+    model_id: str | None = None
+    finish_reason: str | None = None
+    usage: UsageDetails | None = None
+
+    @property
+    def text(self) -> str:
+        """The text of the last message: the final answer."""
+        return self.messages[-1].text if self.messages else ""
+
+    def to_updates(self) -> list[ChatResponseUpdate]:
+        """The response as updates, one per message; the last carries finish reason and usage."""
+        updates = [
+            ChatResponseUpdate(
+                role=m.role,
+                contents=list(m.contents),
+                response_id=self.response_id,
+                model_id=self.model_id,
+            )
+            for m in self.messages
+        ]
+        if not updates:
+            updates.append(ChatResponseUpdate(response_id=self.response_id, model_id=self.model_id))
+        updates[-1].finish_reason = self.finish_reason
+        updates[-1].usage = self.usage
+        return updates
+
+    @classmethod
+    def from_updates(cls, updates: Iterable[ChatResponseUpdate]) -> ChatResponse:
+        """Assemble streamed updates: adjacent text of one role is joined into one message.
+
+        A role change or an update carrying a tool result starts a new message; the last
+        non-empty response id, model id and finish reason win; usage is summed.
+        """
+        messages: list[ChatMessage] = []
+        response_id = model_id = finish_reason = None
+        usage: UsageDetails | None = None
+        current: ChatMessage | None = None
+        for update in updates:
+            response_id = update.response_id or response_id
+            model_id = update.model_id or model_id
+            finish_reason = update.finish_reason or finish_reason
+            if update.usage is not None:
+                usage = update.usage if usage is None else usage + update.usage
+            role = update.role or (current.role if current else ChatRole.ASSISTANT)
+            if update.contents:
+                if current is None or current.role != role:
+                    current = ChatMessage(role)
+                    messages.append(current)
+                for content in update.contents:
+                    last = current.contents[-1] if current.contents else None
+                    if type(content) is TextContent and type(last) is TextContent:
+                        current.contents[-1] = TextContent(last.text + content.text)
+                    else:
+                        current.contents.append(content)
+        return cls(
+            messages=messages,
+            response_id=response_id,
+            model_id=model_id,
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ChatResponse(messages={len(self.messages)}, response_id={self.response_id!r}, "
+            f"model_id={self.model_id!r}, finish_reason={self.finish_reason!r})"
+        )

@@ -1,0 +1,157 @@
+import pytest
+
+from pipeline import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    DataContent,
+    FunctionCallContent,
+    FunctionResultContent,
+    TextContent,
+    UsageDetails,
+)
+from pipeline.types import as_messages
+
+
+def test_role_is_str_enum() -> None:
+    assert ChatRole("user") is ChatRole.USER
+    assert ChatRole.TOOL == "tool"
+
+
+def test_message_constructors_and_text() -> None:
+    message = ChatMessage.user("hello")
+    assert message.role is ChatRole.USER
+    assert message.contents == [TextContent("hello")]
+    assert message.text == "hello"
+    assert ChatMessage.system("s").role is ChatRole.SYSTEM
+    assert ChatMessage.assistant([TextContent("a"), TextContent("b")]).text == "ab"
+    call = FunctionCallContent("c1", "f", {"x": 1})
+    assert ChatMessage.assistant(call).contents == [call]
+    assert ChatMessage.tool(FunctionResultContent("c1", 3)).role is ChatRole.TOOL
+    assert ChatMessage("assistant", "x").role is ChatRole.ASSISTANT
+
+
+def test_message_rejects_bad_role_and_contents() -> None:
+    with pytest.raises(ValueError, match="unknown chat role 'robot'"):
+        ChatMessage("robot", "x")
+    with pytest.raises(TypeError, match="content objects"):
+        ChatMessage.user([1, 2])  # type: ignore[list-item]
+
+
+def test_message_repr_hides_text() -> None:
+    assert "CANARY" not in repr(ChatMessage.user("CANARY-text"))
+
+
+def test_contents_validate() -> None:
+    with pytest.raises(TypeError):
+        TextContent(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exactly one"):
+        DataContent()
+    with pytest.raises(ValueError, match="exactly one"):
+        DataContent(data=b"x", uri="http://x")
+    assert DataContent(uri="file://a", media_type="image/png").uri == "file://a"
+    with pytest.raises(ValueError):
+        FunctionCallContent("c", "", {})
+    with pytest.raises(TypeError):
+        FunctionCallContent("c", "f", [1])  # type: ignore[arg-type]
+
+
+def test_as_messages_accepts_every_shape() -> None:
+    one = ChatMessage.user("a")
+    assert as_messages("hi")[0].text == "hi"
+    assert as_messages(one) == [one]
+    assert as_messages((one, one)) == [one, one]
+    listed = [one]
+    assert as_messages(listed) is listed
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (None, TypeError, "not None"),
+        (3, TypeError, "not int"),
+        ([], ValueError, "must not be empty"),
+        ([ChatMessage.user("a"), "b"], TypeError, "not str"),
+    ],
+)
+def test_as_messages_rejects_bad_input(value: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        as_messages(value)  # type: ignore[arg-type]
+
+
+def test_options_clone_is_independent() -> None:
+    options = ChatOptions(
+        model_id="m",
+        stop=["x"],
+        tools=["t"],
+        response_format={"type": "json_schema", "schema": {"a": 1}},
+        additional_properties={"nested": {"k": [1]}},
+    )
+    clone = options.clone()
+    assert clone == options and clone is not options
+    clone.stop.append("y")  # type: ignore[union-attr]
+    clone.tools.append("u")  # type: ignore[union-attr]
+    clone.response_format["schema"]["a"] = 2
+    clone.additional_properties["nested"]["k"].append(2)
+    assert options.stop == ["x"]
+    assert options.tools == ["t"]
+    assert options.response_format["schema"]["a"] == 1
+    assert options.additional_properties == {"nested": {"k": [1]}}
+
+
+def test_options_with_replaces_fields_on_a_clone() -> None:
+    options = ChatOptions(temperature=0.1)
+    changed = options.with_(reasoning_effort="low", temperature=0.5)
+    assert (changed.reasoning_effort, changed.temperature) == ("low", 0.5)
+    assert (options.reasoning_effort, options.temperature) == (None, 0.1)
+    with pytest.raises(TypeError, match="no field 'colour'"):
+        options.with_(colour="red")
+
+
+def test_options_repr_hides_values() -> None:
+    options = ChatOptions(additional_properties={"secret": "CANARY"}, model_id="m")
+    assert "CANARY" not in repr(options)
+    assert "model_id" in repr(options)
+
+
+def test_usage_adds_treating_none_as_unknown() -> None:
+    total = UsageDetails(1, None, 1) + UsageDetails(2, 3, None)
+    assert total == UsageDetails(3, 3, 1)
+
+
+def test_from_updates_joins_text_and_keeps_last_metadata() -> None:
+    call = FunctionCallContent("c1", "f", {})
+    updates = [
+        ChatResponseUpdate(contents=[TextContent("Hel")], response_id="r1", model_id="m"),
+        ChatResponseUpdate(contents=[TextContent("lo")]),
+        ChatResponseUpdate(contents=[call]),
+        ChatResponseUpdate(contents=[], finish_reason="tool_calls", usage=UsageDetails(1, 2, 3)),
+    ]
+    response = ChatResponse.from_updates(updates)
+    assert len(response.messages) == 1
+    assert response.messages[0].contents == [TextContent("Hello"), call]
+    assert response.text == "Hello"
+    assert (response.response_id, response.model_id) == ("r1", "m")
+    assert response.finish_reason == "tool_calls"
+    assert response.usage == UsageDetails(1, 2, 3)
+
+
+def test_from_updates_starts_a_message_on_role_change() -> None:
+    response = ChatResponse.from_updates(
+        [
+            ChatResponseUpdate(role=ChatRole.ASSISTANT, contents=[TextContent("a")]),
+            ChatResponseUpdate(role=ChatRole.TOOL, contents=[FunctionResultContent("c", 1)]),
+            ChatResponseUpdate(role=ChatRole.ASSISTANT, contents=[TextContent("b")]),
+        ]
+    )
+    assert [m.role for m in response.messages] == ["assistant", "tool", "assistant"]
+    assert response.text == "b"
+
+
+def test_response_round_trips_through_updates() -> None:
+    response = ChatResponse([ChatMessage.assistant("x")], "r", "m", "stop", UsageDetails(1, 1, 2))
+    again = ChatResponse.from_updates(response.to_updates())
+    assert again == response
+    assert ChatResponse.from_updates([]).text == ""

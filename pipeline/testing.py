@@ -12,7 +12,7 @@ route was called, with what, and what was released::
     assert primary.call_count == 1 and backup.call_count == 1
 
 Steps: `reply` (text, optionally streamed in chunks with a delay), `fail` (raise before any
-output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled) and
+output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled, optionally after some chunks) and
 `call_tools` (ask for tool calls). Any step can also fail when its stream is closed
 (``reply("x").failing_on_close(exc)``). A step may be a callable of (messages, options)
 returning a step, for replies that depend on the request.
@@ -64,7 +64,7 @@ class ScriptStep:
     chunk_delay: float = 0.0
     error: BaseException | None = None
     error_after_chunks: int | None = None
-    hang: bool = False
+    hang_after_chunks: int | None = None
     close_error: BaseException | None = None
     tool_calls: tuple[FunctionCallContent, ...] = ()
     finish_reason: str | None = "stop"
@@ -117,9 +117,9 @@ def fail_after(
     )
 
 
-def hang() -> ScriptStep:
-    """Never answer: wait until the call is cancelled."""
-    return ScriptStep(hang=True, finish_reason=None)
+def hang(after: Sequence[str] = ()) -> ScriptStep:
+    """Stream the chunks of `after` (if any), then wait until the call is cancelled."""
+    return ScriptStep(chunks=tuple(after), hang_after_chunks=len(after), finish_reason=None)
 
 
 def call_tools(*calls: FunctionCallContent, text: str = "") -> ScriptStep:
@@ -222,7 +222,7 @@ class ScriptedChatClient:
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         step = self._record(messages, options, streaming=False)
-        if step.hang:
+        if step.hang_after_chunks is not None:
             await asyncio.get_running_loop().create_future()
         if step.error is not None and step.error_after_chunks == 0:
             raise step.error
@@ -254,14 +254,17 @@ class ScriptedChatClient:
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         self.streams_opened += 1
         try:
-            if step.hang:
-                await asyncio.get_running_loop().create_future()
             for index, chunk in enumerate(step.chunks):
                 if step.error is not None and index == step.error_after_chunks:
                     break
                 if index and step.chunk_delay:
                     await self._sleep(step.chunk_delay)
-                last = index == len(step.chunks) - 1 and not step.tool_calls and step.error is None
+                last = (
+                    index == len(step.chunks) - 1
+                    and not step.tool_calls
+                    and step.error is None
+                    and step.hang_after_chunks is None
+                )
                 yield ChatResponseUpdate(
                     role=ChatRole.ASSISTANT,
                     contents=[TextContent(chunk)],
@@ -270,6 +273,8 @@ class ScriptedChatClient:
                     finish_reason=step.finish_reason if last else None,
                     usage=step.usage if last else None,
                 )
+            if step.hang_after_chunks is not None:
+                await asyncio.get_running_loop().create_future()
             if step.error is not None:
                 raise step.error
             if step.tool_calls:

@@ -137,7 +137,7 @@ class RoutingContext:
     starts from; `state` belongs to the routing policy; `attempts` are the attempts so far.
     """
 
-    __slots__ = ("attempts", "messages", "options", "state", "streaming")
+    __slots__ = ("__weakref__", "attempts", "messages", "options", "state", "streaming")
 
     def __init__(
         self, messages: Iterable[ChatMessage], options: ChatOptions, *, streaming: bool

@@ -1,0 +1,72 @@
+"""Overhead of the pipeline and the ordered failover router around an in-process client.
+
+Baseline: the bare `ScriptedChatClient`, measured in the same run. Prints time per call and
+per streamed update, the ratio to the baseline, and the microseconds added.
+
+    python benchmarks/bench_overhead.py [--calls 20000] [--updates 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import best_per_op, report  # noqa: E402
+
+from middleware.routing import OrderedFailoverChatClient  # noqa: E402
+from pipeline import ChatClient, ChatMessage, ChatPipeline  # noqa: E402
+from pipeline.testing import ScriptedChatClient, reply  # noqa: E402
+
+
+async def drain(client: ChatClient, messages: list[ChatMessage]) -> None:
+    async for _ in client.get_streaming_response(messages):
+        pass
+
+
+async def main(calls: int, updates: int) -> None:
+    messages = [ChatMessage.user("hello")]
+    bare = ScriptedChatClient(reply("ok"))
+    empty = ChatPipeline.builder().build(ScriptedChatClient(reply("ok")))
+    failover = (
+        ChatPipeline.builder()
+        .use_ordered_failover(
+            [ScriptedChatClient(reply("ok"), name="primary"), ScriptedChatClient(name="backup")]
+        )
+        .build()
+    )
+
+    print(f"get_response, {calls} calls, best of 5")
+    base = await best_per_op(lambda: bare.get_response(messages), ops=calls)
+    print(report("bare ScriptedChatClient (baseline)", base, base))
+    for label, client in (("empty ChatPipeline", empty), ("ordered failover, healthy", failover)):
+        t = await best_per_op(lambda c=client: c.get_response(messages), ops=calls)
+        print(report(label, base, t))
+
+    chunks = ["x"] * 1000
+    streams = max(1, updates // len(chunks))
+    bare_s = ScriptedChatClient(reply("x" * 1000, chunks=chunks))
+    empty_s = ChatPipeline.builder().build(ScriptedChatClient(reply("x" * 1000, chunks=chunks)))
+    failover_s = OrderedFailoverChatClient(
+        [ScriptedChatClient(reply("x" * 1000, chunks=chunks)), ScriptedChatClient()]
+    )
+    print(f"\nget_streaming_response, {streams} streams x {len(chunks)} updates, best of 5")
+    base = await best_per_op(lambda: drain(bare_s, messages), ops=streams) / len(chunks)
+    print(report("bare ScriptedChatClient (baseline)", base, base, "update"))
+    for label, client in (
+        ("empty ChatPipeline", empty_s),
+        ("ordered failover, healthy", failover_s),
+    ):
+        t = await best_per_op(lambda c=client: drain(c, messages), ops=streams) / len(chunks)
+        print(report(label, base, t, "update"))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--updates", type=int, default=200_000)
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.updates))

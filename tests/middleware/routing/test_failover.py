@@ -1,0 +1,566 @@
+import asyncio
+import contextlib
+import gc
+import random
+import weakref
+
+import pytest
+
+from middleware.routing import (
+    FailoverAttempt,
+    FailoverChatClient,
+    OrderedFailoverChatClient,
+    Route,
+    RoutingContext,
+    RoutingSelection,
+)
+from pipeline import ChatMessage, ChatOptions, ChatPipeline
+from pipeline.errors import RequestInvalidError, RoutingError, TransientProviderError
+from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+
+from .conftest import RecordingFailover
+
+
+def routes(*scripts: object) -> list[ScriptedChatClient]:
+    return [ScriptedChatClient(s, name=f"r{i}") for i, s in enumerate(scripts)]  # type: ignore[arg-type]
+
+
+async def test_primary_succeeds_one_invocation_no_backup(streaming: bool) -> None:
+    primary, backup = routes(reply("ab", chunks=["a", "b"]), reply("backup"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is None and result.text == "ab"
+    assert (primary.call_count, backup.call_count) == (1, 0)
+    assert router.summary() == [("r0", "completed", True)]
+    attempt = router.updates[0][0]
+    assert attempt.response_completed and attempt.output_committed
+    assert attempt.exception is None and attempt.number == 1
+    assert attempt.time_to_first_update is not None
+
+
+async def test_failure_before_output_fails_over_once(streaming: bool) -> None:
+    error = TransientProviderError()
+    primary, backup = routes(fail(error), reply("xy", chunks=["x", "y"]))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is None
+    assert [u.text for u in result.updates] == (["x", "y"] if streaming else ["xy"])
+    assert (primary.call_count, backup.call_count) == (1, 1)
+    assert router.summary() == [
+        ("r0", "failed_before_output", False),
+        ("r1", "completed", True),
+    ]
+    first = router.updates[0][0]
+    assert first.exception is error
+    assert not first.output_committed and first.time_to_first_update is None
+    assert [a.number for a, _ in router.updates] == [1, 2]
+
+
+async def test_stream_failure_after_output_is_terminal() -> None:
+    error = TransientProviderError()
+    primary, backup = routes(fail_after(["partial"], error), reply("backup"))
+    router = RecordingFailover([primary, backup])
+    received: list[str] = []
+    with pytest.raises(TransientProviderError) as caught:
+        async for update in router.get_streaming_response("hi"):
+            received.append(update.text)
+    assert caught.value is error
+    assert received == ["partial"]
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "failed_after_output", True)]
+    attempt = router.updates[0][0]
+    assert attempt.output_committed and attempt.time_to_first_update is not None
+    assert any("'r0' failed after output was committed" in n for n in error.__notes__)
+
+
+async def test_non_streaming_failure_is_always_before_output() -> None:
+    # A non-streaming call returns nothing until it completes, so a failure never commits.
+    primary, backup = routes(fail_after(["partial"], TransientProviderError()), reply("b"))
+    router = RecordingFailover([primary, backup])
+    assert (await router.get_response("hi")).text == "b"
+    assert router.summary()[0][1] == "failed_before_output"
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+async def test_caller_cancellation_is_terminal(streaming: bool, how: str) -> None:
+    primary, backup = routes(hang(), reply("backup"))
+    router = RecordingFailover([primary, backup])
+
+    async def call() -> object:
+        if how == "timeout":
+            async with asyncio.timeout(0):
+                return await collect(router, "hi", streaming=streaming)
+        return await collect(router, "hi", streaming=streaming)
+
+    task = asyncio.create_task(call())
+    if how == "cancel":
+        await primary.wait_for_calls(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    else:
+        with pytest.raises(TimeoutError):
+            await task
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "canceled", True)]
+    assert isinstance(router.updates[0][0].exception, asyncio.CancelledError)
+    if streaming:
+        assert primary.streams_closed == 1
+
+
+async def test_caller_cancelling_after_output_is_canceled_and_committed() -> None:
+    primary, backup = routes(hang(after=["first"]), reply("backup"))
+    router = RecordingFailover([primary, backup])
+    received: list[str] = []
+
+    async def consume() -> None:
+        async for update in router.get_streaming_response("hi"):
+            received.append(update.text)
+            first_update.set()
+
+    first_update = asyncio.Event()
+    task = asyncio.create_task(consume())
+    await first_update.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert received == ["first"]
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "canceled", True)]
+    assert router.updates[0][0].output_committed
+    assert primary.streams_closed == 1
+
+
+async def test_client_raised_cancelled_error_may_fail_over(streaming: bool) -> None:
+    primary, backup = routes(fail(asyncio.CancelledError()), reply("b"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.text == "b"
+    assert router.summary() == [("r0", "failed_before_output", False), ("r1", "completed", True)]
+
+
+async def test_attempt_cap_leaves_later_routes_untouched(streaming: bool) -> None:
+    errors = [TransientProviderError(f"e{i}") for i in range(3)]
+    clients = routes(fail(errors[0]), fail(errors[1]), fail(errors[2]), reply("never"))
+    router = RecordingFailover(clients, max_attempts_per_request=2)
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is errors[1]
+    assert [c.call_count for c in clients] == [1, 1, 0, 0]
+    assert router.summary() == [
+        ("r0", "failed_before_output", False),
+        ("r1", "failed_before_output", True),
+    ]
+
+
+async def test_all_routes_fail_reraises_the_last(streaming: bool) -> None:
+    errors = [TransientProviderError(), TransientProviderError()]
+    router = RecordingFailover(routes(fail(errors[0]), fail(errors[1])))
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is errors[1]
+    assert router.summary()[-1] == ("r1", "failed_before_output", True)
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_max_attempts_rejects_zero_and_negatives(bad: int) -> None:
+    with pytest.raises(ValueError, match="max_attempts_per_request must be positive"):
+        OrderedFailoverChatClient([ScriptedChatClient()], max_attempts_per_request=bad)
+    router = OrderedFailoverChatClient([ScriptedChatClient()])
+    with pytest.raises(ValueError):
+        router.max_attempts_per_request = bad
+    with pytest.raises(TypeError):
+        router.max_attempts_per_request = 1.5  # type: ignore[assignment]
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="at least one route"):
+        OrderedFailoverChatClient([])
+    with pytest.raises(TypeError, match=r"routes\[1\] must be a ChatClient"):
+        OrderedFailoverChatClient([ScriptedChatClient(), "nope"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="sequence"):
+        OrderedFailoverChatClient(ScriptedChatClient())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_timeout"):
+        OrderedFailoverChatClient([ScriptedChatClient()], request_timeout=0)
+    with pytest.raises(ValueError, match="min_attempt_budget"):
+        OrderedFailoverChatClient([ScriptedChatClient()], min_attempt_budget=-1)
+    with pytest.raises(TypeError, match="should_failover"):
+        OrderedFailoverChatClient([ScriptedChatClient()], should_failover=3)  # type: ignore[arg-type]
+
+
+async def test_caller_closing_the_stream_abandons_the_attempt() -> None:
+    primary, backup = routes(reply("abc", chunks=["a", "b", "c"]), reply("b"))
+    router = RecordingFailover([primary, backup])
+    async with contextlib.aclosing(router.get_streaming_response("hi")) as stream:
+        assert (await anext(stream)).text == "a"
+    assert primary.streams_abandoned == 1 and primary.streams_closed == 1
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "abandoned", True)]
+    attempt = router.updates[0][0]
+    assert attempt.output_committed and not attempt.response_completed
+
+
+async def test_stream_creation_failure_may_fail_over() -> None:
+    class Broken(ScriptedChatClient):
+        def get_streaming_response(self, messages, options=None):  # type: ignore[no-untyped-def]
+            raise TransientProviderError("cannot open")
+
+    broken = Broken(name="broken")
+    backup = ScriptedChatClient(reply("b"), name="backup")
+    router = RecordingFailover([broken, backup])
+    result = await collect(router, "hi", streaming=True)
+    assert result.text == "b"
+    assert router.summary() == [
+        ("broken", "failed_before_output", False),
+        ("backup", "completed", True),
+    ]
+
+
+async def test_empty_stream_completes_without_committing() -> None:
+    primary, backup = routes(reply(""), reply("b"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=True)
+    assert result.error is None and result.updates == []
+    assert backup.call_count == 0
+    attempt, terminal = router.updates[0]
+    assert (attempt.outcome, terminal, attempt.output_committed) == ("completed", True, False)
+    assert attempt.response_completed and attempt.time_to_first_update is None
+
+
+async def test_close_failure_of_an_empty_stream_is_pre_output_and_fails_over() -> None:
+    close_error = TransientProviderError("close")
+    primary, backup = routes(reply("").failing_on_close(close_error), reply("b"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=True)
+    assert result.text == "b"
+    assert router.updates[0][0].exception is close_error
+    assert router.summary()[0] == ("r0", "failed_before_output", False)
+
+
+async def test_close_failure_after_output_is_terminal() -> None:
+    close_error = TransientProviderError("close")
+    primary, backup = routes(reply("a").failing_on_close(close_error), reply("b"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=True)
+    assert result.error is close_error
+    assert [u.text for u in result.updates] == ["a"]
+    assert router.summary() == [("r0", "failed_after_output", True)]
+    assert backup.call_count == 0
+
+
+async def test_close_failure_on_abandon_is_raised_and_recorded() -> None:
+    close_error = OSError("close")
+    primary = ScriptedChatClient(reply("ab", chunks=["a", "b"]).failing_on_close(close_error))
+    router = RecordingFailover([primary])
+    stream = router.get_streaming_response("hi")
+    await anext(stream)
+    with pytest.raises(OSError) as caught:
+        await stream.aclose()
+    assert caught.value is close_error
+    assert router.updates[0][0].exception is close_error
+    assert router.summary() == [("scripted", "abandoned", True)]
+
+
+async def test_selector_raising_or_returning_none_reports_no_attempt(streaming: bool) -> None:
+    class Policy(FailoverChatClient):
+        def __init__(self, result: object) -> None:
+            super().__init__()
+            self.result = result
+            self.updates: list[FailoverAttempt] = []
+
+        async def select_client(self, context: RoutingContext):  # type: ignore[no-untyped-def]
+            if isinstance(self.result, BaseException):
+                raise self.result
+            return self.result
+
+        def on_routing_update(self, context, attempt, is_terminal):  # type: ignore[no-untyped-def]
+            self.updates.append(attempt)
+
+    boom = LookupError("selector")
+    raising = Policy(boom)
+    result = await collect(raising, "hi", streaming=streaming)
+    assert result.error is boom and raising.updates == []
+    empty = Policy(None)
+    result = await collect(empty, "hi", streaming=streaming)
+    assert isinstance(result.error, RoutingError) and empty.updates == []
+
+
+async def test_update_raising_on_terminal_replaces_the_result(streaming: bool) -> None:
+    replacement = KeyError("policy")
+
+    class Policy(OrderedFailoverChatClient):
+        def on_routing_update(self, context, attempt, is_terminal):  # type: ignore[no-untyped-def]
+            if is_terminal:
+                raise replacement
+
+    router = Policy(routes(reply("a")))
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is replacement
+
+
+async def test_update_raising_on_nonterminal_stops_routing(streaming: bool) -> None:
+    stop = KeyError("stop")
+    seen: list[bool] = []
+
+    class Policy(OrderedFailoverChatClient):
+        def on_routing_update(self, context, attempt, is_terminal):  # type: ignore[no-untyped-def]
+            seen.append(is_terminal)
+            if not is_terminal:
+                raise stop
+
+    primary, backup = routes(fail(TransientProviderError()), reply("b"))
+    result = await collect(Policy([primary, backup]), "hi", streaming=streaming)
+    assert result.error is stop
+    assert seen == [False]
+    assert backup.call_count == 0
+
+
+async def test_selection_options_apply_to_one_attempt_only(streaming: bool) -> None:
+    primary, backup = routes(fail(TransientProviderError()), reply("b"))
+    caller_options = ChatOptions(temperature=0.5, additional_properties={"k": 1})
+
+    class Policy(FailoverChatClient):
+        def __init__(self) -> None:
+            super().__init__(max_attempts_per_request=2)
+            self.baselines: list[ChatOptions] = []
+
+        async def select_client(self, context: RoutingContext):  # type: ignore[no-untyped-def]
+            self.baselines.append(context.options.clone())
+            if not context.attempts:
+                assert context.options is not caller_options
+                shaped = context.options.clone()
+                shaped.model_id = "special"
+                shaped.additional_properties["k"] = 2
+                context.messages.append(ChatMessage.system("added by selector"))
+                return RoutingSelection(primary, shaped)
+            return backup
+
+    policy = Policy()
+    result = await collect(policy, "hi", caller_options, streaming=streaming)
+    assert result.text == "b"
+    first, second = primary.calls[0], backup.calls[0]
+    assert first.options is not None and first.options.model_id == "special"
+    assert second.options is not None and second.options.model_id is None
+    assert second.options.additional_properties == {"k": 1}
+    assert policy.baselines[0] == policy.baselines[1] == caller_options
+    assert caller_options == ChatOptions(temperature=0.5, additional_properties={"k": 1})
+    assert [m.text for m in first.messages] == ["hi", "added by selector"]
+    assert [m.text for m in second.messages] == ["hi", "added by selector"]
+
+
+async def test_caller_messages_list_is_never_changed(streaming: bool) -> None:
+    messages = [ChatMessage.user("hi")]
+
+    def selector(context: RoutingContext) -> ScriptedChatClient:
+        context.messages.append(ChatMessage.system("x"))
+        return client
+
+    from middleware.routing import RoutingChatClient
+
+    client = ScriptedChatClient()
+    await collect(RoutingChatClient.create(selector), messages, streaming=streaming)
+    assert len(messages) == 1
+    assert len(client.calls[0].messages) == 2
+
+
+async def test_attempt_options_never_leak_between_attempts(streaming: bool) -> None:
+    class Mutating(ScriptedChatClient):
+        async def get_response(self, messages, options=None):  # type: ignore[no-untyped-def]
+            assert options is not None
+            options.additional_properties["leak"] = True
+            return await super().get_response(messages, options)
+
+        def get_streaming_response(self, messages, options=None):  # type: ignore[no-untyped-def]
+            assert options is not None
+            options.additional_properties["leak"] = True
+            return super().get_streaming_response(messages, options)
+
+    first = Mutating(fail(TransientProviderError()), name="m")
+    second = ScriptedChatClient(reply("ok"), name="s")
+    await collect(OrderedFailoverChatClient([first, second]), "hi", streaming=streaming)
+    assert second.calls[0].options_snapshot is not None
+    assert "leak" not in second.calls[0].options_snapshot.additional_properties
+
+
+async def test_repeated_client_is_tried_once_per_position(streaming: bool) -> None:
+    flaky = ScriptedChatClient([fail(TransientProviderError()), reply("second try")], name="f")
+    router = RecordingFailover([Route("first", flaky), Route("again", flaky)])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.text == "second try"
+    assert flaky.call_count == 2
+    assert [a.route_name for a, _ in router.updates] == ["first", "again"]
+
+
+async def test_request_errors_do_not_fail_over(streaming: bool) -> None:
+    error = RequestInvalidError(status_code=400)
+    primary, backup = routes(fail(error), reply("b"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is error
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "failed_before_output", True)]
+
+
+async def test_custom_should_failover(streaming: bool) -> None:
+    primary, backup = routes(fail(TransientProviderError()), reply("b"))
+    router = RecordingFailover([primary, backup], should_failover=lambda exc: False)
+    result = await collect(router, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError) and backup.call_count == 0
+
+
+async def test_leave_open_and_each_owned_client_closed_once() -> None:
+    shared, other = ScriptedChatClient(name="a"), ScriptedChatClient(name="b")
+    router = OrderedFailoverChatClient([shared, other, Route("again", shared)])
+    await router.aclose()
+    await router.aclose()
+    assert (shared.close_count, other.close_count) == (1, 1)
+    kept = ScriptedChatClient()
+    async with OrderedFailoverChatClient([kept], leave_open=True):
+        pass
+    assert kept.close_count == 0
+
+
+async def test_close_failures_do_not_stop_closing_the_rest() -> None:
+    class BadClose(ScriptedChatClient):
+        async def aclose(self) -> None:
+            await super().aclose()
+            raise OSError("close")
+
+    bad, good = BadClose(name="bad"), ScriptedChatClient(name="good")
+    with pytest.raises(OSError):
+        await OrderedFailoverChatClient([bad, good]).aclose()
+    assert good.close_count == 1
+
+
+async def test_nested_routers_return_the_leaf_response(streaming: bool) -> None:
+    leaf_fail, leaf_ok, outer_backup = routes(
+        fail(TransientProviderError()), reply("leaf", chunks=["le", "af"]), reply("outer")
+    )
+    inner = RecordingFailover([leaf_fail, leaf_ok], name="inner")
+    outer = RecordingFailover([Route("inner", inner), outer_backup])
+    result = await collect(outer, "hi", streaming=streaming)
+    assert result.text == "leaf"
+    assert outer_backup.call_count == 0
+    assert outer.summary() == [("inner", "completed", True)]
+    assert inner.summary() == [
+        ("r0", "failed_before_output", False),
+        ("r1", "completed", True),
+    ]
+
+
+async def test_duration_excludes_caller_time_and_ttfu_marks_commitment() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    async def ticking_sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    primary = ScriptedChatClient(
+        reply("abc", chunks=["a", "b", "c"], chunk_delay=1.0), sleep=ticking_sleep
+    )
+    router = RecordingFailover([primary], clock=clock)
+    async for _ in router.get_streaming_response("hi"):
+        now[0] += 100.0  # the caller takes its time between updates
+    attempt = router.updates[0][0]
+    assert attempt.duration == pytest.approx(2.0)
+    assert attempt.time_to_first_update == pytest.approx(0.0)
+
+
+async def test_ttfu_counts_only_route_time_before_first_update() -> None:
+    now = [0.0]
+
+    async def ticking_sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    slow_fail = ScriptedChatClient(
+        fail_after(["x"], TransientProviderError(), chunk_delay=5.0), sleep=ticking_sleep
+    )
+    router = RecordingFailover([slow_fail], clock=lambda: now[0])
+    with pytest.raises(TransientProviderError):
+        async for _ in router.get_streaming_response("hi"):
+            now[0] += 7.0
+    attempt = router.updates[0][0]
+    assert attempt.time_to_first_update == 0.0
+    assert attempt.duration == 0.0
+
+
+async def test_state_is_released_after_many_mixed_concurrent_requests() -> None:
+    rng = random.Random(7)
+    # Fresh exceptions per call, as real clients raise them: a shared instance would keep
+    # the traceback of its last raise (and so one request's frames) alive on purpose.
+    scripts = [
+        lambda: reply("ok", chunks=["o", "k"]),
+        lambda: fail(TransientProviderError()),
+        lambda: fail_after(["p"], TransientProviderError()),
+        lambda: fail(RequestInvalidError()),
+    ]
+    primary = ScriptedChatClient(lambda m, o: rng.choice(scripts)(), name="primary")
+    backup = ScriptedChatClient(reply("b"), name="backup")
+    router = RecordingFailover([primary, backup])
+    refs: list[weakref.ref[RoutingContext]] = []
+
+    async def one(i: int) -> None:
+        mode = i % 4
+        if mode == 0:
+            await collect(router, "hi", streaming=False)
+        elif mode == 1:
+            await collect(router, "hi", streaming=True)
+        elif mode == 2:  # abandoned after the first update (or failure)
+            with contextlib.suppress(Exception):
+                async with contextlib.aclosing(router.get_streaming_response("hi")) as stream:
+                    await anext(stream, None)
+        else:  # cancelled while the selected route hangs
+            gate = ScriptedChatClient(hang(), name="gate")
+            local = RecordingFailover([gate, backup], leave_open=True)
+            task = asyncio.create_task(collect(local, "hi", streaming=bool(i % 8 == 3)))
+            await gate.wait_for_calls(1)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert local.summary() == [("gate", "canceled", True)]
+            refs.extend(weakref.ref(c) for c in local.contexts)
+
+    total = 10_000
+    for start in range(0, total, 500):
+        await asyncio.gather(*(one(i) for i in range(start, start + 500)))
+        refs.extend(weakref.ref(c) for c in router.contexts)
+        assert all(c.state == {} for c in router.contexts)
+        router.contexts.clear()
+        router.updates.clear()
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    assert len(refs) == total
+    assert primary.streams_opened == primary.streams_closed
+
+
+async def test_concurrent_requests_have_independent_state(streaming: bool) -> None:
+    release = asyncio.Event()
+
+    class Policy(FailoverChatClient):
+        def __init__(self) -> None:
+            super().__init__(max_attempts_per_request=3)
+
+        async def select_client(self, context: RoutingContext):  # type: ignore[no-untyped-def]
+            context.state["count"] = context.state.get("count", 0) + 1
+            if context.state["count"] == 1:
+                await release.wait()
+                return failing
+            return ok
+
+    failing = ScriptedChatClient(fail(TransientProviderError()), name="failing")
+    ok = ScriptedChatClient(lambda m, o: reply(m[-1].text), name="ok")
+    policy = Policy()
+    tasks = [asyncio.create_task(collect(policy, f"q{i}", streaming=streaming)) for i in range(20)]
+    await asyncio.sleep(0)
+    release.set()
+    results = await asyncio.gather(*tasks)
+    assert [r.text for r in results] == [f"q{i}" for i in range(20)]
+    assert failing.call_count == 20 and ok.call_count == 20
+
+
+async def test_pipeline_around_failover(streaming: bool) -> None:
+    primary, backup = routes(fail(TransientProviderError()), reply("b"))
+    chat = ChatPipeline.builder().use_logging().use_ordered_failover([primary, backup]).build()
+    assert (await collect(chat, "hi", streaming=streaming)).text == "b"
+    await chat.aclose()
+    assert primary.close_count == backup.close_count == 1

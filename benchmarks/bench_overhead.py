@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import best_per_op, report  # noqa: E402
+from _timing import best_per_op, report
 
-from middleware.routing import OrderedFailoverChatClient  # noqa: E402
-from pipeline import ChatClient, ChatMessage, ChatPipeline  # noqa: E402
-from pipeline.testing import ScriptedChatClient, reply  # noqa: E402
+from middleware.routing import OrderedFailoverChatClient
+from pipeline import ChatClient, ChatMessage, ChatPipeline
+from pipeline.testing import ScriptedChatClient, reply
 
 
 async def drain(client: ChatClient, messages: list[ChatMessage]) -> None:

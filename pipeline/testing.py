@@ -12,10 +12,10 @@ route was called, with what, and what was released::
     assert primary.call_count == 1 and backup.call_count == 1
 
 Steps: `reply` (text, optionally streamed in chunks with a delay), `fail` (raise before any
-output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled, optionally after some chunks) and
-`call_tools` (ask for tool calls). Any step can also fail when its stream is closed
-(``reply("x").failing_on_close(exc)``). A step may be a callable of (messages, options)
-returning a step, for replies that depend on the request.
+output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled,
+optionally after some chunks) and `call_tools` (ask for tool calls). Any step can also fail
+when its stream is closed (``reply("x").failing_on_close(exc)``). A step may be a callable
+of (messages, options) returning a step, for replies that depend on the request.
 """
 
 from __future__ import annotations

@@ -38,11 +38,18 @@ async def main(calls: int, updates: int) -> None:
         )
         .build()
     )
+    retry = ChatPipeline.builder().use_retry().build(ScriptedChatClient(reply("ok")))
+    breaker = ChatPipeline.builder().use_circuit_breaker().build(ScriptedChatClient(reply("ok")))
 
     print(f"get_response, {calls} calls, best of 5")
     base = await best_per_op(lambda: bare.get_response(messages), ops=calls)
     print(report("bare ScriptedChatClient (baseline)", base, base))
-    for label, client in (("empty ChatPipeline", empty), ("ordered failover, healthy", failover)):
+    for label, client in (
+        ("empty ChatPipeline", empty),
+        ("ordered failover, healthy", failover),
+        ("retry layer, healthy", retry),
+        ("circuit breaker, healthy", breaker),
+    ):
         t = await best_per_op(lambda c=client: c.get_response(messages), ops=calls)
         print(report(label, base, t))
 
@@ -53,12 +60,24 @@ async def main(calls: int, updates: int) -> None:
     failover_s = OrderedFailoverChatClient(
         [ScriptedChatClient(reply("x" * 1000, chunks=chunks)), ScriptedChatClient()]
     )
+    retry_s = (
+        ChatPipeline.builder()
+        .use_retry()
+        .build(ScriptedChatClient(reply("x" * 1000, chunks=chunks)))
+    )
+    breaker_s = (
+        ChatPipeline.builder()
+        .use_circuit_breaker()
+        .build(ScriptedChatClient(reply("x" * 1000, chunks=chunks)))
+    )
     print(f"\nget_streaming_response, {streams} streams x {len(chunks)} updates, best of 5")
     base = await best_per_op(lambda: drain(bare_s, messages), ops=streams) / len(chunks)
     print(report("bare ScriptedChatClient (baseline)", base, base, "update"))
     for label, client in (
         ("empty ChatPipeline", empty_s),
         ("ordered failover, healthy", failover_s),
+        ("retry layer, healthy", retry_s),
+        ("circuit breaker, healthy", breaker_s),
     ):
         t = await best_per_op(lambda c=client: drain(c, messages), ops=streams) / len(chunks)
         print(report(label, base, t, "update"))

@@ -13,7 +13,7 @@ Middleware modules are imported inside the ``use_*`` methods, so ``pipeline`` ne
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -182,6 +182,67 @@ class ChatPipelineBuilder:
         from middleware.logging import LoggingChatClient
 
         return self.use(lambda inner: LoggingChatClient(inner, logger), enabled=enabled)
+
+    def use_retry(
+        self,
+        *,
+        max_attempts: int = 3,
+        initial_delay: float = 0.5,
+        max_delay: float = 8.0,
+        jitter: bool = True,
+        respect_retry_after: bool = True,
+        max_retry_after: float = 30.0,
+        retry_on: Callable[[BaseException], bool] | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        enabled: bool = True,
+    ) -> Self:
+        """Retry this client's deployment failures (see `middleware.retry`)."""
+        from middleware.retry import RetryChatClient, RetryPolicy
+
+        extra: dict[str, Any] = {}
+        if retry_on is not None:
+            extra["retry_on"] = retry_on
+        if sleep is not None:
+            extra["sleep"] = sleep
+        policy = RetryPolicy(
+            max_attempts=max_attempts,
+            initial_delay=initial_delay,
+            max_delay=max_delay,
+            jitter=jitter,
+            respect_retry_after=respect_retry_after,
+            max_retry_after=max_retry_after,
+            **extra,
+        )
+        return self.use(lambda inner: RetryChatClient(inner, policy), enabled=enabled)
+
+    def use_circuit_breaker(
+        self,
+        *,
+        fail_max: int = 5,
+        reset_timeout: float = 30.0,
+        name: str | None = None,
+        counts: Callable[[BaseException], bool] | None = None,
+        redis: Any = None,
+        on_state_change: Callable[[str, str, str], None] | None = None,
+        enabled: bool = True,
+    ) -> Self:
+        """Fail fast while this client's deployment is failing (see `middleware.breaker`).
+
+        Each `build()` makes its own breaker; share one by sharing the built pipeline.
+        """
+        from middleware.breaker import CircuitBreakerChatClient, counts_as_deployment_failure
+
+        options: dict[str, Any] = {
+            "fail_max": fail_max,
+            "reset_timeout": reset_timeout,
+            "name": name,
+            "counts": counts or counts_as_deployment_failure,
+            "redis": redis,
+            "on_state_change": on_state_change,
+        }
+        # Validate now, so a bad argument fails where it was written, not at build().
+        CircuitBreakerChatClient.validate_options(**options)
+        return self.use(lambda inner: CircuitBreakerChatClient(inner, **options), enabled=enabled)
 
     # -- routers (end the chain) -------------------------------------------------------------
 

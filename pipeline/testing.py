@@ -61,6 +61,7 @@ class ScriptStep:
     """What one call does. Build steps with `reply`, `fail`, `fail_after`, `hang`, `call_tools`."""
 
     chunks: tuple[str, ...] = ()
+    delay: float = 0.0
     chunk_delay: float = 0.0
     error: BaseException | None = None
     error_after_chunks: int | None = None
@@ -89,19 +90,20 @@ def reply(
     chunk_delay: float = 0.0,
     usage: UsageDetails | None = None,
     finish_reason: str = "stop",
+    delay: float = 0.0,
 ) -> ScriptStep:
-    """Answer `text`; streamed as `chunks` (default: one chunk) with `chunk_delay` between."""
+    """Answer `text` after `delay`; streamed as `chunks` (default: one) `chunk_delay` apart."""
     parts = tuple(chunks) if chunks is not None else ((text,) if text else ())
     if chunks is not None and "".join(parts) != text:
         raise ValueError("reply(): chunks must join to the text")
     return ScriptStep(
-        chunks=parts, chunk_delay=chunk_delay, usage=usage, finish_reason=finish_reason
+        chunks=parts, delay=delay, chunk_delay=chunk_delay, usage=usage, finish_reason=finish_reason
     )
 
 
-def fail(exc: BaseException) -> ScriptStep:
-    """Raise `exc` before any output: at the first `__anext__` when streaming."""
-    return ScriptStep(error=exc, error_after_chunks=0, finish_reason=None)
+def fail(exc: BaseException, *, delay: float = 0.0) -> ScriptStep:
+    """Raise `exc` after `delay`, before any output: at the first `__anext__` when streaming."""
+    return ScriptStep(error=exc, error_after_chunks=0, delay=delay, finish_reason=None)
 
 
 def fail_after(
@@ -222,6 +224,8 @@ class ScriptedChatClient:
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         step = self._record(messages, options, streaming=False)
+        if step.delay:
+            await self._sleep(step.delay)
         if step.hang_after_chunks is not None:
             await asyncio.get_running_loop().create_future()
         if step.error is not None and step.error_after_chunks == 0:
@@ -254,6 +258,8 @@ class ScriptedChatClient:
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         self.streams_opened += 1
         try:
+            if step.delay:
+                await self._sleep(step.delay)
             for index, chunk in enumerate(step.chunks):
                 if step.error is not None and index == step.error_after_chunks:
                     break

@@ -1,0 +1,262 @@
+"""The circuit-breaker layer: stop calling a deployment that keeps failing.
+
+Built on a `pybreaker.CircuitBreaker` per client. pybreaker's own async support needs
+Tornado, so this layer drives pybreaker's state machine from asyncio: each state change
+and each recorded outcome is a short synchronous step under pybreaker's lock, and the lock
+is never held across an ``await``.
+
+Promises, for `get_response` and `get_streaming_response` alike:
+
+* only deployment failures count (`counts` decides; default: rate limits, transient and
+  unknown failures). Request errors (invalid, too long, filtered, unauthenticated) prove
+  the deployment answered, so they count as successes; caller cancellation and a caller
+  abandoning a stream count as nothing;
+* after `fail_max` consecutive counted failures the circuit opens: calls fail at once with
+  `CircuitOpenError` (kind `CIRCUIT_OPEN`), before any output, so failover moves on;
+* after `reset_timeout` one probe is let through (half-open); its success closes the
+  circuit, its failure opens it again. Other calls meanwhile fail fast;
+* a stream that fails after output still counts as a failure of the deployment;
+* with ``redis=`` the state lives in Redis (`pybreaker.CircuitRedisStorage`), shared by
+  every process using the same breaker name. Its calls are synchronous and short; keep the
+  Redis server close (it is consulted on every call);
+* state changes go to `on_state_change(name, old, new)` and become events
+  (`chat_pipeline.circuit_breaker.state_change`) on the current span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pybreaker
+from opentelemetry import trace
+
+from pipeline.client import ChatClient, DelegatingChatClient, client_name
+from pipeline.errors import CircuitOpenError, FailureKind, classify
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+
+__all__ = [
+    "STATE_CHANGE_EVENT",
+    "CircuitBreakerChatClient",
+    "StateChangeListener",
+    "counts_as_deployment_failure",
+]
+
+STATE_CHANGE_EVENT = "chat_pipeline.circuit_breaker.state_change"
+
+StateChangeListener = Callable[[str, str, str], None]
+
+_DEPLOYMENT_FAILURES = frozenset(
+    {FailureKind.RATE_LIMITED, FailureKind.TRANSIENT, FailureKind.UNKNOWN}
+)
+
+
+def counts_as_deployment_failure(exc: BaseException) -> bool:
+    """Default `counts`: rate limits, transient and unknown failures open the circuit."""
+    return isinstance(exc, Exception) and classify(exc) in _DEPLOYMENT_FAILURES
+
+
+class _StateChangeAdapter(pybreaker.CircuitBreakerListener):
+    def __init__(self, listener: StateChangeListener | None) -> None:
+        self._listener = listener
+
+    def state_change(self, cb: pybreaker.CircuitBreaker, old: Any, new: Any) -> None:
+        old_name = old.name if old is not None else "none"
+        trace.get_current_span().add_event(
+            STATE_CHANGE_EVENT,
+            {
+                "chat_pipeline.circuit_breaker.name": cb.name or "",
+                "chat_pipeline.circuit_breaker.from": old_name,
+                "chat_pipeline.circuit_breaker.to": new.name,
+            },
+        )
+        if self._listener is not None:
+            self._listener(cb.name or "", old_name, new.name)
+
+
+class _Breaker(pybreaker.CircuitBreaker):
+    """pybreaker's breaker with an injectable clock for `opened_at`, so timing is testable."""
+
+    def __init__(self, now: Callable[[], datetime], **options: Any) -> None:
+        self._now = now
+        super().__init__(**options)
+
+    def open(self) -> bool:
+        with self._lock:
+            throw_new_error = bool(super().open())
+            self._state_storage.opened_at = self._now()
+            return throw_new_error
+
+
+def _validate(fail_max: object, reset_timeout: object) -> None:
+    if isinstance(fail_max, bool) or not isinstance(fail_max, int):
+        raise TypeError("fail_max must be an int")
+    if fail_max < 1:
+        raise ValueError(f"fail_max must be at least 1, got {fail_max}")
+    if isinstance(reset_timeout, bool) or not isinstance(reset_timeout, int | float):
+        raise TypeError("reset_timeout must be a number of seconds")
+    if not reset_timeout > 0:
+        raise ValueError(f"reset_timeout must be positive, got {reset_timeout}")
+
+
+class CircuitBreakerChatClient(DelegatingChatClient):
+    """Fails fast with `CircuitOpenError` while the inner client's deployment is failing."""
+
+    def __init__(
+        self,
+        inner: ChatClient,
+        *,
+        fail_max: int = 5,
+        reset_timeout: float = 30.0,
+        name: str | None = None,
+        counts: Callable[[BaseException], bool] = counts_as_deployment_failure,
+        redis: Any = None,
+        on_state_change: StateChangeListener | None = None,
+        now: Callable[[], datetime] | None = None,
+        leave_open: bool = False,
+    ) -> None:
+        super().__init__(inner, leave_open=leave_open)
+        self.validate_options(fail_max=fail_max, reset_timeout=reset_timeout, counts=counts)
+        self.name = name or client_name(inner)
+        storage = None
+        if redis is not None:
+            storage = pybreaker.CircuitRedisStorage(
+                pybreaker.STATE_CLOSED, _redis_client(redis), namespace=self.name
+            )
+        self._now = now or (lambda: datetime.now(UTC))
+        self.breaker = _Breaker(
+            self._now,
+            fail_max=fail_max,
+            reset_timeout=reset_timeout,
+            exclude=[lambda exc: not counts(exc)],
+            listeners=[_StateChangeAdapter(on_state_change)],
+            state_storage=storage,
+            name=self.name,
+            throw_new_error_on_trip=False,
+        )
+        self._probe_in_flight = False
+
+    @staticmethod
+    def validate_options(
+        *,
+        fail_max: int = 5,
+        reset_timeout: float = 30.0,
+        counts: Callable[[BaseException], bool] = counts_as_deployment_failure,
+        **_: Any,
+    ) -> None:
+        """Raise `TypeError`/`ValueError` for options the constructor would refuse."""
+        _validate(fail_max, reset_timeout)
+        if not callable(counts):
+            raise TypeError("counts must be a callable taking the exception")
+
+    @property
+    def state(self) -> str:
+        """``closed``, ``open`` or ``half-open``, as the (possibly shared) storage says."""
+        return str(self.breaker.current_state)
+
+    def describe_layer(self) -> str:
+        return f"CircuitBreakerChatClient({self.name})"
+
+    # -- the state machine, one short synchronous step at a time --------------------------
+
+    def _open_error(self) -> CircuitOpenError:
+        return CircuitOpenError(f"circuit open for {self.name!r}", provider=self.name)
+
+    def _admit(self) -> bool:
+        """Let a call through or raise `CircuitOpenError`; True when the call is a probe."""
+        breaker = self.breaker
+        with breaker._lock:
+            state = breaker.state  # re-reads shared storage and notices remote changes
+            if state.name == pybreaker.STATE_OPEN:
+                opened_at = breaker._state_storage.opened_at
+                if opened_at is not None and self._now() < opened_at + timedelta(
+                    seconds=breaker.reset_timeout
+                ):
+                    raise self._open_error()
+                breaker.half_open()
+                state = breaker.state
+            if state.name == pybreaker.STATE_HALF_OPEN:
+                if self._probe_in_flight:
+                    raise self._open_error()
+                self._probe_in_flight = True
+                return True
+            return False
+
+    def _record(self, probe: bool, error: BaseException | None) -> None:
+        breaker = self.breaker
+        with breaker._lock:
+            if probe:
+                self._probe_in_flight = False
+            if error is None:
+                breaker.state._handle_success()
+                return
+            try:
+                breaker.state._handle_error(error, reraise=False)
+            except BaseException as raised:
+                # pybreaker re-raises the failure from on_failure when it trips the
+                # circuit; the caller raises it anyway, so only a different error escapes.
+                if raised is not error:
+                    raise
+
+    def _release(self, probe: bool) -> None:
+        if probe:
+            with self.breaker._lock:
+                self._probe_in_flight = False
+
+    async def _guard(self, call: Callable[[], Awaitable[ChatResponse]]) -> ChatResponse:
+        probe = self._admit()
+        try:
+            response = await call()
+        except asyncio.CancelledError:
+            self._release(probe)
+            raise
+        except BaseException as exc:
+            self._record(probe, exc)
+            raise
+        self._record(probe, None)
+        return response
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        return await self._guard(lambda: self.inner.get_response(messages, options))
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self._stream(messages, options)
+
+    async def _stream(
+        self, messages: Messages, options: ChatOptions | None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        probe = self._admit()
+        recorded = False
+        try:
+            stream = self.inner.get_streaming_response(messages, options)
+            try:
+                async for update in stream:
+                    yield update
+            finally:
+                await stream.aclose()
+        except (asyncio.CancelledError, GeneratorExit):
+            raise  # neither a success nor a failure of the deployment: released below
+        except BaseException as exc:
+            recorded = True
+            self._record(probe, exc)
+            raise
+        else:
+            recorded = True
+            self._record(probe, None)
+        finally:
+            if not recorded:
+                self._release(probe)
+
+
+def _redis_client(redis: Any) -> Any:
+    if isinstance(redis, str):
+        import redis as redis_module
+
+        return redis_module.Redis.from_url(redis)
+    return redis

@@ -1,0 +1,213 @@
+"""The retry layer: retry one client's deployment failures with tenacity.
+
+Promises, for `get_response` and `get_streaming_response` alike:
+
+* only failures `retry_on` accepts are retried (default: rate limits and transient
+  failures); request errors, open circuits and caller cancellation never are;
+* a stream is retried only before its first update; once an update reached the caller, a
+  failure is raised as is;
+* a ``Retry-After`` (`ProviderError.retry_after`) is waited out when it is at most
+  `max_retry_after`; a longer one ends the retries at once, so a router can fail over
+  instead of idling;
+* inside a router, every retry spends one call of the request's budget, and no retry starts
+  when its delay would pass the request's deadline;
+* each retry is an event (`chat_pipeline.retry`, with the error type, attempt number and
+  delay) on the current span; no new span, no content.
+
+Place it per client, beneath the router (on the route's own pipeline), so one blip is
+retried once per route rather than multiplied by every layer above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from opentelemetry import trace
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity.wait import wait_exponential, wait_random_exponential
+
+from middleware.routing.context import current_budget
+from pipeline.client import ChatClient, DelegatingChatClient
+from pipeline.errors import is_retryable
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+
+__all__ = ["RETRY_EVENT", "RetryChatClient", "RetryPolicy"]
+
+RETRY_EVENT = "chat_pipeline.retry"
+
+_T = TypeVar("_T")
+
+
+def _number(value: object, name: str, *, minimum: float, integer: bool = False) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}")
+    if not math.isfinite(float(value)) or value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How one client is retried. `max_attempts` counts the first try (1 = no retry)."""
+
+    max_attempts: int = 3
+    initial_delay: float = 0.5
+    max_delay: float = 8.0
+    jitter: bool = True
+    respect_retry_after: bool = True
+    max_retry_after: float = 30.0
+    retry_on: Callable[[BaseException], bool] = is_retryable
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+
+    def __post_init__(self) -> None:
+        _number(self.max_attempts, "max_attempts", minimum=1, integer=True)
+        _number(self.initial_delay, "initial_delay", minimum=0)
+        _number(self.max_delay, "max_delay", minimum=0)
+        _number(self.max_retry_after, "max_retry_after", minimum=0)
+        if self.max_delay < self.initial_delay:
+            raise ValueError("max_delay must not be less than initial_delay")
+        if not callable(self.retry_on):
+            raise TypeError("retry_on must be a callable taking the exception")
+
+
+class RetryChatClient(DelegatingChatClient):
+    """Retries the inner client's retryable failures (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: ChatClient,
+        policy: RetryPolicy | None = None,
+        *,
+        leave_open: bool = False,
+    ) -> None:
+        super().__init__(inner, leave_open=leave_open)
+        self.policy = policy or RetryPolicy()
+        backoff = wait_random_exponential if self.policy.jitter else wait_exponential
+        self._backoff = backoff(multiplier=self.policy.initial_delay, max=self.policy.max_delay)
+
+    def describe_layer(self) -> str:
+        return f"RetryChatClient(max_attempts={self.policy.max_attempts})"
+
+    def _wait(self, state: RetryCallState) -> float:
+        delay = float(self._backoff(state))
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        retry_after = getattr(error, "retry_after", None)
+        if self.policy.respect_retry_after and isinstance(retry_after, int | float):
+            if retry_after > self.policy.max_retry_after:
+                return math.inf  # the stop condition turns this into "give up now"
+            delay = max(delay, float(retry_after))
+        return delay
+
+    def _stop(self, state: RetryCallState) -> bool:
+        if state.attempt_number >= self.policy.max_attempts or math.isinf(state.upcoming_sleep):
+            return True
+        budget = current_budget()
+        if budget is None:
+            return False
+        remaining = budget.remaining()
+        if remaining is not None and state.upcoming_sleep >= remaining:
+            return True
+        # Spending the call here, once the retry is certain, keeps the count exact.
+        return not budget.take_call()
+
+    @staticmethod
+    def _before_sleep(state: RetryCallState) -> None:
+        outcome = state.outcome
+        error = outcome.exception() if outcome is not None else None
+        trace.get_current_span().add_event(
+            RETRY_EVENT,
+            {
+                "error.type": type(error).__name__,
+                "chat_pipeline.retry.attempt": state.attempt_number + 1,
+                "chat_pipeline.retry.delay": state.upcoming_sleep,
+            },
+        )
+
+    def _retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=self._stop,
+            wait=self._wait,
+            retry=retry_if_exception(self.policy.retry_on),
+            sleep=self.policy.sleep,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+
+    async def _retry_after(
+        self, first_error: Exception, attempt: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """Hand a failed first try to tenacity, which replays it as its attempt 1.
+
+        The first try runs outside tenacity because almost every call succeeds at once, and
+        tenacity's bookkeeping would otherwise cost every call; replaying the failure keeps
+        attempt numbers, waits, stops and events exactly tenacity's.
+        """
+        replay: Exception | None = first_error
+
+        async def attempt_or_replay() -> _T:
+            nonlocal replay
+            if replay is not None:
+                error, replay = replay, None
+                raise error
+            return await attempt()
+
+        return await self._retrying()(attempt_or_replay)
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        try:
+            return await self.inner.get_response(messages, options)
+        except Exception as exc:  # cancellation is a BaseException: never retried
+            if self.policy.max_attempts == 1 or not self.policy.retry_on(exc):
+                raise
+            first_error = exc
+        return await self._retry_after(
+            first_error, lambda: self.inner.get_response(messages, options)
+        )
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self._stream(messages, options)
+
+    async def _open(
+        self, messages: Messages, options: ChatOptions | None
+    ) -> tuple[AsyncGenerator[ChatResponseUpdate, None], ChatResponseUpdate | None]:
+        """Open the inner stream and read its first update (None for an empty stream)."""
+        stream = self.inner.get_streaming_response(messages, options)
+        try:
+            return stream, await stream.__anext__()
+        except StopAsyncIteration:
+            return stream, None
+        except BaseException as exc:
+            # A stream that failed before output is finished; closing it releases anything
+            # a non-generator implementation still holds.
+            try:
+                await stream.aclose()
+            except Exception as close_error:
+                exc.add_note(f"closing the failed stream raised {type(close_error).__name__}")
+            raise
+
+    async def _stream(
+        self, messages: Messages, options: ChatOptions | None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        try:
+            stream, first = await self._open(messages, options)
+        except Exception as exc:
+            if self.policy.max_attempts == 1 or not self.policy.retry_on(exc):
+                raise
+            stream, first = await self._retry_after(exc, lambda: self._open(messages, options))
+        async with contextlib.aclosing(stream):
+            if first is None:
+                return
+            yield first
+            # Past the first update nothing is retried: the caller already has output.
+            async for update in stream:
+                yield update

@@ -75,13 +75,32 @@ async def _demo(question: str) -> int:
     return 0
 
 
+async def _fake_server(port: int) -> int:
+    from pipeline.testing import FakeOpenAIServer
+
+    server = FakeOpenAIServer(port=port)
+    await server.start()
+    print(f"fake OpenAI-compatible server on {server.base_url}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+    return 0  # pragma: no cover - ends by interruption
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chat-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the embedded, network-free demo pipeline")
     demo.add_argument("question", nargs="?", default="What does failover do?")
+    server = commands.add_parser(
+        "fake-server", help="serve a fake OpenAI-compatible API on 127.0.0.1 until interrupted"
+    )
+    server.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return asyncio.run(_demo(args.question))
+    if args.command == "fake-server":
+        return asyncio.run(_fake_server(args.port))
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits
     return 2  # pragma: no cover

@@ -16,6 +16,10 @@ output), `fail_after` (stream some chunks, then raise), `hang` (wait until cance
 optionally after some chunks) and `call_tools` (ask for tool calls). Any step can also fail
 when its stream is closed (``reply("x").failing_on_close(exc)``). A step may be a callable
 of (messages, options) returning a step, for replies that depend on the request.
+
+`FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
+request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
+in-band errors, hangs), for testing real provider clients end to end.
 """
 
 from __future__ import annotations
@@ -27,6 +31,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from pipeline._fake_server import (
+    CHAT_PATH,
+    EMBEDDINGS_PATH,
+    FakeOpenAIServer,
+    FakeResponse,
+    RecordedRequest,
+)
 from pipeline.client import ChatClient as ChatClientLike
 from pipeline.client import ChatClientMetadata, check_options
 from pipeline.types import (
@@ -43,7 +54,12 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "CHAT_PATH",
+    "EMBEDDINGS_PATH",
     "Collected",
+    "FakeOpenAIServer",
+    "FakeResponse",
+    "RecordedRequest",
     "RecordedCall",
     "ScriptStep",
     "ScriptedChatClient",

@@ -103,7 +103,8 @@ def _text_of(contents: Iterable[Content]) -> str:
 class ChatMessage:
     """One message of a conversation.
 
-    `contents` may be given as a plain string, which becomes a single `TextContent`.
+    `contents` may be given as a plain string, which becomes a single `TextContent`; strings
+    in a list of contents become `TextContent`s too.
     """
 
     role: ChatRole
@@ -113,7 +114,7 @@ class ChatMessage:
     def __init__(
         self,
         role: ChatRole | str,
-        contents: str | Content | Iterable[Content] = (),
+        contents: str | Content | Iterable[Content | str] = (),
         *,
         author_name: str | None = None,
     ) -> None:
@@ -128,11 +129,16 @@ class ChatMessage:
         elif isinstance(contents, _CONTENT_TYPES):
             self.contents = [contents]
         else:
-            items = list(contents)
-            for item in items:
-                if not isinstance(item, _CONTENT_TYPES):
+            items: list[Content] = []
+            for item in contents:
+                if isinstance(item, str):
+                    items.append(TextContent(item))
+                elif isinstance(item, _CONTENT_TYPES):
+                    items.append(item)
+                else:
                     raise TypeError(
-                        f"message contents must be content objects, not {type(item).__name__}"
+                        "message contents must be content objects or str, "
+                        f"not {type(item).__name__}"
                     )
             self.contents = items
         self.author_name = author_name
@@ -142,11 +148,11 @@ class ChatMessage:
         return cls(ChatRole.SYSTEM, text)
 
     @classmethod
-    def user(cls, contents: str | Content | Iterable[Content]) -> ChatMessage:
+    def user(cls, contents: str | Content | Iterable[Content | str]) -> ChatMessage:
         return cls(ChatRole.USER, contents)
 
     @classmethod
-    def assistant(cls, contents: str | Content | Iterable[Content]) -> ChatMessage:
+    def assistant(cls, contents: str | Content | Iterable[Content | str]) -> ChatMessage:
         return cls(ChatRole.ASSISTANT, contents)
 
     @classmethod

@@ -39,6 +39,15 @@ SURFACES = {
         "RoutingSelection",
         "current_budget",
     },
+    "pipeline.providers": {
+        "AzureOpenAIChatClient", "OllamaChatClient", "OpenAIChatClient",
+        "OpenAIEmbeddingGenerator",
+    },
+    "pipeline.testing": {
+        "CHAT_PATH", "Collected", "EMBEDDINGS_PATH", "FakeOpenAIServer", "FakeResponse",
+        "RecordedCall", "RecordedRequest", "ScriptStep", "ScriptedChatClient", "call_tools",
+        "collect", "fail", "fail_after", "hang", "reply",
+    },
     "pipeline.errors": {
         "AuthenticationError",
         "ChatPipelineError",

@@ -1,0 +1,391 @@
+"""The Chat Completions wire format: requests out, responses and stream chunks in.
+
+Pure functions, no I/O, so they can be tested (and fuzzed) alone. Anything a provider sends
+that does not fit the format raises a `ProviderError` saying what was wrong, never a
+`KeyError` or `JSONDecodeError`, and never quoting the payload (it may hold prompt text).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    DataContent,
+    FunctionCallContent,
+    FunctionResultContent,
+    TextContent,
+    UsageDetails,
+)
+
+__all__ = [
+    "StreamAssembler",
+    "build_request",
+    "error_from_payload",
+    "malformed",
+    "parse_response",
+    "parse_usage",
+]
+
+
+def malformed(provider: str, what: str) -> ProviderError:
+    """A provider sent something that is not the wire format."""
+    return provider_error(
+        FailureKind.UNKNOWN, f"malformed response: {what}", provider=provider, code="malformed"
+    )
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def _tool_definition(tool: Any) -> dict[str, Any]:
+    if isinstance(tool, Mapping):
+        return dict(tool)
+    name = getattr(tool, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(
+            f"tools must be OpenAI tool dicts or objects with a name, not {type(tool).__name__}"
+        )
+    parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
+    function: dict[str, Any] = {"name": name}
+    description = getattr(tool, "description", None)
+    if description:
+        function["description"] = description
+    function["parameters"] = parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _data_url(content: DataContent) -> str:
+    if content.uri is not None:
+        return content.uri
+    encoded = base64.b64encode(content.data or b"").decode("ascii")
+    return f"data:{content.media_type or 'application/octet-stream'};base64,{encoded}"
+
+
+def _tool_result_text(content: FunctionResultContent) -> str:
+    if content.exception is not None and content.result is None:
+        return f"Error: {type(content.exception).__name__}"
+    if isinstance(content.result, str):
+        return content.result
+    try:
+        return json.dumps(content.result)
+    except (TypeError, ValueError):
+        return str(content.result)
+
+
+def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
+    role = message.role.value
+    if message.role is ChatRole.TOOL:
+        return [
+            {"role": "tool", "tool_call_id": c.call_id, "content": _tool_result_text(c)}
+            for c in message.contents
+            if isinstance(c, FunctionResultContent)
+        ]
+    texts = [c for c in message.contents if isinstance(c, TextContent)]
+    data = [c for c in message.contents if isinstance(c, DataContent)]
+    calls = [c for c in message.contents if isinstance(c, FunctionCallContent)]
+    payload: dict[str, Any] = {"role": role}
+    if data and message.role is ChatRole.USER:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": t.text} for t in texts]
+        parts += [{"type": "image_url", "image_url": {"url": _data_url(d)}} for d in data]
+        payload["content"] = parts
+    else:
+        text = "".join(t.text for t in texts)
+        payload["content"] = text if (text or not calls) else None
+    if calls:
+        payload["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))},
+            }
+            for c in calls
+        ]
+    if message.author_name:
+        payload["name"] = message.author_name
+    return [payload]
+
+
+def build_request(
+    messages: Sequence[ChatMessage],
+    options: ChatOptions | None,
+    *,
+    model: str | None,
+    stream: bool,
+    max_tokens_field: str = "max_completion_tokens",
+) -> dict[str, Any]:
+    """The JSON body of a Chat Completions request."""
+    body: dict[str, Any] = {}
+    if model is not None:
+        body["model"] = model
+    body["messages"] = [p for m in messages for p in _message_payloads(m)]
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if options is None:
+        return body
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
+    if options.top_p is not None:
+        body["top_p"] = options.top_p
+    if options.max_output_tokens is not None:
+        body[max_tokens_field] = options.max_output_tokens
+    if options.stop:
+        body["stop"] = list(options.stop)
+    if options.seed is not None:
+        body["seed"] = options.seed
+    if options.tools:
+        body["tools"] = [_tool_definition(t) for t in options.tools]
+        if options.tool_mode is not None:
+            body["tool_choice"] = options.tool_mode
+    if options.response_format is not None:
+        body["response_format"] = _response_format(options.response_format)
+    if options.reasoning_effort is not None:
+        body["reasoning_effort"] = options.reasoning_effort
+    # The escape hatch for provider-specific fields; never overrides what the request needs.
+    for key, value in options.additional_properties.items():
+        body.setdefault(key, value)
+    return body
+
+
+def _response_format(value: Any) -> Any:
+    if value in ("json", "json_object"):
+        return {"type": "json_object"}
+    if value == "text":
+        return {"type": "text"}
+    if isinstance(value, Mapping) and "type" not in value and "schema" in value:
+        # A bare {"name":..., "schema":...} is shorthand for a JSON-schema format.
+        return {"type": "json_schema", "json_schema": dict(value)}
+    return value
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_usage(value: Any) -> UsageDetails | None:
+    if not isinstance(value, Mapping):
+        return None
+    return UsageDetails(
+        input_tokens=_int_or_none(value.get("prompt_tokens")),
+        output_tokens=_int_or_none(value.get("completion_tokens")),
+        total_tokens=_int_or_none(value.get("total_tokens")),
+    )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+_IN_BAND_KINDS = {
+    "rate_limit_exceeded": FailureKind.RATE_LIMITED,
+    "rate_limit_error": FailureKind.RATE_LIMITED,
+    "server_error": FailureKind.TRANSIENT,
+    "overloaded_error": FailureKind.TRANSIENT,
+    "service_unavailable": FailureKind.TRANSIENT,
+    "context_length_exceeded": FailureKind.CONTEXT_LENGTH_EXCEEDED,
+    "content_filter": FailureKind.CONTENT_FILTERED,
+    "invalid_request_error": FailureKind.REQUEST_INVALID,
+    "authentication_error": FailureKind.AUTHENTICATION,
+}
+
+
+def error_from_payload(
+    error: Any, provider: str, *, status_code: int | None = None, url: str | None = None
+) -> ProviderError:
+    """A `ProviderError` from an error object (a body's or an in-band SSE ``error``).
+
+    Only the machine-readable `code` and `type` are used; the message is not copied, since
+    providers echo request content in it.
+    """
+    code = type_ = None
+    if isinstance(error, Mapping):
+        code = _str_or_none(error.get("code")) or None
+        type_ = _str_or_none(error.get("type")) or None
+    if status_code is not None:
+        kind = kind_for_status(status_code, code)
+    else:
+        kind = (
+            _IN_BAND_KINDS.get(code or "") or _IN_BAND_KINDS.get(type_ or "") or FailureKind.UNKNOWN
+        )
+    return provider_error(
+        kind, provider=provider, status_code=status_code, code=code or type_, url=url
+    )
+
+
+def _arguments(raw: Any, provider: str) -> dict[str, Any]:
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if raw is None or raw == "":
+        return {}
+    if not isinstance(raw, str):
+        raise malformed(provider, "tool call arguments are neither a string nor an object")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise malformed(provider, "tool call arguments are not valid JSON") from None
+    if not isinstance(value, dict):
+        raise malformed(provider, "tool call arguments are not a JSON object")
+    return value
+
+
+def _first_choice(payload: Mapping[str, Any], provider: str) -> Mapping[str, Any] | None:
+    choices = payload.get("choices")
+    if choices is None:
+        return None
+    if not isinstance(choices, list):
+        raise malformed(provider, "'choices' is not a list")
+    if not choices:
+        return None
+    choice = choices[0]
+    if not isinstance(choice, Mapping):
+        raise malformed(provider, "a choice is not an object")
+    return choice
+
+
+def parse_response(payload: Any, provider: str) -> ChatResponse:
+    """A non-streaming Chat Completions response."""
+    if not isinstance(payload, Mapping):
+        raise malformed(provider, "the body is not a JSON object")
+    if "error" in payload and payload.get("error"):
+        raise error_from_payload(payload["error"], provider)
+    choice = _first_choice(payload, provider)
+    if choice is None:
+        raise malformed(provider, "the response has no choices")
+    message = choice.get("message")
+    if not isinstance(message, Mapping):
+        raise malformed(provider, "the choice has no message object")
+    contents: list[Content] = []
+    text = message.get("content")
+    if text is not None and not isinstance(text, str):
+        raise malformed(provider, "message content is not a string")
+    if text:
+        contents.append(TextContent(text))
+    tool_calls = message.get("tool_calls") or []
+    if not isinstance(tool_calls, list):
+        raise malformed(provider, "'tool_calls' is not a list")
+    for call in tool_calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise malformed(provider, "a tool call has no function name")
+        contents.append(
+            FunctionCallContent(
+                call_id=_str_or_none(call.get("id")) or "",
+                name=function["name"],
+                arguments=_arguments(function.get("arguments"), provider),
+            )
+        )
+    return ChatResponse(
+        messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
+        response_id=_str_or_none(payload.get("id")),
+        model_id=_str_or_none(payload.get("model")),
+        finish_reason=_str_or_none(choice.get("finish_reason")),
+        usage=parse_usage(payload.get("usage")),
+    )
+
+
+@dataclass
+class _PendingCall:
+    call_id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class StreamAssembler:
+    """Turns streamed chunks into updates; tool-call deltas are assembled by index and
+    emitted whole when the choice finishes (or the stream ends)."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self._calls: dict[int, _PendingCall] = {}
+        self.finished = False
+
+    def _flush_calls(self) -> list[Content]:
+        if any(not pending.name for pending in self._calls.values()):
+            raise malformed(self.provider, "a streamed tool call has no function name")
+        calls: list[Content] = [
+            FunctionCallContent(
+                call_id=pending.call_id,
+                name=pending.name,
+                arguments=_arguments("".join(pending.arguments), self.provider),
+            )
+            for _, pending in sorted(self._calls.items())
+        ]
+        self._calls.clear()
+        return calls
+
+    def feed(self, payload: Any) -> ChatResponseUpdate | None:
+        """The update for one chunk, or None when it carries nothing for the caller."""
+        if not isinstance(payload, Mapping):
+            raise malformed(self.provider, "a stream chunk is not a JSON object")
+        if payload.get("error"):
+            raise error_from_payload(payload["error"], self.provider)
+        choice = _first_choice(payload, self.provider)
+        contents: list[Content] = []
+        finish_reason = None
+        if choice is not None:
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, Mapping):
+                raise malformed(self.provider, "a chunk's delta is not an object")
+            text = delta.get("content")
+            if text is not None and not isinstance(text, str):
+                raise malformed(self.provider, "delta content is not a string")
+            if text:
+                contents.append(TextContent(text))
+            self._feed_calls(delta.get("tool_calls"))
+            finish_reason = _str_or_none(choice.get("finish_reason"))
+            if finish_reason is not None:
+                contents.extend(self._flush_calls())
+        usage = parse_usage(payload.get("usage"))
+        if not contents and finish_reason is None and usage is None:
+            return None
+        return ChatResponseUpdate(
+            role=ChatRole.ASSISTANT,
+            contents=contents,
+            response_id=_str_or_none(payload.get("id")),
+            model_id=_str_or_none(payload.get("model")),
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+
+    def _feed_calls(self, deltas: Any) -> None:
+        if deltas is None:
+            return
+        if not isinstance(deltas, list):
+            raise malformed(self.provider, "delta 'tool_calls' is not a list")
+        for delta in deltas:
+            if not isinstance(delta, Mapping):
+                raise malformed(self.provider, "a tool call delta is not an object")
+            index = delta.get("index", 0)
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise malformed(self.provider, "a tool call delta has no integer index")
+            pending = self._calls.setdefault(index, _PendingCall())
+            pending.call_id = _str_or_none(delta.get("id")) or pending.call_id
+            function = delta.get("function") or {}
+            if not isinstance(function, Mapping):
+                raise malformed(self.provider, "a tool call delta's function is not an object")
+            pending.name += _str_or_none(function.get("name")) or ""
+            arguments = function.get("arguments")
+            if arguments is not None:
+                if not isinstance(arguments, str):
+                    raise malformed(self.provider, "tool call argument deltas must be strings")
+                pending.arguments.append(arguments)
+
+    def finish(self) -> ChatResponseUpdate | None:
+        """Tool calls still pending when the stream ended without a finish reason."""
+        if not self._calls:
+            return None
+        return ChatResponseUpdate(role=ChatRole.ASSISTANT, contents=self._flush_calls())

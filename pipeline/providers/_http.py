@@ -1,0 +1,55 @@
+"""HTTP plumbing shared by the providers: errors from statuses and transports."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
+from pipeline.providers._chat_completions import error_from_payload
+
+__all__ = ["endpoint", "status_error", "transport_error"]
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+def endpoint(url: httpx.URL | str) -> str:
+    """The URL without its query string (which may carry keys on some gateways)."""
+    return str(httpx.URL(str(url)).copy_with(query=None))
+
+
+def transport_error(exc: httpx.HTTPError, provider: str, url: str) -> ProviderError:
+    """Timeouts, refused or reset connections and broken HTTP are transient."""
+    return provider_error(
+        FailureKind.TRANSIENT,
+        f"transport failure: {type(exc).__name__}",
+        provider=provider,
+        url=url,
+    )
+
+
+async def status_error(response: httpx.Response, provider: str, url: str) -> ProviderError:
+    """The `ProviderError` for an HTTP error status, with `retry_after` and the error code.
+
+    The body is read (bounded) only for its machine-readable ``error.code``/``error.type``.
+    """
+    body = b""
+    try:
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > _MAX_ERROR_BODY:
+                break
+    except httpx.HTTPError:
+        pass  # the status alone still classifies the failure
+    error: Any = None
+    try:
+        decoded = json.loads(body) if body else None
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+    result = error_from_payload(error, provider, status_code=response.status_code, url=url)
+    result.retry_after = parse_retry_after(response.headers.get("retry-after"))
+    return result

@@ -1,0 +1,109 @@
+"""`OpenAIEmbeddingGenerator`: the ``/embeddings`` endpoint, batched, as a float32 matrix."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+
+from pipeline.providers._chat_completions import malformed
+from pipeline.providers._http import endpoint, status_error, transport_error
+from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
+
+__all__ = ["OpenAIEmbeddingGenerator"]
+
+
+class OpenAIEmbeddingGenerator:
+    """Embeds texts with an OpenAI-compatible ``/embeddings`` endpoint.
+
+    `generate(values)` returns a float32 array of shape ``(len(values), d)`` in input order,
+    sending at most `batch_size` texts per request. A wrong count, ragged or non-numeric
+    vectors, or a malformed body raise `ProviderError`; HTTP and transport failures map as
+    for `OpenAIChatClient`.
+    """
+
+    provider_name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str = DEFAULT_BASE_URL,
+        http_client: httpx.AsyncClient | None = None,
+        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        batch_size: int = 256,
+        dimensions: int | None = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError("batch_size must be a positive int")
+        if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
+            raise ValueError("dimensions must be a positive int or None")
+        api_key = api_key or os.environ.get("OPENAI_API_KEY") or None
+        if api_key is None and base_url.rstrip("/") == DEFAULT_BASE_URL:
+            raise ValueError(f"an API key is needed for {DEFAULT_BASE_URL}")
+        self.model = model
+        self.batch_size = batch_size
+        self.dimensions = dimensions
+        self._api_key = api_key
+        self._url = httpx.URL(base_url.rstrip("/") + "/embeddings")
+        self._owns_http_client = http_client is None
+        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+
+    def __repr__(self) -> str:
+        return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={endpoint(self._url)!r})"
+
+    async def generate(self, values: Sequence[str]) -> npt.NDArray[np.float32]:
+        if isinstance(values, str) or not all(isinstance(v, str) for v in values):
+            raise TypeError("values must be a sequence of str")
+        batches = [
+            await self._batch(list(values[i : i + self.batch_size]))
+            for i in range(0, len(values), self.batch_size)
+        ]
+        if not batches:
+            return np.zeros((0, self.dimensions or 0), dtype=np.float32)
+        if len({b.shape[1] for b in batches}) != 1:
+            raise malformed(self.provider_name, "batches returned different dimensions")
+        return np.concatenate(batches, axis=0)
+
+    async def _batch(self, values: list[str]) -> npt.NDArray[np.float32]:
+        body: dict[str, object] = {"model": self.model, "input": values, "encoding_format": "float"}
+        if self.dimensions is not None:
+            body["dimensions"] = self.dimensions
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        where = endpoint(self._url)
+        try:
+            response = await self._http.post(self._url, json=body, headers=headers)
+            if response.status_code >= 400:
+                raise await status_error(response, self.provider_name, where)
+            try:
+                payload = response.json()
+            except ValueError:
+                raise malformed(self.provider_name, "the body is not JSON") from None
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.provider_name, where) from exc
+        return self._parse(payload, len(values))
+
+    def _parse(self, payload: object, expected: int) -> npt.NDArray[np.float32]:
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list):
+            raise malformed(self.provider_name, "no 'data' list in the embeddings response")
+        if len(data) != expected:
+            raise malformed(
+                self.provider_name, f"{len(data)} embeddings returned for {expected} inputs"
+            )
+        try:
+            ordered = sorted(data, key=lambda item: item["index"])
+            matrix = np.asarray([item["embedding"] for item in ordered], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise malformed(self.provider_name, "embeddings are not numeric vectors") from exc
+        if matrix.ndim != 2 or not np.isfinite(matrix).all():
+            raise malformed(self.provider_name, "embeddings are ragged or not finite")
+        return matrix
+
+    async def aclose(self) -> None:
+        if self._owns_http_client:
+            await self._http.aclose()

@@ -1,0 +1,398 @@
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from middleware.routing import OrderedFailoverChatClient, Route
+from pipeline import (
+    ChatMessage,
+    ChatOptions,
+    DataContent,
+    FunctionCallContent,
+    FunctionResultContent,
+)
+from pipeline.errors import (
+    AuthenticationError,
+    ContentFilteredError,
+    ContextLengthExceededError,
+    FailureKind,
+    ProviderError,
+    RateLimitedError,
+    RequestInvalidError,
+    TransientProviderError,
+)
+from pipeline.providers import OllamaChatClient, OpenAIChatClient
+from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+
+KEY = "sk-CANARY-key"
+
+
+async def test_text_and_usage(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    server.script(FakeResponse(text="one two three", usage=(11, 3)))
+    result = await collect(client, "hi", streaming=streaming)
+    assert result.error is None
+    assert result.text == "one two three"
+    assert result.response is not None
+    assert result.response.usage is not None
+    assert (result.response.usage.input_tokens, result.response.usage.output_tokens) == (11, 3)
+    assert result.response.finish_reason == "stop"
+    assert result.response.model_id == "gpt-test"
+    if streaming:
+        assert [u.text for u in result.updates if u.text] == ["one ", "two ", "three"]
+        assert result.updates[-1].usage is not None  # usage arrives in the last chunk
+    assert server.count() == 1
+
+
+async def test_request_wire_format(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    options = ChatOptions(
+        model_id="gpt-override",
+        temperature=0.2,
+        top_p=0.9,
+        max_output_tokens=50,
+        stop=["X"],
+        seed=3,
+        tools=[tool],
+        tool_mode="auto",
+        response_format="json",
+        reasoning_effort="low",
+        additional_properties={"user": "u1"},
+    )
+    messages = [
+        ChatMessage.system("sys"),
+        ChatMessage.user(["look", DataContent(data=b"\x89PNG", media_type="image/png")]),
+        ChatMessage.assistant(FunctionCallContent("c1", "f", {"a": 1})),
+        ChatMessage.tool(FunctionResultContent("c1", {"ok": True})),
+    ]
+    await collect(client, messages, options, streaming=streaming)
+    body = server.requests[0].json
+    assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+    assert body["model"] == "gpt-override"
+    assert (body["temperature"], body["top_p"], body["max_completion_tokens"]) == (0.2, 0.9, 50)
+    assert (body["stop"], body["seed"], body["tool_choice"]) == (["X"], 3, "auto")
+    assert body["tools"] == [tool]
+    assert body["response_format"] == {"type": "json_object"}
+    assert (body["reasoning_effort"], body["user"]) == ("low", "u1")
+    assert body["messages"][0] == {"role": "system", "content": "sys"}
+    assert body["messages"][1]["content"][1]["image_url"]["url"].startswith(
+        "data:image/png;base64,"
+    )
+    assert body["messages"][2]["tool_calls"][0]["function"] == {
+        "name": "f",
+        "arguments": '{"a": 1}',
+    }
+    assert body["messages"][3] == {"role": "tool", "tool_call_id": "c1", "content": '{"ok": true}'}
+    if streaming:
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    else:
+        assert "stream" not in body
+
+
+async def test_streamed_tool_call_arguments_are_assembled(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    arguments = json.dumps({"city": "Oslo", "units": "metric", "days": 3})
+    server.script(
+        FakeResponse(
+            text="", tool_calls=[("get_weather", arguments), ("noop", "{}")], tool_call_pieces=5
+        )
+    )
+    result = await collect(client, "weather?", streaming=streaming)
+    assert result.response is not None
+    calls = [c for c in result.response.messages[-1].contents if isinstance(c, FunctionCallContent)]
+    assert [(c.call_id, c.name, dict(c.arguments)) for c in calls] == [
+        ("call_0", "get_weather", {"city": "Oslo", "units": "metric", "days": 3}),
+        ("call_1", "noop", {}),
+    ]
+    assert result.response.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error_type", "kind"),
+    [
+        (429, None, RateLimitedError, FailureKind.RATE_LIMITED),
+        (500, None, TransientProviderError, FailureKind.TRANSIENT),
+        (503, None, TransientProviderError, FailureKind.TRANSIENT),
+        (400, None, RequestInvalidError, FailureKind.REQUEST_INVALID),
+        (404, None, RequestInvalidError, FailureKind.REQUEST_INVALID),
+        (422, None, RequestInvalidError, FailureKind.REQUEST_INVALID),
+        (401, None, AuthenticationError, FailureKind.AUTHENTICATION),
+        (403, None, AuthenticationError, FailureKind.AUTHENTICATION),
+        (
+            400,
+            "context_length_exceeded",
+            ContextLengthExceededError,
+            FailureKind.CONTEXT_LENGTH_EXCEEDED,
+        ),
+        (400, "content_filter", ContentFilteredError, FailureKind.CONTENT_FILTERED),
+    ],
+)
+async def test_error_statuses_map_to_kinds(
+    server: FakeOpenAIServer,
+    client: OpenAIChatClient,
+    streaming: bool,
+    status: int,
+    code: str | None,
+    error_type: type[ProviderError],
+    kind: FailureKind,
+) -> None:
+    server.script(FakeResponse.error(status, code=code, message="CANARY-prompt echoed back"))
+    result = await collect(client, "CANARY-prompt", streaming=streaming)
+    assert type(result.error) is error_type
+    assert isinstance(result.error, ProviderError)
+    assert result.error.kind is kind and result.error.status_code == status
+    assert result.error.url is not None and result.error.url.endswith("/v1/chat/completions")
+    assert "CANARY" not in str(result.error) and "CANARY" not in repr(result.error.args)
+    assert result.updates == []
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), ("0.5", 0.5), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), ("soon", None)],
+)
+async def test_retry_after_is_parsed(
+    server: FakeOpenAIServer,
+    client: OpenAIChatClient,
+    streaming: bool,
+    header: str,
+    seconds: float | None,
+) -> None:
+    server.script(FakeResponse.error(429, retry_after=header))
+    result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, RateLimitedError)
+    assert result.error.retry_after == seconds
+
+
+async def test_disconnect_before_first_chunk_is_transient(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    server.script(FakeResponse(disconnect_after=1))  # only the role event, then the cut
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, TransientProviderError)
+    assert [u for u in result.updates if u.text] == []
+
+
+async def test_mid_stream_disconnect_after_output(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    server.script(FakeResponse(text="a b c d", disconnect_after=3))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, TransientProviderError)
+    assert [u.text for u in result.updates] == ["a ", "b "]
+
+
+async def test_failover_on_mid_stream_disconnect_is_terminal_but_before_output_is_not() -> None:
+    async with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
+        routes = [
+            Route("primary", OpenAIChatClient("m", api_key=KEY, base_url=primary.base_url)),
+            Route("backup", OpenAIChatClient("m", api_key=KEY, base_url=backup.base_url)),
+        ]
+        async with OrderedFailoverChatClient(routes) as router:
+            primary.script(FakeResponse(disconnect_after=1))
+            assert (
+                await collect(router, "hi", streaming=True)
+            ).text == "Hello from the fake server."
+            primary.script(FakeResponse(text="x y z", disconnect_after=3))
+            after = await collect(router, "hi", streaming=True)
+            assert isinstance(after.error, TransientProviderError)
+            assert (primary.count(), backup.count()) == (2, 1)
+
+
+async def test_stream_without_done_is_transient(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    server.script(FakeResponse(text="a b", omit_done=True))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, TransientProviderError)
+    assert result.error.code == "incomplete_stream"
+    assert "".join(u.text for u in result.updates) == "a b"
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["data: {not json", ""],
+        ["garbage line without a field", ""],
+        ["data: [1, 2]", ""],
+        ['data: {"choices": "nope"}', ""],
+        ['data: {"choices": [{"delta": {"content": 5}}]}', ""],
+        [
+            'data: {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": '
+            '{"arguments": "{"}}]}, "finish_reason": "tool_calls"}]}',
+            "",
+        ],
+    ],
+)
+async def test_malformed_streams_raise_provider_error(
+    server: FakeOpenAIServer, client: OpenAIChatClient, lines: list[str]
+) -> None:
+    server.script(FakeResponse(raw_lines=lines))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, ProviderError)
+    assert result.error.code == "malformed"
+
+
+async def test_malformed_non_streaming_bodies(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b"not json"))
+    async with httpx.AsyncClient(transport=transport) as http:
+        raw = OpenAIChatClient("m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http)
+        with pytest.raises(ProviderError, match="not JSON"):
+            await raw.get_response("hi")
+    for body in (
+        {"choices": []},
+        {"choices": [{"message": "x"}]},
+        [1],
+        {"choices": [{"message": {"content": 3}}]},
+    ):
+        transport = httpx.MockTransport(lambda request, b=body: httpx.Response(200, json=b))
+        async with httpx.AsyncClient(transport=transport) as http:
+            raw = OpenAIChatClient(
+                "m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http
+            )
+            with pytest.raises(ProviderError) as caught:
+                await raw.get_response("hi")
+            assert caught.value.code == "malformed"
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"code": "rate_limit_exceeded", "message": "CANARY"}, FailureKind.RATE_LIMITED),
+        ({"type": "server_error", "message": "CANARY"}, FailureKind.TRANSIENT),
+        ({"code": "content_filter"}, FailureKind.CONTENT_FILTERED),
+        ({"message": "CANARY"}, FailureKind.UNKNOWN),
+    ],
+)
+async def test_in_band_error_before_content_fails_over(
+    error: dict[str, str], kind: FailureKind
+) -> None:
+    async with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
+        primary.script(FakeResponse(in_band_error=error, error_after=1))
+        first = OpenAIChatClient("m", api_key=KEY, base_url=primary.base_url)
+        direct = await collect(first, "hi", streaming=True)
+        assert isinstance(direct.error, ProviderError) and direct.error.kind is kind
+        assert "CANARY" not in str(direct.error)
+        primary.script(FakeResponse(in_band_error=error, error_after=1))
+        router = OrderedFailoverChatClient(
+            [first, OpenAIChatClient("m", api_key=KEY, base_url=backup.base_url, name="backup")]
+        )
+        result = await collect(router, "hi", streaming=True)
+        eligible = kind in (FailureKind.RATE_LIMITED, FailureKind.TRANSIENT, FailureKind.UNKNOWN)
+        assert (result.error is None) is eligible
+        assert backup.count() == (1 if eligible else 0)
+        await router.aclose()
+
+
+async def test_in_band_error_after_content_is_terminal(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    server.script(FakeResponse(text="a b c", in_band_error={"type": "server_error"}, error_after=3))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, TransientProviderError)
+    assert [u.text for u in result.updates] == ["a ", "b "]
+
+
+async def test_first_chunk_timeout_is_transient_and_fails_over() -> None:
+    async with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
+        primary.script(FakeResponse(hang=True))
+        slow = OpenAIChatClient(
+            "m", api_key=KEY, base_url=primary.base_url, first_chunk_timeout=0.05
+        )
+        router = OrderedFailoverChatClient(
+            [slow, OpenAIChatClient("m", api_key=KEY, base_url=backup.base_url, name="b")]
+        )
+        result = await collect(router, "hi", streaming=True)
+        assert result.text == "Hello from the fake server."
+        assert backup.count() == 1
+        await router.aclose()
+
+
+async def test_stream_idle_timeout_after_output(server: FakeOpenAIServer) -> None:
+    server.script(FakeResponse(text="a b", chunk_delay=5.0))
+    client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, stream_idle_timeout=0.05)
+    result = await collect(client, "hi", streaming=True)
+    assert (
+        isinstance(result.error, TransientProviderError) and result.error.code == "stream_timeout"
+    )
+    assert [u.text for u in result.updates] == ["a "]
+    await client.aclose()
+
+
+async def test_connection_refused_is_transient(streaming: bool) -> None:
+    async with FakeOpenAIServer() as fake:
+        url = fake.base_url
+    client = OpenAIChatClient("m", api_key=KEY, base_url=url)
+    result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError)
+    assert isinstance(result.error.__cause__, httpx.ConnectError)
+    await client.aclose()
+
+
+async def test_abandoning_a_stream_releases_the_connection(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    server.script(FakeResponse(text="a b c d e f"))
+    stream = client.get_streaming_response("hi")
+    await anext(stream)
+    await anext(stream)
+    await stream.aclose()
+    # The pool can serve another request on the released connection.
+    assert (await client.get_response("hi")).text == "Hello from the fake server."
+
+
+async def test_caller_cancellation_propagates(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    server.script(FakeResponse(hang=True))
+    task = asyncio.create_task(collect(client, "hi", streaming=streaming))
+    await server.wait_for_requests(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_key_handling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="OPENAI_API_KEY"):
+        OpenAIChatClient("gpt")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-CANARY-env")
+    client = OpenAIChatClient("gpt")
+    assert "CANARY" not in repr(client)
+    assert client.metadata.server_address == "api.openai.com" and client.metadata.server_port == 443
+    assert client.metadata.provider_name == "openai"
+    with pytest.raises(ValueError, match="first_chunk_timeout"):
+        OpenAIChatClient("gpt", first_chunk_timeout=0)
+
+
+async def test_model_is_required(server: FakeOpenAIServer) -> None:
+    client = OpenAIChatClient(base_url=server.base_url, api_key=KEY)
+    with pytest.raises(ValueError, match="no model"):
+        await client.get_response("hi")
+    assert (await client.get_response("hi", ChatOptions(model_id="m"))).model_id == "m"
+    await client.aclose()
+
+
+async def test_given_http_client_is_left_open(server: FakeOpenAIServer) -> None:
+    async with httpx.AsyncClient() as http:
+        client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, http_client=http)
+        await client.aclose()
+        assert not http.is_closed
+
+
+async def test_ollama_uses_the_openai_wire_without_a_key(
+    server: FakeOpenAIServer, streaming: bool
+) -> None:
+    client = OllamaChatClient("llama3", base_url=server.base_url)
+    await collect(client, "hi", ChatOptions(max_output_tokens=9), streaming=streaming)
+    request = server.requests[0]
+    assert "authorization" not in request.headers
+    assert request.json["max_tokens"] == 9
+    assert client.metadata.provider_name == "ollama"
+    await client.aclose()

@@ -1,0 +1,97 @@
+"""The SSE decoder and the chunk assembler: any input yields valid updates or raises
+ProviderError, never anything else."""
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import ProviderError
+from pipeline.providers._chat_completions import StreamAssembler
+from pipeline.providers._sse import MalformedSSE, SSEDecoder
+from pipeline.types import ChatResponseUpdate
+
+
+def test_decoder_joins_data_lines_and_skips_comments() -> None:
+    decoder = SSEDecoder()
+    out = [
+        decoder.feed(line) for line in [": keepalive", "event: message", "data: a", "data:b", ""]
+    ]
+    assert out == [None, None, None, None, "a\nb"]
+    assert decoder.feed("") is None
+
+
+def _decode(lines: list[str]) -> list[ChatResponseUpdate]:
+    decoder = SSEDecoder()
+    assembler = StreamAssembler("fuzz")
+    updates = []
+    for line in lines:
+        try:
+            data = decoder.feed(line)
+        except MalformedSSE:
+            raise ProviderError("malformed") from None
+        if data is None or data == "[DONE]":
+            continue
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            raise ProviderError("malformed") from None
+        update = assembler.feed(payload)
+        if update is not None:
+            updates.append(update)
+    tail = assembler.finish()
+    if tail is not None:
+        updates.append(tail)
+    return updates
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "choices",
+                    "delta",
+                    "content",
+                    "tool_calls",
+                    "index",
+                    "id",
+                    "function",
+                    "name",
+                    "arguments",
+                    "finish_reason",
+                    "usage",
+                    "error",
+                    "prompt_tokens",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=30), max_size=10))
+def test_arbitrary_lines_yield_updates_or_provider_error(lines: list[str]) -> None:
+    try:
+        updates = _decode(lines)
+    except ProviderError:
+        return
+    assert all(isinstance(u, ChatResponseUpdate) for u in updates)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=6))
+def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[object]) -> None:
+    lines = [line for p in payloads for line in (f"data: {json.dumps(p)}", "")]
+    try:
+        updates = _decode(lines)
+    except ProviderError:
+        return
+    assert all(isinstance(u, ChatResponseUpdate) for u in updates)

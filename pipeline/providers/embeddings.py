@@ -50,11 +50,12 @@ class OpenAIEmbeddingGenerator:
         self.dimensions = dimensions
         self._api_key = api_key
         self._url = httpx.URL(base_url.rstrip("/") + "/embeddings")
+        self._endpoint = endpoint(self._url)
         self._owns_http_client = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
 
     def __repr__(self) -> str:
-        return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={endpoint(self._url)!r})"
+        return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={self._endpoint!r})"
 
     async def generate(self, values: Sequence[str]) -> npt.NDArray[np.float32]:
         if isinstance(values, str) or not all(isinstance(v, str) for v in values):
@@ -74,7 +75,7 @@ class OpenAIEmbeddingGenerator:
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        where = endpoint(self._url)
+        where = self._endpoint
         try:
             response = await self._http.post(self._url, json=body, headers=headers)
             if response.status_code >= 400:

@@ -106,6 +106,9 @@ class OpenAIChatClient:
             name=name,
         )
         self._closed = False
+        # Built once: parsing URLs costs more than the rest of a request's own work.
+        self._url = self._chat_url()
+        self._endpoint = endpoint(self._url)
 
     @property
     def metadata(self) -> ChatClientMetadata:
@@ -157,8 +160,8 @@ class OpenAIChatClient:
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         body = self._body(messages, options, stream=False)
-        url = self._chat_url()
-        where = endpoint(url)
+        url = self._url
+        where = self._endpoint
         try:
             response = await self._http.post(url, json=body, headers=await self._request_headers())
             if response.status_code >= 400:
@@ -177,8 +180,8 @@ class OpenAIChatClient:
         return self._stream(self._body(messages, options, stream=True))
 
     async def _stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatResponseUpdate, None]:
-        url = self._chat_url()
-        where = endpoint(url)
+        url = self._url
+        where = self._endpoint
         provider = self.provider_name
         headers = await self._request_headers()
         async with contextlib.AsyncExitStack() as stack:
@@ -245,6 +248,13 @@ async def _events(lines: AsyncIterator[str], provider: str) -> AsyncGenerator[An
         if data is None:
             continue
         if data.strip() == "[DONE]":
+            # Read to the end of the body (normally just the chunked terminator), so the
+            # connection goes back to the pool instead of being closed half-read.
+            drained = 0
+            async for _ in lines:
+                drained += 1
+                if drained > 100:
+                    break
             yield _DONE
             return
         try:

@@ -244,6 +244,27 @@ class ChatPipelineBuilder:
         CircuitBreakerChatClient.validate_options(**options)
         return self.use(lambda inner: CircuitBreakerChatClient(inner, **options), enabled=enabled)
 
+    def use_telemetry(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        enabled: bool = True,
+    ) -> Self:
+        """A ``chat {model}`` span and GenAI metrics per request (see `middleware.telemetry`).
+
+        Providers default to the global ones; nothing is recorded until an SDK is configured
+        (`pipeline.telemetry.configure`). No message content is ever recorded.
+        """
+        from middleware.telemetry import TelemetryChatClient
+
+        return self.use(
+            lambda inner: TelemetryChatClient(
+                inner, tracer_provider=tracer_provider, meter_provider=meter_provider
+            ),
+            enabled=enabled,
+        )
+
     # -- routers (end the chain) -------------------------------------------------------------
 
     def use_router(

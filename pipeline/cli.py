@@ -1,16 +1,26 @@
 """The `chat-pipeline` command (also `python -m pipeline`).
 
 ``chat-pipeline demo`` runs an embedded, network-free pipeline: a primary route that fails
-before any output and a backup that streams the answer, printing one line per attempt.
+before any output and a backup that streams the answer, then prints each request's trace
+tree (chat span, one span per attempt with its outcome, output commitment and time to
+first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variable set, the
+spans are exported over OTLP too.
+
+``chat-pipeline fake-server --port N`` serves a fake OpenAI-compatible API on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import Sequence
 
-from middleware.routing import FailoverAttempt, OrderedFailoverChatClient, Route, RoutingContext
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from middleware.routing import Route
 from pipeline.builder import ChatPipeline
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, fail, reply
@@ -20,32 +30,11 @@ __all__ = ["main"]
 DEMO_ANSWER = "Failover kept this answer flowing: the backup route streamed it."
 
 
-class _RecordingFailover(OrderedFailoverChatClient):
-    """Ordered failover that keeps a line per attempt, for the demo to print."""
-
-    def __init__(self, routes: Sequence[Route]) -> None:
-        super().__init__(routes)
-        self.lines: list[str] = []
-
-    def on_routing_update(
-        self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool
-    ) -> None:
-        ttfu = (
-            f"{attempt.time_to_first_update * 1000:.2f} ms"
-            if attempt.time_to_first_update is not None
-            else "-"
-        )
-        error = type(attempt.exception).__name__ if attempt.exception is not None else "-"
-        self.lines.append(
-            f"  attempt {attempt.number}: route={attempt.route_name} outcome={attempt.outcome} "
-            f"committed={attempt.output_committed} time_to_first_update={ttfu} "
-            f"error={error} terminal={is_terminal}"
-        )
-
-
-def _demo_pipeline() -> tuple[ChatPipeline, _RecordingFailover]:
+def _demo_pipeline(tracer_provider: TracerProvider) -> ChatPipeline:
     primary = ScriptedChatClient(
-        fail(TransientProviderError(status_code=503, provider="simulated")),
+        lambda messages, options: fail(
+            TransientProviderError(status_code=503, provider="simulated")
+        ),
         name="primary",
         model_id="simulated-large",
     )
@@ -56,22 +45,83 @@ def _demo_pipeline() -> tuple[ChatPipeline, _RecordingFailover]:
         name="backup",
         model_id="simulated-small",
     )
-    router = _RecordingFailover([Route("primary", primary), Route("backup", backup)])
-    return ChatPipeline.builder().use_logging().use_failover(router).build(name="demo"), router
+    return (
+        ChatPipeline.builder()
+        .use_telemetry(tracer_provider=tracer_provider)
+        .use_logging()
+        .use_ordered_failover(
+            [Route("primary", primary), Route("backup", backup)], tracer_provider=tracer_provider
+        )
+        .build(name="demo")
+    )
 
 
-async def _demo(question: str) -> int:
-    chat, router = _demo_pipeline()
-    async with chat:
-        print(f"pipeline: {' -> '.join(chat.describe())}")
-        print(f"question: {question}")
-        print("answer:   ", end="")
-        async for update in chat.get_streaming_response(question):
-            print(update.text, end="", flush=True)
-        print()
-        print("attempts:")
-        for line in router.lines:
-            print(line)
+def _ms(seconds: object) -> str:
+    return f"{float(seconds) * 1000:.2f} ms" if isinstance(seconds, int | float) else "-"
+
+
+def trace_tree(spans: Sequence[ReadableSpan]) -> list[str]:
+    """Lines drawing `spans` as trees, children under parents, in start order."""
+    by_parent: dict[int | None, list[ReadableSpan]] = {}
+    ids = {s.context.span_id for s in spans if s.context is not None}
+    for span in sorted(spans, key=lambda s: s.start_time or 0):
+        parent = span.parent.span_id if span.parent is not None else None
+        by_parent.setdefault(parent if parent in ids else None, []).append(span)
+    lines: list[str] = []
+
+    def draw(span: ReadableSpan, depth: int) -> None:
+        attributes = dict(span.attributes or {})
+        duration = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
+        if span.name.startswith("route_attempt"):
+            detail = (
+                f"outcome={attributes.get('ai.route.outcome')} "
+                f"committed={attributes.get('ai.route.output_committed')} "
+                f"time_to_first_update={_ms(attributes.get('ai.route.time_to_first_update'))} "
+                f"terminal={attributes.get('ai.route.terminal')}"
+            )
+        else:
+            detail = f"{duration * 1000:.2f} ms"
+        error = attributes.get("error.type")
+        lines.append(f"{'  ' * depth}{span.name}  {detail}" + (f"  error={error}" if error else ""))
+        for child in by_parent.get(span.context.span_id if span.context else None, []):
+            draw(child, depth + 1)
+
+    for root in by_parent.get(None, []):
+        draw(root, 1)
+    return lines
+
+
+async def _demo(question: str, otlp: str | None) -> int:
+    handle = None
+    if otlp or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        from pipeline.telemetry import configure
+
+        handle = configure("chat-pipeline-demo", endpoint=otlp, set_global=False)
+    tracer_provider = (handle.tracer_provider if handle else None) or TracerProvider()
+    spans = InMemorySpanExporter()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    chat = _demo_pipeline(tracer_provider)
+    try:
+        async with chat:
+            print(f"pipeline: {' -> '.join(chat.describe())}")
+            print(f"question: {question}")
+            print("answer (streamed):   ", end="")
+            async for update in chat.get_streaming_response(question):
+                print(update.text, end="", flush=True)
+            print()
+            print("trace:")
+            print("\n".join(trace_tree(spans.get_finished_spans())))
+            spans.clear()
+            response = await chat.get_response(question)
+            print(f"answer (whole):      {response.text}")
+            print("trace:")
+            print("\n".join(trace_tree(spans.get_finished_spans())))
+    finally:
+        if handle is not None:
+            handle.shutdown()
+            print(
+                f"spans exported over OTLP to {otlp or os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}"
+            )
     return 0
 
 
@@ -93,14 +143,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the embedded, network-free demo pipeline")
     demo.add_argument("question", nargs="?", default="What does failover do?")
+    demo.add_argument("--otlp", metavar="URL", help="also export spans to this OTLP/HTTP endpoint")
     server = commands.add_parser(
         "fake-server", help="serve a fake OpenAI-compatible API on 127.0.0.1 until interrupted"
     )
     server.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return asyncio.run(_demo(args.question))
+        return asyncio.run(_demo(args.question, args.otlp))
     if args.command == "fake-server":
-        return asyncio.run(_fake_server(args.port))
+        try:
+            return asyncio.run(_fake_server(args.port))
+        except KeyboardInterrupt:
+            return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits
     return 2  # pragma: no cover

@@ -2,6 +2,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.otel import Otel, Receiver
+
 
 @pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])
 def streaming(request: pytest.FixtureRequest) -> bool:
@@ -20,3 +22,23 @@ def redis_url() -> Iterator[str]:
         pytest.skip("redis-server is not installed (.ci/run installs it with apt-get)")
     with running_redis() as url:
         yield url
+
+
+@pytest.fixture
+def otel() -> Otel:
+    """In-memory tracer and meter providers, passed explicitly (no global state)."""
+    from tests.otel import make_otel
+
+    return make_otel()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """An OTLP/HTTP receiver on 127.0.0.1 that decodes the protobuf it is sent."""
+    from tests.otel import Receiver
+
+    receiver = Receiver()
+    receiver.thread.start()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()

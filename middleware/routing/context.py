@@ -9,9 +9,11 @@ client, a `Route`, or a `RoutingSelection` whose `options` apply to that one att
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
+
+from opentelemetry.util.types import AttributeValue
 
 from pipeline.client import ChatClient, client_name, ensure_chat_client
 from pipeline.types import ChatMessage, ChatOptions
@@ -93,10 +95,12 @@ def as_route(item: Route | ChatClient, what: str = "route") -> Route:
 @dataclass(frozen=True, slots=True)
 class RoutingSelection:
     """A selector's answer: the client (or route) for one attempt and, optionally, the
-    complete options for that attempt only, shaped on a clone of ``context.options``."""
+    complete options for that attempt only, shaped on a clone of ``context.options``, and
+    span attributes describing the choice (for example a score; never request text)."""
 
     client: ChatClient | Route
     options: ChatOptions | None = None
+    attributes: Mapping[str, AttributeValue] | None = None
 
 
 SelectionResult: TypeAlias = ChatClient | Route | RoutingSelection | None

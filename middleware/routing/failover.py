@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from middleware.routing.context import (
     FailoverAttempt,
@@ -25,6 +26,10 @@ from middleware.routing.context import (
 from middleware.routing.router import RoutingChatClient
 from pipeline.client import ChatClient
 from pipeline.errors import is_failover_eligible
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["FailoverAttempt", "FailoverChatClient", "OrderedFailoverChatClient"]
 
@@ -66,8 +71,16 @@ class FailoverChatClient(RoutingChatClient):
         should_failover: FailoverPolicy = is_failover_eligible,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
-        super().__init__(leave_open=leave_open, name=name, clock=clock)
+        super().__init__(
+            leave_open=leave_open,
+            name=name,
+            clock=clock,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
         self.max_attempts_per_request = max_attempts_per_request
         _positive_or_none(request_timeout, "request_timeout", integer=False)
         _positive_or_none(
@@ -147,6 +160,8 @@ class OrderedFailoverChatClient(FailoverChatClient):
         max_provider_calls_per_request: int | None = None,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
             raise TypeError("routes must be a sequence of Route or ChatClient")
@@ -164,6 +179,8 @@ class OrderedFailoverChatClient(FailoverChatClient):
             should_failover=should_failover,
             name=name,
             clock=clock,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
         )
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:

@@ -20,15 +20,23 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import inspect
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+
+from middleware.routing._telemetry import RouteTelemetry
 from middleware.routing.context import (
     AttemptOutcome,
     FailoverAttempt,
+    Price,
     RequestBudget,
     Route,
     RoutingContext,
@@ -37,14 +45,19 @@ from middleware.routing.context import (
     current_budget_var,
 )
 from pipeline.client import ChatClient, ChatClientMetadata, client_name, ensure_chat_client
-from pipeline.errors import RoutingError
+from pipeline.errors import RequestBudgetExceededError, RoutingError
 from pipeline.types import (
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
     Messages,
+    UsageDetails,
     as_messages,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["RoutingChatClient"]
 
@@ -88,23 +101,35 @@ class RoutingChatClient(abc.ABC):
         leave_open: bool = False,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
     ) -> None:
         self.leave_open = leave_open
         self._clock = clock
+        self._telemetry = RouteTelemetry(tracer_provider, meter_provider)
         self._metadata = ChatClientMetadata(
             provider_name="router", name=name or type(self).__name__
         )
         self._closed = False
 
     @classmethod
-    def create(cls, selector: Selector, *, name: str | None = None) -> RoutingChatClient:
+    def create(
+        cls,
+        selector: Selector,
+        *,
+        name: str | None = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> RoutingChatClient:
         """A router around a plain (sync or async) `selector(context)`.
 
         It never closes the clients the selector returns: it does not own them.
         """
         if not callable(selector):
             raise TypeError("RoutingChatClient.create() needs a callable selector")
-        return _SelectorRoutingChatClient(selector, name=name)
+        return _SelectorRoutingChatClient(
+            selector, name=name, tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
 
     @abc.abstractmethod
     async def select_client(self, context: RoutingContext) -> SelectionResult:
@@ -190,16 +215,19 @@ class RoutingChatClient(abc.ABC):
             streaming=streaming,
         )
 
-    async def _select(self, context: RoutingContext) -> tuple[str, ChatClient, ChatOptions]:
+    async def _select(self, context: RoutingContext) -> _Attempt:
         result = await self.select_client(context)
         options: ChatOptions | None = None
+        attributes: Mapping[str, AttributeValue] | None = None
         if isinstance(result, RoutingSelection):
             options = result.options
+            attributes = result.attributes
             result = result.client
         if result is None:
             raise RoutingError(f"{self._metadata.name}: the selector chose no client")
+        price = None
         if isinstance(result, Route):
-            name, client = result.name, result.client
+            name, client, price = result.name, result.client, result.price
         else:
             client = ensure_chat_client(result, "the selected client")
             name = client_name(client)
@@ -209,7 +237,7 @@ class RoutingChatClient(abc.ABC):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return name, client, options
+        return _Attempt(name, client, options, price, attributes)
 
     def _is_terminal(
         self,
@@ -234,11 +262,40 @@ class RoutingChatClient(abc.ABC):
                 return True
         return not self._may_fail_over(context, exc)
 
+    def _begin(
+        self, context: RoutingContext, attempt: _Attempt, budget: RequestBudget | None
+    ) -> None:
+        if budget is not None and not budget.take_call():
+            raise RequestBudgetExceededError(
+                f"{self._metadata.name}: the request used every provider call it was allowed"
+            )
+        span = self._telemetry.start(attempt.route_name, len(context.attempts) + 1)
+        attempt.span = span
+        if span.is_recording():
+            if attempt.attributes:
+                span.set_attributes(attempt.attributes)
+            attempt.span_context = trace.set_span_in_context(span)
+
+    @staticmethod
+    def _enter(attempt: _Attempt, budget: RequestBudget | None) -> _Tokens:
+        """Make the attempt span and the request budget current while the route runs."""
+        return (
+            otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
+            current_budget_var.set(budget) if budget is not None else None,
+        )
+
+    @staticmethod
+    def _exit(tokens: _Tokens) -> None:
+        span_token, budget_token = tokens
+        if budget_token is not None:
+            current_budget_var.reset(budget_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
+
     def _finish(
         self,
         context: RoutingContext,
-        route_name: str,
-        client: ChatClient,
+        attempt: _Attempt,
         outcome: AttemptOutcome,
         exception: BaseException | None,
         duration: float,
@@ -246,10 +303,11 @@ class RoutingChatClient(abc.ABC):
         response_completed: bool,
         output_committed: bool,
         terminal: bool,
+        usage: UsageDetails | None = None,
     ) -> None:
-        attempt = FailoverAttempt(
-            route_name=route_name,
-            client=client,
+        record = FailoverAttempt(
+            route_name=attempt.route_name,
+            client=attempt.client,
             number=len(context.attempts) + 1,
             outcome=outcome,
             exception=exception,
@@ -258,16 +316,10 @@ class RoutingChatClient(abc.ABC):
             response_completed=response_completed,
             output_committed=output_committed,
         )
-        context.attempts.append(attempt)
-        self._report(context, attempt, terminal)
-
-    def _start_attempt(self, budget: RequestBudget | None) -> None:
-        if budget is not None and not budget.take_call():
-            from pipeline.errors import RequestBudgetExceededError
-
-            raise RequestBudgetExceededError(
-                f"{self._metadata.name}: the request used every provider call it was allowed"
-            )
+        context.attempts.append(record)
+        if attempt.span is not None:
+            self._telemetry.finish(attempt.span, record, terminal, attempt.price, usage)
+        self._report(context, record, terminal)
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
@@ -277,35 +329,45 @@ class RoutingChatClient(abc.ABC):
         budget = self._new_budget()
         clock = self._clock
         while True:
-            name, client, attempt_options = await self._select(context)
-            self._start_attempt(budget)
+            attempt = await self._select(context)
+            self._begin(context, attempt, budget)
             started = clock()
-            token = current_budget_var.set(budget) if budget is not None else None
+            tokens = self._enter(attempt, budget)
             try:
                 remaining = budget.remaining() if budget is not None else None
                 if remaining is None:
-                    response = await client.get_response(context.messages, attempt_options)
+                    response = await attempt.client.get_response(context.messages, attempt.options)
                 else:
                     async with asyncio.timeout(remaining):
-                        response = await client.get_response(context.messages, attempt_options)
+                        response = await attempt.client.get_response(
+                            context.messages, attempt.options
+                        )
             except BaseException as exc:
                 duration = clock() - started
+                self._exit(tokens)
+                tokens = _NO_TOKENS
                 outcome: AttemptOutcome = (
                     "canceled" if _caller_cancelling(exc) else "failed_before_output"
                 )
                 terminal = self._is_terminal(context, exc, outcome, limit, budget)
-                self._finish(
-                    context, name, client, outcome, exc, duration, None, False, False, terminal
-                )
+                self._finish(context, attempt, outcome, exc, duration, None, False, False, terminal)
                 if terminal:
                     raise
                 continue
             finally:
-                if token is not None:
-                    current_budget_var.reset(token)
+                self._exit(tokens)
             duration = clock() - started
             self._finish(
-                context, name, client, "completed", None, duration, duration, True, True, True
+                context,
+                attempt,
+                "completed",
+                None,
+                duration,
+                duration,
+                True,
+                True,
+                True,
+                response.usage,
             )
             return response
 
@@ -319,25 +381,28 @@ class RoutingChatClient(abc.ABC):
         budget = self._new_budget()
         clock = self._clock
         while True:
-            name, client, attempt_options = await self._select(context)
-            self._start_attempt(budget)
+            attempt = await self._select(context)
+            self._begin(context, attempt, budget)
             elapsed = 0.0  # time spent inside the route, not with the caller
             first_update: float | None = None
+            usage: UsageDetails | None = None
             error: BaseException | None = None
             stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
-            token = current_budget_var.set(budget) if budget is not None else None
+            tokens = self._enter(attempt, budget)
             mark = clock()
             try:
-                stream = client.get_streaming_response(context.messages, attempt_options)
+                stream = attempt.client.get_streaming_response(context.messages, attempt.options)
             except BaseException as exc:
                 error = exc
             finally:
-                if token is not None:
-                    current_budget_var.reset(token)
+                self._exit(tokens)
             elapsed += clock() - mark
             if stream is not None:
+                # Without a recording span or a budget there is nothing to make current:
+                # skip the bookkeeping on every update.
+                plain = attempt.span_context is None and budget is None
                 while True:
-                    token = current_budget_var.set(budget) if budget is not None else None
+                    tokens = _NO_TOKENS if plain else self._enter(attempt, budget)
                     mark = clock()
                     try:
                         remaining = budget.remaining() if budget is not None else None
@@ -353,10 +418,12 @@ class RoutingChatClient(abc.ABC):
                         break
                     finally:
                         elapsed += clock() - mark
-                        if token is not None:
-                            current_budget_var.reset(token)
+                        if not plain:
+                            self._exit(tokens)
                     if first_update is None:
                         first_update = elapsed
+                    if update.usage is not None:
+                        usage = update.usage if usage is None else usage + update.usage
                     try:
                         yield update
                     except BaseException:
@@ -366,8 +433,7 @@ class RoutingChatClient(abc.ABC):
                         elapsed += clock() - mark
                         self._finish(
                             context,
-                            name,
-                            client,
+                            attempt,
                             "canceled" if _caller_closing() else "abandoned",
                             close_error,
                             elapsed,
@@ -386,15 +452,14 @@ class RoutingChatClient(abc.ABC):
                     error = close_error
                 elif close_error is not None:
                     error.add_note(
-                        f"closing the stream of route {name!r} also failed: "
+                        f"closing the stream of route {attempt.route_name!r} also failed: "
                         f"{type(close_error).__name__}"
                     )
             committed = first_update is not None
             if error is None:
                 self._finish(
                     context,
-                    name,
-                    client,
+                    attempt,
                     "completed",
                     None,
                     elapsed,
@@ -402,6 +467,7 @@ class RoutingChatClient(abc.ABC):
                     True,
                     committed,
                     True,
+                    usage,
                 )
                 return
             outcome: AttemptOutcome
@@ -410,16 +476,15 @@ class RoutingChatClient(abc.ABC):
             elif committed:
                 outcome = "failed_after_output"
                 error.add_note(
-                    f"chat-pipeline: route {name!r} failed after output was committed to "
-                    "the caller; the streamed response is incomplete"
+                    f"chat-pipeline: route {attempt.route_name!r} failed after output was "
+                    "committed to the caller; the streamed response is incomplete"
                 )
             else:
                 outcome = "failed_before_output"
             terminal = self._is_terminal(context, error, outcome, limit, budget)
             self._finish(
                 context,
-                name,
-                client,
+                attempt,
                 outcome,
                 error,
                 elapsed,
@@ -432,9 +497,50 @@ class RoutingChatClient(abc.ABC):
                 raise error
 
 
+_Tokens = tuple[
+    "contextvars.Token[otel_context.Context] | None",
+    "contextvars.Token[RequestBudget | None] | None",
+]
+_NO_TOKENS: _Tokens = (None, None)
+
+
+class _Attempt:
+    """What the engine knows about the attempt in progress."""
+
+    __slots__ = ("attributes", "client", "options", "price", "route_name", "span", "span_context")
+
+    def __init__(
+        self,
+        route_name: str,
+        client: ChatClient,
+        options: ChatOptions,
+        price: Price | None,
+        attributes: Mapping[str, AttributeValue] | None,
+    ) -> None:
+        self.route_name = route_name
+        self.client = client
+        self.options = options
+        self.price = price
+        self.attributes = attributes
+        self.span: Span | None = None
+        self.span_context: otel_context.Context | None = None
+
+
 class _SelectorRoutingChatClient(RoutingChatClient):
-    def __init__(self, selector: Selector, *, name: str | None) -> None:
-        super().__init__(leave_open=True, name=name)
+    def __init__(
+        self,
+        selector: Selector,
+        *,
+        name: str | None,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+    ) -> None:
+        super().__init__(
+            leave_open=True,
+            name=name,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
         self._selector = selector
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:

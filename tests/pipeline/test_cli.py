@@ -1,19 +1,35 @@
+import signal
+import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from pipeline.cli import DEMO_ANSWER, main
+from tests.otel import Receiver
 
 
-def test_demo_streams_the_backup_answer_after_a_failover(
+def test_demo_streams_the_backup_answer_and_prints_the_trace_tree(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert DEMO_ANSWER in out
-    assert "attempt 1: route=primary outcome=failed_before_output" in out
-    assert "attempt 2: route=backup outcome=completed committed=True" in out
+    assert out.count(DEMO_ANSWER) == 2
+    assert out.count("route_attempt primary  outcome=failed_before_output committed=False") == 2
+    assert out.count("route_attempt backup  outcome=completed committed=True") == 2
+    assert "error=TransientProviderError" in out
+    lines = out.splitlines()
+    chat = lines.index(next(line for line in lines if line.startswith("  chat")))
+    assert lines[chat + 1].startswith("    route_attempt primary")  # nested under chat
+
+
+def test_demo_exports_over_otlp(receiver: Receiver, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--otlp", receiver.url]) == 0
+    assert "exported over OTLP" in capsys.readouterr().out
+    names = sorted(s.name for s in receiver.spans())  # type: ignore[attr-defined]
+    assert names.count("chat") == 2
+    assert names.count("route_attempt backup") == 2
 
 
 def test_module_entry_point_runs_the_demo() -> None:
@@ -25,9 +41,6 @@ def test_module_entry_point_runs_the_demo() -> None:
 
 
 def test_fake_server_command_serves_until_interrupted() -> None:
-    import signal
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -40,8 +53,6 @@ def test_fake_server_command_serves_until_interrupted() -> None:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once the server is listening
         assert f"127.0.0.1:{port}/v1" in line
-        import httpx
-
         response = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -50,4 +61,4 @@ def test_fake_server_command_serves_until_interrupted() -> None:
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
     finally:
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=10)
+        assert process.wait(timeout=10) == 0

@@ -1,0 +1,134 @@
+"""Attempt spans and routing metrics for every failure boundary, both call shapes."""
+
+import asyncio
+import contextlib
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from middleware.routing import OrderedFailoverChatClient, Price, Route, RoutingChatClient
+from pipeline import ChatPipeline, UsageDetails
+from pipeline.errors import TransientProviderError
+from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from tests.otel import Otel
+
+
+def router(otel: Otel, *scripts: object, **options: object) -> OrderedFailoverChatClient:
+    clients = [ScriptedChatClient(s, name=f"r{i}") for i, s in enumerate(scripts)]  # type: ignore[arg-type]
+    return OrderedFailoverChatClient(clients, **otel.providers, **options)  # type: ignore[arg-type]
+
+
+def summary(otel: Otel) -> list[tuple[str, object, object, object]]:
+    return [
+        (
+            s.name,
+            (s.attributes or {}).get("ai.route.outcome"),
+            (s.attributes or {}).get("ai.route.output_committed"),
+            (s.attributes or {}).get("ai.route.terminal"),
+        )
+        for s in otel.attempt_spans()
+    ]
+
+
+async def test_success_is_one_completed_attempt(otel: Otel, streaming: bool) -> None:
+    result = await collect(router(otel, reply("ok"), reply("b")), "hi", streaming=streaming)
+    assert result.text == "ok"
+    assert summary(otel) == [("route_attempt r0", "completed", True, True)]
+    (span,) = otel.attempt_spans()
+    attributes = dict(span.attributes or {})
+    assert attributes["ai.route.name"] == "r0" and attributes["ai.route.attempt"] == 1
+    assert attributes["ai.route.duration"] >= 0
+    assert attributes["ai.route.time_to_first_update"] >= 0
+    assert "error.type" not in attributes
+    assert otel.total("ai.route.attempts", **{"ai.route.outcome": "completed"}) == 1
+    assert otel.total("ai.route.backup_calls") == 0
+
+
+async def test_failure_before_output_is_two_attempts(otel: Otel, streaming: bool) -> None:
+    chat = router(otel, fail(TransientProviderError()), reply("b"))
+    assert (await collect(chat, "hi", streaming=streaming)).text == "b"
+    assert summary(otel) == [
+        ("route_attempt r0", "failed_before_output", False, False),
+        ("route_attempt r1", "completed", True, True),
+    ]
+    first = otel.attempt_spans()[0]
+    assert first.status.status_code is StatusCode.ERROR and not first.status.description
+    assert (first.attributes or {})["error.type"] == "TransientProviderError"
+    assert otel.total("ai.route.attempts") == 2
+    assert otel.total("ai.route.backup_calls", **{"ai.route.name": "r1"}) == 1
+
+
+async def test_failure_after_output_commits_and_calls_no_backup(otel: Otel) -> None:
+    chat = router(otel, fail_after(["partial"], TransientProviderError()), reply("b"))
+    result = await collect(chat, "hi", streaming=True)
+    assert isinstance(result.error, TransientProviderError)
+    assert summary(otel) == [("route_attempt r0", "failed_after_output", True, True)]
+    assert otel.total("ai.route.backup_calls") == 0
+    assert otel.total("ai.route.output_committed_failures", **{"ai.route.name": "r0"}) == 1
+
+
+async def test_cancellation_is_canceled_with_no_backup(otel: Otel, streaming: bool) -> None:
+    primary = ScriptedChatClient(hang(), name="r0")
+    chat = OrderedFailoverChatClient([primary, ScriptedChatClient(name="r1")], **otel.providers)
+    task = asyncio.create_task(collect(chat, "hi", streaming=streaming))
+    await primary.wait_for_calls(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert summary(otel) == [("route_attempt r0", "canceled", False, True)]
+    assert otel.attempt_spans()[0].status.status_code is not StatusCode.ERROR
+    assert otel.total("ai.route.backup_calls") == 0
+
+
+async def test_abandoned_stream(otel: Otel) -> None:
+    chat = router(otel, reply("abc", chunks=["a", "b", "c"]))
+    async with contextlib.aclosing(chat.get_streaming_response("hi")) as stream:
+        await anext(stream)
+    assert summary(otel) == [("route_attempt r0", "abandoned", True, True)]
+
+
+async def test_attempt_spans_nest_under_the_chat_span(otel: Otel, streaming: bool) -> None:
+    primary = ScriptedChatClient(fail(TransientProviderError()), name="p")
+    backup = ScriptedChatClient(reply("b"), name="b")
+    chat = (
+        ChatPipeline.builder()
+        .use_telemetry(**otel.providers)
+        .use_ordered_failover([primary, backup], **otel.providers)
+        .build()
+    )
+    await collect(chat, "hi", streaming=streaming)
+    spans = otel.finished()
+    (chat_span,) = [s for s in spans if s.name.startswith("chat")]
+    attempts = otel.attempt_spans()
+    assert len(attempts) == 2
+    assert all(
+        a.parent is not None and a.parent.span_id == chat_span.context.span_id for a in attempts
+    )
+    assert all(a.context.trace_id == chat_span.context.trace_id for a in attempts)
+
+
+async def test_retry_events_land_on_the_attempt_span(otel: Otel, streaming: bool) -> None:
+    async def no_sleep(_: float) -> None:
+        return None
+
+    inner = ScriptedChatClient([fail(TransientProviderError()), reply("ok")], name="inner")
+    route = ChatPipeline.builder().use_retry(sleep=no_sleep).build(inner)
+    chat = OrderedFailoverChatClient([Route("retried", route)], **otel.providers)
+    await collect(chat, "hi", streaming=streaming)
+    (span,) = otel.attempt_spans()
+    assert [e.name for e in span.events] == ["chat_pipeline.retry"]
+
+
+async def test_one_shot_router_reports_attempt_one_terminal(otel: Otel, streaming: bool) -> None:
+    client = ScriptedChatClient(name="only")
+    chat = RoutingChatClient.create(lambda c: client, **otel.providers)
+    await collect(chat, "hi", streaming=streaming)
+    assert summary(otel) == [("route_attempt only", "completed", True, True)]
+
+
+async def test_cost_when_a_route_has_prices(otel: Otel, streaming: bool) -> None:
+    client = ScriptedChatClient(reply("ok", usage=UsageDetails(1000, 500, 1500)))
+    route = Route("priced", client, price=Price(input_per_million=2.0, output_per_million=8.0))
+    chat = OrderedFailoverChatClient([route], **otel.providers)
+    await collect(chat, "hi", streaming=streaming)
+    assert otel.total("ai.route.cost", **{"ai.route.name": "priced"}) == pytest.approx(0.006)

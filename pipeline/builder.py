@@ -13,7 +13,7 @@ Middleware modules are imported inside the ``use_*`` methods, so ``pipeline`` ne
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -21,6 +21,7 @@ from pipeline.client import (
     ChatClient,
     ChatClientMetadata,
     DelegatingChatClient,
+    EmbeddingGenerator,
     check_options,
     client_name,
     ensure_chat_client,
@@ -298,4 +299,19 @@ class ChatPipelineBuilder:
         from middleware.routing.failover import OrderedFailoverChatClient
 
         router = OrderedFailoverChatClient(routes, **options)
+        return self._end_with(lambda: router, enabled)
+
+    def use_semantic_routing(
+        self,
+        embedding_generator: EmbeddingGenerator,
+        profiles: Mapping[Route | ChatClient, Sequence[str]],
+        default: Route | ChatClient,
+        *,
+        enabled: bool = True,
+        **options: Any,
+    ) -> Self:
+        """End the chain with a `SemanticRoutingChatClient` (see `middleware.routing.semantic`)."""
+        from middleware.routing.semantic import SemanticRoutingChatClient
+
+        router = SemanticRoutingChatClient(embedding_generator, profiles, default, **options)
         return self._end_with(lambda: router, enabled)

@@ -37,10 +37,13 @@ SURFACES = {
         "RoutingChatClient",
         "RoutingContext",
         "RoutingSelection",
+        "RouteScore",
+        "SemanticRoutingChatClient",
         "current_budget",
     },
     "pipeline.providers": {
         "AzureOpenAIChatClient",
+        "HashingEmbeddingGenerator",
         "OllamaChatClient",
         "OpenAIChatClient",
         "OpenAIEmbeddingGenerator",

@@ -12,6 +12,7 @@ from middleware.routing.context import (
 )
 from middleware.routing.failover import FailoverChatClient, OrderedFailoverChatClient
 from middleware.routing.router import RoutingChatClient
+from middleware.routing.semantic import RouteScore, SemanticRoutingChatClient
 
 __all__ = [
     "AttemptOutcome",
@@ -24,5 +25,7 @@ __all__ = [
     "RoutingChatClient",
     "RoutingContext",
     "RoutingSelection",
+    "RouteScore",
+    "SemanticRoutingChatClient",
     "current_budget",
 ]

@@ -1,0 +1,123 @@
+"""Semantic route selection latency after the index is built, and index build time.
+
+For 100, 1,000, 10,000 and 100,000 profile utterances of dimension 384 (random unit
+vectors spread over 10 routes), prints the median selection latency of
+`SemanticRoutingChatClient` (embedding excluded: a precomputed query vector), the index
+build time, and the same selection done by a pure-Python loop in the same run, as a ratio.
+(``semantic-router`` is not compared yet: its encoders do not take precomputed vectors
+in a way this script could time fairly; see the README.)
+
+    python benchmarks/bench_semantic.py [--sizes 100 1000 10000 100000] [--queries 200]
+
+OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE, where the machine sets them, slow numpy's kernels;
+unset both for this command alone to see the kernel's own speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from middleware.routing import Route, RoutingContext, SemanticRoutingChatClient
+from pipeline import ChatMessage, ChatOptions
+from pipeline.testing import ScriptedChatClient
+
+DIMENSIONS = 384
+ROUTES = 10
+
+
+class MatrixGenerator:
+    """Returns precomputed vectors: utterance i is row i; a query text 'q<j>' is query j."""
+
+    def __init__(self, matrix: npt.NDArray[np.float32], queries: npt.NDArray[np.float32]) -> None:
+        self.matrix = matrix
+        self.queries = queries
+
+    async def generate(self, values: Sequence[str]) -> npt.NDArray[np.float32]:
+        if len(values) == 1 and values[0].startswith("q"):
+            return self.queries[int(values[0][1:])][None, :]
+        return self.matrix
+
+    async def aclose(self) -> None:
+        return None
+
+
+def python_select(
+    rows: list[list[float]], owners: list[int], query: list[float], routes: int
+) -> int:
+    """The loop a hand-written router would run: top-1 cosine (rows pre-normalized)."""
+    best_score, best_route = -2.0, 0
+    for row, owner in zip(rows, owners, strict=True):
+        score = sum(a * b for a, b in zip(row, query, strict=True))
+        if score > best_score:
+            best_score, best_route = score, owner
+    return best_route if best_route < routes else 0
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+async def measure(size: int, queries: int, rng: np.random.Generator) -> None:
+    matrix = rng.standard_normal((size, DIMENSIONS)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    query_vectors = rng.standard_normal((queries, DIMENSIONS)).astype(np.float32)
+    query_vectors /= np.linalg.norm(query_vectors, axis=1, keepdims=True)
+    generator = MatrixGenerator(matrix, query_vectors)
+    clients = [ScriptedChatClient(name=f"r{i}") for i in range(ROUTES)]
+    profiles = {
+        Route(f"r{i}", clients[i]): [f"u{j}" for j in range(i, size, ROUTES)] for i in range(ROUTES)
+    }
+    router = SemanticRoutingChatClient(
+        generator, profiles, ScriptedChatClient(name="default"), threshold=-1.0
+    )
+    # Rows must line up with the profile order the router sees: reorder the matrix so.
+    order = [j for i in range(ROUTES) for j in range(i, size, ROUTES)]
+    generator.matrix = matrix[order]
+
+    start = time.perf_counter()
+    await router._ensure_index()
+    build = time.perf_counter() - start
+
+    samples = []
+    for j in range(queries):
+        context = RoutingContext([ChatMessage.user(f"q{j}")], ChatOptions(), streaming=False)
+        start = time.perf_counter()
+        await router.select_client(context)
+        samples.append(time.perf_counter() - start)
+    ours = median_ms(samples)
+
+    rows = generator.matrix.tolist()
+    owners = [i for i in range(ROUTES) for _ in range(i, size, ROUTES)]
+    loop_queries = min(queries, max(3, 20_000 // size))  # bounded: the loop is slow
+    loop_samples = []
+    for j in range(loop_queries):
+        query = query_vectors[j].tolist()
+        start = time.perf_counter()
+        python_select(rows, owners, query, ROUTES)
+        loop_samples.append(time.perf_counter() - start)
+    loop = median_ms(loop_samples)
+    print(
+        f"{size:>7} x {DIMENSIONS}: select median {ours:8.3f} ms   build {build * 1000:8.2f} ms   "
+        f"pure-Python loop {loop:9.3f} ms   speed-up {loop / ours:8.1f}x"
+    )
+
+
+async def main(sizes: list[int], queries: int) -> None:
+    rng = np.random.default_rng(7)
+    for size in sizes:
+        await measure(size, queries, rng)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10_000, 100_000])
+    parser.add_argument("--queries", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(main(args.sizes, args.queries))

@@ -1,0 +1,316 @@
+"""`SemanticRoutingChatClient`: pick the route whose example utterances best match the query.
+
+Promises:
+
+* profile utterances are embedded lazily, once, even under concurrent first requests; a
+  failed build is retried by the next request. The index is one normalized float32 matrix;
+  a query is scored with one matrix-vector product and ``argpartition``;
+* the query is the text of the last user message; with none, `default` is chosen;
+* the `top_k` best utterances across all routes are aggregated per route by ``mean``,
+  ``sum`` or ``max`` (``top_k=1``: the single best match); below `threshold` the default
+  route is chosen;
+* embedding the query has a time limit (`embedding_timeout`); when it fails, times out or
+  returns a zero or non-finite vector, `default` is chosen (or, with
+  ``on_embedding_error="raise"``, the error is raised). A wrong embedding count or
+  dimension is a `RoutingError` naming what was expected;
+* invalid configuration fails at construction with a clear message;
+* the chosen route, its score and why it was chosen go on the attempt span (never text).
+
+It is a one-shot router: the chosen route is called once. Put an ordered failover inside
+a route (or around this router) for failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from middleware.routing.context import (
+    Route,
+    RoutingContext,
+    RoutingSelection,
+    SelectionResult,
+    as_route,
+)
+from middleware.routing.router import RoutingChatClient
+from pipeline.client import ChatClient, EmbeddingGenerator
+from pipeline.errors import RoutingError
+from pipeline.types import ChatMessage, ChatRole
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+__all__ = [
+    "SEMANTIC_REASON",
+    "SEMANTIC_SCORE",
+    "Aggregation",
+    "RouteScore",
+    "SemanticRoutingChatClient",
+]
+
+Aggregation = Literal["mean", "sum", "max"]
+SEMANTIC_SCORE = "ai.route.semantic.score"
+SEMANTIC_REASON = "ai.route.semantic.reason"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteScore:
+    route_name: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Index:
+    matrix: npt.NDArray[np.float32]  # (utterances, d), rows of unit length
+    route_of: npt.NDArray[np.intp]  # the route index of each row
+
+
+def _last_user_text(messages: Sequence[ChatMessage]) -> str:
+    for message in reversed(messages):
+        if message.role is ChatRole.USER:
+            return message.text
+    return ""
+
+
+class SemanticRoutingChatClient(RoutingChatClient):
+    """Routes each request by embedding similarity (see the module docstring)."""
+
+    def __init__(
+        self,
+        embedding_generator: EmbeddingGenerator,
+        profiles: Mapping[Route | ChatClient, Sequence[str]],
+        default: Route | ChatClient,
+        *,
+        threshold: float = 0.3,
+        top_k: int = 1,
+        aggregation: Aggregation = "mean",
+        embedding_timeout: float | None = 10.0,
+        on_embedding_error: Literal["default", "raise"] = "default",
+        leave_open: bool = False,
+        name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        super().__init__(
+            leave_open=leave_open,
+            name=name,
+            clock=clock,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
+        if not isinstance(embedding_generator, EmbeddingGenerator):
+            raise TypeError("embedding_generator must have async generate(values) and aclose()")
+        if not isinstance(profiles, Mapping) or not profiles:
+            raise ValueError("profiles must be a non-empty mapping of route -> utterances")
+        routes: list[Route] = []
+        utterances: list[str] = []
+        owners: list[int] = []
+        for position, (key, examples) in enumerate(profiles.items()):
+            route = as_route(key, f"profiles key {position}")
+            if isinstance(examples, str) or not isinstance(examples, Sequence) or not examples:
+                raise ValueError(f"profile {route.name!r} needs a non-empty list of utterances")
+            for index, utterance in enumerate(examples):
+                if not isinstance(utterance, str) or not utterance.strip():
+                    raise ValueError(f"profile {route.name!r}: utterance {index} is blank")
+                utterances.append(utterance)
+                owners.append(len(routes))
+            routes.append(route)
+        if len({r.name for r in routes}) != len(routes):
+            raise ValueError("profile routes must have distinct names")
+        if aggregation not in ("mean", "sum", "max"):
+            raise ValueError(f"aggregation must be 'mean', 'sum' or 'max', not {aggregation!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be an int of at least 1, got {top_k!r}")
+        if top_k > len(utterances):
+            raise ValueError(
+                f"top_k ({top_k}) exceeds the number of utterances ({len(utterances)})"
+            )
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise TypeError("threshold must be a number")
+        reach = float(top_k) if aggregation == "sum" else 1.0
+        if not -reach <= threshold <= reach:
+            raise ValueError(
+                f"threshold {threshold} cannot be reached: {aggregation} of cosine scores "
+                f"lies in [{-reach:g}, {reach:g}]"
+            )
+        if embedding_timeout is not None and not (
+            isinstance(embedding_timeout, int | float) and embedding_timeout > 0
+        ):
+            raise ValueError("embedding_timeout must be a positive number of seconds or None")
+        if on_embedding_error not in ("default", "raise"):
+            raise ValueError("on_embedding_error must be 'default' or 'raise'")
+        self.generator = embedding_generator
+        self.routes: tuple[Route, ...] = tuple(routes)
+        self.default = as_route(default, "default")
+        self.threshold = float(threshold)
+        self.top_k = top_k
+        self.aggregation: Aggregation = aggregation
+        self.embedding_timeout = embedding_timeout
+        self.on_embedding_error = on_embedding_error
+        self._utterances = utterances
+        self._owners = np.asarray(owners, dtype=np.intp)
+        self._index: _Index | None = None
+        self._building: asyncio.Future[_Index] | None = None
+
+    # -- ownership -------------------------------------------------------------------------
+
+    def owned_clients(self) -> Iterable[ChatClient]:
+        return [route.client for route in (*self.routes, self.default)]
+
+    async def aclose(self) -> None:
+        closing_generator = not self._closed and not self.leave_open
+        try:
+            await super().aclose()
+        finally:
+            if closing_generator:
+                await self.generator.aclose()
+
+    def describe_layer(self) -> str:
+        names = ", ".join(r.name for r in self.routes)
+        return f"SemanticRoutingChatClient({names}; default {self.default.name})"
+
+    # -- the index -------------------------------------------------------------------------
+
+    async def _ensure_index(self) -> _Index:
+        if self._index is not None:
+            return self._index
+        if self._building is None:
+            # One build for every concurrent first request; shielded so a caller that is
+            # cancelled does not cancel the build the others wait for.
+            self._building = asyncio.ensure_future(self._build())
+        building = self._building
+        try:
+            return await asyncio.shield(building)
+        except BaseException:
+            failed = building.done() and not building.cancelled() and building.exception()
+            if failed and self._building is building:
+                self._building = None  # the next request tries again
+            raise
+
+    async def _build(self) -> _Index:
+        vectors = await self.generator.generate(list(self._utterances))
+        matrix = self._check(vectors, len(self._utterances), None, "profile utterances")
+        norms = np.linalg.norm(matrix, axis=1)
+        if not np.all(norms > 0):
+            bad = int(np.argmin(norms))
+            raise RoutingError(f"the embedding of profile utterance {bad} is the zero vector")
+        index = _Index(
+            np.ascontiguousarray(matrix / norms[:, None], dtype=np.float32), self._owners
+        )
+        self._index = index
+        return index
+
+    @staticmethod
+    def _check(
+        vectors: object, count: int, dimensions: int | None, what: str
+    ) -> npt.NDArray[np.float32]:
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim != 2 or array.shape[0] != count:
+            raise RoutingError(
+                f"embedding {what}: expected {count} vectors, got an array of shape {array.shape}"
+            )
+        if dimensions is not None and array.shape[1] != dimensions:
+            raise RoutingError(
+                f"embedding {what}: expected dimension {dimensions}, got {array.shape[1]}"
+            )
+        if not np.all(np.isfinite(array)):
+            raise RoutingError(f"embedding {what}: the vectors contain NaN or infinity")
+        return array
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def _scores(self, index: _Index, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        """Aggregated score per route (-inf for routes with no utterance in the top k)."""
+        similarities = index.matrix @ query
+        routes = len(self.routes)
+        if self.top_k == 1:
+            best = int(np.argmax(similarities))
+            scores = np.full(routes, -np.inf)
+            scores[index.route_of[best]] = float(similarities[best])
+            return scores
+        if self.top_k < similarities.shape[0]:
+            top = np.argpartition(-similarities, self.top_k - 1)[: self.top_k]
+        else:
+            top = np.arange(similarities.shape[0])
+        owners = index.route_of[top]
+        values = similarities[top].astype(np.float64)
+        if self.aggregation == "max":
+            scores = np.full(routes, -np.inf)
+            np.maximum.at(scores, owners, values)
+            return scores
+        sums = np.bincount(owners, weights=values, minlength=routes)
+        counts = np.bincount(owners, minlength=routes)
+        if self.aggregation == "sum":
+            return np.where(counts > 0, sums, -np.inf)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts > 0, sums / np.maximum(counts, 1), -np.inf)
+
+    async def _embed_query(self, text: str, dimensions: int) -> npt.NDArray[np.float32] | str:
+        """The unit query vector, or the reason it could not be had."""
+        try:
+            if self.embedding_timeout is None:
+                raw = await self.generator.generate([text])
+            else:
+                async with asyncio.timeout(self.embedding_timeout):
+                    raw = await self.generator.generate([text])
+        except TimeoutError:
+            if self.on_embedding_error == "raise":
+                raise
+            return "embedding_timeout"
+        except Exception:
+            if self.on_embedding_error == "raise":
+                raise
+            return "embedding_error"
+        vector = self._check(raw, 1, dimensions, "of the query")[0]
+        norm = float(np.linalg.norm(vector))
+        if norm == 0.0:
+            if self.on_embedding_error == "raise":
+                raise RoutingError("the embedding of the query is the zero vector")
+            return "zero_query_vector"
+        unit: npt.NDArray[np.float32] = (vector / norm).astype(np.float32, copy=False)
+        return unit
+
+    def _rank(self, scores: npt.NDArray[np.float64]) -> list[RouteScore]:
+        order = np.argsort(-scores, kind="stable")
+        return [
+            RouteScore(self.routes[i].name, float(scores[i]))
+            for i in order
+            if math.isfinite(scores[i])
+        ]
+
+    async def explain(self, query: str) -> list[RouteScore]:
+        """The routes ranked by aggregated score for `query` (routes with no utterance among
+        the top k are left out). For debugging; does not call any route."""
+        index = await self._ensure_index()
+        vector = await self._embed_query(query, index.matrix.shape[1])
+        if isinstance(vector, str):
+            raise RoutingError(f"the query could not be embedded ({vector})")
+        return self._rank(self._scores(index, vector))
+
+    async def select_client(self, context: RoutingContext) -> SelectionResult:
+        text = _last_user_text(context.messages)
+        if not text.strip():
+            return RoutingSelection(self.default, attributes={SEMANTIC_REASON: "no_user_text"})
+        index = await self._ensure_index()
+        vector = await self._embed_query(text, index.matrix.shape[1])
+        if isinstance(vector, str):
+            return RoutingSelection(self.default, attributes={SEMANTIC_REASON: vector})
+        scores = self._scores(index, vector)
+        best = int(np.argmax(scores))
+        score = float(scores[best])
+        if score < self.threshold:
+            return RoutingSelection(
+                self.default, attributes={SEMANTIC_REASON: "below_threshold", SEMANTIC_SCORE: score}
+            )
+        return RoutingSelection(
+            self.routes[best], attributes={SEMANTIC_REASON: "match", SEMANTIC_SCORE: score}
+        )

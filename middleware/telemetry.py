@@ -199,6 +199,20 @@ class TelemetryChatClient(DelegatingChatClient):
                     usage.output_tokens, {**labels, gen_ai.GEN_AI_TOKEN_TYPE: _OUTPUT}
                 )
 
+    def _fail(
+        self, span: Span, request: dict[str, Any], started: float, error: BaseException
+    ) -> None:
+        self._end(
+            span,
+            request,
+            started,
+            response_id=None,
+            response_model=None,
+            finish_reason=None,
+            usage=None,
+            error=error,
+        )
+
     # -- calls -----------------------------------------------------------------------------
 
     async def get_response(
@@ -211,16 +225,7 @@ class TelemetryChatClient(DelegatingChatClient):
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
             otel_context.detach(token)
-            self._end(
-                span,
-                request,
-                started,
-                response_id=None,
-                response_model=None,
-                finish_reason=None,
-                usage=None,
-                error=exc,
-            )
+            self._fail(span, request, started, exc)
             raise
         otel_context.detach(token)
         self._end(
@@ -255,16 +260,7 @@ class TelemetryChatClient(DelegatingChatClient):
             stream = self.inner.get_streaming_response(messages, options)
         except BaseException as exc:
             otel_context.detach(token)
-            self._end(
-                span,
-                request,
-                started,
-                response_id=None,
-                response_model=None,
-                finish_reason=None,
-                usage=None,
-                error=exc,
-            )
+            self._fail(span, request, started, exc)
             raise
         otel_context.detach(token)
         # Without a recording span there is nothing to make current for each update.

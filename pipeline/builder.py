@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from pipeline.client import (
+    AsyncClosing,
     ChatClient,
     ChatClientMetadata,
     DelegatingChatClient,
@@ -37,7 +37,7 @@ __all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory"]
 LayerFactory = Callable[[ChatClient], ChatClient]
 
 
-class ChatPipeline:
+class ChatPipeline(AsyncClosing):
     """A built pipeline: a `ChatClient` that validates its input once and calls its layers.
 
     Messages may be a str, a `ChatMessage` or a sequence of them; anything else raises
@@ -88,17 +88,6 @@ class ChatPipeline:
     def describe(self) -> list[str]:
         """The layers, outermost first, ending with the router or the innermost client."""
         return describe_chain(self.client)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"ChatPipeline({' -> '.join(self.describe())})"

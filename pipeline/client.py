@@ -20,6 +20,7 @@ import numpy.typing as npt
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [
+    "AsyncClosing",
     "ChatClient",
     "ChatClientMetadata",
     "DelegatingChatClient",
@@ -95,7 +96,25 @@ def client_name(client: ChatClient) -> str:
     return metadata.model_id or metadata.provider_name or type(client).__name__
 
 
-class DelegatingChatClient:
+class AsyncClosing:
+    """``async with client:`` closes the client (calls `aclose()`) on the way out."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class DelegatingChatClient(AsyncClosing):
     """A layer that forwards everything to `inner`; subclasses override what they change.
 
     `aclose()` closes the inner client once, unless the layer was built with
@@ -131,17 +150,6 @@ class DelegatingChatClient:
     def describe_layer(self) -> str:
         """How this layer appears in `ChatPipeline.describe()`."""
         return type(self).__name__
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(inner={self.inner!r})"

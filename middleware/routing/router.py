@@ -24,8 +24,7 @@ import contextvars
 import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -44,7 +43,13 @@ from middleware.routing.context import (
     SelectionResult,
     current_budget_var,
 )
-from pipeline.client import ChatClient, ChatClientMetadata, client_name, ensure_chat_client
+from pipeline.client import (
+    AsyncClosing,
+    ChatClient,
+    ChatClientMetadata,
+    client_name,
+    ensure_chat_client,
+)
 from pipeline.errors import RequestBudgetExceededError, RoutingError
 from pipeline.types import (
     ChatOptions,
@@ -86,7 +91,7 @@ async def _close_stream(stream: AsyncGenerator[ChatResponseUpdate, None]) -> Bas
     return None
 
 
-class RoutingChatClient(abc.ABC):
+class RoutingChatClient(AsyncClosing, abc.ABC):
     """A chat client that selects the client to call for each request.
 
     `select_client(context)` runs once per request and the selected client is invoked once.
@@ -169,17 +174,6 @@ class RoutingChatClient(abc.ABC):
         if errors:
             raise ExceptionGroup("closing routed clients failed", errors)
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     # -- policy hooks (FailoverChatClient overrides them) ----------------------------------
 
     def _attempt_limit(self) -> int | None:
@@ -193,9 +187,7 @@ class RoutingChatClient(abc.ABC):
     def _may_fail_over(self, context: RoutingContext, exc: BaseException) -> bool:
         return False
 
-    def _report(  # noqa: B027 - a hook: doing nothing is the one-shot router's policy
-        self, context: RoutingContext, attempt: FailoverAttempt, terminal: bool
-    ) -> None:
+    def _report(self, context: RoutingContext, attempt: FailoverAttempt, terminal: bool) -> None:
         """Called once after every attempt; an exception here ends the request with it."""
 
     @property

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
-from pipeline.providers._chat_completions import error_from_payload
+from pipeline.providers._chat_completions import error_from_payload, malformed
 
-__all__ = ["endpoint", "status_error", "transport_error"]
+__all__ = ["endpoint", "post_json", "status_error", "transport_error"]
 
 _MAX_ERROR_BODY = 64 * 1024
 
@@ -53,3 +53,25 @@ async def status_error(response: httpx.Response, provider: str, url: str) -> Pro
     result = error_from_payload(error, provider, status_code=response.status_code, url=url)
     result.retry_after = parse_retry_after(response.headers.get("retry-after"))
     return result
+
+
+async def post_json(
+    http: httpx.AsyncClient,
+    url: httpx.URL,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    *,
+    provider: str,
+    where: str,
+) -> Any:
+    """POST `body` and return the decoded JSON answer; every failure is a `ProviderError`."""
+    try:
+        response = await http.post(url, json=body, headers=headers)
+        if response.status_code >= 400:
+            raise await status_error(response, provider, where)
+        try:
+            return response.json()
+        except ValueError:
+            raise malformed(provider, "the body is not JSON") from None
+    except httpx.HTTPError as exc:
+        raise transport_error(exc, provider, where) from exc

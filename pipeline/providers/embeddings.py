@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipeline.providers._chat_completions import malformed
-from pipeline.providers._http import endpoint, status_error, transport_error
+from pipeline.providers._http import endpoint, post_json
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
 __all__ = ["OpenAIEmbeddingGenerator"]
@@ -75,17 +75,9 @@ class OpenAIEmbeddingGenerator:
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        where = self._endpoint
-        try:
-            response = await self._http.post(self._url, json=body, headers=headers)
-            if response.status_code >= 400:
-                raise await status_error(response, self.provider_name, where)
-            try:
-                payload = response.json()
-            except ValueError:
-                raise malformed(self.provider_name, "the body is not JSON") from None
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.provider_name, where) from exc
+        payload = await post_json(
+            self._http, self._url, body, headers, provider=self.provider_name, where=self._endpoint
+        )
         return self._parse(payload, len(values))
 
     def _parse(self, payload: object, expected: int) -> npt.NDArray[np.float32]:

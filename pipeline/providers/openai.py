@@ -35,7 +35,7 @@ from pipeline.providers._chat_completions import (
     malformed,
     parse_response,
 )
-from pipeline.providers._http import endpoint, status_error, transport_error
+from pipeline.providers._http import endpoint, post_json, status_error, transport_error
 from pipeline.providers._sse import MalformedSSE, SSEDecoder
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
 
@@ -160,18 +160,14 @@ class OpenAIChatClient:
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         body = self._body(messages, options, stream=False)
-        url = self._url
-        where = self._endpoint
-        try:
-            response = await self._http.post(url, json=body, headers=await self._request_headers())
-            if response.status_code >= 400:
-                raise await status_error(response, self.provider_name, where)
-            try:
-                payload = response.json()
-            except ValueError:
-                raise malformed(self.provider_name, "the body is not JSON") from None
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.provider_name, where) from exc
+        payload = await post_json(
+            self._http,
+            self._url,
+            body,
+            await self._request_headers(),
+            provider=self.provider_name,
+            where=self._endpoint,
+        )
         return parse_response(payload, self.provider_name)
 
     def get_streaming_response(

@@ -1,8 +1,9 @@
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fake_server_process import fake_server_process
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "semantic_routing.py"
 
@@ -24,25 +25,8 @@ def test_offline_fallback_says_so_and_routes() -> None:
 
 
 def test_uses_an_embeddings_endpoint_when_configured() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()
-        env = {
-            **os.environ,
-            "EMBEDDINGS_BASE_URL": f"http://127.0.0.1:{port}/v1",
-            "EMBEDDINGS_MODEL": "fake-embedder",
-        }
+    with fake_server_process() as base_url:
+        env = {**os.environ, "EMBEDDINGS_BASE_URL": base_url, "EMBEDDINGS_MODEL": "fake-embedder"}
         out = run(env)
-        assert "embedding model 'fake-embedder'" in out
-        assert out.count("  -> [") == 4
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    assert "embedding model 'fake-embedder'" in out
+    assert out.count("  -> [") == 4

@@ -1,5 +1,3 @@
-import signal
-import socket
 import subprocess
 import sys
 
@@ -7,6 +5,7 @@ import httpx
 import pytest
 
 from pipeline.cli import DEMO_ANSWER, main
+from tests.fake_server_process import fake_server_process
 from tests.otel import Receiver
 
 
@@ -41,24 +40,10 @@ def test_module_entry_point_runs_the_demo() -> None:
 
 
 def test_fake_server_command_serves_until_interrupted() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()  # printed once the server is listening
-        assert f"127.0.0.1:{port}/v1" in line
+    with fake_server_process() as base_url:
         response = httpx.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
+            f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             timeout=10,
         )
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
-    finally:
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=10) == 0

@@ -1,0 +1,35 @@
+"""`chat-pipeline fake-server` in a child process, for tests of commands and examples."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def fake_server_process() -> Iterator[str]:
+    """Yield the base URL of a fake server running in its own process; stop it after."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once the server is listening
+        assert f"127.0.0.1:{port}/v1" in line, line
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            assert process.wait(timeout=10) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()

@@ -1,4 +1,4 @@
-"""Overhead of the pipeline and the ordered failover router around an in-process client.
+"""Overhead of the pipeline and of each layer around an in-process client.
 
 Baseline: the bare `ScriptedChatClient`, measured in the same run. Prints time per call and
 per streamed update, the ratio to the baseline, and the microseconds added.
@@ -17,9 +17,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import best_per_op, report
 
+from middleware.function_invocation import tool
 from middleware.routing import OrderedFailoverChatClient
 from pipeline import ChatClient, ChatMessage, ChatPipeline
 from pipeline.testing import ScriptedChatClient, reply
+
+
+@tool
+def echo(text: str) -> str:
+    """Echo the text back."""
+    return text
 
 
 async def drain(client: ChatClient, messages: list[ChatMessage]) -> None:
@@ -40,6 +47,11 @@ async def main(calls: int, updates: int) -> None:
     )
     retry = ChatPipeline.builder().use_retry().build(ScriptedChatClient(reply("ok")))
     breaker = ChatPipeline.builder().use_circuit_breaker().build(ScriptedChatClient(reply("ok")))
+    tools = (
+        ChatPipeline.builder()
+        .use_function_invocation([echo])
+        .build(ScriptedChatClient(reply("ok")))
+    )
 
     print(f"get_response, {calls} calls, best of 5")
     base = await best_per_op(lambda: bare.get_response(messages), ops=calls)
@@ -49,6 +61,7 @@ async def main(calls: int, updates: int) -> None:
         ("ordered failover, healthy", failover),
         ("retry layer, healthy", retry),
         ("circuit breaker, healthy", breaker),
+        ("function invocation, no tool called", tools),
     ):
         t = await best_per_op(lambda c=client: c.get_response(messages), ops=calls)
         print(report(label, base, t))
@@ -70,6 +83,11 @@ async def main(calls: int, updates: int) -> None:
         .use_circuit_breaker()
         .build(ScriptedChatClient(reply("x" * 1000, chunks=chunks)))
     )
+    tools_s = (
+        ChatPipeline.builder()
+        .use_function_invocation([echo])
+        .build(ScriptedChatClient(reply("x" * 1000, chunks=chunks)))
+    )
     print(f"\nget_streaming_response, {streams} streams x {len(chunks)} updates, best of 5")
     base = await best_per_op(lambda: drain(bare_s, messages), ops=streams) / len(chunks)
     print(report("bare ScriptedChatClient (baseline)", base, base, "update"))
@@ -78,6 +96,7 @@ async def main(calls: int, updates: int) -> None:
         ("ordered failover, healthy", failover_s),
         ("retry layer, healthy", retry_s),
         ("circuit breaker, healthy", breaker_s),
+        ("function invocation, no tool called", tools_s),
     ):
         t = await best_per_op(lambda c=client: drain(c, messages), ops=streams) / len(chunks)
         print(report(label, base, t, "update"))

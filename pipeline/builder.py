@@ -255,6 +255,40 @@ class ChatPipelineBuilder:
             enabled=enabled,
         )
 
+    def use_function_invocation(
+        self,
+        tools: Sequence[Any] = (),
+        *,
+        max_iterations: int = 10,
+        allow_concurrent: bool = True,
+        idempotency_store: Any = None,
+        include_detailed_errors: bool = False,
+        enabled: bool = True,
+    ) -> Self:
+        """Run the model's tool calls in a loop (see `middleware.function_invocation`)."""
+        from middleware.function_invocation import FunctionInvokingChatClient, Tool
+
+        FunctionInvokingChatClient.validate_options(tools=tools, max_iterations=max_iterations)
+        # Build the tools once, here, so a bad tool fails where it was written; each built
+        # pipeline shares them and the idempotency store.
+        definitions = [t if isinstance(t, Tool) else Tool.from_function(t) for t in tools]
+        store = idempotency_store
+        if store is None:
+            from middleware.function_invocation import MemoryIdempotencyStore
+
+            store = MemoryIdempotencyStore()
+        return self.use(
+            lambda inner: FunctionInvokingChatClient(
+                inner,
+                definitions,
+                max_iterations=max_iterations,
+                allow_concurrent=allow_concurrent,
+                idempotency_store=store,
+                include_detailed_errors=include_detailed_errors,
+            ),
+            enabled=enabled,
+        )
+
     # -- routers (end the chain) -------------------------------------------------------------
 
     def use_router(

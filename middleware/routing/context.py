@@ -9,6 +9,8 @@ client, a `Route`, or a `RoutingSelection` whose `options` apply to that one att
 from __future__ import annotations
 
 import contextvars
+import itertools
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -30,6 +32,8 @@ __all__ = [
     "as_route",
     "current_budget",
     "current_budget_var",
+    "new_operation_id",
+    "operation_id_var",
 ]
 
 AttemptOutcome: TypeAlias = Literal[
@@ -195,6 +199,21 @@ class RequestBudget:
 current_budget_var: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
     "chat_pipeline_request_budget", default=None
 )
+
+
+# The operation a request belongs to: tool calls are idempotent within one operation. Set by
+# `operation_scope`, by the function-invocation layer, or by a router for a non-streaming
+# request (its routes share it). Never left set in a caller's context by a stream.
+operation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "chat_pipeline_operation_id", default=None
+)
+_OPERATION_PREFIX = uuid.uuid4().hex[:12]
+_operation_counter = itertools.count(1)
+
+
+def new_operation_id() -> str:
+    """A process-unique (and, by its random prefix, practically globally unique) id."""
+    return f"{_OPERATION_PREFIX}-{next(_operation_counter):x}"
 
 
 def current_budget() -> RequestBudget | None:

@@ -42,6 +42,8 @@ from middleware.routing.context import (
     RoutingSelection,
     SelectionResult,
     current_budget_var,
+    new_operation_id,
+    operation_id_var,
 )
 from pipeline.client import (
     AsyncClosing,
@@ -317,51 +319,64 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         context = self._context(messages, options, streaming=False)
-        limit = self._attempt_limit()
-        budget = self._new_budget()
-        clock = self._clock
-        while True:
-            attempt = await self._select(context)
-            self._begin(context, attempt, budget)
-            started = clock()
-            tokens = self._enter(attempt, budget)
-            try:
-                remaining = budget.remaining() if budget is not None else None
-                if remaining is None:
-                    response = await attempt.client.get_response(context.messages, attempt.options)
-                else:
-                    async with asyncio.timeout(remaining):
+        # Every route of this request shares one operation id, so a tool call that a route
+        # completed before failing is not repeated by the next one.
+        operation = (
+            operation_id_var.set(new_operation_id()) if operation_id_var.get() is None else None
+        )
+        try:
+            limit = self._attempt_limit()
+            budget = self._new_budget()
+            clock = self._clock
+            while True:
+                attempt = await self._select(context)
+                self._begin(context, attempt, budget)
+                started = clock()
+                tokens = self._enter(attempt, budget)
+                try:
+                    remaining = budget.remaining() if budget is not None else None
+                    if remaining is None:
                         response = await attempt.client.get_response(
                             context.messages, attempt.options
                         )
-            except BaseException as exc:
+                    else:
+                        async with asyncio.timeout(remaining):
+                            response = await attempt.client.get_response(
+                                context.messages, attempt.options
+                            )
+                except BaseException as exc:
+                    duration = clock() - started
+                    self._exit(tokens)
+                    tokens = _NO_TOKENS
+                    outcome: AttemptOutcome = (
+                        "canceled" if _caller_cancelling(exc) else "failed_before_output"
+                    )
+                    terminal = self._is_terminal(context, exc, outcome, limit, budget)
+                    self._finish(
+                        context, attempt, outcome, exc, duration, None, False, False, terminal
+                    )
+                    if terminal:
+                        raise
+                    continue
+                finally:
+                    self._exit(tokens)
                 duration = clock() - started
-                self._exit(tokens)
-                tokens = _NO_TOKENS
-                outcome: AttemptOutcome = (
-                    "canceled" if _caller_cancelling(exc) else "failed_before_output"
+                self._finish(
+                    context,
+                    attempt,
+                    "completed",
+                    None,
+                    duration,
+                    duration,
+                    True,
+                    True,
+                    True,
+                    response.usage,
                 )
-                terminal = self._is_terminal(context, exc, outcome, limit, budget)
-                self._finish(context, attempt, outcome, exc, duration, None, False, False, terminal)
-                if terminal:
-                    raise
-                continue
-            finally:
-                self._exit(tokens)
-            duration = clock() - started
-            self._finish(
-                context,
-                attempt,
-                "completed",
-                None,
-                duration,
-                duration,
-                True,
-                True,
-                True,
-                response.usage,
-            )
-            return response
+                return response
+        finally:
+            if operation is not None:
+                operation_id_var.reset(operation)
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None

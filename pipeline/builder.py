@@ -13,6 +13,7 @@ Middleware modules are imported inside the ``use_*`` methods, so ``pipeline`` ne
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
@@ -63,6 +64,23 @@ class ChatPipeline(AsyncClosing):
     @staticmethod
     def builder() -> ChatPipelineBuilder:
         return ChatPipelineBuilder()
+
+    @classmethod
+    def from_config(
+        cls,
+        path: str | os.PathLike[str],
+        environment: str | None = None,
+        *,
+        tools: Sequence[Any] = (),
+    ) -> ChatPipeline:
+        """Build the pipeline a TOML file describes (see `pipeline.config`).
+
+        The environment overlay is `environment`, else ``CHAT_PIPELINE_ENV``. Tools are code,
+        so they are passed here when the file turns ``layers.function_invocation`` on.
+        """
+        from pipeline.config import load_pipeline
+
+        return load_pipeline(path, environment, tools=tools)
 
     @property
     def metadata(self) -> ChatClientMetadata:

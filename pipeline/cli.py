@@ -6,7 +6,9 @@ tree (chat span, one span per attempt with its outcome, output commitment and ti
 first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variable set, the
 spans are exported over OTLP too.
 
-``chat-pipeline fake-server --port N`` serves a fake OpenAI-compatible API on 127.0.0.1.
+``chat-pipeline ask --config FILE [--env NAME] "question"`` streams an answer from a
+pipeline built from TOML. ``chat-pipeline fake-server --port N`` serves a fake
+OpenAI-compatible API on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -125,6 +128,21 @@ async def _demo(question: str, otlp: str | None) -> int:
     return 0
 
 
+async def _ask(question: str, config: str, environment: str | None) -> int:
+    from pipeline.errors import ConfigError
+
+    try:
+        chat = ChatPipeline.from_config(config, environment)
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    async with chat:
+        async for update in chat.get_streaming_response(question):
+            print(update.text, end="", flush=True)
+    print()
+    return 0
+
+
 async def _fake_server(port: int) -> int:
     from pipeline.testing import FakeOpenAIServer
 
@@ -144,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="run the embedded, network-free demo pipeline")
     demo.add_argument("question", nargs="?", default="What does failover do?")
     demo.add_argument("--otlp", metavar="URL", help="also export spans to this OTLP/HTTP endpoint")
+    ask = commands.add_parser("ask", help="ask a pipeline built from a TOML file")
+    ask.add_argument("question")
+    ask.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML file")
+    ask.add_argument("--env", metavar="NAME", help="environment overlay (else CHAT_PIPELINE_ENV)")
     server = commands.add_parser(
         "fake-server", help="serve a fake OpenAI-compatible API on 127.0.0.1 until interrupted"
     )
@@ -151,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         return asyncio.run(_demo(args.question, args.otlp))
+    if args.command == "ask":
+        return asyncio.run(_ask(args.question, args.config, args.env))
     if args.command == "fake-server":
         try:
             return asyncio.run(_fake_server(args.port))

@@ -39,6 +39,7 @@ SURFACES = {
         "RoutingSelection",
         "RouteScore",
         "SemanticRoutingChatClient",
+        "TieredRoutingChatClient",
         "current_budget",
     },
     "pipeline.providers": {

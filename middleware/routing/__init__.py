@@ -13,6 +13,7 @@ from middleware.routing.context import (
 from middleware.routing.failover import FailoverChatClient, OrderedFailoverChatClient
 from middleware.routing.router import RoutingChatClient
 from middleware.routing.semantic import RouteScore, SemanticRoutingChatClient
+from middleware.routing.tiered import TieredRoutingChatClient
 
 __all__ = [
     "AttemptOutcome",
@@ -27,5 +28,6 @@ __all__ = [
     "RoutingSelection",
     "RouteScore",
     "SemanticRoutingChatClient",
+    "TieredRoutingChatClient",
     "current_budget",
 ]

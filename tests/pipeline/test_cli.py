@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -47,3 +48,11 @@ def test_fake_server_command_serves_until_interrupted() -> None:
             timeout=10,
         )
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
+
+
+def test_ask_uses_a_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
+    assert main(["ask", "--config", str(example), "--env", "development", "hello"]) == 0
+    assert capsys.readouterr().out.strip() == "Simulated small answer."
+    assert main(["ask", "--config", str(example), "--env", "nowhere", "hello"]) == 2
+    assert "environments.nowhere: is not defined" in capsys.readouterr().err

@@ -1,0 +1,240 @@
+"""`TieredRoutingChatClient`: start on the right tier, escalate along a fallback chain.
+
+Selection is deterministic, from signals of the request:
+
+* the starting route: a per-request pin (``additional_properties["chat_pipeline.route"]``),
+  else the session's sticky route (the route that last completed a request with the same
+  ``session_id``), else the route mapped to the request kind
+  (``additional_properties["chat_pipeline.kind"]``), else `default`;
+* the chain: the starting route, then its `fallback` routes, then theirs (each once);
+* a route is skipped when its context window (`Route.max_input_tokens`) cannot hold the
+  estimated input tokens or when it lacks a required capability (``tools`` when tools are
+  offered, ``json`` when a response format is set, ``vision`` when a message carries data);
+  each skip is logged as an escalation, with the reason and never the text;
+* failures before output move along the chain like `OrderedFailoverChatClient` (same
+  boundaries, limits and policy); with no eligible route the request fails with a
+  `RoutingError` saying what was required.
+
+The routing hints are removed from the options the routes receive.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from middleware.routing.context import FailoverAttempt, Route, RoutingContext, SelectionResult
+from middleware.routing.failover import FailoverChatClient, FailoverPolicy
+from pipeline.client import ChatClient
+from pipeline.errors import RoutingError, is_failover_eligible
+from pipeline.types import ChatMessage, DataContent
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+__all__ = [
+    "KIND_HINT",
+    "PIN_HINT",
+    "TieredRoutingChatClient",
+    "estimate_input_tokens",
+    "required_capabilities",
+]
+
+PIN_HINT = "chat_pipeline.route"
+KIND_HINT = "chat_pipeline.kind"
+_CHAIN = "tiered.chain"
+
+_logger = logging.getLogger("chat_pipeline.routing.tiered")
+
+
+def estimate_input_tokens(messages: Sequence[ChatMessage]) -> int:
+    """A cheap, deterministic estimate: about four characters per token, plus framing."""
+    characters = sum(len(m.text) for m in messages)
+    return characters // 4 + 4 * len(messages)
+
+
+def required_capabilities(context: RoutingContext) -> frozenset[str]:
+    """What a route must offer to serve this request."""
+    needed: set[str] = set()
+    if context.options.tools:
+        needed.add("tools")
+    if context.options.response_format is not None:
+        needed.add("json")
+    if any(isinstance(c, DataContent) for m in context.messages for c in m.contents):
+        needed.add("vision")
+    return frozenset(needed)
+
+
+class TieredRoutingChatClient(FailoverChatClient):
+    """Tier selection and escalation (see the module docstring)."""
+
+    def __init__(
+        self,
+        routes: Sequence[Route],
+        *,
+        default: str,
+        fallback: Mapping[str, Sequence[str]] | None = None,
+        kinds: Mapping[str, str] | None = None,
+        sticky_sessions: bool = True,
+        max_sessions: int = 10_000,
+        token_estimator: Callable[[Sequence[ChatMessage]], int] = estimate_input_tokens,
+        leave_open: bool = False,
+        max_attempts_per_request: int | None = None,
+        should_failover: FailoverPolicy = is_failover_eligible,
+        request_timeout: float | None = None,
+        min_attempt_budget: float = 0.0,
+        max_provider_calls_per_request: int | None = None,
+        name: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        super().__init__(
+            leave_open=leave_open,
+            max_attempts_per_request=max_attempts_per_request,
+            request_timeout=request_timeout,
+            min_attempt_budget=min_attempt_budget,
+            max_provider_calls_per_request=max_provider_calls_per_request,
+            should_failover=should_failover,
+            name=name,
+            clock=clock,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
+        if isinstance(routes, str) or not isinstance(routes, Sequence) or not routes:
+            raise ValueError("routes must be a non-empty sequence of Route")
+        for route in routes:
+            if not isinstance(route, Route):
+                raise TypeError("tiered routes must be Route objects (they carry the tier facts)")
+        self.routes: dict[str, Route] = {}
+        for route in routes:
+            if route.name in self.routes:
+                raise ValueError(f"two routes are named {route.name!r}")
+            self.routes[route.name] = route
+        if default not in self.routes:
+            raise ValueError(f"default route {default!r} is not one of the routes")
+        self.default = default
+        self.fallback: dict[str, tuple[str, ...]] = {}
+        for source, targets in (fallback or {}).items():
+            for name in (source, *targets):
+                if name not in self.routes:
+                    raise ValueError(f"fallback names unknown route {name!r}")
+            self.fallback[source] = tuple(targets)
+        self.kinds = dict(kinds or {})
+        for kind, name in self.kinds.items():
+            if name not in self.routes:
+                raise ValueError(f"kind {kind!r} names unknown route {name!r}")
+        if max_sessions < 1:
+            raise ValueError("max_sessions must be positive")
+        self.sticky_sessions = sticky_sessions
+        self.max_sessions = max_sessions
+        self._token_estimator = token_estimator
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+
+    def owned_clients(self) -> Iterable[ChatClient]:
+        return [route.client for route in self.routes.values()]
+
+    def describe_layer(self) -> str:
+        return f"TieredRoutingChatClient({', '.join(self.routes)}; default {self.default})"
+
+    # -- selection -------------------------------------------------------------------------
+
+    def _start(self, context: RoutingContext, hints: dict[str, Any]) -> str:
+        pin = hints.get(PIN_HINT)
+        if pin is not None:
+            if pin not in self.routes:
+                raise RoutingError(f"the pinned route {pin!r} is not one of the routes")
+            return str(pin)
+        session = context.options.session_id
+        if self.sticky_sessions and session is not None and session in self._sessions:
+            return self._sessions[session]
+        kind = hints.get(KIND_HINT)
+        if kind is not None:
+            if kind not in self.kinds:
+                raise RoutingError(f"no route is configured for request kind {kind!r}")
+            return self.kinds[kind]
+        return self.default
+
+    def _chain(self, start: str) -> list[str]:
+        chain: list[str] = []
+        pending = [start]
+        while pending:
+            name = pending.pop(0)
+            if name not in chain:
+                chain.append(name)
+                pending.extend(self.fallback.get(name, ()))
+        return chain
+
+    def plan(self, context: RoutingContext) -> list[Route]:
+        """The eligible routes for this request, in the order they would be tried."""
+        hints = {
+            key: context.options.additional_properties.pop(key)
+            for key in (PIN_HINT, KIND_HINT)
+            if key in context.options.additional_properties
+        }
+        start = self._start(context, hints)
+        tokens = self._token_estimator(context.messages)
+        needed = required_capabilities(context)
+        eligible: list[Route] = []
+        for name in self._chain(start):
+            route = self.routes[name]
+            if route.max_input_tokens is not None and tokens > route.max_input_tokens:
+                _logger.info(
+                    "escalation: route %s skipped, ~%d input tokens exceed its %d",
+                    name,
+                    tokens,
+                    route.max_input_tokens,
+                )
+                continue
+            missing = needed - route.capabilities
+            if missing:
+                _logger.info(
+                    "escalation: route %s skipped, it lacks %s", name, ", ".join(sorted(missing))
+                )
+                continue
+            eligible.append(route)
+        if not eligible:
+            raise RoutingError(
+                f"no route can serve this request (from {start!r}: ~{tokens} input tokens, "
+                f"capabilities {sorted(needed) or 'none'})"
+            )
+        return eligible
+
+    async def select_client(self, context: RoutingContext) -> SelectionResult:
+        chain: list[Route] | None = context.state.get(_CHAIN)
+        if chain is None:
+            chain = context.state[_CHAIN] = self.plan(context)
+        return chain[len(context.attempts)]
+
+    def _attempt_limit(self) -> int | None:
+        # The chain's length is known only per request; the engine also stops when the
+        # policy (below) says the chain is exhausted.
+        return self.max_attempts_per_request
+
+    def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+        chain = context.state.get(_CHAIN, ())
+        return len(context.attempts) + 1 < len(chain) and super().should_failover(
+            context, exception
+        )
+
+    def on_routing_update(
+        self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool
+    ) -> None:
+        if is_terminal:
+            context.state.pop(_CHAIN, None)
+            session = context.options.session_id
+            if self.sticky_sessions and session is not None and attempt.outcome == "completed":
+                self._sessions[session] = attempt.route_name
+                self._sessions.move_to_end(session)
+                while len(self._sessions) > self.max_sessions:
+                    self._sessions.popitem(last=False)
+        elif attempt.number > 0:
+            _logger.info(
+                "escalation: route %s failed before output (%s), trying the next tier",
+                attempt.route_name,
+                type(attempt.exception).__name__,
+            )

@@ -1,0 +1,250 @@
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from middleware.function_invocation import tool
+from pipeline import ChatPipeline
+from pipeline.config import build_pipeline, merge
+from pipeline.errors import ConfigError
+from pipeline.testing import FakeOpenAIServer, collect
+
+BASE = """
+[routes.small]
+provider = "scripted"
+reply = "small answer"
+max_input_tokens = 100
+capabilities = ["json"]
+retry = { max_attempts = 2 }
+breaker = { fail_max = 3, reset_timeout = 10 }
+
+[routes.offline]
+provider = "scripted"
+reply = "offline answer"
+
+[router]
+kind = "ordered"
+order = ["small", "offline"]
+max_attempts_per_request = 2
+
+[layers]
+telemetry = true
+logging = true
+
+[environments.development.layers]
+telemetry = false
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+async def test_ordered_pipeline_and_environment_overlay(
+    tmp_path: Path, streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, BASE)
+    monkeypatch.delenv("CHAT_PIPELINE_ENV", raising=False)
+    production = ChatPipeline.from_config(path)
+    assert production.describe() == [
+        "TelemetryChatClient",
+        "LoggingChatClient",
+        "OrderedFailoverChatClient(small, offline)",
+    ]
+    assert (await collect(production, "hi", streaming=streaming)).text == "small answer"
+    development = ChatPipeline.from_config(path, "development")
+    assert development.describe()[0] == "LoggingChatClient"
+    monkeypatch.setenv("CHAT_PIPELINE_ENV", "development")
+    assert ChatPipeline.from_config(path).describe()[0] == "LoggingChatClient"
+    small = production.client.inner.inner.routes[0]  # type: ignore[attr-defined]
+    assert small.max_input_tokens == 100 and small.capabilities == frozenset({"json"})
+    assert small.client.describe() == [
+        "CircuitBreakerChatClient(small)",
+        "RetryChatClient(max_attempts=2)",
+        "ScriptedChatClient(small)",
+    ]
+
+
+async def test_tiered_router(tmp_path: Path, streaming: bool) -> None:
+    path = write(
+        tmp_path,
+        """
+        [routes.small]
+        provider = "scripted"
+        reply = "small"
+        max_input_tokens = 50
+        [routes.large]
+        provider = "scripted"
+        reply = "large"
+        [router]
+        kind = "tiered"
+        default = "small"
+        fallback = { small = ["large"] }
+        kinds = { summarize = "large" }
+        """,
+    )
+    chat = ChatPipeline.from_config(path)
+    assert (await collect(chat, "short", streaming=streaming)).text == "small"
+    assert (await collect(chat, "x" * 1000, streaming=streaming)).text == "large"
+
+
+async def test_semantic_router(tmp_path: Path, streaming: bool) -> None:
+    path = write(
+        tmp_path,
+        """
+        [routes.billing]
+        provider = "scripted"
+        reply = "billing"
+        [routes.general]
+        provider = "scripted"
+        reply = "general"
+        [router]
+        kind = "semantic"
+        default = "general"
+        threshold = 0.2
+        profiles = { billing = ["refund my invoice", "charged twice on my invoice"] }
+        embeddings = { provider = "hashing" }
+        """,
+    )
+    chat = ChatPipeline.from_config(path)
+    assert (
+        await collect(chat, "my invoice was charged twice", streaming=streaming)
+    ).text == "billing"
+    assert (await collect(chat, "qqq zzz", streaming=streaming)).text == "general"
+
+
+async def test_single_route_needs_no_router_and_real_http(
+    tmp_path: Path, streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FakeOpenAIServer() as server:
+        monkeypatch.setenv("TEST_KEY", "sk-from-env")
+        path = write(
+            tmp_path,
+            f"""
+            [routes.main]
+            provider = "openai"
+            model = "gpt-test"
+            base_url = "{server.base_url}"
+            api_key_env = "TEST_KEY"
+            first_chunk_timeout = 5
+            """,
+        )
+        chat = ChatPipeline.from_config(path)
+        assert (
+            await collect(chat, "hi", streaming=streaming)
+        ).text == "Hello from the fake server."
+        assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
+        await chat.aclose()
+
+
+async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None:
+    @tool
+    def noop() -> str:
+        return "ok"
+
+    text = BASE.replace("logging = true", "logging = true\nfunction_invocation = true")
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"layers\.function_invocation: is on, but no tools"):
+        ChatPipeline.from_config(path)
+    chat = ChatPipeline.from_config(path, tools=[noop])
+    assert chat.describe()[2] == "FunctionInvokingChatClient(noop)"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('reply = "small answer"', 'reply = "small answer"\ncolour = "red"'),
+            "routes.small.colour: is not a known setting",
+        ),
+        (
+            ("max_input_tokens = 100", 'max_input_tokens = "lots"'),
+            "routes.small.max_input_tokens: expected an integer of at least 1, got str",
+        ),
+        (
+            ("max_input_tokens = 100", "max_input_tokens = 0"),
+            "routes.small.max_input_tokens: expected an integer of at least 1, got 0",
+        ),
+        (
+            ('provider = "scripted"\nreply = "small answer"', 'provider = "gemini"'),
+            "routes.small.provider: expected one of",
+        ),
+        (
+            ("retry = { max_attempts = 2 }", "retry = { max_attempts = 2, backoff = 1 }"),
+            "routes.small.retry.backoff: is not a known setting",
+        ),
+        (
+            ("breaker = { fail_max = 3, reset_timeout = 10 }", "breaker = { fail_max = 0 }"),
+            "routes.small.breaker.fail_max",
+        ),
+        (
+            ('order = ["small", "offline"]', 'order = ["small", "missing"]'),
+            "router.order[1]: names no route: 'missing'",
+        ),
+        (('kind = "ordered"', 'kind = "random"'), "router.kind: expected one of"),
+        (
+            ("telemetry = true", 'telemetry = "yes"'),
+            "layers.telemetry: expected true or false, got str",
+        ),
+        (
+            ('capabilities = ["json"]', 'capabilities = ["json", ""]'),
+            "routes.small.capabilities[1]: expected a non-empty string",
+        ),
+    ],
+)
+def test_errors_name_the_key_path(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    old, new = change
+    assert old in BASE
+    with pytest.raises(ConfigError) as caught:
+        ChatPipeline.from_config(write(tmp_path, BASE.replace(old, new, 1)))
+    assert message in str(caught.value)
+
+
+def test_secrets_only_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    literal = {"routes": {"a": {"provider": "openai", "model": "m", "api_key": "sk-CANARY"}}}
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(literal)
+    assert "routes.a.api_key: secrets come only from environment variables" in str(caught.value)
+    assert "CANARY" not in str(caught.value)
+    monkeypatch.delenv("MISSING_KEY", raising=False)
+    missing = {"routes": {"a": {"provider": "openai", "model": "m", "api_key_env": "MISSING_KEY"}}}
+    expected = r"routes\.a\.api_key_env: the environment variable MISSING_KEY is not set"
+    with pytest.raises(ConfigError, match=expected):
+        build_pipeline(missing)
+
+
+def test_environment_and_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"environments.staging: is not defined \(defined: \['development'\]\)"
+    ):
+        ChatPipeline.from_config(write(tmp_path, BASE), "staging")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        ChatPipeline.from_config(write(tmp_path, "[routes\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        ChatPipeline.from_config(tmp_path / "absent.toml")
+    with pytest.raises(ConfigError, match="routes: is required"):
+        build_pipeline({})
+    two = {"routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}}}
+    with pytest.raises(ConfigError, match="router: is required when there is more than one route"):
+        build_pipeline(two)
+
+
+def test_merge() -> None:
+    assert merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}, "b": {"z": 1}}) == {
+        "a": {"x": 1, "y": 3},
+        "b": {"z": 1},
+    }
+
+
+def test_an_environment_that_changes_a_provider_replaces_the_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    data = {
+        "routes": {"main": {"provider": "openai", "model": "m", "api_key_env": "OPENAI_API_KEY"}},
+        "environments": {"test": {"routes": {"main": {"provider": "scripted", "reply": "sim"}}}},
+    }
+    chat = build_pipeline(data, "test")
+    assert chat.describe() == ["ScriptedChatClient(main)"]

@@ -19,8 +19,9 @@ Promises, for `get_response` and `get_streaming_response` alike:
 * with ``redis=`` the state lives in Redis (`pybreaker.CircuitRedisStorage`), shared by
   every process using the same breaker name. Its calls are synchronous and short; keep the
   Redis server close (it is consulted on every call);
-* state changes go to `on_state_change(name, old, new)` and become events
-  (`chat_pipeline.circuit_breaker.state_change`) on the current span.
+* state changes go to `on_state_change(name, old, new)`, become events
+  (`chat_pipeline.circuit_breaker.state_change`) on the current span and count in the
+  `chat_pipeline.circuit_breaker.state_changes` metric.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pybreaker
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
 from pipeline.errors import CircuitOpenError, FailureKind, classify
@@ -39,12 +40,17 @@ from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messag
 
 __all__ = [
     "STATE_CHANGE_EVENT",
+    "STATE_CHANGE_METRIC",
     "CircuitBreakerChatClient",
     "StateChangeListener",
     "counts_as_deployment_failure",
 ]
 
 STATE_CHANGE_EVENT = "chat_pipeline.circuit_breaker.state_change"
+STATE_CHANGE_METRIC = "chat_pipeline.circuit_breaker.state_changes"
+BREAKER_NAME = "chat_pipeline.circuit_breaker.name"
+BREAKER_FROM = "chat_pipeline.circuit_breaker.from"
+BREAKER_TO = "chat_pipeline.circuit_breaker.to"
 
 StateChangeListener = Callable[[str, str, str], None]
 
@@ -59,19 +65,24 @@ def counts_as_deployment_failure(exc: BaseException) -> bool:
 
 
 class _StateChangeAdapter(pybreaker.CircuitBreakerListener):
-    def __init__(self, listener: StateChangeListener | None) -> None:
+    def __init__(self, listener: StateChangeListener | None, meter_provider: Any) -> None:
+        from pipeline import __version__
+
         self._listener = listener
+        meter = metrics.get_meter("chat_pipeline.breaker", __version__, meter_provider)
+        self._changes = meter.create_counter(
+            STATE_CHANGE_METRIC, unit="{change}", description="Circuit breaker state changes"
+        )
 
     def state_change(self, cb: pybreaker.CircuitBreaker, old: Any, new: Any) -> None:
         old_name = old.name if old is not None else "none"
-        trace.get_current_span().add_event(
-            STATE_CHANGE_EVENT,
-            {
-                "chat_pipeline.circuit_breaker.name": cb.name or "",
-                "chat_pipeline.circuit_breaker.from": old_name,
-                "chat_pipeline.circuit_breaker.to": new.name,
-            },
-        )
+        attributes = {
+            BREAKER_NAME: cb.name or "",
+            BREAKER_FROM: old_name,
+            BREAKER_TO: new.name,
+        }
+        trace.get_current_span().add_event(STATE_CHANGE_EVENT, attributes)
+        self._changes.add(1, attributes)
         if self._listener is not None:
             self._listener(cb.name or "", old_name, new.name)
 
@@ -114,6 +125,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         counts: Callable[[BaseException], bool] = counts_as_deployment_failure,
         redis: Any = None,
         on_state_change: StateChangeListener | None = None,
+        meter_provider: Any = None,
         now: Callable[[], datetime] | None = None,
         leave_open: bool = False,
     ) -> None:
@@ -131,7 +143,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             fail_max=fail_max,
             reset_timeout=reset_timeout,
             exclude=[lambda exc: not counts(exc)],
-            listeners=[_StateChangeAdapter(on_state_change)],
+            listeners=[_StateChangeAdapter(on_state_change, meter_provider)],
             state_storage=storage,
             name=self.name,
             throw_new_error_on_trip=False,

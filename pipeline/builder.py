@@ -232,6 +232,7 @@ class ChatPipelineBuilder:
         counts: Callable[[BaseException], bool] | None = None,
         redis: Any = None,
         on_state_change: Callable[[str, str, str], None] | None = None,
+        meter_provider: Any = None,
         enabled: bool = True,
     ) -> Self:
         """Fail fast while this client's deployment is failing (see `middleware.breaker`).
@@ -247,6 +248,7 @@ class ChatPipelineBuilder:
             "counts": counts or counts_as_deployment_failure,
             "redis": redis,
             "on_state_change": on_state_change,
+            "meter_provider": meter_provider,
         }
         # Validate now, so a bad argument fails where it was written, not at build().
         CircuitBreakerChatClient.validate_options(**options)

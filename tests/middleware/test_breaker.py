@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware.breaker import STATE_CHANGE_EVENT, CircuitBreakerChatClient
+from middleware.breaker import STATE_CHANGE_EVENT, STATE_CHANGE_METRIC, CircuitBreakerChatClient
 from middleware.routing import OrderedFailoverChatClient, Route
 from pipeline import ChatPipeline
 from pipeline.errors import (
@@ -19,6 +19,7 @@ from pipeline.errors import (
     TransientProviderError,
 )
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from tests.otel import Otel
 
 
 class FakeNow:
@@ -256,3 +257,21 @@ async def test_redis_breaker_is_shared_between_processes(
     result = await collect(chat, "hi", streaming=streaming)
     assert isinstance(result.error, CircuitOpenError)
     assert inner.call_count == 0
+
+
+async def test_state_changes_are_counted(otel: Otel) -> None:
+    inner = ScriptedChatClient(lambda m, o: fail(TransientProviderError()))
+    client = CircuitBreakerChatClient(
+        inner, fail_max=1, name="p", meter_provider=otel.meter_provider, now=FakeNow()
+    )
+    await collect(client, "hi", streaming=False)
+    assert otel.points(STATE_CHANGE_METRIC) == [
+        (
+            {
+                "chat_pipeline.circuit_breaker.name": "p",
+                "chat_pipeline.circuit_breaker.from": "closed",
+                "chat_pipeline.circuit_breaker.to": "open",
+            },
+            1,
+        )
+    ]

@@ -32,54 +32,54 @@ class FakeTime:
         self.now += seconds
 
 
-def retrying(client: ScriptedChatClient, time: FakeTime, **policy: object) -> RetryChatClient:
+def retrying(client: ScriptedChatClient, fake: FakeTime, **policy: object) -> RetryChatClient:
     policy.setdefault("jitter", False)
-    return RetryChatClient(client, RetryPolicy(sleep=time.sleep, **policy))  # type: ignore[arg-type]
+    return RetryChatClient(client, RetryPolicy(sleep=fake.sleep, **policy))  # type: ignore[arg-type]
 
 
 async def test_transient_failures_are_retried_with_backoff(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     inner = ScriptedChatClient(
         [fail(TransientProviderError()), fail(TransientProviderError()), reply("ok")]
     )
-    result = await collect(retrying(inner, time, initial_delay=0.5), "hi", streaming=streaming)
+    result = await collect(retrying(inner, fake, initial_delay=0.5), "hi", streaming=streaming)
     assert result.text == "ok"
     assert inner.call_count == 3
-    assert time.sleeps == [0.5, 1.0]
+    assert fake.sleeps == [0.5, 1.0]
 
 
 async def test_retry_after_is_honoured(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     inner = ScriptedChatClient(
         [fail(RateLimitedError(status_code=429, retry_after=7.0)), reply("ok")]
     )
-    result = await collect(retrying(inner, time), "hi", streaming=streaming)
+    result = await collect(retrying(inner, fake), "hi", streaming=streaming)
     assert result.text == "ok"
-    assert time.sleeps == [7.0]
+    assert fake.sleeps == [7.0]
 
 
 async def test_retry_after_beyond_the_cap_gives_up_at_once(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     error = RateLimitedError(retry_after=120.0)
     inner = ScriptedChatClient([fail(error), reply("ok")])
-    result = await collect(retrying(inner, time, max_retry_after=30.0), "hi", streaming=streaming)
+    result = await collect(retrying(inner, fake, max_retry_after=30.0), "hi", streaming=streaming)
     assert result.error is error
-    assert inner.call_count == 1 and time.sleeps == []
+    assert inner.call_count == 1 and fake.sleeps == []
 
 
 async def test_retry_after_ignored_when_asked(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     inner = ScriptedChatClient([fail(RateLimitedError(retry_after=120.0)), reply("ok")])
-    client = retrying(inner, time, respect_retry_after=False, initial_delay=0.25)
+    client = retrying(inner, fake, respect_retry_after=False, initial_delay=0.25)
     assert (await collect(client, "hi", streaming=streaming)).text == "ok"
-    assert time.sleeps == [0.25]
+    assert fake.sleeps == [0.25]
 
 
 async def test_gives_up_after_max_attempts_with_the_last_error(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     errors = [TransientProviderError() for _ in range(3)]
     inner = ScriptedChatClient([fail(e) for e in errors])
-    result = await collect(retrying(inner, time, max_attempts=3), "hi", streaming=streaming)
+    result = await collect(retrying(inner, fake, max_attempts=3), "hi", streaming=streaming)
     assert result.error is errors[2]
     assert inner.call_count == 3
 
@@ -88,18 +88,18 @@ async def test_gives_up_after_max_attempts_with_the_last_error(streaming: bool) 
     "error", [RequestInvalidError(status_code=400), CircuitOpenError(), ValueError("bug")]
 )
 async def test_request_errors_are_not_retried(streaming: bool, error: Exception) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     inner = ScriptedChatClient([fail(error), reply("ok")])
-    result = await collect(retrying(inner, time), "hi", streaming=streaming)
+    result = await collect(retrying(inner, fake), "hi", streaming=streaming)
     assert result.error is error
     assert inner.call_count == 1
 
 
 async def test_stream_is_not_retried_after_its_first_update() -> None:
-    time = FakeTime()
+    fake = FakeTime()
     error = TransientProviderError()
     inner = ScriptedChatClient([fail_after(["partial"], error), reply("again")])
-    result = await collect(retrying(inner, time), "hi", streaming=True)
+    result = await collect(retrying(inner, fake), "hi", streaming=True)
     assert result.error is error
     assert [u.text for u in result.updates] == ["partial"]
     assert inner.call_count == 1
@@ -166,12 +166,12 @@ def test_policy_validation() -> None:
 
 
 async def test_retries_count_against_the_routers_provider_call_budget(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     primary = ScriptedChatClient(fail(TransientProviderError()), name="primary")
     backup = ScriptedChatClient(reply("backup"), name="backup")
     primary_route = (
         ChatPipeline.builder()
-        .use_retry(max_attempts=5, jitter=False, sleep=time.sleep)
+        .use_retry(max_attempts=5, jitter=False, sleep=fake.sleep)
         .build(primary)
     )
     router = OrderedFailoverChatClient(
@@ -185,37 +185,37 @@ async def test_retries_count_against_the_routers_provider_call_budget(streaming:
 
 
 async def test_retry_stops_before_the_request_deadline(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     primary = ScriptedChatClient(fail(TransientProviderError()), name="primary")
     backup = ScriptedChatClient(reply("backup"), name="backup")
     route = RetryChatClient(
         primary,
         RetryPolicy(
-            max_attempts=10, initial_delay=4.0, max_delay=4.0, jitter=False, sleep=time.sleep
+            max_attempts=10, initial_delay=4.0, max_delay=4.0, jitter=False, sleep=fake.sleep
         ),
     )
     router = OrderedFailoverChatClient(
         [Route("primary", route), Route("backup", backup)],
         request_timeout=10.0,
         min_attempt_budget=1.0,
-        clock=time.clock,
+        clock=fake.clock,
     )
     result = await collect(router, "hi", streaming=streaming)
     # 0s try, sleep 4, 4s try, sleep 4, 8s try; a third sleep would pass the deadline.
-    assert primary.call_count == 3 and time.sleeps == [4.0, 4.0]
+    assert primary.call_count == 3 and fake.sleeps == [4.0, 4.0]
     # 2 seconds were left, more than min_attempt_budget: the backup still gets its turn.
     assert result.text == "backup"
 
 
 async def test_no_attempt_starts_below_min_attempt_budget(streaming: bool) -> None:
-    time = FakeTime()
+    fake = FakeTime()
     # The first attempt uses 9.5 of the request's 10 seconds, then fails before output.
     primary = ScriptedChatClient(
-        fail(TransientProviderError(), delay=9.5), sleep=time.sleep, name="primary"
+        fail(TransientProviderError(), delay=9.5), sleep=fake.sleep, name="primary"
     )
     backup = ScriptedChatClient(reply("backup"), name="backup")
     router = OrderedFailoverChatClient(
-        [primary, backup], request_timeout=10.0, min_attempt_budget=1.0, clock=time.clock
+        [primary, backup], request_timeout=10.0, min_attempt_budget=1.0, clock=fake.clock
     )
     result = await collect(router, "hi", streaming=streaming)
     assert isinstance(result.error, TransientProviderError)

@@ -550,6 +550,9 @@ class _SelectorRoutingChatClient(RoutingChatClient):
         )
         self._selector = selector
 
+    def describe_layer(self) -> str:
+        return f"RoutingChatClient({getattr(self._selector, '__name__', 'selector')})"
+
     async def select_client(self, context: RoutingContext) -> SelectionResult:
         result = self._selector(context)
         if inspect.isawaitable(result):

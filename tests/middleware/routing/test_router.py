@@ -84,7 +84,7 @@ async def test_use_router_on_the_builder(streaming: bool) -> None:
     chat = ChatPipeline.builder().use_router(by_length).build()
     assert (await collect(chat, "short", streaming=streaming)).text == "small"
     assert (await collect(chat, "a much longer question", streaming=streaming)).text == "large"
-    assert chat.describe() == ["_SelectorRoutingChatClient"]
+    assert chat.describe() == ["RoutingChatClient(by_length)"]
 
 
 async def test_context_options_are_a_clone(streaming: bool) -> None:

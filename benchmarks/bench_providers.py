@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -168,6 +169,12 @@ def main(requests: int, rounds: int) -> None:
     try:
         assert server.stdout is not None
         server.stdout.readline()  # the server prints its URL once it listens
+        # On Linux with two or more cores, give the server and the client a core each, so
+        # they do not take turns on one and blur the client's numbers.
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+            os.sched_setaffinity(server.pid, {1})
+            os.sched_setaffinity(0, {0})
+            print("server pinned to CPU 1, client to CPU 0")
         asyncio.run(measure(f"http://127.0.0.1:{port}/v1", requests, rounds))
     finally:
         server.terminate()

@@ -246,12 +246,12 @@ def _first_choice(payload: Mapping[str, Any], provider: str) -> Mapping[str, Any
     choices = payload.get("choices")
     if choices is None:
         return None
-    if not isinstance(choices, list):
+    if type(choices) is not list:
         raise malformed(provider, "'choices' is not a list")
     if not choices:
         return None
     choice = choices[0]
-    if not isinstance(choice, Mapping):
+    if type(choice) is not dict:
         raise malformed(provider, "a choice is not an object")
     return choice
 
@@ -329,34 +329,45 @@ class StreamAssembler:
 
     def feed(self, payload: Any) -> ChatResponseUpdate | None:
         """The update for one chunk, or None when it carries nothing for the caller."""
-        if not isinstance(payload, Mapping):
+        # Payloads come from json.loads, so objects are plain dicts: checking `dict` rather
+        # than the Mapping ABC keeps this per-chunk path cheap.
+        if type(payload) is not dict:
             raise malformed(self.provider, "a stream chunk is not a JSON object")
         if payload.get("error"):
             raise error_from_payload(payload["error"], self.provider)
-        choice = _first_choice(payload, self.provider)
         contents: list[Content] = []
         finish_reason = None
+        choice = _first_choice(payload, self.provider)
         if choice is not None:
             delta = choice.get("delta") or {}
-            if not isinstance(delta, Mapping):
+            if type(delta) is not dict:
                 raise malformed(self.provider, "a chunk's delta is not an object")
             text = delta.get("content")
-            if text is not None and not isinstance(text, str):
-                raise malformed(self.provider, "delta content is not a string")
             if text:
+                if type(text) is not str:
+                    raise malformed(self.provider, "delta content is not a string")
                 contents.append(TextContent(text))
-            self._feed_calls(delta.get("tool_calls"))
-            finish_reason = _str_or_none(choice.get("finish_reason"))
-            if finish_reason is not None:
-                contents.extend(self._flush_calls())
-        usage = parse_usage(payload.get("usage"))
+            elif text is not None and type(text) is not str:
+                raise malformed(self.provider, "delta content is not a string")
+            tool_calls = delta.get("tool_calls")
+            if tool_calls is not None:
+                self._feed_calls(tool_calls)
+            finish = choice.get("finish_reason")
+            if finish is not None:
+                finish_reason = finish if type(finish) is str else None
+                if finish_reason is not None:
+                    contents.extend(self._flush_calls())
+        raw_usage = payload.get("usage")
+        usage = parse_usage(raw_usage) if raw_usage is not None else None
         if not contents and finish_reason is None and usage is None:
             return None
+        response_id = payload.get("id")
+        model_id = payload.get("model")
         return ChatResponseUpdate(
             role=ChatRole.ASSISTANT,
             contents=contents,
-            response_id=_str_or_none(payload.get("id")),
-            model_id=_str_or_none(payload.get("model")),
+            response_id=response_id if type(response_id) is str else None,
+            model_id=model_id if type(model_id) is str else None,
             finish_reason=finish_reason,
             usage=usage,
         )

@@ -263,20 +263,22 @@ class TelemetryChatClient(DelegatingChatClient):
             self._fail(span, request, started, exc)
             raise
         otel_context.detach(token)
-        # Without a recording span there is nothing to make current for each update.
-        recording = span.is_recording()
+        # Only the no-op API's span has no valid context: then there is nothing to make
+        # current for each update. A sampled-out span must still be current, so the spans
+        # beneath inherit its decision instead of starting traces of their own.
+        propagate = span.get_span_context().is_valid
         try:
             while True:
                 # The span is current only while the layers beneath run, never while the
                 # caller holds an update (its own spans must not nest under ours).
-                if recording:
+                if propagate:
                     token = otel_context.attach(span_context)
                 try:
                     update = await stream.__anext__()
                 except StopAsyncIteration:
                     break
                 finally:
-                    if recording:
+                    if propagate:
                         otel_context.detach(token)
                 if first_chunk is None:
                     first_chunk = self._clock() - started

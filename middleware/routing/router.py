@@ -265,9 +265,11 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
             )
         span = self._telemetry.start(attempt.route_name, len(context.attempts) + 1)
         attempt.span = span
-        if span.is_recording():
-            if attempt.attributes:
-                span.set_attributes(attempt.attributes)
+        if attempt.attributes and span.is_recording():
+            span.set_attributes(attempt.attributes)
+        # A sampled-out span still carries a valid context its children must inherit (or
+        # they would start traces of their own); only the no-op API's span has none.
+        if span.get_span_context().is_valid:
             attempt.span_context = trace.set_span_in_context(span)
 
     @staticmethod
@@ -405,8 +407,8 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
                 self._exit(tokens)
             elapsed += clock() - mark
             if stream is not None:
-                # Without a recording span or a budget there is nothing to make current:
-                # skip the bookkeeping on every update.
+                # Without a span context or a budget there is nothing to make current: skip
+                # the bookkeeping on every update.
                 plain = attempt.span_context is None and budget is None
                 while True:
                     tokens = _NO_TOKENS if plain else self._enter(attempt, budget)

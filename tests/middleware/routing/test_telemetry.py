@@ -4,6 +4,10 @@ import asyncio
 import contextlib
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
 from middleware.routing import OrderedFailoverChatClient, Price, Route, RoutingChatClient
@@ -132,3 +136,41 @@ async def test_cost_when_a_route_has_prices(otel: Otel, streaming: bool) -> None
     chat = OrderedFailoverChatClient([route], **otel.providers)
     await collect(chat, "hi", streaming=streaming)
     assert otel.total("ai.route.cost", **{"ai.route.name": "priced"}) == pytest.approx(0.006)
+
+
+class _DropChatRoots(Sampler):
+    """Samples every root span except a `chat` one: shows whether children inherit."""
+
+    def should_sample(
+        self,
+        parent_context,
+        trace_id,
+        name,
+        kind=None,
+        attributes=None,
+        links=None,
+        trace_state=None,
+    ):  # type: ignore[no-untyped-def]
+        decision = Decision.DROP if name.startswith("chat") else Decision.RECORD_AND_SAMPLE
+        return SamplingResult(decision)
+
+    def get_description(self) -> str:
+        return "DropChatRoots"
+
+
+async def test_a_sampled_out_request_keeps_its_attempts_out_too(streaming: bool) -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(root=_DropChatRoots()))
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    chat = (
+        ChatPipeline.builder()
+        .use_telemetry(tracer_provider=provider)
+        .use_ordered_failover(
+            [ScriptedChatClient(fail(TransientProviderError()), name="a"), ScriptedChatClient()],
+            tracer_provider=provider,
+        )
+        .build()
+    )
+    assert (await collect(chat, "hi", streaming=streaming)).error is None
+    # The attempts inherit the chat span's "not sampled": none starts a trace of its own.
+    assert spans.get_finished_spans() == ()

@@ -27,7 +27,7 @@ Promises, for `get_response` and `get_streaming_response` alike:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -217,23 +217,20 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             with self.breaker._lock:
                 self._probe_in_flight = False
 
-    async def _guard(self, call: Callable[[], Awaitable[ChatResponse]]) -> ChatResponse:
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
         probe = self._admit()
         try:
-            response = await call()
+            response = await self.inner.get_response(messages, options)
         except asyncio.CancelledError:
-            self._release(probe)
+            self._release(probe)  # neither a success nor a failure of the deployment
             raise
         except BaseException as exc:
             self._record(probe, exc)
             raise
         self._record(probe, None)
         return response
-
-    async def get_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> ChatResponse:
-        return await self._guard(lambda: self.inner.get_response(messages, options))
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None

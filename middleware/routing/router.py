@@ -335,6 +335,7 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
                 self._begin(context, attempt, budget)
                 started = clock()
                 tokens = self._enter(attempt, budget)
+                failure: BaseException | None = None
                 try:
                     remaining = budget.remaining() if budget is not None else None
                     if remaining is None:
@@ -347,35 +348,33 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
                                 context.messages, attempt.options
                             )
                 except BaseException as exc:
-                    duration = clock() - started
-                    self._exit(tokens)
-                    tokens = _NO_TOKENS
-                    outcome: AttemptOutcome = (
-                        "canceled" if _caller_cancelling(exc) else "failed_before_output"
-                    )
-                    terminal = self._is_terminal(context, exc, outcome, limit, budget)
-                    self._finish(
-                        context, attempt, outcome, exc, duration, None, False, False, terminal
-                    )
-                    if terminal:
-                        raise
-                    continue
+                    failure = exc
                 finally:
                     self._exit(tokens)
                 duration = clock() - started
-                self._finish(
-                    context,
-                    attempt,
-                    "completed",
-                    None,
-                    duration,
-                    duration,
-                    True,
-                    True,
-                    True,
-                    response.usage,
+                if failure is None:
+                    self._finish(
+                        context,
+                        attempt,
+                        "completed",
+                        None,
+                        duration,
+                        duration,
+                        True,
+                        True,
+                        True,
+                        response.usage,
+                    )
+                    return response
+                outcome: AttemptOutcome = (
+                    "canceled" if _caller_cancelling(failure) else "failed_before_output"
                 )
-                return response
+                terminal = self._is_terminal(context, failure, outcome, limit, budget)
+                self._finish(
+                    context, attempt, outcome, failure, duration, None, False, False, terminal
+                )
+                if terminal:
+                    raise failure
         finally:
             if operation is not None:
                 operation_id_var.reset(operation)
@@ -510,7 +509,7 @@ _Tokens = tuple[
     "contextvars.Token[otel_context.Context] | None",
     "contextvars.Token[RequestBudget | None] | None",
 ]
-_NO_TOKENS: _Tokens = (None, None)
+_NO_TOKENS: _Tokens = (None, None)  # nothing was made current
 
 
 class _Attempt:

@@ -79,13 +79,16 @@ class AzureOpenAIChatClient(OpenAIChatClient):
             {"api-version": self.api_version}
         )
 
-    async def _auth_headers(self) -> dict[str, str]:
-        if self._token_provider is not None:
-            token = self._token_provider()
-            if inspect.isawaitable(token):
-                token = await token
-            return {"Authorization": f"Bearer {token}"}
-        return {"api-key": self._api_key or ""}
+    def _static_auth_headers(self) -> dict[str, str]:
+        return {} if self._token_provider is not None else {"api-key": self._api_key or ""}
+
+    async def _request_headers(self) -> dict[str, str]:
+        if self._token_provider is None:
+            return self._headers
+        token = self._token_provider()
+        if inspect.isawaitable(token):
+            token = await token
+        return {**self._headers, "Authorization": f"Bearer {token}"}
 
     def _body_model(self, options: ChatOptions | None) -> str | None:
         return None  # the deployment in the URL names the model

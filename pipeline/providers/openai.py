@@ -93,9 +93,11 @@ class OpenAIChatClient:
         self._base_url = httpx.URL(base_url.rstrip("/") + "/")
         self._owns_http_client = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
-        self._headers: dict[str, str] = dict(default_headers or {})
+        headers: dict[str, str] = dict(default_headers or {})
         if organization:
-            self._headers["OpenAI-Organization"] = organization
+            headers["OpenAI-Organization"] = organization
+        # Built once: a static key makes the same headers for every request.
+        self._headers = {**headers, **self._static_auth_headers()}
         self.first_chunk_timeout = _positive_or_none(first_chunk_timeout, "first_chunk_timeout")
         self.stream_idle_timeout = _positive_or_none(stream_idle_timeout, "stream_idle_timeout")
         self._metadata = ChatClientMetadata(
@@ -125,7 +127,7 @@ class OpenAIChatClient:
     def _chat_url(self) -> httpx.URL:
         return self._base_url.join("chat/completions")
 
-    async def _auth_headers(self) -> dict[str, str]:
+    def _static_auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def _body_model(self, options: ChatOptions | None) -> str | None:
@@ -152,9 +154,8 @@ class OpenAIChatClient:
         return True
 
     async def _request_headers(self) -> dict[str, str]:
-        headers = dict(self._headers)
-        headers.update(await self._auth_headers())
-        return headers
+        """The headers of one request (async: a subclass may fetch a fresh token)."""
+        return self._headers
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None

@@ -342,22 +342,19 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         ) as span:
             try:
                 result = await self._execute_once(key, definition, call.arguments)
-            except _ToolArgumentsError as exc:
-                span.set_attribute(ERROR_TYPE, "invalid_arguments")
-                span.set_status(Status(StatusCode.ERROR))
-                detail = f" ({exc})" if self.include_detailed_errors else ""
-                return FunctionResultContent(
-                    call.call_id, f"Error: invalid arguments for {call.name!r}{detail}.", exc
-                )
             except Exception as exc:
-                span.set_attribute(ERROR_TYPE, type(exc).__name__)
-                span.set_status(Status(StatusCode.ERROR))
-                detail = f": {exc}" if self.include_detailed_errors else ""
-                return FunctionResultContent(
-                    call.call_id,
-                    f"Error: {call.name!r} failed with {type(exc).__name__}{detail}.",
-                    exc,
+                invalid = isinstance(exc, _ToolArgumentsError)
+                span.set_attribute(
+                    ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__
                 )
+                span.set_status(Status(StatusCode.ERROR))
+                if invalid:
+                    detail = f" ({exc})" if self.include_detailed_errors else ""
+                    text = f"Error: invalid arguments for {call.name!r}{detail}."
+                else:
+                    detail = f": {exc}" if self.include_detailed_errors else ""
+                    text = f"Error: {call.name!r} failed with {type(exc).__name__}{detail}."
+                return FunctionResultContent(call.call_id, text, exc)
         return FunctionResultContent(call.call_id, result)
 
     async def _execute_once(self, key: str, definition: Tool, arguments: Mapping[str, Any]) -> Any:

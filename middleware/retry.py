@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from opentelemetry import trace
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_exponential, wait_random_exponential
 
@@ -36,9 +37,11 @@ from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.errors import is_retryable
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
-__all__ = ["RETRY_EVENT", "RetryChatClient", "RetryPolicy"]
+__all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetryPolicy"]
 
 RETRY_EVENT = "chat_pipeline.retry"
+RETRY_ATTEMPT = "chat_pipeline.retry.attempt"  # the number of the attempt about to start
+RETRY_DELAY = "chat_pipeline.retry.delay"  # seconds waited before it
 
 _T = TypeVar("_T")
 
@@ -123,11 +126,15 @@ class RetryChatClient(DelegatingChatClient):
         trace.get_current_span().add_event(
             RETRY_EVENT,
             {
-                "error.type": type(error).__name__,
-                "chat_pipeline.retry.attempt": state.attempt_number + 1,
-                "chat_pipeline.retry.delay": state.upcoming_sleep,
+                ERROR_TYPE: type(error).__name__,
+                RETRY_ATTEMPT: state.attempt_number + 1,
+                RETRY_DELAY: state.upcoming_sleep,
             },
         )
+
+    def _worth_retrying(self, first_error: Exception) -> bool:
+        """Whether a failed first try goes to tenacity at all."""
+        return self.policy.max_attempts > 1 and self.policy.retry_on(first_error)
 
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
@@ -165,7 +172,7 @@ class RetryChatClient(DelegatingChatClient):
         try:
             return await self.inner.get_response(messages, options)
         except Exception as exc:  # cancellation is a BaseException: never retried
-            if self.policy.max_attempts == 1 or not self.policy.retry_on(exc):
+            if not self._worth_retrying(exc):
                 raise
             first_error = exc
         return await self._retry_after(
@@ -201,7 +208,7 @@ class RetryChatClient(DelegatingChatClient):
         try:
             stream, first = await self._open(messages, options)
         except Exception as exc:
-            if self.policy.max_attempts == 1 or not self.policy.retry_on(exc):
+            if not self._worth_retrying(exc):
                 raise
             stream, first = await self._retry_after(exc, lambda: self._open(messages, options))
         async with contextlib.aclosing(stream):

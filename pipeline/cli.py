@@ -22,8 +22,15 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 from middleware.routing import Route
+from middleware.routing._telemetry import (
+    ROUTE_OUTCOME,
+    ROUTE_OUTPUT_COMMITTED,
+    ROUTE_TERMINAL,
+    ROUTE_TIME_TO_FIRST_UPDATE,
+)
 from pipeline.builder import ChatPipeline
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, fail, reply
@@ -77,14 +84,14 @@ def trace_tree(spans: Sequence[ReadableSpan]) -> list[str]:
         duration = ((span.end_time or 0) - (span.start_time or 0)) / 1e9
         if span.name.startswith("route_attempt"):
             detail = (
-                f"outcome={attributes.get('ai.route.outcome')} "
-                f"committed={attributes.get('ai.route.output_committed')} "
-                f"time_to_first_update={_ms(attributes.get('ai.route.time_to_first_update'))} "
-                f"terminal={attributes.get('ai.route.terminal')}"
+                f"outcome={attributes.get(ROUTE_OUTCOME)} "
+                f"committed={attributes.get(ROUTE_OUTPUT_COMMITTED)} "
+                f"time_to_first_update={_ms(attributes.get(ROUTE_TIME_TO_FIRST_UPDATE))} "
+                f"terminal={attributes.get(ROUTE_TERMINAL)}"
             )
         else:
             detail = f"{duration * 1000:.2f} ms"
-        error = attributes.get("error.type")
+        error = attributes.get(ERROR_TYPE)
         lines.append(f"{'  ' * depth}{span.name}  {detail}" + (f"  error={error}" if error else ""))
         for child in by_parent.get(span.context.span_id if span.context else None, []):
             draw(child, depth + 1)

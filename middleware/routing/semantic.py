@@ -67,10 +67,7 @@ class RouteScore:
     score: float
 
 
-@dataclass(frozen=True, slots=True)
-class _Index:
-    matrix: npt.NDArray[np.float32]  # (utterances, d), rows of unit length
-    route_of: npt.NDArray[np.intp]  # the route index of each row
+_Matrix = npt.NDArray[np.float32]  # (utterances, d): one unit-length row per utterance
 
 
 def _last_user_text(messages: Sequence[ChatMessage]) -> str:
@@ -158,8 +155,8 @@ class SemanticRoutingChatClient(RoutingChatClient):
         self.on_embedding_error = on_embedding_error
         self._utterances = utterances
         self._owners = np.asarray(owners, dtype=np.intp)
-        self._index: _Index | None = None
-        self._building: asyncio.Future[_Index] | None = None
+        self._index: _Matrix | None = None
+        self._building: asyncio.Future[_Matrix] | None = None
 
     # -- ownership -------------------------------------------------------------------------
 
@@ -180,7 +177,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
 
     # -- the index -------------------------------------------------------------------------
 
-    async def _ensure_index(self) -> _Index:
+    async def _ensure_index(self) -> _Matrix:
         if self._index is not None:
             return self._index
         if self._building is None:
@@ -196,16 +193,14 @@ class SemanticRoutingChatClient(RoutingChatClient):
                 self._building = None  # the next request tries again
             raise
 
-    async def _build(self) -> _Index:
+    async def _build(self) -> _Matrix:
         vectors = await self.generator.generate(list(self._utterances))
         matrix = self._check(vectors, len(self._utterances), None, "profile utterances")
         norms = np.linalg.norm(matrix, axis=1)
         if not np.all(norms > 0):
             bad = int(np.argmin(norms))
             raise RoutingError(f"the embedding of profile utterance {bad} is the zero vector")
-        index = _Index(
-            np.ascontiguousarray(matrix / norms[:, None], dtype=np.float32), self._owners
-        )
+        index = np.ascontiguousarray(matrix / norms[:, None], dtype=np.float32)
         self._index = index
         return index
 
@@ -228,20 +223,20 @@ class SemanticRoutingChatClient(RoutingChatClient):
 
     # -- scoring ---------------------------------------------------------------------------
 
-    def _scores(self, index: _Index, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    def _scores(self, index: _Matrix, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """Aggregated score per route (-inf for routes with no utterance in the top k)."""
-        similarities = index.matrix @ query
+        similarities = index @ query
         routes = len(self.routes)
         if self.top_k == 1:
             best = int(np.argmax(similarities))
             scores = np.full(routes, -np.inf)
-            scores[index.route_of[best]] = float(similarities[best])
+            scores[self._owners[best]] = float(similarities[best])
             return scores
         if self.top_k < similarities.shape[0]:
             top = np.argpartition(-similarities, self.top_k - 1)[: self.top_k]
         else:
             top = np.arange(similarities.shape[0])
-        owners = index.route_of[top]
+        owners = self._owners[top]
         values = similarities[top].astype(np.float64)
         if self.aggregation == "max":
             scores = np.full(routes, -np.inf)
@@ -291,7 +286,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
         """The routes ranked by aggregated score for `query` (routes with no utterance among
         the top k are left out). For debugging; does not call any route."""
         index = await self._ensure_index()
-        vector = await self._embed_query(query, index.matrix.shape[1])
+        vector = await self._embed_query(query, index.shape[1])
         if isinstance(vector, str):
             raise RoutingError(f"the query could not be embedded ({vector})")
         return self._rank(self._scores(index, vector))
@@ -301,7 +296,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
         if not text.strip():
             return RoutingSelection(self.default, attributes={SEMANTIC_REASON: "no_user_text"})
         index = await self._ensure_index()
-        vector = await self._embed_query(text, index.matrix.shape[1])
+        vector = await self._embed_query(text, index.shape[1])
         if isinstance(vector, str):
             return RoutingSelection(self.default, attributes={SEMANTIC_REASON: vector})
         scores = self._scores(index, vector)

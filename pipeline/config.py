@@ -291,10 +291,15 @@ def _route(name: str, table: _Table) -> Any:
     return route
 
 
-def _known(table: _Table, field: str, names: Sequence[str], routes: Mapping[str, Any]) -> None:
-    for index, name in enumerate(names):
+def _route_names(
+    table: _Table, field: str, names: str | Sequence[str], routes: Mapping[str, Any]
+) -> None:
+    """Each name must be a defined route; a single name is reported without an index."""
+    listed = [names] if isinstance(names, str) else list(names)
+    for index, name in enumerate(listed):
         if name not in routes:
-            raise ConfigError(f"{table.key(field)}[{index}]", f"names no route: {name!r}")
+            where = table.key(field) if isinstance(names, str) else f"{table.key(field)}[{index}]"
+            raise ConfigError(where, f"names no route: {name!r}")
 
 
 def _router(builder: ChatPipelineBuilder, table: _Table, routes: Mapping[str, Any]) -> None:
@@ -309,12 +314,12 @@ def _router(builder: ChatPipelineBuilder, table: _Table, routes: Mapping[str, An
         order = table.strings("order", _REQUIRED)
         if not order:
             raise ConfigError(table.key("order"), "expected at least one route")
-        _known(table, "order", order, routes)
+        _route_names(table, "order", order, routes)
         table.done()
         builder.use_ordered_failover([routes[n] for n in order], **limits)
         return
     default = table.text("default", _REQUIRED)
-    _known(table, "default", [default], routes)
+    _route_names(table, "default", default, routes)
     if kind == "tiered":
         from middleware.routing.tiered import TieredRoutingChatClient
 
@@ -325,7 +330,7 @@ def _router(builder: ChatPipelineBuilder, table: _Table, routes: Mapping[str, An
                 if source not in routes:
                     raise ConfigError(fallback_table.key(source), f"names no route: {source!r}")
                 targets = fallback_table.strings(source, _REQUIRED)
-                _known(fallback_table, source, targets, routes)
+                _route_names(fallback_table, source, targets, routes)
                 fallback[source] = targets
             fallback_table.done()
         kinds: dict[str, str] = {}
@@ -333,7 +338,7 @@ def _router(builder: ChatPipelineBuilder, table: _Table, routes: Mapping[str, An
         if kinds_table is not None:
             for kind_name in list(kinds_table.data):
                 target = kinds_table.text(kind_name, _REQUIRED)
-                _known(kinds_table, kind_name, [target], routes)
+                _route_names(kinds_table, kind_name, target, routes)
                 kinds[kind_name] = target
             kinds_table.done()
         sticky = table.flag("sticky_sessions", True)

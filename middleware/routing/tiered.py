@@ -210,12 +210,9 @@ class TieredRoutingChatClient(FailoverChatClient):
             chain = context.state[_CHAIN] = self.plan(context)
         return chain[len(context.attempts)]
 
-    def _attempt_limit(self) -> int | None:
-        # The chain's length is known only per request; the engine also stops when the
-        # policy (below) says the chain is exhausted.
-        return self.max_attempts_per_request
-
     def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+        # The chain's length is known only per request, so the end of the chain stops
+        # failover here rather than through the attempt limit.
         chain = context.state.get(_CHAIN, ())
         return len(context.attempts) + 1 < len(chain) and super().should_failover(
             context, exception
@@ -232,7 +229,7 @@ class TieredRoutingChatClient(FailoverChatClient):
                 self._sessions.move_to_end(session)
                 while len(self._sessions) > self.max_sessions:
                     self._sessions.popitem(last=False)
-        elif attempt.number > 0:
+        else:
             _logger.info(
                 "escalation: route %s failed before output (%s), trying the next tier",
                 attempt.route_name,

@@ -248,3 +248,13 @@ def test_an_environment_that_changes_a_provider_replaces_the_route(
     }
     chat = build_pipeline(data, "test")
     assert chat.describe() == ["ScriptedChatClient(main)"]
+
+
+def test_a_single_route_name_is_reported_without_an_index() -> None:
+    data = {
+        "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+        "router": {"kind": "tiered", "default": "c"},
+    }
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(data)
+    assert str(caught.value) == "router.default: names no route: 'c'"

@@ -19,6 +19,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from pipeline._counting import CountWaiters
+
 __all__ = ["CHAT_PATH", "EMBEDDINGS_PATH", "FakeOpenAIServer", "FakeResponse", "RecordedRequest"]
 
 CHAT_PATH = "/v1/chat/completions"
@@ -127,7 +129,7 @@ class FakeOpenAIServer:
         self.requests: list[RecordedRequest] = []
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._request_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._request_waiters = CountWaiters()
 
     @property
     def port(self) -> int:
@@ -148,11 +150,7 @@ class FakeOpenAIServer:
 
     async def wait_for_requests(self, count: int = 1) -> None:
         """Return once at least `count` requests (any path) have arrived."""
-        if len(self.requests) >= count:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._request_waiters.append((count, future))
-        await future
+        await self._request_waiters.wait(len(self.requests), count)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self._host, self._port)
@@ -221,10 +219,7 @@ class FakeOpenAIServer:
         except ValueError:
             payload = None
         self.requests.append(RecordedRequest(method, path, headers, payload))
-        for waiter in [w for w in self._request_waiters if w[0] <= len(self.requests)]:
-            self._request_waiters.remove(waiter)
-            if not waiter[1].done():
-                waiter[1].set_result(None)
+        self._request_waiters.notify(len(self.requests))
         queue = self._scripts.get(path)
         response = queue.popleft() if queue else self.default
         if response.hang:

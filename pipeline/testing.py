@@ -31,6 +31,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from pipeline._counting import CountWaiters
 from pipeline._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
@@ -195,7 +196,7 @@ class ScriptedChatClient:
         self.streams_closed = 0
         self.streams_abandoned = 0
         self.close_count = 0
-        self._call_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._call_waiters = CountWaiters()
 
     @property
     def metadata(self) -> ChatClientMetadata:
@@ -207,11 +208,7 @@ class ScriptedChatClient:
 
     async def wait_for_calls(self, count: int = 1) -> None:
         """Return once at least `count` calls have started."""
-        if len(self.calls) >= count:
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._call_waiters.append((count, future))
-        await future
+        await self._call_waiters.wait(len(self.calls), count)
 
     def _record(
         self, messages: Messages, options: ChatOptions | None, streaming: bool
@@ -224,10 +221,7 @@ class ScriptedChatClient:
                 normalized, options, streaming, None if options is None else options.clone()
             )
         )
-        for waiter in [w for w in self._call_waiters if w[0] <= len(self.calls)]:
-            self._call_waiters.remove(waiter)
-            if not waiter[1].done():
-                waiter[1].set_result(None)
+        self._call_waiters.notify(len(self.calls))
         if index >= len(self._steps) and not self._repeat_last:
             raise RuntimeError(f"script exhausted after {len(self._steps)} calls")
         source = self._steps[min(index, len(self._steps) - 1)]

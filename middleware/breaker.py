@@ -29,16 +29,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import pybreaker
 from opentelemetry import metrics, trace
+from pydantic import Field, StringConstraints
 
+from pipeline._settings import Settings
+from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
 from pipeline.errors import CircuitOpenError, FailureKind, classify
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [
+    "BreakerSettings",
     "STATE_CHANGE_EVENT",
     "STATE_CHANGE_METRIC",
     "CircuitBreakerChatClient",
@@ -101,67 +105,59 @@ class _Breaker(pybreaker.CircuitBreaker):
             return throw_new_error
 
 
-def _validate(fail_max: object, reset_timeout: object) -> None:
-    if isinstance(fail_max, bool) or not isinstance(fail_max, int):
-        raise TypeError("fail_max must be an int")
-    if fail_max < 1:
-        raise ValueError(f"fail_max must be at least 1, got {fail_max}")
-    if isinstance(reset_timeout, bool) or not isinstance(reset_timeout, int | float):
-        raise TypeError("reset_timeout must be a number of seconds")
-    if not reset_timeout > 0:
-        raise ValueError(f"reset_timeout must be positive, got {reset_timeout}")
+class BreakerSettings(Settings):
+    """One breaker: `fail_max` consecutive counted failures open it for `reset_timeout`
+    seconds; `counts` decides what counts (code only); `redis` (a URL or a client) shares
+    its state between processes under `name`; `on_state_change(name, old, new)` hears every
+    state change (code only)."""
+
+    code_only: ClassVar[frozenset[str]] = frozenset({"counts", "on_state_change"})
+
+    fail_max: Annotated[int, Field(ge=1)] = 5
+    reset_timeout: Annotated[float, Field(gt=0)] = 30.0
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
+    counts: Callable[[BaseException], bool] = counts_as_deployment_failure
+    redis: Any = None
+    on_state_change: Callable[[str, str, str], None] | None = None
 
 
 class CircuitBreakerChatClient(DelegatingChatClient):
-    """Fails fast with `CircuitOpenError` while the inner client's deployment is failing."""
+    """Fails fast with `CircuitOpenError` while the inner client's deployment is failing.
+
+    Keyword `options` are the fields of `BreakerSettings`.
+    """
 
     def __init__(
         self,
         inner: ChatClient,
+        settings: BreakerSettings | None = None,
         *,
-        fail_max: int = 5,
-        reset_timeout: float = 30.0,
-        name: str | None = None,
-        counts: Callable[[BaseException], bool] = counts_as_deployment_failure,
-        redis: Any = None,
-        on_state_change: StateChangeListener | None = None,
         meter_provider: Any = None,
         now: Callable[[], datetime] | None = None,
         leave_open: bool = False,
+        **options: Any,
     ) -> None:
         super().__init__(inner, leave_open=leave_open)
-        self.validate_options(fail_max=fail_max, reset_timeout=reset_timeout, counts=counts)
-        self.name = name or client_name(inner)
+        self.settings = BreakerSettings.from_options(settings, options)
+        self.name = self.settings.name or client_name(inner)
         storage = None
-        if redis is not None:
+        if self.settings.redis is not None:
             storage = pybreaker.CircuitRedisStorage(
-                pybreaker.STATE_CLOSED, _redis_client(redis), namespace=self.name
+                pybreaker.STATE_CLOSED, _redis_client(self.settings.redis), namespace=self.name
             )
         self._now = now or (lambda: datetime.now(UTC))
+        counts = self.settings.counts
         self.breaker = _Breaker(
             self._now,
-            fail_max=fail_max,
-            reset_timeout=reset_timeout,
+            fail_max=self.settings.fail_max,
+            reset_timeout=self.settings.reset_timeout,
             exclude=[lambda exc: not counts(exc)],
-            listeners=[_StateChangeAdapter(on_state_change, meter_provider)],
+            listeners=[_StateChangeAdapter(self.settings.on_state_change, meter_provider)],
             state_storage=storage,
             name=self.name,
             throw_new_error_on_trip=False,
         )
         self._probe_in_flight = False
-
-    @staticmethod
-    def validate_options(
-        *,
-        fail_max: int = 5,
-        reset_timeout: float = 30.0,
-        counts: Callable[[BaseException], bool] = counts_as_deployment_failure,
-        **_: Any,
-    ) -> None:
-        """Raise `TypeError`/`ValueError` for options the constructor would refuse."""
-        _validate(fail_max, reset_timeout)
-        if not callable(counts):
-            raise TypeError("counts must be a callable taking the exception")
 
     @property
     def state(self) -> str:
@@ -235,32 +231,32 @@ class CircuitBreakerChatClient(DelegatingChatClient):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(messages, options)
+        return forward(
+            lambda: self.inner.get_streaming_response(messages, options), _BreakerWatch(self)
+        )
 
-    async def _stream(
-        self, messages: Messages, options: ChatOptions | None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        probe = self._admit()
-        recorded = False
-        try:
-            stream = self.inner.get_streaming_response(messages, options)
-            try:
-                async for update in stream:
-                    yield update
-            finally:
-                await stream.aclose()
-        except (asyncio.CancelledError, GeneratorExit):
-            raise  # neither a success nor a failure of the deployment: released below
-        except BaseException as exc:
-            recorded = True
-            self._record(probe, exc)
-            raise
+
+class _BreakerWatch(StreamWatcher):
+    """Admits the stream when it is first read, then records how it ended: a failure (also
+    after output) counts against the deployment, a completed stream for it, an abandoned or
+    canceled one as nothing."""
+
+    __slots__ = ("layer", "probe")
+
+    def __init__(self, layer: CircuitBreakerChatClient) -> None:
+        self.layer = layer
+        self.probe = False
+
+    def start(self) -> None:
+        self.probe = self.layer._admit()
+
+    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        if how == "completed":
+            self.layer._record(self.probe, None)
+        elif how == "failed":
+            self.layer._record(self.probe, error)
         else:
-            recorded = True
-            self._record(probe, None)
-        finally:
-            if not recorded:
-                self._release(probe)
+            self.layer._release(self.probe)
 
 
 def _redis_client(redis: Any) -> Any:

@@ -28,20 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import hashlib
-import inspect
-import json
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, get_type_hints, runtime_checkable
+from typing import Annotated, Any
 
-import pydantic
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from pydantic import Field
 
-from middleware.routing.context import new_operation_id, operation_id_var
+from middleware.idempotency import (
+    IdempotencyStore,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
+    idempotency_key,
+)
+from middleware.tools import Tool, ToolArgumentsError, tool
+from pipeline import _scope
+from pipeline._scope import operation_scope
+from pipeline._settings import Settings
 from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.types import (
     ChatMessage,
@@ -57,12 +62,15 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "FunctionInvocationSettings",
     "FunctionInvokingChatClient",
     "IdempotencyStore",
     "MemoryIdempotencyStore",
     "RedisIdempotencyStore",
     "Tool",
+    "ToolArgumentsError",
     "idempotency_key",
+    "tool_table",
     "operation_scope",
     "tool",
 ]
@@ -70,193 +78,27 @@ __all__ = [
 _EXECUTE_TOOL = gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
 
 
-class _ToolArgumentsError(ValueError):
-    """Arguments that do not fit the tool's signature (fields and error types only)."""
+class FunctionInvocationSettings(Settings):
+    """How the tool loop runs: at most `max_iterations` rounds of tool calls, a turn's
+    calls concurrently when `allow_concurrent`, exception detail in tool results only with
+    `include_detailed_errors`."""
+
+    max_iterations: Annotated[int, Field(ge=1)] = 10
+    allow_concurrent: bool = True
+    include_detailed_errors: bool = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Tool:
-    """A function the model may call: `name`, `description`, JSON-schema `parameters`.
-
-    Build one with `Tool.from_function(fn)` or the `tool` decorator; calling `invoke`
-    validates the arguments against the signature first.
-    """
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    function: Callable[..., Any]
-    arguments_model: type[pydantic.BaseModel] = dataclasses.field(repr=False)
-
-    @classmethod
-    def from_function(
-        cls,
-        function: Callable[..., Any],
-        *,
-        name: str | None = None,
-        description: str | None = None,
-    ) -> Tool:
-        """Name from the function, description from its docstring, schema from its signature.
-
-        Parameters need type annotations; ``*args``/``**kwargs`` are not supported.
-        """
-        if not callable(function):
-            raise TypeError("Tool.from_function needs a callable")
-        tool_name = name or getattr(function, "__name__", None)
-        if not tool_name or not isinstance(tool_name, str):
-            raise ValueError("a tool needs a name")
-        signature = inspect.signature(function)
-        try:
-            hints = get_type_hints(function)
-        except Exception as exc:
-            raise TypeError(f"tool {tool_name!r}: cannot resolve its type hints") from exc
-        fields: dict[str, Any] = {}
-        for parameter in signature.parameters.values():
-            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-                raise TypeError(f"tool {tool_name!r}: *args and **kwargs are not supported")
-            if parameter.name not in hints:
-                raise TypeError(
-                    f"tool {tool_name!r}: parameter {parameter.name!r} needs a type annotation"
-                )
-            default = ... if parameter.default is parameter.empty else parameter.default
-            fields[parameter.name] = (hints[parameter.name], default)
-        model = pydantic.create_model(f"{tool_name}_arguments", **fields)
-        schema = model.model_json_schema()
-        schema.pop("title", None)
-        return cls(
-            name=tool_name,
-            description=(description or inspect.getdoc(function) or "").strip(),
-            parameters=schema,
-            function=function,
-            arguments_model=model,
-        )
-
-    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """The keyword arguments for the function, or `_ToolArgumentsError`."""
-        try:
-            parsed = self.arguments_model.model_validate(dict(arguments))
-        except pydantic.ValidationError as exc:
-            # Locations and error types only: the offending values may be user content.
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in error['loc']) or '(arguments)'}: {error['type']}"
-                for error in exc.errors()
-            )
-            raise _ToolArgumentsError(problems) from None
-        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
-
-    async def invoke(self, arguments: Mapping[str, Any]) -> Any:
-        """Validate `arguments` and call the function (awaiting it when it is async)."""
-        result = self.function(**self.validate(arguments))
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-
-def tool(
-    function: Callable[..., Any] | None = None,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-) -> Any:
-    """Decorator: ``@tool`` or ``@tool(name=..., description=...)`` turns a function into a
-    `Tool`."""
-    if function is not None:
-        return Tool.from_function(function, name=name, description=description)
-    return lambda fn: Tool.from_function(fn, name=name, description=description)
-
-
-# -- idempotency ----------------------------------------------------------------------------
-
-
-@runtime_checkable
-class IdempotencyStore(Protocol):
-    """Where completed tool calls are recorded, by idempotency key."""
-
-    async def get(self, key: str) -> tuple[bool, Any]:
-        """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
-        ...
-
-    async def put(self, key: str, result: Any) -> None: ...
-
-
-class MemoryIdempotencyStore:
-    """An in-process store (the default). Bounded: the oldest keys are forgotten first."""
-
-    def __init__(self, max_entries: int = 10_000) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be positive")
-        self.max_entries = max_entries
-        self._results: dict[str, Any] = {}
-
-    async def get(self, key: str) -> tuple[bool, Any]:
-        if key in self._results:
-            return True, self._results[key]
-        return False, None
-
-    async def put(self, key: str, result: Any) -> None:
-        self._results[key] = result
-        while len(self._results) > self.max_entries:
-            del self._results[next(iter(self._results))]
-
-    def __len__(self) -> int:
-        return len(self._results)
-
-
-class RedisIdempotencyStore:
-    """Shares completed tool calls between processes through Redis (``redis.asyncio``).
-
-    Results are stored as JSON (tools used with it must return JSON-serializable values)
-    under ``{namespace}:{key}`` for `ttl` seconds.
-    """
-
-    def __init__(
-        self, redis: Any, *, namespace: str = "chat_pipeline:tool", ttl: float = 86_400
-    ) -> None:
-        if isinstance(redis, str):
-            import redis.asyncio as redis_asyncio
-
-            redis = redis_asyncio.Redis.from_url(redis)
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
-        self._redis = redis
-        self.namespace = namespace
-        self.ttl = ttl
-
-    async def get(self, key: str) -> tuple[bool, Any]:
-        raw = await self._redis.get(f"{self.namespace}:{key}")
-        if raw is None:
-            return False, None
-        return True, json.loads(raw)
-
-    async def put(self, key: str, result: Any) -> None:
-        await self._redis.set(
-            f"{self.namespace}:{key}", json.dumps(result), px=int(self.ttl * 1000)
-        )
-
-    async def aclose(self) -> None:
-        await self._redis.aclose()
-
-
-def idempotency_key(operation_id: str, tool_name: str, arguments: Mapping[str, Any]) -> str:
-    """A stable key for one tool call: operation id, tool name, canonical JSON arguments."""
-    canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
-    digest = hashlib.sha256(f"{operation_id}\0{tool_name}\0{canonical}".encode())
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def operation_scope(operation_id: str | None = None) -> Iterator[str]:
-    """Run requests under one operation id, so tool calls are idempotent across them (for
-    example when the caller retries a whole request)."""
-    value = operation_id or new_operation_id()
-    token = operation_id_var.set(value)
-    try:
-        yield value
-    finally:
-        operation_id_var.reset(token)
-
-
-# -- the layer ------------------------------------------------------------------------------
+def tool_table(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """Tools by name (functions become `Tool`s); `TypeError`/`ValueError` for bad ones."""
+    if isinstance(tools, str) or not isinstance(tools, Sequence):
+        raise TypeError("tools must be a sequence of Tool objects or functions")
+    table: dict[str, Tool] = {}
+    for item in tools:
+        definition = item if isinstance(item, Tool) else Tool.from_function(item)
+        if definition.name in table:
+            raise ValueError(f"two tools are named {definition.name!r}")
+        table[definition.name] = definition
+    return table
 
 
 def _calls_of(messages: Sequence[ChatMessage]) -> list[FunctionCallContent]:
@@ -270,43 +112,27 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         self,
         inner: ChatClient,
         tools: Sequence[Tool | Callable[..., Any]] = (),
+        settings: FunctionInvocationSettings | None = None,
         *,
-        max_iterations: int = 10,
-        allow_concurrent: bool = True,
         idempotency_store: IdempotencyStore | None = None,
-        include_detailed_errors: bool = False,
         tracer_provider: Any = None,
         leave_open: bool = False,
+        **options: Any,
     ) -> None:
         super().__init__(inner, leave_open=leave_open)
-        self.validate_options(tools=tools, max_iterations=max_iterations)
-        self.tools: dict[str, Tool] = {}
-        for item in tools:
-            definition = item if isinstance(item, Tool) else Tool.from_function(item)
-            if definition.name in self.tools:
-                raise ValueError(f"two tools are named {definition.name!r}")
-            self.tools[definition.name] = definition
-        self.max_iterations = max_iterations
-        self.allow_concurrent = allow_concurrent
+        self.settings = FunctionInvocationSettings.from_options(settings, options)
+        self.tools = tool_table(tools)
+        self.max_iterations = self.settings.max_iterations
+        self.allow_concurrent = self.settings.allow_concurrent
+        self.include_detailed_errors = self.settings.include_detailed_errors
         # `is None`, not `or`: an empty store is falsy (it has a length) but must be kept.
         self.store: IdempotencyStore = (
             idempotency_store if idempotency_store is not None else MemoryIdempotencyStore()
         )
-        self.include_detailed_errors = include_detailed_errors
         self._in_flight: dict[str, asyncio.Future[Any]] = {}
         from pipeline import __version__
 
         self._tracer = trace.get_tracer("chat_pipeline.tools", __version__, tracer_provider)
-
-    @staticmethod
-    def validate_options(*, tools: Sequence[Any] = (), max_iterations: int = 10, **_: Any) -> None:
-        """Raise `TypeError`/`ValueError` for options the constructor would refuse."""
-        if isinstance(tools, str) or not isinstance(tools, Sequence):
-            raise TypeError("tools must be a sequence of Tool objects or functions")
-        if isinstance(max_iterations, bool) or not isinstance(max_iterations, int):
-            raise TypeError("max_iterations must be an int")
-        if max_iterations < 1:
-            raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
 
     def describe_layer(self) -> str:
         return f"FunctionInvokingChatClient({', '.join(self.tools)})"
@@ -343,7 +169,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
             try:
                 result = await self._execute_once(key, definition, call.arguments)
             except Exception as exc:
-                invalid = isinstance(exc, _ToolArgumentsError)
+                invalid = isinstance(exc, ToolArgumentsError)
                 span.set_attribute(
                     ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__
                 )
@@ -389,7 +215,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
 
     @contextlib.contextmanager
     def _operation(self) -> Iterator[str]:
-        current = operation_id_var.get()
+        current = _scope.current_operation()
         if current is not None:
             yield current
             return
@@ -436,7 +262,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         # The operation id is fixed once; it is never left set in the caller's context
         # while an update is with the caller.
-        operation_id = operation_id_var.get() or new_operation_id()
+        operation_id = _scope.current_operation() or _scope.new_operation_id()
         for iteration in range(self.max_iterations + 1):
             turn: list[ChatResponseUpdate] = []
             async with contextlib.aclosing(
@@ -450,10 +276,10 @@ class FunctionInvokingChatClient(DelegatingChatClient):
             if not calls or iteration == self.max_iterations:
                 return
             conversation.extend(response.messages)
-            token = operation_id_var.set(operation_id)
+            token = _scope.set_operation(operation_id)
             try:
                 results = await self._run_all(calls, operation_id)
             finally:
-                operation_id_var.reset(token)
+                _scope.reset_operation(token)
             conversation.append(ChatMessage(ChatRole.TOOL, results))
             yield ChatResponseUpdate(role=ChatRole.TOOL, contents=list(results))

@@ -6,12 +6,12 @@ type, never its message): message content, tool data and credentials are never l
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
 
-from pipeline.client import ChatClient, DelegatingChatClient, client_name
+from pipeline._streams import StreamEnd, StreamWatcher, forward
+from pipeline.client import ChatClient, DelegatingChatClient, client_name, metadata_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = ["LoggingChatClient"]
@@ -20,7 +20,8 @@ _DEFAULT_LOGGER = logging.getLogger("chat_pipeline")
 
 
 class LoggingChatClient(DelegatingChatClient):
-    """Logs request start (DEBUG) and end (INFO on success, WARNING on failure)."""
+    """Logs request start (DEBUG) and end (INFO on success, WARNING on failure; INFO when
+    the caller abandons or cancels a stream)."""
 
     def __init__(
         self,
@@ -34,9 +35,10 @@ class LoggingChatClient(DelegatingChatClient):
         self.logger = logger or _DEFAULT_LOGGER
         self._clock = clock
         self._name = client_name(inner)
+        self._default_model = metadata_of(inner).model_id or "-"
 
     def _model(self, options: ChatOptions | None) -> str:
-        return (options.model_id if options else None) or self.inner.metadata.model_id or "-"
+        return (options.model_id if options else None) or self._default_model
 
     def _end(
         self, kind: str, model: str, started: float, updates: int, error: BaseException | None
@@ -79,30 +81,33 @@ class LoggingChatClient(DelegatingChatClient):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(
-            self.inner.get_streaming_response(messages, options), self._model(options)
-        )
-
-    async def _stream(
-        self, inner: AsyncGenerator[ChatResponseUpdate, None], model: str
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        model = self._model(options)
         self.logger.debug("chat stream start: client=%s model=%s", self._name, model)
-        started = self._clock()
-        updates = 0
-        try:
-            async with contextlib.aclosing(inner):
-                async for update in inner:
-                    updates += 1
-                    yield update
-        except GeneratorExit:
-            self.logger.info(
-                "chat stream abandoned by caller: client=%s model=%s updates=%d",
-                self._name,
-                model,
-                updates,
+        watcher = _StreamLog(self, model, self._clock())
+        return forward(lambda: self.inner.get_streaming_response(messages, options), watcher)
+
+
+class _StreamLog(StreamWatcher):
+    __slots__ = ("layer", "model", "started", "updates")
+
+    def __init__(self, layer: LoggingChatClient, model: str, started: float) -> None:
+        self.layer = layer
+        self.model = model
+        self.started = started
+        self.updates = 0
+
+    def update(self, update: ChatResponseUpdate) -> None:
+        self.updates += 1
+
+    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        layer = self.layer
+        if how in ("abandoned", "canceled"):
+            layer.logger.info(
+                "chat stream %s by caller: client=%s model=%s updates=%d",
+                how,
+                layer._name,
+                self.model,
+                self.updates,
             )
-            raise
-        except BaseException as exc:
-            self._end("stream", model, started, updates, exc)
-            raise
-        self._end("stream", model, started, updates, None)
+            return
+        layer._end("stream", self.model, self.started, self.updates, error)

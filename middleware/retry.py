@@ -21,23 +21,24 @@ retried once per route rather than multiplied by every layer above.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Annotated, Any, ClassVar, Self, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from pydantic import Field, model_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_exponential, wait_random_exponential
 
-from middleware.routing.context import current_budget
+from pipeline._scope import current_budget
+from pipeline._settings import Settings
+from pipeline._streams import OpenedLater, close_stream
 from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.errors import is_retryable
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
-__all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetryPolicy"]
+__all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetrySettings"]
 
 RETRY_EVENT = "chat_pipeline.retry"
 RETRY_ATTEMPT = "chat_pipeline.retry.attempt"  # the number of the attempt about to start
@@ -46,36 +47,28 @@ RETRY_DELAY = "chat_pipeline.retry.delay"  # seconds waited before it
 _T = TypeVar("_T")
 
 
-def _number(value: object, name: str, *, minimum: float, integer: bool = False) -> None:
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}")
-    if not math.isfinite(float(value)) or value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value!r}")
+_Seconds = Annotated[float, Field(ge=0)]
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetrySettings(Settings):
     """How one client is retried. `max_attempts` counts the first try (1 = no retry)."""
 
-    max_attempts: int = 3
-    initial_delay: float = 0.5
-    max_delay: float = 8.0
+    code_only: ClassVar[frozenset[str]] = frozenset({"retry_on", "sleep"})
+
+    max_attempts: Annotated[int, Field(ge=1)] = 3
+    initial_delay: _Seconds = 0.5
+    max_delay: _Seconds = 8.0
     jitter: bool = True
     respect_retry_after: bool = True
-    max_retry_after: float = 30.0
+    max_retry_after: _Seconds = 30.0
     retry_on: Callable[[BaseException], bool] = is_retryable
-    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, repr=False)
+    sleep: Callable[[float], Awaitable[None]] = Field(default=asyncio.sleep, repr=False)
 
-    def __post_init__(self) -> None:
-        _number(self.max_attempts, "max_attempts", minimum=1, integer=True)
-        _number(self.initial_delay, "initial_delay", minimum=0)
-        _number(self.max_delay, "max_delay", minimum=0)
-        _number(self.max_retry_after, "max_retry_after", minimum=0)
+    @model_validator(mode="after")
+    def _delays_in_order(self) -> Self:
         if self.max_delay < self.initial_delay:
             raise ValueError("max_delay must not be less than initial_delay")
-        if not callable(self.retry_on):
-            raise TypeError("retry_on must be a callable taking the exception")
+        return self
 
 
 class RetryChatClient(DelegatingChatClient):
@@ -84,12 +77,13 @@ class RetryChatClient(DelegatingChatClient):
     def __init__(
         self,
         inner: ChatClient,
-        policy: RetryPolicy | None = None,
+        settings: RetrySettings | None = None,
         *,
         leave_open: bool = False,
+        **options: Any,
     ) -> None:
         super().__init__(inner, leave_open=leave_open)
-        self.policy = policy or RetryPolicy()
+        self.policy = self.settings = RetrySettings.from_options(settings, options)
         backoff = wait_random_exponential if self.policy.jitter else wait_exponential
         self._backoff = backoff(multiplier=self.policy.initial_delay, max=self.policy.max_delay)
 
@@ -182,7 +176,9 @@ class RetryChatClient(DelegatingChatClient):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(messages, options)
+        # Retrying happens at the first read; past the first update nothing is retried
+        # (the caller already has output) and the caller reads the inner stream directly.
+        return OpenedLater(lambda: self._open_with_retry(messages, options))
 
     async def _open(
         self, messages: Messages, options: ChatOptions | None
@@ -196,25 +192,17 @@ class RetryChatClient(DelegatingChatClient):
         except BaseException as exc:
             # A stream that failed before output is finished; closing it releases anything
             # a non-generator implementation still holds.
-            try:
-                await stream.aclose()
-            except Exception as close_error:
+            close_error = await close_stream(stream)
+            if close_error is not None:
                 exc.add_note(f"closing the failed stream raised {type(close_error).__name__}")
             raise
 
-    async def _stream(
+    async def _open_with_retry(
         self, messages: Messages, options: ChatOptions | None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+    ) -> tuple[AsyncGenerator[ChatResponseUpdate, None], ChatResponseUpdate | None]:
         try:
-            stream, first = await self._open(messages, options)
+            return await self._open(messages, options)
         except Exception as exc:
             if not self._worth_retrying(exc):
                 raise
-            stream, first = await self._retry_after(exc, lambda: self._open(messages, options))
-        async with contextlib.aclosing(stream):
-            if first is None:
-                return
-            yield first
-            # Past the first update nothing is retried: the caller already has output.
-            async for update in stream:
-                yield update
+            return await self._retry_after(exc, lambda: self._open(messages, options))

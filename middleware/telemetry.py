@@ -32,7 +32,8 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from pipeline.client import ChatClient, DelegatingChatClient
+from pipeline._streams import StreamEnd, StreamWatcher, forward
+from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class TelemetryChatClient(DelegatingChatClient):
         self._first_chunk = gen_ai_metrics.create_gen_ai_client_operation_time_to_first_chunk(meter)
         self._clock = clock
         self._latest = latest_experimental_semconv()
-        metadata = inner.metadata
+        metadata = metadata_of(inner)
         provider_key = gen_ai.GEN_AI_PROVIDER_NAME if self._latest else gen_ai.GEN_AI_SYSTEM
         self._base: dict[str, Any] = {gen_ai.GEN_AI_OPERATION_NAME: _CHAT}
         if metadata.provider_name:
@@ -243,68 +244,78 @@ class TelemetryChatClient(DelegatingChatClient):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(messages, options)
+        return forward(
+            lambda: self.inner.get_streaming_response(messages, options),
+            _StreamTrace(self, options),
+        )
 
-    async def _stream(
-        self, messages: Messages, options: ChatOptions | None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        span, request = self._start(options)
-        started = self._clock()
-        span_context = trace.set_span_in_context(span)
-        response_id = response_model = finish_reason = None
-        usage: UsageDetails | None = None
-        first_chunk: float | None = None
-        error: BaseException | None = None
-        token = otel_context.attach(span_context)
-        try:
-            stream = self.inner.get_streaming_response(messages, options)
-        except BaseException as exc:
-            otel_context.detach(token)
-            self._fail(span, request, started, exc)
-            raise
-        otel_context.detach(token)
+
+class _StreamTrace(StreamWatcher):
+    """The span of one streamed request: started at the first read, current only while the
+    layers beneath run (never while the caller holds an update, so the caller's own spans
+    do not nest under it), ended with what the updates said."""
+
+    __slots__ = (
+        "finish_reason",
+        "first_chunk",
+        "layer",
+        "options",
+        "propagate",
+        "request",
+        "response_id",
+        "response_model",
+        "span",
+        "span_context",
+        "started",
+        "usage",
+    )
+    scoped = True
+
+    def __init__(self, layer: TelemetryChatClient, options: ChatOptions | None) -> None:
+        self.layer = layer
+        self.options = options
+        self.response_id: str | None = None
+        self.response_model: str | None = None
+        self.finish_reason: str | None = None
+        self.usage: UsageDetails | None = None
+        self.first_chunk: float | None = None
+
+    def start(self) -> None:
+        layer = self.layer
+        self.span, self.request = layer._start(self.options)
+        self.started = layer._clock()
+        self.span_context = trace.set_span_in_context(self.span)
         # Only the no-op API's span has no valid context: then there is nothing to make
         # current for each update. A sampled-out span must still be current, so the spans
         # beneath inherit its decision instead of starting traces of their own.
-        propagate = span.get_span_context().is_valid
-        try:
-            while True:
-                # The span is current only while the layers beneath run, never while the
-                # caller holds an update (its own spans must not nest under ours).
-                if propagate:
-                    token = otel_context.attach(span_context)
-                try:
-                    update = await stream.__anext__()
-                except StopAsyncIteration:
-                    break
-                finally:
-                    if propagate:
-                        otel_context.detach(token)
-                if first_chunk is None:
-                    first_chunk = self._clock() - started
-                response_id = update.response_id or response_id
-                response_model = update.model_id or response_model
-                finish_reason = update.finish_reason or finish_reason
-                if update.usage is not None:
-                    usage = update.usage if usage is None else usage + update.usage
-                yield update
-        except GeneratorExit:
-            raise  # the caller stopped reading: not an error of the request
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            try:
-                await stream.aclose()
-            finally:
-                self._end(
-                    span,
-                    request,
-                    started,
-                    response_id=response_id,
-                    response_model=response_model,
-                    finish_reason=finish_reason,
-                    usage=usage,
-                    error=error,
-                    first_chunk=first_chunk,
-                )
+        self.propagate = self.span.get_span_context().is_valid
+
+    def enter(self) -> Any:
+        return otel_context.attach(self.span_context) if self.propagate else None
+
+    def exit(self, token: Any) -> None:
+        if token is not None:
+            otel_context.detach(token)
+
+    def update(self, update: ChatResponseUpdate) -> None:
+        if self.first_chunk is None:
+            self.first_chunk = self.layer._clock() - self.started
+        self.response_id = update.response_id or self.response_id
+        self.response_model = update.model_id or self.response_model
+        self.finish_reason = update.finish_reason or self.finish_reason
+        if update.usage is not None:
+            self.usage = update.usage if self.usage is None else self.usage + update.usage
+
+    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        self.layer._end(
+            self.span,
+            self.request,
+            self.started,
+            response_id=self.response_id,
+            response_model=self.response_model,
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+            # A caller that stops reading is not an error (unless closing then failed).
+            error=error,
+            first_chunk=self.first_chunk,
+        )

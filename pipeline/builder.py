@@ -6,6 +6,15 @@ is built with ``build()``, or wraps a client given to ``build(inner)``. Every ``
 takes ``enabled``, so one code path serves every environment: a disabled layer is simply
 absent (see `ChatPipeline.describe`).
 
+Each ``use_*`` validates its arguments where it is written (the layer's settings class does
+the checking) and `build()` builds every layer afresh, routers included: two pipelines
+built from one builder share no state. Clients and generators handed to a router are
+shared by those pipelines, and closed when the last of them closes.
+
+Telemetry providers given to the builder (``ChatPipeline.builder(tracer_provider=...,
+meter_provider=...)``) reach every layer it builds: telemetry, routers, breakers and tool
+spans; without them every layer uses the global providers.
+
 Middleware modules are imported inside the ``use_*`` methods, so ``pipeline`` never imports
 ``middleware`` at import time.
 """
@@ -14,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from pipeline.client import (
@@ -26,14 +35,21 @@ from pipeline.client import (
     check_options,
     client_name,
     ensure_chat_client,
+    metadata_of,
 )
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
 
 if TYPE_CHECKING:
-    from middleware.routing.context import Route, RoutingContext, SelectionResult
-    from middleware.routing.failover import FailoverChatClient
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
 
-__all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory"]
+    from middleware.breaker import BreakerSettings
+    from middleware.function_invocation import FunctionInvocationSettings
+    from middleware.retry import RetrySettings
+    from middleware.routing.context import Route, RoutingContext, SelectionResult
+    from middleware.routing.failover import FailoverChatClient, FailoverSettings
+
+__all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory", "SharedResources"]
 
 LayerFactory = Callable[[ChatClient], ChatClient]
 
@@ -45,9 +61,16 @@ class ChatPipeline(AsyncClosing):
     `TypeError`, an empty sequence `ValueError`, before any layer runs.
     """
 
-    def __init__(self, client: ChatClient, *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        client: ChatClient,
+        *,
+        name: str | None = None,
+        on_close: Sequence[Callable[[], Awaitable[None]]] = (),
+    ) -> None:
         self.client = ensure_chat_client(client)
-        inner = self.client.metadata
+        self._on_close = tuple(on_close)
+        inner = metadata_of(self.client)
         self._metadata = (
             inner
             if name is None
@@ -62,8 +85,13 @@ class ChatPipeline(AsyncClosing):
         self._closed = False
 
     @staticmethod
-    def builder() -> ChatPipelineBuilder:
-        return ChatPipelineBuilder()
+    def builder(
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> ChatPipelineBuilder:
+        """A builder; the providers (default: the global ones) reach every layer it builds."""
+        return ChatPipelineBuilder(tracer_provider=tracer_provider, meter_provider=meter_provider)
 
     @classmethod
     def from_config(
@@ -101,7 +129,11 @@ class ChatPipeline(AsyncClosing):
         if self._closed:
             return
         self._closed = True
-        await self.client.aclose()
+        try:
+            await self.client.aclose()
+        finally:
+            for release in self._on_close:
+                await release()
 
     def describe(self) -> list[str]:
         """The layers, outermost first, ending with the router or the innermost client."""
@@ -133,12 +165,87 @@ def describe_chain(client: ChatClient) -> list[str]:
         return layers
 
 
-class ChatPipelineBuilder:
-    """Composes layers; the first ``use_*`` call is the outermost layer."""
+class SharedResources:
+    """Clients (or generators) handed to a builder once and used by every pipeline it
+    builds: each pipeline holds a lease, and the last lease released closes them, each
+    once (closing errors of all are raised together)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resources: Iterable[object]) -> None:
+        unique: dict[int, object] = {}
+        for resource in resources:
+            unique.setdefault(id(resource), resource)
+        self._resources = list(unique.values())
+        self._leases = 0
+
+    def lease(self) -> Callable[[], Awaitable[None]]:
+        """A lease; awaiting the returned release (once or more) gives it back."""
+        self._leases += 1
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            self._leases -= 1
+            if self._leases == 0:
+                await self._close()
+
+        return release
+
+    async def _close(self) -> None:
+        errors: list[Exception] = []
+        for resource in self._resources:
+            try:
+                await resource.aclose()  # type: ignore[attr-defined]
+            except Exception as exc:  # close the rest, then report every failure
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ExceptionGroup("closing shared clients failed", errors)
+
+
+class _RouterSpec:
+    """How `build()` makes the chain's router: afresh each time, with the shared clients
+    it routes to leased for the pipeline's lifetime."""
+
+    __slots__ = ("make", "once", "shared", "used")
+
+    def __init__(
+        self,
+        make: Callable[[], ChatClient],
+        shared: SharedResources | None,
+        *,
+        once: bool = False,
+    ) -> None:
+        self.make = make
+        self.shared = shared
+        self.once = once
+        self.used = False
+
+
+class ChatPipelineBuilder:
+    """Composes layers; the first ``use_*`` call is the outermost layer (see the module
+    docstring). Layer options are the fields of each layer's settings class."""
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
         self._factories: list[LayerFactory] = []
-        self._router: Callable[[], ChatClient] | None = None
+        self._router: _RouterSpec | None = None
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+
+    def _providers(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The builder's providers, unless the call gave its own."""
+        return {
+            "tracer_provider": options.get("tracer_provider", self.tracer_provider),
+            "meter_provider": options.get("meter_provider", self.meter_provider),
+        }
 
     # -- generic ---------------------------------------------------------------------------
 
@@ -152,7 +259,7 @@ class ChatPipelineBuilder:
             self._factories.append(factory)
         return self
 
-    def _end_with(self, router: Callable[[], ChatClient], enabled: bool) -> Self:
+    def _end_with(self, router: _RouterSpec, enabled: bool) -> Self:
         if self._router is not None:
             raise ValueError("the chain already ends in a router")
         if enabled:
@@ -160,18 +267,32 @@ class ChatPipelineBuilder:
         return self
 
     def build(self, inner: ChatClient | None = None, name: str | None = None) -> ChatPipeline:
-        """Build the pipeline around `inner`, or around the router that ends the chain."""
-        if self._router is not None:
+        """Build the pipeline around `inner`, or around the router that ends the chain.
+
+        Every layer and router is new; clients given to a router are shared with the
+        other pipelines of this builder and closed when the last of them closes.
+        """
+        on_close: list[Callable[[], Awaitable[None]]] = []
+        spec = self._router
+        if spec is not None:
             if inner is not None:
                 raise ValueError("this chain ends in a router: build() takes no inner client")
-            client = self._router()
+            if spec.once and spec.used:
+                raise ValueError(
+                    "use_failover() was given a router instance, which one pipeline owns: "
+                    "give it a factory (a callable returning a new router) to build again"
+                )
+            spec.used = True
+            client = ensure_chat_client(spec.make(), "the router")
+            if spec.shared is not None:
+                on_close.append(spec.shared.lease())
         elif inner is None:
             raise ValueError("build() needs an inner client unless the chain ends in a router")
         else:
             client = ensure_chat_client(inner, "inner")
         for factory in reversed(self._factories):
             client = ensure_chat_client(factory(client), "the result of a layer factory")
-        return ChatPipeline(client, name=name)
+        return ChatPipeline(client, name=name, on_close=on_close)
 
     # -- layers ----------------------------------------------------------------------------
 
@@ -192,82 +313,49 @@ class ChatPipelineBuilder:
         return self.use(lambda inner: LoggingChatClient(inner, logger), enabled=enabled)
 
     def use_retry(
-        self,
-        *,
-        max_attempts: int = 3,
-        initial_delay: float = 0.5,
-        max_delay: float = 8.0,
-        jitter: bool = True,
-        respect_retry_after: bool = True,
-        max_retry_after: float = 30.0,
-        retry_on: Callable[[BaseException], bool] | None = None,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
-        enabled: bool = True,
+        self, settings: RetrySettings | None = None, *, enabled: bool = True, **options: Any
     ) -> Self:
-        """Retry this client's deployment failures (see `middleware.retry`)."""
-        from middleware.retry import RetryChatClient, RetryPolicy
+        """Retry this client's deployment failures (see `middleware.retry`); `options` are
+        `RetrySettings` fields (``max_attempts=2``, ``sleep=...``)."""
+        from middleware.retry import RetryChatClient, RetrySettings
 
-        extra: dict[str, Any] = {}
-        if retry_on is not None:
-            extra["retry_on"] = retry_on
-        if sleep is not None:
-            extra["sleep"] = sleep
-        policy = RetryPolicy(
-            max_attempts=max_attempts,
-            initial_delay=initial_delay,
-            max_delay=max_delay,
-            jitter=jitter,
-            respect_retry_after=respect_retry_after,
-            max_retry_after=max_retry_after,
-            **extra,
-        )
-        return self.use(lambda inner: RetryChatClient(inner, policy), enabled=enabled)
+        checked = RetrySettings.from_options(settings, options)
+        return self.use(lambda inner: RetryChatClient(inner, checked), enabled=enabled)
 
     def use_circuit_breaker(
-        self,
-        *,
-        fail_max: int = 5,
-        reset_timeout: float = 30.0,
-        name: str | None = None,
-        counts: Callable[[BaseException], bool] | None = None,
-        redis: Any = None,
-        on_state_change: Callable[[str, str, str], None] | None = None,
-        meter_provider: Any = None,
-        enabled: bool = True,
+        self, settings: BreakerSettings | None = None, *, enabled: bool = True, **options: Any
     ) -> Self:
-        """Fail fast while this client's deployment is failing (see `middleware.breaker`).
+        """Fail fast while this client's deployment is failing (see `middleware.breaker`);
+        `options` are `BreakerSettings` fields, plus ``meter_provider`` and ``now``.
 
-        Each `build()` makes its own breaker; share one by sharing the built pipeline.
+        Each `build()` makes its own breaker (shared state only through ``redis``).
         """
-        from middleware.breaker import CircuitBreakerChatClient, counts_as_deployment_failure
+        from middleware.breaker import BreakerSettings, CircuitBreakerChatClient
 
-        options: dict[str, Any] = {
-            "fail_max": fail_max,
-            "reset_timeout": reset_timeout,
-            "name": name,
-            "counts": counts or counts_as_deployment_failure,
-            "redis": redis,
-            "on_state_change": on_state_change,
-            "meter_provider": meter_provider,
-        }
-        # Validate now, so a bad argument fails where it was written, not at build().
-        CircuitBreakerChatClient.validate_options(**options)
-        return self.use(lambda inner: CircuitBreakerChatClient(inner, **options), enabled=enabled)
+        extra = {key: options.pop(key) for key in ("now",) if key in options}
+        extra["meter_provider"] = self._providers(options)["meter_provider"]
+        options.pop("meter_provider", None)
+        checked = BreakerSettings.from_options(settings, options)
+        return self.use(
+            lambda inner: CircuitBreakerChatClient(inner, checked, **extra), enabled=enabled
+        )
 
     def use_telemetry(
         self,
         *,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         enabled: bool = True,
     ) -> Self:
         """A ``chat {model}`` span and GenAI metrics per request (see `middleware.telemetry`).
 
-        Providers default to the global ones; nothing is recorded until an SDK is configured
-        (`pipeline.telemetry.configure`). No message content is ever recorded.
+        Providers default to the builder's, else the global ones; nothing is recorded until
+        an SDK is configured (`pipeline.telemetry.configure`). No content is ever recorded.
         """
         from middleware.telemetry import TelemetryChatClient
 
+        tracer_provider = tracer_provider or self.tracer_provider
+        meter_provider = meter_provider or self.meter_provider
         return self.use(
             lambda inner: TelemetryChatClient(
                 inner, tracer_provider=tracer_provider, meter_provider=meter_provider
@@ -278,33 +366,35 @@ class ChatPipelineBuilder:
     def use_function_invocation(
         self,
         tools: Sequence[Any] = (),
+        settings: FunctionInvocationSettings | None = None,
         *,
-        max_iterations: int = 10,
-        allow_concurrent: bool = True,
         idempotency_store: Any = None,
-        include_detailed_errors: bool = False,
         enabled: bool = True,
+        **options: Any,
     ) -> Self:
-        """Run the model's tool calls in a loop (see `middleware.function_invocation`)."""
-        from middleware.function_invocation import FunctionInvokingChatClient, Tool
+        """Run the model's tool calls in a loop (see `middleware.function_invocation`);
+        `options` are `FunctionInvocationSettings` fields, plus ``tracer_provider``.
 
-        FunctionInvokingChatClient.validate_options(tools=tools, max_iterations=max_iterations)
-        # Build the tools once, here, so a bad tool fails where it was written; each built
-        # pipeline shares them and the idempotency store.
-        definitions = [t if isinstance(t, Tool) else Tool.from_function(t) for t in tools]
-        store = idempotency_store
-        if store is None:
-            from middleware.function_invocation import MemoryIdempotencyStore
+        Without an `idempotency_store`, each built pipeline has its own memory store.
+        """
+        from middleware.function_invocation import (
+            FunctionInvocationSettings,
+            FunctionInvokingChatClient,
+            tool_table,
+        )
 
-            store = MemoryIdempotencyStore()
+        tracer_provider = self._providers(options)["tracer_provider"]
+        options.pop("tracer_provider", None)
+        checked = FunctionInvocationSettings.from_options(settings, options)
+        # Built once, here, so a bad tool fails where it was written.
+        definitions = list(tool_table(tools).values())
         return self.use(
             lambda inner: FunctionInvokingChatClient(
                 inner,
                 definitions,
-                max_iterations=max_iterations,
-                allow_concurrent=allow_concurrent,
-                idempotency_store=store,
-                include_detailed_errors=include_detailed_errors,
+                checked,
+                idempotency_store=idempotency_store,
+                tracer_provider=tracer_provider,
             ),
             enabled=enabled,
         )
@@ -313,36 +403,67 @@ class ChatPipelineBuilder:
 
     def use_router(
         self,
-        selector: Callable[[RoutingContext], SelectionResult | Any],
+        selector: Callable[[RoutingContext], SelectionResult | Awaitable[SelectionResult]],
+        *,
+        enabled: bool = True,
+        name: str | None = None,
+    ) -> Self:
+        """End the chain with a one-shot router calling `selector` once per request (it
+        never closes the clients it selects)."""
+        from middleware.routing.router import RoutingChatClient
+
+        def make() -> ChatClient:
+            return RoutingChatClient.create(selector, name=name, **self._providers({}))
+
+        make()  # validates the selector where it was written
+        return self._end_with(_RouterSpec(make, None), enabled)
+
+    def use_failover(
+        self,
+        router: FailoverChatClient | Callable[[], FailoverChatClient],
         *,
         enabled: bool = True,
     ) -> Self:
-        """End the chain with a one-shot router calling `selector` once per request."""
-        from middleware.routing.router import RoutingChatClient
-
-        router = RoutingChatClient.create(selector)
-        return self._end_with(lambda: router, enabled)
-
-    def use_failover(self, policy_client: FailoverChatClient, *, enabled: bool = True) -> Self:
-        """End the chain with a custom `FailoverChatClient`."""
+        """End the chain with a custom `FailoverChatClient`: a factory returning a new one
+        per `build()`, or an instance, which only one pipeline can own."""
         from middleware.routing.failover import FailoverChatClient
 
-        if not isinstance(policy_client, FailoverChatClient):
-            raise TypeError("use_failover() needs a FailoverChatClient")
-        return self._end_with(lambda: policy_client, enabled)
+        if isinstance(router, FailoverChatClient):
+            instance = router
+            return self._end_with(_RouterSpec(lambda: instance, None, once=True), enabled)
+        if not callable(router):
+            raise TypeError("use_failover() needs a FailoverChatClient or a factory of one")
+
+        def make() -> ChatClient:
+            made = router()
+            if not isinstance(made, FailoverChatClient):
+                raise TypeError("the use_failover() factory must return a FailoverChatClient")
+            return made
+
+        return self._end_with(_RouterSpec(make, None), enabled)
 
     def use_ordered_failover(
         self,
         routes: Sequence[Route | ChatClient],
+        settings: FailoverSettings | None = None,
         *,
         enabled: bool = True,
         **options: Any,
     ) -> Self:
-        """End the chain with an `OrderedFailoverChatClient` over `routes`."""
+        """End the chain with an `OrderedFailoverChatClient` over `routes`; `options` are
+        `FailoverSettings` fields and the router's keywords (``name``, ``clock``, ...)."""
         from middleware.routing.failover import OrderedFailoverChatClient
 
-        router = OrderedFailoverChatClient(routes, **options)
-        return self._end_with(lambda: router, enabled)
+        leave_open = bool(options.pop("leave_open", False))
+        providers = self._providers(options)
+        options.update(providers)
+
+        def make() -> OrderedFailoverChatClient:
+            return OrderedFailoverChatClient(routes, settings, leave_open=True, **options)
+
+        first = make()  # validates routes and options where they were written
+        shared = None if leave_open else SharedResources(first.owned_clients())
+        return self._end_with(_RouterSpec(make, shared), enabled)
 
     def use_semantic_routing(
         self,
@@ -353,8 +474,21 @@ class ChatPipelineBuilder:
         enabled: bool = True,
         **options: Any,
     ) -> Self:
-        """End the chain with a `SemanticRoutingChatClient` (see `middleware.routing.semantic`)."""
+        """End the chain with a `SemanticRoutingChatClient` (see `middleware.routing.semantic`);
+        `options` are `SemanticSettings` fields and the router's keywords. Each built
+        pipeline embeds the profiles once, lazily."""
         from middleware.routing.semantic import SemanticRoutingChatClient
 
-        router = SemanticRoutingChatClient(embedding_generator, profiles, default, **options)
-        return self._end_with(lambda: router, enabled)
+        leave_open = bool(options.pop("leave_open", False))
+        options.update(self._providers(options))
+
+        def make() -> SemanticRoutingChatClient:
+            return SemanticRoutingChatClient(
+                embedding_generator, profiles, default, leave_open=True, **options
+            )
+
+        first = make()
+        shared = (
+            None if leave_open else SharedResources([*first.owned_clients(), embedding_generator])
+        )
+        return self._end_with(_RouterSpec(make, shared), enabled)

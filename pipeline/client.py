@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+
+if TYPE_CHECKING:
+    # Only for the annotation: importing numpy would triple `import pipeline`'s time.
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "AsyncClosing",
@@ -28,6 +30,7 @@ __all__ = [
     "check_options",
     "client_name",
     "ensure_chat_client",
+    "metadata_of",
 ]
 
 
@@ -69,14 +72,29 @@ class EmbeddingGenerator(Protocol):
     async def aclose(self) -> None: ...
 
 
+_CLIENT_METHODS = ("get_response", "get_streaming_response", "aclose")
+
+
 def ensure_chat_client(client: object, what: str = "client") -> ChatClient:
-    """Return `client` typed as a `ChatClient`, or raise `TypeError` naming `what`."""
-    if not isinstance(client, ChatClient):
-        raise TypeError(
-            f"{what} must be a ChatClient (get_response, get_streaming_response, aclose, "
-            f"metadata), not {type(client).__name__}"
-        )
-    return client
+    """Return `client` typed as a `ChatClient`, or raise `TypeError` naming `what`.
+
+    The three methods are required; `metadata` is not (see `metadata_of`).
+    """
+    for method in _CLIENT_METHODS:
+        if not callable(getattr(client, method, None)):
+            raise TypeError(
+                f"{what} must be a ChatClient (get_response, get_streaming_response, aclose), "
+                f"not {type(client).__name__}"
+            )
+    return client  # type: ignore[return-value]
+
+
+def metadata_of(client: object) -> ChatClientMetadata:
+    """`client.metadata`, or metadata naming the client's type when it has none."""
+    metadata = getattr(client, "metadata", None)
+    if metadata is None:
+        return ChatClientMetadata(name=type(client).__name__)
+    return metadata  # type: ignore[no-any-return]
 
 
 def check_options(options: object) -> ChatOptions | None:
@@ -88,7 +106,7 @@ def check_options(options: object) -> ChatOptions | None:
 
 def client_name(client: ChatClient) -> str:
     """A readable name for a client: its metadata name, else provider/model, else its type."""
-    metadata = client.metadata
+    metadata = metadata_of(client)
     if metadata.name:
         return metadata.name
     if metadata.provider_name and metadata.model_id:
@@ -128,7 +146,7 @@ class DelegatingChatClient(AsyncClosing):
 
     @property
     def metadata(self) -> ChatClientMetadata:
-        return self.inner.metadata
+        return metadata_of(self.inner)
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None

@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Callable
 from enum import StrEnum
+from typing import Self
 
 import httpx
 
@@ -102,9 +103,23 @@ class ProviderError(ChatPipelineError):
     `retry_after` (seconds), `provider` and the provider's error `code` describe it; `url`
     is the endpoint called, without query string. The message is ours, never the
     provider's body, so it cannot carry prompt text.
+
+    An error's class is its classification: ``ProviderError(kind=k)`` creates the subclass
+    for `k` (as `provider_error` does), and a subclass given a contradicting `kind` is a
+    `TypeError`, so catching `RateLimitedError` catches exactly the rate limits.
     """
 
     default_kind = FailureKind.UNKNOWN
+
+    def __new__(cls, *args: object, kind: FailureKind | None = None, **kwargs: object) -> Self:
+        if kind is not None and kind is not cls.default_kind:
+            if cls is not ProviderError:
+                raise TypeError(
+                    f"{cls.__name__} is a {cls.default_kind.value} error; kind={kind!s} "
+                    "contradicts it (provider_error(kind) picks the class for a kind)"
+                )
+            cls = _ERROR_CLASSES[FailureKind(kind)]  # type: ignore[assignment]
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -117,7 +132,6 @@ class ProviderError(ChatPipelineError):
         code: str | None = None,
         url: str | None = None,
     ) -> None:
-        self.kind = kind if kind is not None else self.default_kind
         self.status_code = status_code
         self.retry_after = retry_after
         self.provider = provider
@@ -125,6 +139,11 @@ class ProviderError(ChatPipelineError):
         self.url = url
         self.message = message or _describe(self.kind, status_code, code)
         super().__init__(self.message)
+
+    @property
+    def kind(self) -> FailureKind:
+        """The classification: fixed by the class."""
+        return self.default_kind
 
     def __str__(self) -> str:
         prefix = f"{self.provider}: " if self.provider else ""

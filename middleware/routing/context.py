@@ -8,15 +8,14 @@ client, a `Route`, or a `RoutingSelection` whose `options` apply to that one att
 
 from __future__ import annotations
 
-import contextvars
-import itertools
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 from opentelemetry.util.types import AttributeValue
+from pydantic import Field, StringConstraints
 
+from pipeline._settings import Settings
 from pipeline.client import ChatClient, client_name, ensure_chat_client
 from pipeline.types import ChatMessage, ChatOptions
 
@@ -24,16 +23,12 @@ __all__ = [
     "AttemptOutcome",
     "FailoverAttempt",
     "Price",
-    "RequestBudget",
     "Route",
+    "RouteFacts",
     "RoutingContext",
     "RoutingSelection",
     "SelectionResult",
     "as_route",
-    "current_budget",
-    "current_budget_var",
-    "new_operation_id",
-    "operation_id_var",
 ]
 
 AttemptOutcome: TypeAlias = Literal[
@@ -41,22 +36,35 @@ AttemptOutcome: TypeAlias = Literal[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Price:
-    """What a route costs, in currency units per million tokens."""
+_Money = Annotated[float, Field(ge=0)]
 
-    input_per_million: float
-    output_per_million: float
 
-    def __post_init__(self) -> None:
-        if self.input_per_million < 0 or self.output_per_million < 0:
-            raise ValueError("Price: per-million prices must not be negative")
+class Price(Settings):
+    """What a route costs, in currency units per million tokens (finite, not negative)."""
+
+    input_per_million: _Money
+    output_per_million: _Money
+
+    def __init__(self, input_per_million: float, output_per_million: float) -> None:
+        super().__init__(input_per_million=input_per_million, output_per_million=output_per_million)
 
     def cost(self, input_tokens: int | None, output_tokens: int | None) -> float:
         return (
             (input_tokens or 0) * self.input_per_million
             + (output_tokens or 0) * self.output_per_million
         ) / 1_000_000
+
+
+_Capability = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class RouteFacts(Settings):
+    """What tier selection and telemetry know about a route, besides its name and client:
+    validated once here for `Route` and for the TOML loader."""
+
+    max_input_tokens: Annotated[int, Field(ge=1)] | None = None
+    capabilities: Annotated[frozenset[_Capability], Field(strict=False)] = frozenset()
+    price: Price | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -77,12 +85,18 @@ class Route:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError("Route.name must be a non-empty string")
         ensure_chat_client(self.client, f"Route {self.name!r} client")
-        if self.max_input_tokens is not None and (
-            not isinstance(self.max_input_tokens, int) or self.max_input_tokens < 1
-        ):
-            raise ValueError(f"Route {self.name!r}: max_input_tokens must be a positive int")
-        if not isinstance(self.capabilities, frozenset):
-            object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+        capabilities = self.capabilities
+        if isinstance(capabilities, str) or not isinstance(capabilities, Iterable):
+            raise TypeError(f"Route {self.name!r}: capabilities must be a set of strings")
+        try:
+            facts = RouteFacts(
+                max_input_tokens=self.max_input_tokens,
+                capabilities=frozenset(capabilities),
+                price=self.price,
+            )
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"Route {self.name!r}: {exc}") from None
+        object.__setattr__(self, "capabilities", facts.capabilities)
 
     def __repr__(self) -> str:
         return f"Route({self.name!r})"
@@ -161,61 +175,3 @@ class RoutingContext:
             f"RoutingContext(messages={len(self.messages)}, attempts={len(self.attempts)}, "
             f"streaming={self.streaming})"
         )
-
-
-class RequestBudget:
-    """What a request may still spend across every layer: provider calls and time.
-
-    Set by a router for the duration of each attempt; the retry layer reads it with
-    `current_budget()`, so retries inside a route count against the same allowance.
-    """
-
-    __slots__ = ("calls_left", "clock", "deadline")
-
-    def __init__(
-        self, calls_left: int | None, deadline: float | None, clock: Callable[[], float]
-    ) -> None:
-        self.calls_left = calls_left
-        self.deadline = deadline
-        self.clock = clock
-
-    def remaining(self) -> float | None:
-        """Seconds left before the request's deadline (never negative), or `None`."""
-        if self.deadline is None:
-            return None
-        return max(0.0, self.deadline - self.clock())
-
-    def take_call(self) -> bool:
-        """Spend one provider call; `False` (and nothing spent) when none is left."""
-        if self.calls_left is None:
-            return True
-        if self.calls_left <= 0:
-            return False
-        self.calls_left -= 1
-        return True
-
-
-# Set by routers around each call into a route; read by the retry layer.
-current_budget_var: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
-    "chat_pipeline_request_budget", default=None
-)
-
-
-# The operation a request belongs to: tool calls are idempotent within one operation. Set by
-# `operation_scope`, by the function-invocation layer, or by a router for a non-streaming
-# request (its routes share it). Never left set in a caller's context by a stream.
-operation_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "chat_pipeline_operation_id", default=None
-)
-_OPERATION_PREFIX = uuid.uuid4().hex[:12]
-_operation_counter = itertools.count(1)
-
-
-def new_operation_id() -> str:
-    """A process-unique (and, by its random prefix, practically globally unique) id."""
-    return f"{_OPERATION_PREFIX}-{next(_operation_counter):x}"
-
-
-def current_budget() -> RequestBudget | None:
-    """The budget of the request being served in this context, if a router set one."""
-    return current_budget_var.get()

@@ -1,49 +1,103 @@
-"""Failover routers: select again after a failure, while it is still safe.
+"""Failover routers and the attempt engine every router runs on.
 
-`FailoverChatClient` runs `select_client` before every attempt and `on_routing_update` once
-after every attempt. Whether another attempt may follow is decided by the engine of
-`RoutingChatClient` (see its module docstring for the boundaries), the attempt limit, the
-request budget (`request_timeout`, `min_attempt_budget`, `max_provider_calls_per_request`)
-and `should_failover`.
+The engine owns the promise of this package: another attempt happens only while it is
+still safe. For `get_response` and `get_streaming_response` alike:
+
+* a failure before any output reached the caller may move to another route, unless the
+  caller is being cancelled, the attempt limit or the request budget is reached, or the
+  policy (`should_failover`) says no;
+* once a streamed update reached the caller the attempt is terminal: the caller keeps the
+  updates and gets the original exception, with a note naming the route;
+* caller cancellation is terminal (``canceled``) and propagates; a `CancelledError` raised by
+  a client while the caller's task is not being cancelled is an ordinary failure;
+* a caller that closes the stream early ends the attempt as ``abandoned``, and the inner
+  stream is closed;
+* the selector raising (or choosing nothing) ends the request with that error, and no
+  attempt is reported; `on_routing_update` raising on a terminal update replaces the
+  result, on a nonterminal one it stops routing with that exception.
+
+Every attempt is reported once, as a `FailoverAttempt`, to `on_routing_update`. Policy hooks
+(`select_client`, `on_routing_update`, `should_failover`) may be plain functions or
+coroutine functions: the engine awaits what needs awaiting. A failover router makes at most
+`DEFAULT_MAX_ATTEMPTS` attempts per request unless told otherwise (``None`` explicitly means
+no limit), so a policy that keeps choosing a failing client ends with its last error.
 """
 
 from __future__ import annotations
 
-import math
+import abc
+import asyncio
+import inspect
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+from pydantic import Field
 
 from middleware.routing.context import (
+    AttemptOutcome,
     FailoverAttempt,
-    RequestBudget,
+    Price,
     Route,
     RoutingContext,
+    RoutingSelection,
     SelectionResult,
     as_route,
-    current_budget_var,
 )
 from middleware.routing.router import RoutingChatClient
-from pipeline.client import ChatClient
-from pipeline.errors import is_failover_eligible
+from pipeline import _scope
+from pipeline._settings import Settings
+from pipeline._streams import caller_cancelling, close_stream, ending_of
+from pipeline.client import ChatClient, client_name, ensure_chat_client
+from pipeline.errors import RequestBudgetExceededError, RoutingError, is_failover_eligible
+from pipeline.types import (
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    Messages,
+    UsageDetails,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["FailoverAttempt", "FailoverChatClient", "OrderedFailoverChatClient"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "FailoverAttempt",
+    "FailoverChatClient",
+    "FailoverPolicy",
+    "FailoverSettings",
+    "OrderedFailoverChatClient",
+]
 
-FailoverPolicy = Callable[[BaseException], bool]
+DEFAULT_MAX_ATTEMPTS = 10
+"""Attempts per request a failover router makes unless told otherwise."""
+
+FailoverPolicy = Callable[[BaseException], bool | Awaitable[bool]]
 
 
-def _positive_or_none(value: object, name: str, *, integer: bool) -> None:
-    if value is None:
-        return
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise TypeError(f"{name} must be a positive {'int' if integer else 'number'} or None")
-    if not value > 0 or (not integer and not math.isfinite(float(value))):
-        raise ValueError(f"{name} must be positive or None, got {value!r}")
+class FailoverSettings(Settings):
+    """The limits and policy of a failover router, each captured when a request starts.
+
+    * `max_attempts_per_request`: positive, or ``None`` (explicitly) for no limit;
+    * `request_timeout`: seconds for the whole request, every attempt and retry included;
+    * `min_attempt_budget`: no new attempt starts with less time than this left;
+    * `max_provider_calls_per_request`: attempts plus retries inside routes;
+    * `should_failover`: whether a failure before output may move on (code only).
+    """
+
+    code_only: ClassVar[frozenset[str]] = frozenset({"should_failover"})
+
+    max_attempts_per_request: Annotated[int, Field(gt=0)] | None = DEFAULT_MAX_ATTEMPTS
+    request_timeout: Annotated[float, Field(gt=0)] | None = None
+    min_attempt_budget: Annotated[float, Field(ge=0)] = 0.0
+    max_provider_calls_per_request: Annotated[int, Field(gt=0)] | None = None
+    should_failover: Callable[[BaseException], Any] = is_failover_eligible
 
 
 class FailoverChatClient(RoutingChatClient):
@@ -51,28 +105,20 @@ class FailoverChatClient(RoutingChatClient):
 
     Subclasses implement `select_client`; they may override `on_routing_update` (called
     once after every attempt, with ``is_terminal`` telling whether the request ends there)
-    and `should_failover`. Raising from `on_routing_update` on a terminal update replaces
-    the request's result; on a nonterminal one it stops routing with that exception.
-
-    Limits, each captured when a request starts: `max_attempts_per_request` (positive or
-    None), `request_timeout` (seconds for the whole request, every attempt and retry
-    included), `min_attempt_budget` (no new attempt starts with less time left) and
-    `max_provider_calls_per_request` (attempts plus retries inside routes).
+    and `should_failover`. Each may be sync or async. The limits live in `settings`
+    (`FailoverSettings`); keyword `options` given to the constructor are its fields.
     """
 
     def __init__(
         self,
+        settings: FailoverSettings | None = None,
         *,
         leave_open: bool = False,
-        max_attempts_per_request: int | None = None,
-        request_timeout: float | None = None,
-        min_attempt_budget: float = 0.0,
-        max_provider_calls_per_request: int | None = None,
-        should_failover: FailoverPolicy = is_failover_eligible,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(
             leave_open=leave_open,
@@ -81,63 +127,403 @@ class FailoverChatClient(RoutingChatClient):
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
         )
-        self.max_attempts_per_request = max_attempts_per_request
-        _positive_or_none(request_timeout, "request_timeout", integer=False)
-        _positive_or_none(
-            max_provider_calls_per_request, "max_provider_calls_per_request", integer=True
-        )
-        if isinstance(min_attempt_budget, bool) or not isinstance(min_attempt_budget, int | float):
-            raise TypeError("min_attempt_budget must be a number of seconds")
-        if min_attempt_budget < 0:
-            raise ValueError("min_attempt_budget must not be negative")
-        if not callable(should_failover):
-            raise TypeError("should_failover must be a callable taking the exception")
-        self.request_timeout = request_timeout
-        self.min_attempt_budget = float(min_attempt_budget)
-        self.max_provider_calls_per_request = max_provider_calls_per_request
-        self._should_failover = should_failover
+        self.settings = FailoverSettings.from_options(settings, options)
+
+    # -- settings as attributes ------------------------------------------------------------
 
     @property
     def max_attempts_per_request(self) -> int | None:
-        return self._max_attempts
+        return self.settings.max_attempts_per_request
 
     @max_attempts_per_request.setter
     def max_attempts_per_request(self, value: int | None) -> None:
-        _positive_or_none(value, "max_attempts_per_request", integer=True)
-        self._max_attempts = value
+        self.settings = self.settings.replace(max_attempts_per_request=value)
+
+    @property
+    def request_timeout(self) -> float | None:
+        return self.settings.request_timeout
+
+    @property
+    def min_attempt_budget(self) -> float:
+        return self.settings.min_attempt_budget
+
+    @property
+    def max_provider_calls_per_request(self) -> int | None:
+        return self.settings.max_provider_calls_per_request
+
+    # -- policy hooks ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def select_client(
+        self, context: RoutingContext
+    ) -> SelectionResult | Awaitable[SelectionResult]:
+        """Choose the client (or `Route`, or `RoutingSelection`) for the next attempt."""
 
     def on_routing_update(
         self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool
-    ) -> None:
+    ) -> Awaitable[None] | None:
         """Called once after every attempt. Override to keep per-request policy state."""
+        return None
 
-    def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+    def should_failover(
+        self, context: RoutingContext, exception: BaseException
+    ) -> bool | Awaitable[bool]:
         """Whether a failure before output may move to another attempt."""
-        return self._should_failover(exception)
+        decision: bool | Awaitable[bool] = self.settings.should_failover(exception)
+        return decision
 
-    # -- engine hooks ----------------------------------------------------------------------
+    # -- engine ----------------------------------------------------------------------------
 
     def _attempt_limit(self) -> int | None:
-        return self._max_attempts
+        """Most attempts one request may make, captured when the request starts."""
+        return self.settings.max_attempts_per_request
 
-    def _new_budget(self) -> RequestBudget | None:
-        if self.request_timeout is None and self.max_provider_calls_per_request is None:
-            return current_budget_var.get()
-        deadline = None if self.request_timeout is None else self._clock() + self.request_timeout
-        outer = current_budget_var.get()
-        if outer is not None and outer.deadline is not None and outer.clock is self._clock:
+    def _new_budget(self) -> _scope.RequestBudget | None:
+        """The request's call and time budget, or `None` when no limit applies."""
+        settings = self.settings
+        outer = _scope.current_budget()
+        if settings.request_timeout is None and settings.max_provider_calls_per_request is None:
+            return outer
+        clock = self._clock
+        deadline = None if settings.request_timeout is None else clock() + settings.request_timeout
+        if outer is not None and outer.deadline is not None and outer.clock is clock:
             deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
-        return RequestBudget(self.max_provider_calls_per_request, deadline, self._clock)
+        return _scope.RequestBudget(settings.max_provider_calls_per_request, deadline, clock)
 
-    @property
-    def _min_attempt_budget(self) -> float:
-        return self.min_attempt_budget
+    async def _select(self, context: RoutingContext) -> _Attempt:
+        result = self.select_client(context)
+        if inspect.isawaitable(result):
+            result = await result
+        options: ChatOptions | None = None
+        attributes: Mapping[str, AttributeValue] | None = None
+        if isinstance(result, RoutingSelection):
+            options = result.options
+            attributes = result.attributes
+            result = result.client
+        if result is None:
+            raise RoutingError(f"{self._metadata.name}: the selector chose no client")
+        price = None
+        if isinstance(result, Route):
+            name, client, price = result.name, result.client, result.price
+        else:
+            client = ensure_chat_client(result, "the selected client")
+            name = client_name(client)
+        if options is None:
+            # Each attempt gets its own copy, so nothing one attempt's layers do to its
+            # options can reach the next attempt or the request baseline.
+            options = context.options.clone()
+        elif not isinstance(options, ChatOptions):
+            raise TypeError("RoutingSelection.options must be ChatOptions or None")
+        return _Attempt(name, client, options, price, attributes)
 
-    def _may_fail_over(self, context: RoutingContext, exc: BaseException) -> bool:
-        return self.should_failover(context, exc)
+    async def _is_terminal(
+        self,
+        context: RoutingContext,
+        error: BaseException,
+        outcome: AttemptOutcome,
+        limit: int | None,
+        budget: _scope.RequestBudget | None,
+    ) -> bool:
+        if outcome != "failed_before_output" or not isinstance(
+            error, Exception | asyncio.CancelledError
+        ):
+            return True
+        # The attempt being judged is not in context.attempts yet: it is number len + 1.
+        if limit is not None and len(context.attempts) + 1 >= limit:
+            return True
+        if budget is not None:
+            if budget.calls_left is not None and budget.calls_left <= 0:
+                return True
+            remaining = budget.remaining()
+            if remaining is not None and remaining < max(self.settings.min_attempt_budget, 1e-9):
+                return True
+        decision = self.should_failover(context, error)
+        if inspect.isawaitable(decision):
+            decision = await decision
+        return not decision
 
-    def _report(self, context: RoutingContext, attempt: FailoverAttempt, terminal: bool) -> None:
-        self.on_routing_update(context, attempt, terminal)
+    def _begin(
+        self, context: RoutingContext, attempt: _Attempt, budget: _scope.RequestBudget | None
+    ) -> None:
+        if budget is not None and not budget.take_call():
+            raise RequestBudgetExceededError(
+                f"{self._metadata.name}: the request used every provider call it was allowed"
+            )
+        span = self._telemetry.start(attempt.route_name, len(context.attempts) + 1)
+        attempt.span = span
+        if attempt.attributes and span.is_recording():
+            span.set_attributes(attempt.attributes)
+        # A sampled-out span still carries a valid context its children must inherit (or
+        # they would start traces of their own); only the no-op API's span has none.
+        if span.get_span_context().is_valid:
+            attempt.span_context = trace.set_span_in_context(span)
+
+    @staticmethod
+    def _enter(attempt: _Attempt, budget: _scope.RequestBudget | None) -> _Tokens:
+        """Make the attempt span and the request budget current while the route runs."""
+        return (
+            otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
+            _scope.enter_budget(budget) if budget is not None else None,
+        )
+
+    @staticmethod
+    def _exit(tokens: _Tokens) -> None:
+        span_token, budget_token = tokens
+        if budget_token is not None:
+            _scope.exit_budget(budget_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
+
+    def _finish(
+        self,
+        context: RoutingContext,
+        attempt: _Attempt,
+        *,
+        outcome: AttemptOutcome,
+        exception: BaseException | None,
+        duration: float,
+        time_to_first_update: float | None,
+        terminal: bool,
+        usage: UsageDetails | None = None,
+    ) -> Any:
+        """Record the attempt and report it; returns what `on_routing_update` returned."""
+        record = FailoverAttempt(
+            route_name=attempt.route_name,
+            client=attempt.client,
+            number=len(context.attempts) + 1,
+            outcome=outcome,
+            exception=exception,
+            duration=duration,
+            time_to_first_update=time_to_first_update,
+            response_completed=outcome == "completed",
+            output_committed=time_to_first_update is not None,
+        )
+        context.attempts.append(record)
+        if attempt.span is not None:
+            self._telemetry.finish(attempt.span, record, terminal, attempt.price, usage)
+        return self.on_routing_update(context, record, terminal)
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        context = self._context(messages, options, streaming=False)
+        # Every route of this request shares one operation id, so a tool call that a route
+        # completed before failing is not repeated by the next one.
+        operation = (
+            _scope.set_operation(_scope.new_operation_id())
+            if _scope.current_operation() is None
+            else None
+        )
+        try:
+            limit = self._attempt_limit()
+            budget = self._new_budget()
+            clock = self._clock
+            while True:
+                attempt = await self._select(context)
+                self._begin(context, attempt, budget)
+                started = clock()
+                tokens = self._enter(attempt, budget)
+                failure: BaseException | None = None
+                try:
+                    remaining = budget.remaining() if budget is not None else None
+                    if remaining is None:
+                        response = await attempt.client.get_response(
+                            context.messages, attempt.options
+                        )
+                    else:
+                        async with asyncio.timeout(remaining):
+                            response = await attempt.client.get_response(
+                                context.messages, attempt.options
+                            )
+                except BaseException as exc:
+                    failure = exc
+                finally:
+                    self._exit(tokens)
+                duration = clock() - started
+                if failure is None:
+                    reported = self._finish(
+                        context,
+                        attempt,
+                        outcome="completed",
+                        exception=None,
+                        duration=duration,
+                        time_to_first_update=duration,
+                        terminal=True,
+                        usage=response.usage,
+                    )
+                    if reported is not None and inspect.isawaitable(reported):
+                        await reported
+                    return response
+                outcome: AttemptOutcome = (
+                    "canceled" if ending_of(failure) == "canceled" else "failed_before_output"
+                )
+                terminal = await self._is_terminal(context, failure, outcome, limit, budget)
+                reported = self._finish(
+                    context,
+                    attempt,
+                    outcome=outcome,
+                    exception=failure,
+                    duration=duration,
+                    time_to_first_update=None,
+                    terminal=terminal,
+                )
+                if reported is not None and inspect.isawaitable(reported):
+                    await reported
+                if terminal:
+                    raise failure
+        finally:
+            if operation is not None:
+                _scope.reset_operation(operation)
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self._stream(self._context(messages, options, streaming=True))
+
+    async def _stream(self, context: RoutingContext) -> AsyncGenerator[ChatResponseUpdate, None]:
+        limit = self._attempt_limit()
+        budget = self._new_budget()
+        clock = self._clock
+        while True:
+            attempt = await self._select(context)
+            self._begin(context, attempt, budget)
+            elapsed = 0.0  # time spent inside the route, not with the caller
+            first_update: float | None = None
+            usage: UsageDetails | None = None
+            error: BaseException | None = None
+            stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
+            tokens = self._enter(attempt, budget)
+            mark = clock()
+            try:
+                stream = attempt.client.get_streaming_response(context.messages, attempt.options)
+            except BaseException as exc:
+                error = exc
+            finally:
+                self._exit(tokens)
+            elapsed += clock() - mark
+            if stream is not None:
+                # Without a span context or a budget there is nothing to make current: skip
+                # the bookkeeping on every update.
+                plain = attempt.span_context is None and budget is None
+                while True:
+                    tokens = _NO_TOKENS if plain else self._enter(attempt, budget)
+                    mark = clock()
+                    try:
+                        remaining = budget.remaining() if budget is not None else None
+                        if remaining is None:
+                            update = await stream.__anext__()
+                        else:
+                            async with asyncio.timeout(remaining):
+                                update = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except BaseException as exc:
+                        error = exc
+                        break
+                    finally:
+                        elapsed += clock() - mark
+                        if not plain:
+                            self._exit(tokens)
+                    if first_update is None:
+                        first_update = elapsed
+                    if update.usage is not None:
+                        usage = update.usage if usage is None else usage + update.usage
+                    try:
+                        yield update
+                    except BaseException:
+                        # The caller closed the stream (GeneratorExit) or threw into it.
+                        mark = clock()
+                        close_error = await close_stream(stream)
+                        elapsed += clock() - mark
+                        reported = self._finish(
+                            context,
+                            attempt,
+                            outcome="canceled" if caller_cancelling() else "abandoned",
+                            exception=close_error,
+                            duration=elapsed,
+                            time_to_first_update=first_update,
+                            terminal=True,
+                        )
+                        if reported is not None and inspect.isawaitable(reported):
+                            await reported
+                        if close_error is not None:
+                            raise close_error from None
+                        raise
+                mark = clock()
+                close_error = await close_stream(stream)
+                elapsed += clock() - mark
+                if error is None:
+                    error = close_error
+                elif close_error is not None:
+                    error.add_note(
+                        f"closing the stream of route {attempt.route_name!r} also failed: "
+                        f"{type(close_error).__name__}"
+                    )
+            if error is None:
+                reported = self._finish(
+                    context,
+                    attempt,
+                    outcome="completed",
+                    exception=None,
+                    duration=elapsed,
+                    time_to_first_update=first_update,
+                    terminal=True,
+                    usage=usage,
+                )
+                if reported is not None and inspect.isawaitable(reported):
+                    await reported
+                return
+            outcome: AttemptOutcome
+            if ending_of(error) == "canceled":
+                outcome = "canceled"
+            elif first_update is not None:
+                outcome = "failed_after_output"
+                error.add_note(
+                    f"chat-pipeline: route {attempt.route_name!r} failed after output was "
+                    "committed to the caller; the streamed response is incomplete"
+                )
+            else:
+                outcome = "failed_before_output"
+            terminal = await self._is_terminal(context, error, outcome, limit, budget)
+            reported = self._finish(
+                context,
+                attempt,
+                outcome=outcome,
+                exception=error,
+                duration=elapsed,
+                time_to_first_update=first_update,
+                terminal=terminal,
+            )
+            if reported is not None and inspect.isawaitable(reported):
+                await reported
+            if terminal:
+                raise error
+
+
+_Tokens = tuple[Any, Any]  # (OpenTelemetry context token, request budget token), or None each
+_NO_TOKENS: _Tokens = (None, None)  # nothing was made current
+
+
+class _Attempt:
+    """What the engine knows about the attempt in progress."""
+
+    __slots__ = ("attributes", "client", "options", "price", "route_name", "span", "span_context")
+
+    def __init__(
+        self,
+        route_name: str,
+        client: ChatClient,
+        options: ChatOptions,
+        price: Price | None,
+        attributes: Mapping[str, AttributeValue] | None,
+    ) -> None:
+        self.route_name = route_name
+        self.client = client
+        self.options = options
+        self.price = price
+        self.attributes = attributes
+        self.span: Span | None = None
+        self.span_context: otel_context.Context | None = None
 
 
 class OrderedFailoverChatClient(FailoverChatClient):
@@ -145,23 +531,21 @@ class OrderedFailoverChatClient(FailoverChatClient):
 
     A client listed twice is tried once per position. When every allowed attempt failed,
     the last failure is re-raised. The router keeps no state between requests: the next
-    position is the number of attempts the request has made.
+    position is the number of attempts the request has made. `max_attempts_per_request`
+    caps the attempts below the number of routes (``None``: every route once).
     """
 
     def __init__(
         self,
         routes: Sequence[Route | ChatClient],
+        settings: FailoverSettings | None = None,
         *,
         leave_open: bool = False,
-        max_attempts_per_request: int | None = None,
-        should_failover: FailoverPolicy = is_failover_eligible,
-        request_timeout: float | None = None,
-        min_attempt_budget: float = 0.0,
-        max_provider_calls_per_request: int | None = None,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Any,
     ) -> None:
         if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
             raise TypeError("routes must be a sequence of Route or ChatClient")
@@ -171,23 +555,20 @@ class OrderedFailoverChatClient(FailoverChatClient):
         if not self.routes:
             raise ValueError("OrderedFailoverChatClient needs at least one route")
         super().__init__(
+            settings,
             leave_open=leave_open,
-            max_attempts_per_request=max_attempts_per_request,
-            request_timeout=request_timeout,
-            min_attempt_budget=min_attempt_budget,
-            max_provider_calls_per_request=max_provider_calls_per_request,
-            should_failover=should_failover,
             name=name,
             clock=clock,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            **options,
         )
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:
         return self.routes[len(context.attempts)]
 
     def _attempt_limit(self) -> int | None:
-        limit = self.max_attempts_per_request
+        limit = self.settings.max_attempts_per_request
         return len(self.routes) if limit is None else min(limit, len(self.routes))
 
     def owned_clients(self) -> Iterable[ChatClient]:
@@ -195,3 +576,34 @@ class OrderedFailoverChatClient(FailoverChatClient):
 
     def describe_layer(self) -> str:
         return f"OrderedFailoverChatClient({', '.join(r.name for r in self.routes)})"
+
+
+class _OneShot(FailoverChatClient):
+    """The engine of a plain `RoutingChatClient`: its selector, one attempt, no failover."""
+
+    def __init__(self, router: RoutingChatClient) -> None:
+        super().__init__(
+            leave_open=True,
+            name=router.metadata.name,
+            clock=router._clock,
+            max_attempts_per_request=1,
+        )
+        # One router, one set of instruments: attempt spans and metrics are the router's.
+        self._telemetry = router._telemetry
+        self._router = router
+
+    def select_client(
+        self, context: RoutingContext
+    ) -> SelectionResult | Awaitable[SelectionResult]:
+        return self._router.select_client(context)
+
+    def _new_budget(self) -> _scope.RequestBudget | None:
+        return _scope.current_budget()
+
+    def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+        return False
+
+
+def one_shot_engine(router: RoutingChatClient) -> FailoverChatClient:
+    """The engine `RoutingChatClient` runs on: the same attempts, with a limit of one."""
+    return _OneShot(router)

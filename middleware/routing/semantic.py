@@ -27,10 +27,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import Field, model_validator
 
 from middleware.routing.context import (
     Route,
@@ -40,6 +41,7 @@ from middleware.routing.context import (
     as_route,
 )
 from middleware.routing.router import RoutingChatClient
+from pipeline._settings import Settings
 from pipeline.client import ChatClient, EmbeddingGenerator
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, ChatRole
@@ -54,6 +56,7 @@ __all__ = [
     "Aggregation",
     "RouteScore",
     "SemanticRoutingChatClient",
+    "SemanticSettings",
 ]
 
 Aggregation = Literal["mean", "sum", "max"]
@@ -77,25 +80,47 @@ def _last_user_text(messages: Sequence[ChatMessage]) -> str:
     return ""
 
 
+class SemanticSettings(Settings):
+    """How a semantic router scores: `threshold` (below it the default route is chosen),
+    `top_k` utterances aggregated per route by `aggregation`, the query embedding's time
+    limit and what an embedding failure does (``default`` or ``raise``)."""
+
+    threshold: float = 0.3
+    top_k: Annotated[int, Field(ge=1)] = 1
+    aggregation: Aggregation = "mean"
+    embedding_timeout: Annotated[float, Field(gt=0)] | None = 10.0
+    on_embedding_error: Literal["default", "raise"] = "default"
+
+    @model_validator(mode="after")
+    def _reachable(self) -> Self:
+        reach = float(self.top_k) if self.aggregation == "sum" else 1.0
+        if not -reach <= self.threshold <= reach:
+            raise ValueError(
+                f"threshold {self.threshold} cannot be reached: {self.aggregation} of cosine "
+                f"scores lies in [{-reach:g}, {reach:g}]"
+            )
+        return self
+
+
 class SemanticRoutingChatClient(RoutingChatClient):
-    """Routes each request by embedding similarity (see the module docstring)."""
+    """Routes each request by embedding similarity (see the module docstring).
+
+    Keyword `options` are the fields of `SemanticSettings`.
+    """
 
     def __init__(
         self,
         embedding_generator: EmbeddingGenerator,
         profiles: Mapping[Route | ChatClient, Sequence[str]],
         default: Route | ChatClient,
+        settings: SemanticSettings | None = None,
         *,
-        threshold: float = 0.3,
-        top_k: int = 1,
-        aggregation: Aggregation = "mean",
-        embedding_timeout: float | None = 10.0,
-        on_embedding_error: Literal["default", "raise"] = "default",
         leave_open: bool = False,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(
             leave_open=leave_open,
@@ -108,6 +133,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
             raise TypeError("embedding_generator must have async generate(values) and aclose()")
         if not isinstance(profiles, Mapping) or not profiles:
             raise ValueError("profiles must be a non-empty mapping of route -> utterances")
+        self.settings = SemanticSettings.from_options(settings, options)
         routes: list[Route] = []
         utterances: list[str] = []
         owners: list[int] = []
@@ -123,36 +149,19 @@ class SemanticRoutingChatClient(RoutingChatClient):
             routes.append(route)
         if len({r.name for r in routes}) != len(routes):
             raise ValueError("profile routes must have distinct names")
-        if aggregation not in ("mean", "sum", "max"):
-            raise ValueError(f"aggregation must be 'mean', 'sum' or 'max', not {aggregation!r}")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise ValueError(f"top_k must be an int of at least 1, got {top_k!r}")
-        if top_k > len(utterances):
+        if self.settings.top_k > len(utterances):
             raise ValueError(
-                f"top_k ({top_k}) exceeds the number of utterances ({len(utterances)})"
+                f"top_k ({self.settings.top_k}) exceeds the number of utterances "
+                f"({len(utterances)})"
             )
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            raise TypeError("threshold must be a number")
-        reach = float(top_k) if aggregation == "sum" else 1.0
-        if not -reach <= threshold <= reach:
-            raise ValueError(
-                f"threshold {threshold} cannot be reached: {aggregation} of cosine scores "
-                f"lies in [{-reach:g}, {reach:g}]"
-            )
-        if embedding_timeout is not None and not (
-            isinstance(embedding_timeout, int | float) and embedding_timeout > 0
-        ):
-            raise ValueError("embedding_timeout must be a positive number of seconds or None")
-        if on_embedding_error not in ("default", "raise"):
-            raise ValueError("on_embedding_error must be 'default' or 'raise'")
         self.generator = embedding_generator
         self.routes: tuple[Route, ...] = tuple(routes)
         self.default = as_route(default, "default")
-        self.threshold = float(threshold)
-        self.top_k = top_k
-        self.aggregation: Aggregation = aggregation
-        self.embedding_timeout = embedding_timeout
-        self.on_embedding_error = on_embedding_error
+        self.threshold = self.settings.threshold
+        self.top_k = self.settings.top_k
+        self.aggregation: Aggregation = self.settings.aggregation
+        self.embedding_timeout = self.settings.embedding_timeout
+        self.on_embedding_error = self.settings.on_embedding_error
         self._utterances = utterances
         self._owners = np.asarray(owners, dtype=np.intp)
         self._index: _Matrix | None = None

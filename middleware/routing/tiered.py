@@ -23,13 +23,13 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from middleware.routing.context import FailoverAttempt, Route, RoutingContext, SelectionResult
-from middleware.routing.failover import FailoverChatClient, FailoverPolicy
+from middleware.routing.failover import FailoverChatClient, FailoverSettings
 from pipeline.client import ChatClient
-from pipeline.errors import RoutingError, is_failover_eligible
+from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, DataContent
 
 if TYPE_CHECKING:
@@ -82,28 +82,22 @@ class TieredRoutingChatClient(FailoverChatClient):
         sticky_sessions: bool = True,
         max_sessions: int = 10_000,
         token_estimator: Callable[[Sequence[ChatMessage]], int] = estimate_input_tokens,
+        settings: FailoverSettings | None = None,
         leave_open: bool = False,
-        max_attempts_per_request: int | None = None,
-        should_failover: FailoverPolicy = is_failover_eligible,
-        request_timeout: float | None = None,
-        min_attempt_budget: float = 0.0,
-        max_provider_calls_per_request: int | None = None,
         name: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(
+            settings,
             leave_open=leave_open,
-            max_attempts_per_request=max_attempts_per_request,
-            request_timeout=request_timeout,
-            min_attempt_budget=min_attempt_budget,
-            max_provider_calls_per_request=max_provider_calls_per_request,
-            should_failover=should_failover,
             name=name,
             clock=clock,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            **options,
         )
         if isinstance(routes, str) or not isinstance(routes, Sequence) or not routes:
             raise ValueError("routes must be a non-empty sequence of Route")
@@ -210,13 +204,15 @@ class TieredRoutingChatClient(FailoverChatClient):
             chain = context.state[_CHAIN] = self.plan(context)
         return chain[len(context.attempts)]
 
-    def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+    def should_failover(
+        self, context: RoutingContext, exception: BaseException
+    ) -> bool | Awaitable[bool]:
         # The chain's length is known only per request, so the end of the chain stops
         # failover here rather than through the attempt limit.
         chain = context.state.get(_CHAIN, ())
-        return len(context.attempts) + 1 < len(chain) and super().should_failover(
-            context, exception
-        )
+        if len(context.attempts) + 1 >= len(chain):
+            return False
+        return super().should_failover(context, exception)
 
     def on_routing_update(
         self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool

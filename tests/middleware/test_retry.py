@@ -5,7 +5,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware.retry import RETRY_EVENT, RetryChatClient, RetryPolicy
+from middleware.retry import RETRY_EVENT, RetryChatClient, RetrySettings
 from middleware.routing import OrderedFailoverChatClient, Route
 from pipeline import ChatPipeline
 from pipeline.errors import (
@@ -34,7 +34,7 @@ class FakeTime:
 
 def retrying(client: ScriptedChatClient, fake: FakeTime, **policy: object) -> RetryChatClient:
     policy.setdefault("jitter", False)
-    return RetryChatClient(client, RetryPolicy(sleep=fake.sleep, **policy))  # type: ignore[arg-type]
+    return RetryChatClient(client, RetrySettings(sleep=fake.sleep, **policy))  # type: ignore[arg-type]
 
 
 async def test_transient_failures_are_retried_with_backoff(streaming: bool) -> None:
@@ -152,15 +152,15 @@ async def test_each_retry_is_a_span_event_without_content(streaming: bool) -> No
 
 def test_policy_validation() -> None:
     with pytest.raises(ValueError, match="max_attempts must be at least 1"):
-        RetryPolicy(max_attempts=0)
+        RetrySettings(max_attempts=0)
     with pytest.raises(TypeError, match="max_attempts must be an int"):
-        RetryPolicy(max_attempts=1.5)  # type: ignore[arg-type]
+        RetrySettings(max_attempts=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="initial_delay"):
-        RetryPolicy(initial_delay=-1)
+        RetrySettings(initial_delay=-1)
     with pytest.raises(ValueError, match="max_delay must not be less"):
-        RetryPolicy(initial_delay=2, max_delay=1)
+        RetrySettings(initial_delay=2, max_delay=1)
     with pytest.raises(TypeError, match="retry_on"):
-        RetryPolicy(retry_on=3)  # type: ignore[arg-type]
+        RetrySettings(retry_on=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         ChatPipeline.builder().use_retry(max_attempts=0)
 
@@ -190,7 +190,7 @@ async def test_retry_stops_before_the_request_deadline(streaming: bool) -> None:
     backup = ScriptedChatClient(reply("backup"), name="backup")
     route = RetryChatClient(
         primary,
-        RetryPolicy(
+        RetrySettings(
             max_attempts=10, initial_delay=4.0, max_delay=4.0, jitter=False, sleep=fake.sleep
         ),
     )

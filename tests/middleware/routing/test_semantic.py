@@ -206,7 +206,7 @@ async def test_last_user_message_is_the_query() -> None:
         ({"billing": []}, {}, "non-empty list"),
         ({"billing": ["ok", "  "]}, {}, "utterance 1 is blank"),
         ({"billing": "x1"}, {}, "non-empty list"),
-        ({"billing": ["x1"]}, {"top_k": 0}, "top_k must be an int of at least 1"),
+        ({"billing": ["x1"]}, {"top_k": 0}, "top_k must be at least 1, got 0"),
         ({"billing": ["x1"]}, {"top_k": 2}, "exceeds the number of utterances"),
         ({"billing": ["x1", "x2"]}, {"threshold": 1.5}, r"lies in \[-1, 1\]"),
         (

@@ -1,0 +1,129 @@
+"""Request scope: what one request may still spend, and the operation it belongs to.
+
+Routers open a scope per request (and make it current while a route runs); layers beneath
+read it through this small API, so no layer needs to know about routing:
+
+* `current_budget()`: the request's `RequestBudget` (provider calls left, deadline), or
+  `None` outside a router with limits. The retry layer spends a call per retry from it and
+  never sleeps past its deadline.
+* `current_operation()`: the operation id tool calls are idempotent within, set by
+  `operation_scope` (public, in `middleware.function_invocation`), by a router for its
+  routes, or by the function-invocation layer for its loop.
+
+Everything here is request-local (context variables); nothing outlives the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import uuid
+from collections.abc import Callable, Iterator
+
+__all__ = [
+    "RequestBudget",
+    "current_budget",
+    "current_operation",
+    "enter_budget",
+    "exit_budget",
+    "new_operation_id",
+    "operation_scope",
+    "set_operation",
+    "reset_operation",
+]
+
+
+class RequestBudget:
+    """What a request may still spend across every layer: provider calls and time.
+
+    `calls_left` is `None` for no call limit; `deadline` is a time on `clock`, or `None`.
+    """
+
+    __slots__ = ("calls_left", "clock", "deadline")
+
+    def __init__(
+        self, calls_left: int | None, deadline: float | None, clock: Callable[[], float]
+    ) -> None:
+        self.calls_left = calls_left
+        self.deadline = deadline
+        self.clock = clock
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (never negative), or `None` without one."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self.clock())
+
+    def take_call(self) -> bool:
+        """Spend one provider call; `False` (and nothing spent) when none is left."""
+        if self.calls_left is None:
+            return True
+        if self.calls_left <= 0:
+            return False
+        self.calls_left -= 1
+        return True
+
+    def __repr__(self) -> str:
+        return f"RequestBudget(calls_left={self.calls_left}, remaining={self.remaining()})"
+
+
+_budget: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
+    "chat_pipeline_request_budget", default=None
+)
+_operation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "chat_pipeline_operation_id", default=None
+)
+
+BudgetToken = contextvars.Token[RequestBudget | None]
+OperationToken = contextvars.Token[str | None]
+
+
+def current_budget() -> RequestBudget | None:
+    """The budget of the request being served in this context, if a router set one."""
+    return _budget.get()
+
+
+def enter_budget(budget: RequestBudget | None) -> BudgetToken:
+    """Make `budget` current (a router does this around each call into a route)."""
+    return _budget.set(budget)
+
+
+def exit_budget(token: BudgetToken) -> None:
+    _budget.reset(token)
+
+
+_OPERATION_PREFIX = uuid.uuid4().hex[:12]
+_operation_counter = itertools.count(1)
+
+
+def new_operation_id() -> str:
+    """A process-unique (and, by its random prefix, practically globally unique) id."""
+    return f"{_OPERATION_PREFIX}-{next(_operation_counter):x}"
+
+
+def current_operation() -> str | None:
+    """The operation id of the request being served, if one was set."""
+    return _operation.get()
+
+
+def set_operation(operation_id: str) -> OperationToken:
+    return _operation.set(operation_id)
+
+
+def reset_operation(token: OperationToken) -> None:
+    _operation.reset(token)
+
+
+@contextlib.contextmanager
+def operation_scope(operation_id: str | None = None) -> Iterator[str]:
+    """Run requests under one operation id (a fresh one unless given), so tool calls are
+    idempotent across them, for example when the caller retries a whole request."""
+    if operation_id is not None and (not isinstance(operation_id, str) or not operation_id):
+        raise ValueError("operation_id must be a non-empty string or None")
+    value = operation_id or new_operation_id()
+    token = _operation.set(value)
+    try:
+        yield value
+    finally:
+        _operation.reset(token)

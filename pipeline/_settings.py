@@ -1,0 +1,210 @@
+"""One frozen settings class per layer, validated in one place.
+
+A layer's constructor, the builder's ``use_*`` method and the TOML loader all build the
+layer's `Settings` subclass, so each default and each check is written once (on the class's
+fields). Validation is pydantic's, in strict mode: no silent coercion (``"3"`` is not 3,
+``True`` is not 1), no NaN or infinity, unknown names refused with a suggestion.
+
+A bad value raises `TypeError` when every problem is a wrong type and `ValueError`
+otherwise; the message names every problem, in our words (``max_attempts must be at least
+1, got 0``) and never echoes a string value (it might be a secret). The loader turns the
+same problems into `ConfigError` lines with their key paths.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Self
+
+import pydantic
+from pydantic import ConfigDict
+
+__all__ = ["Settings", "problems_of", "settings_error", "suggest"]
+
+_TYPE_ERRORS = frozenset(
+    {
+        "int_type",
+        "int_parsing",
+        "int_from_float",
+        "float_type",
+        "float_parsing",
+        "bool_type",
+        "bool_parsing",
+        "string_type",
+        "callable_type",
+        "is_instance_of",
+        "list_type",
+        "tuple_type",
+        "set_type",
+        "frozen_set_type",
+        "dict_type",
+        "model_type",
+        "dataclass_type",
+    }
+)
+
+
+class Settings(pydantic.BaseModel):
+    """Base of every layer's settings: frozen, strict, complete, validated at construction.
+
+    `code_only` names the fields that take code (callables, clients, providers); the TOML
+    loader refuses them as settings.
+    """
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        arbitrary_types_allowed=True,
+        allow_inf_nan=False,
+        hide_input_in_errors=True,
+    )
+
+    code_only: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except pydantic.ValidationError as exc:
+            raise settings_error(problems_of(exc, type(self))) from None
+
+    @classmethod
+    def from_options(cls, settings: Self | None, options: Mapping[str, Any]) -> Self:
+        """`settings`, with `options` (field names of this class) replacing its values."""
+        if settings is not None and not isinstance(settings, cls):
+            raise TypeError(f"settings must be {cls.__name__}, not {type(settings).__name__}")
+        if not options:
+            return settings if settings is not None else cls()
+        base = dict(settings) if settings is not None else {}
+        return cls(**{**base, **options})
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with `changes` applied, validated like a new instance."""
+        return type(self)(**{**dict(self), **changes})
+
+
+def suggest(name: str, known: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the closest known name, or nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _path(location: Sequence[int | str]) -> str:
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path
+
+
+def _model_at(model: type[pydantic.BaseModel] | None, location: Sequence[int | str]) -> Any:
+    """The pydantic model class at `location` below `model`, when the path is plain fields."""
+    for part in location:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)
+            else None
+        )
+    return model
+
+
+def _got(value: object) -> str:
+    # Numbers and booleans are shown; strings and objects only by type (a string may be a
+    # secret, an object's repr may hold anything).
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return type(value).__name__
+
+
+def _expected(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    context = error.get("ctx") or {}
+    expected = {
+        "int_type": "an integer",
+        "int_parsing": "an integer",
+        "int_from_float": "an integer",
+        "float_type": "a number",
+        "float_parsing": "a number",
+        "finite_number": "a finite number",
+        "bool_type": "true or false",
+        "bool_parsing": "true or false",
+        "string_type": "a string",
+        "callable_type": "a callable",
+        "list_type": "a list",
+        "dict_type": "a table",
+        "model_type": "a table",
+        "missing": "a value (it is required)",
+    }.get(kind)
+    if expected is not None:
+        return expected
+    if kind == "greater_than_equal":
+        return f"at least {context.get('ge')}"
+    if kind == "greater_than":
+        return "positive" if context.get("gt") in (0, 0.0) else f"more than {context.get('gt')}"
+    if kind == "less_than_equal":
+        return f"at most {context.get('le')}"
+    if kind == "less_than":
+        return f"less than {context.get('lt')}"
+    if kind == "literal_error":
+        return f"one of {context.get('expected')}"
+    if kind == "string_too_short":
+        return "a non-empty string"
+    if kind in ("string_too_long", "too_long"):
+        return f"at most {context.get('max_length')} long"
+    return str(error.get("msg", "a valid value"))
+
+
+def problems_of(
+    exc: pydantic.ValidationError,
+    model: type[pydantic.BaseModel] | None = None,
+    prefix: Sequence[int | str] = (),
+) -> list[tuple[str, str, bool]]:
+    """Each problem of `exc` as ``(key path, what is wrong, is a type error)``.
+
+    Paths are prefixed with `prefix`; unknown names get a suggestion from `model`'s fields.
+    """
+    found: list[tuple[str, str, bool]] = []
+    for error in exc.errors(include_url=False):
+        location = tuple(error["loc"])
+        kind = error["type"]
+        path = _path((*prefix, *location))
+        if kind == "extra_forbidden":
+            owner = _model_at(model, location[:-1])
+            known = owner.model_fields if owner is not None else ()
+            found.append((path, f"unknown setting{suggest(str(location[-1]), known)}", False))
+            continue
+        if kind in ("value_error", "assertion_error"):
+            cause = (error.get("ctx") or {}).get("error")
+            found.append((path, str(cause) if cause is not None else error["msg"], False))
+            continue
+        if kind == "missing":
+            found.append((path, "is required", False))
+            continue
+        message = f"expected {_expected(error)}"
+        if "input" in error:
+            message += f", got {_got(error['input'])}"
+        found.append((path, message, kind in _TYPE_ERRORS))
+    return found
+
+
+def settings_error(problems: Sequence[tuple[str, str, bool]]) -> Exception:
+    """The exception a constructor raises for `problems` (see the module docstring)."""
+    lines = []
+    for path, message, _ in problems:
+        if message.startswith("expected "):
+            # "max_attempts must be at least 1, got 0": the code-facing phrasing.
+            lines.append(f"{path} must be {message.removeprefix('expected ')}")
+        else:
+            lines.append(f"{path}: {message}" if path else message)
+    text = "; ".join(lines)
+    if problems and all(is_type for _, _, is_type in problems):
+        return TypeError(text)
+    return ValueError(text)

@@ -1,0 +1,211 @@
+"""One way to forward a stream and to tell how it ended.
+
+Every layer that wraps a stream of updates forwards it with `forward`, giving a
+`StreamWatcher` for what it needs to see. How a stream ended is decided here, once:
+
+* ``completed``: the inner stream ran out and closed cleanly;
+* ``failed``: the inner stream raised (or raised on close), and the caller was not
+  cancelling; the exception propagates unchanged;
+* ``canceled``: the caller's task is being cancelled (a `CancelledError` raised by a client
+  while the caller is *not* being cancelled is an ordinary failure);
+* ``abandoned``: the caller stopped reading and closed the stream (or threw into it).
+
+The inner stream is always closed, exactly once; an exception raised while closing it is
+part of how the stream ended (it fails a stream that had completed, and it replaces the
+`GeneratorExit` of an abandoned one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, Literal, TypeAlias
+
+from pipeline.types import ChatResponseUpdate
+
+__all__ = [
+    "NO_WATCHER",
+    "OpenedLater",
+    "StreamEnd",
+    "StreamWatcher",
+    "caller_cancelling",
+    "close_stream",
+    "ending_of",
+    "forward",
+]
+
+StreamEnd: TypeAlias = Literal["completed", "failed", "abandoned", "canceled"]
+Updates: TypeAlias = AsyncGenerator[ChatResponseUpdate, None]
+
+
+def caller_cancelling() -> bool:
+    """True while the current task is being cancelled (by its caller or a deadline)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def ending_of(error: BaseException) -> StreamEnd:
+    """How a call that raised `error` ended: ``canceled`` only for the caller's own
+    cancellation, ``failed`` for anything else (a client's stray `CancelledError` included)."""
+    if isinstance(error, asyncio.CancelledError) and caller_cancelling():
+        return "canceled"
+    return "failed"
+
+
+async def close_stream(stream: Updates) -> BaseException | None:
+    """Close `stream` and return what closing raised instead of raising it."""
+    try:
+        await stream.aclose()
+    except BaseException as exc:  # the caller decides what a failed close means
+        return exc
+    return None
+
+
+class StreamWatcher:
+    """What a layer sees of a stream it forwards. Every hook is optional.
+
+    `start()` runs at the caller's first read, before the inner stream is opened (a
+    stream that is never read starts nothing); if it raises, the exception propagates and
+    nothing else is called. With `scoped` true, `enter()` runs
+    before each step of the inner stream and `exit(token)` after it, so the layer can make
+    a context current while the layers beneath run, and never while the caller holds an
+    update.
+    """
+
+    __slots__ = ()
+    scoped = False
+
+    def start(self) -> None:
+        return None
+
+    def enter(self) -> Any:
+        return None
+
+    def exit(self, token: Any) -> None:
+        return None
+
+    def update(self, update: ChatResponseUpdate) -> None:
+        return None
+
+    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        """Called once, after the inner stream was closed."""
+        return None
+
+
+NO_WATCHER = StreamWatcher()
+
+
+async def forward(
+    open_stream: Callable[[], Updates], watcher: StreamWatcher = NO_WATCHER
+) -> Updates:
+    """Open the inner stream with `open_stream()` at the caller's first read (after
+    `watcher.start()`), and yield its updates.
+
+    See the module docstring for how the end is classified; `watcher.end` hears it once,
+    after the inner stream was closed, and the exception (if any) propagates unchanged.
+    """
+    watcher.start()
+    scoped = watcher.scoped
+    token = watcher.enter() if scoped else None
+    try:
+        stream = open_stream()
+    except BaseException as error:
+        watcher.end(ending_of(error), error)
+        raise
+    finally:
+        if scoped:
+            watcher.exit(token)
+    ended = False  # set once the end was reported from inside the loop
+    try:
+        while True:
+            token = watcher.enter() if scoped else None
+            try:
+                update = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            finally:
+                if scoped:
+                    watcher.exit(token)
+            watcher.update(update)
+            try:
+                yield update
+            except BaseException:
+                # The caller closed the stream (GeneratorExit) or threw into it.
+                ended = True
+                how: StreamEnd = "canceled" if caller_cancelling() else "abandoned"
+                close_error = await close_stream(stream)
+                watcher.end(how, close_error)
+                if close_error is not None:
+                    raise close_error from None
+                raise
+    except BaseException as error:
+        if ended:
+            raise
+        close_error = await close_stream(stream)
+        if close_error is not None:
+            error.add_note(f"closing the failed stream also raised {type(close_error).__name__}")
+        watcher.end(ending_of(error), error)
+        raise
+    close_error = await close_stream(stream)
+    if close_error is not None:
+        watcher.end(ending_of(close_error), close_error)
+        raise close_error
+    watcher.end("completed", None)
+
+
+class OpenedLater(AsyncGenerator[ChatResponseUpdate, None]):
+    """A stream opened at the caller's first read by `open()`, which returns the inner
+    stream and its first update (``None`` when it is empty), for layers that must do async
+    work before the first update (the retry layer retries there).
+
+    After the first update the caller reads the inner stream directly: no hop per update.
+    Closing closes the inner stream; closing before the first read opens nothing.
+    """
+
+    __slots__ = ("_closed", "_open", "_stream")
+
+    def __init__(
+        self, open: Callable[[], Awaitable[tuple[Updates, ChatResponseUpdate | None]]]
+    ) -> None:
+        self._open = open
+        self._stream: Updates | None = None
+        self._closed = False
+
+    def __aiter__(self) -> OpenedLater:
+        return self
+
+    def __anext__(self) -> Awaitable[ChatResponseUpdate]:  # type: ignore[override]
+        stream = self._stream
+        if stream is not None:
+            return stream.__anext__()
+        return self._first()
+
+    async def _first(self) -> ChatResponseUpdate:
+        if self._closed:
+            raise StopAsyncIteration
+        stream, first = await self._open()
+        self._stream = stream
+        if first is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        return first
+
+    async def asend(self, value: None) -> ChatResponseUpdate:
+        return await self.__anext__()
+
+    async def athrow(
+        self,
+        typ: Any,
+        value: Any = None,
+        traceback: TracebackType | None = None,
+    ) -> ChatResponseUpdate:
+        if self._stream is None:
+            self._closed = True
+            raise typ if value is None else value
+        return await self._stream.athrow(typ, value, traceback)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._stream is not None:
+            await self._stream.aclose()

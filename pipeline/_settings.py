@@ -13,14 +13,33 @@ same problems into `ConfigError` lines with their key paths.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Self
 
 import pydantic
 from pydantic import ConfigDict
 
-__all__ = ["Settings", "problems_of", "settings_error", "suggest"]
+__all__ = ["Settings", "collecting_problems", "problems_of", "settings_error", "suggest"]
+
+# While set, settings classes raise pydantic's own `ValidationError` (locations intact), so a
+# loader validating a whole file can report every problem with its key path.
+_collecting: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chat_pipeline_collecting_problems", default=False
+)
+
+
+@contextlib.contextmanager
+def collecting_problems() -> Iterator[None]:
+    """Validate nested settings with pydantic's errors (for a loader collecting problems)."""
+    token = _collecting.set(True)
+    try:
+        yield
+    finally:
+        _collecting.reset(token)
+
 
 _TYPE_ERRORS = frozenset(
     {
@@ -63,10 +82,25 @@ class Settings(pydantic.BaseModel):
 
     code_only: ClassVar[frozenset[str]] = frozenset()
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _code_stays_in_code(cls, data: Any) -> Any:
+        # Configuration files carry values, never code: a callable setting named in one is
+        # refused by name instead of failing as "expected a callable".
+        if _collecting.get() and isinstance(data, Mapping):
+            code = sorted(key for key in data if key in cls.code_only)
+            if code:
+                raise ValueError(
+                    f"{', '.join(code)}: takes code; set it in Python, not in configuration"
+                )
+        return data
+
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except pydantic.ValidationError as exc:
+            if _collecting.get():
+                raise  # a configuration loader reports it with its key path
             raise settings_error(problems_of(exc, type(self))) from None
 
     @classmethod

@@ -24,29 +24,218 @@
 
 The environment is the `environment` argument, else ``CHAT_PIPELINE_ENV``; its table is
 merged over the base (tables key by key, other values replaced; a route whose provider the
-environment changes is replaced whole). Every error is a
-`ConfigError` naming the key path and what was expected; unknown keys are errors too, so a
-typo never silently does nothing.
+environment changes is replaced whole).
+
+Validation uses the layers' own settings classes (`RetrySettings`, `BreakerSettings`,
+`FailoverSettings`, `SemanticSettings`, `RouteFacts`), so a default or a check is never
+written twice. Every problem is reported at once, each with its key path, as one
+`ConfigError`; an unknown key is an error with a suggestion (``routes.a.modle: unknown
+setting; did you mean 'model'?``); a named `api_key_env` that is unset is an error. Nothing
+read from the file (a secret, a prompt) is echoed in an error message except numbers and
+names.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
+import pydantic
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model_validator
+
+from pipeline._settings import collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 
-__all__ = ["ENVIRONMENT_VARIABLE", "build_pipeline", "load_pipeline", "merge"]
+__all__ = [
+    "ENVIRONMENT_VARIABLE",
+    "PipelineConfig",
+    "build_pipeline",
+    "load_config",
+    "load_pipeline",
+    "merge",
+    "parse_config",
+]
 
 ENVIRONMENT_VARIABLE = "CHAT_PIPELINE_ENV"
-_PROVIDERS = ("openai", "azure_openai", "ollama", "scripted")
-_ROUTERS = ("ordered", "semantic", "tiered")
-_LAYERS = ("telemetry", "logging", "function_invocation")
+
+# -- values ----------------------------------------------------------------------------------
+
+_Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+_Seconds = Annotated[float, Field(gt=0, le=86_400)]
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError("expected the name of an environment variable (letters, digits, _)")
+    return value
+
+
+def _http_url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        raise ValueError("expected an http(s) URL; this one does not parse") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "credentials do not belong in a URL: secrets come only from environment variables"
+        )
+    return value
+
+
+_EnvName = Annotated[str, AfterValidator(_env_name)]
+_Url = Annotated[str, AfterValidator(_http_url)]
+
+
+class _Section(pydantic.BaseModel):
+    """A table of the file: strict, closed, finite."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        hide_input_in_errors=True,
+    )
+
+
+# The layers' settings classes are imported lazily (they live in `middleware`, which imports
+# `pipeline`); the models below are built on first use.
+
+
+@dataclass(frozen=True)
+class _Models:
+    routes: Mapping[str, type[pydantic.BaseModel]]
+    routers: Mapping[str, type[pydantic.BaseModel]]
+    layers: type[pydantic.BaseModel]
+    breaker: type[pydantic.BaseModel]
+    retry: type[pydantic.BaseModel]
+
+
+_models_cache: list[_Models] = []
+
+
+def _models() -> _Models:
+    if _models_cache:
+        return _models_cache[0]
+    from middleware.breaker import BreakerSettings
+    from middleware.retry import RetrySettings
+    from middleware.routing.context import RouteFacts
+    from middleware.routing.failover import FailoverSettings
+    from middleware.routing.semantic import SemanticSettings
+
+    class _Breaker(BreakerSettings):
+        """``breaker = {...}``: a shared breaker names its Redis URL's variable."""
+
+        redis_url_env: _EnvName | None = None
+
+        @model_validator(mode="before")
+        @classmethod
+        def _no_literal_redis(cls, data: Any) -> Any:
+            if isinstance(data, Mapping) and "redis" in data:
+                raise ValueError(
+                    "redis: a URL may hold a password; name its environment variable with "
+                    "redis_url_env"
+                )
+            return data
+
+    class _Route(RouteFacts):
+        provider: str
+        retry: RetrySettings | None = None
+        breaker: _Breaker | None = None
+
+    class _Timeouts(_Route):
+        timeout: _Seconds = 60.0
+        first_chunk_timeout: _Seconds | None = None
+        stream_idle_timeout: _Seconds | None = None
+
+    class _OpenAI(_Timeouts):
+        provider: Literal["openai"]
+        model: _Name
+        base_url: _Url = "https://api.openai.com/v1"
+        api_key_env: _EnvName | None = None
+
+    class _Azure(_Timeouts):
+        provider: Literal["azure_openai"]
+        endpoint: _Url
+        deployment: _Name
+        api_version: _Name = "2024-10-21"
+        api_key_env: _EnvName | None = None
+
+    class _Ollama(_Timeouts):
+        provider: Literal["ollama"]
+        model: _Name
+        base_url: _Url = "http://localhost:11434/v1"
+
+    class _Scripted(_Route):
+        provider: Literal["scripted"]
+        reply: str = "Simulated answer."
+        model: _Name = "scripted-model"
+
+    class _Ordered(FailoverSettings):
+        kind: Literal["ordered"]
+        order: Annotated[list[_Name], Field(min_length=1)]
+
+    class _Tiered(FailoverSettings):
+        kind: Literal["tiered"]
+        default: _Name
+        fallback: dict[str, list[_Name]] = Field(default_factory=dict)
+        kinds: dict[str, _Name] = Field(default_factory=dict)
+        sticky_sessions: bool = True
+
+    class _HashingEmbeddings(_Section):
+        provider: Literal["hashing"]
+        dimensions: Annotated[int, Field(ge=2, le=65_536)] = 384
+
+    class _OpenAIEmbeddings(_Section):
+        provider: Literal["openai"]
+        model: _Name
+        base_url: _Url = "https://api.openai.com/v1"
+        api_key_env: _EnvName | None = None
+
+    class _Semantic(SemanticSettings):
+        kind: Literal["semantic"]
+        default: _Name
+        profiles: Annotated[
+            dict[str, Annotated[list[_Name], Field(min_length=1)]], Field(min_length=1)
+        ]
+        embeddings: Annotated[
+            _HashingEmbeddings | _OpenAIEmbeddings, Field(discriminator="provider")
+        ]
+
+    class _Layers(_Section):
+        telemetry: bool = False
+        logging: bool = False
+        function_invocation: bool = False
+
+    models = _Models(
+        routes={
+            "openai": _OpenAI,
+            "azure_openai": _Azure,
+            "ollama": _Ollama,
+            "scripted": _Scripted,
+        },
+        routers={"ordered": _Ordered, "tiered": _Tiered, "semantic": _Semantic},
+        layers=_Layers,
+        breaker=_Breaker,
+        retry=RetrySettings,
+    )
+    _models_cache.append(models)
+    return models
+
+
+# -- overlays ----------------------------------------------------------------------------------
 
 
 def merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,330 +267,409 @@ def _overlay(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
-class _Table:
-    """A TOML table that knows its key path and refuses keys nobody read."""
+# -- validation --------------------------------------------------------------------------------
 
-    def __init__(self, data: Any, path: str) -> None:
+
+class _Problems:
+    """Every problem found, each with its key path; raised together at the end."""
+
+    def __init__(self) -> None:
+        self.found: list[tuple[str, str]] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.found.append((path, message))
+
+    def validate(self, model: type[pydantic.BaseModel], data: Any, path: str) -> Any:
+        """`data` validated by `model`, or `None` with its problems recorded."""
         if not isinstance(data, Mapping):
-            raise ConfigError(path, f"expected a table, got {type(data).__name__}")
-        self.data = data
-        self.path = path
-        self._read: set[str] = set()
-
-    def key(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
-
-    def _get(self, name: str, kinds: tuple[type, ...], expected: str, default: Any) -> Any:
-        self._read.add(name)
-        if name not in self.data:
-            if default is _REQUIRED:
-                raise ConfigError(self.key(name), f"is required ({expected})")
-            return default
-        value = self.data[name]
-        if isinstance(value, bool) and bool not in kinds:
-            raise ConfigError(self.key(name), f"expected {expected}, got a boolean")
-        if not isinstance(value, kinds):
-            raise ConfigError(self.key(name), f"expected {expected}, got {type(value).__name__}")
-        return value
-
-    def text(self, name: str, default: Any = None) -> Any:
-        value = self._get(name, (str,), "a string", default)
-        if isinstance(value, str) and not value.strip():
-            raise ConfigError(self.key(name), "expected a non-empty string")
-        return value
-
-    def choice(self, name: str, choices: Sequence[str], default: Any = None) -> Any:
-        value = self.text(name, default)
-        if value is not None and value not in choices:
-            raise ConfigError(self.key(name), f"expected one of {list(choices)}, got {value!r}")
-        return value
-
-    def integer(self, name: str, default: Any = None, *, minimum: int = 1) -> Any:
-        value = self._get(name, (int,), f"an integer of at least {minimum}", default)
-        if isinstance(value, int) and value < minimum:
-            raise ConfigError(
-                self.key(name), f"expected an integer of at least {minimum}, got {value}"
-            )
-        return value
-
-    def number(self, name: str, default: Any = None, *, minimum: float | None = 0.0) -> Any:
-        expected = "a number" if minimum is None else f"a number of at least {minimum:g}"
-        value = self._get(name, (int, float), expected, default)
-        if minimum is not None and isinstance(value, int | float) and value < minimum:
-            raise ConfigError(
-                self.key(name), f"expected a number of at least {minimum:g}, got {value}"
-            )
-        return None if value is None else float(value)
-
-    def flag(self, name: str, default: Any = None) -> Any:
-        return self._get(name, (bool,), "true or false", default)
-
-    def strings(self, name: str, default: Any = None) -> Any:
-        value = self._get(name, (list,), "a list of strings", default)
-        if isinstance(value, list):
-            for index, item in enumerate(value):
-                if not isinstance(item, str) or not item.strip():
-                    raise ConfigError(f"{self.key(name)}[{index}]", "expected a non-empty string")
-        return value
-
-    def table(self, name: str) -> _Table | None:
-        self._read.add(name)
-        if name not in self.data:
+            self.add(path, f"expected a table, got {type(data).__name__}")
             return None
-        return _Table(self.data[name], self.key(name))
+        try:
+            with collecting_problems():
+                return model.model_validate(dict(data))
+        except pydantic.ValidationError as exc:
+            prefix = tuple(part for part in _split(path))
+            for where, message, _ in problems_of(exc, model, prefix):
+                self.add(where, message)
+            return None
 
-    def required_table(self, name: str) -> _Table:
-        table = self.table(name)
-        if table is None:
-            raise ConfigError(self.key(name), "is required (a table)")
-        return table
-
-    def tables(self) -> list[tuple[str, _Table]]:
-        self._read.update(self.data)
-        return [(name, _Table(value, self.key(name))) for name, value in self.data.items()]
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self._read)
-        if unknown:
-            raise ConfigError(self.key(unknown[0]), "is not a known setting")
+    def raise_if_any(self) -> None:
+        if self.found:
+            raise ConfigError.from_problems(self.found)
 
 
-_REQUIRED: Any = object()
+def _split(path: str) -> list[str]:
+    return path.split(".") if path else []
 
 
-def _secret(table: _Table, default_env: str | None, required: bool) -> str | None:
-    if "api_key" in table.data:
-        raise ConfigError(
-            table.key("api_key"),
-            "secrets come only from environment variables: name one with api_key_env",
-        )
-    variable = table.text("api_key_env", default_env)
-    if variable is None:
+def _choice(
+    problems: _Problems, table: Mapping[str, Any], key: str, choices: Sequence[str], path: str
+) -> str | None:
+    value = table.get(key)
+    where = f"{path}.{key}"
+    if value is None:
+        problems.add(where, f"is required (one of {list(choices)})")
         return None
-    value = os.environ.get(variable)
-    if not value and required:
-        raise ConfigError(
-            table.key("api_key_env"), f"the environment variable {variable} is not set"
+    if value not in choices:
+        shown = repr(value) if isinstance(value, str) and len(value) <= 40 else type(value).__name__
+        problems.add(
+            where, f"expected one of {list(choices)}, got {shown}{suggest(str(value), choices)}"
         )
-    return value or None
+        return None
+    return str(value)
 
 
-def _route_client(name: str, table: _Table) -> ChatClient:
-    provider = table.choice("provider", _PROVIDERS, _REQUIRED)
+def _names(
+    problems: _Problems, path: str, names: str | Sequence[str], routes: Mapping[str, Any]
+) -> None:
+    """Each name must be a defined route; a single name is reported without an index."""
+    if isinstance(names, str):
+        if names not in routes:
+            problems.add(path, f"names no route: {names!r}{suggest(names, routes)}")
+        return
+    for index, name in enumerate(names):
+        if name not in routes:
+            problems.add(f"{path}[{index}]", f"names no route: {name!r}{suggest(name, routes)}")
+
+
+_SECTIONS = ("routes", "router", "layers", "environments")
+_DEFAULT_KEYS = {"openai": "OPENAI_API_KEY", "azure_openai": "AZURE_OPENAI_API_KEY"}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """A validated configuration: its routes, its router and layers, ready to build.
+
+    `build()` makes the pipeline; `build_route(name)` makes one route alone (its client with
+    its own retry and breaker), for evaluation or direct calls. Secrets were read from the
+    environment when the file was loaded.
+    """
+
+    routes: Mapping[str, Any]
+    router: Any
+    layers: Any
+    environment: str | None
+    _secrets: Mapping[str, str | None] = field(repr=False, default_factory=dict)
+
+    @property
+    def route_names(self) -> list[str]:
+        return list(self.routes)
+
+    def build(
+        self,
+        *,
+        tools: Sequence[Any] = (),
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> ChatPipeline:
+        """The pipeline the file describes. Tools are code: pass them when the file turns
+        ``layers.function_invocation`` on."""
+        problems = _Problems()
+        layers = self.layers
+        if layers.function_invocation and not tools:
+            problems.add("layers.function_invocation", "is on, but no tools were given")
+        routes = {name: self._route(name, problems) for name in self.routes}
+        problems.raise_if_any()
+        builder = ChatPipeline.builder(
+            tracer_provider=tracer_provider, meter_provider=meter_provider
+        )
+        builder.use_telemetry(enabled=layers.telemetry)
+        builder.use_logging(enabled=layers.logging)
+        builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
+        if self.router is None:
+            only = next(iter(routes.values()))
+            return builder.build(only.client, name=only.name)
+        try:
+            _use_router(builder, self.router, routes, self._secrets)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("router", str(exc)) from exc
+        return builder.build()
+
+    def build_route(self, name: str) -> Any:
+        """One route (a `middleware.routing.Route`) with its own layers."""
+        if name not in self.routes:
+            raise ConfigError(f"routes.{name}", f"is not defined{suggest(name, self.routes)}")
+        problems = _Problems()
+        route = self._route(name, problems)
+        problems.raise_if_any()
+        return route
+
+    def _route(self, name: str, problems: _Problems) -> Any:
+        from middleware.routing.context import Route
+
+        table = self.routes[name]
+        path = f"routes.{name}"
+        try:
+            client = _client(name, table, self._secrets.get(name))
+        except (TypeError, ValueError) as exc:
+            problems.add(path, f"rejected: {exc}")
+            return None
+        builder = ChatPipeline.builder()
+        breaker = table.breaker
+        if breaker is not None:
+            fields = {key: getattr(breaker, key) for key in type(breaker).model_fields}
+            variable = fields.pop("redis_url_env")
+            fields["name"] = fields["name"] or name
+            fields["redis"] = os.environ.get(variable) if variable else None
+            builder.use_circuit_breaker(**fields)
+        if table.retry is not None:
+            builder.use_retry(table.retry)
+        if breaker is not None or table.retry is not None:
+            client = builder.build(client, name=name)
+        return Route(
+            name,
+            client,
+            max_input_tokens=table.max_input_tokens,
+            capabilities=table.capabilities,
+            price=table.price,
+        )
+
+
+def _client(name: str, table: Any, key: str | None) -> ChatClient:
+    provider = table.provider
     if provider == "scripted":
-        from pipeline.testing import ScriptedChatClient, reply
+        from pipeline._scripted import ScriptedChatClient, reply
 
-        text = table.text("reply", "Simulated answer.")
-        model = table.text("model", "scripted-model")
-        return ScriptedChatClient(reply(text), name=name, model_id=model)
-    timeout = table.number("timeout", 60.0)
-    first_chunk = table.number("first_chunk_timeout")
-    idle = table.number("stream_idle_timeout")
+        return ScriptedChatClient(reply(table.reply), name=name, model_id=table.model)
+    timeouts = {
+        "timeout": table.timeout,
+        "first_chunk_timeout": table.first_chunk_timeout,
+        "stream_idle_timeout": table.stream_idle_timeout,
+        "name": name,
+    }
     if provider == "openai":
         from pipeline.providers import OpenAIChatClient
 
-        base_url = table.text("base_url", "https://api.openai.com/v1")
-        key = _secret(
-            table, "OPENAI_API_KEY", required=base_url.startswith("https://api.openai.com")
-        )
-        return OpenAIChatClient(
-            table.text("model", _REQUIRED),
-            api_key=key,
-            base_url=base_url,
-            timeout=timeout,
-            first_chunk_timeout=first_chunk,
-            stream_idle_timeout=idle,
-            name=name,
-        )
+        return OpenAIChatClient(table.model, api_key=key, base_url=table.base_url, **timeouts)
     if provider == "azure_openai":
         from pipeline.providers import AzureOpenAIChatClient
 
-        key = _secret(table, "AZURE_OPENAI_API_KEY", required=True)
         return AzureOpenAIChatClient(
-            endpoint=table.text("endpoint", _REQUIRED),
-            deployment=table.text("deployment", _REQUIRED),
-            api_version=table.text("api_version", "2024-10-21"),
+            endpoint=table.endpoint,
+            deployment=table.deployment,
+            api_version=table.api_version,
             api_key=key,
-            timeout=timeout,
-            first_chunk_timeout=first_chunk,
-            stream_idle_timeout=idle,
-            name=name,
+            **timeouts,
         )
     from pipeline.providers import OllamaChatClient
 
-    return OllamaChatClient(
-        table.text("model", _REQUIRED),
-        base_url=table.text("base_url", "http://localhost:11434/v1"),
-        timeout=timeout,
-        first_chunk_timeout=first_chunk,
-        stream_idle_timeout=idle,
-        name=name,
-    )
+    return OllamaChatClient(table.model, base_url=table.base_url, **timeouts)
 
 
-def _route(name: str, table: _Table) -> Any:
-    from middleware.routing import Price, Route
+def _limits(router: Any) -> dict[str, Any]:
+    from middleware.routing.failover import FailoverSettings
 
-    client: ChatClient = _route_client(name, table)
-    builder = ChatPipeline.builder()
-    breaker = table.table("breaker")
-    if breaker is not None:
-        redis_env = breaker.text("redis_url_env")
-        redis_url = os.environ.get(redis_env) if redis_env else None
-        if redis_env and not redis_url:
-            raise ConfigError(
-                breaker.key("redis_url_env"), f"the environment variable {redis_env} is not set"
-            )
-        builder.use_circuit_breaker(
-            fail_max=breaker.integer("fail_max", 5),
-            reset_timeout=breaker.number("reset_timeout", 30.0),
-            name=breaker.text("name", name),
-            redis=redis_url,
-        )
-        breaker.done()
-    retry = table.table("retry")
-    if retry is not None:
-        builder.use_retry(
-            max_attempts=retry.integer("max_attempts", 3),
-            initial_delay=retry.number("initial_delay", 0.5),
-            max_delay=retry.number("max_delay", 8.0),
-            jitter=retry.flag("jitter", True),
-            respect_retry_after=retry.flag("respect_retry_after", True),
-            max_retry_after=retry.number("max_retry_after", 30.0),
-        )
-        retry.done()
-    if breaker is not None or retry is not None:
-        client = builder.build(client, name=name)
-    price_table = table.table("price")
-    price = None
-    if price_table is not None:
-        price = Price(
-            input_per_million=price_table.number("input_per_million", _REQUIRED),
-            output_per_million=price_table.number("output_per_million", _REQUIRED),
-        )
-        price_table.done()
-    route = Route(
-        name,
-        client,
-        max_input_tokens=table.integer("max_input_tokens"),
-        capabilities=frozenset(table.strings("capabilities", [])),
-        price=price,
-    )
-    table.done()
-    return route
-
-
-def _route_names(
-    table: _Table, field: str, names: str | Sequence[str], routes: Mapping[str, Any]
-) -> None:
-    """Each name must be a defined route; a single name is reported without an index."""
-    listed = [names] if isinstance(names, str) else list(names)
-    for index, name in enumerate(listed):
-        if name not in routes:
-            where = table.key(field) if isinstance(names, str) else f"{table.key(field)}[{index}]"
-            raise ConfigError(where, f"names no route: {name!r}")
-
-
-def _router(builder: ChatPipelineBuilder, table: _Table, routes: Mapping[str, Any]) -> None:
-    kind = table.choice("kind", _ROUTERS, _REQUIRED)
-    limits = {
-        "max_attempts_per_request": table.integer("max_attempts_per_request"),
-        "request_timeout": table.number("request_timeout", minimum=1e-9),
-        "min_attempt_budget": table.number("min_attempt_budget", 0.0),
-        "max_provider_calls_per_request": table.integer("max_provider_calls_per_request"),
+    return {
+        key: getattr(router, key)
+        for key in FailoverSettings.model_fields
+        if key not in FailoverSettings.code_only
     }
-    if kind == "ordered":
-        order = table.strings("order", _REQUIRED)
-        if not order:
-            raise ConfigError(table.key("order"), "expected at least one route")
-        _route_names(table, "order", order, routes)
-        table.done()
-        builder.use_ordered_failover([routes[n] for n in order], **limits)
+
+
+def _use_router(
+    builder: ChatPipelineBuilder,
+    router: Any,
+    routes: Mapping[str, Any],
+    secrets: Mapping[str, str | None],
+) -> None:
+    if router.kind == "ordered":
+        builder.use_ordered_failover([routes[n] for n in router.order], **_limits(router))
         return
-    default = table.text("default", _REQUIRED)
-    _route_names(table, "default", default, routes)
-    if kind == "tiered":
+    if router.kind == "tiered":
         from middleware.routing.tiered import TieredRoutingChatClient
 
-        fallback: dict[str, list[str]] = {}
-        fallback_table = table.table("fallback")
-        if fallback_table is not None:
-            for source in list(fallback_table.data):
-                if source not in routes:
-                    raise ConfigError(fallback_table.key(source), f"names no route: {source!r}")
-                targets = fallback_table.strings(source, _REQUIRED)
-                _route_names(fallback_table, source, targets, routes)
-                fallback[source] = targets
-            fallback_table.done()
-        kinds: dict[str, str] = {}
-        kinds_table = table.table("kinds")
-        if kinds_table is not None:
-            for kind_name in list(kinds_table.data):
-                target = kinds_table.text(kind_name, _REQUIRED)
-                _route_names(kinds_table, kind_name, target, routes)
-                kinds[kind_name] = target
-            kinds_table.done()
-        sticky = table.flag("sticky_sessions", True)
-        table.done()
-        router = TieredRoutingChatClient(
-            list(routes.values()),
-            default=default,
-            fallback=fallback,
-            kinds=kinds,
-            sticky_sessions=sticky,
-            **limits,
-        )
-        builder.use_failover(router)
+        def tiered() -> TieredRoutingChatClient:
+            return TieredRoutingChatClient(
+                list(routes.values()),
+                default=router.default,
+                fallback=router.fallback,
+                kinds=router.kinds,
+                sticky_sessions=router.sticky_sessions,
+                **_limits(router),
+            )
+
+        tiered()  # any refusal surfaces now, as a configuration error
+        builder.use_failover(tiered)
         return
-    # semantic
-    for field, value in limits.items():
-        if value not in (None, 0.0):
-            raise ConfigError(table.key(field), "applies to ordered and tiered routers only")
-    profiles_table = table.required_table("profiles")
-    profiles = {}
-    for route_name in list(profiles_table.data):
-        if route_name not in routes:
-            raise ConfigError(profiles_table.key(route_name), f"names no route: {route_name!r}")
-        profiles[routes[route_name]] = profiles_table.strings(route_name, _REQUIRED)
-    profiles_table.done()
-    threshold = table.number("threshold", 0.3, minimum=None)
-    top_k = table.integer("top_k", 1)
-    aggregation = table.choice("aggregation", ("mean", "sum", "max"), "mean")
-    generator = _embeddings(table.required_table("embeddings"))
-    table.done()
-    try:
-        builder.use_semantic_routing(
-            generator,
-            profiles,
-            routes[default],
-            threshold=threshold,
-            top_k=top_k,
-            aggregation=aggregation,
-        )
-    except ValueError as exc:
-        raise ConfigError(table.path, str(exc)) from exc
+    from middleware.routing.semantic import SemanticSettings
 
-
-def _embeddings(table: _Table) -> Any:
-    provider = table.choice("provider", ("openai", "hashing"), _REQUIRED)
-    if provider == "hashing":
+    embeddings = router.embeddings
+    if embeddings.provider == "hashing":
         from pipeline.providers import HashingEmbeddingGenerator
 
-        generator: Any = HashingEmbeddingGenerator(
-            dimensions=table.integer("dimensions", 384, minimum=2)
-        )
+        generator: Any = HashingEmbeddingGenerator(dimensions=embeddings.dimensions)
     else:
         from pipeline.providers import OpenAIEmbeddingGenerator
 
-        base_url = table.text("base_url", "https://api.openai.com/v1")
-        key = _secret(
-            table, "OPENAI_API_KEY", required=base_url.startswith("https://api.openai.com")
-        )
         generator = OpenAIEmbeddingGenerator(
-            table.text("model", _REQUIRED), api_key=key, base_url=base_url
+            embeddings.model, api_key=secrets.get("router.embeddings"), base_url=embeddings.base_url
         )
-    table.done()
-    return generator
+    settings = {key: getattr(router, key) for key in SemanticSettings.model_fields}
+    builder.use_semantic_routing(
+        generator,
+        {routes[name]: utterances for name, utterances in router.profiles.items()},
+        routes[router.default],
+        **settings,
+    )
+
+
+def _secret(
+    problems: _Problems, table: Any, path: str, default_variable: str | None, required: bool
+) -> str | None:
+    variable = getattr(table, "api_key_env", None) or default_variable
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value and (required or getattr(table, "api_key_env", None)):
+        problems.add(f"{path}.api_key_env", f"the environment variable {variable} is not set")
+    return value or None
+
+
+def parse_config(data: Mapping[str, Any], environment: str | None = None) -> PipelineConfig:
+    """Validate already-parsed configuration (see the module docstring)."""
+    problems = _Problems()
+    if not isinstance(data, Mapping):
+        raise ConfigError("", f"expected a table, got {type(data).__name__}")
+    environment = environment or os.environ.get(ENVIRONMENT_VARIABLE) or None
+    environments = data.get("environments", {})
+    if not isinstance(environments, Mapping):
+        raise ConfigError("environments", f"expected a table, got {type(environments).__name__}")
+    base = {key: value for key, value in data.items() if key != "environments"}
+    if environment is not None:
+        if environment not in environments:
+            known = sorted(environments)
+            raise ConfigError(
+                f"environments.{environment}", f"is not defined (defined: {known or 'none'})"
+            )
+        overlay = environments[environment]
+        if not isinstance(overlay, Mapping):
+            raise ConfigError(f"environments.{environment}", "expected a table")
+        if "environments" in overlay:
+            raise ConfigError(
+                f"environments.{environment}.environments", "environments cannot be nested"
+            )
+        base = _overlay(base, overlay)
+    for key in base:
+        if key not in ("routes", "router", "layers"):
+            problems.add(
+                str(key),
+                f"unknown setting{suggest(str(key), _SECTIONS)}",
+            )
+    models = _models()
+    raw_routes = base.get("routes")
+    routes: dict[str, Any] = {}
+    secrets: dict[str, str | None] = {}
+    if raw_routes is None:
+        problems.add("routes", "is required (a table of routes)")
+    elif not isinstance(raw_routes, Mapping):
+        problems.add("routes", f"expected a table, got {type(raw_routes).__name__}")
+    elif not raw_routes:
+        problems.add("routes", "expected at least one route")
+    else:
+        for name, table in raw_routes.items():
+            path = f"routes.{name}"
+            if not str(name).strip():
+                problems.add(path, "a route needs a non-empty name")
+                continue
+            if isinstance(table, Mapping) and "api_key" in table:
+                problems.add(
+                    f"{path}.api_key",
+                    "secrets come only from environment variables: name one with api_key_env",
+                )
+                table = {k: v for k, v in table.items() if k != "api_key"}
+            if not isinstance(table, Mapping):
+                problems.add(path, f"expected a table, got {type(table).__name__}")
+                continue
+            provider = _choice(problems, table, "provider", list(models.routes), path)
+            if provider is None:
+                continue
+            validated = problems.validate(models.routes[provider], table, path)
+            if validated is None:
+                continue
+            routes[str(name)] = validated
+            if provider in _DEFAULT_KEYS:
+                required = provider == "azure_openai" or validated.base_url.startswith(
+                    "https://api.openai.com"
+                )
+                secrets[str(name)] = _secret(
+                    problems, validated, path, _DEFAULT_KEYS[provider], required
+                )
+            if validated.breaker is not None and validated.breaker.redis_url_env:
+                variable = validated.breaker.redis_url_env
+                if not os.environ.get(variable):
+                    problems.add(
+                        f"{path}.breaker.redis_url_env",
+                        f"the environment variable {variable} is not set",
+                    )
+    raw_layers = base.get("layers", {})
+    layers = problems.validate(models.layers, raw_layers, "layers")
+    raw_router = base.get("router")
+    router = None
+    if raw_router is None:
+        if isinstance(raw_routes, Mapping) and len(raw_routes) > 1:
+            problems.add("router", "is required when there is more than one route")
+    elif not isinstance(raw_router, Mapping):
+        problems.add("router", f"expected a table, got {type(raw_router).__name__}")
+    else:
+        kind = _choice(problems, raw_router, "kind", list(models.routers), "router")
+        if isinstance(raw_routes, Mapping):
+            _check_router_names(problems, raw_router, raw_routes)
+        if kind is not None:
+            router = problems.validate(models.routers[kind], raw_router, "router")
+            if kind == "semantic" and router.embeddings.provider == "openai":
+                secrets["router.embeddings"] = _secret(
+                    problems,
+                    router.embeddings,
+                    "router.embeddings",
+                    "OPENAI_API_KEY",
+                    router.embeddings.base_url.startswith("https://api.openai.com"),
+                )
+    problems.raise_if_any()
+    return PipelineConfig(routes, router, layers, environment, secrets)
+
+
+def _check_router_names(
+    problems: _Problems, router: Mapping[str, Any], routes: Mapping[str, Any]
+) -> None:
+    """Route names the router refers to must be routes (checked on the raw table, so they
+    are reported even when other router settings are wrong; wrong types are reported by
+    the validation)."""
+
+    def names(path: str, value: Any) -> None:
+        if isinstance(value, str) or (
+            isinstance(value, list) and all(isinstance(v, str) for v in value)
+        ):
+            _names(problems, path, value, routes)
+
+    if "order" in router:
+        names("router.order", router["order"])
+    if "default" in router:
+        names("router.default", router["default"])
+    for table_name in ("fallback", "kinds", "profiles"):
+        table = router.get(table_name)
+        if not isinstance(table, Mapping):
+            continue
+        for key, value in table.items():
+            if table_name != "kinds":
+                names(f"router.{table_name}.{key}", str(key))
+            if table_name != "profiles":
+                names(f"router.{table_name}.{key}", value)
+
+
+def load_config(path: str | os.PathLike[str], environment: str | None = None) -> PipelineConfig:
+    """Read and validate a TOML file (see the module docstring)."""
+    file = Path(path)
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError("", f"cannot read {file}: {exc.strerror or type(exc).__name__}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{file} is not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{file} is not valid TOML: {exc}") from exc
+    return parse_config(data, environment)
 
 
 def build_pipeline(
@@ -411,51 +679,7 @@ def build_pipeline(
     tools: Sequence[Any] = (),
 ) -> ChatPipeline:
     """Build a pipeline from already-parsed configuration (see the module docstring)."""
-    root = _Table(data, "")
-    environments = root.table("environments")
-    environment = environment or os.environ.get(ENVIRONMENT_VARIABLE) or None
-    if environment is not None:
-        if environments is None or environment not in environments.data:
-            known = sorted(environments.data) if environments is not None else []
-            raise ConfigError(
-                f"environments.{environment}", f"is not defined (defined: {known or 'none'})"
-            )
-        overlay = _Table(environments.data[environment], f"environments.{environment}")
-        for name in overlay.data:
-            if name == "environments":
-                raise ConfigError(overlay.key(name), "environments cannot be nested")
-        root = _Table(
-            _overlay({k: v for k, v in data.items() if k != "environments"}, overlay.data), ""
-        )
-        root._read.add("environments")
-    routes_table = root.required_table("routes")
-    routes = {name: _route(name, table) for name, table in routes_table.tables()}
-    if not routes:
-        raise ConfigError("routes", "expected at least one route")
-    layers = root.table("layers")
-    builder = ChatPipeline.builder()
-    if layers is not None:
-        enabled = {name: layers.flag(name, False) for name in _LAYERS}
-        layers.done()
-    else:
-        enabled = dict.fromkeys(_LAYERS, False)
-    builder.use_telemetry(enabled=enabled["telemetry"])
-    builder.use_logging(enabled=enabled["logging"])
-    if enabled["function_invocation"] and not tools:
-        raise ConfigError(
-            "layers.function_invocation", "is on, but no tools were given to from_config"
-        )
-    builder.use_function_invocation(list(tools), enabled=enabled["function_invocation"])
-    router = root.table("router")
-    if router is None:
-        if len(routes) != 1:
-            raise ConfigError("router", "is required when there is more than one route")
-        only = next(iter(routes.values()))
-        root.done()
-        return builder.build(only.client, name=only.name)
-    _router(builder, router, routes)
-    root.done()
-    return builder.build()
+    return parse_config(data, environment).build(tools=tools)
 
 
 def load_pipeline(
@@ -465,13 +689,4 @@ def load_pipeline(
     tools: Sequence[Any] = (),
 ) -> ChatPipeline:
     """Read a TOML file and build its pipeline (`ChatPipeline.from_config`)."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("", f"cannot read {file}: {exc.strerror or exc}") from exc
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("", f"{file} is not valid TOML: {exc}") from exc
-    return build_pipeline(data, environment, tools=tools)
+    return load_config(path, environment).build(tools=tools)

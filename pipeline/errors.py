@@ -32,7 +32,7 @@ import asyncio
 import email.utils
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Self
 
@@ -80,12 +80,31 @@ class ChatPipelineError(Exception):
 
 
 class ConfigError(ChatPipelineError):
-    """A configuration value is missing or wrong. `key_path` names it, e.g. ``routes.a.model``."""
+    """Configuration is missing or wrong. `key_path` names the (first) problem's key, e.g.
+    ``routes.a.model``; `problems` lists every ``(key path, what is wrong)`` found, and the
+    message has one line per problem."""
 
-    def __init__(self, key_path: str, message: str) -> None:
+    def __init__(
+        self,
+        key_path: str,
+        message: str,
+        *,
+        problems: Sequence[tuple[str, str]] | None = None,
+    ) -> None:
         self.key_path = key_path
         self.detail = message
-        super().__init__(f"{key_path}: {message}" if key_path else message)
+        self.problems: tuple[tuple[str, str], ...] = (
+            tuple(problems) if problems else ((key_path, message),)
+        )
+        super().__init__(
+            "\n".join(f"{path}: {what}" if path else what for path, what in self.problems)
+        )
+
+    @classmethod
+    def from_problems(cls, problems: Sequence[tuple[str, str]]) -> ConfigError:
+        """One error reporting every problem (at least one)."""
+        path, message = problems[0]
+        return cls(path, message, problems=problems)
 
 
 class RoutingError(ChatPipelineError):

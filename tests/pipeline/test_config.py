@@ -157,15 +157,15 @@ async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None
     [
         (
             ('reply = "small answer"', 'reply = "small answer"\ncolour = "red"'),
-            "routes.small.colour: is not a known setting",
+            "routes.small.colour: unknown setting",
         ),
         (
             ("max_input_tokens = 100", 'max_input_tokens = "lots"'),
-            "routes.small.max_input_tokens: expected an integer of at least 1, got str",
+            "routes.small.max_input_tokens: expected an integer, got str",
         ),
         (
             ("max_input_tokens = 100", "max_input_tokens = 0"),
-            "routes.small.max_input_tokens: expected an integer of at least 1, got 0",
+            "routes.small.max_input_tokens: expected at least 1, got 0",
         ),
         (
             ('provider = "scripted"\nreply = "small answer"', 'provider = "gemini"'),
@@ -173,7 +173,7 @@ async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None
         ),
         (
             ("retry = { max_attempts = 2 }", "retry = { max_attempts = 2, backoff = 1 }"),
-            "routes.small.retry.backoff: is not a known setting",
+            "routes.small.retry.backoff: unknown setting",
         ),
         (
             ("breaker = { fail_max = 3, reset_timeout = 10 }", "breaker = { fail_max = 0 }"),
@@ -258,3 +258,96 @@ def test_a_single_route_name_is_reported_without_an_index() -> None:
     with pytest.raises(ConfigError) as caught:
         build_pipeline(data)
     assert str(caught.value) == "router.default: names no route: 'c'"
+
+
+def test_every_problem_is_reported_at_once_with_suggestions() -> None:
+    data = {
+        "routes": {
+            "a": {"provider": "openai", "modle": "gpt-x", "timeout": float("nan")},
+            "b": {"provider": "scripted", "retry": {"max_attempts": 0, "jitter": "yes"}},
+            "c": {"provider": "gemnii"},
+        },
+        "router": {"kind": "ordered", "order": ["a", "bb"], "max_attempts_per_request": 0},
+        "layer": {"telemetry": True},
+    }
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(data)
+    problems = dict(caught.value.problems)
+    assert problems == {
+        "layer": "unknown setting; did you mean 'layers'?",
+        "routes.a.modle": "unknown setting; did you mean 'model'?",
+        "routes.a.model": "is required",
+        "routes.a.timeout": "expected a finite number, got nan",
+        "routes.b.retry.max_attempts": "expected at least 1, got 0",
+        "routes.b.retry.jitter": "expected true or false, got str",
+        "routes.c.provider": (
+            "expected one of ['openai', 'azure_openai', 'ollama', 'scripted'], got 'gemnii'"
+        ),
+        "router.max_attempts_per_request": "expected positive, got 0",
+        "router.order[1]": "names no route: 'bb'; did you mean 'b'?",
+    }
+    # One line per problem, each starting with its key path.
+    assert str(caught.value).count("\n") == len(problems) - 1
+    assert caught.value.key_path == caught.value.problems[0][0]
+
+
+def test_code_only_settings_and_url_credentials_are_refused() -> None:
+    data = {
+        "routes": {
+            "a": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": "http://user:CANARY@127.0.0.1:9/v1",
+                "retry": {"sleep": "fast"},
+                "breaker": {"redis": "redis://:CANARY@127.0.0.1"},
+            }
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(data)
+    text = str(caught.value)
+    assert "CANARY" not in text
+    paths = sorted(path for path, _ in caught.value.problems)
+    assert paths == ["routes.a.base_url", "routes.a.breaker", "routes.a.retry"]
+    assert "sleep: takes code; set it in Python" in text
+    assert "redis_url_env" in text and "credentials do not belong in a URL" in text
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "pipeline.toml"
+    path.write_bytes(b'[routes.a]\nprovider = "scripted"\nreply = "\xff"\n')
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        ChatPipeline.from_config(path)
+
+
+def test_named_but_unset_key_variable_is_an_error_even_off_openai(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LOCAL_KEY", raising=False)
+    data = {
+        "routes": {
+            "a": {
+                "provider": "openai",
+                "model": "m",
+                "base_url": "http://127.0.0.1:9/v1",
+                "api_key_env": "LOCAL_KEY",
+            }
+        }
+    }
+    with pytest.raises(ConfigError, match=r"routes\.a\.api_key_env: the environment variable"):
+        build_pipeline(data)
+    del data["routes"]["a"]["api_key_env"]
+    assert build_pipeline(data).describe() == ["OpenAIChatClient(a)"]
+
+
+def test_loading_does_not_import_the_test_servers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pipeline.config import build_pipeline;"
+        "chat = build_pipeline({'routes': {'a': {'provider': 'scripted'}}});"
+        "print([m for m in ('pipeline.testing', 'pipeline._fake_server') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -42,6 +42,23 @@ SURFACES = {
         "SemanticSettings",
         "TieredRoutingChatClient",
     },
+    "middleware": {
+        "BreakerSettings",
+        "CircuitBreakerChatClient",
+        "ConfigureOptionsChatClient",
+        "FunctionInvocationSettings",
+        "FunctionInvokingChatClient",
+        "IdempotencyStore",
+        "LoggingChatClient",
+        "MemoryIdempotencyStore",
+        "RedisIdempotencyStore",
+        "RetryChatClient",
+        "RetrySettings",
+        "TelemetryChatClient",
+        "Tool",
+        "operation_scope",
+        "tool",
+    },
     "pipeline.providers": {
         "AzureOpenAIChatClient",
         "HashingEmbeddingGenerator",
@@ -113,6 +130,16 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "middleware.routing.context",
         "middleware.routing.router",
         "middleware.routing.failover",
+        "middleware.routing.semantic",
+        "middleware.routing.tiered",
+        "middleware.retry",
+        "middleware.breaker",
+        "middleware.telemetry",
+        "middleware.function_invocation",
+        "middleware.tools",
+        "middleware.idempotency",
+        "pipeline.config",
+        "pipeline.errors",
     ],
 )
 def test_every_module_declares_all(module_name: str) -> None:
@@ -131,3 +158,36 @@ def test_pipeline_does_not_import_middleware_or_cli_eagerly() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_import_pipeline_loads_no_numpy_and_no_middleware() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline;"
+        "print([m for m in ('numpy', 'middleware', 'pydantic') if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_routing_loads_numpy_only_for_semantic_routing() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, middleware.routing as r; before = 'numpy' in sys.modules;"
+        "r.SemanticRoutingChatClient; print(before, 'numpy' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False True"
+
+
+def test_middleware_names_load_from_their_modules() -> None:
+    import middleware
+    from middleware.retry import RetryChatClient
+
+    assert middleware.RetryChatClient is RetryChatClient
+    with pytest.raises(AttributeError):
+        middleware.Nope  # noqa: B018

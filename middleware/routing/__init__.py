@@ -6,6 +6,10 @@ again after a failure before output; `SemanticRoutingChatClient` picks a route b
 similarity. Every attempt is reported as a `FailoverAttempt` and traced as a span.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from middleware.routing.context import (
     AttemptOutcome,
     FailoverAttempt,
@@ -20,8 +24,17 @@ from middleware.routing.failover import (
     OrderedFailoverChatClient,
 )
 from middleware.routing.router import RoutingChatClient
-from middleware.routing.semantic import RouteScore, SemanticRoutingChatClient, SemanticSettings
 from middleware.routing.tiered import TieredRoutingChatClient
+
+if TYPE_CHECKING:
+    from middleware.routing.semantic import (
+        RouteScore,
+        SemanticRoutingChatClient,
+        SemanticSettings,
+    )
+
+# Semantic routing needs numpy: it is imported when one of its names is first used.
+_SEMANTIC = frozenset({"RouteScore", "SemanticRoutingChatClient", "SemanticSettings"})
 
 __all__ = [
     "AttemptOutcome",
@@ -39,3 +52,13 @@ __all__ = [
     "SemanticSettings",
     "TieredRoutingChatClient",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SEMANTIC:
+        from middleware.routing import semantic
+
+        value = getattr(semantic, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'middleware.routing' has no attribute {name!r}")

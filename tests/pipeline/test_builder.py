@@ -142,3 +142,101 @@ def test_builder_methods_for_layers_exist() -> None:
     ):
         assert callable(getattr(builder, name))
     assert isinstance(ConfigureOptionsChatClient(ScriptedChatClient(), lambda o: o), ChatClient)
+
+
+class Closable(ScriptedChatClient):
+    """A scripted client that, like an HTTP client, refuses calls once closed."""
+
+    def _record(self, messages, options, streaming):  # type: ignore[no-untyped-def]
+        if self.close_count:
+            raise RuntimeError("client is closed")
+        return super()._record(messages, options, streaming)
+
+
+async def test_two_builds_share_no_router_and_close_shared_routes_last(streaming: bool) -> None:
+    from middleware.routing import Route
+
+    primary, backup = Closable(name="primary"), Closable(name="backup")
+    builder = ChatPipeline.builder().use_ordered_failover(
+        [Route("primary", primary), Route("backup", backup)]
+    )
+    first, second = builder.build(), builder.build()
+    assert first.client is not second.client
+    await first.aclose()
+    assert (primary.close_count, backup.close_count) == (0, 0)
+    assert (await collect(second, "hi", streaming=streaming)).text == "ok"
+    await second.aclose()
+    assert (primary.close_count, backup.close_count) == (1, 1)
+
+
+async def test_each_build_has_its_own_breaker_and_tool_store() -> None:
+    from middleware.breaker import CircuitBreakerChatClient
+    from middleware.function_invocation import FunctionInvokingChatClient
+
+    builder = ChatPipeline.builder().use_function_invocation().use_circuit_breaker(fail_max=1)
+    first, second = builder.build(ScriptedChatClient()), builder.build(ScriptedChatClient())
+    layers = [p.client for p in (first, second)]
+    assert all(isinstance(layer, FunctionInvokingChatClient) for layer in layers)
+    tools_first, tools_second = layers  # type: ignore[misc]
+    assert tools_first.store is not tools_second.store  # type: ignore[attr-defined]
+    breakers = [layer.inner for layer in layers]  # type: ignore[attr-defined]
+    assert all(isinstance(b, CircuitBreakerChatClient) for b in breakers)
+    assert breakers[0].breaker is not breakers[1].breaker
+
+
+def test_a_router_instance_builds_once() -> None:
+    from middleware.routing import OrderedFailoverChatClient
+
+    router = OrderedFailoverChatClient([ScriptedChatClient()])
+    builder = ChatPipeline.builder().use_failover(router)
+    assert builder.build().client is router
+    with pytest.raises(ValueError, match="give it a factory"):
+        builder.build()
+    factory = ChatPipeline.builder().use_failover(
+        lambda: OrderedFailoverChatClient([ScriptedChatClient()])
+    )
+    assert factory.build().client is not factory.build().client
+
+
+def test_layer_options_are_checked_where_written() -> None:
+    with pytest.raises(ValueError, match="unknown setting; did you mean 'max_attempts'"):
+        ChatPipeline.builder().use_retry(max_attempt=2)
+    with pytest.raises(TypeError, match="fail_max must be an integer"):
+        ChatPipeline.builder().use_circuit_breaker(fail_max="5")
+    with pytest.raises(ValueError, match="max_iterations must be at least 1"):
+        ChatPipeline.builder().use_function_invocation(max_iterations=0)
+    with pytest.raises(TypeError, match=r"routes\[0\] must be a ChatClient"):
+        ChatPipeline.builder().use_ordered_failover([object()])  # type: ignore[list-item]
+
+
+class NoMetadata:
+    """A client written without `metadata`: it must still work, named after its type."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedChatClient(reply("plain"))
+
+    async def get_response(self, messages, options=None):  # type: ignore[no-untyped-def]
+        return await self.inner.get_response(messages, options)
+
+    def get_streaming_response(self, messages, options=None):  # type: ignore[no-untyped-def]
+        return self.inner.get_streaming_response(messages, options)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_client_without_metadata_works_everywhere(streaming: bool) -> None:
+    chat = (
+        ChatPipeline.builder()
+        .use_telemetry()
+        .use_logging()
+        .use_circuit_breaker()
+        .use_retry()
+        .build(NoMetadata())  # type: ignore[arg-type]
+    )
+    assert chat.metadata.name == "NoMetadata"
+    assert chat.describe()[-1] == "NoMetadata"
+    assert (await collect(chat, "hi", streaming=streaming)).text == "plain"
+    routed = ChatPipeline.builder().use_ordered_failover([NoMetadata()]).build()  # type: ignore[list-item]
+    assert routed.describe() == ["OrderedFailoverChatClient(NoMetadata)"]
+    assert (await collect(routed, "hi", streaming=streaming)).text == "plain"

@@ -154,3 +154,16 @@ def test_parse_retry_after_seconds_and_dates() -> None:
     assert parse_retry_after(later, now=now.timestamp) == pytest.approx(30.0)
     earlier = format_datetime(now - timedelta(seconds=30), usegmt=True)
     assert parse_retry_after(earlier, now=now.timestamp) == 0.0
+
+
+def test_an_error_class_is_its_kind() -> None:
+    from pipeline.errors import FailureKind, ProviderError, RateLimitedError
+
+    with pytest.raises(TypeError, match="RateLimitedError is a rate_limited error"):
+        RateLimitedError(kind=FailureKind.AUTHENTICATION)
+    chosen = ProviderError("slow down", kind=FailureKind.RATE_LIMITED, status_code=429)
+    assert type(chosen) is RateLimitedError and chosen.kind is FailureKind.RATE_LIMITED
+    assert str(chosen) == "slow down" and chosen.status_code == 429
+    assert RateLimitedError(kind=FailureKind.RATE_LIMITED).kind is FailureKind.RATE_LIMITED
+    with pytest.raises(AttributeError):
+        chosen.kind = FailureKind.TRANSIENT  # type: ignore[misc]

@@ -564,3 +564,90 @@ async def test_pipeline_around_failover(streaming: bool) -> None:
     assert (await collect(chat, "hi", streaming=streaming)).text == "b"
     await chat.aclose()
     assert primary.close_count == backup.close_count == 1
+
+
+class AsyncPolicy(FailoverChatClient):
+    """Every hook a coroutine function, each yielding to the loop before it answers."""
+
+    def __init__(self, clients: list[ScriptedChatClient], **options: object) -> None:
+        super().__init__(**options)  # type: ignore[arg-type]
+        self.clients = clients
+        self.updates: list[tuple[str, str, bool]] = []
+        self.decisions: list[str] = []
+
+    async def select_client(self, context: RoutingContext) -> ScriptedChatClient:
+        await asyncio.sleep(0)
+        return self.clients[len(context.attempts) % len(self.clients)]
+
+    async def on_routing_update(
+        self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool
+    ) -> None:
+        await asyncio.sleep(0)
+        self.updates.append((attempt.route_name, attempt.outcome, is_terminal))
+
+    async def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
+        await asyncio.sleep(0)
+        self.decisions.append(type(exception).__name__)
+        return isinstance(exception, TransientProviderError)
+
+
+async def test_async_policy_hooks_are_awaited(streaming: bool) -> None:
+    primary, backup = routes(fail(TransientProviderError()), reply("ok"))
+    router = AsyncPolicy([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is None and result.text == "ok"
+    assert router.updates == [("r0", "failed_before_output", False), ("r1", "completed", True)]
+    assert router.decisions == ["TransientProviderError"]
+
+
+async def test_async_should_failover_can_refuse(streaming: bool) -> None:
+    error = RequestInvalidError()
+    primary, backup = routes(fail(error), reply("never"))
+    router = AsyncPolicy([primary, backup])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is error
+    assert backup.call_count == 0
+    assert router.updates == [("r0", "failed_before_output", True)]
+
+
+async def test_async_should_failover_callable_on_ordered_router(streaming: bool) -> None:
+    async def only_transient(exception: BaseException) -> bool:
+        await asyncio.sleep(0)
+        return isinstance(exception, TransientProviderError)
+
+    first, second, third = routes(
+        fail(TransientProviderError()), fail(RequestInvalidError()), reply("never")
+    )
+    router = RecordingFailover([first, second, third], should_failover=only_transient)
+    result = await collect(router, "hi", streaming=streaming)
+    assert isinstance(result.error, RequestInvalidError)
+    assert [c.call_count for c in (first, second, third)] == [1, 1, 0]
+
+
+async def test_a_runaway_policy_ends_at_the_default_cap(streaming: bool) -> None:
+    from middleware.routing.failover import DEFAULT_MAX_ATTEMPTS
+
+    errors = [TransientProviderError(f"e{i}") for i in range(DEFAULT_MAX_ATTEMPTS)]
+    failing = ScriptedChatClient([fail(e) for e in errors], name="failing")
+    router = AsyncPolicy([failing])
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is errors[-1]
+    assert failing.call_count == DEFAULT_MAX_ATTEMPTS == 10
+    assert [terminal for _, _, terminal in router.updates] == [False] * 9 + [True]
+
+
+async def test_no_attempt_limit_only_when_asked_explicitly(streaming: bool) -> None:
+    flaky = ScriptedChatClient(
+        [fail(TransientProviderError()) for _ in range(14)] + [reply("finally")], name="flaky"
+    )
+    router = AsyncPolicy([flaky], max_attempts_per_request=None)
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.text == "finally"
+    assert flaky.call_count == 15
+
+
+def test_failover_settings_are_validated_once() -> None:
+    with pytest.raises(ValueError, match="max_attempts_per_request must be positive, got 0"):
+        AsyncPolicy([], max_attempts_per_request=0)
+    with pytest.raises(ValueError, match="unknown setting; did you mean 'request_timeout'"):
+        AsyncPolicy([], request_timout=3)

@@ -34,6 +34,7 @@ from pipeline.client import (
     EmbeddingGenerator,
     check_options,
     client_name,
+    close_all,
     ensure_chat_client,
     metadata_of,
 )
@@ -171,10 +172,7 @@ class SharedResources:
     once (closing errors of all are raised together)."""
 
     def __init__(self, resources: Iterable[object]) -> None:
-        unique: dict[int, object] = {}
-        for resource in resources:
-            unique.setdefault(id(resource), resource)
-        self._resources = list(unique.values())
+        self._resources = list(resources)
         self._leases = 0
 
     def lease(self) -> Callable[[], Awaitable[None]]:
@@ -189,21 +187,9 @@ class SharedResources:
             released = True
             self._leases -= 1
             if self._leases == 0:
-                await self._close()
+                await close_all(self._resources, "shared clients")
 
         return release
-
-    async def _close(self) -> None:
-        errors: list[Exception] = []
-        for resource in self._resources:
-            try:
-                await resource.aclose()  # type: ignore[attr-defined]
-            except Exception as exc:  # close the rest, then report every failure
-                errors.append(exc)
-        if len(errors) == 1:
-            raise errors[0]
-        if errors:
-            raise ExceptionGroup("closing shared clients failed", errors)
 
 
 class _RouterSpec:

@@ -9,7 +9,7 @@ everything beneath it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -29,6 +29,7 @@ __all__ = [
     "EmbeddingGenerator",
     "check_options",
     "client_name",
+    "close_all",
     "ensure_chat_client",
     "metadata_of",
 ]
@@ -112,6 +113,25 @@ def client_name(client: ChatClient) -> str:
     if metadata.provider_name and metadata.model_id:
         return f"{metadata.provider_name}/{metadata.model_id}"
     return metadata.model_id or metadata.provider_name or type(client).__name__
+
+
+async def close_all(resources: Iterable[object], what: str = "clients") -> None:
+    """Close each of `resources` once (by identity), all of them even when some fail; then
+    raise the one failure, or an `ExceptionGroup` of several."""
+    seen: set[int] = set()
+    errors: list[Exception] = []
+    for resource in resources:
+        if id(resource) in seen:
+            continue
+        seen.add(id(resource))
+        try:
+            await resource.aclose()  # type: ignore[attr-defined]
+        except Exception as exc:  # close the rest, then report every failure
+            errors.append(exc)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise ExceptionGroup(f"closing {what} failed", errors)
 
 
 class AsyncClosing:

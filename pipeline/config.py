@@ -47,9 +47,9 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
-from pipeline._settings import collecting_problems, problems_of, suggest
+from pipeline._settings import Settings, collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
@@ -98,16 +98,16 @@ _EnvName = Annotated[str, AfterValidator(_env_name)]
 _Url = Annotated[str, AfterValidator(_http_url)]
 
 
-class _Section(pydantic.BaseModel):
-    """A table of the file: strict, closed, finite."""
+class _Section(Settings):
+    """A table of the file: strict, closed, finite (like every settings class)."""
 
-    model_config = ConfigDict(
-        frozen=True,
-        extra="forbid",
-        strict=True,
-        allow_inf_nan=False,
-        hide_input_in_errors=True,
-    )
+
+class _OpenAIEndpoint(_Section):
+    """An OpenAI-compatible endpoint: its model, URL and the variable holding its key."""
+
+    model: _Name
+    base_url: _Url = "https://api.openai.com/v1"
+    api_key_env: _EnvName | None = None
 
 
 # The layers' settings classes are imported lazily (they live in `middleware`, which imports
@@ -160,11 +160,8 @@ def _models() -> _Models:
         first_chunk_timeout: _Seconds | None = None
         stream_idle_timeout: _Seconds | None = None
 
-    class _OpenAI(_Timeouts):
+    class _OpenAI(_Timeouts, _OpenAIEndpoint):
         provider: Literal["openai"]
-        model: _Name
-        base_url: _Url = "https://api.openai.com/v1"
-        api_key_env: _EnvName | None = None
 
     class _Azure(_Timeouts):
         provider: Literal["azure_openai"]
@@ -198,11 +195,8 @@ def _models() -> _Models:
         provider: Literal["hashing"]
         dimensions: Annotated[int, Field(ge=2, le=65_536)] = 384
 
-    class _OpenAIEmbeddings(_Section):
+    class _OpenAIEmbeddings(_OpenAIEndpoint):
         provider: Literal["openai"]
-        model: _Name
-        base_url: _Url = "https://api.openai.com/v1"
-        api_key_env: _EnvName | None = None
 
     class _Semantic(SemanticSettings):
         kind: Literal["semantic"]

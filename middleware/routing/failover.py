@@ -28,7 +28,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import inspect
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
@@ -48,7 +47,7 @@ from middleware.routing.context import (
     SelectionResult,
     as_route,
 )
-from middleware.routing.router import RoutingChatClient
+from middleware.routing.router import RoutingChatClient, router_keywords
 from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
@@ -63,8 +62,7 @@ from pipeline.types import (
 )
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import TracerProvider
+    pass
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -106,27 +104,12 @@ class FailoverChatClient(RoutingChatClient):
     Subclasses implement `select_client`; they may override `on_routing_update` (called
     once after every attempt, with ``is_terminal`` telling whether the request ends there)
     and `should_failover`. Each may be sync or async. The limits live in `settings`
-    (`FailoverSettings`); keyword `options` given to the constructor are its fields.
+    (`FailoverSettings`); keyword `options` are its fields and the router keywords
+    (see `RoutingChatClient`).
     """
 
-    def __init__(
-        self,
-        settings: FailoverSettings | None = None,
-        *,
-        leave_open: bool = False,
-        name: str | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__(
-            leave_open=leave_open,
-            name=name,
-            clock=clock,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-        )
+    def __init__(self, settings: FailoverSettings | None = None, **options: Any) -> None:
+        super().__init__(**router_keywords(options))
         self.settings = FailoverSettings.from_options(settings, options)
 
     # -- settings as attributes ------------------------------------------------------------
@@ -274,7 +257,7 @@ class FailoverChatClient(RoutingChatClient):
         if span_token is not None:
             otel_context.detach(span_token)
 
-    def _finish(
+    async def _finish(
         self,
         context: RoutingContext,
         attempt: _Attempt,
@@ -285,8 +268,8 @@ class FailoverChatClient(RoutingChatClient):
         time_to_first_update: float | None,
         terminal: bool,
         usage: UsageDetails | None = None,
-    ) -> Any:
-        """Record the attempt and report it; returns what `on_routing_update` returned."""
+    ) -> None:
+        """Record the attempt, trace it and report it to `on_routing_update`."""
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
@@ -301,7 +284,45 @@ class FailoverChatClient(RoutingChatClient):
         context.attempts.append(record)
         if attempt.span is not None:
             self._telemetry.finish(attempt.span, record, terminal, attempt.price, usage)
-        return self.on_routing_update(context, record, terminal)
+        reported = self.on_routing_update(context, record, terminal)
+        if reported is not None and inspect.isawaitable(reported):
+            await reported
+
+    async def _failed(
+        self,
+        context: RoutingContext,
+        attempt: _Attempt,
+        error: BaseException,
+        *,
+        duration: float,
+        time_to_first_update: float | None,
+        limit: int | None,
+        budget: _scope.RequestBudget | None,
+    ) -> None:
+        """Report a failed attempt; raise `error` when the request ends with it."""
+        outcome: AttemptOutcome
+        if ending_of(error) == "canceled":
+            outcome = "canceled"
+        elif time_to_first_update is not None:
+            outcome = "failed_after_output"
+            error.add_note(
+                f"chat-pipeline: route {attempt.route_name!r} failed after output was "
+                "committed to the caller; the streamed response is incomplete"
+            )
+        else:
+            outcome = "failed_before_output"
+        terminal = await self._is_terminal(context, error, outcome, limit, budget)
+        await self._finish(
+            context,
+            attempt,
+            outcome=outcome,
+            exception=error,
+            duration=duration,
+            time_to_first_update=time_to_first_update,
+            terminal=terminal,
+        )
+        if terminal:
+            raise error
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
@@ -340,37 +361,28 @@ class FailoverChatClient(RoutingChatClient):
                 finally:
                     self._exit(tokens)
                 duration = clock() - started
-                if failure is None:
-                    reported = self._finish(
+                if failure is not None:
+                    await self._failed(
                         context,
                         attempt,
-                        outcome="completed",
-                        exception=None,
+                        failure,
                         duration=duration,
-                        time_to_first_update=duration,
-                        terminal=True,
-                        usage=response.usage,
+                        time_to_first_update=None,
+                        limit=limit,
+                        budget=budget,
                     )
-                    if reported is not None and inspect.isawaitable(reported):
-                        await reported
-                    return response
-                outcome: AttemptOutcome = (
-                    "canceled" if ending_of(failure) == "canceled" else "failed_before_output"
-                )
-                terminal = await self._is_terminal(context, failure, outcome, limit, budget)
-                reported = self._finish(
+                    continue
+                await self._finish(
                     context,
                     attempt,
-                    outcome=outcome,
-                    exception=failure,
+                    outcome="completed",
+                    exception=None,
                     duration=duration,
-                    time_to_first_update=None,
-                    terminal=terminal,
+                    time_to_first_update=duration,
+                    terminal=True,
+                    usage=response.usage,
                 )
-                if reported is not None and inspect.isawaitable(reported):
-                    await reported
-                if terminal:
-                    raise failure
+                return response
         finally:
             if operation is not None:
                 _scope.reset_operation(operation)
@@ -435,7 +447,7 @@ class FailoverChatClient(RoutingChatClient):
                         mark = clock()
                         close_error = await close_stream(stream)
                         elapsed += clock() - mark
-                        reported = self._finish(
+                        await self._finish(
                             context,
                             attempt,
                             outcome="canceled" if caller_cancelling() else "abandoned",
@@ -444,8 +456,6 @@ class FailoverChatClient(RoutingChatClient):
                             time_to_first_update=first_update,
                             terminal=True,
                         )
-                        if reported is not None and inspect.isawaitable(reported):
-                            await reported
                         if close_error is not None:
                             raise close_error from None
                         raise
@@ -459,45 +469,28 @@ class FailoverChatClient(RoutingChatClient):
                         f"closing the stream of route {attempt.route_name!r} also failed: "
                         f"{type(close_error).__name__}"
                     )
-            if error is None:
-                reported = self._finish(
+            if error is not None:
+                await self._failed(
                     context,
                     attempt,
-                    outcome="completed",
-                    exception=None,
+                    error,
                     duration=elapsed,
                     time_to_first_update=first_update,
-                    terminal=True,
-                    usage=usage,
+                    limit=limit,
+                    budget=budget,
                 )
-                if reported is not None and inspect.isawaitable(reported):
-                    await reported
-                return
-            outcome: AttemptOutcome
-            if ending_of(error) == "canceled":
-                outcome = "canceled"
-            elif first_update is not None:
-                outcome = "failed_after_output"
-                error.add_note(
-                    f"chat-pipeline: route {attempt.route_name!r} failed after output was "
-                    "committed to the caller; the streamed response is incomplete"
-                )
-            else:
-                outcome = "failed_before_output"
-            terminal = await self._is_terminal(context, error, outcome, limit, budget)
-            reported = self._finish(
+                continue
+            await self._finish(
                 context,
                 attempt,
-                outcome=outcome,
-                exception=error,
+                outcome="completed",
+                exception=None,
                 duration=elapsed,
                 time_to_first_update=first_update,
-                terminal=terminal,
+                terminal=True,
+                usage=usage,
             )
-            if reported is not None and inspect.isawaitable(reported):
-                await reported
-            if terminal:
-                raise error
+            return
 
 
 _Tokens = tuple[Any, Any]  # (OpenTelemetry context token, request budget token), or None each
@@ -539,12 +532,6 @@ class OrderedFailoverChatClient(FailoverChatClient):
         self,
         routes: Sequence[Route | ChatClient],
         settings: FailoverSettings | None = None,
-        *,
-        leave_open: bool = False,
-        name: str | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
         **options: Any,
     ) -> None:
         if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
@@ -554,15 +541,7 @@ class OrderedFailoverChatClient(FailoverChatClient):
         )
         if not self.routes:
             raise ValueError("OrderedFailoverChatClient needs at least one route")
-        super().__init__(
-            settings,
-            leave_open=leave_open,
-            name=name,
-            clock=clock,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            **options,
-        )
+        super().__init__(settings, **options)
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:
         return self.routes[len(context.attempts)]

@@ -11,11 +11,17 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from middleware.routing._telemetry import RouteTelemetry
 from middleware.routing.context import RoutingContext, SelectionResult
-from pipeline.client import AsyncClosing, ChatClient, ChatClientMetadata, client_name
+from pipeline.client import (
+    AsyncClosing,
+    ChatClient,
+    ChatClientMetadata,
+    client_name,
+    close_all,
+)
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
 
 if TYPE_CHECKING:
@@ -24,9 +30,18 @@ if TYPE_CHECKING:
 
     from middleware.routing.failover import FailoverChatClient
 
-__all__ = ["RoutingChatClient", "Selector"]
+__all__ = ["ROUTER_KEYWORDS", "RoutingChatClient", "Selector", "router_keywords"]
 
 Selector = Callable[[RoutingContext], SelectionResult | Awaitable[SelectionResult]]
+
+ROUTER_KEYWORDS = ("leave_open", "name", "clock", "tracer_provider", "meter_provider")
+"""The keywords every router takes (see `RoutingChatClient`); subclasses pass them on in
+their ``**options`` next to their settings' fields."""
+
+
+def router_keywords(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the router keywords out of `options` (what is left are settings fields)."""
+    return {key: options.pop(key) for key in ROUTER_KEYWORDS if key in options}
 
 
 class RoutingChatClient(AsyncClosing, abc.ABC):
@@ -101,20 +116,7 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
         self._closed = True
         if self.leave_open:
             return
-        seen: set[int] = set()
-        errors: list[Exception] = []
-        for client in self.owned_clients():
-            if id(client) in seen:
-                continue
-            seen.add(id(client))
-            try:
-                await client.aclose()
-            except Exception as exc:  # close the rest, then report every failure
-                errors.append(exc)
-        if len(errors) == 1:
-            raise errors[0]
-        if errors:
-            raise ExceptionGroup("closing routed clients failed", errors)
+        await close_all(self.owned_clients(), "routed clients")
 
     # -- requests: the failover engine with one attempt --------------------------------------
 

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -40,15 +39,14 @@ from middleware.routing.context import (
     SelectionResult,
     as_route,
 )
-from middleware.routing.router import RoutingChatClient
+from middleware.routing.router import RoutingChatClient, router_keywords
 from pipeline._settings import Settings
 from pipeline.client import ChatClient, EmbeddingGenerator
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, ChatRole
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import TracerProvider
+    pass
 
 __all__ = [
     "SEMANTIC_REASON",
@@ -105,7 +103,8 @@ class SemanticSettings(Settings):
 class SemanticRoutingChatClient(RoutingChatClient):
     """Routes each request by embedding similarity (see the module docstring).
 
-    Keyword `options` are the fields of `SemanticSettings`.
+    Keyword `options` are the fields of `SemanticSettings` and the router keywords (see
+    `RoutingChatClient`).
     """
 
     def __init__(
@@ -114,21 +113,9 @@ class SemanticRoutingChatClient(RoutingChatClient):
         profiles: Mapping[Route | ChatClient, Sequence[str]],
         default: Route | ChatClient,
         settings: SemanticSettings | None = None,
-        *,
-        leave_open: bool = False,
-        name: str | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(
-            leave_open=leave_open,
-            name=name,
-            clock=clock,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-        )
+        super().__init__(**router_keywords(options))
         if not isinstance(embedding_generator, EmbeddingGenerator):
             raise TypeError("embedding_generator must have async generate(values) and aclose()")
         if not isinstance(profiles, Mapping) or not profiles:

@@ -21,7 +21,6 @@ The routing hints are removed from the options the routes receive.
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,8 +32,7 @@ from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, DataContent
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
-    from opentelemetry.trace import TracerProvider
+    pass
 
 __all__ = [
     "KIND_HINT",
@@ -83,22 +81,9 @@ class TieredRoutingChatClient(FailoverChatClient):
         max_sessions: int = 10_000,
         token_estimator: Callable[[Sequence[ChatMessage]], int] = estimate_input_tokens,
         settings: FailoverSettings | None = None,
-        leave_open: bool = False,
-        name: str | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(
-            settings,
-            leave_open=leave_open,
-            name=name,
-            clock=clock,
-            tracer_provider=tracer_provider,
-            meter_provider=meter_provider,
-            **options,
-        )
+        super().__init__(settings, **options)
         if isinstance(routes, str) or not isinstance(routes, Sequence) or not routes:
             raise ValueError("routes must be a non-empty sequence of Route")
         for route in routes:

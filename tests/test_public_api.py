@@ -148,40 +148,37 @@ def test_every_module_declares_all(module_name: str) -> None:
         assert hasattr(module, name), f"{module_name}.{name}"
 
 
-def test_pipeline_does_not_import_middleware_or_cli_eagerly() -> None:
+def fresh_interpreter(code: str) -> str:
+    """What `code` prints in a new interpreter (so imports start from nothing)."""
     import subprocess
     import sys
 
-    code = (
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_pipeline_does_not_import_middleware_or_cli_eagerly() -> None:
+    printed = fresh_interpreter(
         "import sys, pipeline, pipeline.errors, pipeline.testing;"
         "print(sorted(m for m in sys.modules if m.startswith('middleware') or m == 'pipeline.cli'))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert printed == "[]"
 
 
 def test_import_pipeline_loads_no_numpy_and_no_middleware() -> None:
-    import subprocess
-    import sys
-
-    code = (
+    printed = fresh_interpreter(
         "import sys, pipeline;"
         "print([m for m in ('numpy', 'middleware', 'pydantic') if m in sys.modules])"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    assert printed == "[]"
 
 
 def test_routing_loads_numpy_only_for_semantic_routing() -> None:
-    import subprocess
-    import sys
-
-    code = (
+    printed = fresh_interpreter(
         "import sys, middleware.routing as r; before = 'numpy' in sys.modules;"
         "r.SemanticRoutingChatClient; print(before, 'numpy' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False True"
+    assert printed == "False True"
 
 
 def test_middleware_names_load_from_their_modules() -> None:

@@ -11,6 +11,8 @@ Promises, for `get_response` and `get_streaming_response` alike:
   unknown failures). Request errors (invalid, too long, filtered, unauthenticated) prove
   the deployment answered, so they count as successes; caller cancellation and a caller
   abandoning a stream count as nothing;
+* an attempt the router cuts for time (`attempt_timeout`, or the time it keeps for a
+  backup) counts as a failure: the deployment did not answer in time;
 * after `fail_max` consecutive counted failures the circuit opens: calls fail at once with
   `CircuitOpenError` (kind `CIRCUIT_OPEN`), before any output, so failover moves on;
 * after `reset_timeout` one probe is let through (half-open); its success closes the
@@ -35,10 +37,11 @@ import pybreaker
 from opentelemetry import metrics, trace
 from pydantic import Field, StringConstraints
 
+from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
-from pipeline.errors import CircuitOpenError, FailureKind, classify
+from pipeline.errors import AttemptTimeoutError, CircuitOpenError, FailureKind, classify
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [
@@ -208,6 +211,14 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                 if raised is not error:
                     raise
 
+    def _cancelled(self, probe: bool) -> None:
+        """A call cancelled under way: the router cutting it for time is a failure of the
+        deployment (it did not answer in time); the caller cancelling is neither."""
+        if _scope.attempt_timed_out():
+            self._record(probe, AttemptTimeoutError(f"{self.name!r} did not answer in time"))
+        else:
+            self._release(probe)
+
     def _release(self, probe: bool) -> None:
         if probe:
             with self.breaker._lock:
@@ -220,7 +231,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         try:
             response = await self.inner.get_response(messages, options)
         except asyncio.CancelledError:
-            self._release(probe)  # neither a success nor a failure of the deployment
+            self._cancelled(probe)
             raise
         except BaseException as exc:
             self._record(probe, exc)
@@ -255,6 +266,8 @@ class _BreakerWatch(StreamWatcher):
             self.layer._record(self.probe, None)
         elif how == "failed":
             self.layer._record(self.probe, error)
+        elif how == "canceled":
+            self.layer._cancelled(self.probe)
         else:
             self.layer._release(self.probe)
 

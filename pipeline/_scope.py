@@ -8,13 +8,17 @@ read it through this small API, so no layer needs to know about routing:
   never sleeps past its deadline.
 * `current_operation()`: the operation id tool calls are idempotent within, set by
   `operation_scope` (public, in `middleware.function_invocation`), by a router for its
-  routes, or by the function-invocation layer for its loop.
+  routes, or by the function-invocation layer for its loop;
+* `attempt_timed_out()`: true while a router is cancelling the current attempt because the
+  attempt's time is up (not because the caller cancelled), so a breaker beneath counts the
+  timeout against its deployment instead of ignoring it like a caller's cancellation.
 
 Everything here is request-local (context variables); nothing outlives the request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import itertools
@@ -23,9 +27,12 @@ from collections.abc import Callable, Iterator
 
 __all__ = [
     "RequestBudget",
+    "attempt_timed_out",
     "current_budget",
     "current_operation",
+    "enter_attempt_timeout",
     "enter_budget",
+    "exit_attempt_timeout",
     "exit_budget",
     "new_operation_id",
     "operation_scope",
@@ -91,6 +98,26 @@ def enter_budget(budget: RequestBudget | None) -> BudgetToken:
 
 def exit_budget(token: BudgetToken) -> None:
     _budget.reset(token)
+
+
+_attempt_timeout: contextvars.ContextVar[asyncio.Timeout | None] = contextvars.ContextVar(
+    "chat_pipeline_attempt_timeout", default=None
+)
+AttemptTimeoutToken = contextvars.Token[asyncio.Timeout | None]
+
+
+def attempt_timed_out() -> bool:
+    """True while the router is cancelling this attempt because its time ran out."""
+    timeout = _attempt_timeout.get()
+    return timeout is not None and timeout.expired()
+
+
+def enter_attempt_timeout(timeout: asyncio.Timeout | None) -> AttemptTimeoutToken:
+    return _attempt_timeout.set(timeout)
+
+
+def exit_attempt_timeout(token: AttemptTimeoutToken) -> None:
+    _attempt_timeout.reset(token)
 
 
 _OPERATION_PREFIX = uuid.uuid4().hex[:12]

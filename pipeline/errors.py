@@ -5,10 +5,13 @@
     ChatPipelineError
     ├── ConfigError                    a configuration value is wrong; names the key path
     ├── RoutingError                   a router could not pick a route
-    │   └── RequestBudgetExceededError  the request's provider-call budget is spent
+    │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
+    │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
     └── ProviderError                  a provider failed; `kind` says how (FailureKind)
         ├── RateLimitedError           RATE_LIMITED             429
         ├── TransientProviderError     TRANSIENT                5xx, timeouts, resets, cut streams
+        │   └── AttemptTimeoutError    TRANSIENT                the router cut an attempt short
+        │                                                       (also a TimeoutError)
         ├── CircuitOpenError           CIRCUIT_OPEN             the route's breaker is open
         ├── RequestInvalidError        REQUEST_INVALID          400/404/422
         ├── ContextLengthExceededError CONTEXT_LENGTH_EXCEEDED  prompt too long for the model
@@ -39,6 +42,7 @@ from typing import Self
 import httpx
 
 __all__ = [
+    "AttemptTimeoutError",
     "AuthenticationError",
     "ChatPipelineError",
     "CircuitOpenError",
@@ -50,6 +54,7 @@ __all__ = [
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
+    "RequestTimeoutError",
     "RoutingError",
     "TransientProviderError",
     "UnknownProviderError",
@@ -115,6 +120,11 @@ class RequestBudgetExceededError(RoutingError):
     """The request has used every provider call its router allowed."""
 
 
+class RequestTimeoutError(RoutingError, TimeoutError):
+    """The request's deadline (the router's ``request_timeout``) passed. A `TimeoutError`,
+    so code written for `asyncio.timeout` keeps working."""
+
+
 class ProviderError(ChatPipelineError):
     """A provider call failed.
 
@@ -138,7 +148,7 @@ class ProviderError(ChatPipelineError):
                     "contradicts it (provider_error(kind) picks the class for a kind)"
                 )
             cls = _ERROR_CLASSES[FailureKind(kind)]  # type: ignore[assignment]
-        return super().__new__(cls)
+        return super().__new__(cls, *args)
 
     def __init__(
         self,
@@ -175,6 +185,12 @@ class RateLimitedError(ProviderError):
 
 class TransientProviderError(ProviderError):
     default_kind = FailureKind.TRANSIENT
+
+
+class AttemptTimeoutError(TransientProviderError, TimeoutError):
+    """The router cut an attempt at its own limit (``attempt_timeout``, or the time it keeps
+    for a backup): the route did not answer in time. A deployment failure: the route's
+    breaker counts it and the router may fail over."""
 
 
 class CircuitOpenError(ProviderError):

@@ -84,6 +84,7 @@ SURFACES = {
         "reply",
     },
     "pipeline.errors": {
+        "AttemptTimeoutError",
         "AuthenticationError",
         "ChatPipelineError",
         "CircuitOpenError",
@@ -95,6 +96,7 @@ SURFACES = {
         "RateLimitedError",
         "RequestBudgetExceededError",
         "RequestInvalidError",
+        "RequestTimeoutError",
         "RoutingError",
         "TransientProviderError",
         "UnknownProviderError",

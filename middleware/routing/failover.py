@@ -29,7 +29,7 @@ import abc
 import asyncio
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -52,7 +52,13 @@ from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
 from pipeline.client import ChatClient, client_name, ensure_chat_client
-from pipeline.errors import RequestBudgetExceededError, RoutingError, is_failover_eligible
+from pipeline.errors import (
+    AttemptTimeoutError,
+    RequestBudgetExceededError,
+    RequestTimeoutError,
+    RoutingError,
+    is_failover_eligible,
+)
 from pipeline.types import (
     ChatOptions,
     ChatResponse,
@@ -86,7 +92,16 @@ class FailoverSettings(Settings):
     * `request_timeout`: seconds for the whole request, every attempt and retry included;
     * `min_attempt_budget`: no new attempt starts with less time than this left;
     * `max_provider_calls_per_request`: attempts plus retries inside routes;
+    * `attempt_timeout`: seconds one attempt may take before the router cuts it (for a
+      stream: until its first update; once output reached the caller nothing can move to
+      a backup, so only the request deadline applies);
     * `should_failover`: whether a failure before output may move on (code only).
+
+    With a `request_timeout` and a `min_attempt_budget`, an attempt that a backup could
+    still follow is cut when only `min_attempt_budget` is left, so the backup gets that
+    time. A cut attempt fails with `AttemptTimeoutError` (a transient failure: the route's
+    breaker counts it, the router may fail over); when the request's own deadline passes,
+    the request fails with `RequestTimeoutError`. Both are `TimeoutError`s.
     """
 
     code_only: ClassVar[frozenset[str]] = frozenset({"should_failover"})
@@ -95,6 +110,7 @@ class FailoverSettings(Settings):
     request_timeout: Annotated[float, Field(gt=0)] | None = None
     min_attempt_budget: Annotated[float, Field(ge=0)] = 0.0
     max_provider_calls_per_request: Annotated[int, Field(gt=0)] | None = None
+    attempt_timeout: Annotated[float, Field(gt=0)] | None = None
     should_failover: Callable[[BaseException], Any] = is_failover_eligible
 
 
@@ -202,6 +218,7 @@ class FailoverChatClient(RoutingChatClient):
     async def _is_terminal(
         self,
         context: RoutingContext,
+        attempt: _Attempt,
         error: BaseException,
         outcome: AttemptOutcome,
         limit: int | None,
@@ -218,7 +235,8 @@ class FailoverChatClient(RoutingChatClient):
             if budget.calls_left is not None and budget.calls_left <= 0:
                 return True
             remaining = budget.remaining()
-            if remaining is not None and remaining < max(self.settings.min_attempt_budget, 1e-9):
+            needed = 1e-9 if attempt.cut_for_backup else self.settings.min_attempt_budget
+            if remaining is not None and remaining < max(needed, 1e-9):
                 return True
         decision = self.should_failover(context, error)
         if inspect.isawaitable(decision):
@@ -241,17 +259,88 @@ class FailoverChatClient(RoutingChatClient):
         if span.get_span_context().is_valid:
             attempt.span_context = trace.set_span_in_context(span)
 
+    def _deadline(
+        self,
+        budget: _scope.RequestBudget | None,
+        started: float,
+        number: int,
+        limit: int | None,
+        output: bool,
+    ) -> _Deadline | None:
+        """When the next step of an attempt must end (on the router's clock), and why:
+        ``attempt`` (its own limit), ``reserve`` (the time kept for a backup) or
+        ``request`` (the request's deadline)."""
+        settings = self.settings
+        end: float | None = None
+        why: Literal["attempt", "reserve"] = "attempt"
+        if settings.attempt_timeout is not None and not output:
+            end = started + settings.attempt_timeout
+        if budget is None or budget.deadline is None:
+            return None if end is None else (end, why)
+        request_end = budget.deadline
+        if not output and settings.min_attempt_budget > 0 and (limit is None or number < limit):
+            # Keep the backup's time: cut this attempt when only that is left (unless that
+            # leaves this attempt nothing at all).
+            reserve = request_end - settings.min_attempt_budget
+            if reserve > started and (end is None or reserve < end):
+                end, why = reserve, "reserve"
+        if end is not None and end < request_end:
+            return end, why
+        return request_end, "request"
+
+    def _timeout(self, deadline: _Deadline | None) -> asyncio.Timeout | None:
+        if deadline is None:
+            return None
+        return asyncio.timeout(max(0.0, deadline[0] - self._clock()))
+
+    def _timed_out(
+        self,
+        error: BaseException,
+        timeout: asyncio.Timeout | None,
+        deadline: _Deadline | None,
+        attempt: _Attempt,
+    ) -> BaseException:
+        """Our own timeout's `TimeoutError` as the error it stands for; anything else as is."""
+        if timeout is None or deadline is None or not timeout.expired():
+            return error
+        if not isinstance(error, TimeoutError):
+            return error
+        replaced: BaseException
+        if deadline[1] != "request":
+            # Cut to keep the backup's time: the backup may start with less than
+            # min_attempt_budget left (that time was kept for it).
+            attempt.cut_for_backup = deadline[1] == "reserve"
+            replaced = AttemptTimeoutError(
+                f"route {attempt.route_name!r} was cut at the router's attempt limit",
+                provider=attempt.route_name,
+            )
+        else:
+            replaced = RequestTimeoutError(
+                f"{self._metadata.name}: the request's deadline passed "
+                f"(request_timeout={self.settings.request_timeout:g} s)"
+                if self.settings.request_timeout is not None
+                else f"{self._metadata.name}: the request's deadline passed"
+            )
+        replaced.__cause__ = error
+        return replaced
+
     @staticmethod
-    def _enter(attempt: _Attempt, budget: _scope.RequestBudget | None) -> _Tokens:
-        """Make the attempt span and the request budget current while the route runs."""
+    def _enter(
+        attempt: _Attempt, budget: _scope.RequestBudget | None, timeout: asyncio.Timeout | None
+    ) -> _Tokens:
+        """Make the attempt span, the request budget and the attempt's timeout current
+        while the route runs."""
         return (
             otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
             _scope.enter_budget(budget) if budget is not None else None,
+            _scope.enter_attempt_timeout(timeout) if timeout is not None else None,
         )
 
     @staticmethod
     def _exit(tokens: _Tokens) -> None:
-        span_token, budget_token = tokens
+        span_token, budget_token, timeout_token = tokens
+        if timeout_token is not None:
+            _scope.exit_attempt_timeout(timeout_token)
         if budget_token is not None:
             _scope.exit_budget(budget_token)
         if span_token is not None:
@@ -311,7 +400,7 @@ class FailoverChatClient(RoutingChatClient):
             )
         else:
             outcome = "failed_before_output"
-        terminal = await self._is_terminal(context, error, outcome, limit, budget)
+        terminal = await self._is_terminal(context, attempt, error, outcome, limit, budget)
         await self._finish(
             context,
             attempt,
@@ -343,21 +432,22 @@ class FailoverChatClient(RoutingChatClient):
                 attempt = await self._select(context)
                 self._begin(context, attempt, budget)
                 started = clock()
-                tokens = self._enter(attempt, budget)
+                deadline = self._deadline(budget, started, len(context.attempts) + 1, limit, False)
+                timeout = self._timeout(deadline)
+                tokens = self._enter(attempt, budget, timeout)
                 failure: BaseException | None = None
                 try:
-                    remaining = budget.remaining() if budget is not None else None
-                    if remaining is None:
+                    if timeout is None:
                         response = await attempt.client.get_response(
                             context.messages, attempt.options
                         )
                     else:
-                        async with asyncio.timeout(remaining):
+                        async with timeout:
                             response = await attempt.client.get_response(
                                 context.messages, attempt.options
                             )
                 except BaseException as exc:
-                    failure = exc
+                    failure = self._timed_out(exc, timeout, deadline, attempt)
                 finally:
                     self._exit(tokens)
                 duration = clock() - started
@@ -404,33 +494,45 @@ class FailoverChatClient(RoutingChatClient):
             usage: UsageDetails | None = None
             error: BaseException | None = None
             stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
-            tokens = self._enter(attempt, budget)
-            mark = clock()
+            started = clock()
+            number = len(context.attempts) + 1
+            tokens = self._enter(attempt, budget, None)
             try:
                 stream = attempt.client.get_streaming_response(context.messages, attempt.options)
             except BaseException as exc:
                 error = exc
             finally:
                 self._exit(tokens)
-            elapsed += clock() - mark
+            elapsed += clock() - started
             if stream is not None:
-                # Without a span context or a budget there is nothing to make current: skip
-                # the bookkeeping on every update.
-                plain = attempt.span_context is None and budget is None
+                # Without a span context, a budget or an attempt limit there is nothing to
+                # make current or to time: skip the bookkeeping on every update.
+                plain = (
+                    attempt.span_context is None
+                    and budget is None
+                    and self.settings.attempt_timeout is None
+                )
                 while True:
-                    tokens = _NO_TOKENS if plain else self._enter(attempt, budget)
+                    if plain:
+                        deadline = timeout = None
+                        tokens = _NO_TOKENS
+                    else:
+                        deadline = self._deadline(
+                            budget, started, number, limit, first_update is not None
+                        )
+                        timeout = self._timeout(deadline)
+                        tokens = self._enter(attempt, budget, timeout)
                     mark = clock()
                     try:
-                        remaining = budget.remaining() if budget is not None else None
-                        if remaining is None:
+                        if timeout is None:
                             update = await stream.__anext__()
                         else:
-                            async with asyncio.timeout(remaining):
+                            async with timeout:
                                 update = await stream.__anext__()
                     except StopAsyncIteration:
                         break
                     except BaseException as exc:
-                        error = exc
+                        error = self._timed_out(exc, timeout, deadline, attempt)
                         break
                     finally:
                         elapsed += clock() - mark
@@ -493,14 +595,25 @@ class FailoverChatClient(RoutingChatClient):
             return
 
 
-_Tokens = tuple[Any, Any]  # (OpenTelemetry context token, request budget token), or None each
-_NO_TOKENS: _Tokens = (None, None)  # nothing was made current
+_Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
+# (OpenTelemetry context, request budget, attempt timeout) tokens, or None each.
+_Tokens = tuple[Any, Any, Any]
+_NO_TOKENS: _Tokens = (None, None, None)  # nothing was made current
 
 
 class _Attempt:
     """What the engine knows about the attempt in progress."""
 
-    __slots__ = ("attributes", "client", "options", "price", "route_name", "span", "span_context")
+    __slots__ = (
+        "attributes",
+        "client",
+        "cut_for_backup",
+        "options",
+        "price",
+        "route_name",
+        "span",
+        "span_context",
+    )
 
     def __init__(
         self,
@@ -517,6 +630,7 @@ class _Attempt:
         self.attributes = attributes
         self.span: Span | None = None
         self.span_context: otel_context.Context | None = None
+        self.cut_for_backup = False  # the router cut it to keep time for a backup
 
 
 class OrderedFailoverChatClient(FailoverChatClient):

@@ -651,3 +651,85 @@ def test_failover_settings_are_validated_once() -> None:
         AsyncPolicy([], max_attempts_per_request=0)
     with pytest.raises(ValueError, match="unknown setting; did you mean 'request_timeout'"):
         AsyncPolicy([], request_timout=3)
+
+
+async def test_a_hanging_route_is_cut_by_the_attempt_timeout(streaming: bool) -> None:
+    from pipeline.errors import AttemptTimeoutError
+
+    primary, backup = routes(hang(), reply("backup"))
+    router = RecordingFailover([primary, backup], attempt_timeout=0.01)
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is None and result.text == "backup"
+    first = router.updates[0][0]
+    assert first.outcome == "failed_before_output"
+    assert isinstance(first.exception, AttemptTimeoutError)
+    assert isinstance(first.exception, TimeoutError)
+    assert isinstance(first.exception.__cause__, TimeoutError)
+    if streaming:
+        assert primary.streams_closed == 1
+
+
+async def test_the_time_kept_for_the_backup_cuts_a_hanging_primary(streaming: bool) -> None:
+    primary, backup = routes(hang(), reply("backup"))
+    router = RecordingFailover([primary, backup], request_timeout=0.5, min_attempt_budget=0.45)
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.text == "backup"
+    assert router.summary() == [
+        ("r0", "failed_before_output", False),
+        ("r1", "completed", True),
+    ]
+
+
+async def test_the_request_deadline_is_a_typed_timeout(streaming: bool) -> None:
+    from pipeline.errors import RequestTimeoutError
+
+    (only,) = routes(hang())
+    router = RecordingFailover([only], request_timeout=0.01)
+    result = await collect(router, "hi", streaming=streaming)
+    assert isinstance(result.error, RequestTimeoutError)
+    assert isinstance(result.error, TimeoutError)
+    assert router.summary() == [("r0", "failed_before_output", True)]
+
+
+async def test_the_attempt_timeout_ends_at_the_first_update() -> None:
+    from pipeline.errors import RequestTimeoutError
+
+    primary, backup = routes(hang(after=["a"]), reply("backup"))
+    router = RecordingFailover([primary, backup], attempt_timeout=0.005, request_timeout=0.05)
+    received: list[str] = []
+    with pytest.raises(RequestTimeoutError):
+        async for update in router.get_streaming_response("hi"):
+            received.append(update.text)
+    # Once output is committed only the request deadline applies, and nothing fails over.
+    assert received == ["a"]
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "failed_after_output", True)]
+
+
+async def test_a_hanging_primary_opens_its_breaker_then_the_backup_serves_at_once(
+    streaming: bool,
+) -> None:
+    primary = ScriptedChatClient(hang(), name="primary")
+    backup = ScriptedChatClient(reply("backup"), name="backup")
+    guarded = ChatPipeline.builder().use_circuit_breaker(fail_max=2).build(primary, name="primary")
+    router = RecordingFailover([guarded, backup], attempt_timeout=0.01)
+    for _ in range(2):
+        assert (await collect(router, "hi", streaming=streaming)).text == "backup"
+    assert primary.call_count == 2
+    breaker = guarded.client
+    assert breaker.state == "open"  # type: ignore[attr-defined]
+    # Open: the primary is skipped in microseconds, the backup answers.
+    assert (await collect(router, "hi", streaming=streaming)).text == "backup"
+    assert primary.call_count == 2
+    assert router.updates[-2][0].exception.__class__.__name__ == "CircuitOpenError"
+
+
+async def test_a_caller_timeout_is_not_the_routes_fault(streaming: bool) -> None:
+    primary = ScriptedChatClient(hang(), name="primary")
+    guarded = ChatPipeline.builder().use_circuit_breaker(fail_max=1).build(primary, name="p")
+    router = RecordingFailover([guarded])
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.01):
+            await collect(router, "hi", streaming=streaming)
+    assert guarded.client.state == "closed"  # type: ignore[attr-defined]
+    assert router.summary() == [("p", "canceled", True)]

@@ -19,7 +19,6 @@ Promises:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,11 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from pipeline._streams import StreamEnd, StreamWatcher, forward
+from middleware.routing._telemetry import ROUTE_ATTEMPTS, ROUTE_FALLBACK, ROUTE_NAME
+from pipeline import _scope
+from pipeline._genai import client_attributes, latest_experimental_semconv, provider_key
+from pipeline._scope import RouteReport
+from pipeline._streams import StreamEnd, StreamWatcher, ending_of, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
 
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["TelemetryChatClient", "latest_experimental_semconv"]
+__all__ = ["REQUEST_END", "TelemetryChatClient", "latest_experimental_semconv"]
 
 INSTRUMENTATION_NAME = "chat_pipeline"
 _CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
@@ -56,10 +59,8 @@ _METRIC_KEYS = (
 _OUTPUT = gen_ai.GenAiTokenTypeValues.OUTPUT.value
 
 
-def latest_experimental_semconv() -> bool:
-    """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` asks for the newest GenAI conventions."""
-    value = os.environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
-    return "gen_ai_latest_experimental" in {part.strip() for part in value.split(",")}
+REQUEST_END = "chat_pipeline.request.end"
+"""On a request's span: ``canceled`` or ``abandoned`` when the caller ended it early."""
 
 
 class TelemetryChatClient(DelegatingChatClient):
@@ -92,15 +93,11 @@ class TelemetryChatClient(DelegatingChatClient):
         self._first_chunk = gen_ai_metrics.create_gen_ai_client_operation_time_to_first_chunk(meter)
         self._clock = clock
         self._latest = latest_experimental_semconv()
+        self._provider_key = provider_key(self._latest)
         metadata = metadata_of(inner)
-        provider_key = gen_ai.GEN_AI_PROVIDER_NAME if self._latest else gen_ai.GEN_AI_SYSTEM
         self._base: dict[str, Any] = {gen_ai.GEN_AI_OPERATION_NAME: _CHAT}
-        if metadata.provider_name:
-            self._base[provider_key] = metadata.provider_name
-        if metadata.server_address:
-            self._base[SERVER_ADDRESS] = metadata.server_address
-        if metadata.server_port:
-            self._base[SERVER_PORT] = metadata.server_port
+        if metadata.provider_name != "router":  # a router's served route says, per request
+            self._base.update(client_attributes(metadata, self._provider_key))
         self._default_model = metadata.model_id
         self._label_cache: dict[tuple[object, ...], dict[str, Any]] = {}
 
@@ -127,18 +124,22 @@ class TelemetryChatClient(DelegatingChatClient):
         return attributes
 
     def _metric_attributes(
-        self, request: dict[str, Any], response_model: str | None, error: BaseException | None
+        self, attributes: dict[str, Any], response_model: str | None, error: BaseException | None
     ) -> dict[str, Any]:
-        key = (request.get(gen_ai.GEN_AI_REQUEST_MODEL), response_model, type(error))
+        key = (
+            *(attributes.get(k) for k in _METRIC_KEYS),
+            response_model,
+            type(error),
+        )
         cached = self._label_cache.get(key)
         if cached is not None:
             return cached
-        labels = {k: request[k] for k in _METRIC_KEYS if k in request}
+        labels = {k: attributes[k] for k in _METRIC_KEYS if k in attributes}
         if response_model:
             labels[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
         if error is not None:
             labels[ERROR_TYPE] = type(error).__name__
-        if len(self._label_cache) < 256:  # bounded: models and error types are few
+        if len(self._label_cache) < 256:  # bounded: models, routes and error types are few
             self._label_cache[key] = labels
         return labels
 
@@ -150,46 +151,73 @@ class TelemetryChatClient(DelegatingChatClient):
         )
         return span, attributes
 
+    def _routed(self, span: Span, request: dict[str, Any], report: RouteReport) -> dict[str, Any]:
+        """The request's attributes once a router below said which route served: that
+        route's provider, server and (when the caller named none) model, and the routing
+        story (`ai.route.name`, `ai.route.attempts`, `ai.route.fallback`)."""
+        served = dict(request)
+        for key in (self._provider_key, SERVER_ADDRESS, SERVER_PORT):
+            served.pop(key, None)
+        served.update(client_attributes(report.metadata, self._provider_key))
+        if gen_ai.GEN_AI_REQUEST_MODEL not in served:
+            model = getattr(report.metadata, "model_id", None)
+            if model:
+                served[gen_ai.GEN_AI_REQUEST_MODEL] = model
+                span.update_name(f"{_CHAT} {model}")
+        served[ROUTE_NAME] = report.route_name
+        served[ROUTE_ATTEMPTS] = report.attempts
+        served[ROUTE_FALLBACK] = report.fallback
+        return served
+
     def _end(
         self,
         span: Span,
         request: dict[str, Any],
         started: float,
+        report: RouteReport,
         *,
-        response_id: str | None,
-        response_model: str | None,
-        finish_reason: str | None,
-        usage: UsageDetails | None,
+        how: StreamEnd,
         error: BaseException | None,
+        response_id: str | None = None,
+        response_model: str | None = None,
+        finish_reason: str | None = None,
+        usage: UsageDetails | None = None,
         first_chunk: float | None = None,
     ) -> None:
         duration = self._clock() - started
+        attributes = request if report.route_name is None else self._routed(span, request, report)
+        failed = how == "failed" or (error is not None and how == "completed")
         if span.is_recording():
-            attributes: dict[str, Any] = {}
+            ending: dict[str, Any] = {} if attributes is request else dict(attributes)
             if response_id:
-                attributes[gen_ai.GEN_AI_RESPONSE_ID] = response_id
+                ending[gen_ai.GEN_AI_RESPONSE_ID] = response_id
             if response_model:
-                attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
+                ending[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
             if finish_reason:
-                attributes[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = (finish_reason,)
+                ending[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = (finish_reason,)
             if usage is not None:
                 if usage.input_tokens is not None:
-                    attributes[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
+                    ending[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
                 if usage.output_tokens is not None:
-                    attributes[gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+                    ending[gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
             if first_chunk is not None and self._latest:
-                attributes[gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = first_chunk
-            if error is not None:
-                attributes[ERROR_TYPE] = type(error).__name__
+                ending[gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = first_chunk
+            if failed and error is not None:
+                ending[ERROR_TYPE] = type(error).__name__
                 # No description and no recorded exception: messages may hold prompt text.
                 span.set_status(Status(StatusCode.ERROR))
-            if attributes:
-                span.set_attributes(attributes)
+            elif how in ("canceled", "abandoned"):
+                # The caller's choice, not an error: UNSET status, no error.type.
+                ending[REQUEST_END] = how
+            if ending:
+                span.set_attributes(ending)
         span.end()
-        labels = self._metric_attributes(request, response_model, error)
-        self._duration.record(duration, labels)
+        labels = self._metric_attributes(attributes, response_model, error if failed else None)
         if first_chunk is not None:
             self._first_chunk.record(first_chunk, labels)
+        if how in ("canceled", "abandoned"):
+            return  # an unfinished request's duration and usage would skew the histograms
+        self._duration.record(duration, labels)
         if usage is not None:
             if usage.input_tokens is not None:
                 self._tokens.record(
@@ -200,20 +228,6 @@ class TelemetryChatClient(DelegatingChatClient):
                     usage.output_tokens, {**labels, gen_ai.GEN_AI_TOKEN_TYPE: _OUTPUT}
                 )
 
-    def _fail(
-        self, span: Span, request: dict[str, Any], started: float, error: BaseException
-    ) -> None:
-        self._end(
-            span,
-            request,
-            started,
-            response_id=None,
-            response_model=None,
-            finish_reason=None,
-            usage=None,
-            error=error,
-        )
-
     # -- calls -----------------------------------------------------------------------------
 
     async def get_response(
@@ -221,23 +235,29 @@ class TelemetryChatClient(DelegatingChatClient):
     ) -> ChatResponse:
         span, request = self._start(options)
         started = self._clock()
+        report = RouteReport()
         token = otel_context.attach(trace.set_span_in_context(span))
+        report_token = _scope.enter_report(report)
         try:
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
+            _scope.exit_report(report_token)
             otel_context.detach(token)
-            self._fail(span, request, started, exc)
+            self._end(span, request, started, report, how=ending_of(exc), error=exc)
             raise
+        _scope.exit_report(report_token)
         otel_context.detach(token)
         self._end(
             span,
             request,
             started,
+            report,
+            how="completed",
+            error=None,
             response_id=response.response_id,
             response_model=response.model_id,
             finish_reason=response.finish_reason,
             usage=response.usage,
-            error=None,
         )
         return response
 
@@ -261,6 +281,7 @@ class _StreamTrace(StreamWatcher):
         "layer",
         "options",
         "propagate",
+        "report",
         "request",
         "response_id",
         "response_model",
@@ -274,6 +295,7 @@ class _StreamTrace(StreamWatcher):
     def __init__(self, layer: TelemetryChatClient, options: ChatOptions | None) -> None:
         self.layer = layer
         self.options = options
+        self.report = RouteReport()
         self.response_id: str | None = None
         self.response_model: str | None = None
         self.finish_reason: str | None = None
@@ -285,17 +307,20 @@ class _StreamTrace(StreamWatcher):
         self.span, self.request = layer._start(self.options)
         self.started = layer._clock()
         self.span_context = trace.set_span_in_context(self.span)
-        # Only the no-op API's span has no valid context: then there is nothing to make
-        # current for each update. A sampled-out span must still be current, so the spans
-        # beneath inherit its decision instead of starting traces of their own.
+        # Only the no-op API's span has no valid context: then no span needs to be current
+        # for each update. A sampled-out span must still be current, so the spans beneath
+        # inherit its decision instead of starting traces of their own.
         self.propagate = self.span.get_span_context().is_valid
 
     def enter(self) -> Any:
-        return otel_context.attach(self.span_context) if self.propagate else None
+        span_token = otel_context.attach(self.span_context) if self.propagate else None
+        return span_token, _scope.enter_report(self.report)
 
     def exit(self, token: Any) -> None:
-        if token is not None:
-            otel_context.detach(token)
+        span_token, report_token = token
+        _scope.exit_report(report_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
 
     def update(self, update: ChatResponseUpdate) -> None:
         if self.first_chunk is None:
@@ -311,11 +336,12 @@ class _StreamTrace(StreamWatcher):
             self.span,
             self.request,
             self.started,
+            self.report,
+            how=how,
+            error=error,
             response_id=self.response_id,
             response_model=self.response_model,
             finish_reason=self.finish_reason,
             usage=self.usage,
-            # A caller that stops reading is not an error (unless closing then failed).
-            error=error,
             first_chunk=self.first_chunk,
         )

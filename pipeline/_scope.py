@@ -9,6 +9,9 @@ read it through this small API, so no layer needs to know about routing:
 * `current_operation()`: the operation id tool calls are idempotent within, set by
   `operation_scope` (public, in `middleware.function_invocation`), by a router for its
   routes, or by the function-invocation layer for its loop;
+* `current_report()`: the `RouteReport` a telemetry layer above a router holds open, which
+  the router fills as its attempts end (the served route, the attempt count, whether a
+  fallback served), so the request's span can tell the failover story;
 * `attempt_timed_out()`: true while a router is cancelling the current attempt because the
   attempt's time is up (not because the caller cancelled), so a breaker beneath counts the
   timeout against its deployment instead of ignoring it like a caller's cancellation.
@@ -24,16 +27,21 @@ import contextvars
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = [
     "RequestBudget",
+    "RouteReport",
     "attempt_timed_out",
     "current_budget",
     "current_operation",
+    "current_report",
     "enter_attempt_timeout",
     "enter_budget",
+    "enter_report",
     "exit_attempt_timeout",
     "exit_budget",
+    "exit_report",
     "new_operation_id",
     "operation_scope",
     "set_operation",
@@ -118,6 +126,38 @@ def enter_attempt_timeout(timeout: asyncio.Timeout | None) -> AttemptTimeoutToke
 
 def exit_attempt_timeout(token: AttemptTimeoutToken) -> None:
     _attempt_timeout.reset(token)
+
+
+class RouteReport:
+    """The routing story of one request, for the span above the router: the route of the
+    last attempt (the one that served, when it succeeded), its client's metadata, how many
+    attempts were made and whether a fallback served (an attempt after the first)."""
+
+    __slots__ = ("attempts", "fallback", "metadata", "route_name")
+
+    def __init__(self) -> None:
+        self.route_name: str | None = None
+        self.metadata: Any = None
+        self.attempts = 0
+        self.fallback = False
+
+
+_report: contextvars.ContextVar[RouteReport | None] = contextvars.ContextVar(
+    "chat_pipeline_route_report", default=None
+)
+ReportToken = contextvars.Token[RouteReport | None]
+
+
+def current_report() -> RouteReport | None:
+    return _report.get()
+
+
+def enter_report(report: RouteReport | None) -> ReportToken:
+    return _report.set(report)
+
+
+def exit_report(token: ReportToken) -> None:
+    _report.reset(token)
 
 
 _OPERATION_PREFIX = uuid.uuid4().hex[:12]

@@ -11,9 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
+
+from pipeline._genai import client_attributes, provider_key
+from pipeline.client import metadata_of
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -22,6 +26,8 @@ if TYPE_CHECKING:
     from pipeline.types import UsageDetails
 
 __all__ = [
+    "ROUTE_ATTEMPTS",
+    "ROUTE_FALLBACK",
     "ATTEMPTS_METRIC",
     "BACKUP_CALLS_METRIC",
     "COMMITTED_FAILURES_METRIC",
@@ -46,6 +52,10 @@ ROUTE_OUTPUT_COMMITTED = "ai.route.output_committed"
 ROUTE_TIME_TO_FIRST_UPDATE = "ai.route.time_to_first_update"
 ROUTE_DURATION = "ai.route.duration"
 ROUTE_TERMINAL = "ai.route.terminal"
+# On the request's span above a router: how many attempts it took, and whether a route
+# after the first served it (with ROUTE_NAME: the route of the last attempt).
+ROUTE_ATTEMPTS = "ai.route.attempts"
+ROUTE_FALLBACK = "ai.route.fallback"
 
 ATTEMPTS_METRIC = "ai.route.attempts"
 BACKUP_CALLS_METRIC = "ai.route.backup_calls"
@@ -67,6 +77,8 @@ class RouteTelemetry:
         from pipeline import __version__
 
         self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
+        self._provider_key = provider_key()
+        self._clients: dict[int, tuple[object, dict[str, AttributeValue]]] = {}
         meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
         self.attempts = meter.create_counter(
             ATTEMPTS_METRIC, unit="{attempt}", description="Route attempts by route and outcome"
@@ -88,11 +100,25 @@ class RouteTelemetry:
             COST_METRIC, unit="{currency}", description="Cost of completed attempts by route"
         )
 
-    def start(self, route_name: str, number: int) -> Span:
+    def _client_attributes(self, client: object) -> dict[str, AttributeValue]:
+        # A route's provider and server never change: computed once per client (bounded).
+        cached = self._clients.get(id(client))
+        if cached is None or cached[0] is not client:
+            attributes = client_attributes(metadata_of(client), self._provider_key)
+            if len(self._clients) < 1024:
+                self._clients[id(client)] = (client, attributes)
+            return attributes
+        return cached[1]
+
+    def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
+        """The span of one attempt, with its route's GenAI provider, server and model."""
+        attributes: dict[str, AttributeValue] = {ROUTE_NAME: route_name, ROUTE_ATTEMPT: number}
+        attributes.update(self._client_attributes(client))
+        model = model or metadata_of(client).model_id
+        if model:
+            attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         return self.tracer.start_span(
-            f"route_attempt {route_name}",
-            kind=SpanKind.INTERNAL,
-            attributes={ROUTE_NAME: route_name, ROUTE_ATTEMPT: number},
+            f"route_attempt {route_name}", kind=SpanKind.INTERNAL, attributes=attributes
         )
 
     def finish(
@@ -102,8 +128,12 @@ class RouteTelemetry:
         terminal: bool,
         price: Price | None,
         usage: UsageDetails | None,
+        response_model: str | None = None,
     ) -> None:
-        error_type = type(attempt.exception).__name__ if attempt.exception is not None else None
+        """End the attempt's span and count it. Only a failed attempt is an error (ERROR
+        status and `error.type`); a canceled or abandoned one ends with UNSET status, its
+        outcome telling what happened."""
+        failed = attempt.outcome in _FAILED
         if span.is_recording():
             attributes: dict[str, AttributeValue] = {
                 ROUTE_OUTCOME: attempt.outcome,
@@ -113,10 +143,12 @@ class RouteTelemetry:
             }
             if attempt.time_to_first_update is not None:
                 attributes[ROUTE_TIME_TO_FIRST_UPDATE] = attempt.time_to_first_update
-            if error_type is not None:
-                attributes[ERROR_TYPE] = error_type
+            if response_model:
+                attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
+            if failed and attempt.exception is not None:
+                attributes[ERROR_TYPE] = type(attempt.exception).__name__
             span.set_attributes(attributes)
-            if attempt.outcome in _FAILED:
+            if failed:
                 # No description: exception messages may quote provider bodies or prompts.
                 span.set_status(Status(StatusCode.ERROR))
         span.end()

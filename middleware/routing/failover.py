@@ -51,7 +51,7 @@ from middleware.routing.router import RoutingChatClient, router_keywords
 from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
-from pipeline.client import ChatClient, client_name, ensure_chat_client
+from pipeline.client import ChatClient, client_name, ensure_chat_client, metadata_of
 from pipeline.errors import (
     AttemptTimeoutError,
     RequestBudgetExceededError,
@@ -250,7 +250,12 @@ class FailoverChatClient(RoutingChatClient):
             raise RequestBudgetExceededError(
                 f"{self._metadata.name}: the request used every provider call it was allowed"
             )
-        span = self._telemetry.start(attempt.route_name, len(context.attempts) + 1)
+        span = self._telemetry.start(
+            attempt.route_name,
+            len(context.attempts) + 1,
+            attempt.client,
+            attempt.options.model_id,
+        )
         attempt.span = span
         if attempt.attributes and span.is_recording():
             span.set_attributes(attempt.attributes)
@@ -357,8 +362,10 @@ class FailoverChatClient(RoutingChatClient):
         time_to_first_update: float | None,
         terminal: bool,
         usage: UsageDetails | None = None,
+        response_model: str | None = None,
     ) -> None:
-        """Record the attempt, trace it and report it to `on_routing_update`."""
+        """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
+        report it to `on_routing_update`."""
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
@@ -372,7 +379,15 @@ class FailoverChatClient(RoutingChatClient):
         )
         context.attempts.append(record)
         if attempt.span is not None:
-            self._telemetry.finish(attempt.span, record, terminal, attempt.price, usage)
+            self._telemetry.finish(
+                attempt.span, record, terminal, attempt.price, usage, response_model
+            )
+        report = _scope.current_report()
+        if report is not None:
+            report.route_name = record.route_name
+            report.metadata = metadata_of(record.client)
+            report.attempts = record.number
+            report.fallback = record.number > 1
         reported = self.on_routing_update(context, record, terminal)
         if reported is not None and inspect.isawaitable(reported):
             await reported
@@ -471,6 +486,7 @@ class FailoverChatClient(RoutingChatClient):
                     time_to_first_update=duration,
                     terminal=True,
                     usage=response.usage,
+                    response_model=response.model_id,
                 )
                 return response
         finally:
@@ -492,6 +508,7 @@ class FailoverChatClient(RoutingChatClient):
             elapsed = 0.0  # time spent inside the route, not with the caller
             first_update: float | None = None
             usage: UsageDetails | None = None
+            response_model: str | None = None
             error: BaseException | None = None
             stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
             started = clock()
@@ -542,6 +559,8 @@ class FailoverChatClient(RoutingChatClient):
                         first_update = elapsed
                     if update.usage is not None:
                         usage = update.usage if usage is None else usage + update.usage
+                    if update.model_id is not None:
+                        response_model = update.model_id
                     try:
                         yield update
                     except BaseException:
@@ -591,6 +610,7 @@ class FailoverChatClient(RoutingChatClient):
                 time_to_first_update=first_update,
                 terminal=True,
                 usage=usage,
+                response_model=response_model,
             )
             return
 

@@ -28,7 +28,7 @@ def test_demo_exports_over_otlp(receiver: Receiver, capsys: pytest.CaptureFixtur
     assert main(["demo", "--otlp", receiver.url]) == 0
     assert "exported over OTLP" in capsys.readouterr().out
     names = sorted(s.name for s in receiver.spans())  # type: ignore[attr-defined]
-    assert names.count("chat") == 2
+    assert names.count("chat simulated-small") == 2
     assert names.count("route_attempt backup") == 2
 
 

@@ -38,8 +38,11 @@ async def test_spans_reach_an_otlp_receiver(receiver: Receiver, streaming: bool)
     assert receiver.received.is_set()
     spans = receiver.spans()
     by_name = {s.name: s for s in spans}  # type: ignore[attr-defined]
-    assert set(by_name) == {"chat", "route_attempt primary", "route_attempt backup"}
-    chat = by_name["chat"]
+    # The root span is named after the served route's model and tells the failover story.
+    assert set(by_name) == {"chat scripted-model", "route_attempt primary", "route_attempt backup"}
+    chat = by_name["chat scripted-model"]
+    assert _attributes(chat)["ai.route.name"] == "backup"
+    assert _attributes(chat)["ai.route.fallback"] is True
     for name, outcome in (("primary", "failed_before_output"), ("backup", "completed")):
         attempt = by_name[f"route_attempt {name}"]
         assert attempt.parent_span_id == chat.span_id  # type: ignore[attr-defined]

@@ -174,3 +174,84 @@ async def test_a_sampled_out_request_keeps_its_attempts_out_too(streaming: bool)
     assert (await collect(chat, "hi", streaming=streaming)).error is None
     # The attempts inherit the chat span's "not sampled": none starts a trace of its own.
     assert spans.get_finished_spans() == ()
+
+
+def routed(otel: Otel, *clients: ScriptedChatClient, **options: object) -> ChatPipeline:
+    """The README's setup: telemetry above an ordered failover router."""
+    return (
+        ChatPipeline.builder(**otel.providers)
+        .use_telemetry()
+        .use_ordered_failover(list(clients), **options)  # type: ignore[arg-type]
+        .build()
+    )
+
+
+async def test_the_root_span_tells_which_route_served(otel: Otel, streaming: bool) -> None:
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    primary = ScriptedChatClient(
+        fail(TransientProviderError()), name="primary", model_id="big", provider_name="openai"
+    )
+    backup = ScriptedChatClient(
+        reply("ok", usage=UsageDetails(2, 3, 5)),
+        name="backup",
+        model_id="small",
+        provider_name="anthropic",
+    )
+    chat = routed(otel, primary, backup)
+    assert (await collect(chat, "hi", streaming=streaming)).text == "ok"
+    (root,) = [s for s in otel.finished() if s.parent is None]
+    attributes = dict(root.attributes or {})
+    assert root.name == "chat small"
+    assert attributes[gen_ai.GEN_AI_SYSTEM] == "anthropic"
+    assert attributes[gen_ai.GEN_AI_REQUEST_MODEL] == "small"
+    assert attributes["ai.route.name"] == "backup"
+    assert attributes["ai.route.attempts"] == 2
+    assert attributes["ai.route.fallback"] is True
+    first, second = otel.attempt_spans()
+    assert dict(first.attributes or {})[gen_ai.GEN_AI_SYSTEM] == "openai"
+    assert dict(first.attributes or {})[gen_ai.GEN_AI_REQUEST_MODEL] == "big"
+    assert gen_ai.GEN_AI_RESPONSE_MODEL not in dict(first.attributes or {})
+    assert dict(second.attributes or {})[gen_ai.GEN_AI_RESPONSE_MODEL] == "small"
+    # Metrics carry the served route's provider, never "router".
+    ((labels, count),) = otel.points("gen_ai.client.operation.duration")
+    assert labels[gen_ai.GEN_AI_SYSTEM] == "anthropic" and count == 1
+
+
+async def test_a_caller_named_model_names_the_root_span(otel: Otel, streaming: bool) -> None:
+    from pipeline import ChatOptions
+
+    only = ScriptedChatClient(reply("ok"), name="only", model_id="default-model")
+    chat = routed(otel, only)
+    await collect(chat, "hi", ChatOptions(model_id="asked"), streaming=streaming)
+    (root,) = [s for s in otel.finished() if s.parent is None]
+    assert root.name == "chat asked"
+    assert dict(root.attributes or {})["ai.route.fallback"] is False
+
+
+async def test_cancellation_is_recorded_one_way(otel: Otel, streaming: bool) -> None:
+    primary = ScriptedChatClient(hang(), name="primary")
+    chat = routed(otel, primary, ScriptedChatClient(reply("never"), name="backup"))
+    task = asyncio.create_task(collect(chat, "hi", streaming=streaming))
+    await primary.wait_for_calls(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    root, attempt = sorted(otel.finished(), key=lambda s: s.parent is not None)
+    for span in (root, attempt):
+        assert span.status.status_code is StatusCode.UNSET
+        assert "error.type" not in dict(span.attributes or {})
+    assert dict(root.attributes or {})["chat_pipeline.request.end"] == "canceled"
+    assert dict(attempt.attributes or {})["ai.route.outcome"] == "canceled"
+    # An unfinished request does not count in the duration histogram.
+    assert otel.points("gen_ai.client.operation.duration") == []
+
+
+async def test_an_abandoned_stream_is_not_an_error(otel: Otel) -> None:
+    chat = routed(otel, ScriptedChatClient(reply("abc", chunks=["a", "b", "c"]), name="r"))
+    async with contextlib.aclosing(chat.get_streaming_response("hi")) as stream:
+        await anext(stream)
+    root, attempt = sorted(otel.finished(), key=lambda s: s.parent is not None)
+    assert dict(root.attributes or {})["chat_pipeline.request.end"] == "abandoned"
+    assert dict(attempt.attributes or {})["ai.route.outcome"] == "abandoned"
+    assert all(s.status.status_code is StatusCode.UNSET for s in (root, attempt))

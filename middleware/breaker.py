@@ -163,6 +163,17 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         self._probe_in_flight = False
 
     @property
+    def circuit_open(self) -> bool:
+        """Whether a call would fail fast now (open, and not yet due for a probe)."""
+        breaker = self.breaker
+        if breaker.current_state != pybreaker.STATE_OPEN:
+            return False
+        opened_at = breaker._state_storage.opened_at
+        return opened_at is not None and self._now() < opened_at + timedelta(
+            seconds=breaker.reset_timeout
+        )
+
+    @property
     def state(self) -> str:
         """``closed``, ``open`` or ``half-open``, as the (possibly shared) storage says."""
         return str(self.breaker.current_state)

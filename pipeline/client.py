@@ -28,6 +28,7 @@ __all__ = [
     "DelegatingChatClient",
     "EmbeddingGenerator",
     "check_options",
+    "circuit_open",
     "client_name",
     "close_all",
     "ensure_chat_client",
@@ -113,6 +114,20 @@ def client_name(client: ChatClient) -> str:
     if metadata.provider_name and metadata.model_id:
         return f"{metadata.provider_name}/{metadata.model_id}"
     return metadata.model_id or metadata.provider_name or type(client).__name__
+
+
+def circuit_open(client: object) -> bool:
+    """True when a circuit breaker in `client`'s chain of layers is open (its calls would
+    fail fast): a layer says so with a true ``circuit_open`` attribute."""
+    current: object = client
+    for _ in range(64):  # a chain is short; the bound guards against a cycle
+        if getattr(current, "circuit_open", False) is True:
+            return True
+        following = getattr(current, "inner", None) or getattr(current, "client", None)
+        if following is None:
+            return False
+        current = following
+    return False
 
 
 async def close_all(resources: Iterable[object], what: str = "clients") -> None:

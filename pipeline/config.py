@@ -131,6 +131,7 @@ def _models() -> _Models:
         return _models_cache[0]
     from middleware.breaker import BreakerSettings
     from middleware.retry import RetrySettings
+    from middleware.routing.affinity import AffinitySettings
     from middleware.routing.context import RouteFacts
     from middleware.routing.failover import FailoverSettings
     from middleware.routing.semantic import SemanticSettings
@@ -180,9 +181,22 @@ def _models() -> _Models:
         reply: str = "Simulated answer."
         model: _Name = "scripted-model"
 
+    class _Affinity(AffinitySettings):
+        """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
+
+        store: Literal["memory", "redis"] = "memory"
+        redis_url_env: _EnvName | None = None
+
+        @model_validator(mode="after")
+        def _redis_needs_a_url(self) -> Any:
+            if self.store == "redis" and self.redis_url_env is None:
+                raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+            return self
+
     class _Ordered(FailoverSettings):
         kind: Literal["ordered"]
         order: Annotated[list[_Name], Field(min_length=1)]
+        affinity: _Affinity | None = None
 
     class _Tiered(FailoverSettings):
         kind: Literal["tiered"]
@@ -190,6 +204,7 @@ def _models() -> _Models:
         fallback: dict[str, list[_Name]] = Field(default_factory=dict)
         kinds: dict[str, _Name] = Field(default_factory=dict)
         sticky_sessions: bool = True
+        affinity: _Affinity | None = None
 
     class _HashingEmbeddings(_Section):
         provider: Literal["hashing"]
@@ -416,6 +431,7 @@ class PipelineConfig:
             max_input_tokens=table.max_input_tokens,
             capabilities=table.capabilities,
             price=table.price,
+            instructions=table.instructions,
         )
 
 
@@ -460,6 +476,22 @@ def _limits(router: Any) -> dict[str, Any]:
     }
 
 
+def _affinity(table: Any) -> Any:
+    """The `SessionAffinity` a ``[router.affinity]`` table describes (or None)."""
+    if table is None:
+        return None
+    from middleware.routing.affinity import (
+        MemoryAffinityStore,
+        RedisAffinityStore,
+        SessionAffinity,
+    )
+
+    if table.store == "redis":
+        url = os.environ[table.redis_url_env]  # checked when the file was loaded
+        return SessionAffinity(RedisAffinityStore(url, table.ttl, timeout=table.timeout))
+    return SessionAffinity(MemoryAffinityStore(table.max_sessions, table.ttl))
+
+
 def _use_router(
     builder: ChatPipelineBuilder,
     router: Any,
@@ -467,7 +499,11 @@ def _use_router(
     secrets: Mapping[str, str | None],
 ) -> None:
     if router.kind == "ordered":
-        builder.use_ordered_failover([routes[n] for n in router.order], **_limits(router))
+        builder.use_ordered_failover(
+            [routes[n] for n in router.order],
+            affinity=_affinity(router.affinity),
+            **_limits(router),
+        )
         return
     if router.kind == "tiered":
         from middleware.routing.tiered import TieredRoutingChatClient
@@ -479,6 +515,7 @@ def _use_router(
                 fallback=router.fallback,
                 kinds=router.kinds,
                 sticky_sessions=router.sticky_sessions,
+                affinity=_affinity(router.affinity),
                 **_limits(router),
             )
 
@@ -505,6 +542,12 @@ def _use_router(
         routes[router.default],
         **settings,
     )
+
+
+def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
+    """A ``redis_url_env`` named in the file must be set."""
+    if variable and not os.environ.get(variable):
+        problems.add(f"{path}.redis_url_env", f"the environment variable {variable} is not set")
 
 
 def _secret(
@@ -588,13 +631,8 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
                 secrets[str(name)] = _secret(
                     problems, validated, path, _DEFAULT_KEYS[provider], required
                 )
-            if validated.breaker is not None and validated.breaker.redis_url_env:
-                variable = validated.breaker.redis_url_env
-                if not os.environ.get(variable):
-                    problems.add(
-                        f"{path}.breaker.redis_url_env",
-                        f"the environment variable {variable} is not set",
-                    )
+            if validated.breaker is not None:
+                _variable_set(problems, f"{path}.breaker", validated.breaker.redis_url_env)
     raw_layers = base.get("layers", {})
     layers = problems.validate(models.layers, raw_layers, "layers")
     raw_router = base.get("router")
@@ -610,14 +648,20 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             _check_router_names(problems, raw_router, raw_routes)
         if kind is not None:
             router = problems.validate(models.routers[kind], raw_router, "router")
-            if kind == "semantic" and router.embeddings.provider == "openai":
-                secrets["router.embeddings"] = _secret(
-                    problems,
-                    router.embeddings,
-                    "router.embeddings",
-                    "OPENAI_API_KEY",
-                    router.embeddings.base_url.startswith("https://api.openai.com"),
-                )
+        if router is not None and getattr(router, "affinity", None) is not None:
+            _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
+        if (
+            router is not None
+            and router.kind == "semantic"
+            and router.embeddings.provider == "openai"
+        ):
+            secrets["router.embeddings"] = _secret(
+                problems,
+                router.embeddings,
+                "router.embeddings",
+                "OPENAI_API_KEY",
+                router.embeddings.base_url.startswith("https://api.openai.com"),
+            )
     problems.raise_if_any()
     return PipelineConfig(routes, router, layers, environment, secrets)
 

@@ -27,12 +27,15 @@ SURFACES = {
         "UsageDetails",
     },
     "middleware.routing": {
+        "AffinitySettings",
         "AttemptOutcome",
         "FailoverAttempt",
         "FailoverChatClient",
         "FailoverSettings",
+        "MemoryAffinityStore",
         "OrderedFailoverChatClient",
         "Price",
+        "RedisAffinityStore",
         "Route",
         "RoutingChatClient",
         "RoutingContext",
@@ -40,6 +43,7 @@ SURFACES = {
         "RouteScore",
         "SemanticRoutingChatClient",
         "SemanticSettings",
+        "SessionAffinity",
         "TieredRoutingChatClient",
     },
     "middleware": {

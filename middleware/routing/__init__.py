@@ -10,6 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from middleware.routing.affinity import (
+    AffinitySettings,
+    MemoryAffinityStore,
+    RedisAffinityStore,
+    SessionAffinity,
+)
 from middleware.routing.context import (
     AttemptOutcome,
     FailoverAttempt,
@@ -37,12 +43,15 @@ if TYPE_CHECKING:
 _SEMANTIC = frozenset({"RouteScore", "SemanticRoutingChatClient", "SemanticSettings"})
 
 __all__ = [
+    "AffinitySettings",
     "AttemptOutcome",
     "FailoverAttempt",
     "FailoverChatClient",
     "FailoverSettings",
+    "MemoryAffinityStore",
     "OrderedFailoverChatClient",
     "Price",
+    "RedisAffinityStore",
     "Route",
     "RouteScore",
     "RoutingChatClient",
@@ -50,6 +59,7 @@ __all__ = [
     "RoutingSelection",
     "SemanticRoutingChatClient",
     "SemanticSettings",
+    "SessionAffinity",
     "TieredRoutingChatClient",
 ]
 

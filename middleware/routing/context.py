@@ -17,7 +17,7 @@ from pydantic import Field, StringConstraints
 
 from pipeline._settings import Settings
 from pipeline.client import ChatClient, client_name, ensure_chat_client
-from pipeline.types import ChatMessage, ChatOptions
+from pipeline.types import ChatMessage, ChatOptions, ChatRole
 
 __all__ = [
     "AttemptOutcome",
@@ -29,6 +29,7 @@ __all__ = [
     "RoutingSelection",
     "SelectionResult",
     "as_route",
+    "with_instructions",
 ]
 
 AttemptOutcome: TypeAlias = Literal[
@@ -65,6 +66,7 @@ class RouteFacts(Settings):
     max_input_tokens: Annotated[int, Field(ge=1)] | None = None
     capabilities: Annotated[frozenset[_Capability], Field(strict=False)] = frozenset()
     price: Price | None = None
+    instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -72,7 +74,10 @@ class Route:
     """A named routing identity for `client`.
 
     `max_input_tokens` and `capabilities` let tier selection skip routes that cannot serve a
-    request; `price` feeds the cost metric.
+    request; `price` feeds the cost metric; `instructions` are this route's system prompt:
+    for an attempt on this route they replace the conversation's first system message (or
+    come first when there is none), in a copy of the messages, so they never reach another
+    route's attempt nor the caller's list.
     """
 
     name: str
@@ -80,6 +85,7 @@ class Route:
     max_input_tokens: int | None = field(default=None, kw_only=True)
     capabilities: frozenset[str] = field(default=frozenset(), kw_only=True)
     price: Price | None = field(default=None, kw_only=True)
+    instructions: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -93,6 +99,7 @@ class Route:
                 max_input_tokens=self.max_input_tokens,
                 capabilities=frozenset(capabilities),
                 price=self.price,
+                instructions=self.instructions,
             )
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"Route {self.name!r}: {exc}") from None
@@ -122,6 +129,16 @@ class RoutingSelection:
 
 
 SelectionResult: TypeAlias = ChatClient | Route | RoutingSelection | None
+
+
+def with_instructions(messages: list[ChatMessage], instructions: str) -> list[ChatMessage]:
+    """A copy of `messages` whose first system message is `instructions` (prepended when
+    there is none); `messages` itself is not changed."""
+    system = ChatMessage(ChatRole.SYSTEM, instructions)
+    for index, message in enumerate(messages):
+        if message.role is ChatRole.SYSTEM:
+            return [*messages[:index], system, *messages[index + 1 :]]
+    return [system, *messages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,10 +173,20 @@ class RoutingContext:
 
     `messages` is the router's own list copy (a selector may change it; the client gets the
     changed list); `options` is a clone of the caller's options, the baseline every attempt
-    starts from; `state` belongs to the routing policy; `attempts` are the attempts so far.
+    starts from; `state` belongs to the routing policy; `attempts` are the attempts so far;
+    `preferred_route` names the route the session last completed on, when the router has
+    session affinity and that route is healthy (policies start there).
     """
 
-    __slots__ = ("__weakref__", "attempts", "messages", "options", "state", "streaming")
+    __slots__ = (
+        "__weakref__",
+        "attempts",
+        "messages",
+        "options",
+        "preferred_route",
+        "state",
+        "streaming",
+    )
 
     def __init__(
         self, messages: Iterable[ChatMessage], options: ChatOptions, *, streaming: bool
@@ -169,6 +196,7 @@ class RoutingContext:
         self.state: dict[str, Any] = {}
         self.attempts: list[FailoverAttempt] = []
         self.streaming = streaming
+        self.preferred_route: str | None = None
 
     def __repr__(self) -> str:
         return (

@@ -46,12 +46,19 @@ from middleware.routing.context import (
     RoutingSelection,
     SelectionResult,
     as_route,
+    with_instructions,
 )
 from middleware.routing.router import RoutingChatClient, router_keywords
 from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
-from pipeline.client import ChatClient, client_name, ensure_chat_client, metadata_of
+from pipeline.client import (
+    ChatClient,
+    circuit_open,
+    client_name,
+    ensure_chat_client,
+    metadata_of,
+)
 from pipeline.errors import (
     AttemptTimeoutError,
     RequestBudgetExceededError,
@@ -60,6 +67,7 @@ from pipeline.errors import (
     is_failover_eligible,
 )
 from pipeline.types import (
+    ChatMessage,
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
@@ -68,7 +76,7 @@ from pipeline.types import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from middleware.routing.affinity import SessionAffinity
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -122,11 +130,30 @@ class FailoverChatClient(RoutingChatClient):
     and `should_failover`. Each may be sync or async. The limits live in `settings`
     (`FailoverSettings`); keyword `options` are its fields and the router keywords
     (see `RoutingChatClient`).
+
+    With ``affinity=SessionAffinity(store)``, a request carrying ``options.session_id``
+    finds the route that last completed for that session in ``context.preferred_route``
+    (when this router has that route, named in `routes_by_name()`, and its breaker is not
+    open); the route that completes a request is recorded for its session. The ordered
+    and tiered policies start on the preferred route.
     """
 
-    def __init__(self, settings: FailoverSettings | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        settings: FailoverSettings | None = None,
+        *,
+        affinity: SessionAffinity | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(**router_keywords(options))
         self.settings = FailoverSettings.from_options(settings, options)
+        if affinity is not None and not callable(getattr(affinity, "preferred", None)):
+            raise TypeError("affinity must be a SessionAffinity")
+        self.affinity = affinity
+
+    def routes_by_name(self) -> Mapping[str, Route]:
+        """The routes this policy can start on, by name (for session affinity)."""
+        return {}
 
     # -- settings as attributes ------------------------------------------------------------
 
@@ -189,6 +216,16 @@ class FailoverChatClient(RoutingChatClient):
             deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
         return _scope.RequestBudget(settings.max_provider_calls_per_request, deadline, clock)
 
+    async def _prefer(self, context: RoutingContext) -> None:
+        """Set ``context.preferred_route`` from the session's affinity, if it still holds."""
+        session = context.options.session_id
+        if session is None or self.affinity is None:
+            return
+        name = await self.affinity.preferred(session)
+        route = self.routes_by_name().get(name) if name is not None else None
+        if route is not None and not circuit_open(route.client):
+            context.preferred_route = name
+
     async def _select(self, context: RoutingContext) -> _Attempt:
         result = self.select_client(context)
         if inspect.isawaitable(result):
@@ -202,8 +239,11 @@ class FailoverChatClient(RoutingChatClient):
         if result is None:
             raise RoutingError(f"{self._metadata.name}: the selector chose no client")
         price = None
+        messages = context.messages
         if isinstance(result, Route):
             name, client, price = result.name, result.client, result.price
+            if result.instructions is not None:
+                messages = with_instructions(messages, result.instructions)
         else:
             client = ensure_chat_client(result, "the selected client")
             name = client_name(client)
@@ -213,7 +253,7 @@ class FailoverChatClient(RoutingChatClient):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return _Attempt(name, client, options, price, attributes)
+        return _Attempt(name, client, messages, options, price, attributes)
 
     async def _is_terminal(
         self,
@@ -388,6 +428,10 @@ class FailoverChatClient(RoutingChatClient):
             report.metadata = metadata_of(record.client)
             report.attempts = record.number
             report.fallback = record.number > 1
+        if outcome == "completed" and self.affinity is not None:
+            session = context.options.session_id
+            if session is not None:
+                await self.affinity.record(session, record.route_name)
         reported = self.on_routing_update(context, record, terminal)
         if reported is not None and inspect.isawaitable(reported):
             await reported
@@ -443,6 +487,8 @@ class FailoverChatClient(RoutingChatClient):
             limit = self._attempt_limit()
             budget = self._new_budget()
             clock = self._clock
+            if self.affinity is not None:
+                await self._prefer(context)
             while True:
                 attempt = await self._select(context)
                 self._begin(context, attempt, budget)
@@ -454,12 +500,12 @@ class FailoverChatClient(RoutingChatClient):
                 try:
                     if timeout is None:
                         response = await attempt.client.get_response(
-                            context.messages, attempt.options
+                            attempt.messages, attempt.options
                         )
                     else:
                         async with timeout:
                             response = await attempt.client.get_response(
-                                context.messages, attempt.options
+                                attempt.messages, attempt.options
                             )
                 except BaseException as exc:
                     failure = self._timed_out(exc, timeout, deadline, attempt)
@@ -502,6 +548,8 @@ class FailoverChatClient(RoutingChatClient):
         limit = self._attempt_limit()
         budget = self._new_budget()
         clock = self._clock
+        if self.affinity is not None:
+            await self._prefer(context)
         while True:
             attempt = await self._select(context)
             self._begin(context, attempt, budget)
@@ -515,7 +563,7 @@ class FailoverChatClient(RoutingChatClient):
             number = len(context.attempts) + 1
             tokens = self._enter(attempt, budget, None)
             try:
-                stream = attempt.client.get_streaming_response(context.messages, attempt.options)
+                stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
             except BaseException as exc:
                 error = exc
             finally:
@@ -628,6 +676,7 @@ class _Attempt:
         "attributes",
         "client",
         "cut_for_backup",
+        "messages",
         "options",
         "price",
         "route_name",
@@ -639,18 +688,23 @@ class _Attempt:
         self,
         route_name: str,
         client: ChatClient,
+        messages: list[ChatMessage],
         options: ChatOptions,
         price: Price | None,
         attributes: Mapping[str, AttributeValue] | None,
     ) -> None:
         self.route_name = route_name
         self.client = client
+        self.messages = messages
         self.options = options
         self.price = price
         self.attributes = attributes
         self.span: Span | None = None
         self.span_context: otel_context.Context | None = None
         self.cut_for_backup = False  # the router cut it to keep time for a backup
+
+
+_PLAN = "ordered.plan"
 
 
 class OrderedFailoverChatClient(FailoverChatClient):
@@ -675,10 +729,24 @@ class OrderedFailoverChatClient(FailoverChatClient):
         )
         if not self.routes:
             raise ValueError("OrderedFailoverChatClient needs at least one route")
+        self._by_name: dict[str, Route] = {}
+        for route in self.routes:
+            self._by_name.setdefault(route.name, route)
         super().__init__(settings, **options)
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:
-        return self.routes[len(context.attempts)]
+        preferred = context.preferred_route
+        if preferred is None:
+            return self.routes[len(context.attempts)]
+        plan: list[Route] | None = context.state.get(_PLAN)
+        if plan is None:
+            # The session's route first, then the others in their order.
+            first = next(r for r in self.routes if r.name == preferred)
+            plan = context.state[_PLAN] = [first, *(r for r in self.routes if r is not first)]
+        return plan[len(context.attempts)]
+
+    def routes_by_name(self) -> Mapping[str, Route]:
+        return self._by_name
 
     def _attempt_limit(self) -> int | None:
         limit = self.settings.max_attempts_per_request

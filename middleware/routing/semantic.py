@@ -26,7 +26,7 @@ import asyncio
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -44,9 +44,6 @@ from pipeline._settings import Settings
 from pipeline.client import ChatClient, EmbeddingGenerator
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, ChatRole
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "SEMANTIC_REASON",

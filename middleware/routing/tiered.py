@@ -3,8 +3,9 @@
 Selection is deterministic, from signals of the request:
 
 * the starting route: a per-request pin (``additional_properties["chat_pipeline.route"]``),
-  else the session's sticky route (the route that last completed a request with the same
-  ``session_id``), else the route mapped to the request kind
+  else the session's route (session affinity: the route that last completed a request
+  with the same ``session_id``, while its breaker is not open), else the route mapped to
+  the request kind
   (``additional_properties["chat_pipeline.kind"]``), else `default`;
 * the chain: the starting route, then its `fallback` routes, then theirs (each once);
 * a route is skipped when its context window (`Route.max_input_tokens`) cannot hold the
@@ -21,18 +22,15 @@ The routing hints are removed from the options the routes receive.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from middleware.routing.affinity import MemoryAffinityStore, SessionAffinity
 from middleware.routing.context import FailoverAttempt, Route, RoutingContext, SelectionResult
 from middleware.routing.failover import FailoverChatClient, FailoverSettings
 from pipeline.client import ChatClient
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, DataContent
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "KIND_HINT",
@@ -107,15 +105,18 @@ class TieredRoutingChatClient(FailoverChatClient):
         for kind, name in self.kinds.items():
             if name not in self.routes:
                 raise ValueError(f"kind {kind!r} names unknown route {name!r}")
-        if max_sessions < 1:
-            raise ValueError("max_sessions must be positive")
         self.sticky_sessions = sticky_sessions
-        self.max_sessions = max_sessions
+        if sticky_sessions and self.affinity is None:
+            self.affinity = SessionAffinity(MemoryAffinityStore(max_sessions=max_sessions))
+        elif not sticky_sessions:
+            self.affinity = None
         self._token_estimator = token_estimator
-        self._sessions: OrderedDict[str, str] = OrderedDict()
 
     def owned_clients(self) -> Iterable[ChatClient]:
         return [route.client for route in self.routes.values()]
+
+    def routes_by_name(self) -> Mapping[str, Route]:
+        return self.routes
 
     def describe_layer(self) -> str:
         return f"TieredRoutingChatClient({', '.join(self.routes)}; default {self.default})"
@@ -128,9 +129,8 @@ class TieredRoutingChatClient(FailoverChatClient):
             if pin not in self.routes:
                 raise RoutingError(f"the pinned route {pin!r} is not one of the routes")
             return str(pin)
-        session = context.options.session_id
-        if self.sticky_sessions and session is not None and session in self._sessions:
-            return self._sessions[session]
+        if context.preferred_route is not None:
+            return context.preferred_route
         kind = hints.get(KIND_HINT)
         if kind is not None:
             if kind not in self.kinds:
@@ -204,12 +204,6 @@ class TieredRoutingChatClient(FailoverChatClient):
     ) -> None:
         if is_terminal:
             context.state.pop(_CHAIN, None)
-            session = context.options.session_id
-            if self.sticky_sessions and session is not None and attempt.outcome == "completed":
-                self._sessions[session] = attempt.route_name
-                self._sessions.move_to_end(session)
-                while len(self._sessions) > self.max_sessions:
-                    self._sessions.popitem(last=False)
         else:
             _logger.info(
                 "escalation: route %s failed before output (%s), trying the next tier",

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from middleware.function_invocation import tool
-from pipeline import ChatPipeline
+from pipeline import ChatOptions, ChatPipeline
 from pipeline.config import build_pipeline, merge
 from pipeline.errors import ConfigError
 from pipeline.testing import FakeOpenAIServer, collect
@@ -351,3 +351,41 @@ def test_loading_does_not_import_the_test_servers() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+async def test_route_instructions_and_router_affinity(streaming: bool) -> None:
+    data = {
+        "routes": {
+            "a": {"provider": "scripted", "reply": "from a", "instructions": "Reply in JSON."},
+            "b": {"provider": "scripted", "reply": "from b"},
+        },
+        "router": {
+            "kind": "ordered",
+            "order": ["a", "b"],
+            "affinity": {"store": "memory", "ttl": 600, "max_sessions": 10},
+        },
+    }
+    chat = build_pipeline(data)
+    router = chat.client
+    assert router.affinity is not None  # type: ignore[attr-defined]
+    assert router.routes[0].instructions == "Reply in JSON."  # type: ignore[attr-defined]
+    options = ChatOptions(session_id="s")
+    assert (await collect(chat, "hi", options, streaming=streaming)).text == "from a"
+    assert await router.affinity.store.get("s") == "a"  # type: ignore[attr-defined]
+
+
+def test_affinity_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AFFINITY_REDIS", raising=False)
+    data = {
+        "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+        "router": {"kind": "ordered", "order": ["a", "b"], "affinity": {"store": "redis"}},
+    }
+    with pytest.raises(ConfigError, match="store = 'redis' needs redis_url_env"):
+        build_pipeline(data)
+    data["router"]["affinity"] = {"store": "redis", "redis_url_env": "AFFINITY_REDIS", "ttl": 0}
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(data)
+    assert dict(caught.value.problems) == {"router.affinity.ttl": "expected positive, got 0"}
+    data["router"]["affinity"]["ttl"] = 5
+    with pytest.raises(ConfigError, match="AFFINITY_REDIS is not set"):
+        build_pipeline(data)

@@ -733,3 +733,36 @@ async def test_a_caller_timeout_is_not_the_routes_fault(streaming: bool) -> None
             await collect(router, "hi", streaming=streaming)
     assert guarded.client.state == "closed"  # type: ignore[attr-defined]
     assert router.summary() == [("p", "canceled", True)]
+
+
+async def test_route_instructions_reach_only_that_routes_attempt(streaming: bool) -> None:
+    primary, backup = routes(fail(TransientProviderError()), reply("ok"))
+    router = RecordingFailover(
+        [Route("primary", primary, instructions="Answer in JSON."), Route("backup", backup)]
+    )
+    conversation = [ChatMessage.system("Be kind."), ChatMessage.user("hi")]
+    result = await collect(router, conversation, streaming=streaming)
+    assert result.text == "ok"
+    sent_to_primary = primary.calls[0].messages
+    assert [(m.role.value, m.text) for m in sent_to_primary] == [
+        ("system", "Answer in JSON."),
+        ("user", "hi"),
+    ]
+    # The backup's attempt and the caller's own list never see the primary's instructions.
+    assert [m.text for m in backup.calls[0].messages] == ["Be kind.", "hi"]
+    assert [m.text for m in conversation] == ["Be kind.", "hi"]
+
+
+async def test_route_instructions_come_first_without_a_system_message(streaming: bool) -> None:
+    (only,) = routes(reply("ok"))
+    router = RecordingFailover([Route("only", only, instructions="Be brief.")])
+    await collect(router, "hi", streaming=streaming)
+    assert [(m.role.value, m.text) for m in only.calls[0].messages] == [
+        ("system", "Be brief."),
+        ("user", "hi"),
+    ]
+
+
+def test_route_instructions_are_validated() -> None:
+    with pytest.raises(ValueError, match="instructions must be a non-empty string"):
+        Route("r", ScriptedChatClient(), instructions="")

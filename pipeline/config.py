@@ -404,7 +404,6 @@ class PipelineConfig:
         return route
 
     def _route(self, name: str, problems: _Problems) -> Any:
-        from middleware.routing.context import Route
 
         table = self.routes[name]
         path = f"routes.{name}"
@@ -413,6 +412,15 @@ class PipelineConfig:
         except (TypeError, ValueError) as exc:
             problems.add(path, f"rejected: {exc}")
             return None
+        try:
+            return self._route_layers(name, table, client)
+        except (TypeError, ValueError) as exc:
+            problems.add(path, f"rejected: {exc}")
+            return None
+
+    def _route_layers(self, name: str, table: Any, client: ChatClient) -> Any:
+        from middleware.routing.context import Route
+
         builder = ChatPipeline.builder()
         breaker = table.breaker
         if breaker is not None:
@@ -545,9 +553,28 @@ def _use_router(
 
 
 def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
-    """A ``redis_url_env`` named in the file must be set."""
-    if variable and not os.environ.get(variable):
-        problems.add(f"{path}.redis_url_env", f"the environment variable {variable} is not set")
+    """A ``redis_url_env`` named in the file must be set, to a Redis URL (never echoed: it
+    may hold a password)."""
+    if not variable:
+        return
+    where = f"{path}.redis_url_env"
+    url = os.environ.get(variable)
+    if not url:
+        problems.add(where, f"the environment variable {variable} is not set")
+        return
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError:
+        problems.add(where, f"the environment variable {variable} holds a malformed URL")
+        return
+    if parts.scheme not in ("redis", "rediss", "unix") or (
+        parts.scheme != "unix" and not parts.hostname
+    ):
+        problems.add(
+            where,
+            f"the environment variable {variable} must hold a redis://, rediss:// or unix:// URL",
+        )
 
 
 def _secret(

@@ -46,8 +46,12 @@ class Price(Settings):
     input_per_million: _Money
     output_per_million: _Money
 
-    def __init__(self, input_per_million: float, output_per_million: float) -> None:
-        super().__init__(input_per_million=input_per_million, output_per_million=output_per_million)
+    def __init__(self, *prices: float, **fields: Any) -> None:
+        # Price(0.15, 0.6) or Price(input_per_million=0.15, output_per_million=0.6).
+        if len(prices) > 2:
+            raise TypeError("Price takes the input and the output price per million tokens")
+        named = dict(zip(("input_per_million", "output_per_million"), prices, strict=False))
+        super().__init__(**named, **fields)
 
     def cost(self, input_tokens: int | None, output_tokens: int | None) -> float:
         return (

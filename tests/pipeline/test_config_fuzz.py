@@ -138,14 +138,17 @@ VALID: dict[str, Any] = {
 
 
 def outcome(data: Any) -> None:
+    error: ConfigError | None = None
     try:
         chat = build_pipeline(data)
     except ConfigError as exc:
-        assert str(exc)
-        for path, message in exc.problems:
-            assert isinstance(path, str) and isinstance(message, str) and message
+        error = exc
+    if error is None:
+        assert isinstance(chat, ChatPipeline)
         return
-    assert isinstance(chat, ChatPipeline)
+    assert str(error)
+    for path, message in error.problems:
+        assert isinstance(path, str) and isinstance(message, str) and message
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -26,6 +26,9 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 from middleware.routing import Route
 from middleware.routing._telemetry import (
+    ROUTE_ATTEMPTS,
+    ROUTE_FALLBACK,
+    ROUTE_NAME,
     ROUTE_OUTCOME,
     ROUTE_OUTPUT_COMMITTED,
     ROUTE_TERMINAL,
@@ -88,6 +91,12 @@ def trace_tree(spans: Sequence[ReadableSpan]) -> list[str]:
                 f"committed={attributes.get(ROUTE_OUTPUT_COMMITTED)} "
                 f"time_to_first_update={_ms(attributes.get(ROUTE_TIME_TO_FIRST_UPDATE))} "
                 f"terminal={attributes.get(ROUTE_TERMINAL)}"
+            )
+        elif ROUTE_NAME in attributes:
+            detail = (
+                f"{duration * 1000:.2f} ms  route={attributes.get(ROUTE_NAME)} "
+                f"attempts={attributes.get(ROUTE_ATTEMPTS)} "
+                f"fallback={attributes.get(ROUTE_FALLBACK)}"
             )
         else:
             detail = f"{duration * 1000:.2f} ms"

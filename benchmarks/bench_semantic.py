@@ -8,6 +8,13 @@ build time, and the same selection done by a pure-Python loop in the same run, a
 in a way this script could time fairly; see the README.)
 
     python benchmarks/bench_semantic.py [--sizes 100 1000 10000 100000] [--queries 200]
+    python benchmarks/bench_semantic.py --under-load [--sizes 10000] [--concurrency 64]
+
+``--under-load`` pins this process to CPU 0, keeps CPU 1 busy with a spinning process (a
+bounded one), and runs `--concurrency` selections at a time: it prints p50/p99 selection
+latency of the router and, in the same run, of the same scores computed with a BLAS
+product (``index @ query``, the router's former kernel, which fans out to OpenBLAS
+threads).
 
 OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE, where the machine sets them, slow numpy's kernels;
 unset both for this command alone to see the kernel's own speed.
@@ -65,21 +72,7 @@ def median_ms(samples: list[float]) -> float:
 
 
 async def measure(size: int, queries: int, rng: np.random.Generator) -> None:
-    matrix = rng.standard_normal((size, DIMENSIONS)).astype(np.float32)
-    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
-    query_vectors = rng.standard_normal((queries, DIMENSIONS)).astype(np.float32)
-    query_vectors /= np.linalg.norm(query_vectors, axis=1, keepdims=True)
-    generator = MatrixGenerator(matrix, query_vectors)
-    clients = [ScriptedChatClient(name=f"r{i}") for i in range(ROUTES)]
-    profiles = {
-        Route(f"r{i}", clients[i]): [f"u{j}" for j in range(i, size, ROUTES)] for i in range(ROUTES)
-    }
-    router = SemanticRoutingChatClient(
-        generator, profiles, ScriptedChatClient(name="default"), threshold=-1.0
-    )
-    # Rows must line up with the profile order the router sees: reorder the matrix so.
-    order = [j for i in range(ROUTES) for j in range(i, size, ROUTES)]
-    generator.matrix = matrix[order]
+    router, generator, query_vectors = await _router(size, queries, rng)
 
     start = time.perf_counter()
     await router._ensure_index()
@@ -109,15 +102,94 @@ async def measure(size: int, queries: int, rng: np.random.Generator) -> None:
     )
 
 
-async def main(sizes: list[int], queries: int) -> None:
+def percentile_ms(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
+
+
+async def measure_under_load(
+    size: int, concurrency: int, rounds: int, rng: np.random.Generator
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    router, generator, _ = await _router(size, concurrency * rounds, rng)
+    spinner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.time() + 120\nwhile time.time() < end: pass",
+        ]
+    )
+    try:
+        if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
+            os.sched_setaffinity(spinner.pid, {1})
+            os.sched_setaffinity(0, {0})
+        index = await router._ensure_index()
+
+        async def select(j: int, samples: list[float]) -> None:
+            context = RoutingContext([ChatMessage.user(f"q{j}")], ChatOptions(), streaming=False)
+            start = time.perf_counter()
+            await router.select_client(context)
+            samples.append(time.perf_counter() - start)
+
+        async def blas(j: int, samples: list[float]) -> None:
+            start = time.perf_counter()
+            index @ generator.queries[j]
+            samples.append(time.perf_counter() - start)
+            await asyncio.sleep(0)
+
+        for label, step in (("router", select), ("BLAS product (former kernel)", blas)):
+            samples: list[float] = []
+            for r in range(rounds):
+                await asyncio.gather(
+                    *(step(r * concurrency + c, samples) for c in range(concurrency))
+                )
+            p50, p99 = percentile_ms(samples, 0.5), percentile_ms(samples, 0.99)
+            print(
+                f"{size:>7} x {DIMENSIONS}, {concurrency} concurrent, other core busy: {label:<30}"
+                f" p50 {p50:7.3f} ms  p99 {p99:7.3f} ms"
+            )
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+async def _router(
+    size: int, queries: int, rng: np.random.Generator
+) -> tuple[SemanticRoutingChatClient, MatrixGenerator, npt.NDArray[np.float32]]:
+    matrix = rng.standard_normal((size, DIMENSIONS)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    query_vectors = rng.standard_normal((queries, DIMENSIONS)).astype(np.float32)
+    query_vectors /= np.linalg.norm(query_vectors, axis=1, keepdims=True)
+    generator = MatrixGenerator(matrix, query_vectors)
+    clients = [ScriptedChatClient(name=f"r{i}") for i in range(ROUTES)]
+    profiles = {
+        Route(f"r{i}", clients[i]): [f"u{j}" for j in range(i, size, ROUTES)] for i in range(ROUTES)
+    }
+    router = SemanticRoutingChatClient(
+        generator, profiles, ScriptedChatClient(name="default"), threshold=-1.0
+    )
+    order = [j for i in range(ROUTES) for j in range(i, size, ROUTES)]
+    generator.matrix = matrix[order]
+    return router, generator, query_vectors
+
+
+async def main(sizes: list[int], queries: int, under_load: bool, concurrency: int) -> None:
     rng = np.random.default_rng(7)
     for size in sizes:
-        await measure(size, queries, rng)
+        if under_load:
+            await measure_under_load(size, concurrency, max(1, queries // concurrency), rng)
+        else:
+            await measure(size, queries, rng)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10_000, 100_000])
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--under-load", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=64)
     args = parser.parse_args()
-    asyncio.run(main(args.sizes, args.queries))
+    asyncio.run(main(args.sizes, args.queries, args.under_load, args.concurrency))

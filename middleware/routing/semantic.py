@@ -55,6 +55,9 @@ __all__ = [
 ]
 
 Aggregation = Literal["mean", "sum", "max"]
+OFF_LOOP_ELEMENTS = 1 << 22
+"""Above this many matrix elements (about 11,000 utterances of 384 dimensions) a query is
+scored in a worker thread instead of on the event loop."""
 SEMANTIC_SCORE = "ai.route.semantic.score"
 SEMANTIC_REASON = "ai.route.semantic.reason"
 
@@ -218,7 +221,10 @@ class SemanticRoutingChatClient(RoutingChatClient):
 
     def _scores(self, index: _Matrix, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """Aggregated score per route (-inf for routes with no utterance in the top k)."""
-        similarities = index @ query
+        # einsum runs numpy's own single-threaded loop: a BLAS product would fan out to
+        # OpenBLAS's threads, whose hand-off costs more than the product on a busy machine
+        # (measured: 11 ms median instead of 1.4 ms at 10,000 x 384 with the other core busy).
+        similarities = np.einsum("ij,j->i", index, query)
         routes = len(self.routes)
         if self.top_k == 1:
             best = int(np.argmax(similarities))
@@ -292,7 +298,12 @@ class SemanticRoutingChatClient(RoutingChatClient):
         vector = await self._embed_query(text, index.shape[1])
         if isinstance(vector, str):
             return RoutingSelection(self.default, attributes={SEMANTIC_REASON: vector})
-        scores = self._scores(index, vector)
+        if index.size > OFF_LOOP_ELEMENTS:
+            # A product this large would hold the event loop for milliseconds: score in a
+            # worker thread (numpy releases the GIL) so other requests keep flowing.
+            scores = await asyncio.to_thread(self._scores, index, vector)
+        else:
+            scores = self._scores(index, vector)
         best = int(np.argmax(scores))
         score = float(scores[best])
         if score < self.threshold:

@@ -336,3 +336,26 @@ async def test_builder_and_the_offline_generator(streaming: bool) -> None:
     ).text == "billing"
     assert (await collect(chat, "exception in my python code", streaming=streaming)).text == "code"
     assert (await collect(chat, "zzz qqq", streaming=streaming)).text == "general"
+
+
+async def test_a_large_index_is_scored_off_the_event_loop(
+    streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from middleware.routing import semantic
+
+    loop_thread = threading.get_ident()
+    scored_on: list[int] = []
+    original = SemanticRoutingChatClient._scores
+
+    def spy(self: SemanticRoutingChatClient, index: object, query: object) -> object:
+        scored_on.append(threading.get_ident())
+        return original(self, index, query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SemanticRoutingChatClient, "_scores", spy)
+    router = make(TableGenerator(TABLE), clients("billing", "code", "general"))
+    assert (await collect(router, "invoice?", streaming=streaming)).text == "billing"
+    monkeypatch.setattr(semantic, "OFF_LOOP_ELEMENTS", 0)  # every index is "large" now
+    assert (await collect(router, "bug?", streaming=streaming)).text == "code"
+    assert scored_on[0] == loop_thread and scored_on[1] != loop_thread

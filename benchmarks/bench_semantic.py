@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -107,21 +109,19 @@ def percentile_ms(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000
 
 
+def start_spinner() -> subprocess.Popen[bytes]:
+    """The busy neighbour: a bounded spin (120 s at most), killed when the measurement ends."""
+    spin = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"
+    return subprocess.Popen([sys.executable, "-c", spin])
+
+
 async def measure_under_load(
     size: int, concurrency: int, rounds: int, rng: np.random.Generator
 ) -> None:
     import os
-    import subprocess
-    import sys
 
     router, generator, _ = await _router(size, concurrency * rounds, rng)
-    spinner = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time\nend = time.time() + 120\nwhile time.time() < end: pass",
-        ]
-    )
+    spinner = start_spinner()
     try:
         if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
             os.sched_setaffinity(spinner.pid, {1})

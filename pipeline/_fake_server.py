@@ -1,6 +1,6 @@
 """A fault-injecting OpenAI-compatible HTTP server for tests, benchmarks and demos.
 
-It speaks enough HTTP/1.1 (keep-alive, chunked streaming) for httpx and the ``openai`` SDK,
+It speaks enough HTTP/1.1 (keep-alive, chunked streaming) for httpx2 and the official SDKs,
 on 127.0.0.1 only. Each request takes the next scripted `FakeResponse` for its path, or the
 default one; every request is recorded so tests can assert exactly who was called.
 """

@@ -87,6 +87,7 @@ SURFACES = {
         "kind_for_status",
         "parse_retry_after",
         "provider_error",
+        "retry_after_of",
     },
 }
 

@@ -1,4 +1,4 @@
-"""Real providers over httpx: OpenAI-compatible, Azure OpenAI, Ollama, and embeddings.
+"""Real providers over httpx2: OpenAI-compatible, Azure OpenAI, Ollama, and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model.

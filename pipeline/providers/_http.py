@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
+import httpx2
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
 from pipeline.providers._chat_completions import error_from_payload, malformed
@@ -15,12 +15,12 @@ __all__ = ["endpoint", "post_json", "status_error", "transport_error"]
 _MAX_ERROR_BODY = 64 * 1024
 
 
-def endpoint(url: httpx.URL | str) -> str:
+def endpoint(url: httpx2.URL | str) -> str:
     """The URL without its query string (which may carry keys on some gateways)."""
-    return str(httpx.URL(str(url)).copy_with(query=None))
+    return str(httpx2.URL(str(url)).copy_with(query=None))
 
 
-def transport_error(exc: httpx.HTTPError, provider: str, url: str) -> ProviderError:
+def transport_error(exc: httpx2.HTTPError, provider: str, url: str) -> ProviderError:
     """Timeouts, refused or reset connections and broken HTTP are transient."""
     return provider_error(
         FailureKind.TRANSIENT,
@@ -30,7 +30,7 @@ def transport_error(exc: httpx.HTTPError, provider: str, url: str) -> ProviderEr
     )
 
 
-async def status_error(response: httpx.Response, provider: str, url: str) -> ProviderError:
+async def status_error(response: httpx2.Response, provider: str, url: str) -> ProviderError:
     """The `ProviderError` for an HTTP error status, with `retry_after` and the error code.
 
     The body is read (bounded) only for its machine-readable ``error.code``/``error.type``.
@@ -41,7 +41,7 @@ async def status_error(response: httpx.Response, provider: str, url: str) -> Pro
             body += chunk
             if len(body) > _MAX_ERROR_BODY:
                 break
-    except httpx.HTTPError:
+    except httpx2.HTTPError:
         pass  # the status alone still classifies the failure
     error: Any = None
     try:
@@ -56,8 +56,8 @@ async def status_error(response: httpx.Response, provider: str, url: str) -> Pro
 
 
 async def post_json(
-    http: httpx.AsyncClient,
-    url: httpx.URL,
+    http: httpx2.AsyncClient,
+    url: httpx2.URL,
     body: dict[str, Any],
     headers: dict[str, str],
     *,
@@ -73,5 +73,5 @@ async def post_json(
             return response.json()
         except ValueError:
             raise malformed(provider, "the body is not JSON") from None
-    except httpx.HTTPError as exc:
+    except httpx2.HTTPError as exc:
         raise transport_error(exc, provider, where) from exc

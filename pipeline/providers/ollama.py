@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
+import httpx2
 
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, OpenAIChatClient
 
@@ -25,8 +25,8 @@ class OllamaChatClient(OpenAIChatClient):
         model: str,
         *,
         base_url: str = DEFAULT_OLLAMA_URL,
-        http_client: httpx.AsyncClient | None = None,
-        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,

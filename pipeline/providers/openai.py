@@ -1,4 +1,4 @@
-"""`OpenAIChatClient`: the Chat Completions API over httpx, for OpenAI and compatible servers.
+"""`OpenAIChatClient`: the Chat Completions API over httpx2, for OpenAI and compatible servers.
 
 Failure boundaries, for `get_response` and `get_streaming_response` alike:
 
@@ -24,7 +24,7 @@ import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
-import httpx
+import httpx2
 
 from pipeline.client import ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, provider_error
@@ -42,7 +42,7 @@ from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messag
 __all__ = ["DEFAULT_BASE_URL", "OpenAIChatClient"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-_DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+_DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=10.0)
 
 
 def _positive_or_none(value: float | None, name: str) -> float | None:
@@ -71,8 +71,8 @@ class OpenAIChatClient:
         *,
         api_key: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
-        http_client: httpx.AsyncClient | None = None,
-        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         organization: str | None = None,
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
@@ -90,9 +90,9 @@ class OpenAIChatClient:
             )
         self.model = model
         self._api_key = api_key
-        self._base_url = httpx.URL(base_url.rstrip("/") + "/")
+        self._base_url = httpx2.URL(base_url.rstrip("/") + "/")
         self._owns_http_client = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx2.AsyncClient(timeout=timeout)
         headers: dict[str, str] = dict(default_headers or {})
         if organization:
             headers["OpenAI-Organization"] = organization
@@ -124,7 +124,7 @@ class OpenAIChatClient:
 
     # -- what subclasses change -------------------------------------------------------------
 
-    def _chat_url(self) -> httpx.URL:
+    def _chat_url(self) -> httpx2.URL:
         return self._base_url.join("chat/completions")
 
     def _static_auth_headers(self) -> dict[str, str]:
@@ -192,7 +192,7 @@ class OpenAIChatClient:
                     events = _events(response.aiter_lines(), provider)
                     stack.push_async_callback(events.aclose)
                     first = await anext(events, None)
-            except httpx.HTTPError as exc:
+            except httpx2.HTTPError as exc:
                 raise transport_error(exc, provider, where) from exc
             assembler = StreamAssembler(provider)
             payload = first
@@ -209,7 +209,7 @@ class OpenAIChatClient:
                     else:
                         async with _deadline(idle, provider, "next chunk"):
                             payload = await anext(events, None)
-                except httpx.HTTPError as exc:
+                except httpx2.HTTPError as exc:
                     raise transport_error(exc, provider, where) from exc
             else:
                 raise provider_error(

@@ -2,7 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from pipeline.cli import DEMO_ANSWER, main
@@ -42,7 +42,7 @@ def test_module_entry_point_runs_the_demo() -> None:
 
 def test_fake_server_command_serves_until_interrupted() -> None:
     with fake_server_process() as base_url:
-        response = httpx.post(
+        response = httpx2.post(
             f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             timeout=10,

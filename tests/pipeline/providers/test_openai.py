@@ -1,7 +1,7 @@
 import asyncio
 import json
 
-import httpx
+import httpx2
 import pytest
 
 from middleware.routing import OrderedFailoverChatClient, Route
@@ -240,8 +240,8 @@ async def test_malformed_streams_raise_provider_error(
 async def test_malformed_non_streaming_bodies(
     server: FakeOpenAIServer, client: OpenAIChatClient
 ) -> None:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b"not json"))
-    async with httpx.AsyncClient(transport=transport) as http:
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, content=b"not json"))
+    async with httpx2.AsyncClient(transport=transport) as http:
         raw = OpenAIChatClient("m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http)
         with pytest.raises(ProviderError, match="not JSON"):
             await raw.get_response("hi")
@@ -251,8 +251,8 @@ async def test_malformed_non_streaming_bodies(
         [1],
         {"choices": [{"message": {"content": 3}}]},
     ):
-        transport = httpx.MockTransport(lambda request, b=body: httpx.Response(200, json=b))
-        async with httpx.AsyncClient(transport=transport) as http:
+        transport = httpx2.MockTransport(lambda request, b=body: httpx2.Response(200, json=b))
+        async with httpx2.AsyncClient(transport=transport) as http:
             raw = OpenAIChatClient(
                 "m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http
             )
@@ -331,7 +331,7 @@ async def test_connection_refused_is_transient(streaming: bool) -> None:
     client = OpenAIChatClient("m", api_key=KEY, base_url=url)
     result = await collect(client, "hi", streaming=streaming)
     assert isinstance(result.error, TransientProviderError)
-    assert isinstance(result.error.__cause__, httpx.ConnectError)
+    assert isinstance(result.error.__cause__, httpx2.ConnectError)
     await client.aclose()
 
 
@@ -380,7 +380,7 @@ async def test_model_is_required(server: FakeOpenAIServer) -> None:
 
 
 async def test_given_http_client_is_left_open(server: FakeOpenAIServer) -> None:
-    async with httpx.AsyncClient() as http:
+    async with httpx2.AsyncClient() as http:
         client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, http_client=http)
         await client.aclose()
         assert not http.is_closed

@@ -41,6 +41,7 @@ class AzureOpenAIChatClient(OpenAIChatClient):
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_tokens_field: str | None = None,
         name: str | None = None,
     ) -> None:
         if not deployment:
@@ -71,6 +72,7 @@ class AzureOpenAIChatClient(OpenAIChatClient):
             default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_tokens_field=max_tokens_field,
             name=name,
         )
 

@@ -9,8 +9,8 @@ import httpx2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._chat_completions import malformed
 from pipeline.providers._http import endpoint, post_json
+from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
 __all__ = ["OpenAIEmbeddingGenerator"]

@@ -30,6 +30,7 @@ class OllamaChatClient(OpenAIChatClient):
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_tokens_field: str | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(
@@ -40,5 +41,6 @@ class OllamaChatClient(OpenAIChatClient):
             default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_tokens_field=max_tokens_field,
             name=name,
         )

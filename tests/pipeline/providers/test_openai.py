@@ -22,7 +22,7 @@ from pipeline.errors import (
     RequestInvalidError,
     TransientProviderError,
 )
-from pipeline.providers import OllamaChatClient, OpenAIChatClient
+from pipeline.providers import AzureOpenAIChatClient, OllamaChatClient, OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 
 KEY = "sk-CANARY-key"
@@ -396,3 +396,131 @@ async def test_ollama_uses_the_openai_wire_without_a_key(
     assert request.json["max_tokens"] == 9
     assert client.metadata.provider_name == "ollama"
     await client.aclose()
+
+
+@pytest.mark.parametrize("field", ["max_completion_tokens", "max_tokens"])
+async def test_max_tokens_field_is_per_client(
+    server: FakeOpenAIServer, streaming: bool, field: str
+) -> None:
+    client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, max_tokens_field=field)
+    await collect(client, "hi", ChatOptions(max_output_tokens=4), streaming=streaming)
+    body = server.requests[0].json
+    assert body[field] == 4
+    assert ({"max_completion_tokens", "max_tokens"} - {field}).isdisjoint(body)
+    await client.aclose()
+
+
+def test_max_tokens_field_is_validated_and_subclasses_keep_their_defaults() -> None:
+    with pytest.raises(ValueError, match="max_tokens_field must be one of"):
+        OpenAIChatClient("m", api_key=KEY, max_tokens_field="max_output_tokens")
+    assert OpenAIChatClient("m", api_key=KEY).max_tokens_field == "max_completion_tokens"
+    assert OllamaChatClient("m").max_tokens_field == "max_tokens"
+    assert (
+        OllamaChatClient("m", max_tokens_field="max_completion_tokens").max_tokens_field
+        == "max_completion_tokens"
+    )
+    azure = AzureOpenAIChatClient(endpoint="https://x.example", deployment="d", api_key="k")
+    assert azure.max_tokens_field == "max_tokens"
+    azure = AzureOpenAIChatClient(
+        endpoint="https://x.example",
+        deployment="d",
+        api_key="k",
+        max_tokens_field="max_completion_tokens",
+    )
+    assert azure.max_tokens_field == "max_completion_tokens"
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> str:
+    return "data: " + json.dumps(
+        {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    )
+
+
+async def test_a_tool_name_repeated_in_every_delta_is_not_concatenated(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    # llama-cpp-python sends the whole name with every argument delta.
+    def call(arguments: str, call_id: str | None = None) -> dict[str, object]:
+        delta: dict[str, object] = {
+            "index": 0,
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+        if call_id:
+            delta["id"] = call_id
+        return {"tool_calls": [delta]}
+
+    lines = [
+        _chunk(call('{"city": ', "call_7")),
+        "",
+        _chunk(call('"Oslo"}')),
+        "",
+        _chunk({}, "tool_calls"),
+        "",
+        "data: [DONE]",
+        "",
+    ]
+    server.script(FakeResponse(raw_lines=lines))
+    result = await collect(client, "weather?", streaming=True)
+    assert result.error is None and result.response is not None
+    [content] = result.response.messages[-1].contents
+    assert content == FunctionCallContent("call_7", "get_weather", {"city": "Oslo"})
+
+
+async def test_a_tool_name_streamed_in_pieces_is_joined(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    pieces = [{"tool_calls": [{"index": 0, "id": "c", "function": {"name": "get_"}}]}]
+    pieces.append({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]})
+    lines = [line for p in pieces for line in (_chunk(p), "")]
+    lines += [_chunk({}, "tool_calls"), "", "data: [DONE]", ""]
+    server.script(FakeResponse(raw_lines=lines))
+    result = await collect(client, "weather?", streaming=True)
+    assert result.response is not None
+    assert result.response.messages[-1].contents == [FunctionCallContent("c", "get_weather", {})]
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"code": "500", "message": "CANARY", "type": None}, FailureKind.TRANSIENT),
+        ({"code": 503, "message": "CANARY"}, FailureKind.TRANSIENT),
+        ({"code": "429", "message": "CANARY"}, FailureKind.RATE_LIMITED),
+        ({"code": "400", "message": "CANARY"}, FailureKind.REQUEST_INVALID),
+        ({"code": "401", "message": "CANARY"}, FailureKind.AUTHENTICATION),
+        (
+            {"code": "400", "type": "context_length_exceeded", "message": "CANARY"},
+            FailureKind.CONTEXT_LENGTH_EXCEEDED,
+        ),
+        (
+            {"message": "This model's maximum context length is 8 tokens. CANARY"},
+            FailureKind.CONTEXT_LENGTH_EXCEEDED,
+        ),
+    ],
+)
+async def test_in_band_numeric_codes_map_through_the_status_table(
+    server: FakeOpenAIServer, client: OpenAIChatClient, error: dict[str, object], kind: FailureKind
+) -> None:
+    server.script(FakeResponse(in_band_error=error, error_after=1))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, ProviderError)
+    assert result.error.kind is kind
+    assert "CANARY" not in str(result.error)
+    assert result.updates == []
+
+
+async def test_an_unsafe_provider_code_is_dropped(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    server.script(FakeResponse.error(400, code="your prompt CANARY was rejected"))
+    result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, RequestInvalidError)
+    assert result.error.code is None or "CANARY" not in result.error.code
+    assert "CANARY" not in str(result.error)
+
+
+async def test_named_tool_mode_selects_one_function(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    await client.get_response("hi", ChatOptions(tools=[tool], tool_mode="f"))
+    assert server.requests[0].json["tool_choice"] == {"type": "function", "function": {"name": "f"}}

@@ -43,6 +43,7 @@ SURFACES = {
         "current_budget",
     },
     "pipeline.providers": {
+        "AnthropicChatClient",
         "AzureOpenAIChatClient",
         "HashingEmbeddingGenerator",
         "OllamaChatClient",

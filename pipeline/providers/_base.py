@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 import httpx2
 
-from pipeline.client import ChatClientMetadata
+from pipeline.client import AsyncClosing, ChatClientMetadata
 from pipeline.errors import FailureKind, provider_error
 from pipeline.providers._http import (
     DONE,
@@ -41,13 +41,13 @@ class StreamReader(Protocol):
         """What is still pending once the stream said it is complete."""
 
 
-class HTTPChatClient:
+class HTTPChatClient(AsyncClosing):
     """A chat client over HTTP. Subclasses say what the wire format is.
 
     The API key comes from `api_key` or the class's `api_key_env` variable; it is required
     only for the class's `default_base_url` and never appears in `repr`, errors, logs or
     telemetry. A given `http_client` is used as is and left open; otherwise the client owns
-    one (closed by `aclose`).
+    one (closed by `aclose`, or by leaving ``async with client:``).
     """
 
     provider_name: ClassVar[str] = ""

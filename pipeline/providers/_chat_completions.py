@@ -271,6 +271,8 @@ class StreamAssembler:
         contents: list[Content] = []
         finish_reason = None
         choice = _first_choice(payload, self.provider)
+        if choice is not None and choice.get("index", 0):
+            choice = None  # another choice's chunk (n > 1): the response is choice 0
         if choice is not None:
             delta = choice.get("delta") or {}
             if type(delta) is not dict:

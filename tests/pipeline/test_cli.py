@@ -50,6 +50,19 @@ def test_fake_server_command_serves_until_interrupted() -> None:
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
 
 
+def test_fake_server_command_speaks_the_anthropic_format() -> None:
+    with fake_server_process("anthropic") as base_url:
+        response = httpx2.post(
+            f"{base_url}/v1/messages",
+            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-api-key": "k", "anthropic-version": "2023-06-01"},
+            timeout=10,
+        )
+        assert response.json()["content"] == [
+            {"type": "text", "text": "Hello from the fake server."}
+        ]
+
+
 def test_ask_uses_a_config_file(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
     assert main(["ask", "--config", str(example), "--env", "development", "hello"]) == 0

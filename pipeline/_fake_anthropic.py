@@ -97,7 +97,8 @@ class FakeAnthropicServer(FakeServer):
                 events,
                 error_event=error,
                 done_event=_event("message_stop", {"type": "message_stop"}),
-                first_content=1,
+                # message_start, content_block_start, ping, then the first text delta.
+                first_content=3 if response.pieces() else 1,
             )
         await self._send_json(writer, 200, self._message(payload, response), self._ids())
         return True

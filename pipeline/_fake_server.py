@@ -342,7 +342,8 @@ class FakeServer:
     ) -> bool:
         """Stream `events` (whole SSE events), injecting the response's faults: a cut after
         `disconnect_after` events, `error_event` after `error_after` events, delays, and
-        `done_event` last unless omitted. Events before `first_content` carry no content."""
+        `done_event` last unless omitted. `first_content` is the index of the first event with
+        content; `chunk_delay` separates the content events after it."""
         stream = _Stream(writer)
         await stream.open()
         if response.first_chunk_delay:

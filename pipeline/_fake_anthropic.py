@@ -33,8 +33,9 @@ _ERROR_TYPES = {
 }
 
 
-def _event(name: str, data: Mapping[str, Any]) -> str:
-    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+def _event(name: str, **fields: Any) -> str:
+    """One SSE event of the Messages API: its name is also its payload's ``type``."""
+    return f"event: {name}\ndata: {json.dumps({'type': name, **fields})}\n\n"
 
 
 class FakeAnthropicServer(FakeServer):
@@ -90,15 +91,15 @@ class FakeAnthropicServer(FakeServer):
             return True
         if payload.get("stream"):
             events = self._events(payload, response)
-            error = _event("error", {"type": "error", "error": dict(response.in_band_error or {})})
+            error = _event("error", error=dict(response.in_band_error or {}))
             return await self._send_events(
                 writer,
                 response,
                 events,
                 error_event=error,
-                done_event=_event("message_stop", {"type": "message_stop"}),
+                done_event=_event("message_stop"),
                 # message_start, content_block_start, ping, then the first text delta.
-                first_content=3 if response.pieces() else 1,
+                first_content=3 if response.pieces() else 2,
             )
         await self._send_json(writer, 200, self._message(payload, response), self._ids())
         return True
@@ -176,64 +177,25 @@ class FakeAnthropicServer(FakeServer):
             "stop_sequence": None,
             "usage": self._usage(response, output=1),
         }
-        out = [_event("message_start", {"type": "message_start", "message": start})]
-        block = 0
+        out = [_event("message_start", message=start)]
+        blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         pieces = response.pieces()
         if pieces:
-            out.append(
-                _event(
-                    "content_block_start",
-                    {
-                        "type": "content_block_start",
-                        "index": block,
-                        "content_block": {"type": "text", "text": ""},
-                    },
-                )
-            )
-            out.append(_event("ping", {"type": "ping"}))
-            for piece in pieces:
-                delta = {"type": "text_delta", "text": piece}
-                out.append(
-                    _event(
-                        "content_block_delta",
-                        {"type": "content_block_delta", "index": block, "delta": delta},
-                    )
-                )
-            out.append(_event("content_block_stop", {"type": "content_block_stop", "index": block}))
-            block += 1
+            deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
+            blocks.append(({"type": "text", "text": ""}, deltas))
         for call, (name, arguments) in enumerate(response.tool_calls):
             tool_use = {"type": "tool_use", "id": f"toolu_{call}", "name": name, "input": {}}
-            out.append(
-                _event(
-                    "content_block_start",
-                    {"type": "content_block_start", "index": block, "content_block": tool_use},
-                )
-            )
-            for part in response.argument_pieces(arguments):
-                delta = {"type": "input_json_delta", "partial_json": part}
-                out.append(
-                    _event(
-                        "content_block_delta",
-                        {"type": "content_block_delta", "index": block, "delta": delta},
-                    )
-                )
-            out.append(_event("content_block_stop", {"type": "content_block_stop", "index": block}))
-            block += 1
-        prompt, completion = response.usage
-        written, read = response.cache_usage
-        out.append(
-            _event(
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": self._stop_reason(response), "stop_sequence": None},
-                    "usage": {
-                        "input_tokens": prompt,
-                        "cache_creation_input_tokens": written,
-                        "cache_read_input_tokens": read,
-                        "output_tokens": completion,
-                    },
-                },
-            )
-        )
+            deltas = [
+                {"type": "input_json_delta", "partial_json": part}
+                for part in response.argument_pieces(arguments)
+            ]
+            blocks.append((tool_use, deltas))
+        for index, (block, deltas) in enumerate(blocks):
+            out.append(_event("content_block_start", index=index, content_block=block))
+            if index == 0:
+                out.append(_event("ping"))  # where the API sends its first ping
+            out += [_event("content_block_delta", index=index, delta=d) for d in deltas]
+            out.append(_event("content_block_stop", index=index))
+        delta = {"stop_reason": self._stop_reason(response), "stop_sequence": None}
+        out.append(_event("message_delta", delta=delta, usage=self._usage(response)))
         return out

@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from pipeline._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
 from pipeline._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
+    MODELS_PATH,
     FakeOpenAIServer,
     FakeResponse,
     RecordedRequest,
@@ -50,7 +52,10 @@ from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messag
 __all__ = [
     "CHAT_PATH",
     "EMBEDDINGS_PATH",
+    "MESSAGES_PATH",
+    "MODELS_PATH",
     "Collected",
+    "FakeAnthropicServer",
     "FakeOpenAIServer",
     "FakeResponse",
     "RecordedRequest",

@@ -64,6 +64,7 @@ SURFACES = {
         "tool",
     },
     "pipeline.providers": {
+        "AnthropicChatClient",
         "AzureOpenAIChatClient",
         "HashingEmbeddingGenerator",
         "OllamaChatClient",
@@ -74,7 +75,10 @@ SURFACES = {
         "CHAT_PATH",
         "Collected",
         "EMBEDDINGS_PATH",
+        "FakeAnthropicServer",
         "FakeOpenAIServer",
+        "MESSAGES_PATH",
+        "MODELS_PATH",
         "FakeResponse",
         "RecordedCall",
         "RecordedRequest",
@@ -110,6 +114,7 @@ SURFACES = {
         "kind_for_status",
         "parse_retry_after",
         "provider_error",
+        "retry_after_of",
     },
 }
 

@@ -6,9 +6,10 @@ Promises, for `get_response` and `get_streaming_response` alike:
   failures); request errors, open circuits and caller cancellation never are;
 * a stream is retried only before its first update; once an update reached the caller, a
   failure is raised as is;
-* a ``Retry-After`` (`ProviderError.retry_after`) is waited out when it is at most
-  `max_retry_after`; a longer one ends the retries at once, so a router can fail over
-  instead of idling;
+* a ``Retry-After`` (`ProviderError.retry_after`, or the header of any HTTP status error
+  that carries its response, such as a raw ``httpx2.HTTPStatusError``) is waited out when
+  it is at most `max_retry_after`; a longer one ends the retries at once, so a router can
+  fail over instead of idling;
 * inside a router, every retry spends one call of the request's budget, and no retry starts
   when its delay would pass the request's deadline;
 * each retry is an event (`chat_pipeline.retry`, with the error type, attempt number and
@@ -35,7 +36,7 @@ from pipeline._scope import current_budget
 from pipeline._settings import Settings
 from pipeline._streams import OpenedLater, close_stream
 from pipeline.client import ChatClient, DelegatingChatClient
-from pipeline.errors import is_retryable
+from pipeline.errors import is_retryable, retry_after_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetrySettings"]
@@ -94,8 +95,8 @@ class RetryChatClient(DelegatingChatClient):
         delay = float(self._backoff(state))
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
-        retry_after = getattr(error, "retry_after", None)
-        if self.policy.respect_retry_after and isinstance(retry_after, int | float):
+        retry_after = retry_after_of(error) if error is not None else None
+        if self.policy.respect_retry_after and retry_after is not None:
             if retry_after > self.policy.max_retry_after:
                 return math.inf  # the stop condition turns this into "give up now"
             delay = max(delay, float(retry_after))

@@ -22,6 +22,7 @@ from pipeline.providers._http import (
     endpoint,
     positive_or_none,
     post_json,
+    service_url,
     sse_json,
     status_error,
     transport_error,
@@ -84,11 +85,15 @@ class HTTPChatClient(AsyncClosing):
             )
         self.model = model
         self._api_key = api_key
-        self._base_url = httpx2.URL(base_url.rstrip("/") + "/")
+        self._base_url, basic_auth = service_url(base_url)
         self._owns_http_client = http_client is None
         self._http = http_client or httpx2.AsyncClient(timeout=timeout)
-        # Built once: a static key makes the same headers for every request.
-        self._headers = {**headers, **self._static_auth_headers()}
+        # Built once: a static key makes the same headers for every request. Credentials
+        # written into the URL become a Basic header unless a key already authorizes.
+        auth = self._static_auth_headers()
+        if basic_auth is not None and "Authorization" not in auth:
+            auth = {"Authorization": basic_auth, **auth}
+        self._headers = {**headers, **auth}
         self.first_chunk_timeout = positive_or_none(first_chunk_timeout, "first_chunk_timeout")
         self.stream_idle_timeout = positive_or_none(stream_idle_timeout, "stream_idle_timeout")
         self._metadata = ChatClientMetadata(

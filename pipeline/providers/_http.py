@@ -4,6 +4,7 @@ and server-sent event streams decoded to JSON payloads."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -16,6 +17,7 @@ from pipeline.providers._sse import MalformedSSE, SSEDecoder
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
+    "service_url",
     "DEFAULT_TIMEOUT",
     "DONE",
     "deadline",
@@ -33,8 +35,32 @@ _MAX_DRAINED_LINES = 100
 
 
 def endpoint(url: httpx2.URL | str) -> str:
-    """The URL without its query string (which may carry keys on some gateways)."""
-    return str(httpx2.URL(str(url)).copy_with(query=None))
+    """The URL as we store, print and record it: without its query string (which may carry
+    keys on some gateways) and without user info (which may carry a password)."""
+    return str(httpx2.URL(str(url)).copy_with(query=None, username=None, password=None))
+
+
+def service_url(base_url: object, what: str = "base_url") -> tuple[httpx2.URL, str | None]:
+    """`base_url` parsed and without user info, and the ``Authorization: Basic`` value its
+    user info stood for (or None). Credentials never stay in a URL we keep: the HTTP
+    client logs request URLs, and errors, reprs and spans name the endpoint.
+
+    Raises `ValueError` for a URL that does not parse or is not http(s) with a host.
+    """
+    if not isinstance(base_url, str):
+        raise TypeError(f"{what} must be a string, not {type(base_url).__name__}")
+    try:
+        url = httpx2.URL(base_url.rstrip("/") + "/")
+    except (httpx2.InvalidURL, ValueError, TypeError):
+        raise ValueError(f"{what} is not a valid URL") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"{what} must be an http(s) URL with a host")
+    basic = None
+    if url.username or url.password:
+        token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+        basic = f"Basic {token}"
+        url = url.copy_with(username=None, password=None)
+    return url, basic
 
 
 def positive_or_none(value: float | None, name: str) -> float | None:

@@ -9,7 +9,7 @@ import httpx2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._http import endpoint, post_json
+from pipeline.providers._http import endpoint, post_json, service_url
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
@@ -49,7 +49,9 @@ class OpenAIEmbeddingGenerator:
         self.batch_size = batch_size
         self.dimensions = dimensions
         self._api_key = api_key
-        self._url = httpx2.URL(base_url.rstrip("/") + "/embeddings")
+        base, basic_auth = service_url(base_url)
+        self._basic_auth = basic_auth
+        self._url = base.join("embeddings")
         self._endpoint = endpoint(self._url)
         self._owns_http_client = http_client is None
         self._http = http_client or httpx2.AsyncClient(timeout=timeout)
@@ -75,6 +77,8 @@ class OpenAIEmbeddingGenerator:
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        if self._basic_auth is not None and not headers:
+            headers["Authorization"] = self._basic_auth
         payload = await post_json(
             self._http, self._url, body, headers, provider=self.provider_name, where=self._endpoint
         )

@@ -230,3 +230,16 @@ async def test_request_timeout_bounds_a_hanging_route(streaming: bool) -> None:
     # The whole request's time went to the primary: no time is left for the backup.
     assert isinstance(result.error, TimeoutError)
     assert backup.call_count == 0
+
+
+async def test_a_raw_http_status_error_has_its_retry_after_honoured(streaming: bool) -> None:
+    import httpx2
+
+    request = httpx2.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+    response = httpx2.Response(429, headers={"Retry-After": "2"}, request=request)
+    raw = httpx2.HTTPStatusError("429", request=request, response=response)
+    inner = ScriptedChatClient([fail(raw), reply("ok")])
+    fake = FakeTime()
+    result = await collect(retrying(inner, fake, initial_delay=0.1), "hi", streaming=streaming)
+    assert result.text == "ok"
+    assert fake.sleeps == [2.0]

@@ -447,3 +447,28 @@ async def test_named_tool_mode_selects_one_function(
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     await client.get_response("hi", ChatOptions(tools=[tool], tool_mode="f"))
     assert server.requests[0].json["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+
+
+async def test_credentials_in_the_url_never_leave_it(
+    server: FakeOpenAIServer, streaming: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    base = server.base_url.replace("http://", "http://user:CANARY@")
+    client = OpenAIChatClient("m", base_url=base)
+    server.script(FakeResponse(status=503))
+    with caplog.at_level(logging.DEBUG):
+        result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError)
+    assert result.error.url is not None and "CANARY" not in result.error.url
+    assert "CANARY" not in repr(client) and "CANARY" not in str(result.error)
+    assert "CANARY" not in caplog.text  # the HTTP client's own request log lines too
+    # The credentials still authorize, as a Basic header.
+    assert server.requests[-1].headers["authorization"].startswith("Basic ")
+    await client.aclose()
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://example.com/v1", "not a url"])
+def test_a_malformed_base_url_is_a_value_error(url: str) -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIChatClient("m", base_url=url, api_key="k")

@@ -17,6 +17,7 @@ from pipeline.errors import (
     ProviderError,
     RateLimitedError,
     RequestInvalidError,
+    ResponseValidationError,
     TransientProviderError,
     UnknownProviderError,
     classify,
@@ -58,8 +59,10 @@ def test_provider_error_factory_picks_the_subclass() -> None:
         FailureKind.CONTEXT_LENGTH_EXCEEDED: ContextLengthExceededError,
         FailureKind.CONTENT_FILTERED: ContentFilteredError,
         FailureKind.AUTHENTICATION: AuthenticationError,
+        FailureKind.INVALID_RESPONSE: ResponseValidationError,
         FailureKind.UNKNOWN: UnknownProviderError,
     }
+    assert set(classes) == set(FailureKind)
     for kind, cls in classes.items():
         error = provider_error(kind, status_code=500, provider="p", code="c", retry_after=1.0)
         assert type(error) is cls and error.kind is kind
@@ -119,6 +122,7 @@ def test_default_policies() -> None:
         ContentFilteredError(),
         AuthenticationError(),
         CircuitOpenError(),
+        ResponseValidationError(),
         UnknownProviderError(),
         asyncio.CancelledError(),
         KeyboardInterrupt(),
@@ -128,6 +132,7 @@ def test_default_policies() -> None:
         RateLimitedError(),
         TransientProviderError(),
         CircuitOpenError(),
+        ResponseValidationError(),
         ValueError(),
         asyncio.CancelledError(),
     ):
@@ -167,3 +172,17 @@ def test_an_error_class_is_its_kind() -> None:
     assert RateLimitedError(kind=FailureKind.RATE_LIMITED).kind is FailureKind.RATE_LIMITED
     with pytest.raises(AttributeError):
         chosen.kind = FailureKind.TRANSIENT  # type: ignore[misc]
+
+
+def test_response_validation_error_keeps_its_problems_and_kind() -> None:
+    error = ResponseValidationError(
+        "response is not a valid Invoice", problems=[("total", "missing")], provider="small"
+    )
+    assert error.kind is FailureKind.INVALID_RESPONSE
+    assert error.problems == (("total", "missing"),)
+    assert str(error) == "small: response is not a valid Invoice"
+    made = ProviderError(kind=FailureKind.INVALID_RESPONSE)
+    assert type(made) is ResponseValidationError and made.problems == ()
+    assert str(made) == "invalid response"
+    with pytest.raises(TypeError, match="contradicts"):
+        ResponseValidationError(kind=FailureKind.TRANSIENT)

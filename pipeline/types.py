@@ -367,6 +367,9 @@ class ChatResponse:
         usage: UsageDetails | None = None
         value: Any = None
         current: ChatMessage | None = None
+        # Adjacent text pieces are joined once, when the run of text ends: joining them
+        # piece by piece would copy the text so far on every update.
+        text: list[str] = []
         for update in updates:
             response_id = update.response_id or response_id
             model_id = update.model_id or model_id
@@ -378,14 +381,21 @@ class ChatResponse:
             role = update.role or (current.role if current else ChatRole.ASSISTANT)
             if update.contents:
                 if current is None or current.role != role:
+                    if text and current is not None:
+                        current.contents.append(TextContent("".join(text)))
+                        text.clear()
                     current = ChatMessage(role)
                     messages.append(current)
                 for content in update.contents:
-                    last = current.contents[-1] if current.contents else None
-                    if type(content) is TextContent and type(last) is TextContent:
-                        current.contents[-1] = TextContent(last.text + content.text)
-                    else:
-                        current.contents.append(content)
+                    if type(content) is TextContent:
+                        text.append(content.text)
+                        continue
+                    if text:
+                        current.contents.append(TextContent("".join(text)))
+                        text.clear()
+                    current.contents.append(content)
+        if text and current is not None:
+            current.contents.append(TextContent("".join(text)))
         return cls(
             messages=messages,
             response_id=response_id,

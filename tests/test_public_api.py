@@ -145,6 +145,7 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "middleware.idempotency",
         "middleware.response_validation",
         "pipeline.config",
+        "pipeline.evals",
         "pipeline.errors",
     ],
 )

@@ -44,7 +44,6 @@ validation layer is beneath the breaker. The usual order on a route is::
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -140,7 +139,16 @@ class ResponseValidationChatClient(DelegatingChatClient):
         if _asks_for_tools(response):
             return response
         value = await self._validate(response)
-        return dataclasses.replace(response, value=value)
+        # A copy (the constructor, cheaper than dataclasses.replace): the inner client's
+        # object may be shared, by a cache for example.
+        return ChatResponse(
+            messages=response.messages,
+            response_id=response.response_id,
+            model_id=response.model_id,
+            finish_reason=response.finish_reason,
+            usage=response.usage,
+            value=value,
+        )
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None

@@ -6,7 +6,8 @@ A validator is one of:
 * a pydantic model class: the response text must be JSON of that model
   (``Model.model_validate_json``); the value is the model instance;
 * a JSON schema (a mapping): the response text must be JSON valid against it, checked with
-  the `jsonschema` package (the ``jsonschema`` extra); the value is the decoded JSON;
+  the `jsonschema-rs` package (the ``jsonschema`` extra; drafts 4 to 2020-12, ``$ref`` only
+  within the schema, never fetched); the value is the decoded JSON;
 * a callable taking the `ChatResponse` (plain or coroutine function): any exception it
   raises rejects the response; what it returns is the value.
 
@@ -235,40 +236,47 @@ class ShapeCheck:
         )
 
 
+def _refuse_retrieval(uri: str) -> Any:
+    # A response check never reaches the network or the file system.
+    raise ValueError("references are resolved only within the schema")
+
+
 def _schema_validator(schema: Mapping[str, Any]) -> Callable[[Any], list[tuple[str, str]]]:
     """A function returning the problems of an instance under `schema` (empty when valid)."""
     try:
-        from jsonschema import exceptions, validators
+        import jsonschema_rs
     except ImportError:
         raise ImportError(
-            "a JSON schema validator needs the jsonschema package: "
+            "a JSON schema validator needs the jsonschema-rs package: "
             "pip install 'chat-pipeline[jsonschema]'"
         ) from None
-    schema = dict(schema)
-    cls = validators.validator_for(schema)
     try:
-        cls.check_schema(schema)
-    except exceptions.SchemaError as exc:
-        where = "/".join(str(part) for part in exc.absolute_path) or "the top level"
-        raise ValueError(
-            f"invalid JSON schema: at {where}, the {exc.validator!r} rule fails"
-        ) from None
-    checker = cls(schema)
+        checker = jsonschema_rs.validator_for(dict(schema), retriever=_refuse_retrieval)
+    except jsonschema_rs.ValidationError as exc:
+        if type(exc.kind).__name__ == "Referencing":
+            raise ValueError(
+                "invalid JSON schema: a $ref points outside the schema (references are "
+                "resolved only within it)"
+            ) from None
+        where = "/".join(str(part) for part in exc.instance_path) or "the top level"
+        keyword = exc.schema_path[-1] if exc.schema_path else "schema"
+        raise ValueError(f"invalid JSON schema: at {where}, the {keyword!r} rule fails") from None
+    except (TypeError, ValueError):
+        raise ValueError("invalid JSON schema: it must hold only JSON values") from None
     known = _schema_names(schema)
 
     def problems(instance: Any) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
         for error in checker.iter_errors(instance):
-            path = list(error.absolute_path)
-            if error.validator == "required" and isinstance(error.instance, Mapping):
-                # The missing names come from the schema, never from the response.
-                for name in error.validator_value:
-                    if name not in error.instance:
-                        found.append((_location([*path, str(name)], known), "required"))
-            else:
-                found.append((_location(path, known), str(error.validator)))
+            path = list(error.instance_path)
+            keyword = str(error.schema_path[-1]) if error.schema_path else "schema"
+            missing = getattr(error.kind, "property", None)
+            if keyword == "required" and isinstance(missing, str):
+                # The missing name comes from the schema, never from the response.
+                path.append(missing)
+            found.append((_location(path, known), keyword))
             if len(found) >= MAX_PROBLEMS:
                 break
-        return found[:MAX_PROBLEMS]
+        return found
 
     return problems

@@ -492,7 +492,9 @@ def test_describe_and_enabled() -> None:
         (42, TypeError, "pydantic model class, a JSON schema"),
         (dict, TypeError, "not a pydantic model"),
         ({"type": "no-such-type"}, ValueError, "invalid JSON schema"),
-        ({"type": "object", "required": "number"}, ValueError, "invalid JSON schema"),
+        ({"type": "object", "required": "number"}, ValueError, "at required, the 'type' rule"),
+        ({"$ref": "https://example.invalid/s.json"}, ValueError, "points outside the schema"),
+        ({"enum": [{1, 2}]}, ValueError, "only JSON values"),
     ],
 )
 def test_a_bad_validator_fails_where_it_is_written(

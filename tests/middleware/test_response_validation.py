@@ -512,3 +512,26 @@ def test_settings_are_checked() -> None:
     settings = ResponseValidationSettings(buffer_streams=True)
     layer = ResponseValidationChatClient(ScriptedChatClient(), Invoice, settings, strip_fences=True)
     assert layer.settings == ResponseValidationSettings(buffer_streams=True, strip_fences=True)
+
+
+async def test_beneath_the_tool_loop_only_the_answer_is_validated(streaming: bool) -> None:
+    from middleware.tools import tool
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return "found"
+
+    inner = ScriptedChatClient(
+        [call_tools(FunctionCallContent("c1", "lookup", {"q": "x"})), reply(GOOD)], name="m"
+    )
+    chat = (
+        ChatPipeline.builder()
+        .use_function_invocation([lookup])
+        .use_response_validation(Invoice)
+        .build(inner)
+    )
+    result = await collect(chat, "hi", streaming=streaming)
+    assert result.error is None and inner.call_count == 2
+    assert result.response is not None
+    assert result.response.value == Invoice(number="A-1", total=12.5, paid=True)

@@ -486,3 +486,16 @@ def test_the_command_exits_2_on_bad_arguments(project: Path, argv: tuple[str, ..
     with pytest.raises(SystemExit) as caught:
         run(*argv)
     assert caught.value.code == 2
+
+
+def test_progress_is_shown_on_a_terminal_only(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    assert run("--validators", "eval_models:MODELS") == 0
+    assert "eval:" not in capsys.readouterr().err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert run("--validators", "eval_models:MODELS") == 0
+    err = capsys.readouterr().err
+    assert err.count("\reval: ") == 4 and err.endswith("\reval: 4/4 requests\n")

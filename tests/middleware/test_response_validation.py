@@ -535,3 +535,17 @@ async def test_beneath_the_tool_loop_only_the_answer_is_validated(streaming: boo
     assert result.error is None and inner.call_count == 2
     assert result.response is not None
     assert result.response.value == Invoice(number="A-1", total=12.5, paid=True)
+
+
+async def test_buffered_mid_stream_failure_is_still_before_output(otel: Otel) -> None:
+    from pipeline.testing import fail_after
+
+    small, _ = route("small", fail_after(["{"], TransientProviderError()), buffer_streams=True)
+    large, _ = route("large", reply(GOOD, chunks=GOOD_CHUNKS), buffer_streams=True)
+    chat = OrderedFailoverChatClient([small, large], **otel.providers)  # type: ignore[arg-type]
+    result = await collect(chat, "hi", streaming=True)
+    assert result.error is None and "".join(u.text for u in result.updates) == GOOD
+    assert attempts(otel) == [
+        ("route_attempt small", "failed_before_output", "TransientProviderError"),
+        ("route_attempt large", "completed", None),
+    ]

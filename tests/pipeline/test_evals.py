@@ -435,6 +435,9 @@ def test_the_command_prints_the_table_and_writes_json(
         ("prose", "total", True),
     ]
     assert all("text" not in c for c in written["cases"])
+    assert run("--validators", "eval_models:MODELS", "--json", "out.json", "--include-text") == 0
+    written = json.loads((project / "out.json").read_text())
+    assert [c["text"] for c in written["cases"]][2:] == ["Sure! The total is 3."] * 2
 
 
 def test_the_command_exits_1_below_the_minimum_pass_rate(

@@ -3,7 +3,8 @@
 Baseline: the same pipeline without the validation layer (a `ChatPipeline` around an
 in-process `ScriptedChatClient` answering a small invoice JSON), measured in the same run.
 Prints time per request, the ratio to the baseline and the microseconds added, for a
-pydantic model of a few fields, the same shape as a JSON schema, and both streaming modes.
+pydantic model of a few fields, the same shape as a JSON schema (and, when the `jsonschema`
+package is installed, the same schema checked by it in a callable), and both streaming modes.
 
     python benchmarks/bench_response_validation.py [--calls 20000] [--chunks 20] [--rounds 5]
 """
@@ -88,6 +89,21 @@ async def main(calls: int, chunk_count: int, rounds: int) -> None:
         ("JSON schema, same shape (jsonschema-rs)", call(pipeline(SCHEMA))),
         ("callable (json.loads)", call(pipeline(lambda r: json.loads(r.text)))),
     ]
+    try:  # the pure-Python peer, measured when installed (pip install jsonschema)
+        from jsonschema import validators
+
+        peer = validators.validator_for(SCHEMA)(SCHEMA)
+
+        def with_jsonschema(response: Any) -> Any:
+            instance = json.loads(response.text)
+            peer.validate(instance)
+            return instance
+
+        calls_cases.append(
+            ("callable: jsonschema (pure Python) peer", call(pipeline(with_jsonschema)))
+        )
+    except ImportError:
+        pass
     stream_cases = [
         ("no validation (baseline)", stream(plain_s)),
         ("pydantic model, unbuffered", stream(pipeline(Invoice, chunks=chunks))),

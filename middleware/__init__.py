@@ -24,6 +24,10 @@ if TYPE_CHECKING:
         RedisIdempotencyStore,
     )
     from middleware.logging import LoggingChatClient
+    from middleware.response_validation import (
+        ResponseValidationChatClient,
+        ResponseValidationSettings,
+    )
     from middleware.retry import RetryChatClient, RetrySettings
     from middleware.telemetry import TelemetryChatClient
     from middleware.tools import Tool, tool
@@ -38,6 +42,8 @@ _EXPORTS = {
     "LoggingChatClient": "middleware.logging",
     "MemoryIdempotencyStore": "middleware.idempotency",
     "RedisIdempotencyStore": "middleware.idempotency",
+    "ResponseValidationChatClient": "middleware.response_validation",
+    "ResponseValidationSettings": "middleware.response_validation",
     "RetryChatClient": "middleware.retry",
     "RetrySettings": "middleware.retry",
     "TelemetryChatClient": "middleware.telemetry",
@@ -56,6 +62,8 @@ __all__ = [
     "LoggingChatClient",
     "MemoryIdempotencyStore",
     "RedisIdempotencyStore",
+    "ResponseValidationChatClient",
+    "ResponseValidationSettings",
     "RetryChatClient",
     "RetrySettings",
     "TelemetryChatClient",

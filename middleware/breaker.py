@@ -8,8 +8,9 @@ is never held across an ``await``.
 Promises, for `get_response` and `get_streaming_response` alike:
 
 * only deployment failures count (`counts` decides; default: rate limits, transient and
-  unknown failures). Request errors (invalid, too long, filtered, unauthenticated) prove
-  the deployment answered, so they count as successes; caller cancellation and a caller
+  unknown failures, and answers that failed a response-validation layer beneath the
+  breaker). Request errors (invalid, too long, filtered, unauthenticated) prove the
+  deployment answered, so they count as successes; caller cancellation and a caller
   abandoning a stream count as nothing;
 * an attempt the router cuts for time (`attempt_timeout`, or the time it keeps for a
   backup) counts as a failure: the deployment did not answer in time;
@@ -61,13 +62,21 @@ BREAKER_TO = "chat_pipeline.circuit_breaker.to"
 
 StateChangeListener = Callable[[str, str, str], None]
 
+# A malformed answer (INVALID_RESPONSE) is the deployment's failure too: the model behind
+# it is not producing the shape asked for, and opening the circuit moves traffic away.
 _DEPLOYMENT_FAILURES = frozenset(
-    {FailureKind.RATE_LIMITED, FailureKind.TRANSIENT, FailureKind.UNKNOWN}
+    {
+        FailureKind.RATE_LIMITED,
+        FailureKind.TRANSIENT,
+        FailureKind.INVALID_RESPONSE,
+        FailureKind.UNKNOWN,
+    }
 )
 
 
 def counts_as_deployment_failure(exc: BaseException) -> bool:
-    """Default `counts`: rate limits, transient and unknown failures open the circuit."""
+    """Default `counts`: rate limits, transient, invalid-response and unknown failures open
+    the circuit."""
     return isinstance(exc, Exception) and classify(exc) in _DEPLOYMENT_FAILURES
 
 

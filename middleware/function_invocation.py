@@ -250,6 +250,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
             model_id=response.model_id,
             finish_reason=response.finish_reason,
             usage=usage,
+            value=response.value,  # the final turn's validated answer, if a layer checked it
         )
 
     def get_streaming_response(

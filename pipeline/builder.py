@@ -385,6 +385,35 @@ class ChatPipelineBuilder:
             enabled=enabled,
         )
 
+    def use_response_validation(
+        self,
+        validator: Any,
+        *,
+        buffer_streams: bool = False,
+        strip_fences: bool = False,
+        enabled: bool = True,
+    ) -> Self:
+        """Validate every response against `validator`: a pydantic model class, a JSON
+        schema dict or a callable taking the `ChatResponse` (see
+        `middleware.response_validation`). An invalid answer raises
+        `ResponseValidationError`, which a router above fails over; a valid one carries the
+        validated object as ``response.value``. With `buffer_streams`, streamed updates are
+        held until the response validated, so a streamed request can still fail over."""
+        from middleware.response_validation import (
+            ResponseValidationChatClient,
+            ResponseValidationSettings,
+        )
+        from pipeline._validation import ShapeCheck
+
+        checked = ResponseValidationSettings(
+            buffer_streams=buffer_streams, strip_fences=strip_fences
+        )
+        ShapeCheck(validator)  # a bad validator fails where it was written
+        return self.use(
+            lambda inner: ResponseValidationChatClient(inner, validator, checked),
+            enabled=enabled,
+        )
+
     # -- routers (end the chain) -------------------------------------------------------------
 
     def use_router(

@@ -7,8 +7,11 @@ first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variab
 spans are exported over OTLP too.
 
 ``chat-pipeline ask --config FILE [--env NAME] "question"`` streams an answer from a
-pipeline built from TOML. ``chat-pipeline fake-server --port N [--format anthropic]`` serves
-a fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
+pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl`` sends a
+case set to each route of a TOML file directly and prints a per-route table (see
+`pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
+configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
+fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -159,6 +162,89 @@ async def _ask(question: str, config: str, environment: str | None) -> int:
     return 0
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from pipeline.errors import ConfigError
+    from pipeline.evals import load_validators, run_eval
+
+    def progress(done: int, total: int) -> None:
+        print(f"\reval: {done}/{total} requests", end="", file=sys.stderr, flush=True)
+
+    routes = [name.strip() for name in args.routes.split(",")] if args.routes else None
+    try:
+        validators = load_validators(args.validators) if args.validators else {}
+        report = asyncio.run(
+            run_eval(
+                args.config,
+                args.cases,
+                environment=args.env,
+                routes=routes,
+                validators=validators,
+                concurrency=args.concurrency,
+                request_timeout=args.timeout,
+                include_text=args.include_text,
+                progress=progress if sys.stderr.isatty() else None,
+            )
+        )
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    print(report.table())
+    failures = report.failures()
+    if failures:
+        print("\nfailed cases:\n" + failures)
+    if args.json:
+        try:
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump(report.to_json(), out, indent=2)
+                out.write("\n")
+        except OSError as exc:
+            print(f"cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    if args.min_pass_rate is not None:
+        below = report.below(args.min_pass_rate)
+        if below:
+            print(
+                f"below the minimum pass rate {args.min_pass_rate:.1%}: {', '.join(below)}",
+                file=sys.stderr,
+            )
+            return 1
+    return 0
+
+
 async def _fake_server(port: int, wire_format: str = "openai") -> int:
     from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
 
@@ -188,6 +274,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask.add_argument("question")
     ask.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML file")
     ask.add_argument("--env", metavar="NAME", help="environment overlay (else CHAT_PIPELINE_ENV)")
+    evaluate = commands.add_parser(
+        "eval", help="send a case set to each route of a TOML file and score the answers"
+    )
+    evaluate.add_argument("--config", required=True, metavar="FILE", help="the TOML file")
+    evaluate.add_argument("--env", metavar="NAME", help="environment overlay")
+    evaluate.add_argument("--cases", required=True, metavar="CASES.jsonl", help="one case a line")
+    evaluate.add_argument("--routes", metavar="a,b", help="only these routes (default: all)")
+    evaluate.add_argument(
+        "--validators", metavar="MODULE:ATTR", help="validators the cases name (dict or list)"
+    )
+    evaluate.add_argument("--json", metavar="OUT", help="write every result to this JSON file")
+    evaluate.add_argument(
+        "--include-text", action="store_true", help="keep the answers in the JSON results"
+    )
+    evaluate.add_argument(
+        "--min-pass-rate", type=_rate, metavar="X", help="exit 1 when a route passes less (0-1)"
+    )
+    evaluate.add_argument(
+        "--concurrency", type=_positive_int, default=4, metavar="N", help="requests in flight"
+    )
+    evaluate.add_argument(
+        "--timeout", type=_positive_seconds, default=120.0, metavar="S", help="per request"
+    )
     server = commands.add_parser(
         "fake-server", help="serve a fake OpenAI-compatible API on 127.0.0.1 until interrupted"
     )
@@ -203,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_demo(args.question, args.otlp))
     if args.command == "ask":
         return asyncio.run(_ask(args.question, args.config, args.env))
+    if args.command == "eval":
+        return _eval(args)
     if args.command == "fake-server":
         try:
             return asyncio.run(_fake_server(args.port, args.format))

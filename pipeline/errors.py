@@ -17,13 +17,17 @@
         ├── ContextLengthExceededError CONTEXT_LENGTH_EXCEEDED  prompt too long for the model
         ├── ContentFilteredError       CONTENT_FILTERED         the provider's filter refused
         ├── AuthenticationError        AUTHENTICATION           401/403
+        ├── ResponseValidationError    INVALID_RESPONSE         the answer failed the route's
+        │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
 `classify(exc)` maps any exception (ours, httpx2's, the old httpx's when the application
 already imported it, or unknown) to a `FailureKind`; `retry_after_of(exc)` reads the wait
 a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
-`is_failover_eligible` (those, an open circuit, and unknown failures). Request errors
+`is_failover_eligible` (those, an open circuit, an invalid response and unknown failures):
+a malformed answer is that deployment's failure, another route may answer well, but the
+same route asked again usually answers the same way, so it is not retried. Request errors
 (invalid, too long, filtered, unauthenticated) are never retried nor failed over: another
 deployment would refuse them the same way.
 
@@ -42,7 +46,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Self
+from typing import Any, Self
 
 import httpx2
 
@@ -60,6 +64,7 @@ __all__ = [
     "RequestBudgetExceededError",
     "RequestInvalidError",
     "RequestTimeoutError",
+    "ResponseValidationError",
     "RoutingError",
     "TransientProviderError",
     "UnknownProviderError",
@@ -83,6 +88,7 @@ class FailureKind(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     CONTENT_FILTERED = "content_filtered"
     AUTHENTICATION = "authentication"
+    INVALID_RESPONSE = "invalid_response"
     UNKNOWN = "unknown"
 
 
@@ -227,6 +233,29 @@ class UnknownProviderError(ProviderError):
     default_kind = FailureKind.UNKNOWN
 
 
+class ResponseValidationError(ProviderError):
+    """The response failed the route's response validation (`use_response_validation`):
+    not the JSON the caller asked for, or refused by the caller's check.
+
+    `problems` lists each problem as ``(location, what)``: a location in the JSON
+    (``items[0].price``; ``$`` for the whole answer) and an error type (``missing``,
+    ``json_invalid``, ``required``, ...). Neither the message nor `problems` ever quotes the
+    response: locations name only the validator's own fields (other keys show as ``*``).
+    """
+
+    default_kind = FailureKind.INVALID_RESPONSE
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        problems: Sequence[tuple[str, str]] = (),
+        **fields: Any,
+    ) -> None:
+        self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        super().__init__(message, **fields)
+
+
 _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
     cls.default_kind: cls
     for cls in (
@@ -237,6 +266,7 @@ _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
         ContextLengthExceededError,
         ContentFilteredError,
         AuthenticationError,
+        ResponseValidationError,
         UnknownProviderError,
     )
 }
@@ -399,6 +429,7 @@ _FAILOVER = frozenset(
         FailureKind.RATE_LIMITED,
         FailureKind.TRANSIENT,
         FailureKind.CIRCUIT_OPEN,
+        FailureKind.INVALID_RESPONSE,
         FailureKind.UNKNOWN,
     }
 )
@@ -412,7 +443,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_failover_eligible(exc: BaseException) -> bool:
-    """Default failover policy: deployment failures, an open circuit, and unknown failures.
+    """Default failover policy: deployment failures, an open circuit, an invalid response
+    and unknown failures.
 
     A `CancelledError` raised by a client while its caller is not being cancelled counts as
     an unknown failure; the routers decide about caller cancellation before asking.

@@ -288,7 +288,12 @@ class UsageDetails:
 
 @dataclass(slots=True)
 class ChatResponseUpdate:
-    """One streamed piece of a response."""
+    """One streamed piece of a response.
+
+    `value` is set only on the update a response-validation layer adds after a streamed
+    response validated (an update with no contents): the validated object, as on
+    `ChatResponse.value`.
+    """
 
     role: ChatRole | None = ChatRole.ASSISTANT
     contents: list[Content] = field(default_factory=list)
@@ -296,6 +301,7 @@ class ChatResponseUpdate:
     model_id: str | None = None
     finish_reason: str | None = None
     usage: UsageDetails | None = None
+    value: Any = None
 
     @property
     def text(self) -> str:
@@ -311,13 +317,19 @@ class ChatResponseUpdate:
 
 @dataclass(slots=True)
 class ChatResponse:
-    """A complete response: usually one assistant message, more when tools were called."""
+    """A complete response: usually one assistant message, more when tools were called.
+
+    `value` is the validated object when a response-validation layer checked the response
+    (`use_response_validation`: the parsed model instance, the decoded JSON, or what the
+    caller's check returned); `None` otherwise.
+    """
 
     messages: list[ChatMessage] = field(default_factory=list)
     response_id: str | None = None
     model_id: str | None = None
     finish_reason: str | None = None
     usage: UsageDetails | None = None
+    value: Any = None
 
     @property
     def text(self) -> str:
@@ -325,7 +337,8 @@ class ChatResponse:
         return self.messages[-1].text if self.messages else ""
 
     def to_updates(self) -> list[ChatResponseUpdate]:
-        """The response as updates, one per message; the last carries finish reason and usage."""
+        """The response as updates, one per message; the last carries finish reason, usage
+        and `value`."""
         updates = [
             ChatResponseUpdate(
                 role=m.role,
@@ -339,6 +352,7 @@ class ChatResponse:
             updates.append(ChatResponseUpdate(response_id=self.response_id, model_id=self.model_id))
         updates[-1].finish_reason = self.finish_reason
         updates[-1].usage = self.usage
+        updates[-1].value = self.value
         return updates
 
     @classmethod
@@ -346,35 +360,49 @@ class ChatResponse:
         """Assemble streamed updates: adjacent text of one role is joined into one message.
 
         A role change or an update carrying a tool result starts a new message; the last
-        non-empty response id, model id and finish reason win; usage is summed.
+        non-empty response id, model id, finish reason and `value` win; usage is summed.
         """
         messages: list[ChatMessage] = []
         response_id = model_id = finish_reason = None
         usage: UsageDetails | None = None
+        value: Any = None
         current: ChatMessage | None = None
+        # Adjacent text pieces are joined once, when the run of text ends: joining them
+        # piece by piece would copy the text so far on every update.
+        text: list[str] = []
         for update in updates:
             response_id = update.response_id or response_id
             model_id = update.model_id or model_id
             finish_reason = update.finish_reason or finish_reason
+            if update.value is not None:
+                value = update.value
             if update.usage is not None:
                 usage = update.usage if usage is None else usage + update.usage
             role = update.role or (current.role if current else ChatRole.ASSISTANT)
             if update.contents:
                 if current is None or current.role != role:
+                    if text and current is not None:
+                        current.contents.append(TextContent("".join(text)))
+                        text.clear()
                     current = ChatMessage(role)
                     messages.append(current)
                 for content in update.contents:
-                    last = current.contents[-1] if current.contents else None
-                    if type(content) is TextContent and type(last) is TextContent:
-                        current.contents[-1] = TextContent(last.text + content.text)
-                    else:
-                        current.contents.append(content)
+                    if type(content) is TextContent:
+                        text.append(content.text)
+                        continue
+                    if text:
+                        current.contents.append(TextContent("".join(text)))
+                        text.clear()
+                    current.contents.append(content)
+        if text and current is not None:
+            current.contents.append(TextContent("".join(text)))
         return cls(
             messages=messages,
             response_id=response_id,
             model_id=model_id,
             finish_reason=finish_reason,
             usage=usage,
+            value=value,
         )
 
     def __repr__(self) -> str:

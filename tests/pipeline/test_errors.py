@@ -18,6 +18,7 @@ from pipeline.errors import (
     ProviderError,
     RateLimitedError,
     RequestInvalidError,
+    ResponseValidationError,
     TransientProviderError,
     UnknownProviderError,
     classify,
@@ -60,8 +61,10 @@ def test_provider_error_factory_picks_the_subclass() -> None:
         FailureKind.CONTEXT_LENGTH_EXCEEDED: ContextLengthExceededError,
         FailureKind.CONTENT_FILTERED: ContentFilteredError,
         FailureKind.AUTHENTICATION: AuthenticationError,
+        FailureKind.INVALID_RESPONSE: ResponseValidationError,
         FailureKind.UNKNOWN: UnknownProviderError,
     }
+    assert set(classes) == set(FailureKind)
     for kind, cls in classes.items():
         error = provider_error(kind, status_code=500, provider="p", code="c", retry_after=1.0)
         assert type(error) is cls and error.kind is kind
@@ -135,6 +138,7 @@ def test_default_policies() -> None:
         ContentFilteredError(),
         AuthenticationError(),
         CircuitOpenError(),
+        ResponseValidationError(),
         UnknownProviderError(),
         asyncio.CancelledError(),
         KeyboardInterrupt(),
@@ -144,6 +148,7 @@ def test_default_policies() -> None:
         RateLimitedError(),
         TransientProviderError(),
         CircuitOpenError(),
+        ResponseValidationError(),
         ValueError(),
         asyncio.CancelledError(),
     ):
@@ -256,3 +261,17 @@ def test_only_safe_codes_reach_the_message(code: str, kept: str | None) -> None:
         assert str(error) == "p: transient (HTTP 500)"
     else:
         assert str(error) == f"p: transient (HTTP 500, code {kept})"
+
+
+def test_response_validation_error_keeps_its_problems_and_kind() -> None:
+    error = ResponseValidationError(
+        "response is not a valid Invoice", problems=[("total", "missing")], provider="small"
+    )
+    assert error.kind is FailureKind.INVALID_RESPONSE
+    assert error.problems == (("total", "missing"),)
+    assert str(error) == "small: response is not a valid Invoice"
+    made = ProviderError(kind=FailureKind.INVALID_RESPONSE)
+    assert type(made) is ResponseValidationError and made.problems == ()
+    assert str(made) == "invalid response"
+    with pytest.raises(TypeError, match="contradicts"):
+        ResponseValidationError(kind=FailureKind.TRANSIENT)

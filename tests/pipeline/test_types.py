@@ -155,3 +155,35 @@ def test_response_round_trips_through_updates() -> None:
     again = ChatResponse.from_updates(response.to_updates())
     assert again == response
     assert ChatResponse.from_updates([]).text == ""
+
+
+def test_from_updates_joins_text_runs_around_other_contents() -> None:
+    call = FunctionCallContent("c1", "f", {})
+    response = ChatResponse.from_updates(
+        [
+            ChatResponseUpdate(contents=[TextContent("a"), TextContent("b")]),
+            ChatResponseUpdate(contents=[TextContent(""), call, TextContent("c")]),
+            ChatResponseUpdate(contents=[TextContent("d")]),
+            ChatResponseUpdate(role=ChatRole.TOOL, contents=[TextContent("t")]),
+        ]
+    )
+    assert [m.contents for m in response.messages] == [
+        [TextContent("ab"), call, TextContent("cd")],
+        [TextContent("t")],
+    ]
+
+
+def test_the_validated_value_survives_updates_both_ways() -> None:
+    response = ChatResponse([ChatMessage.assistant("{}")], value={"checked": True})
+    updates = response.to_updates()
+    assert updates[-1].value == {"checked": True}
+    assert ChatResponse.from_updates(updates) == response
+    trailing = ChatResponseUpdate(contents=[], value=42)
+    assembled = ChatResponse.from_updates(
+        [ChatResponseUpdate(contents=[TextContent("x")]), trailing]
+    )
+    assert assembled.value == 42 and assembled.text == "x"
+    assert (
+        ChatResponse.from_updates([ChatResponseUpdate(contents=[TextContent("x")])]).value is None
+    )
+    assert "checked" not in repr(response)

@@ -3,7 +3,7 @@
 ::
 
     [routes.small]
-    provider = "openai"              # openai | azure_openai | ollama | scripted
+    provider = "openai"              # openai | azure_openai | ollama | anthropic | scripted
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -161,20 +161,32 @@ def _models() -> _Models:
         first_chunk_timeout: _Seconds | None = None
         stream_idle_timeout: _Seconds | None = None
 
-    class _OpenAI(_Timeouts, _OpenAIEndpoint):
+    class _ChatCompletions(_Timeouts):
+        # Servers that ignore max_completion_tokens (llama.cpp, older ones) need max_tokens.
+        max_tokens_field: Literal["max_completion_tokens", "max_tokens"] | None = None
+
+    class _OpenAI(_ChatCompletions, _OpenAIEndpoint):
         provider: Literal["openai"]
 
-    class _Azure(_Timeouts):
+    class _Azure(_ChatCompletions):
         provider: Literal["azure_openai"]
         endpoint: _Url
         deployment: _Name
         api_version: _Name = "2024-10-21"
         api_key_env: _EnvName | None = None
 
-    class _Ollama(_Timeouts):
+    class _Ollama(_ChatCompletions):
         provider: Literal["ollama"]
         model: _Name
         base_url: _Url = "http://localhost:11434/v1"
+
+    class _Anthropic(_Timeouts):
+        provider: Literal["anthropic"]
+        model: _Name
+        base_url: _Url = "https://api.anthropic.com"
+        api_key_env: _EnvName | None = None
+        max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+        anthropic_version: _Name = "2023-06-01"
 
     class _Scripted(_Route):
         provider: Literal["scripted"]
@@ -233,6 +245,7 @@ def _models() -> _Models:
             "openai": _OpenAI,
             "azure_openai": _Azure,
             "ollama": _Ollama,
+            "anthropic": _Anthropic,
             "scripted": _Scripted,
         },
         routers={"ordered": _Ordered, "tiered": _Tiered, "semantic": _Semantic},
@@ -342,7 +355,13 @@ def _names(
 
 
 _SECTIONS = ("routes", "router", "layers", "environments")
-_DEFAULT_KEYS = {"openai": "OPENAI_API_KEY", "azure_openai": "AZURE_OPENAI_API_KEY"}
+_DEFAULT_KEYS = {
+    "openai": "OPENAI_API_KEY",
+    "azure_openai": "AZURE_OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+}
+# Where a key is required (the vendors' own endpoints); compatible servers may need none.
+_KEYED_ENDPOINTS = ("https://api.openai.com", "https://api.anthropic.com")
 
 
 @dataclass(frozen=True)
@@ -455,6 +474,18 @@ def _client(name: str, table: Any, key: str | None) -> ChatClient:
         "stream_idle_timeout": table.stream_idle_timeout,
         "name": name,
     }
+    if provider == "anthropic":
+        from pipeline.providers import AnthropicChatClient
+
+        return AnthropicChatClient(
+            table.model,
+            api_key=key,
+            base_url=table.base_url,
+            max_tokens=table.max_tokens,
+            anthropic_version=table.anthropic_version,
+            **timeouts,
+        )
+    timeouts["max_tokens_field"] = table.max_tokens_field
     if provider == "openai":
         from pipeline.providers import OpenAIChatClient
 
@@ -653,7 +684,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             routes[str(name)] = validated
             if provider in _DEFAULT_KEYS:
                 required = provider == "azure_openai" or validated.base_url.startswith(
-                    "https://api.openai.com"
+                    _KEYED_ENDPOINTS
                 )
                 secrets[str(name)] = _secret(
                     problems, validated, path, _DEFAULT_KEYS[provider], required

@@ -281,7 +281,8 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
         "routes.b.retry.max_attempts": "expected at least 1, got 0",
         "routes.b.retry.jitter": "expected true or false, got str",
         "routes.c.provider": (
-            "expected one of ['openai', 'azure_openai', 'ollama', 'scripted'], got 'gemnii'"
+            "expected one of ['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], "
+            "got 'gemnii'"
         ),
         "router.max_attempts_per_request": "expected positive, got 0",
         "router.order[1]": "names no route: 'bb'; did you mean 'b'?",
@@ -389,3 +390,39 @@ def test_affinity_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     data["router"]["affinity"]["ttl"] = 5
     with pytest.raises(ConfigError, match="AFFINITY_REDIS is not set"):
         build_pipeline(data)
+
+
+async def test_an_anthropic_route_and_max_tokens_field(
+    monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    from pipeline.testing import FakeAnthropicServer
+
+    monkeypatch.setenv("ANTHROPIC_TEST_KEY", "sk-ant-test")
+    async with FakeAnthropicServer() as claude, FakeOpenAIServer() as compatible:
+        data = {
+            "routes": {
+                "claude": {
+                    "provider": "anthropic",
+                    "model": "claude-test",
+                    "base_url": claude.base_url,
+                    "api_key_env": "ANTHROPIC_TEST_KEY",
+                    "max_tokens": 64,
+                },
+                "local": {
+                    "provider": "openai",
+                    "model": "llama",
+                    "base_url": compatible.base_url,
+                    "max_tokens_field": "max_tokens",
+                },
+            },
+            "router": {"kind": "ordered", "order": ["local", "claude"]},
+        }
+        chat = build_pipeline(data)
+        options = ChatOptions(max_output_tokens=4)
+        assert (await collect(chat, "hi", options, streaming=streaming)).error is None
+        body = compatible.requests[-1].json
+        assert body["max_tokens"] == 4 and "max_completion_tokens" not in body
+        await chat.aclose()
+    bad = {"routes": {"a": {"provider": "anthropic", "model": "m", "max_tokens": 0}}}
+    with pytest.raises(ConfigError, match=r"routes\.a\.max_tokens: expected at least 1"):
+        build_pipeline(bad)

@@ -217,6 +217,12 @@ class FakeServer:
         """Queue `responses` for the next requests to `path` (then the default applies)."""
         self._scripts.setdefault(path or self.default_path, deque()).extend(responses)
 
+    def response_for(self, request: RecordedRequest) -> FakeResponse:
+        """What to answer `request`: the next scripted response for its path, else the
+        default. Override it to decide per request (a fault mix, an echo of the request)."""
+        queue = self._scripts.get(request.path)
+        return queue.popleft() if queue else self.default
+
     def count(self, path: str | None = None) -> int:
         path = path or self.default_path
         return sum(1 for r in self.requests if r.path == path)
@@ -291,10 +297,10 @@ class FakeServer:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
-        self.requests.append(RecordedRequest(method, path, headers, payload))
+        request = RecordedRequest(method, path, headers, payload)
+        self.requests.append(request)
         self._request_waiters.notify(len(self.requests))
-        queue = self._scripts.get(path)
-        response = queue.popleft() if queue else self.default
+        response = self.response_for(request)
         if response.hang:
             await reader.read()  # returns when the client closes the connection
             return False

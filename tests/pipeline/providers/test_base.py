@@ -102,7 +102,7 @@ async def test_first_chunk_timeout_is_transient_and_fails_over(
 ) -> None:
     async with wire[0]() as primary, wire[0]() as backup:
         primary.script(FakeResponse(hang=True))
-        slow = wire[1](primary.base_url, first_chunk_timeout=0.05, name="slow")
+        slow = wire[1](primary.base_url, first_chunk_timeout=0.5, name="slow")
         router = OrderedFailoverChatClient([slow, wire[1](backup.base_url, name="backup")])
         async with router:
             result = await collect(router, "hi", streaming=True)

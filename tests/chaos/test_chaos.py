@@ -203,7 +203,6 @@ async def test_chaos(chaos_origin: str, otel: Otel) -> None:
             assert isinstance(outcome.error, ChatPipelineError), repr(outcome.error)
 
     # 2. No attempt after committed output or after the caller cancelled.
-    span_of: dict[str, FailoverAttempt] = {}
     for outcome in outcomes:
         attempts = router.attempts.get(outcome.request, [])
         for attempt in attempts[:-1]:

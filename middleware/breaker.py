@@ -665,9 +665,7 @@ class _SharedState:
         it, ``None`` when Redis is unavailable (this process then decides alone)."""
 
         async def claim(client: Any) -> bool:
-            taken = await client.set(
-                self.probe_prefix + opening, token, nx=True, px=self.claim_ms
-            )
+            taken = await client.set(self.probe_prefix + opening, token, nx=True, px=self.claim_ms)
             return bool(taken)
 
         try:
@@ -707,9 +705,7 @@ class _SharedState:
         with contextlib.suppress(_Unavailable):  # the next failure counts on from it
             await self._run(reset)
 
-    async def transition(
-        self, expected: str | None, new: str | None
-    ) -> tuple[bool, str | None]:
+    async def transition(self, expected: str | None, new: str | None) -> tuple[bool, str | None]:
         """Move the shared opening from `expected` to `new` (``None``: closed) if it is
         still `expected`. Returns ``(True, what is stored afterwards)``, or ``(False,
         None)`` when Redis is unavailable."""

@@ -216,7 +216,7 @@ def _check_redis_url(url: str) -> None:
         parse_url(url)
     except ValueError:
         raise ValueError(
-            "redis must be a redis://, rediss:// or unix:// URL with a valid host and port"
+            "must be a redis://, rediss:// or unix:// URL with a valid host and port"
         ) from None
 
 

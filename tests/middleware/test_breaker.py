@@ -606,7 +606,7 @@ async def test_redis_down_mid_run_then_back(
     ["nonsense", "http://user:s3cret@127.0.0.1:6379", "redis://:s3cret@[::1", "redis://h:99999"],
 )
 def test_a_malformed_redis_url_is_a_clear_error(url: str) -> None:
-    with pytest.raises(ValueError, match="redis must be a redis://") as raised:
+    with pytest.raises(ValueError, match="redis: must be a redis://") as raised:
         CircuitBreakerChatClient(ScriptedChatClient(), redis=url)
     assert "s3cret" not in str(raised.value)
 

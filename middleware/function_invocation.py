@@ -7,13 +7,25 @@ Promises, for `get_response` and `get_streaming_response` alike:
 * the tools are offered to the model on a clone of the options (the caller's object is
   never mutated); tool calls of one turn run concurrently when `allow_concurrent`;
 * arguments are validated against the tool's signature before the call; a tool that
-  raises, invalid arguments and unknown tool names become tool results the model can read
-  (the exception's type only, unless ``include_detailed_errors=True``), never exceptions;
+  raises an `Exception`, invalid arguments and unknown tool names become tool results the
+  model can read (the exception's type only, unless ``include_detailed_errors=True``),
+  never exceptions. So does a `CancelledError` a tool raises while nobody cancelled it;
+* structured concurrency: a turn's calls run in an `asyncio.TaskGroup`. When one raises a
+  `BaseException` that is not an `Exception` (``KeyboardInterrupt``, `SystemExit`, a
+  custom one), or when the request is cancelled, every sibling is cancelled and awaited
+  before the request ends: no tool runs on after its request failed. The exception
+  propagates as itself (a `BaseExceptionGroup` only when several siblings raised);
 * every tool call has an idempotency key made of the request's operation id, the tool name
-  and the canonical arguments; a call whose key is recorded as completed in the store is
-  not executed again: its recorded result is reused. The operation id is the one of the
-  enclosing `operation_scope`, else the one a router set for the request (so the routes of
-  one non-streaming request share it), else a fresh one per request;
+  and the canonical arguments. The key is claimed in the store before the call runs
+  (atomically, also in Redis), so one key runs once: a key recorded as completed reuses
+  its result; a key another request or process is running waits for that run's result.
+  A call that fails gives its claim back (a retry runs it again). The operation id is the
+  one of the enclosing `operation_scope`, else the one a router set for the request (so
+  the routes of one non-streaming request share it), else a fresh one per request;
+* identical calls that overlap in one layer (two requests under one `operation_scope`)
+  share one run, shielded from each waiter's cancellation: cancelling one request never
+  cancels the other or the run it waits for. A run nobody waits for any more is
+  cancelled (and its claim given back);
 * streaming: the model's updates (tool calls included) are forwarded as they come, and
   each round's tool results are yielded as one update with role ``tool``;
 * tool arguments and results never reach logs or telemetry (tool spans carry the tool name
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -38,15 +51,18 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import Field
 
 from middleware.idempotency import (
+    Claim,
     IdempotencyStore,
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
+    claiming_store,
     idempotency_key,
 )
 from middleware.tools import Tool, ToolArgumentsError, tool
 from pipeline import _scope
 from pipeline._scope import operation_scope
 from pipeline._settings import Settings
+from pipeline._streams import caller_cancelling
 from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.types import (
     ChatMessage,
@@ -62,6 +78,7 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "Claim",
     "FunctionInvocationSettings",
     "FunctionInvokingChatClient",
     "IdempotencyStore",
@@ -77,15 +94,20 @@ __all__ = [
 
 _EXECUTE_TOOL = gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
 
+_logger = logging.getLogger("chat_pipeline.tools")
+
 
 class FunctionInvocationSettings(Settings):
     """How the tool loop runs: at most `max_iterations` rounds of tool calls, a turn's
     calls concurrently when `allow_concurrent`, exception detail in tool results only with
-    `include_detailed_errors`."""
+    `include_detailed_errors`; a tool call's idempotency claim holds for `claim_ttl`
+    seconds (longer than your slowest tool: a process that dies mid-call frees its key
+    after this long, and another caller waits at most this long for a run elsewhere)."""
 
     max_iterations: Annotated[int, Field(ge=1)] = 10
     allow_concurrent: bool = True
     include_detailed_errors: bool = False
+    claim_ttl: Annotated[float, Field(gt=0, le=86_400)] = 300.0
 
 
 def tool_table(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:
@@ -114,7 +136,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         tools: Sequence[Tool | Callable[..., Any]] = (),
         settings: FunctionInvocationSettings | None = None,
         *,
-        idempotency_store: IdempotencyStore | None = None,
+        idempotency_store: IdempotencyStore | Any = None,
         tracer_provider: Any = None,
         leave_open: bool = False,
         **options: Any,
@@ -127,9 +149,11 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         self.include_detailed_errors = self.settings.include_detailed_errors
         # `is None`, not `or`: an empty store is falsy (it has a length) but must be kept.
         self.store: IdempotencyStore = (
-            idempotency_store if idempotency_store is not None else MemoryIdempotencyStore()
+            claiming_store(idempotency_store)
+            if idempotency_store is not None
+            else MemoryIdempotencyStore()
         )
-        self._in_flight: dict[str, asyncio.Future[Any]] = {}
+        self._in_flight: dict[str, _SharedRun] = {}
         from pipeline import __version__
 
         self._tracer = trace.get_tracer("chat_pipeline.tools", __version__, tracer_provider)
@@ -168,50 +192,92 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         ) as span:
             try:
                 result = await self._execute_once(key, definition, call.arguments)
+            except asyncio.CancelledError as exc:
+                if caller_cancelling():
+                    raise
+                # A tool's own stray CancelledError is a failure of the tool.
+                return self._failure(span, call, exc)
             except Exception as exc:
-                invalid = isinstance(exc, ToolArgumentsError)
-                span.set_attribute(
-                    ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__
-                )
-                span.set_status(Status(StatusCode.ERROR))
-                if invalid:
-                    detail = f" ({exc})" if self.include_detailed_errors else ""
-                    text = f"Error: invalid arguments for {call.name!r}{detail}."
-                else:
-                    detail = f": {exc}" if self.include_detailed_errors else ""
-                    text = f"Error: {call.name!r} failed with {type(exc).__name__}{detail}."
-                return FunctionResultContent(call.call_id, text, exc)
+                return self._failure(span, call, exc)
         return FunctionResultContent(call.call_id, result)
 
+    def _failure(
+        self, span: trace.Span, call: FunctionCallContent, exc: BaseException
+    ) -> FunctionResultContent:
+        invalid = isinstance(exc, ToolArgumentsError)
+        span.set_attribute(ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__)
+        span.set_status(Status(StatusCode.ERROR))
+        if invalid:
+            detail = f" ({exc})" if self.include_detailed_errors else ""
+            text = f"Error: invalid arguments for {call.name!r}{detail}."
+        else:
+            detail = f": {exc}" if self.include_detailed_errors else ""
+            text = f"Error: {call.name!r} failed with {type(exc).__name__}{detail}."
+        return FunctionResultContent(call.call_id, text, exc)
+
     async def _execute_once(self, key: str, definition: Tool, arguments: Mapping[str, Any]) -> Any:
-        """Execute unless the store has the key; identical concurrent calls share one run."""
-        found, result = await self.store.get(key)
-        if found:
-            return result
-        running = self._in_flight.get(key)
-        if running is not None:
-            return await asyncio.shield(running)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
+        """Run the call once per key: identical calls overlapping in this layer share one
+        run (registered before any await, so none can slip past), and the store's claim
+        keeps other layers and processes from running it too."""
+        run = self._in_flight.get(key)
+        if run is None:
+            run = _SharedRun(self._claim_and_run(key, definition, arguments))
+            self._in_flight[key] = run
+            run.task.add_done_callback(lambda _: self._forget(key, run))
+        return await run.wait()
+
+    def _forget(self, key: str, run: _SharedRun) -> None:
+        if self._in_flight.get(key) is run:
+            del self._in_flight[key]
+
+    async def _claim_and_run(
+        self, key: str, definition: Tool, arguments: Mapping[str, Any]
+    ) -> Any:
+        claim = await self.store.claim(key, self.settings.claim_ttl)
+        if claim.done:
+            return claim.result
         try:
             result = await definition.invoke(arguments)
-            await self.store.put(key, result)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here: the waiters (if any) get it too
+        except BaseException:
+            await self._give_back(claim, definition)
             raise
-        else:
-            future.set_result(result)
-        finally:
-            del self._in_flight[key]
+        try:
+            await self.store.complete(claim, result)
+        except Exception as exc:
+            # The tool ran: its result stands. Only the record is missing, so a retry
+            # after the claim expires may run it again; say so (type only, no content).
+            _logger.warning(
+                "tool %r ran but its result could not be recorded (%s); a retry after "
+                "its claim expires may run it again",
+                definition.name,
+                type(exc).__name__,
+            )
         return result
+
+    async def _give_back(self, claim: Claim, definition: Tool) -> None:
+        try:
+            await self.store.release(claim)
+        except Exception as exc:  # the original failure matters more; the claim expires
+            _logger.warning(
+                "tool %r: giving its idempotency claim back failed (%s); it expires by itself",
+                definition.name,
+                type(exc).__name__,
+            )
 
     async def _run_all(
         self, calls: Sequence[FunctionCallContent], operation_id: str
     ) -> list[FunctionResultContent]:
-        if self.allow_concurrent and len(calls) > 1:
-            return list(await asyncio.gather(*(self._run_one(c, operation_id) for c in calls)))
-        return [await self._run_one(c, operation_id) for c in calls]
+        if not self.allow_concurrent or len(calls) < 2:
+            return [await self._run_one(c, operation_id) for c in calls]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._run_one(c, operation_id)) for c in calls]
+        except BaseExceptionGroup as failed:
+            # Every sibling was cancelled and awaited; raise the failure as itself.
+            if len(failed.exceptions) == 1:
+                raise failed.exceptions[0] from None
+            raise
+        return [task.result() for task in tasks]
 
     @contextlib.contextmanager
     def _operation(self) -> Iterator[str]:
@@ -284,3 +350,30 @@ class FunctionInvokingChatClient(DelegatingChatClient):
                 _scope.reset_operation(token)
             conversation.append(ChatMessage(ChatRole.TOOL, results))
             yield ChatResponseUpdate(role=ChatRole.TOOL, contents=list(results))
+
+
+class _SharedRun:
+    """One run of a tool call that overlapping identical calls wait for.
+
+    The run is a task of its own, shielded from every waiter: a waiter's cancellation
+    ends only that waiter. When the last waiter leaves before the run ended, the run is
+    cancelled and awaited, so no tool runs on for nobody.
+    """
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self, run: Any) -> None:
+        self.task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(run)
+        self.waiters = 0
+
+    async def wait(self) -> Any:
+        self.waiters += 1
+        try:
+            return await asyncio.shield(self.task)
+        finally:
+            self.waiters -= 1
+            if self.waiters == 0 and not self.task.done():
+                self.task.cancel()
+                await asyncio.wait({self.task})
+                if not self.task.cancelled():
+                    self.task.exception()  # retrieved: the waiter's own error propagates

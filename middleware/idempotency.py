@@ -1,93 +1,329 @@
-"""Idempotency for tool calls: where completed calls are recorded, and their keys.
+"""Idempotency for tool calls: where calls are claimed and their results recorded, and
+their keys.
 
 Every tool call has a key made of the request's operation id, the tool name and the
-canonical arguments (`idempotency_key`); a call whose key is recorded as completed is not
-executed again. `MemoryIdempotencyStore` serves one process; `RedisIdempotencyStore`
-shares the record between processes.
+canonical arguments (`idempotency_key`). Before a call runs, the function-invocation layer
+*claims* its key in the store; the claim is atomic, so one key runs once:
+
+* `claim(key, ttl)` returns a `Claim`: either the recorded result (``claim.done``), or the
+  right to run the call, held for at most `ttl` seconds (a holder that dies frees the key
+  when its claim expires). While another holder's claim is live, `claim` waits (for at
+  most `ttl`) until that holder completes (then it returns the result) or gives up (then
+  it claims). Cancelling a waiter never touches the holder;
+* `complete(claim, result)` records the result and gives the claim up;
+* `release(claim)` gives the claim up without a result (the call failed or was
+  cancelled), so a retry runs the call.
+
+`MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
+`RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
+claim, then the result; a waiter polls with a bounded backoff).
+
+Stores written for the earlier protocol, with only ``get(key) -> (found, result)`` and
+``put(key, result)``, keep working: the layer wraps them (`claiming_store`) with claims
+kept in this process, so one key still runs once per process, but two processes may both
+run it; give such a store ``claim``/``complete``/``release`` to make it atomic everywhere.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import json
+import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "Claim",
     "IdempotencyStore",
     "MemoryIdempotencyStore",
     "RedisIdempotencyStore",
+    "claiming_store",
     "idempotency_key",
 ]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Claim:
+    """What `IdempotencyStore.claim` found for `key`: the recorded `result` when `done`,
+    else a claim held under `token` (give it back with `complete` or `release`)."""
+
+    key: str
+    done: bool
+    result: Any = None
+    token: str = ""
+
+
 @runtime_checkable
 class IdempotencyStore(Protocol):
-    """Where completed tool calls are recorded, by idempotency key."""
+    """Where tool calls are claimed and their results recorded, by idempotency key."""
 
-    async def get(self, key: str) -> tuple[bool, Any]:
-        """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
+    async def claim(self, key: str, ttl: float) -> Claim:
+        """The recorded result, or the right to run the call for at most `ttl` seconds;
+        waits while another holder's claim is live (see the module docstring)."""
         ...
 
-    async def put(self, key: str, result: Any) -> None: ...
+    async def complete(self, claim: Claim, result: Any) -> None:
+        """Record `result` under the claim's key and give the claim up."""
+        ...
+
+    async def release(self, claim: Claim) -> None:
+        """Give the claim up without a result, so the call may run again."""
+        ...
+
+
+@dataclasses.dataclass(slots=True)
+class _Held:
+    token: str
+    done: asyncio.Future[None]
+    expires: float
 
 
 class MemoryIdempotencyStore:
-    """An in-process store (the default). Bounded: the oldest keys are forgotten first."""
+    """An in-process store (the default). Bounded: the oldest results are forgotten
+    first; claims live only while their calls run (at most their `ttl`)."""
 
     def __init__(self, max_entries: int = 10_000) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be positive")
         self.max_entries = max_entries
         self._results: dict[str, Any] = {}
+        self._claims: dict[str, _Held] = {}
+
+    async def claim(self, key: str, ttl: float) -> Claim:
+        loop = asyncio.get_running_loop()
+        # Bounded: each wait ends when the holder completes, releases or expires, and
+        # the whole wait ends after `ttl` (our own claim's lifetime) at the latest.
+        give_up = loop.time() + ttl
+        while True:
+            if key in self._results:
+                return Claim(key, True, self._results[key])
+            now = loop.time()
+            held = self._claims.get(key)
+            if held is None or held.expires <= now or held.done.get_loop() is not loop:
+                token = uuid.uuid4().hex
+                self._claims[key] = _Held(token, loop.create_future(), now + ttl)
+                return Claim(key, False, token=token)
+            if now >= give_up:
+                raise TimeoutError(
+                    f"another run of this tool call did not finish within {ttl:g} s"
+                )
+            # `wait` never cancels the holder's future, also when this waiter is cancelled.
+            await asyncio.wait({held.done}, timeout=min(held.expires, give_up) - now)
+
+    async def complete(self, claim: Claim, result: Any) -> None:
+        self._record(claim.key, result)
+        self._give_up(claim)
+
+    async def release(self, claim: Claim) -> None:
+        self._give_up(claim)
+
+    def _give_up(self, claim: Claim) -> None:
+        held = self._claims.get(claim.key)
+        if held is not None and held.token == claim.token:
+            del self._claims[claim.key]
+            if not held.done.done():
+                held.done.set_result(None)
+
+    def _record(self, key: str, result: Any) -> None:
+        self._results[key] = result
+        while len(self._results) > self.max_entries:
+            del self._results[next(iter(self._results))]
 
     async def get(self, key: str) -> tuple[bool, Any]:
+        """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
         if key in self._results:
             return True, self._results[key]
         return False, None
 
     async def put(self, key: str, result: Any) -> None:
-        self._results[key] = result
-        while len(self._results) > self.max_entries:
-            del self._results[next(iter(self._results))]
+        """Record `result` for `key` (without a claim)."""
+        self._record(key, result)
 
     def __len__(self) -> int:
         return len(self._results)
 
 
+# KEYS = result, claim; ARGV = token, claim ttl (ms). The result if recorded, else the
+# claim if free: {1, result} done, {2} claimed, {3} held by another.
+_CLAIM = """
+local done = redis.call('GET', KEYS[1])
+if done then return {1, done} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
+return {3}
+"""
+
+# KEYS = result, claim; ARGV = token, result, result ttl (ms).
+_COMPLETE = """
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if redis.call('GET', KEYS[2]) == ARGV[1] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+
+# KEYS = claim; ARGV = token. Only our own claim (it may have expired and been re-taken).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class RedisIdempotencyStore:
-    """Shares completed tool calls between processes through Redis (``redis.asyncio``).
+    """Shares claims and completed tool calls between processes through Redis
+    (``redis.asyncio``).
 
     Results are stored as JSON (tools used with it must return JSON-serializable values)
-    under ``{namespace}:{key}`` for `ttl` seconds.
+    under ``{namespace}:{key}`` for `ttl` seconds; a claim is ``{namespace}:{key}:claim``,
+    taken with ``SET NX PX`` in the same script that checks for a result. A caller waiting
+    for another process's claim polls every 10 ms at first, backing off to
+    `max_poll_interval`. Each Redis call is bounded by `timeout` seconds; a Redis failure
+    is raised (the layer turns it into a tool result: the call did not run).
     """
 
     def __init__(
-        self, redis: Any, *, namespace: str = "chat_pipeline:tool", ttl: float = 86_400
+        self,
+        redis: Any,
+        *,
+        namespace: str = "chat_pipeline:tool",
+        ttl: float = 86_400,
+        timeout: float = 1.0,
+        max_poll_interval: float = 0.25,
     ) -> None:
+        for name, value in (
+            ("ttl", ttl),
+            ("timeout", timeout),
+            ("max_poll_interval", max_poll_interval),
+        ):
+            if not isinstance(value, int | float) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds")
         if isinstance(redis, str):
             import redis.asyncio as redis_asyncio
 
-            redis = redis_asyncio.Redis.from_url(redis)
-        if ttl <= 0:
-            raise ValueError("ttl must be positive")
+            redis = redis_asyncio.Redis.from_url(
+                redis, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
         self._redis = redis
         self.namespace = namespace
         self.ttl = ttl
+        self.timeout = timeout
+        self.max_poll_interval = max_poll_interval
+        self._scripts: dict[str, Any] = {}
+
+    def _keys(self, key: str) -> list[str]:
+        return [f"{self.namespace}:{key}", f"{self.namespace}:{key}:claim"]
+
+    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self._redis.register_script(source)
+        async with asyncio.timeout(self.timeout):
+            return await script(keys=keys, args=args)
+
+    async def claim(self, key: str, ttl: float) -> Claim:
+        loop = asyncio.get_running_loop()
+        token = uuid.uuid4().hex
+        claim_ms = max(1, round(ttl * 1000))
+        give_up = loop.time() + ttl
+        delay = 0.01
+        while True:
+            answer = await self._eval(_CLAIM, self._keys(key), [token, claim_ms])
+            if int(answer[0]) == 1:
+                return Claim(key, True, json.loads(answer[1]))
+            if int(answer[0]) == 2:
+                return Claim(key, False, token=token)
+            # Held by another process: bounded by our ttl (its claim expires by then too,
+            # unless yet another process keeps re-taking it).
+            if loop.time() >= give_up:
+                raise TimeoutError(
+                    f"another run of this tool call did not finish within {ttl:g} s"
+                )
+            await self._pause(delay)
+            delay = min(delay * 2, self.max_poll_interval)
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait between two polls of a claim held elsewhere."""
+        await asyncio.sleep(seconds)
+
+    async def complete(self, claim: Claim, result: Any) -> None:
+        encoded = json.dumps(result)
+        await self._eval(
+            _COMPLETE, self._keys(claim.key), [claim.token, encoded, round(self.ttl * 1000)]
+        )
+
+    async def release(self, claim: Claim) -> None:
+        await self._eval(_RELEASE, self._keys(claim.key)[1:], [claim.token])
 
     async def get(self, key: str) -> tuple[bool, Any]:
-        raw = await self._redis.get(f"{self.namespace}:{key}")
+        """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
+        async with asyncio.timeout(self.timeout):
+            raw = await self._redis.get(self._keys(key)[0])
         if raw is None:
             return False, None
         return True, json.loads(raw)
 
     async def put(self, key: str, result: Any) -> None:
-        await self._redis.set(
-            f"{self.namespace}:{key}", json.dumps(result), px=int(self.ttl * 1000)
-        )
+        """Record `result` for `key` (without a claim)."""
+        async with asyncio.timeout(self.timeout):
+            await self._redis.set(
+                self._keys(key)[0], json.dumps(result), px=round(self.ttl * 1000)
+            )
 
     async def aclose(self) -> None:
         await self._redis.aclose()
+
+
+class _GetPutStore:
+    """A store of the earlier protocol (``get``/``put`` only) with claims kept in this
+    process: one key runs once per process, not across processes."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._claims = MemoryIdempotencyStore(max_entries=1)
+
+    async def claim(self, key: str, ttl: float) -> Claim:
+        local = await self._claims.claim(key, ttl)
+        try:
+            found, result = await self.store.get(key)
+        except BaseException:
+            await self._claims.release(local)
+            raise
+        if found:
+            await self._claims.release(local)
+            return Claim(key, True, result)
+        return local
+
+    async def complete(self, claim: Claim, result: Any) -> None:
+        try:
+            await self.store.put(claim.key, result)
+        finally:
+            await self._claims.release(claim)
+
+    async def release(self, claim: Claim) -> None:
+        await self._claims.release(claim)
+
+
+_adapters: weakref.WeakValueDictionary[int, _GetPutStore] = weakref.WeakValueDictionary()
+
+
+def claiming_store(store: Any) -> IdempotencyStore:
+    """`store` as an `IdempotencyStore`: itself when it has ``claim``/``complete``/
+    ``release``, wrapped with process-local claims when it has only ``get``/``put``;
+    `TypeError` otherwise."""
+    if all(callable(getattr(store, name, None)) for name in ("claim", "complete", "release")):
+        return store  # type: ignore[no-any-return]
+    if callable(getattr(store, "get", None)) and callable(getattr(store, "put", None)):
+        # One adapter per store object while any layer uses it, so every layer sharing
+        # the store shares its claims. (Keyed by id: the adapter keeps the store alive, so
+        # the id cannot be reused while the entry exists.)
+        adapter = _adapters.get(id(store))
+        if adapter is None or adapter.store is not store:
+            adapter = _adapters[id(store)] = _GetPutStore(store)
+        return adapter
+    raise TypeError(
+        "idempotency_store must have claim/complete/release (or get/put), "
+        f"not {type(store).__name__}"
+    )
 
 
 def idempotency_key(operation_id: str, tool_name: str, arguments: Mapping[str, Any]) -> str:

@@ -67,7 +67,9 @@ class StreamWatcher:
 
     `start()` runs at the caller's first read, before the inner stream is opened (a
     stream that is never read starts nothing); if it raises, the exception propagates and
-    nothing else is called. With `scoped` true, `enter()` runs
+    nothing else is called. `start()` and `end()` may return an awaitable (a layer that
+    must do I/O there, like a breaker sharing its state): `forward` awaits it; returning
+    ``None`` (the default) costs nothing more. With `scoped` true, `enter()` runs
     before each step of the inner stream and `exit(token)` after it, so the layer can make
     a context current while the layers beneath run, and never while the caller holds an
     update.
@@ -76,7 +78,7 @@ class StreamWatcher:
     __slots__ = ()
     scoped = False
 
-    def start(self) -> None:
+    def start(self) -> Awaitable[None] | None:
         return None
 
     def enter(self) -> Any:
@@ -88,7 +90,7 @@ class StreamWatcher:
     def update(self, update: ChatResponseUpdate) -> None:
         return None
 
-    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+    def end(self, how: StreamEnd, error: BaseException | None) -> Awaitable[None] | None:
         """Called once, after the inner stream was closed."""
         return None
 
@@ -105,13 +107,17 @@ async def forward(
     See the module docstring for how the end is classified; `watcher.end` hears it once,
     after the inner stream was closed, and the exception (if any) propagates unchanged.
     """
-    watcher.start()
+    started = watcher.start()
+    if started is not None:
+        await started
     scoped = watcher.scoped
     token = watcher.enter() if scoped else None
     try:
         stream = open_stream()
     except BaseException as error:
-        watcher.end(ending_of(error), error)
+        ended_by = watcher.end(ending_of(error), error)
+        if ended_by is not None:
+            await ended_by
         raise
     finally:
         if scoped:
@@ -135,7 +141,9 @@ async def forward(
                 ended = True
                 how: StreamEnd = "canceled" if caller_cancelling() else "abandoned"
                 close_error = await close_stream(stream)
-                watcher.end(how, close_error)
+                ended_by = watcher.end(how, close_error)
+                if ended_by is not None:
+                    await ended_by
                 if close_error is not None:
                     raise close_error from None
                 raise
@@ -145,13 +153,19 @@ async def forward(
         close_error = await close_stream(stream)
         if close_error is not None:
             error.add_note(f"closing the failed stream also raised {type(close_error).__name__}")
-        watcher.end(ending_of(error), error)
+        ended_by = watcher.end(ending_of(error), error)
+        if ended_by is not None:
+            await ended_by
         raise
     close_error = await close_stream(stream)
     if close_error is not None:
-        watcher.end(ending_of(close_error), close_error)
+        ended_by = watcher.end(ending_of(close_error), close_error)
+        if ended_by is not None:
+            await ended_by
         raise close_error
-    watcher.end("completed", None)
+    ended_by = watcher.end("completed", None)
+    if ended_by is not None:
+        await ended_by
 
 
 class OpenedLater(AsyncGenerator[ChatResponseUpdate, None]):

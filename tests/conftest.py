@@ -1,8 +1,30 @@
+import shutil
 from collections.abc import Iterator
 
 import pytest
 
 from tests.otel import Otel, Receiver
+from tests.redis_server import RedisServer
+
+_REDIS_FIXTURES = frozenset({"redis_url", "redis_server"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that needs a real redis-server carries the `redis` marker, so a machine
+    # without one can deselect them explicitly (`-m "not redis"`); they never skip.
+    for item in items:
+        if _REDIS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.redis)
+
+
+def _require_redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.fail(
+            "redis-server is not installed: install it (apt-get install redis-server; "
+            ".ci/run does) or deselect the tests that need it with -m 'not redis'",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])
@@ -13,15 +35,24 @@ def streaming(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A real redis-server on a free loopback port, started for this test session."""
-    import shutil
+    """A real redis-server on a free loopback port, started for this test session.
 
+    Fails (never skips) when redis-server is missing."""
     from tests.redis_server import running_redis
 
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (.ci/run installs it with apt-get)")
+    _require_redis_server()
     with running_redis() as url:
         yield url
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, which the test may pause, stop or restart."""
+    from tests.redis_server import running_redis_server
+
+    _require_redis_server()
+    with running_redis_server() as server:
+        yield server
 
 
 @pytest.fixture

@@ -1,10 +1,14 @@
 import asyncio
+import logging
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
+import redis.asyncio as redis_asyncio
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,7 +23,9 @@ from pipeline.errors import (
     TransientProviderError,
 )
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from tests.middleware.breaker_replica import Burst, replica
 from tests.otel import Otel
+from tests.redis_server import RedisServer, free_port
 
 
 class FakeNow:
@@ -37,6 +43,10 @@ def breaker(
     inner: ScriptedChatClient, now: FakeNow | None = None, **options: object
 ) -> CircuitBreakerChatClient:
     changes: list[tuple[str, str, str]] = []
+    if "redis" in options:
+        # Generous: a loaded test machine must not make Redis look down (then each breaker
+        # decides alone), except in the tests about a slow Redis, which set their own.
+        options.setdefault("redis_timeout", 5)
     client = CircuitBreakerChatClient(
         inner,
         now=now or FakeNow(),
@@ -275,3 +285,336 @@ async def test_state_changes_are_counted(otel: Otel) -> None:
             1,
         )
     ]
+
+
+# -- shared through Redis ------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+# A fractional second: a breaker that kept its opening in whole seconds would reopen early.
+T0 = datetime(2026, 1, 1, 0, 0, 0, 900_000, tzinfo=UTC)
+
+
+def fake_now(start: datetime = T0) -> FakeNow:
+    now = FakeNow()
+    now.value = start
+    return now
+
+
+def breaker_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "chat_pipeline.breaker" and r.levelno == logging.WARNING
+    ]
+
+
+async def test_sub_second_open_time_is_shared(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"subsecond-{request.node.name}"
+    now = fake_now()
+    client = redis_asyncio.Redis.from_url(redis_url)  # a client of the caller's own
+    tripping = ScriptedChatClient([fail(TransientProviderError()), reply("again")])
+    first = breaker(tripping, now, fail_max=1, reset_timeout=0.3, name=name, redis=client)
+    await collect(first, "hi", streaming=streaming)
+    assert first.state == "open"
+    # Another replica, which never saw a failure, learns the opening from Redis to the ms.
+    recovering = ScriptedChatClient(reply("recovered"))
+    other = breaker(recovering, now, fail_max=1, reset_timeout=0.3, name=name, redis=redis_url)
+    now.advance(0.29)
+    assert isinstance((await collect(other, "hi", streaming=streaming)).error, CircuitOpenError)
+    assert recovering.call_count == 0
+    now.advance(0.02)
+    assert (await collect(other, "hi", streaming=streaming)).text == "recovered"
+    assert other.changes == [  # type: ignore[attr-defined]
+        (name, "closed", "open"),
+        (name, "open", "half-open"),
+        (name, "half-open", "closed"),
+    ]
+    # The replica that tripped it hears that the probe closed it.
+    assert (await collect(first, "hi", streaming=streaming)).text == "again"
+    assert first.state == "closed"
+    await first.aclose()
+    await other.aclose()
+    await client.aclose()
+
+
+async def test_consecutive_failures_are_counted_across_replicas(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"count-{request.node.name}"
+    now = fake_now()
+    failing = ScriptedChatClient(lambda m, o: fail(TransientProviderError()))
+    healthy = ScriptedChatClient(lambda m, o: reply("ok"))
+    a = breaker(failing, now, fail_max=3, name=name, redis=redis_url)
+    b = breaker(healthy, now, fail_max=3, name=name, redis=redis_url)
+    c = breaker(ScriptedChatClient(lambda m, o: fail(TransientProviderError())), now,
+                fail_max=3, name=name, redis=redis_url)  # fmt: skip
+    for each in (a, a):
+        await collect(each, "hi", streaming=streaming)
+    # A success anywhere resets the shared count: two more failures do not open it.
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    for each in (c, a):
+        await collect(each, "hi", streaming=streaming)
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    # Three in a row, from two replicas, do; the third replica then fails fast.
+    for each in (a, c, a):
+        await collect(each, "hi", streaming=streaming)
+    assert isinstance((await collect(b, "hi", streaming=streaming)).error, CircuitOpenError)
+    assert healthy.call_count == 2
+    for each in (a, b, c):
+        await each.aclose()
+
+
+async def test_exactly_one_half_open_probe_across_two_processes(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"probe-{request.node.name}"
+    tripper = breaker(
+        ScriptedChatClient(fail(TransientProviderError())),
+        fake_now(),
+        fail_max=1,
+        reset_timeout=30,
+        name=name,
+        redis=redis_url,
+    )
+    await collect(tripper, "hi", streaming=streaming)
+    assert tripper.state == "open"
+    await tripper.aclose()
+    later = T0 + timedelta(seconds=31)  # both replicas' clocks: past the reset timeout
+    burst_size = 20
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.middleware.breaker_replica",
+        redis_url,
+        name,
+        later.isoformat(),
+        str(burst_size),
+        "1" if streaming else "0",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+
+    async def said() -> list[str]:
+        return (await stdout.readline()).decode().split()
+
+    try:
+        # Bounds the other process; a working breaker never comes near it.
+        async with asyncio.timeout(60):
+            assert await said() == ["ready"]
+            client, inner = replica(redis_url, name, later)
+            stdin.write(b"go\n")
+            await stdin.drain()
+            burst = Burst(client, inner, burst_size, streaming)  # both bursts race
+            admitted_here, refused_here = await burst.settled()
+            word, admitted, word2, refused = await said()
+            assert (word, word2) == ("admitted", "refused")
+            # Exactly one probe between the two processes; every other call failed fast.
+            assert admitted_here + int(admitted) == 1
+            assert refused_here + int(refused) == 2 * burst_size - 1
+            stdin.write(b"release\n")
+            await stdin.drain()
+            served_here = await burst.finish()
+            word, served = await said()
+            assert served_here + int(served) == 1
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    # The probe's success closed the shared circuit: a third replica is let through.
+    third, third_inner = replica(redis_url, name, later)
+    third_inner.gate.set()
+    assert (await collect(third, "hi", streaming=streaming)).text == "ok"
+    assert third.state == "closed" and third_inner.calls == 1
+    await client.aclose()
+    await third.aclose()
+
+
+async def test_a_cancelled_probe_gives_its_claim_back(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"claim-{request.node.name}"
+    now = fake_now()
+    prober = ScriptedChatClient([fail(TransientProviderError()), hang()])
+    other_inner = ScriptedChatClient(reply("ok"))
+    a = breaker(prober, now, fail_max=1, reset_timeout=1, probe_claim_ttl=5, name=name,
+                redis=redis_url)  # fmt: skip
+    b = breaker(other_inner, now, fail_max=1, reset_timeout=1, name=name, redis=redis_url)
+    await collect(a, "hi", streaming=streaming)
+    now.advance(2)
+    probe = asyncio.create_task(collect(a, "hi", streaming=streaming))
+    await prober.wait_for_calls(2)
+    # The other replica fails fast while the probe is out; the claim expires by itself.
+    assert isinstance((await collect(b, "hi", streaming=streaming)).error, CircuitOpenError)
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    prefix = f"chat_pipeline:breaker:{{{name}}}"
+    claim = f"{prefix}:probe:{(await redis.get(f'{prefix}:opened')).decode()}"
+    assert 0 < await redis.pttl(claim) <= 5000
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    assert await redis.exists(claim) == 0
+    # So the other replica probes at once, and closes the circuit for both.
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    assert b.state == "closed" and other_inner.call_count == 1
+    await redis.aclose()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_an_attempt_cut_for_time_opens_the_shared_breaker(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"cut-{request.node.name}"
+    primary = ScriptedChatClient([reply("warm"), hang()], name="primary")
+    backup = ScriptedChatClient(lambda m, o: reply("backup"), name="backup")
+    guarded = breaker(primary, fail_max=1, name=name, redis=redis_url)
+    # Connected first, so the cut falls on the hanging call, not on reaching Redis (an
+    # attempt cut before the deployment was called is no failure of the deployment).
+    assert (await collect(guarded, "hi", streaming=streaming)).text == "warm"
+    router = OrderedFailoverChatClient(
+        [Route("primary", guarded), Route("backup", backup)], attempt_timeout=0.5
+    )
+    assert (await collect(router, "hi", streaming=streaming)).text == "backup"
+    assert primary.call_count == 2 and guarded.state == "open"
+    # The cut counted against the deployment in Redis: another replica skips it too.
+    elsewhere = ScriptedChatClient(reply("never"))
+    replica_breaker = breaker(elsewhere, name=name, redis=redis_url)
+    result = await collect(replica_breaker, "hi", streaming=streaming)
+    assert isinstance(result.error, CircuitOpenError) and elsewhere.call_count == 0
+    await guarded.aclose()
+    await replica_breaker.aclose()
+
+
+async def test_a_paused_redis_does_not_stall_the_process(
+    redis_server: RedisServer,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    canary = "CANARY-breaker-prompt-5e"
+    inner = ScriptedChatClient(lambda m, o: reply("ok"))
+    client = CircuitBreakerChatClient(
+        inner,
+        name=f"paused-{request.node.name}",
+        redis=redis_server.url,
+        redis_timeout=0.2,
+        redis_retry_interval=0,  # every call tries Redis: the worst case
+    )
+    assert (await collect(client, canary, streaming=streaming)).text == "ok"  # connected
+    # Should the event loop block on Redis, this resumes it so the test fails, not hangs.
+    resumed_by_watchdog = threading.Event()
+
+    def watchdog() -> None:
+        resumed_by_watchdog.set()
+        redis_server.resume()
+
+    timer = threading.Timer(30, watchdog)
+    redis_server.pause()
+    timer.start()
+    try:
+        call = asyncio.create_task(collect(client, canary, streaming=streaming))
+        call_was_pending: list[bool] = []
+
+        async def other_work() -> None:
+            call_was_pending.append(not call.done())
+
+        # Other work of the process runs while the call waits on Redis (a blocking Redis
+        # call would hold the whole event loop until the watchdog resumed the server).
+        await asyncio.create_task(other_work())
+        result = await call
+        later = await asyncio.gather(
+            *(collect(client, canary, streaming=streaming) for _ in range(5))
+        )
+        # All served while Redis is still stopped: nothing waited for it to come back.
+        assert redis_server.paused and not resumed_by_watchdog.is_set()
+    finally:
+        timer.cancel()
+        redis_server.resume()
+    assert call_was_pending == [True]
+    assert result.text == "ok" and [r.text for r in later] == ["ok"] * 5
+    (warning,) = breaker_warnings(caplog)
+    assert "TimeoutError" in warning.getMessage()
+    assert all(canary not in r.getMessage() for r in caplog.records)
+    await client.aclose()
+
+
+async def test_redis_down_at_build_time(
+    streaming: bool, caplog: pytest.LogCaptureFixture, request: pytest.FixtureRequest
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    inner = ScriptedChatClient(
+        [reply("ok"), fail(TransientProviderError()), fail(TransientProviderError())]
+    )
+    chat = (
+        ChatPipeline.builder()
+        .use_circuit_breaker(fail_max=2, name=f"down-{request.node.name}", redis=url)
+        .build(inner)
+    )  # builds: Redis is not contacted until a call
+    assert (await collect(chat, "hi", streaming=streaming)).text == "ok"
+    for _ in range(2):
+        error = (await collect(chat, "hi", streaming=streaming)).error
+        assert isinstance(error, TransientProviderError)
+    # This process's breaker still works: it opened on its own.
+    assert isinstance((await collect(chat, "hi", streaming=streaming)).error, CircuitOpenError)
+    assert inner.call_count == 3
+    (warning,) = breaker_warnings(caplog)
+    assert "ConnectionError" in warning.getMessage()
+    await chat.aclose()
+
+
+async def test_redis_down_mid_run_then_back(
+    redis_server: RedisServer,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    caplog.set_level(logging.INFO, logger="chat_pipeline.breaker")
+    name = f"midrun-{request.node.name}"
+    now = fake_now()
+    healthy = ScriptedChatClient(lambda m, o: reply("ok"))
+    failing = ScriptedChatClient(lambda m, o: fail(TransientProviderError()))
+    options: dict[str, object] = {
+        "fail_max": 2, "name": name, "redis": redis_server.url, "redis_retry_interval": 0
+    }  # fmt: skip
+    client = breaker(healthy, now, **options)
+    peer = breaker(failing, now, **options)
+    assert (await collect(client, "hi", streaming=streaming)).text == "ok"
+    redis_server.stop()
+    assert (await collect(client, "hi", streaming=streaming)).text == "ok"
+    error = (await collect(peer, "hi", streaming=streaming)).error
+    assert isinstance(error, TransientProviderError)  # the failure, never a Redis error
+    assert len(breaker_warnings(caplog)) == 2  # one per breaker, per outage
+    redis_server.start()  # back, on the same port, empty
+    assert (await collect(client, "hi", streaming=streaming)).text == "ok"
+    assert any("reachable again" in r.getMessage() for r in caplog.records)
+    # Shared again: two failures of the peer open the circuit for the other replica too.
+    for _ in range(2):
+        await collect(peer, "hi", streaming=streaming)
+    assert isinstance((await collect(client, "hi", streaming=streaming)).error, CircuitOpenError)
+    await client.aclose()
+    await peer.aclose()
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["nonsense", "http://user:s3cret@127.0.0.1:6379", "redis://:s3cret@[::1", "redis://h:99999"],
+)
+def test_a_malformed_redis_url_is_a_clear_error(url: str) -> None:
+    with pytest.raises(ValueError, match="redis: must be a redis://") as raised:
+        CircuitBreakerChatClient(ScriptedChatClient(), redis=url)
+    assert "s3cret" not in str(raised.value)
+
+
+def test_a_synchronous_redis_client_is_refused() -> None:
+    import redis
+
+    with pytest.raises(TypeError, match="would block the event loop"):
+        CircuitBreakerChatClient(ScriptedChatClient(), redis=redis.Redis())
+    with pytest.raises(TypeError, match=r"redis must be a URL or a redis\.asyncio client"):
+        CircuitBreakerChatClient(ScriptedChatClient(), redis=3)

@@ -5,6 +5,7 @@ from typing import Literal
 import pytest
 
 from middleware.function_invocation import (
+    Claim,
     FunctionInvokingChatClient,
     MemoryIdempotencyStore,
     RedisIdempotencyStore,
@@ -288,3 +289,305 @@ def test_tool_names_must_be_unique() -> None:
         FunctionInvokingChatClient(ScriptedChatClient(), [get_weather, get_weather])
     with pytest.raises(TypeError, match="sequence"):
         ChatPipeline.builder().use_function_invocation(get_weather)  # type: ignore[arg-type]
+
+
+# -- structured concurrency ----------------------------------------------------------------
+
+
+class Abort(BaseException):
+    """Not an Exception: a tool raising it fails the request (like KeyboardInterrupt)."""
+
+
+async def test_a_base_exception_cancels_and_awaits_every_sibling(streaming: bool) -> None:
+    sibling_started = asyncio.Event()
+    proceed = asyncio.Event()
+    effects: list[str] = []
+    sibling_runs: list[asyncio.Task[object]] = []
+
+    @tool
+    async def slow_effect(tag: str) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        sibling_runs.append(task)
+        sibling_started.set()
+        try:
+            await proceed.wait()
+        except asyncio.CancelledError:
+            effects.append("cancelled")
+            raise
+        effects.append("side effect")
+        return tag
+
+    @tool
+    async def aborts(tag: str) -> str:
+        await sibling_started.wait()
+        raise Abort
+
+    inner = ScriptedChatClient(
+        [
+            call_tools(
+                FunctionCallContent("a", "slow_effect", {"tag": "x"}),
+                FunctionCallContent("b", "aborts", {"tag": "y"}),
+            ),
+            reply("never"),
+        ]
+    )
+    chat = ChatPipeline.builder().use_function_invocation([slow_effect, aborts]).build(inner)
+    with pytest.raises(Abort):  # itself, not wrapped in a group
+        await collect(chat, "go", streaming=streaming)
+    # When the request failed, its sibling had been cancelled and had ended.
+    assert effects == ["cancelled"] and sibling_runs[0].done()
+    proceed.set()
+    await asyncio.sleep(0)  # one turn of the loop: nothing is left to run
+    assert effects == ["cancelled"]
+    assert inner.call_count == 1
+
+
+async def test_cancelling_the_request_cancels_and_awaits_its_tools(streaming: bool) -> None:
+    started: list[str] = []
+    both_started = asyncio.Event()
+    proceed = asyncio.Event()
+    effects: list[str] = []
+    runs: list[asyncio.Task[object]] = []
+
+    @tool
+    async def effect(tag: str) -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        runs.append(task)
+        started.append(tag)
+        if len(started) == 2:
+            both_started.set()
+        try:
+            await proceed.wait()
+        except asyncio.CancelledError:
+            effects.append(f"{tag} cancelled")
+            raise
+        effects.append(f"{tag} done")
+        return tag
+
+    calls = call_tools(*(FunctionCallContent(t, "effect", {"tag": t}) for t in "ab"))
+    inner = ScriptedChatClient([calls, reply("never")])
+    chat = ChatPipeline.builder().use_function_invocation([effect]).build(inner)
+    request = asyncio.create_task(collect(chat, "go", streaming=streaming))
+    await both_started.wait()
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert sorted(effects) == ["a cancelled", "b cancelled"]
+    assert all(run.done() for run in runs)
+    proceed.set()
+    await asyncio.sleep(0)
+    assert sorted(effects) == ["a cancelled", "b cancelled"]
+
+
+def waiters(chat: ChatPipeline) -> int:
+    """How many requests wait for the (only) shared tool run of `chat`'s tool layer."""
+    layer = chat.client
+    assert isinstance(layer, FunctionInvokingChatClient)
+    return sum(run.waiters for run in layer._in_flight.values())
+
+
+async def test_cancelling_one_request_never_cancels_a_shared_tool_call(streaming: bool) -> None:
+    runs: list[str] = []
+    started = asyncio.Event()
+    proceed = asyncio.Event()
+
+    @tool
+    async def book(slot: str) -> str:
+        runs.append(slot)
+        started.set()
+        await proceed.wait()
+        return "booked"
+
+    inner = ScriptedChatClient(
+        lambda m, o: (
+            call_tools(FunctionCallContent("c", "book", {"slot": "9am"}))
+            if m[-1].role.value == "user"
+            else reply("ok")
+        )
+    )
+    chat = ChatPipeline.builder().use_function_invocation([book]).build(inner)
+    with operation_scope("order-7"):
+        first = asyncio.create_task(collect(chat, "book 9am", streaming=streaming))
+        await started.wait()
+        second = asyncio.create_task(collect(chat, "book 9am", streaming=streaming))
+        for _ in range(1000):  # bounded: the second request reaches the shared run
+            if waiters(chat) == 2:
+                break
+            await asyncio.sleep(0)
+        assert waiters(chat) == 2
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert not second.done() and waiters(chat) == 1
+    proceed.set()
+    result = await second
+    assert result.error is None and result.text.endswith("ok")
+    assert result.response is not None
+    tool_result = result.response.messages[1].contents[0]
+    assert isinstance(tool_result, FunctionResultContent) and tool_result.result == "booked"
+    assert runs == ["9am"]  # the tool ran once
+
+
+async def test_a_tools_own_cancelled_error_is_a_tool_failure(streaming: bool) -> None:
+    @tool
+    async def confused(tag: str) -> str:
+        raise asyncio.CancelledError
+
+    inner = ScriptedChatClient(
+        [call_tools(FunctionCallContent("a", "confused", {"tag": "x"})), reply("ok")]
+    )
+    chat = ChatPipeline.builder().use_function_invocation([confused]).build(inner)
+    result = await collect(chat, "go", streaming=streaming)
+    assert result.error is None and result.text.endswith("ok")
+    (failure,) = inner.calls[1].messages[-1].contents
+    assert isinstance(failure, FunctionResultContent)
+    assert failure.result == "Error: 'confused' failed with CancelledError."
+
+
+# -- atomic idempotency ----------------------------------------------------------------------
+
+
+class LaggyStore:
+    """A claiming store with latency (like Redis): every operation lets the event loop
+    run `lag` times before and after it reaches the memory store."""
+
+    def __init__(self, lag: int = 5) -> None:
+        self.lag = lag
+        self.memory = MemoryIdempotencyStore()
+
+    async def _lag(self) -> None:
+        for _ in range(self.lag):
+            await asyncio.sleep(0)
+
+    async def claim(self, key: str, ttl: float) -> Claim:
+        await self._lag()
+        claim = await self.memory.claim(key, ttl)
+        await self._lag()
+        return claim
+
+    async def complete(self, claim: Claim, result: object) -> None:
+        await self._lag()
+        await self.memory.complete(claim, result)
+        await self._lag()
+
+    async def release(self, claim: Claim) -> None:
+        await self._lag()
+        await self.memory.release(claim)
+        await self._lag()
+
+
+class LaggyGetPutStore:
+    """A store of the earlier protocol (get/put only), with latency."""
+
+    def __init__(self, lag: int = 5) -> None:
+        self.lag = lag
+        self.results: dict[str, object] = {}
+
+    async def get(self, key: str) -> tuple[bool, object]:
+        for _ in range(self.lag):
+            await asyncio.sleep(0)
+        return (True, self.results[key]) if key in self.results else (False, None)
+
+    async def put(self, key: str, result: object) -> None:
+        for _ in range(self.lag):
+            await asyncio.sleep(0)
+        self.results[key] = result
+
+
+def charging_pipelines(count: int, store: object, charges: list[int]) -> list[ChatPipeline]:
+    """`count` tool layers (as on `count` routes or replicas) sharing `store`."""
+
+    @tool
+    async def charge(amount: int) -> str:
+        charges.append(amount)
+        await asyncio.sleep(0)  # the charge takes a moment
+        return "charged"
+
+    asks = call_tools(FunctionCallContent("c1", "charge", {"amount": 5}))
+    return [
+        ChatPipeline.builder()
+        .use_function_invocation([charge], idempotency_store=store)
+        .build(ScriptedChatClient([asks, reply("Done.")]))
+        for _ in range(count)
+    ]
+
+
+@pytest.mark.parametrize("store_kind", ["claiming", "get/put"])
+@pytest.mark.parametrize("layers", [1, 2])
+async def test_overlapping_identical_calls_run_once_with_a_slow_store(
+    streaming: bool, store_kind: str, layers: int
+) -> None:
+    charges: list[int] = []
+    store = LaggyStore() if store_kind == "claiming" else LaggyGetPutStore()
+    pipelines = charging_pipelines(layers, store, charges)
+    with operation_scope("order-42"):
+        results = await asyncio.gather(
+            *(collect(pipelines[i % layers], "charge me 5", streaming=streaming) for i in range(2))
+        )
+    assert [r.text.endswith("Done.") for r in results] == [True, True]
+    assert charges == [5]
+
+
+async def test_a_failed_call_gives_its_claim_back(streaming: bool) -> None:
+    attempts: list[int] = []
+
+    @tool
+    def flaky(amount: int) -> str:
+        attempts.append(amount)
+        if len(attempts) == 1:
+            raise RuntimeError("first try fails")
+        return "ok"
+
+    store = LaggyStore()
+    inner = ScriptedChatClient(
+        lambda m, o: (
+            call_tools(FunctionCallContent("c", "flaky", {"amount": 1}))
+            if m[-1].role.value == "user"
+            else reply("answered")
+        )
+    )
+    builder = ChatPipeline.builder().use_function_invocation([flaky], idempotency_store=store)
+    chat = builder.build(inner)
+    with operation_scope("retry-op"):
+        await collect(chat, "go", streaming=streaming)
+        await collect(chat, "go", streaming=streaming)  # the caller retries: it runs again
+        await collect(chat, "go", streaming=streaming)  # now recorded: it does not
+    assert attempts == [1, 1]
+    assert not store.memory._claims  # no claim left behind
+
+
+async def test_a_result_that_cannot_be_recorded_still_stands(
+    streaming: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    canary = "CANARY-tool-result-71"
+
+    class Unrecordable(LaggyStore):
+        async def complete(self, claim: Claim, result: object) -> None:
+            raise ConnectionError("store went away")
+
+    @tool
+    def lookup(query: str) -> str:
+        return canary
+
+    inner = ScriptedChatClient(
+        [call_tools(FunctionCallContent("c", "lookup", {"query": canary})), reply("ok")]
+    )
+    chat = (
+        ChatPipeline.builder()
+        .use_function_invocation([lookup], idempotency_store=Unrecordable())
+        .build(inner)
+    )
+    result = await collect(chat, "go", streaming=streaming)
+    assert result.error is None
+    (tool_result,) = inner.calls[1].messages[-1].contents
+    assert isinstance(tool_result, FunctionResultContent) and tool_result.result == canary
+    (warning,) = [r for r in caplog.records if r.name == "chat_pipeline.tools"]
+    assert "ConnectionError" in warning.getMessage()
+    assert canary not in warning.getMessage()
+
+
+def test_a_store_without_the_protocol_is_refused() -> None:
+    with pytest.raises(TypeError, match="claim/complete/release"):
+        FunctionInvokingChatClient(ScriptedChatClient(), [get_weather], idempotency_store=3)

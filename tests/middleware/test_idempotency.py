@@ -1,0 +1,162 @@
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import redis.asyncio as redis_asyncio
+
+from middleware.function_invocation import FunctionInvokingChatClient, operation_scope, tool
+from middleware.idempotency import (
+    Claim,
+    MemoryIdempotencyStore,
+    RedisIdempotencyStore,
+    claiming_store,
+    idempotency_key,
+)
+from pipeline import FunctionCallContent, FunctionResultContent
+from pipeline.testing import ScriptedChatClient, call_tools, collect, reply
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_memory_claim_is_atomic_and_a_waiter_gets_the_result() -> None:
+    store = MemoryIdempotencyStore()
+    first = await store.claim("k", ttl=60)
+    assert not first.done and first.token
+    waiter = asyncio.create_task(store.claim("k", ttl=60))
+    await asyncio.sleep(0)
+    assert not waiter.done()  # held: the second caller waits
+    await store.complete(first, {"charged": 5})
+    assert await waiter == Claim("k", True, {"charged": 5})
+    assert await store.claim("k", ttl=60) == Claim("k", True, {"charged": 5})
+    assert not store._claims
+
+
+async def test_memory_waiter_cancellation_leaves_the_holder_alone() -> None:
+    store = MemoryIdempotencyStore()
+    holder = await store.claim("k", ttl=60)
+    waiter = asyncio.create_task(store.claim("k", ttl=60))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    held = store._claims["k"]
+    assert held.token == holder.token and not held.done.done()
+    # Released (the call failed): the next caller claims it and runs it.
+    await store.release(holder)
+    again = await store.claim("k", ttl=60)
+    assert not again.done and again.token != holder.token
+
+
+async def test_memory_claim_of_a_dead_holder_expires() -> None:
+    store = MemoryIdempotencyStore()
+    gone = await store.claim("k", ttl=1e-9)  # a holder that never comes back
+    taken = await store.claim("k", ttl=60)
+    assert not taken.done and taken.token != gone.token
+    await store.complete(gone, "late")  # the late holder's result is kept, not its claim
+    assert store._claims["k"].token == taken.token
+
+
+async def test_a_get_put_store_is_adapted_with_shared_local_claims() -> None:
+    class GetPut:
+        def __init__(self) -> None:
+            self.data: dict[str, object] = {}
+
+        async def get(self, key: str) -> tuple[bool, object]:
+            return (True, self.data[key]) if key in self.data else (False, None)
+
+        async def put(self, key: str, result: object) -> None:
+            self.data[key] = result
+
+    legacy = GetPut()
+    adapted = claiming_store(legacy)
+    assert claiming_store(legacy) is adapted  # every layer using it shares its claims
+    claim = await adapted.claim("k", 60)
+    waiter = asyncio.create_task(adapted.claim("k", 60))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await adapted.complete(claim, "r")
+    assert legacy.data == {"k": "r"}
+    assert await waiter == Claim("k", True, "r")
+    store = MemoryIdempotencyStore()
+    assert claiming_store(store) is store
+    with pytest.raises(TypeError, match="claim/complete/release"):
+        claiming_store(object())
+
+
+async def test_redis_claim_is_set_nx_with_an_expiry(redis_url: str) -> None:
+    namespace = f"idem-{uuid.uuid4().hex[:8]}"
+    first = RedisIdempotencyStore(redis_url, namespace=namespace)
+    second = RedisIdempotencyStore(redis_url, namespace=namespace, max_poll_interval=0.02)
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    key = idempotency_key("op-redis", "t", {"x": 1})
+    claim = await first.claim(key, ttl=30)
+    assert not claim.done
+    assert 0 < await redis.pttl(f"{namespace}:{key}:claim") <= 30_000
+    waiter = asyncio.create_task(second.claim(key, ttl=30))
+    await first.release(claim)  # the call failed: the waiter claims and runs it
+    taken = await waiter
+    assert not taken.done and taken.token != claim.token
+    await second.complete(taken, {"ok": True})
+    assert await redis.exists(f"{namespace}:{key}:claim") == 0
+    assert await first.claim(key, ttl=30) == Claim(key, True, {"ok": True})
+    assert await first.get(key) == (True, {"ok": True})  # the earlier protocol still works
+    for client in (first, second):
+        await client.aclose()
+    await redis.aclose()
+
+
+async def test_one_key_runs_once_across_two_processes(redis_url: str, streaming: bool) -> None:
+    namespace = f"idem-{uuid.uuid4().hex[:8]}"
+    operation = f"order-{uuid.uuid4().hex[:8]}"
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    started = asyncio.Event()
+    proceed = asyncio.Event()
+
+    @tool
+    async def charge(amount: int) -> str:
+        await redis.rpush(f"{namespace}:runs", "here")
+        started.set()
+        await proceed.wait()
+        return "charged here"
+
+    model = ScriptedChatClient(
+        [call_tools(FunctionCallContent("c1", "charge", {"amount": 5})), reply("Done.")]
+    )
+    store = RedisIdempotencyStore(redis_url, namespace=namespace)
+    chat = FunctionInvokingChatClient(model, [charge], idempotency_store=store)
+    with operation_scope(operation):
+        request = asyncio.create_task(collect(chat, "charge me 5", streaming=streaming))
+    await started.wait()  # this process holds the claim and is running the tool
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.middleware.idempotency_replica",
+        redis_url,
+        namespace,
+        operation,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(60):  # bounds the other process
+            assert (await process.stdout.readline()).decode().strip() == "waiting"
+            proceed.set()
+            said = (await process.stdout.readline()).decode().strip()
+            assert await process.wait() == 0
+            result = await request
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    # The other process waited for this one's run and reused its result.
+    assert said == "result charged here"
+    assert await redis.lrange(f"{namespace}:runs", 0, -1) == [b"here"]
+    assert result.error is None and result.text.endswith("Done.")
+    tool_result = model.calls[1].messages[-1].contents[0]
+    assert isinstance(tool_result, FunctionResultContent)
+    assert tool_result.result == "charged here"
+    await store.aclose()
+    await redis.aclose()

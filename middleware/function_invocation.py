@@ -44,6 +44,7 @@ import logging
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from typing import Annotated, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
@@ -62,7 +63,7 @@ from middleware.tools import Tool, ToolArgumentsError, tool
 from pipeline import _scope
 from pipeline._scope import operation_scope
 from pipeline._settings import Settings
-from pipeline._streams import caller_cancelling
+from pipeline._streams import caller_cancelling, ending_of
 from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.types import (
     ChatMessage,
@@ -93,6 +94,8 @@ __all__ = [
 ]
 
 _EXECUTE_TOOL = gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
+_INVOKE_AGENT = gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value
+_FUNCTION = "function"  # gen_ai.tool.type of a tool that runs in this process
 
 _logger = logging.getLogger("chat_pipeline.tools")
 
@@ -186,6 +189,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
                 gen_ai.GEN_AI_OPERATION_NAME: _EXECUTE_TOOL,
                 gen_ai.GEN_AI_TOOL_NAME: call.name,
                 gen_ai.GEN_AI_TOOL_CALL_ID: call.call_id,
+                gen_ai.GEN_AI_TOOL_TYPE: _FUNCTION,
             },
             record_exception=False,
             set_status_on_exception=False,
@@ -230,9 +234,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         if self._in_flight.get(key) is run:
             del self._in_flight[key]
 
-    async def _claim_and_run(
-        self, key: str, definition: Tool, arguments: Mapping[str, Any]
-    ) -> Any:
+    async def _claim_and_run(self, key: str, definition: Tool, arguments: Mapping[str, Any]) -> Any:
         claim = await self.store.claim(key, self.settings.claim_ttl)
         if claim.done:
             return claim.result
@@ -290,6 +292,30 @@ class FunctionInvokingChatClient(DelegatingChatClient):
 
     # -- the loop --------------------------------------------------------------------------
 
+    def _agent_span(self) -> trace.Span:
+        """The span of one tool-using request: every model call (a telemetry layer beneath
+        makes a ``chat`` span per call) and every ``execute_tool`` span nest under it."""
+        return self._tracer.start_span(
+            _INVOKE_AGENT,
+            kind=SpanKind.INTERNAL,
+            attributes={gen_ai.GEN_AI_OPERATION_NAME: _INVOKE_AGENT},
+        )
+
+    @staticmethod
+    def _end_agent_span(
+        span: trace.Span, error: BaseException | None, usage: UsageDetails | None
+    ) -> None:
+        if span.is_recording():
+            if usage is not None and usage.input_tokens is not None:
+                span.set_attribute(gen_ai.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
+            if usage is not None and usage.output_tokens is not None:
+                span.set_attribute(gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+            if error is not None and ending_of(error) == "failed":
+                # The type only: a message may quote a tool's arguments or the prompt.
+                span.set_attribute(ERROR_TYPE, type(error).__name__)
+                span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
@@ -297,19 +323,28 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         shaped = self._options(options)
         produced: list[ChatMessage] = []
         usage: UsageDetails | None = None
-        with self._operation() as operation_id:
-            for iteration in range(self.max_iterations + 1):
-                response = await self.inner.get_response(conversation, shaped)
-                if response.usage is not None:
-                    usage = response.usage if usage is None else usage + response.usage
-                produced.extend(response.messages)
-                calls = _calls_of(response.messages)
-                if not calls or iteration == self.max_iterations:
-                    break
-                conversation.extend(response.messages)
-                results = ChatMessage(ChatRole.TOOL, await self._run_all(calls, operation_id))
-                conversation.append(results)
-                produced.append(results)
+        span = self._agent_span()
+        error: BaseException | None = None
+        try:
+            with self._operation() as operation_id, trace.use_span(span, end_on_exit=False):
+                for iteration in range(self.max_iterations + 1):
+                    response = await self.inner.get_response(conversation, shaped)
+                    if response.usage is not None:
+                        usage = response.usage if usage is None else usage + response.usage
+                    produced.extend(response.messages)
+                    calls = _calls_of(response.messages)
+                    if not calls or iteration == self.max_iterations:
+                        break
+                    conversation.extend(response.messages)
+                    results = await self._run_all(calls, operation_id)
+                    results_message = ChatMessage(ChatRole.TOOL, results)
+                    conversation.append(results_message)
+                    produced.append(results_message)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._end_agent_span(span, error, usage)
         return ChatResponse(
             messages=produced,
             response_id=response.response_id,
@@ -328,28 +363,54 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         self, conversation: list[ChatMessage], shaped: ChatOptions
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         # The operation id is fixed once; it is never left set in the caller's context
-        # while an update is with the caller.
+        # while an update is with the caller, nor is the agent span current then (the
+        # caller's own spans must not nest under it).
         operation_id = _scope.current_operation() or _scope.new_operation_id()
-        for iteration in range(self.max_iterations + 1):
-            turn: list[ChatResponseUpdate] = []
-            async with contextlib.aclosing(
-                self.inner.get_streaming_response(conversation, shaped)
-            ) as stream:
-                async for update in stream:
-                    turn.append(update)
-                    yield update
-            response = ChatResponse.from_updates(turn)
-            calls = _calls_of(response.messages)
-            if not calls or iteration == self.max_iterations:
-                return
-            conversation.extend(response.messages)
-            token = _scope.set_operation(operation_id)
-            try:
-                results = await self._run_all(calls, operation_id)
-            finally:
-                _scope.reset_operation(token)
-            conversation.append(ChatMessage(ChatRole.TOOL, results))
-            yield ChatResponseUpdate(role=ChatRole.TOOL, contents=list(results))
+        span = self._agent_span()
+        span_context = trace.set_span_in_context(span) if span.get_span_context().is_valid else None
+        usage: UsageDetails | None = None
+        error: BaseException | None = None
+        try:
+            for iteration in range(self.max_iterations + 1):
+                turn: list[ChatResponseUpdate] = []
+                async with contextlib.aclosing(
+                    self.inner.get_streaming_response(conversation, shaped)
+                ) as stream:
+                    while True:
+                        token = otel_context.attach(span_context) if span_context else None
+                        try:
+                            update = await stream.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        finally:
+                            if token is not None:
+                                otel_context.detach(token)
+                        turn.append(update)
+                        if update.usage is not None:
+                            usage = update.usage if usage is None else usage + update.usage
+                        yield update
+                response = ChatResponse.from_updates(turn)
+                calls = _calls_of(response.messages)
+                if not calls or iteration == self.max_iterations:
+                    return
+                conversation.extend(response.messages)
+                operation = _scope.set_operation(operation_id)
+                span_token = otel_context.attach(span_context) if span_context else None
+                try:
+                    results = await self._run_all(calls, operation_id)
+                finally:
+                    if span_token is not None:
+                        otel_context.detach(span_token)
+                    _scope.reset_operation(operation)
+                conversation.append(ChatMessage(ChatRole.TOOL, results))
+                yield ChatResponseUpdate(role=ChatRole.TOOL, contents=list(results))
+        except GeneratorExit:
+            raise  # the caller stopped reading: not an error of the request
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._end_agent_span(span, error, usage)
 
 
 class _SharedRun:

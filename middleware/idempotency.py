@@ -107,9 +107,7 @@ class MemoryIdempotencyStore:
                 self._claims[key] = _Held(token, loop.create_future(), now + ttl)
                 return Claim(key, False, token=token)
             if now >= give_up:
-                raise TimeoutError(
-                    f"another run of this tool call did not finish within {ttl:g} s"
-                )
+                raise TimeoutError(f"another run of this tool call did not finish within {ttl:g} s")
             # `wait` never cancels the holder's future, also when this waiter is cancelled.
             await asyncio.wait({held.done}, timeout=min(held.expires, give_up) - now)
 
@@ -235,9 +233,7 @@ class RedisIdempotencyStore:
             # Held by another process: bounded by our ttl (its claim expires by then too,
             # unless yet another process keeps re-taking it).
             if loop.time() >= give_up:
-                raise TimeoutError(
-                    f"another run of this tool call did not finish within {ttl:g} s"
-                )
+                raise TimeoutError(f"another run of this tool call did not finish within {ttl:g} s")
             await self._pause(delay)
             delay = min(delay * 2, self.max_poll_interval)
 
@@ -265,9 +261,7 @@ class RedisIdempotencyStore:
     async def put(self, key: str, result: Any) -> None:
         """Record `result` for `key` (without a claim)."""
         async with asyncio.timeout(self.timeout):
-            await self._redis.set(
-                self._keys(key)[0], json.dumps(result), px=round(self.ttl * 1000)
-            )
+            await self._redis.set(self._keys(key)[0], json.dumps(result), px=round(self.ttl * 1000))
 
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -15,7 +15,13 @@ from middleware.function_invocation import (
     tool,
 )
 from middleware.routing import OrderedFailoverChatClient, Route
-from pipeline import ChatOptions, ChatPipeline, FunctionCallContent, FunctionResultContent
+from pipeline import (
+    ChatOptions,
+    ChatPipeline,
+    FunctionCallContent,
+    FunctionResultContent,
+    UsageDetails,
+)
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, call_tools, collect, fail, reply
 from tests.otel import Otel
@@ -278,8 +284,10 @@ async def test_tool_spans_carry_no_arguments_or_results(otel: Otel, streaming: b
     )
     chat = FunctionInvokingChatClient(inner, [lookup], tracer_provider=otel.tracer_provider)
     await collect(chat, "find it", streaming=streaming)
-    (span,) = otel.finished()
-    assert span.name == "execute_tool lookup"
+    span, agent = otel.finished()
+    assert span.name == "execute_tool lookup" and agent.name == "invoke_agent"
+    assert span.parent is not None and span.parent.span_id == agent.context.span_id
+    assert dict(span.attributes or {})["gen_ai.tool.type"] == "function"
     assert canary not in json.dumps(dict(span.attributes or {}))
     assert all(canary not in s for s in otel.everything_exported())
 
@@ -591,3 +599,38 @@ async def test_a_result_that_cannot_be_recorded_still_stands(
 def test_a_store_without_the_protocol_is_refused() -> None:
     with pytest.raises(TypeError, match="claim/complete/release"):
         FunctionInvokingChatClient(ScriptedChatClient(), [get_weather], idempotency_store=3)
+
+
+async def test_telemetry_inside_the_loop_traces_each_model_call(
+    otel: Otel, streaming: bool
+) -> None:
+    """The recommended order: the tool loop outside the telemetry layer gives one chat span
+    per model call, and the tool spans, under one invoke_agent span for the request."""
+
+    @tool
+    def lookup(query: str) -> str:
+        return "found"
+
+    inner = ScriptedChatClient(
+        [
+            call_tools(FunctionCallContent("c1", "lookup", {"query": "x"})),
+            reply("ok", usage=UsageDetails(3, 4, 7)),
+        ],
+        model_id="m",
+    )
+    chat = (
+        ChatPipeline.builder(**otel.providers)
+        .use_function_invocation([lookup])
+        .use_telemetry()
+        .build(inner)
+    )
+    result = await collect(chat, "find it", streaming=streaming)
+    assert result.error is None
+    spans = otel.finished()
+    (agent,) = [s for s in spans if s.name == "invoke_agent"]
+    children = sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == agent.context.span_id),
+        key=lambda s: s.start_time or 0,
+    )
+    assert [s.name for s in children] == ["chat m", "execute_tool lookup", "chat m"]
+    assert dict(agent.attributes or {})["gen_ai.usage.output_tokens"] == 4

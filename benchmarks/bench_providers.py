@@ -4,7 +4,7 @@ The baseline does the least any client must: POST, then decode the JSON body (or
 data payload). The fake server runs in its own process (``chat-pipeline fake-server``) so the client
 process's CPU time is the client's alone. For concurrency 1 and 32, non-streaming and
 streaming, prints requests per second and client CPU milliseconds per 1,000 requests, and
-the ratio to raw ``httpx.AsyncClient`` measured in the same run. The official ``openai`` SDK
+the ratio to raw ``httpx2.AsyncClient`` measured in the same run. The official ``openai`` SDK
 is measured too when it is installed.
 
     python benchmarks/bench_providers.py [--requests 1000] [--rounds 3]
@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 
-import httpx
+import httpx2
 
 from middleware.routing import Route
 from pipeline import ChatClient, ChatMessage, ChatPipeline
@@ -57,10 +57,10 @@ async def run(
 
 
 async def measure(base_url: str, requests: int, rounds: int) -> None:
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-    raw = httpx.AsyncClient(limits=limits, timeout=30)
+    limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
+    raw = httpx2.AsyncClient(limits=limits, timeout=30)
     bare = OpenAIChatClient(
-        "m", api_key="k", base_url=base_url, http_client=httpx.AsyncClient(limits=limits)
+        "m", api_key="k", base_url=base_url, http_client=httpx2.AsyncClient(limits=limits)
     )
     route = (
         ChatPipeline.builder()
@@ -71,7 +71,7 @@ async def measure(base_url: str, requests: int, rounds: int) -> None:
                 "m",
                 api_key="k",
                 base_url=base_url,
-                http_client=httpx.AsyncClient(limits=limits),
+                http_client=httpx2.AsyncClient(limits=limits),
             )
         )
     )

@@ -1,8 +1,11 @@
-"""A fault-injecting OpenAI-compatible HTTP server for tests, benchmarks and demos.
+"""Fault-injecting fake LLM HTTP servers for tests, benchmarks and demos: the shared HTTP
+machinery and the OpenAI-compatible one (`FakeOpenAIServer`).
 
-It speaks enough HTTP/1.1 (keep-alive, chunked streaming) for httpx and the ``openai`` SDK,
-on 127.0.0.1 only. Each request takes the next scripted `FakeResponse` for its path, or the
-default one; every request is recorded so tests can assert exactly who was called.
+They speak enough HTTP/1.1 (keep-alive, chunked streaming) for httpx2 and the official
+SDKs, on 127.0.0.1 only. Each request takes the next scripted `FakeResponse` for its path,
+or the default one; every request is recorded so tests can assert exactly who was called.
+The wire format is close enough to the real APIs that the official SDKs, validating their
+response types strictly, accept every success and map every error to the right exception.
 """
 
 from __future__ import annotations
@@ -11,20 +14,28 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-import numpy as np
-
 from pipeline._counting import CountWaiters
 
-__all__ = ["CHAT_PATH", "EMBEDDINGS_PATH", "FakeOpenAIServer", "FakeResponse", "RecordedRequest"]
+__all__ = [
+    "CHAT_PATH",
+    "EMBEDDINGS_PATH",
+    "MODELS_PATH",
+    "FakeOpenAIServer",
+    "FakeResponse",
+    "FakeServer",
+    "RecordedRequest",
+]
 
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
+MODELS_PATH = "/v1/models"
 
 _REASONS = {
     200: "OK",
@@ -32,29 +43,39 @@ _REASONS = {
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
+    405: "Method Not Allowed",
     408: "Request Timeout",
+    413: "Payload Too Large",
     422: "Unprocessable Entity",
     429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
     503: "Service Unavailable",
     504: "Gateway Timeout",
+    529: "Site Overloaded",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class FakeResponse:
-    """What the server does with one request.
+    """What the server does with one request (the same script serves both formats).
 
     * `text` / `chunks`: the answer (streamed as `chunks`, default: word by word);
     * `tool_calls`: ``(name, arguments_json)`` pairs, streamed in `tool_call_pieces` pieces;
-    * `status`, `body`, `headers`: an error status (``Retry-After`` goes in `headers`);
+    * `stop_reason`: the format's own finish/stop reason (default: the natural one);
+    * `status` with `error_type`, `error_code`, `error_message`: an error answered in the
+      format's own error body (`body` replaces it verbatim); ``Retry-After`` goes in
+      `headers`;
     * `latency` before the response starts, `first_chunk_delay`, `chunk_delay`;
-    * `disconnect_after`: send that many SSE events (the first carries only the role), then
-      drop the connection;
-    * `in_band_error` (an ``error`` object) sent after `error_after` chunks on a 200 stream;
-    * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done`;
+    * `disconnect_after`: send that many SSE events, then drop the connection. The first
+      events carry no content: the role chunk (OpenAI); ``message_start``,
+      ``content_block_start`` and ``ping`` (Anthropic);
+    * `in_band_error` (an ``error`` object) sent after `error_after` events on a 200 stream;
+    * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done` leaves
+      out ``[DONE]`` (OpenAI) or ``message_stop`` (Anthropic);
     * `hang`: never answer, until the client goes away;
+    * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
+      (Anthropic: reported apart from input);
     * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text).
     """
 
@@ -62,8 +83,12 @@ class FakeResponse:
     chunks: Sequence[str] | None = None
     tool_calls: Sequence[tuple[str, str]] = ()
     tool_call_pieces: int = 3
+    stop_reason: str | None = None
     status: int = 200
     body: Any = None
+    error_type: str | None = None
+    error_code: str | None = None
+    error_message: str = "error"
     headers: Mapping[str, str] = field(default_factory=dict)
     latency: float = 0.0
     first_chunk_delay: float = 0.0
@@ -75,6 +100,7 @@ class FakeResponse:
     omit_done: bool = False
     hang: bool = False
     usage: tuple[int, int] = (5, 7)
+    cache_usage: tuple[int, int] = (0, 0)
     model: str | None = None
     embedding_dimensions: int = 8
 
@@ -84,13 +110,32 @@ class FakeResponse:
         status: int,
         *,
         code: str | None = None,
+        type: str | None = None,
         message: str = "error",
         retry_after: str | None = None,
     ) -> FakeResponse:
-        """An error status with an OpenAI-style error body."""
+        """An error status, answered in the server's own error format."""
         headers = {"Retry-After": retry_after} if retry_after is not None else {}
-        body = {"error": {"message": message, "type": "error", "code": code}}
-        return cls(status=status, body=body, headers=headers)
+        return cls(
+            status=status,
+            error_type=type,
+            error_code=code,
+            error_message=message,
+            headers=headers,
+        )
+
+    def pieces(self) -> list[str]:
+        """The text as streamed: `chunks`, or word by word."""
+        if self.chunks is not None:
+            return list(self.chunks)
+        if not self.text:
+            return []
+        words = self.text.split(" ")
+        return [w + " " for w in words[:-1]] + [words[-1]]
+
+    def argument_pieces(self, arguments: str) -> list[str]:
+        size = max(1, -(-len(arguments) // max(1, self.tool_call_pieces)))
+        return [arguments[start : start + size] for start in range(0, len(arguments), size)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,19 +148,46 @@ class RecordedRequest:
 
 def fake_embedding(text: str, dimensions: int) -> list[float]:
     """A deterministic unit vector for `text` (not semantic: a hash)."""
+    import numpy as np  # lazily: importing the fake servers stays light
+
     digest = hashlib.sha256(text.encode()).digest()
     seed = int.from_bytes(digest[:8], "little")
     vector = np.random.default_rng(seed).standard_normal(dimensions)
     return [float(x) for x in vector / np.linalg.norm(vector)]
 
 
-class FakeOpenAIServer:
-    """An OpenAI-compatible server on ``127.0.0.1`` (a free port unless one is given).
+class _Stream:
+    """One chunked SSE response being written."""
 
-    ``async with FakeOpenAIServer() as server:`` starts it; `server.base_url` is the
-    ``/v1`` URL to give a client. `script(...)` queues responses per path; `requests` and
-    `count(path)` tell who was called.
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+
+    async def open(self) -> None:
+        head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        self.writer.write(head.encode("latin-1"))
+        await self.writer.drain()
+
+    async def send(self, text: str) -> None:
+        data = text.encode()
+        self.writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        await self.writer.drain()
+
+    async def close(self) -> None:
+        self.writer.write(b"0\r\n\r\n")
+        await self.writer.drain()
+
+
+class FakeServer:
+    """The HTTP machinery of a fake server on ``127.0.0.1`` (a free port unless given).
+
+    ``async with Server() as server:`` starts it. `script(...)` queues responses per path;
+    `requests`, `count(path)` and `wait_for_requests(n)` tell who was called.
     """
+
+    default_path = CHAT_PATH
 
     def __init__(
         self, *, port: int = 0, default: FakeResponse | None = None, host: str = "127.0.0.1"
@@ -138,14 +210,15 @@ class FakeOpenAIServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     @property
-    def base_url(self) -> str:
-        return f"http://{self._host}:{self.port}/v1"
+    def origin(self) -> str:
+        return f"http://{self._host}:{self.port}"
 
-    def script(self, *responses: FakeResponse, path: str = CHAT_PATH) -> None:
+    def script(self, *responses: FakeResponse, path: str | None = None) -> None:
         """Queue `responses` for the next requests to `path` (then the default applies)."""
-        self._scripts.setdefault(path, deque()).extend(responses)
+        self._scripts.setdefault(path or self.default_path, deque()).extend(responses)
 
-    def count(self, path: str = CHAT_PATH) -> int:
+    def count(self, path: str | None = None) -> int:
+        path = path or self.default_path
         return sum(1 for r in self.requests if r.path == path)
 
     async def wait_for_requests(self, count: int = 1) -> None:
@@ -227,25 +300,18 @@ class FakeOpenAIServer:
             return False
         if response.latency:
             await asyncio.sleep(response.latency)
-        # Any ".../chat/completions" is served, so Azure-style deployment paths work too.
-        is_chat = path.endswith("/chat/completions")
-        is_embeddings = path.endswith("/embeddings")
-        if method != "POST" or not (is_chat or is_embeddings):
-            await self._send_json(writer, 404, {"error": {"message": "not found", "code": None}})
-            return True
-        if response.status >= 400:
-            await self._send_json(writer, response.status, response.body, response.headers)
-            return True
-        if payload is None or not isinstance(payload, dict):
-            await self._send_json(writer, 400, {"error": {"message": "bad json", "code": None}})
-            return True
-        if is_embeddings:
-            await self._send_json(writer, 200, self._embeddings(payload, response))
-            return True
-        if payload.get("stream"):
-            return await self._stream(writer, payload, response)
-        await self._send_json(writer, 200, self._completion(payload, response))
-        return True
+        return await self._handle(writer, method, path, payload, response)
+
+    async def _handle(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        payload: Any,
+        response: FakeResponse,
+    ) -> bool:
+        """Answer one request; False closes the connection."""
+        raise NotImplementedError
 
     async def _send_json(
         self,
@@ -264,8 +330,179 @@ class FakeOpenAIServer:
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + data)
         await writer.drain()
 
+    async def _send_events(
+        self,
+        writer: asyncio.StreamWriter,
+        response: FakeResponse,
+        events: list[str],
+        *,
+        error_event: str,
+        done_event: str,
+        first_content: int,
+    ) -> bool:
+        """Stream `events` (whole SSE events), injecting the response's faults: a cut after
+        `disconnect_after` events, `error_event` after `error_after` events, delays, and
+        `done_event` last unless omitted. `first_content` is the index of the first event with
+        content; `chunk_delay` separates the content events after it."""
+        stream = _Stream(writer)
+        await stream.open()
+        if response.first_chunk_delay:
+            await asyncio.sleep(response.first_chunk_delay)
+        if response.raw_lines is not None:
+            for line in response.raw_lines:
+                await stream.send(line + "\n")
+            await stream.close()
+            return True
+        for index, event in enumerate(events):
+            if response.disconnect_after is not None and index >= response.disconnect_after:
+                writer.transport.abort()
+                return False
+            if response.in_band_error is not None and index >= response.error_after:
+                await stream.send(error_event)
+                break
+            if index > first_content and response.chunk_delay:  # between content events
+                await asyncio.sleep(response.chunk_delay)
+            await stream.send(event)
+        else:
+            if response.disconnect_after is not None and response.disconnect_after <= len(events):
+                writer.transport.abort()
+                return False
+            if not response.omit_done:
+                await stream.send(done_event)
+        await stream.close()
+        return True
+
     def _model(self, payload: Mapping[str, Any], response: FakeResponse) -> str:
         return response.model or str(payload.get("model") or "fake-model")
+
+
+def _openai_error_type(status: int) -> str:
+    if status == 429:
+        return "requests"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+class FakeOpenAIServer(FakeServer):
+    """An OpenAI-compatible server: ``/v1/chat/completions`` (any ``.../chat/completions``,
+    so Azure-style deployment paths work too), ``/v1/embeddings`` and ``GET /v1/models``.
+
+    `base_url` is the ``/v1`` URL to give a client. `models` are the ids ``/v1/models``
+    lists. Streams send the usage chunk only when ``stream_options.include_usage`` asks for
+    it; ``n`` > 1 answers that many choices.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        default: FakeResponse | None = None,
+        host: str = "127.0.0.1",
+        models: Sequence[str] = ("fake-model",),
+    ) -> None:
+        super().__init__(port=port, default=default, host=host)
+        self.models = tuple(models)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    async def _handle(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        payload: Any,
+        response: FakeResponse,
+    ) -> bool:
+        is_chat = path.endswith("/chat/completions")
+        is_embeddings = path.endswith("/embeddings")
+        if path == MODELS_PATH or path.startswith(MODELS_PATH + "/"):
+            return await self._models(writer, method, path)
+        if method != "POST" or not (is_chat or is_embeddings):
+            await self._send_json(writer, 404, self._error_body(404, "not found", None, None))
+            return True
+        if response.status >= 400:
+            body = response.body
+            if body is None:
+                body = self._error_body(
+                    response.status,
+                    response.error_message,
+                    response.error_type,
+                    response.error_code,
+                )
+            await self._send_json(writer, response.status, body, response.headers)
+            return True
+        if payload is None or not isinstance(payload, dict):
+            await self._send_json(writer, 400, self._error_body(400, "bad json", None, None))
+            return True
+        if is_embeddings:
+            await self._send_json(writer, 200, self._embeddings(payload, response))
+            return True
+        if payload.get("stream"):
+            events = [f"data: {data}\n\n" for data in self._chunk_payloads(payload, response)]
+            error = "data: " + json.dumps({"error": dict(response.in_band_error or {})}) + "\n\n"
+            return await self._send_events(
+                writer,
+                response,
+                events,
+                error_event=error,
+                done_event="data: [DONE]\n\n",
+                first_content=1,
+            )
+        await self._send_json(writer, 200, self._completion(payload, response))
+        return True
+
+    @staticmethod
+    def _error_body(
+        status: int, message: str, type_: str | None, code: str | None
+    ) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": message,
+                "type": type_ or _openai_error_type(status),
+                "param": None,
+                "code": code,
+            }
+        }
+
+    async def _models(self, writer: asyncio.StreamWriter, method: str, path: str) -> bool:
+        if method != "GET":
+            await self._send_json(writer, 405, self._error_body(405, "use GET", None, None))
+            return True
+        entries = [
+            {"id": model, "object": "model", "created": 1700000000, "owned_by": "fake"}
+            for model in self.models
+        ]
+        wanted = path[len(MODELS_PATH) + 1 :]
+        if not wanted:
+            await self._send_json(writer, 200, {"object": "list", "data": entries})
+            return True
+        for entry in entries:
+            if entry["id"] == wanted:
+                await self._send_json(writer, 200, entry)
+                return True
+        body = self._error_body(404, "no such model", None, "model_not_found")
+        await self._send_json(writer, 404, body)
+        return True
+
+    @staticmethod
+    def _choices(payload: Mapping[str, Any]) -> int:
+        n = payload.get("n")
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
+
+    def _finish_reason(self, response: FakeResponse) -> str:
+        return response.stop_reason or ("tool_calls" if response.tool_calls else "stop")
+
+    def _usage(self, response: FakeResponse, choices: int) -> dict[str, int]:
+        prompt, completion = response.usage
+        completion *= choices
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
 
     def _completion(self, payload: Mapping[str, Any], response: FakeResponse) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": response.text or None}
@@ -274,23 +511,22 @@ class FakeOpenAIServer:
                 {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
                 for i, (n, a) in enumerate(response.tool_calls)
             ]
-        prompt, completion = response.usage
+        choices = self._choices(payload)
         return {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion",
+            "created": int(time.time()),
             "model": self._model(payload, response),
             "choices": [
                 {
-                    "index": 0,
+                    "index": index,
                     "message": message,
-                    "finish_reason": "tool_calls" if response.tool_calls else "stop",
+                    "logprobs": None,
+                    "finish_reason": self._finish_reason(response),
                 }
+                for index in range(choices)
             ],
-            "usage": {
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "total_tokens": prompt + completion,
-            },
+            "usage": self._usage(response, choices),
         }
 
     def _embeddings(self, payload: Mapping[str, Any], response: FakeResponse) -> dict[str, Any]:
@@ -314,87 +550,33 @@ class FakeOpenAIServer:
         base = {
             "id": f"chatcmpl-fake-{len(self.requests)}",
             "object": "chat.completion.chunk",
+            "created": int(time.time()),
             "model": self._model(payload, response),
         }
+        choices = self._choices(payload)
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            return json.dumps(
-                {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-            )
+        def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return json.dumps({**base, "choices": [choice]})
 
-        if response.chunks is not None:
-            pieces = list(response.chunks)
-        else:
-            words = response.text.split(" ")
-            pieces = [w + " " for w in words[:-1]] + [words[-1]] if response.text else []
-        out = [chunk({"role": "assistant", "content": ""})]
-        out += [chunk({"content": piece}) for piece in pieces]
-        for index, (name, arguments) in enumerate(response.tool_calls):
-            out.append(
-                chunk(
-                    {
-                        "tool_calls": [
-                            {
-                                "index": index,
-                                "id": f"call_{index}",
-                                "type": "function",
-                                "function": {"name": name, "arguments": ""},
-                            }
-                        ]
-                    }
-                )
-            )
-            size = max(1, -(-len(arguments) // max(1, response.tool_call_pieces)))
-            for start in range(0, len(arguments), size):
-                part = arguments[start : start + size]
-                out.append(
-                    chunk({"tool_calls": [{"index": index, "function": {"arguments": part}}]})
-                )
-        out.append(chunk({}, "tool_calls" if response.tool_calls else "stop"))
-        prompt, completion = response.usage
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        out.append(json.dumps({**base, "choices": [], "usage": usage}))
+        out: list[str] = []
+        # Choice by choice, each a chunk of its own (a client reads them by index).
+        for index in range(choices):
+            out.append(chunk(index, {"role": "assistant", "content": ""}))
+            out += [chunk(index, {"content": piece}) for piece in response.pieces()]
+            for call, (name, arguments) in enumerate(response.tool_calls):
+                start = {
+                    "index": call,
+                    "id": f"call_{call}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }
+                out.append(chunk(index, {"tool_calls": [start]}))
+                for part in response.argument_pieces(arguments):
+                    delta = {"index": call, "function": {"arguments": part}}
+                    out.append(chunk(index, {"tool_calls": [delta]}))
+            out.append(chunk(index, {}, self._finish_reason(response)))
+        options = payload.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            out.append(json.dumps({**base, "choices": [], "usage": self._usage(response, choices)}))
         return out
-
-    async def _stream(
-        self, writer: asyncio.StreamWriter, payload: Mapping[str, Any], response: FakeResponse
-    ) -> bool:
-        head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1"))
-        await writer.drain()
-        if response.first_chunk_delay:
-            await asyncio.sleep(response.first_chunk_delay)
-
-        async def send(text: str) -> None:
-            data = text.encode()
-            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            await writer.drain()
-
-        if response.raw_lines is not None:
-            for line in response.raw_lines:
-                await send(line + "\n")
-        else:
-            for index, data in enumerate(self._chunk_payloads(payload, response)):
-                if response.disconnect_after is not None and index >= response.disconnect_after:
-                    writer.transport.abort()
-                    return False
-                if response.in_band_error is not None and index >= response.error_after:
-                    await send(
-                        "data: " + json.dumps({"error": dict(response.in_band_error)}) + "\n\n"
-                    )
-                    break
-                if index > 1 and response.chunk_delay:  # between content events
-                    await asyncio.sleep(response.chunk_delay)
-                await send(f"data: {data}\n\n")
-            if not response.omit_done and response.in_band_error is None:
-                await send("data: [DONE]\n\n")
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return True

@@ -7,8 +7,8 @@ first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variab
 spans are exported over OTLP too.
 
 ``chat-pipeline ask --config FILE [--env NAME] "question"`` streams an answer from a
-pipeline built from TOML. ``chat-pipeline fake-server --port N`` serves a fake
-OpenAI-compatible API on 127.0.0.1.
+pipeline built from TOML. ``chat-pipeline fake-server --port N [--format anthropic]`` serves
+a fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -150,12 +150,18 @@ async def _ask(question: str, config: str, environment: str | None) -> int:
     return 0
 
 
-async def _fake_server(port: int) -> int:
-    from pipeline.testing import FakeOpenAIServer
+async def _fake_server(port: int, wire_format: str = "openai") -> int:
+    from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
 
-    server = FakeOpenAIServer(port=port)
-    await server.start()
-    print(f"fake OpenAI-compatible server on {server.base_url}", flush=True)
+    server: FakeOpenAIServer | FakeAnthropicServer
+    if wire_format == "anthropic":
+        server = FakeAnthropicServer(port=port)
+        await server.start()
+        print(f"fake Anthropic Messages server on {server.base_url}", flush=True)
+    else:
+        server = FakeOpenAIServer(port=port)
+        await server.start()
+        print(f"fake OpenAI-compatible server on {server.base_url}", flush=True)
     try:
         await asyncio.Event().wait()
     finally:
@@ -177,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fake-server", help="serve a fake OpenAI-compatible API on 127.0.0.1 until interrupted"
     )
     server.add_argument("--port", type=int, default=8765)
+    server.add_argument(
+        "--format",
+        choices=("openai", "anthropic"),
+        default="openai",
+        help="the wire format to speak (default: openai)",
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return asyncio.run(_demo(args.question, args.otlp))
@@ -184,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_ask(args.question, args.config, args.env))
     if args.command == "fake-server":
         try:
-            return asyncio.run(_fake_server(args.port))
+            return asyncio.run(_fake_server(args.port, args.format))
         except KeyboardInterrupt:
             return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits

@@ -16,14 +16,17 @@
         ├── AuthenticationError        AUTHENTICATION           401/403
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-`classify(exc)` maps any exception (ours, httpx's, or unknown) to a `FailureKind`. The
+`classify(exc)` maps any exception (ours, httpx2's, the old httpx's when the application
+already imported it, or unknown) to a `FailureKind`; `retry_after_of(exc)` reads the wait
+a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
 `is_failover_eligible` (those, an open circuit, and unknown failures). Request errors
 (invalid, too long, filtered, unauthenticated) are never retried nor failed over: another
 deployment would refuse them the same way.
 
 Messages never contain prompt text, response text or credentials: provider errors are
-built from status codes and provider error codes, never from echoed request bodies.
+built from status codes and provider error codes, never from echoed request bodies, and a
+provider's error code is kept only when it looks like one (letters, digits and ``_.-``).
 """
 
 from __future__ import annotations
@@ -31,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import math
+import re
+import sys
 import time
 from collections.abc import Callable
 from enum import StrEnum
 
-import httpx
+import httpx2
 
 __all__ = [
     "AuthenticationError",
@@ -58,6 +63,7 @@ __all__ = [
     "kind_for_status",
     "parse_retry_after",
     "provider_error",
+    "retry_after_of",
 ]
 
 
@@ -101,7 +107,8 @@ class ProviderError(ChatPipelineError):
     `kind` decides what the pipeline does next (see `FailureKind`); `status_code`,
     `retry_after` (seconds), `provider` and the provider's error `code` describe it; `url`
     is the endpoint called, without query string. The message is ours, never the
-    provider's body, so it cannot carry prompt text.
+    provider's body, so it cannot carry prompt text; a `code` that does not look like an
+    error code (letters, digits and ``_.-``) is dropped, from the message and from `.code` alike.
     """
 
     default_kind = FailureKind.UNKNOWN
@@ -121,7 +128,7 @@ class ProviderError(ChatPipelineError):
         self.status_code = status_code
         self.retry_after = retry_after
         self.provider = provider
-        self.code = code
+        self.code = code = _safe_code(code)
         self.url = url
         self.message = message or _describe(self.kind, status_code, code)
         super().__init__(self.message)
@@ -178,6 +185,18 @@ _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
         UnknownProviderError,
     )
 }
+
+
+_SAFE_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _safe_code(code: object) -> str | None:
+    """`code` if it looks like a machine-readable error code (letters, digits, ``_.-``, at
+    most 64 characters), else None: a provider's "code" could otherwise smuggle echoed
+    request text into messages, logs and spans."""
+    if type(code) is str and _SAFE_CODE.fullmatch(code):
+        return code
+    return None
 
 
 def _describe(kind: FailureKind, status_code: int | None, code: str | None) -> str:
@@ -259,20 +278,55 @@ def parse_retry_after(value: str | None, *, now: Callable[[], float] = time.time
 def classify(exc: BaseException) -> FailureKind:
     """Map any exception to a `FailureKind`.
 
-    Our `ProviderError`s carry their kind; httpx status errors map by status; timeouts,
-    connection failures and broken HTTP streams are transient; pybreaker's open-circuit
-    error is `CIRCUIT_OPEN`; everything else (including a stray `CancelledError` from a
-    client) is `UNKNOWN`.
+    Our `ProviderError`s carry their kind; httpx2 status errors map by status; its
+    transport errors (timeouts, refused or reset connections, broken HTTP) and any
+    `TimeoutError`/`ConnectionError` are transient. When the application already imported
+    the old ``httpx`` (this module never imports it), its errors map the same way.
+    pybreaker's open-circuit error is `CIRCUIT_OPEN`; everything else (including a stray
+    `CancelledError` from a client) is `UNKNOWN`.
     """
     if isinstance(exc, ProviderError):
         return exc.kind
-    if isinstance(exc, httpx.HTTPStatusError):
+    if isinstance(exc, httpx2.HTTPStatusError):
         return kind_for_status(exc.response.status_code)
-    if isinstance(exc, httpx.TransportError | TimeoutError | ConnectionError):
+    if isinstance(exc, httpx2.TransportError | TimeoutError | ConnectionError):
         return FailureKind.TRANSIENT
+    legacy = sys.modules.get("httpx")
+    if legacy is not None and legacy is not httpx2:
+        if isinstance(exc, legacy.HTTPStatusError):
+            return kind_for_status(exc.response.status_code)
+        if isinstance(exc, legacy.TransportError):
+            return FailureKind.TRANSIENT
     if _is_breaker_open(exc):
         return FailureKind.CIRCUIT_OPEN
     return FailureKind.UNKNOWN
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """Seconds the failure asks the caller to wait, or None when it does not say.
+
+    A `ProviderError`'s `retry_after`; otherwise the ``Retry-After`` header of the response
+    an HTTP status error carries: httpx2's, the old httpx's (when the application already
+    imported it), or any error whose ``response`` attribute is one of their responses (as
+    the official SDKs' status errors are); otherwise a non-negative number in the
+    exception's own ``retry_after`` attribute.
+    """
+    if isinstance(exc, ProviderError):
+        return exc.retry_after
+    response = getattr(exc, "response", None)
+    if response is not None and _is_http_response(response):
+        return parse_retry_after(response.headers.get("retry-after"))
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _is_http_response(value: object) -> bool:
+    if isinstance(value, httpx2.Response):
+        return True
+    legacy = sys.modules.get("httpx")
+    return legacy is not None and isinstance(value, legacy.Response)
 
 
 def _is_breaker_open(exc: BaseException) -> bool:

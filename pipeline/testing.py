@@ -20,6 +20,7 @@ of (messages, options) returning a step, for replies that depend on the request.
 `FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
 request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
 in-band errors, hangs), for testing real provider clients end to end.
+`FakeAnthropicServer` plays the same scripts in the Anthropic Messages format.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from pipeline._counting import CountWaiters
+from pipeline._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
 from pipeline._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
+    MODELS_PATH,
     FakeOpenAIServer,
     FakeResponse,
     RecordedRequest,
@@ -57,7 +60,10 @@ from pipeline.types import (
 __all__ = [
     "CHAT_PATH",
     "EMBEDDINGS_PATH",
+    "MESSAGES_PATH",
+    "MODELS_PATH",
     "Collected",
+    "FakeAnthropicServer",
     "FakeOpenAIServer",
     "FakeResponse",
     "RecordedRequest",

@@ -11,21 +11,31 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def fake_server_process() -> Iterator[str]:
+def fake_server_process(wire_format: str = "openai") -> Iterator[str]:
     """Yield the base URL of a fake server running in its own process; stop it after."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "fake-server",
+            "--port",
+            str(port),
+            "--format",
+            wire_format,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()  # printed once the server is listening
-        assert f"127.0.0.1:{port}/v1" in line, line
-        yield f"http://127.0.0.1:{port}/v1"
+        base_url = f"http://127.0.0.1:{port}" + ("/v1" if wire_format == "openai" else "")
+        assert line.rstrip().endswith(base_url), line
+        yield base_url
     finally:
         process.send_signal(signal.SIGINT)
         try:

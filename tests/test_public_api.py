@@ -43,6 +43,7 @@ SURFACES = {
         "current_budget",
     },
     "pipeline.providers": {
+        "AnthropicChatClient",
         "AzureOpenAIChatClient",
         "HashingEmbeddingGenerator",
         "OllamaChatClient",
@@ -53,7 +54,10 @@ SURFACES = {
         "CHAT_PATH",
         "Collected",
         "EMBEDDINGS_PATH",
+        "FakeAnthropicServer",
         "FakeOpenAIServer",
+        "MESSAGES_PATH",
+        "MODELS_PATH",
         "FakeResponse",
         "RecordedCall",
         "RecordedRequest",
@@ -87,6 +91,7 @@ SURFACES = {
         "kind_for_status",
         "parse_retry_after",
         "provider_error",
+        "retry_after_of",
     },
 }
 

@@ -13,7 +13,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
+from pipeline.providers._wire import (
+    error_from_payload,
+    int_or_none,
+    malformed,
+    parse_arguments,
+    str_or_none,
+    tool_result_text,
+    tool_spec,
+)
 from pipeline.types import (
     ChatMessage,
     ChatOptions,
@@ -29,40 +37,36 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "MAX_TOKENS_FIELDS",
     "StreamAssembler",
     "build_request",
-    "error_from_payload",
-    "malformed",
     "parse_response",
     "parse_usage",
 ]
 
-
-def malformed(provider: str, what: str) -> ProviderError:
-    """A provider sent something that is not the wire format."""
-    return provider_error(
-        FailureKind.UNKNOWN, f"malformed response: {what}", provider=provider, code="malformed"
-    )
+# Where a request says how many tokens to generate: OpenAI's current field, or the older one
+# that many compatible servers (llama.cpp, vLLM, Ollama, Azure's older API versions) read.
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 # -- requests ---------------------------------------------------------------------------------
 
 
 def _tool_definition(tool: Any) -> dict[str, Any]:
-    if isinstance(tool, Mapping):
+    spec = tool_spec(tool)
+    if spec is None:
         return dict(tool)
-    name = getattr(tool, "name", None)
-    if not isinstance(name, str):
-        raise TypeError(
-            f"tools must be OpenAI tool dicts or objects with a name, not {type(tool).__name__}"
-        )
-    parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
-    function: dict[str, Any] = {"name": name}
-    description = getattr(tool, "description", None)
-    if description:
-        function["description"] = description
-    function["parameters"] = parameters or {"type": "object", "properties": {}}
+    function: dict[str, Any] = {"name": spec.name}
+    if spec.description:
+        function["description"] = spec.description
+    function["parameters"] = spec.parameters
     return {"type": "function", "function": function}
+
+
+def _tool_choice(mode: str) -> Any:
+    if mode in ("auto", "none", "required"):
+        return mode
+    return {"type": "function", "function": {"name": mode}}  # one named tool
 
 
 def _data_url(content: DataContent) -> str:
@@ -72,22 +76,11 @@ def _data_url(content: DataContent) -> str:
     return f"data:{content.media_type or 'application/octet-stream'};base64,{encoded}"
 
 
-def _tool_result_text(content: FunctionResultContent) -> str:
-    if content.exception is not None and content.result is None:
-        return f"Error: {type(content.exception).__name__}"
-    if isinstance(content.result, str):
-        return content.result
-    try:
-        return json.dumps(content.result)
-    except (TypeError, ValueError):
-        return str(content.result)
-
-
 def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
     role = message.role.value
     if message.role is ChatRole.TOOL:
         return [
-            {"role": "tool", "tool_call_id": c.call_id, "content": _tool_result_text(c)}
+            {"role": "tool", "tool_call_id": c.call_id, "content": tool_result_text(c)}
             for c in message.contents
             if isinstance(c, FunctionResultContent)
         ]
@@ -147,7 +140,7 @@ def build_request(
     if options.tools:
         body["tools"] = [_tool_definition(t) for t in options.tools]
         if options.tool_mode is not None:
-            body["tool_choice"] = options.tool_mode
+            body["tool_choice"] = _tool_choice(options.tool_mode)
     if options.response_format is not None:
         body["response_format"] = _response_format(options.response_format)
     if options.reasoning_effort is not None:
@@ -172,74 +165,14 @@ def _response_format(value: Any) -> Any:
 # -- responses --------------------------------------------------------------------------------
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def parse_usage(value: Any) -> UsageDetails | None:
     if not isinstance(value, Mapping):
         return None
     return UsageDetails(
-        input_tokens=_int_or_none(value.get("prompt_tokens")),
-        output_tokens=_int_or_none(value.get("completion_tokens")),
-        total_tokens=_int_or_none(value.get("total_tokens")),
+        input_tokens=int_or_none(value.get("prompt_tokens")),
+        output_tokens=int_or_none(value.get("completion_tokens")),
+        total_tokens=int_or_none(value.get("total_tokens")),
     )
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-_IN_BAND_KINDS = {
-    "rate_limit_exceeded": FailureKind.RATE_LIMITED,
-    "rate_limit_error": FailureKind.RATE_LIMITED,
-    "server_error": FailureKind.TRANSIENT,
-    "overloaded_error": FailureKind.TRANSIENT,
-    "service_unavailable": FailureKind.TRANSIENT,
-    "context_length_exceeded": FailureKind.CONTEXT_LENGTH_EXCEEDED,
-    "content_filter": FailureKind.CONTENT_FILTERED,
-    "invalid_request_error": FailureKind.REQUEST_INVALID,
-    "authentication_error": FailureKind.AUTHENTICATION,
-}
-
-
-def error_from_payload(
-    error: Any, provider: str, *, status_code: int | None = None, url: str | None = None
-) -> ProviderError:
-    """A `ProviderError` from an error object (a body's or an in-band SSE ``error``).
-
-    Only the machine-readable `code` and `type` are used; the message is not copied, since
-    providers echo request content in it.
-    """
-    code = type_ = None
-    if isinstance(error, Mapping):
-        code = _str_or_none(error.get("code")) or None
-        type_ = _str_or_none(error.get("type")) or None
-    if status_code is not None:
-        kind = kind_for_status(status_code, code)
-    else:
-        kind = (
-            _IN_BAND_KINDS.get(code or "") or _IN_BAND_KINDS.get(type_ or "") or FailureKind.UNKNOWN
-        )
-    return provider_error(
-        kind, provider=provider, status_code=status_code, code=code or type_, url=url
-    )
-
-
-def _arguments(raw: Any, provider: str) -> dict[str, Any]:
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    if raw is None or raw == "":
-        return {}
-    if not isinstance(raw, str):
-        raise malformed(provider, "tool call arguments are neither a string nor an object")
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        raise malformed(provider, "tool call arguments are not valid JSON") from None
-    if not isinstance(value, dict):
-        raise malformed(provider, "tool call arguments are not a JSON object")
-    return value
 
 
 def _first_choice(payload: Mapping[str, Any], provider: str) -> Mapping[str, Any] | None:
@@ -283,16 +216,16 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
             raise malformed(provider, "a tool call has no function name")
         contents.append(
             FunctionCallContent(
-                call_id=_str_or_none(call.get("id")) or "",
+                call_id=str_or_none(call.get("id")) or "",
                 name=function["name"],
-                arguments=_arguments(function.get("arguments"), provider),
+                arguments=parse_arguments(function.get("arguments"), provider),
             )
         )
     return ChatResponse(
         messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
-        response_id=_str_or_none(payload.get("id")),
-        model_id=_str_or_none(payload.get("model")),
-        finish_reason=_str_or_none(choice.get("finish_reason")),
+        response_id=str_or_none(payload.get("id")),
+        model_id=str_or_none(payload.get("model")),
+        finish_reason=str_or_none(choice.get("finish_reason")),
         usage=parse_usage(payload.get("usage")),
     )
 
@@ -320,7 +253,7 @@ class StreamAssembler:
             FunctionCallContent(
                 call_id=pending.call_id,
                 name=pending.name,
-                arguments=_arguments("".join(pending.arguments), self.provider),
+                arguments=parse_arguments("".join(pending.arguments), self.provider),
             )
             for _, pending in sorted(self._calls.items())
         ]
@@ -338,6 +271,8 @@ class StreamAssembler:
         contents: list[Content] = []
         finish_reason = None
         choice = _first_choice(payload, self.provider)
+        if choice is not None and choice.get("index", 0):
+            choice = None  # another choice's chunk (n > 1): the response is choice 0
         if choice is not None:
             delta = choice.get("delta") or {}
             if type(delta) is not dict:
@@ -384,11 +319,18 @@ class StreamAssembler:
             if not isinstance(index, int) or isinstance(index, bool):
                 raise malformed(self.provider, "a tool call delta has no integer index")
             pending = self._calls.setdefault(index, _PendingCall())
-            pending.call_id = _str_or_none(delta.get("id")) or pending.call_id
+            pending.call_id = str_or_none(delta.get("id")) or pending.call_id
             function = delta.get("function") or {}
             if not isinstance(function, Mapping):
                 raise malformed(self.provider, "a tool call delta's function is not an object")
-            pending.name += _str_or_none(function.get("name")) or ""
+            name = str_or_none(function.get("name"))
+            if name:
+                # OpenAI sends the name once; some servers (llama-cpp-python) repeat the
+                # whole name in every delta: a repeat is not a continuation.
+                if name.startswith(pending.name) and pending.name:
+                    pending.name = name
+                elif name != pending.name:
+                    pending.name += name
             arguments = function.get("arguments")
             if arguments is not None:
                 if not isinstance(arguments, str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 
-import httpx
+import httpx2
 
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, OpenAIChatClient
 from pipeline.types import ChatOptions
@@ -36,11 +36,12 @@ class AzureOpenAIChatClient(OpenAIChatClient):
         api_version: str = "2024-10-21",
         api_key: str | None = None,
         token_provider: TokenProvider | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_tokens_field: str | None = None,
         name: str | None = None,
     ) -> None:
         if not deployment:
@@ -71,10 +72,11 @@ class AzureOpenAIChatClient(OpenAIChatClient):
             default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_tokens_field=max_tokens_field,
             name=name,
         )
 
-    def _chat_url(self) -> httpx.URL:
+    def _chat_url(self) -> httpx2.URL:
         return self._base_url.join("chat/completions").copy_merge_params(
             {"api-version": self.api_version}
         )

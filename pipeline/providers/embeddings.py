@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import httpx
+import httpx2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._chat_completions import malformed
 from pipeline.providers._http import endpoint, post_json
+from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
 __all__ = ["OpenAIEmbeddingGenerator"]
@@ -33,8 +33,8 @@ class OpenAIEmbeddingGenerator:
         *,
         api_key: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
-        http_client: httpx.AsyncClient | None = None,
-        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         batch_size: int = 256,
         dimensions: int | None = None,
     ) -> None:
@@ -49,10 +49,10 @@ class OpenAIEmbeddingGenerator:
         self.batch_size = batch_size
         self.dimensions = dimensions
         self._api_key = api_key
-        self._url = httpx.URL(base_url.rstrip("/") + "/embeddings")
+        self._url = httpx2.URL(base_url.rstrip("/") + "/embeddings")
         self._endpoint = endpoint(self._url)
         self._owns_http_client = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx2.AsyncClient(timeout=timeout)
 
     def __repr__(self) -> str:
         return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={self._endpoint!r})"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
+import httpx2
 
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, OpenAIChatClient
 
@@ -25,11 +25,12 @@ class OllamaChatClient(OpenAIChatClient):
         model: str,
         *,
         base_url: str = DEFAULT_OLLAMA_URL,
-        http_client: httpx.AsyncClient | None = None,
-        timeout: float | httpx.Timeout = _DEFAULT_TIMEOUT,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_tokens_field: str | None = None,
         name: str | None = None,
     ) -> None:
         super().__init__(
@@ -40,5 +41,6 @@ class OllamaChatClient(OpenAIChatClient):
             default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_tokens_field=max_tokens_field,
             name=name,
         )

@@ -2,7 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from pipeline.cli import DEMO_ANSWER, main
@@ -42,12 +42,25 @@ def test_module_entry_point_runs_the_demo() -> None:
 
 def test_fake_server_command_serves_until_interrupted() -> None:
     with fake_server_process() as base_url:
-        response = httpx.post(
+        response = httpx2.post(
             f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
             timeout=10,
         )
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
+
+
+def test_fake_server_command_speaks_the_anthropic_format() -> None:
+    with fake_server_process("anthropic") as base_url:
+        response = httpx2.post(
+            f"{base_url}/v1/messages",
+            json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-api-key": "k", "anthropic-version": "2023-06-01"},
+            timeout=10,
+        )
+        assert response.json()["content"] == [
+            {"type": "text", "text": "Hello from the fake server."}
+        ]
 
 
 def test_ask_uses_a_config_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
+import httpx2
 import pybreaker
 import pytest
 
@@ -25,6 +26,7 @@ from pipeline.errors import (
     kind_for_status,
     parse_retry_after,
     provider_error,
+    retry_after_of,
 )
 
 
@@ -84,10 +86,18 @@ def test_config_error_names_the_key_path() -> None:
     assert error.key_path == "routes.small.retry.max_attempts"
 
 
-def _status_error(status: int) -> httpx.HTTPStatusError:
+def _status_error(status: int, headers: dict[str, str] | None = None) -> httpx2.HTTPStatusError:
+    request = httpx2.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    return httpx2.HTTPStatusError(
+        "x", request=request, response=httpx2.Response(status, headers=headers, request=request)
+    )
+
+
+def _legacy_status_error(status: int, headers: dict[str, str] | None = None) -> Exception:
+    """The old httpx's error, as a user's own client raises it."""
     request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
     return httpx.HTTPStatusError(
-        "x", request=request, response=httpx.Response(status, request=request)
+        "x", request=request, response=httpx.Response(status, headers=headers, request=request)
     )
 
 
@@ -97,9 +107,15 @@ def _status_error(status: int) -> httpx.HTTPStatusError:
         (RateLimitedError(), FailureKind.RATE_LIMITED),
         (_status_error(503), FailureKind.TRANSIENT),
         (_status_error(401), FailureKind.AUTHENTICATION),
+        (httpx2.ConnectError("refused"), FailureKind.TRANSIENT),
+        (httpx2.ReadTimeout("slow"), FailureKind.TRANSIENT),
+        (httpx2.RemoteProtocolError("cut"), FailureKind.TRANSIENT),
+        (httpx2.SSEError("not an event stream"), FailureKind.TRANSIENT),
+        (_legacy_status_error(429), FailureKind.RATE_LIMITED),
+        (_legacy_status_error(500), FailureKind.TRANSIENT),
+        (_legacy_status_error(400), FailureKind.REQUEST_INVALID),
         (httpx.ConnectError("refused"), FailureKind.TRANSIENT),
         (httpx.ReadTimeout("slow"), FailureKind.TRANSIENT),
-        (httpx.RemoteProtocolError("cut"), FailureKind.TRANSIENT),
         (TimeoutError(), FailureKind.TRANSIENT),
         (ConnectionResetError(), FailureKind.TRANSIENT),
         (pybreaker.CircuitBreakerError("open"), FailureKind.CIRCUIT_OPEN),
@@ -154,3 +170,76 @@ def test_parse_retry_after_seconds_and_dates() -> None:
     assert parse_retry_after(later, now=now.timestamp) == pytest.approx(30.0)
     earlier = format_datetime(now - timedelta(seconds=30), usegmt=True)
     assert parse_retry_after(earlier, now=now.timestamp) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("exc", "seconds"),
+    [
+        (RateLimitedError(retry_after=4.0), 4.0),
+        (RateLimitedError(), None),
+        (_status_error(429, {"Retry-After": "3"}), 3.0),
+        (_status_error(503, {"Retry-After": "0.5"}), 0.5),
+        (_status_error(429), None),
+        (_status_error(429, {"Retry-After": "soon"}), None),
+        (_legacy_status_error(429, {"Retry-After": "2"}), 2.0),
+        (_legacy_status_error(429), None),
+        (httpx2.ConnectError("refused"), None),
+        (ValueError("?"), None),
+    ],
+)
+def test_retry_after_of_reads_any_status_error_with_a_response(
+    exc: BaseException, seconds: float | None
+) -> None:
+    assert retry_after_of(exc) == seconds
+
+
+def test_retry_after_of_reads_an_sdk_style_error_carrying_a_response() -> None:
+    class SDKStatusError(Exception):
+        def __init__(self, response: httpx2.Response) -> None:
+            super().__init__("rate limited")
+            self.response = response
+
+    response = httpx2.Response(429, headers={"retry-after": "6"})
+    assert retry_after_of(SDKStatusError(response)) == 6.0
+
+    class Hinted(Exception):
+        retry_after: object = 1.5
+
+    assert retry_after_of(Hinted()) == 1.5
+    Hinted.retry_after = -1
+    assert retry_after_of(Hinted()) is None
+    Hinted.retry_after = True
+    assert retry_after_of(Hinted()) is None
+
+
+def test_classification_never_imports_the_old_httpx() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pipeline.errors as e;"
+        "e.classify(ValueError()); e.retry_after_of(ValueError());"
+        "assert 'httpx' not in sys.modules, 'httpx imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("code", "kept"),
+    [
+        ("rate_limit_exceeded", "rate_limit_exceeded"),
+        ("500", "500"),
+        ("model.v2-x", "model.v2-x"),
+        ("CANARY prompt text echoed", None),
+        ("x" * 65, None),
+        ("", None),
+        ("bad\ncode", None),
+    ],
+)
+def test_only_safe_codes_reach_the_message(code: str, kept: str | None) -> None:
+    error = provider_error(FailureKind.TRANSIENT, status_code=500, code=code, provider="p")
+    assert error.code == kept
+    if kept is None:
+        assert str(error) == "p: transient (HTTP 500)"
+    else:
+        assert str(error) == f"p: transient (HTTP 500, code {kept})"

@@ -136,3 +136,24 @@ async def test_bad_input_is_rejected(streaming: bool) -> None:
                 pass
         else:
             await client.get_response(None)  # type: ignore[arg-type]
+
+
+def test_the_fake_servers_import_numpy_only_when_embedding() -> None:
+    import ast
+    import inspect
+
+    import pipeline._fake_anthropic
+    import pipeline._fake_server
+
+    for module in (pipeline._fake_server, pipeline._fake_anthropic):
+        tree = ast.parse(inspect.getsource(module))
+        top_level = [
+            alias.name
+            for node in tree.body
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        ]
+        modules = [
+            node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
+        ]
+        assert not any(name.startswith("numpy") for name in top_level + modules), module

@@ -1,4 +1,4 @@
-import httpx
+import httpx2
 import numpy as np
 import pytest
 
@@ -44,8 +44,8 @@ async def test_errors_are_provider_errors() -> None:
     ],
 )
 async def test_malformed_embeddings(body: object) -> None:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=body))
-    async with httpx.AsyncClient(transport=transport) as http:
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, json=body))
+    async with httpx2.AsyncClient(transport=transport) as http:
         generator = OpenAIEmbeddingGenerator(
             "e", base_url="http://127.0.0.1:1/v1", http_client=http
         )

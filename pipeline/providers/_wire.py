@@ -1,0 +1,180 @@
+"""What both wire formats (Chat Completions and Anthropic Messages) read and write alike.
+
+Pure functions, no I/O. Anything a provider sends that does not fit raises a
+`ProviderError` saying what was wrong, never a `KeyError` or `JSONDecodeError`, and never
+quoting the payload (it may hold prompt text).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
+from pipeline.types import FunctionResultContent
+
+__all__ = [
+    "ToolSpec",
+    "error_from_payload",
+    "int_or_none",
+    "malformed",
+    "parse_arguments",
+    "str_or_none",
+    "tool_result_text",
+    "tool_spec",
+]
+
+
+def malformed(provider: str, what: str) -> ProviderError:
+    """A provider sent something that is not the wire format."""
+    return provider_error(
+        FailureKind.UNKNOWN, f"malformed response: {what}", provider=provider, code="malformed"
+    )
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+# Error `code`s and `type`s of both formats, for errors that come without an HTTP status
+# (in-band stream errors). With a status, the status decides (refined by the code).
+_IN_BAND_KINDS = {
+    "rate_limit_exceeded": FailureKind.RATE_LIMITED,
+    "rate_limit_error": FailureKind.RATE_LIMITED,
+    "server_error": FailureKind.TRANSIENT,
+    "api_error": FailureKind.TRANSIENT,
+    "overloaded_error": FailureKind.TRANSIENT,
+    "service_unavailable": FailureKind.TRANSIENT,
+    "timeout_error": FailureKind.TRANSIENT,
+    "context_length_exceeded": FailureKind.CONTEXT_LENGTH_EXCEEDED,
+    "content_filter": FailureKind.CONTENT_FILTERED,
+    "invalid_request_error": FailureKind.REQUEST_INVALID,
+    "not_found_error": FailureKind.REQUEST_INVALID,
+    "request_too_large": FailureKind.REQUEST_INVALID,
+    "authentication_error": FailureKind.AUTHENTICATION,
+    "permission_error": FailureKind.AUTHENTICATION,
+}
+
+# How providers begin the message of a request-invalid error that means the prompt does not
+# fit (Anthropic: "prompt is too long: ..."; OpenAI-compatible servers without a code:
+# "This model's maximum context length is ..."). Only the start is compared, and the
+# message is never copied anywhere.
+_CONTEXT_MESSAGES = ("prompt is too long", "this model's maximum context length")
+
+
+def _status_of(code: Any) -> int | None:
+    """An HTTP status sent as an error code (LiteLLM sends ``"code": "500"``)."""
+    if isinstance(code, str) and code.isdigit() and len(code) == 3:
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+        return code
+    return None
+
+
+def error_from_payload(
+    error: Any, provider: str, *, status_code: int | None = None, url: str | None = None
+) -> ProviderError:
+    """A `ProviderError` from an error object: a body's ``error`` or an in-band one, in
+    either format (``{"code", "type", "message"}`` or Anthropic's ``{"type", "message"}``).
+
+    Only the machine-readable `code` and `type` are kept; the message is looked at only to
+    recognize a prompt that is too long, and never copied, since providers echo request
+    content in it. Without an HTTP status, a numeric code is looked up as one.
+    """
+    code: Any = None
+    type_ = message = None
+    if isinstance(error, Mapping):
+        code = error.get("code")
+        type_ = str_or_none(error.get("type")) or None
+        message = str_or_none(error.get("message"))
+    numeric = _status_of(code)
+    code_text = str(code) if isinstance(code, str | int) and not isinstance(code, bool) else None
+    code_text = code_text or None
+    # A numeric code is a status, not a name: the type refines it instead.
+    name = type_ if numeric is not None else (code_text or type_)
+    if (
+        message is not None
+        and type_ in (None, "invalid_request_error")
+        and message[:40].lower().startswith(_CONTEXT_MESSAGES)
+    ):
+        kind = FailureKind.CONTEXT_LENGTH_EXCEEDED
+    elif status_code is not None or numeric is not None:
+        kind = kind_for_status(status_code or numeric or 0, name)
+    else:
+        kind = (
+            _IN_BAND_KINDS.get(code_text or "")
+            or _IN_BAND_KINDS.get(type_ or "")
+            or FailureKind.UNKNOWN
+        )
+    return provider_error(
+        kind, provider=provider, status_code=status_code, code=code_text or type_, url=url
+    )
+
+
+# -- tools ------------------------------------------------------------------------------------
+
+
+class ToolSpec:
+    """A tool's name, description and JSON schema, however the caller described it."""
+
+    __slots__ = ("description", "name", "parameters")
+
+    def __init__(self, name: str, description: str | None, parameters: dict[str, Any]) -> None:
+        self.name = name
+        self.description = description
+        self.parameters = parameters
+
+
+def tool_spec(tool: Any) -> ToolSpec | None:
+    """Read a tool object (a `Tool` or anything with `name`, `description` and `parameters`
+    or `json_schema`). Mappings return None: each format passes its own dicts through."""
+    if isinstance(tool, Mapping):
+        return None
+    name = getattr(tool, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"tools must be tool dicts or objects with a name, not {type(tool).__name__}"
+        )
+    parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
+    description = getattr(tool, "description", None)
+    return ToolSpec(
+        name,
+        description if isinstance(description, str) and description else None,
+        dict(parameters) if parameters else {"type": "object", "properties": {}},
+    )
+
+
+def tool_result_text(content: FunctionResultContent) -> str:
+    """A tool result as the text a model reads (an exception names only its type)."""
+    if content.exception is not None and content.result is None:
+        return f"Error: {type(content.exception).__name__}"
+    if isinstance(content.result, str):
+        return content.result
+    try:
+        return json.dumps(content.result)
+    except (TypeError, ValueError):
+        return str(content.result)
+
+
+def parse_arguments(raw: Any, provider: str) -> dict[str, Any]:
+    """Tool call arguments (a JSON object, as a string or decoded) as a dict."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    if raw is None or raw == "":
+        return {}
+    if not isinstance(raw, str):
+        raise malformed(provider, "tool call arguments are neither a string nor an object")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        raise malformed(provider, "tool call arguments are not valid JSON") from None
+    if not isinstance(value, dict):
+        raise malformed(provider, "tool call arguments are not a JSON object")
+    return value

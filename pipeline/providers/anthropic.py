@@ -1,0 +1,119 @@
+"""`AnthropicChatClient`: the Anthropic Messages API over httpx2.
+
+Failure boundaries, for `get_response` and `get_streaming_response` alike, are those of
+every HTTP provider here (see `pipeline.providers.openai`), on this API's wire:
+
+* HTTP error statuses become `ProviderError`s of the matching kind, with `status_code`,
+  `retry_after` (``retry-after``) and the error ``type`` as `code`: ``rate_limit_error``
+  (429) is `RATE_LIMITED`; ``overloaded_error`` (529) and ``api_error`` (500) are
+  `TRANSIENT`; ``invalid_request_error`` is `REQUEST_INVALID`, except "prompt is too long",
+  which is `CONTEXT_LENGTH_EXCEEDED`; ``authentication_error`` and ``permission_error`` are
+  `AUTHENTICATION`; ``not_found_error`` and ``request_too_large`` are `REQUEST_INVALID`;
+  connection failures, timeouts and resets are `TRANSIENT`;
+* an in-band ``event: error`` on a 200 stream becomes a `ProviderError` of its type's kind:
+  before any content it is a pre-output failure a router may fail over; after content it is
+  terminal;
+* no first event within `first_chunk_timeout` is a transient (pre-output) failure; no event
+  (``ping`` included) within `stream_idle_timeout` is transient;
+* a stream that ends without ``message_stop`` is transient; malformed SSE or JSON is a
+  `ProviderError` (kind `UNKNOWN`, code ``malformed``), never a `KeyError`;
+* error messages never contain the provider's body, prompt text or the API key.
+
+Stop reasons become the finish reasons other clients report: ``end_turn`` and
+``stop_sequence`` -> ``stop``, ``max_tokens`` -> ``length``, ``tool_use`` -> ``tool_calls``,
+``refusal`` -> ``content_filter``. Input tokens include prompt-cache writes and reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+
+from pipeline.client import check_options
+from pipeline.providers._base import HTTPChatClient, StreamReader
+from pipeline.providers._http import DEFAULT_TIMEOUT
+from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+
+__all__ = ["DEFAULT_ANTHROPIC_URL", "AnthropicChatClient"]
+
+DEFAULT_ANTHROPIC_URL = "https://api.anthropic.com"
+
+
+class AnthropicChatClient(HTTPChatClient):
+    """A Messages API client. See the module docstring for its failure boundaries.
+
+    The API key comes from `api_key` or ``ANTHROPIC_API_KEY``; it is required only for the
+    default endpoint and never appears in `repr`, errors, logs or telemetry. `base_url` is
+    the server's root (requests go to ``{base_url}/v1/messages``). A given `http_client`
+    (an ``httpx2.AsyncClient``) is used as is and left open; otherwise the client owns one.
+    `max_tokens` is sent when `ChatOptions.max_output_tokens` is not set: the API requires
+    a limit on every request.
+    """
+
+    provider_name = "anthropic"
+    api_key_env = "ANTHROPIC_API_KEY"
+    default_base_url = DEFAULT_ANTHROPIC_URL
+    stream_end_type = "message_stop"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str = DEFAULT_ANTHROPIC_URL,
+        http_client: httpx2.AsyncClient | None = None,
+        timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
+        max_tokens: int = 1024,
+        anthropic_version: str = "2023-06-01",
+        default_headers: Mapping[str, str] | None = None,
+        first_chunk_timeout: float | None = None,
+        stream_idle_timeout: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError("model must be a non-empty string")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError("max_tokens must be a positive int (the API requires a limit)")
+        if not isinstance(anthropic_version, str) or not anthropic_version:
+            raise ValueError("anthropic_version must be a non-empty string, e.g. '2023-06-01'")
+        self.max_tokens = max_tokens
+        self.anthropic_version = anthropic_version
+        headers = {"anthropic-version": anthropic_version, **(default_headers or {})}
+        super().__init__(
+            model,
+            api_key=api_key,
+            base_url=base_url,
+            http_client=http_client,
+            timeout=timeout,
+            headers=headers,
+            first_chunk_timeout=first_chunk_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+            name=name,
+        )
+
+    def _chat_url(self) -> httpx2.URL:
+        return self._base_url.join("v1/messages")
+
+    def _static_auth_headers(self) -> dict[str, str]:
+        return {"x-api-key": self._api_key} if self._api_key else {}
+
+    def _body(
+        self, messages: Messages, options: ChatOptions | None, stream: bool
+    ) -> dict[str, Any]:
+        options = check_options(options)
+        return build_request(
+            as_messages(messages),
+            options,
+            model=(options.model_id if options else None) or self.model or "",
+            max_tokens=self.max_tokens,
+            stream=stream,
+        )
+
+    def _parse_response(self, payload: Any) -> ChatResponse:
+        return parse_response(payload, self.provider_name)
+
+    def _stream_reader(self) -> StreamReader:
+        return MessagesStreamReader(self.provider_name)

@@ -1,0 +1,305 @@
+"""The official SDKs, validating their response types strictly, as clients of the fake
+servers: every success is accepted and every error shape maps to the SDK's own exception."""
+
+from collections.abc import AsyncIterator
+
+import anthropic
+import openai
+import pytest
+
+from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+
+ARGUMENTS = '{"city": "Oslo", "days": 3}'
+
+
+@pytest.fixture
+async def oai() -> AsyncIterator[tuple[FakeOpenAIServer, openai.AsyncOpenAI]]:
+    async with FakeOpenAIServer(models=("fake-model", "fake-small")) as server:
+        sdk = openai.AsyncOpenAI(
+            api_key="sk-test",
+            base_url=server.base_url,
+            max_retries=0,
+            _strict_response_validation=True,
+        )
+        yield server, sdk
+        await sdk.close()
+
+
+@pytest.fixture
+async def ant() -> AsyncIterator[tuple[FakeAnthropicServer, anthropic.AsyncAnthropic]]:
+    async with FakeAnthropicServer() as server:
+        sdk = anthropic.AsyncAnthropic(
+            api_key="sk-ant-test",
+            base_url=server.base_url,
+            max_retries=0,
+            _strict_response_validation=True,
+        )
+        yield server, sdk
+        await sdk.close()
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+# -- OpenAI -----------------------------------------------------------------------------------
+
+
+async def test_openai_completion_is_strictly_valid(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    server.script(FakeResponse(text="one two", usage=(3, 2)))
+    completion = await sdk.chat.completions.create(model="fake-model", messages=HI)
+    assert completion.choices[0].message.content == "one two"
+    assert completion.choices[0].finish_reason == "stop"
+    assert completion.created > 0 and completion.object == "chat.completion"
+    assert completion.usage is not None and completion.usage.total_tokens == 5
+
+
+async def test_openai_tool_calls_and_n_choices(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    server.script(FakeResponse(text="", tool_calls=[("get_weather", ARGUMENTS)]))
+    completion = await sdk.chat.completions.create(model="fake-model", messages=HI, n=2)
+    assert [c.index for c in completion.choices] == [0, 1]
+    for choice in completion.choices:
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls or []
+        assert call.type == "function"
+        assert (call.function.name, call.function.arguments) == ("get_weather", ARGUMENTS)
+
+
+async def test_openai_stream_sends_usage_only_when_asked(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    _server, sdk = oai
+    stream = await sdk.chat.completions.create(model="fake-model", messages=HI, stream=True)
+    chunks = [chunk async for chunk in stream]
+    assert all(chunk.usage is None and chunk.choices for chunk in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == (
+        "Hello from the fake server."
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    stream = await sdk.chat.completions.create(
+        model="fake-model",
+        messages=HI,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert [c for c in chunks if c.usage is not None] == [chunks[-1]]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 7
+
+
+async def test_openai_stream_of_two_choices_and_tool_calls(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    server.script(FakeResponse(text="a b", tool_calls=[("f", ARGUMENTS)], tool_call_pieces=4))
+    stream = await sdk.chat.completions.create(model="fake-model", messages=HI, stream=True, n=2)
+    text: dict[int, str] = {0: "", 1: ""}
+    arguments: dict[int, str] = {0: "", 1: ""}
+    finish: dict[int, str | None] = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                arguments[choice.index] += (call.function and call.function.arguments) or ""
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    assert text == {0: "a b", 1: "a b"}
+    assert arguments == {0: ARGUMENTS, 1: ARGUMENTS}
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+
+
+async def test_openai_models_and_embeddings(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    _, sdk = oai
+    assert [m.id async for m in sdk.models.list()] == ["fake-model", "fake-small"]
+    assert (await sdk.models.retrieve("fake-small")).owned_by == "fake"
+    with pytest.raises(openai.NotFoundError) as caught:
+        await sdk.models.retrieve("nope")
+    assert caught.value.code == "model_not_found"
+    embedded = await sdk.embeddings.create(model="e", input=["a", "b"])
+    assert [len(item.embedding) for item in embedded.data] == [8, 8]
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "type_"),
+    [
+        (400, openai.BadRequestError, "invalid_request_error"),
+        (401, openai.AuthenticationError, "invalid_request_error"),
+        (403, openai.PermissionDeniedError, "invalid_request_error"),
+        (404, openai.NotFoundError, "invalid_request_error"),
+        (409, openai.ConflictError, "invalid_request_error"),
+        (422, openai.UnprocessableEntityError, "invalid_request_error"),
+        (429, openai.RateLimitError, "requests"),
+        (500, openai.InternalServerError, "server_error"),
+        (503, openai.InternalServerError, "server_error"),
+    ],
+)
+async def test_openai_error_statuses_map_to_sdk_exceptions(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+    status: int,
+    error: type[openai.APIStatusError],
+    type_: str,
+    streaming: bool,
+) -> None:
+    server, sdk = oai
+    server.script(FakeResponse.error(status, code="some_code", message="m", retry_after="2"))
+    with pytest.raises(error) as caught:
+        await sdk.chat.completions.create(model="fake-model", messages=HI, stream=streaming)
+    assert type(caught.value) is error
+    assert caught.value.status_code == status
+    assert (caught.value.type, caught.value.code, caught.value.param) == (
+        type_,
+        "some_code",
+        None,
+    )
+    assert caught.value.body == {"message": "m", "type": type_, "param": None, "code": "some_code"}
+    assert caught.value.response.headers["retry-after"] == "2"
+
+
+async def test_openai_in_band_error_is_an_sdk_api_error(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    error = {"message": "boom", "type": "server_error", "param": None, "code": "500"}
+    server.script(FakeResponse(in_band_error=error, error_after=2))
+    stream = await sdk.chat.completions.create(model="fake-model", messages=HI, stream=True)
+    received = []
+    with pytest.raises(openai.APIError) as caught:
+        async for chunk in stream:
+            received.append(chunk)
+    assert len(received) == 2
+    assert caught.value.message == "boom" and caught.value.code == "500"
+
+
+# -- Anthropic --------------------------------------------------------------------------------
+
+
+async def test_anthropic_message_is_strictly_valid(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic],
+) -> None:
+    server, sdk = ant
+    server.script(
+        FakeResponse(
+            text="one two",
+            tool_calls=[("get_weather", ARGUMENTS)],
+            usage=(11, 4),
+            cache_usage=(2, 3),
+        )
+    )
+    message = await sdk.messages.create(model="claude-fake", max_tokens=64, messages=HI)
+    assert message.stop_reason == "tool_use" and message.model == "claude-fake"
+    text, tool = message.content
+    assert text.type == "text" and text.text == "one two"
+    assert tool.type == "tool_use" and tool.name == "get_weather"
+    assert tool.input == {"city": "Oslo", "days": 3}
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (11, 4)
+    assert message.usage.cache_creation_input_tokens == 2
+    assert message.usage.cache_read_input_tokens == 3
+    headers = server.requests[0].headers
+    assert "sk-ant-test" in (headers.get("x-api-key"), headers.get("authorization", "")[7:])
+
+
+@pytest.mark.parametrize("stop_reason", ["end_turn", "max_tokens", "stop_sequence", "refusal"])
+async def test_anthropic_stream_accumulates_to_the_final_message(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic], stop_reason: str
+) -> None:
+    server, sdk = ant
+    server.script(
+        FakeResponse(
+            text="a b c", tool_calls=[("f", ARGUMENTS)], stop_reason=stop_reason, usage=(5, 9)
+        )
+    )
+    async with sdk.messages.stream(model="claude-fake", max_tokens=64, messages=HI) as stream:
+        texts = [text async for text in stream.text_stream]
+        message = await stream.get_final_message()
+    assert texts == ["a ", "b ", "c"]
+    assert message.stop_reason == stop_reason
+    assert [block.type for block in message.content] == ["text", "tool_use"]
+    assert message.content[1].input == {"city": "Oslo", "days": 3}  # type: ignore[union-attr]
+    assert message.usage.output_tokens == 9
+
+
+async def test_anthropic_raw_stream_events_in_order(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic],
+) -> None:
+    server, sdk = ant
+    server.script(FakeResponse(text="x y"))
+    stream = await sdk.messages.create(model="claude-fake", max_tokens=64, messages=HI, stream=True)
+    kinds = [event.type async for event in stream]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]  # the SDK drops pings
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "type_"),
+    [
+        (400, anthropic.BadRequestError, "invalid_request_error"),
+        (401, anthropic.AuthenticationError, "authentication_error"),
+        (403, anthropic.PermissionDeniedError, "permission_error"),
+        (404, anthropic.NotFoundError, "not_found_error"),
+        (413, anthropic.ContentTooLargeError, "request_too_large"),
+        (429, anthropic.RateLimitError, "rate_limit_error"),
+        (500, anthropic.InternalServerError, "api_error"),
+        (529, anthropic.OverloadedError, "overloaded_error"),
+    ],
+)
+async def test_anthropic_error_statuses_map_to_sdk_exceptions(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic],
+    status: int,
+    error: type[anthropic.APIStatusError],
+    type_: str,
+    streaming: bool,
+) -> None:
+    server, sdk = ant
+    server.script(FakeResponse.error(status, message="m", retry_after="4"))
+    with pytest.raises(error) as caught:
+        await sdk.messages.create(model="claude-fake", max_tokens=64, messages=HI, stream=streaming)
+    assert type(caught.value) is error
+    assert caught.value.status_code == status
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["error"] == {"type": type_, "message": "m"}
+    assert caught.value.response.headers["retry-after"] == "4"
+    assert caught.value.request_id == "req_fake_1"
+
+
+async def test_anthropic_in_band_error_event_is_an_sdk_status_error(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic],
+) -> None:
+    server, sdk = ant
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    server.script(FakeResponse(text="a b c", in_band_error=error, error_after=4))
+    stream = await sdk.messages.create(model="claude-fake", max_tokens=64, messages=HI, stream=True)
+    kinds = []
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        async for event in stream:
+            kinds.append(event.type)
+    assert kinds == ["message_start", "content_block_start", "content_block_delta"]
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["error"] == error
+
+
+async def test_anthropic_requires_its_headers(
+    ant: tuple[FakeAnthropicServer, anthropic.AsyncAnthropic],
+) -> None:
+    server, sdk = ant
+    with pytest.raises(anthropic.BadRequestError):
+        await sdk.messages.create(
+            model="claude-fake",
+            max_tokens=64,
+            messages=HI,
+            extra_headers={"anthropic-version": anthropic.Omit()},
+        )
+    assert server.count() == 1

@@ -41,7 +41,6 @@ CITY_TOOL = {
         },
     },
 }
-FORCE_CITY_TOOL = {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
 
 
 def llama_client(server: LlamaServer, **options: Any) -> CountingClient:
@@ -97,7 +96,7 @@ async def test_forced_tool_call(llama_server: LlamaServer, streaming: bool) -> N
         tools=[CITY_TOOL],
         temperature=0.0,
         max_output_tokens=64,
-        additional_properties=dict(FORCE_CITY_TOOL),
+        tool_mode="get_weather",  # sent as a tool_choice naming the function
     )
     async with chat:
         result = await collect(chat, "Weather in Paris?", options, streaming=streaming)

@@ -85,8 +85,8 @@ async def test_mock_text(litellm_proxy: Proxy, streaming: bool) -> None:
     # LiteLLM's mock usage differs by call shape (fixed numbers vs counted tokens).
     assert_consistent_usage(result.response.usage)
     assert chat.calls == 1
-    if streaming:  # LiteLLM streams a mock answer three characters at a time
-        assert len([u for u in result.updates if u.text]) == -(-len(MOCK_TEXT) // 3)
+    if streaming:  # LiteLLM streams a mock answer in pieces of a few characters
+        assert len([u for u in result.updates if u.text]) > 1
 
 
 async def test_mock_tool_call_non_streaming(litellm_proxy: Proxy) -> None:
@@ -273,8 +273,12 @@ async def test_pipeline_retry_failover_and_breaker(
         ]
         * 3
     )
-    attempt_a3 = otel.attempt_spans()[4]
-    assert attempt_a3.status.description is None or "circuit" in attempt_a3.status.description
+    errors_of_a = [
+        (span.attributes or {}).get("error.type")
+        for span in otel.attempt_spans()
+        if (span.attributes or {}).get("ai.route.name") == "a"
+    ]
+    assert errors_of_a == ["TransientProviderError", "TransientProviderError", "CircuitOpenError"]
     assert all(CANARY not in text for text in otel.everything_exported())
 
 

@@ -16,11 +16,14 @@ import json
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from tests.compat.servers import (
+    MOCK_MODELS,
+    UPSTREAM_MODEL,
+    LlamaServer,
+    Proxy,
     ThreadedFakeServer,
     free_port,
     python_module_argv,
@@ -32,31 +35,6 @@ from tests.compat.tiny_gguf import write_tiny_llama
 # Startup budgets: LiteLLM imports for tens of seconds on a 2-core machine.
 LITELLM_START_TIMEOUT = 240.0
 LLAMA_START_TIMEOUT = 120.0
-
-# Mock models of the LiteLLM proxy. The strings LiteLLM's mock_response turns into errors
-# are its own: "litellm.RateLimitError" (429), "litellm.InternalServerError" (500),
-# "litellm.ContextWindowExceededError" (400), "Exception: content_filter_policy" (400) and
-# "Exception: mock_streaming_error" (529).
-MOCK_TEXT = "Hello from LiteLLM."
-MOCK_MODELS: dict[str, dict[str, object]] = {
-    "mock-text": {"mock_response": MOCK_TEXT},
-    "mock-tools": {
-        "mock_response": "",
-        "mock_tool_calls": [
-            {
-                "id": "call_mock_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            }
-        ],
-    },
-    "mock-429": {"mock_response": "litellm.RateLimitError"},
-    "mock-500": {"mock_response": "litellm.InternalServerError"},
-    "mock-context-window": {"mock_response": "litellm.ContextWindowExceededError"},
-    "mock-content-filter": {"mock_response": "Exception: content_filter_policy"},
-    "mock-529": {"mock_response": "Exception: mock_streaming_error"},
-}
-UPSTREAM_MODEL = "upstream"
 
 # Keep LiteLLM off the network: local copies of its cost map and other remote data, no
 # .env loading (PRODUCTION mode), no database.
@@ -70,18 +48,6 @@ _LITELLM_ENV = {
     "LITELLM_LOG": "ERROR",
 }
 _DROPPED_ENV = ("DATABASE_URL", "LITELLM_MASTER_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL")
-
-
-@dataclass(frozen=True)
-class Proxy:
-    base_url: str
-    api_key: str
-
-
-@dataclass(frozen=True)
-class LlamaServer:
-    base_url: str
-    model: str
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:

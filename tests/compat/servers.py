@@ -1,4 +1,5 @@
-"""Start and stop the real third-party servers of the compatibility suite, on 127.0.0.1.
+"""The real third-party servers of the compatibility suite: what they serve, and how they
+are started and stopped on 127.0.0.1.
 
 Each server runs as a child process of the test session, on a free loopback port, with its
 output in a log file (never a pipe that could fill and stall it). Readiness is polled on
@@ -23,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,6 +38,44 @@ INSTALL_HINT = (
     "install the compatibility suite's servers with: .venv/bin/pip install -e '.[compat]' "
     "(.ci/run does this), or deselect the suite with: pytest -m 'not compat'"
 )
+
+
+# Mock models of the LiteLLM proxy. The strings LiteLLM's mock_response turns into errors
+# are its own: "litellm.RateLimitError" (429), "litellm.InternalServerError" (500),
+# "litellm.ContextWindowExceededError" (400), "Exception: content_filter_policy" (400) and
+# "Exception: mock_streaming_error" (529).
+MOCK_TEXT = "Hello from LiteLLM."
+MOCK_MODELS: dict[str, dict[str, object]] = {
+    "mock-text": {"mock_response": MOCK_TEXT},
+    "mock-tools": {
+        "mock_response": "",
+        "mock_tool_calls": [
+            {
+                "id": "call_mock_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    "mock-429": {"mock_response": "litellm.RateLimitError"},
+    "mock-500": {"mock_response": "litellm.InternalServerError"},
+    "mock-context-window": {"mock_response": "litellm.ContextWindowExceededError"},
+    "mock-content-filter": {"mock_response": "Exception: content_filter_policy"},
+    "mock-529": {"mock_response": "Exception: mock_streaming_error"},
+}
+UPSTREAM_MODEL = "upstream"
+
+
+@dataclass(frozen=True)
+class Proxy:
+    base_url: str
+    api_key: str
+
+
+@dataclass(frozen=True)
+class LlamaServer:
+    base_url: str
+    model: str
 
 
 def require_module(module: str, what: str) -> None:

@@ -28,7 +28,6 @@ from pipeline.errors import (
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeResponse, collect
 from pipeline.types import ChatOptions, FunctionCallContent, UsageDetails
-from tests.compat.conftest import MOCK_TEXT, UPSTREAM_MODEL, Proxy
 from tests.compat.helpers import (
     CountingClient,
     Sleeps,
@@ -37,7 +36,7 @@ from tests.compat.helpers import (
     outcomes,
     resilient,
 )
-from tests.compat.servers import ThreadedFakeServer
+from tests.compat.servers import MOCK_TEXT, UPSTREAM_MODEL, Proxy, ThreadedFakeServer
 from tests.otel import Otel
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(300)]

@@ -22,8 +22,8 @@ from pipeline import ChatPipeline
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import collect
 from pipeline.types import ChatOptions
-from tests.compat.conftest import MOCK_TEXT, LlamaServer, Proxy
 from tests.compat.helpers import CountingClient, Sleeps, function_calls, outcomes, resilient
+from tests.compat.servers import MOCK_TEXT, LlamaServer, Proxy
 from tests.compat.tiny_gguf import ANSWER_WORD
 from tests.otel import Otel
 

@@ -1,11 +1,13 @@
-"""OpenAIChatClient through a full pipeline vs raw httpx, against one loopback fake server.
+"""Our HTTP clients and a full pipeline vs raw httpx2, against loopback fake servers.
 
 The baseline does the least any client must: POST, then decode the JSON body (or each SSE
-data payload). The fake server runs in its own process (``chat-pipeline fake-server``) so the client
-process's CPU time is the client's alone. For concurrency 1 and 32, non-streaming and
-streaming, prints requests per second and client CPU milliseconds per 1,000 requests, and
-the ratio to raw ``httpx2.AsyncClient`` measured in the same run. The official ``openai`` SDK
-is measured too when it is installed.
+data payload), with a raw ``httpx2.AsyncClient``; it is measured per wire format (Chat
+Completions and Anthropic Messages) in the same run. The fake servers run in their own
+processes (``chat-pipeline fake-server [--format anthropic]``) so the client process's CPU
+time is the client's alone. For concurrency 1 and 32, non-streaming and streaming, prints
+requests per second and client CPU milliseconds per 1,000 requests, and both ratios to the
+baseline of the same format. The old ``httpx`` (a second baseline) and the official
+``openai`` and ``anthropic`` SDKs are measured too when they are installed.
 
     python benchmarks/bench_providers.py [--requests 1000] [--rounds 3]
 """
@@ -20,16 +22,25 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import httpx2
 
 from middleware.routing import Route
 from pipeline import ChatClient, ChatMessage, ChatPipeline
-from pipeline.providers import OpenAIChatClient
+from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
-STREAM_BODY = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+MESSAGES = [{"role": "user", "content": "hello"}]
+OPENAI_BODY = {"model": "m", "messages": MESSAGES}
+OPENAI_STREAM = {**OPENAI_BODY, "stream": True, "stream_options": {"include_usage": True}}
+ANTHROPIC_BODY = {"model": "m", "max_tokens": 64, "messages": MESSAGES}
+ANTHROPIC_STREAM = {**ANTHROPIC_BODY, "stream": True}
+ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+
+Call = Callable[[], Awaitable[object]]
+Maker = Callable[[bool], Call]
 
 
 def free_port() -> int:
@@ -38,9 +49,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def run(
-    requests: int, concurrency: int, call: Callable[[], Awaitable[object]]
-) -> tuple[float, float]:
+async def run(requests: int, concurrency: int, call: Call) -> tuple[float, float]:
     """Requests per second and client CPU ms per 1,000 requests (bounded count)."""
     queue = iter(range(requests))
 
@@ -56,50 +65,30 @@ async def run(
     return requests / wall, cpu * 1000 * 1000 / requests
 
 
-async def measure(base_url: str, requests: int, rounds: int) -> None:
-    limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
-    raw = httpx2.AsyncClient(limits=limits, timeout=30)
-    bare = OpenAIChatClient(
-        "m", api_key="k", base_url=base_url, http_client=httpx2.AsyncClient(limits=limits)
-    )
-    route = (
-        ChatPipeline.builder()
-        .use_circuit_breaker()
-        .use_retry()
-        .build(
-            OpenAIChatClient(
-                "m",
-                api_key="k",
-                base_url=base_url,
-                http_client=httpx2.AsyncClient(limits=limits),
-            )
-        )
-    )
-    backup = OpenAIChatClient("m", api_key="k", base_url=base_url)
-    full = (
-        ChatPipeline.builder()
-        .use_logging()
-        .configure_options(lambda o: o.with_(temperature=0.1))
-        .use_ordered_failover([Route("primary", route), Route("backup", backup)])
-        .build()
-    )
-    messages = [ChatMessage.user("hello")]
-    url = f"{base_url}/chat/completions"
+def raw_calls(http: Any, url: str, body: dict[str, Any], stream_body: dict[str, Any],
+              headers: dict[str, str]) -> Maker:  # fmt: skip
+    """POST and decode, with a raw client (httpx2's, or the old httpx's: same API)."""
 
-    async def raw_call() -> object:
-        response = await raw.post(url, json=BODY)
+    async def call() -> object:
+        response = await http.post(url, json=body, headers=headers)
         return response.json()
 
-    async def raw_stream() -> object:
+    async def stream() -> object:
         # The least any client must do: read the lines and decode each data payload.
-        async with raw.stream("POST", url, json=STREAM_BODY) as response:
+        async with http.stream("POST", url, json=stream_body, headers=headers) as response:
             return [
                 json.loads(line[6:])
                 async for line in response.aiter_lines()
                 if line.startswith("data: {")
             ]
 
-    def via(client: ChatClient, streaming: bool) -> Callable[[], Awaitable[object]]:
+    return lambda streaming: stream if streaming else call
+
+
+def client_calls(client: ChatClient) -> Maker:
+    messages = [ChatMessage.user("hello")]
+
+    def make(streaming: bool) -> Call:
         if not streaming:
             return lambda: client.get_response(messages)
 
@@ -108,77 +97,182 @@ async def measure(base_url: str, requests: int, rounds: int) -> None:
 
         return drain
 
-    contenders: list[tuple[str, Callable[[bool], Callable[[], Awaitable[object]]]]] = [
-        ("OpenAIChatClient", lambda s: via(bare, s)),
-        ("full pipeline", lambda s: via(full, s)),
-    ]
+    return make
+
+
+def full_pipeline(primary: ChatClient, backup: ChatClient) -> ChatPipeline:
+    route = ChatPipeline.builder().use_circuit_breaker().use_retry().build(primary)
+    return (
+        ChatPipeline.builder()
+        .use_logging()
+        .configure_options(lambda o: o.with_(temperature=0.1))
+        .use_ordered_failover([Route("primary", route), Route("backup", backup)])
+        .build()
+    )
+
+
+def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker]]:
+    found: list[tuple[str, str, Maker]] = []
     try:
-        import openai  # type: ignore[import-not-found]
+        import openai
+    except ImportError:
+        print("(openai SDK not installed: skipped)")
+    else:
+        sdk = openai.AsyncOpenAI(api_key="k", base_url=openai_url)
 
-        sdk = openai.AsyncOpenAI(api_key="k", base_url=base_url)
-
-        def sdk_call(streaming: bool) -> Callable[[], Awaitable[object]]:
+        def openai_make(streaming: bool) -> Call:
             if not streaming:
-                return lambda: sdk.chat.completions.create(model="m", messages=BODY["messages"])
+                return lambda: sdk.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
 
             async def drain() -> object:
                 stream = await sdk.chat.completions.create(
-                    model="m", messages=BODY["messages"], stream=True
+                    model="m",
+                    messages=MESSAGES,
+                    stream=True,  # type: ignore[arg-type]
                 )
                 return [c async for c in stream]
 
             return drain
 
-        contenders.append(("openai SDK", sdk_call))
+        found.append(("openai", "openai SDK", openai_make))
+    try:
+        import anthropic
     except ImportError:
-        print("(openai SDK not installed: skipped)")
+        print("(anthropic SDK not installed: skipped)")
+    else:
+        asdk = anthropic.AsyncAnthropic(api_key="k", base_url=anthropic_url)
+
+        def anthropic_make(streaming: bool) -> Call:
+            if not streaming:
+                return lambda: asdk.messages.create(model="m", max_tokens=64, messages=MESSAGES)  # type: ignore[arg-type]
+
+            async def drain() -> object:
+                stream = await asdk.messages.create(
+                    model="m",
+                    max_tokens=64,
+                    messages=MESSAGES,
+                    stream=True,  # type: ignore[arg-type]
+                )
+                return [e async for e in stream]
+
+            return drain
+
+        found.append(("anthropic", "anthropic SDK", anthropic_make))
+    return found
+
+
+async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: int) -> None:
+    limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
+
+    def http() -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(limits=limits, timeout=30)
+
+    raw = http()
+    openai_client = OpenAIChatClient("m", api_key="k", base_url=openai_url, http_client=http())
+    anthropic_client = AnthropicChatClient(
+        "m", api_key="k", base_url=anthropic_url, http_client=http()
+    )
+    openai_full = full_pipeline(
+        OpenAIChatClient("m", api_key="k", base_url=openai_url, http_client=http()),
+        OpenAIChatClient("m", api_key="k", base_url=openai_url),
+    )
+    anthropic_full = full_pipeline(
+        AnthropicChatClient("m", api_key="k", base_url=anthropic_url, http_client=http()),
+        AnthropicChatClient("m", api_key="k", base_url=anthropic_url),
+    )
+    chat_url = f"{openai_url}/chat/completions"
+    messages_url = f"{anthropic_url}/v1/messages"
+    # (wire format, label, calls); the first of each format is its baseline.
+    contenders: list[tuple[str, str, Maker]] = [
+        ("openai", "raw httpx2 (baseline)",
+         raw_calls(raw, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        ("openai", "OpenAIChatClient", client_calls(openai_client)),
+        ("openai", "full pipeline", client_calls(openai_full)),
+        ("anthropic", "raw httpx2 (baseline)",
+         raw_calls(raw, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM, ANTHROPIC_HEADERS)),
+        ("anthropic", "AnthropicChatClient", client_calls(anthropic_client)),
+        ("anthropic", "full pipeline", client_calls(anthropic_full)),
+    ]  # fmt: skip
+    legacy = None
+    try:
+        import httpx
+    except ImportError:
+        print("(old httpx not installed: its baseline skipped)")
+    else:
+        legacy = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=30
+        )
+        contenders.insert(
+            1,
+            ("openai", f"raw httpx {httpx.__version__}",
+             raw_calls(legacy, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        )  # fmt: skip
+    contenders += sdk_calls(openai_url, anthropic_url)
+    contenders.sort(key=lambda c: c[0] != "openai")  # the formats in blocks, baseline first
 
     for streaming in (False, True):
         for concurrency in (1, 32):
             kind = "streaming" if streaming else "non-streaming"
             print(f"\n{kind}, concurrency {concurrency}, {requests} requests, best of {rounds}")
-            calls = [("raw httpx (baseline)", raw_stream if streaming else raw_call)]
-            calls += [(label, make(streaming)) for label, make in contenders]
-            # Rounds interleave the contenders, so a noisy moment hits them alike; the
-            # best round of each is kept.
-            best: dict[str, tuple[float, float]] = {}
+            calls = [(fmt, label, make(streaming)) for fmt, label, make in contenders]
+            # Rounds interleave the contenders, so a noisy moment hits them alike; the best
+            # round of each is kept.
+            best: dict[tuple[str, str], tuple[float, float]] = {}
             for _ in range(rounds):
-                for label, call in calls:
+                for fmt, label, call in calls:
                     rps, cpu = await run(requests, concurrency, call)
-                    if label not in best or rps > best[label][0]:
-                        best[label] = (rps, cpu)
-            base_rps, base_cpu = best["raw httpx (baseline)"]
-            for label, _ in calls:
-                rps, cpu = best[label]
+                    if (fmt, label) not in best or rps > best[fmt, label][0]:
+                        best[fmt, label] = (rps, cpu)
+            for fmt, label, _ in calls:
+                base_rps, base_cpu = best[fmt, "raw httpx2 (baseline)"]
+                rps, cpu = best[fmt, label]
                 print(
-                    f"  {label:<22} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
+                    f"  {fmt:<9} {label:<22} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
                     f"throughput {rps / base_rps:5.2f}x  CPU {cpu / base_cpu:5.2f}x"
                 )
-    await raw.aclose()
-    await bare.aclose()
-    await full.aclose()
+    for closable in (raw, openai_client, anthropic_client, openai_full, anthropic_full):
+        await closable.aclose()
+    if legacy is not None:
+        await legacy.aclose()
 
 
-def main(requests: int, rounds: int) -> None:
+@contextmanager
+def fake_server(wire_format: str) -> Iterator[str]:
+    """A fake server in its own process; yields its base URL once it listens."""
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "fake-server",
+            "--port",
+            str(port),
+            "--format",
+            wire_format,
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert server.stdout is not None
-        server.stdout.readline()  # the server prints its URL once it listens
-        # On Linux with two or more cores, give the server and the client a core each, so
+        url = server.stdout.readline().split(" on ")[-1].strip()  # printed once it listens
+        # On Linux with two or more cores, give the servers and the client a core each, so
         # they do not take turns on one and blur the client's numbers.
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
             os.sched_setaffinity(server.pid, {1})
-            os.sched_setaffinity(0, {0})
-            print("server pinned to CPU 1, client to CPU 0")
-        asyncio.run(measure(f"http://127.0.0.1:{port}/v1", requests, rounds))
+        yield url
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def main(requests: int, rounds: int) -> None:
+    with fake_server("openai") as openai_url, fake_server("anthropic") as anthropic_url:
+        if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
+            os.sched_setaffinity(0, {0})
+            print("servers pinned to CPU 1, client to CPU 0")
+        asyncio.run(measure(openai_url, anthropic_url, requests, rounds))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ of (messages, options) returning a step, for replies that depend on the request.
 `FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
 request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
 in-band errors, hangs), for testing real provider clients end to end.
-`FakeAnthropicServer` plays the same scripts in the Anthropic Messages format.
 """
 
 from __future__ import annotations

@@ -71,7 +71,13 @@ from pipeline import _scope
 from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
-from pipeline.errors import AttemptTimeoutError, CircuitOpenError, FailureKind, classify
+from pipeline.errors import (
+    AttemptTimeoutError,
+    CircuitOpenError,
+    FailureKind,
+    UnsendableRequestError,
+    classify,
+)
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [
@@ -334,6 +340,9 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             return False
 
     def _record(self, probe: bool, error: BaseException | None) -> None:
+        if isinstance(error, UnsendableRequestError):
+            self._release(probe)  # never sent: the deployment was not asked
+            return
         breaker = self.breaker
         with breaker._lock:
             if probe:
@@ -454,6 +463,9 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         return ticket
 
     async def _record_shared(self, ticket: _Ticket, error: BaseException | None) -> None:
+        if isinstance(error, UnsendableRequestError):
+            await self._release_shared(ticket)  # never sent: the deployment was not asked
+            return
         shared = self._shared
         assert shared is not None
         breaker = self.breaker

@@ -14,6 +14,8 @@
         │                                                       (also a TimeoutError)
         ├── CircuitOpenError           CIRCUIT_OPEN             the route's breaker is open
         ├── RequestInvalidError        REQUEST_INVALID          400/404/422
+        │   └── UnsendableRequestError REQUEST_INVALID          not sent: not JSON, a bad tool
+        │                                                       (also a ValueError)
         ├── ContextLengthExceededError CONTEXT_LENGTH_EXCEEDED  prompt too long for the model
         ├── ContentFilteredError       CONTENT_FILTERED         the provider's filter refused
         ├── AuthenticationError        AUTHENTICATION           401/403
@@ -67,6 +69,7 @@ __all__ = [
     "ResponseValidationError",
     "RoutingError",
     "TransientProviderError",
+    "UnsendableRequestError",
     "UnknownProviderError",
     "classify",
     "is_failover_eligible",
@@ -215,6 +218,12 @@ class CircuitOpenError(ProviderError):
 
 class RequestInvalidError(ProviderError):
     default_kind = FailureKind.REQUEST_INVALID
+
+
+class UnsendableRequestError(RequestInvalidError, ValueError):
+    """The request could not be put on the wire (options that are not JSON, a malformed
+    tool or content, no model): nothing was sent. The caller's mistake: never retried nor
+    failed over, and a breaker counts it as nothing (the deployment was never asked)."""
 
 
 class ContextLengthExceededError(ProviderError):

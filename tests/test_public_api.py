@@ -111,6 +111,7 @@ SURFACES = {
         "RoutingError",
         "TransientProviderError",
         "UnknownProviderError",
+        "UnsendableRequestError",
         "classify",
         "is_failover_eligible",
         "is_retryable",

@@ -14,11 +14,12 @@ from typing import Any, ClassVar, Protocol
 
 import httpx2
 
-from pipeline.client import AsyncClosing, ChatClientMetadata
-from pipeline.errors import FailureKind, provider_error
+from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
+from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
     DONE,
     deadline,
+    encode_json,
     endpoint,
     positive_or_none,
     post_json,
@@ -26,6 +27,7 @@ from pipeline.providers._http import (
     sse_json,
     status_error,
     transport_error,
+    utf8_lines,
 )
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
@@ -93,7 +95,7 @@ class HTTPChatClient(AsyncClosing):
         auth = self._static_auth_headers()
         if basic_auth is not None and "Authorization" not in auth:
             auth = {"Authorization": basic_auth, **auth}
-        self._headers = {**headers, **auth}
+        self._headers = {**headers, **auth, "Content-Type": "application/json"}
         self.first_chunk_timeout = positive_or_none(first_chunk_timeout, "first_chunk_timeout")
         self.stream_idle_timeout = positive_or_none(stream_idle_timeout, "stream_idle_timeout")
         self._metadata = ChatClientMetadata(
@@ -143,10 +145,24 @@ class HTTPChatClient(AsyncClosing):
 
     # -- calls --------------------------------------------------------------------------------
 
+    def _prepare(self, messages: Messages, options: ChatOptions | None, stream: bool) -> bytes:
+        """The request body as JSON bytes, or `UnsendableRequestError` (nothing is sent)."""
+        check_options(options)
+        try:
+            return encode_json(self._body(messages, options, stream))
+        except ProviderError:
+            raise
+        except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+            # The messages come from our builders or the JSON encoder: types and field
+            # names, never the values they refused.
+            raise UnsendableRequestError(
+                f"the request cannot be sent: {exc}", provider=self.provider_name
+            ) from exc
+
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
-        body = self._body(messages, options, stream=False)
+        body = self._prepare(messages, options, stream=False)
         payload = await post_json(
             self._http,
             self._url,
@@ -160,9 +176,9 @@ class HTTPChatClient(AsyncClosing):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(self._body(messages, options, stream=True))
+        return self._stream(self._prepare(messages, options, stream=True))
 
-    async def _stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatResponseUpdate, None]:
+    async def _stream(self, body: bytes) -> AsyncGenerator[ChatResponseUpdate, None]:
         url = self._url
         where = self._endpoint
         provider = self.provider_name
@@ -171,12 +187,14 @@ class HTTPChatClient(AsyncClosing):
             try:
                 async with deadline(self.first_chunk_timeout, provider, "first chunk"):
                     response = await stack.enter_async_context(
-                        self._http.stream("POST", url, json=body, headers=headers)
+                        self._http.stream("POST", url, content=body, headers=headers)
                     )
                     if response.status_code >= 400:
                         raise await status_error(response, provider, where)
                     events = sse_json(
-                        response.aiter_lines(), provider, end_type=self.stream_end_type
+                        utf8_lines(response.aiter_bytes(), provider),
+                        provider,
+                        end_type=self.stream_end_type,
                     )
                     stack.push_async_callback(events.aclose)
                     payload = await anext(events, None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import codecs
 import contextlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -17,6 +19,8 @@ from pipeline.providers._sse import MalformedSSE, SSEDecoder
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
+    "utf8_lines",
+    "encode_json",
     "service_url",
     "DEFAULT_TIMEOUT",
     "DONE",
@@ -107,18 +111,25 @@ async def status_error(response: httpx2.Response, provider: str, url: str) -> Pr
     return result
 
 
+def encode_json(body: Any) -> bytes:
+    """`body` as compact UTF-8 JSON; `TypeError`/`ValueError` for what JSON cannot hold
+    (other objects, NaN and infinities, lone surrogates)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
 async def post_json(
     http: httpx2.AsyncClient,
     url: httpx2.URL,
-    body: dict[str, Any],
+    body: bytes,
     headers: dict[str, str],
     *,
     provider: str,
     where: str,
 ) -> Any:
-    """POST `body` and return the decoded JSON answer; every failure is a `ProviderError`."""
+    """POST `body` (JSON bytes; `headers` name the content type) and return the decoded JSON
+    answer; every failure is a `ProviderError`."""
     try:
-        response = await http.post(url, json=body, headers=headers)
+        response = await http.post(url, content=body, headers=headers)
         if response.status_code >= 400:
             raise await status_error(response, provider, where)
         try:
@@ -149,6 +160,36 @@ async def deadline(seconds: float | None, provider: str, what: str) -> AsyncIter
 
 DONE: Any = object()
 """What `sse_json` yields, last, when the stream said it is complete."""
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+async def utf8_lines(chunks: AsyncIterator[bytes], provider: str) -> AsyncGenerator[str, None]:
+    """The lines of a byte stream, decoded as UTF-8 whatever charset the response declared
+    (server-sent events are UTF-8 by definition; a declared ``base64`` or ``utf-16`` must
+    not pick our decoder). Bytes that are not UTF-8 are a `ProviderError` (``malformed``).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = ""
+    try:
+        async for chunk in chunks:
+            text = pending + decoder.decode(chunk)
+            if text.endswith("\r"):
+                # A CR may be the first half of a CRLF that the next chunk completes.
+                text, pending = text[:-1], "\r"
+            else:
+                pending = ""
+            lines = _LINE_END.split(text)
+            pending = lines.pop() + pending
+            for line in lines:
+                yield line
+        tail = pending + decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise malformed(provider, "the stream is not UTF-8 text") from None
+    for line in _LINE_END.split(tail):
+        if line:
+            yield line
 
 
 async def sse_json(

@@ -9,7 +9,7 @@ import httpx2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._http import endpoint, post_json, service_url
+from pipeline.providers._http import encode_json, endpoint, post_json, service_url
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
@@ -76,11 +76,18 @@ class OpenAIEmbeddingGenerator:
         body: dict[str, object] = {"model": self.model, "input": values, "encoding_format": "float"}
         if self.dimensions is not None:
             body["dimensions"] = self.dimensions
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        if self._basic_auth is not None and not headers:
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        elif self._basic_auth is not None:
             headers["Authorization"] = self._basic_auth
         payload = await post_json(
-            self._http, self._url, body, headers, provider=self.provider_name, where=self._endpoint
+            self._http,
+            self._url,
+            encode_json(body),
+            headers,
+            provider=self.provider_name,
+            where=self._endpoint,
         )
         return self._parse(payload, len(values))
 

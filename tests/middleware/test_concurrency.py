@@ -52,9 +52,7 @@ async def test_concurrent_streams_are_all_in_flight_at_once(layers: str) -> None
     if layers == "full":
         builder = builder.use_telemetry().use_logging()
     chat = builder.use_ordered_failover([Route("gated", route)], request_timeout=60).build()
-    requests = [
-        asyncio.ensure_future(collect(chat, "hi", streaming=True)) for _ in range(STREAMS)
-    ]
+    requests = [asyncio.ensure_future(collect(chat, "hi", streaming=True)) for _ in range(STREAMS)]
     # Every stream passed its first update and waits at the same time: had any layer held
     # something across an await, fewer would get here (the bound only turns a hang into a
     # failure; it is not a speed requirement).

@@ -8,7 +8,7 @@ import httpx2
 import pytest
 
 from middleware.routing import OrderedFailoverChatClient
-from pipeline.errors import TransientProviderError
+from pipeline.errors import ProviderError, TransientProviderError
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 from pipeline.providers._base import HTTPChatClient
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
@@ -135,3 +135,42 @@ async def test_a_stream_that_does_not_say_it_is_complete_is_transient(
 def test_only_an_httpx2_client_is_accepted(wire: tuple[type[Server], Factory]) -> None:
     with pytest.raises(TypeError, match=r"httpx2\.AsyncClient"):
         wire[1]("http://127.0.0.1:1", http_client=object())
+
+
+@pytest.mark.parametrize(
+    "charset", ["base64", "zlib_codec", "hex", "uu", "rot13", "idna", "utf-16"]
+)
+async def test_a_declared_charset_never_picks_the_stream_decoder(charset: str) -> None:
+    """Server-sent events are UTF-8 whatever the Content-Type says: a stream that declares
+    a strange charset still decodes, and bytes that are not UTF-8 are a ProviderError."""
+    import asyncio
+
+    from pipeline.providers import OpenAIChatClient
+
+    good = (
+        b'data: {"id":"x","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    bodies = [good, b"data: \xff\xfe\n\n"]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        body = bodies.pop(0)
+        head = (
+            "HTTP/1.1 200 OK\r\n"
+            f"Content-Type: text/event-stream; charset={charset}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        writer.write(head.encode() + body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with OpenAIChatClient("m", api_key="k", base_url=f"http://127.0.0.1:{port}/v1") as c:
+        assert (await collect(c, "hi", streaming=True)).text == "hi"
+        broken = await collect(c, "hi", streaming=True)
+    server.close()
+    await server.wait_closed()
+    assert isinstance(broken.error, ProviderError) and broken.error.code == "malformed"

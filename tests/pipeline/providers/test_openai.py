@@ -7,6 +7,7 @@ from middleware.routing import OrderedFailoverChatClient, Route
 from pipeline import (
     ChatMessage,
     ChatOptions,
+    ChatPipeline,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
@@ -472,3 +473,38 @@ async def test_credentials_in_the_url_never_leave_it(
 def test_a_malformed_base_url_is_a_value_error(url: str) -> None:
     with pytest.raises(ValueError, match="base_url"):
         OpenAIChatClient("m", base_url=url, api_key="k")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ChatOptions(additional_properties={"x": object()}),
+        ChatOptions(tools=[object()]),
+        ChatOptions(temperature=float("nan")),
+        ChatOptions(additional_properties={"x": "\ud800"}),
+    ],
+    ids=["not-json", "bad-tool", "nan", "lone-surrogate"],
+)
+async def test_a_request_that_cannot_be_sent_is_the_callers_error(
+    server: FakeOpenAIServer, streaming: bool, options: ChatOptions
+) -> None:
+    from pipeline.errors import FailureKind, UnsendableRequestError, classify
+
+    backup = OpenAIChatClient("m", base_url=server.base_url, name="backup")
+    primary = (
+        ChatPipeline.builder()
+        .use_circuit_breaker(fail_max=1)
+        .use_retry()
+        .build(OpenAIChatClient("m", base_url=server.base_url), name="primary")
+    )
+    router = OrderedFailoverChatClient([Route("primary", primary), Route("backup", backup)])
+    for _ in range(3):
+        result = await collect(router, "hi", options, streaming=streaming)
+        assert isinstance(result.error, UnsendableRequestError)
+        assert classify(result.error) is FailureKind.REQUEST_INVALID
+        assert isinstance(result.error, ValueError)
+    # Nothing was sent, nothing failed over, and the breaker counted nothing.
+    assert server.requests == []
+    assert primary.client.state == "closed"  # type: ignore[attr-defined]
+    assert (await collect(router, "hi", streaming=streaming)).error is None
+    await router.aclose()

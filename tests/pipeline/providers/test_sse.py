@@ -95,3 +95,37 @@ def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[ob
     except ProviderError:
         return
     assert all(isinstance(u, ChatResponseUpdate) for u in updates)
+
+
+async def _lines_of(chunks: list[bytes]) -> list[str]:
+    from pipeline.providers._http import utf8_lines
+
+    async def source():  # type: ignore[no-untyped-def]
+        for chunk in chunks:
+            yield chunk
+
+    return [line async for line in utf8_lines(source(), "fuzz")]
+
+
+async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
+    assert await _lines_of([b"data: a\r", b"\ndata: b\r\n\r", b"\n"]) == ["data: a", "data: b", ""]
+    assert await _lines_of([b"x\ry\nz"]) == ["x", "y", "z"]
+    # A character split between chunks is joined; U+2028 inside a line is not a line end.
+    text = "data: caf\u00e9 \u2028 ok\n".encode()
+    assert await _lines_of([text[:9], text[9:]]) == ["data: caf\u00e9 \u2028 ok"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=12))
+async def test_any_bytes_are_lines_or_a_provider_error(chunks: list[bytes]) -> None:
+    from pipeline.providers._http import sse_json, utf8_lines
+
+    async def source():  # type: ignore[no-untyped-def]
+        for chunk in chunks:
+            yield chunk
+
+    try:
+        async for _ in sse_json(utf8_lines(source(), "fuzz"), "fuzz"):
+            pass
+    except ProviderError:
+        pass

@@ -54,7 +54,8 @@ class FakeResponse:
       drop the connection;
     * `in_band_error` (an ``error`` object) sent after `error_after` chunks on a 200 stream;
     * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done`;
-    * `hang`: never answer, until the client goes away;
+    * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
+      events, then wait until the client goes away (both count in `disconnects`);
     * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text).
     """
 
@@ -74,6 +75,7 @@ class FakeResponse:
     raw_lines: Sequence[str] | None = None
     omit_done: bool = False
     hang: bool = False
+    hang_after: int | None = None
     usage: tuple[int, int] = (5, 7)
     model: str | None = None
     embedding_dimensions: int = 8
@@ -130,6 +132,8 @@ class FakeOpenAIServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._request_waiters = CountWaiters()
+        self.disconnects = 0  # responses the client went away from (see `hang`)
+        self._disconnect_waiters = CountWaiters()
 
     @property
     def port(self) -> int:
@@ -151,6 +155,15 @@ class FakeOpenAIServer:
     async def wait_for_requests(self, count: int = 1) -> None:
         """Return once at least `count` requests (any path) have arrived."""
         await self._request_waiters.wait(len(self.requests), count)
+
+    async def wait_for_disconnects(self, count: int = 1) -> None:
+        """Return once clients went away from at least `count` hanging responses."""
+        await self._disconnect_waiters.wait(self.disconnects, count)
+
+    async def _until_client_leaves(self, reader: asyncio.StreamReader) -> None:
+        await reader.read()  # returns when the client closes the connection
+        self.disconnects += 1
+        self._disconnect_waiters.notify(self.disconnects)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self._host, self._port)
@@ -223,7 +236,7 @@ class FakeOpenAIServer:
         queue = self._scripts.get(path)
         response = queue.popleft() if queue else self.default
         if response.hang:
-            await reader.read()  # returns when the client closes the connection
+            await self._until_client_leaves(reader)
             return False
         if response.latency:
             await asyncio.sleep(response.latency)
@@ -243,7 +256,7 @@ class FakeOpenAIServer:
             await self._send_json(writer, 200, self._embeddings(payload, response))
             return True
         if payload.get("stream"):
-            return await self._stream(writer, payload, response)
+            return await self._stream(reader, writer, payload, response)
         await self._send_json(writer, 200, self._completion(payload, response))
         return True
 
@@ -361,7 +374,11 @@ class FakeOpenAIServer:
         return out
 
     async def _stream(
-        self, writer: asyncio.StreamWriter, payload: Mapping[str, Any], response: FakeResponse
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        payload: Mapping[str, Any],
+        response: FakeResponse,
     ) -> bool:
         head = (
             "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -384,6 +401,9 @@ class FakeOpenAIServer:
             for index, data in enumerate(self._chunk_payloads(payload, response)):
                 if response.disconnect_after is not None and index >= response.disconnect_after:
                     writer.transport.abort()
+                    return False
+                if response.hang_after is not None and index >= response.hang_after:
+                    await self._until_client_leaves(reader)
                     return False
                 if response.in_band_error is not None and index >= response.error_after:
                     await send(

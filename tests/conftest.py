@@ -19,7 +19,11 @@ def redis_url() -> Iterator[str]:
     from tests.redis_server import running_redis
 
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (.ci/run installs it with apt-get)")
+        pytest.fail(
+            "redis-server is not installed (.ci/run installs it with apt-get); "
+            "deselect these tests with -m 'not redis and not gateway'",
+            pytrace=False,
+        )
     with running_redis() as url:
         yield url
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import selectors
 import shutil
 import socket
@@ -37,16 +38,15 @@ def running_redis(timeout: float = 20.0) -> Iterator[str]:
         selector = selectors.DefaultSelector()
         selector.register(process.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + timeout
-        seen: list[str] = []
-        while True:
+        seen = ""
+        while "Ready to accept connections" not in seen:
             left = deadline - time.monotonic()
             if left <= 0 or process.poll() is not None:
-                raise RuntimeError("redis-server did not start:\n" + "".join(seen[-20:]))
+                raise RuntimeError("redis-server did not start:\n" + seen[-4000:])
             if selector.select(left):
-                line = process.stdout.readline()
-                seen.append(line)
-                if "Ready to accept connections" in line:
-                    break
+                # os.read, not readline: a buffered reader may hold the ready line already,
+                # and the selector would then wait for output that never comes.
+                seen += os.read(process.stdout.fileno(), 65536).decode(errors="replace")
         selector.close()
         # Keep reading its log so a full pipe can never stall the server.
         threading.Thread(target=process.stdout.read, daemon=True).start()

@@ -19,8 +19,6 @@ from pipeline.gateway.app import Gateway, create_app
 from pipeline.gateway.server import listening_socket, uvicorn_options
 from pipeline.testing import FakeOpenAIServer
 
-pytestmark = pytest.mark.gateway
-
 
 class _Server(uvicorn.Server):
     """uvicorn's server, telling when it listens (its startup ran the app's lifespan)."""

@@ -121,21 +121,15 @@ def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireE
     return WireError(400, f"{param}: {what}", param=param, code=code)
 
 
-# Sampling fields passed to OpenAI-format upstreams as they are (the client knows what it
-# asks); fields that describe the caller and change nothing here are accepted and dropped.
+# Sampling fields passed on in `additional_properties` (OpenAI-format routes send them as
+# they are); fields that describe the caller or the storage of the request change nothing
+# here and are accepted and dropped.
 _PASSED = frozenset(
-    {
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "parallel_tool_calls",
-        "user",
-        "prompt_cache_key",
-        "safety_identifier",
-        "verbosity",
-    }
+    {"presence_penalty", "frequency_penalty", "logit_bias", "parallel_tool_calls", "verbosity"}
 )
-_DROPPED = frozenset({"store", "metadata", "service_tier"})
+_DROPPED = frozenset(
+    {"store", "metadata", "service_tier", "user", "safety_identifier", "prompt_cache_key"}
+)
 _KNOWN = frozenset(
     {
         "model",

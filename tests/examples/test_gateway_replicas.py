@@ -163,3 +163,27 @@ def test_the_example_script_runs_and_stops() -> None:
     )
     assert done.returncode == 0, done.stderr + done.stdout
     assert "Hello from the fake server." in done.stdout
+
+
+def test_the_example_configuration_loads_for_loopback_and_containers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    from pipeline.config import load_config
+
+    folder = EXAMPLE.parent
+    monkeypatch.setenv("GATEWAY_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("GATEWAY_API_KEYS", "key-1")
+    local = load_config(folder / "gateway.toml")
+    assert local.routes["primary"].base_url == "http://127.0.0.1:8765/v1"
+    assert local.gateway is not None and local.gateway.api_keys_env is None
+    compose = yaml.safe_load((folder / "docker-compose.yaml").read_text())
+    command = compose["services"]["gateway-1"]["command"]
+    environment = command[command.index("--env") + 1]
+    containers = load_config(folder / "gateway.toml", environment)
+    assert containers.routes["primary"].base_url == "https://api.openai.com/v1"
+    assert containers.gateway is not None and containers.gateway.api_keys_env == "GATEWAY_API_KEYS"
+    assert set(compose["services"]) == {"redis", "gateway-1", "gateway-2", "nginx"}
+    assert "gateway-1:8080" in (folder / "nginx.conf").read_text()

@@ -156,7 +156,8 @@ async def test_options_reach_the_model(two_routes: Running, primary: FakeOpenAIS
     assert request["max_completion_tokens"] == 50
     assert request["stop"] == ["END"] and request["seed"] == 7
     assert request["response_format"] == {"type": "json_object"}
-    assert request["presence_penalty"] == 0.5 and request["user"] == "someone"
+    assert request["presence_penalty"] == 0.5
+    assert "user" not in request  # it describes the caller: accepted, not passed on
     await client.close()
 
 
@@ -756,3 +757,30 @@ async def test_a_session_keeps_its_route(
         assert (await ask(client, False)).model == "model-primary"  # no session: in order
         assert (primary.count(), backup.count()) == (2, 2)
         await client.close()
+
+
+async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
+    one_route: Running,
+    primary: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import pipeline.gateway.app as app_module
+
+    def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app_module, "completion", broken)
+    client = one_route.client()
+    with pytest.raises(openai.InternalServerError) as raised:
+        await ask(client, False)
+    assert raised.value.status_code == 500
+    assert raised.value.body == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert any("failed: RuntimeError" in r.getMessage() for r in caplog.records)
+    assert (await ask(client, True)).text == TEXT  # the next request is served
+    await client.close()

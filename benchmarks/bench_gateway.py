@@ -6,8 +6,9 @@
 
 Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
 (``chat-pipeline fake-server``), ``chat-pipeline serve`` (one worker, one route to the
-upstream; and the same with an ordered failover router, a circuit breaker and retry in
-front of it), and the LiteLLM proxy (``litellm[proxy]``, one worker, one model proxying to
+upstream; the same with an ordered failover router, a circuit breaker and retry in front
+of it; and one with an in-process scripted route: the gateway's own work, without an
+upstream call), and the LiteLLM proxy (``litellm[proxy]``, one worker, one model proxying to
 the upstream, no database, no retries, run offline). The servers are pinned to core 0;
 the upstream and this load generator share core 1.
 
@@ -264,9 +265,18 @@ def measure(
 # -- the servers ------------------------------------------------------------------------------
 
 
-def gateway_config(workdir: Path, upstream: str, full: bool) -> Path:
-    path = workdir / ("gateway-full.toml" if full else "gateway.toml")
+def gateway_config(workdir: Path, upstream: str, full: bool | None) -> Path:
+    """One route to the upstream; with `full`, failover, a breaker and retry in front of
+    it; with `full` None, a scripted in-process route (the gateway's own work alone)."""
+    name = {False: "gateway.toml", True: "gateway-full.toml", None: "gateway-scripted.toml"}
+    path = workdir / name[full]
     gateway = f'[gateway]\napi_keys_env = "{KEYS_VARIABLE}"\n'
+    if full is None:
+        path.write_text(
+            '[routes.primary]\nprovider = "scripted"\nreply = "Hello from the fake server."\n'
+            + gateway
+        )
+        return path
     if not full:
         path.write_text(
             f'[routes.primary]\nprovider = "openai"\nmodel = "fake-model"\n'
@@ -332,6 +342,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--litellm-python", default=sys.executable)
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument(
+        "--scripted",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the gateway with an in-process scripted route (its own work)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
@@ -343,9 +359,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             upstream_port = free_port()
             upstream = stack.enter_context(_fake_upstream(workdir, upstream_port))
             servers = []
-            for full in (False, True):
+            variants: dict[bool | None, str] = {
+                False: "",
+                True: " (failover+breaker+retry)",
+                None: " (scripted route, no upstream)",
+            }
+            for full, suffix in variants.items():
+                if full is None and not args.scripted:
+                    continue
                 port = free_port()
-                name = "chat-pipeline serve" + (" (failover+breaker+retry)" if full else "")
+                name = "chat-pipeline serve" + suffix
                 servers.append(
                     stack.enter_context(
                         started(

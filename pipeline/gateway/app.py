@@ -436,7 +436,13 @@ class Gateway:
             if responder.started:
                 raise  # pragma: no cover - every WireError is raised before the response
             await responder.error(exc)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if task.cancelling() == 0:
+                # A client's stray CancelledError, not this request being cancelled: a
+                # failure of the pipeline like any other.
+                failure = exc
+                await self._unfinished(responder, error_for(exc, self.settings.retry_after))
+                return
             if watch is not None and watch.disconnected:
                 # The client went away: the pipeline saw its caller cancelled (its attempt
                 # ended `canceled`, the upstream stream closed). Nothing is left to answer.

@@ -784,3 +784,19 @@ async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
     assert any("failed: RuntimeError" in r.getMessage() for r in caplog.records)
     assert (await ask(client, True)).text == TEXT  # the next request is served
     await client.close()
+
+
+async def test_a_clients_stray_cancelled_error_is_a_failure_not_a_cancellation(
+    one_route: Running, streaming: bool
+) -> None:
+    from pipeline.gateway.app import _Target
+    from pipeline.testing import ScriptedChatClient, fail, reply
+
+    scripted = ScriptedChatClient([fail(asyncio.CancelledError()), reply("fine")])
+    one_route.gateway._targets["pipeline"] = _Target(scripted)
+    client = one_route.client()
+    with pytest.raises(openai.InternalServerError) as raised:
+        await ask(client, streaming)
+    assert (raised.value.status_code, raised.value.code) == (503, "upstream_error")
+    assert (await ask(client, streaming)).text == "fine"  # the server serves on
+    await client.close()

@@ -308,7 +308,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
     """The request a Chat Completions body describes (see the module docstring)."""
     try:
         payload = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         raise WireError(400, "the request body is not valid JSON", code="invalid_json") from None
     if not isinstance(payload, dict):
         raise WireError(400, "the request body must be a JSON object", code="invalid_json")

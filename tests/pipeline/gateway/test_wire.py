@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import (
     AttemptTimeoutError,
@@ -203,7 +205,7 @@ def test_bad_requests_name_the_parameter_and_never_echo_values(
         assert CANARY.encode() not in error.body()
 
 
-@pytest.mark.parametrize("raw", [b"{", b"[1]", b"\xff", b""])
+@pytest.mark.parametrize("raw", [b"{", b"[1]", b"\xff", b"", b"[" * 100_000 + b"]" * 100_000])
 def test_a_body_that_is_not_a_json_object_is_400(raw: bytes) -> None:
     with pytest.raises(WireError) as raised:
         parse_request(raw)
@@ -395,3 +397,59 @@ def test_the_providers_retry_after_wins_and_is_whole_seconds() -> None:
     mapped = error_for(RateLimitedError(retry_after=2.2, provider="openai"), retry_after=1.0)
     assert mapped.headers() == [(b"retry-after", b"3")]
     assert mapped.message.endswith("(provider openai)")
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "model",
+                    "messages",
+                    "role",
+                    "content",
+                    "type",
+                    "text",
+                    "tools",
+                    "function",
+                    "name",
+                    "arguments",
+                    "tool_calls",
+                    "tool_call_id",
+                    "stream",
+                    "stop",
+                    "n",
+                    "temperature",
+                    "tool_choice",
+                    "image_url",
+                    "url",
+                    "parameters",
+                    "stream_options",
+                    "include_usage",
+                    "response_format",
+                    "max_tokens",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_json)
+def test_any_json_is_a_request_or_a_400(payload: Any) -> None:
+    raw = json.dumps(payload).encode()
+    refused: WireError | None = None
+    try:
+        request = parse_request(raw)
+    except WireError as exc:  # the one exception bad input may raise
+        refused = exc
+    if refused is not None:
+        assert refused.status == 400 and refused.code is not None
+    else:
+        assert request.messages and request.model

@@ -285,13 +285,27 @@ async def test_in_band_error_ends_the_stream_without_done(
 # -- client disconnects -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("streaming", "moment"),
+    # A non-streaming answer has no output before it is complete.
+    [(False, "before-output"), (True, "before-output"), (True, "after-output")],
+    ids=[
+        "get_response",
+        "get_streaming_response-before-output",
+        "get_streaming_response-after-output",
+    ],
+)
 async def test_client_disconnect_cancels_the_request_and_upstream(
-    primary: FakeOpenAIServer, backup: FakeOpenAIServer, otel: Otel, streaming: bool
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    otel: Otel,
+    streaming: bool,
+    moment: str,
 ) -> None:
     cfg = config({"primary": primary, "backup": backup})
     async with running(cfg, **otel.providers) as gateway:
         client = gateway.client()
-        if streaming:
+        if moment == "after-output":
             primary.script(FakeResponse(chunks=["Hello ", "world"], hang_after=2))
             stream = await client.chat.completions.create(
                 model="pipeline", messages=MESSAGES, stream=True
@@ -305,7 +319,7 @@ async def test_client_disconnect_cancels_the_request_and_upstream(
             await stream.close()  # the client goes away mid-stream
         else:
             primary.script(FakeResponse(hang=True))
-            call = asyncio.create_task(ask(client, False))
+            call = asyncio.create_task(ask(client, streaming))
             await primary.wait_for_requests(1)
             call.cancel()  # the client goes away while waiting
             with pytest.raises(asyncio.CancelledError):

@@ -87,6 +87,7 @@ SURFACES = {
         "hang",
         "reply",
     },
+    "pipeline.gateway": {"GatewaySettings", "PIPELINE_MODEL", "create_app", "serve"},
     "pipeline.errors": {
         "AttemptTimeoutError",
         "AuthenticationError",
@@ -146,6 +147,10 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "middleware.idempotency",
         "pipeline.config",
         "pipeline.errors",
+        "pipeline.gateway.settings",
+        "pipeline.gateway.wire",
+        "pipeline.gateway.app",
+        "pipeline.gateway.server",
     ],
 )
 def test_every_module_declares_all(module_name: str) -> None:

@@ -73,7 +73,8 @@ class FakeResponse:
     * `in_band_error` (an ``error`` object) sent after `error_after` events on a 200 stream;
     * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done` leaves
       out ``[DONE]`` (OpenAI) or ``message_stop`` (Anthropic);
-    * `hang`: never answer, until the client goes away;
+    * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
+      events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
       (Anthropic: reported apart from input);
     * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text).
@@ -99,6 +100,7 @@ class FakeResponse:
     raw_lines: Sequence[str] | None = None
     omit_done: bool = False
     hang: bool = False
+    hang_after: int | None = None
     usage: tuple[int, int] = (5, 7)
     cache_usage: tuple[int, int] = (0, 0)
     model: str | None = None
@@ -202,6 +204,9 @@ class FakeServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._request_waiters = CountWaiters()
+        self.disconnects = 0  # responses the client went away from (see `hang`)
+        self._disconnect_waiters = CountWaiters()
+        self._readers: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
 
     @property
     def port(self) -> int:
@@ -230,6 +235,15 @@ class FakeServer:
     async def wait_for_requests(self, count: int = 1) -> None:
         """Return once at least `count` requests (any path) have arrived."""
         await self._request_waiters.wait(len(self.requests), count)
+
+    async def wait_for_disconnects(self, count: int = 1) -> None:
+        """Return once clients went away from at least `count` held responses."""
+        await self._disconnect_waiters.wait(self.disconnects, count)
+
+    async def _until_client_leaves(self, reader: asyncio.StreamReader) -> None:
+        await reader.read()  # returns when the client closes the connection
+        self.disconnects += 1
+        self._disconnect_waiters.notify(self.disconnects)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self._host, self._port)
@@ -266,6 +280,7 @@ class FakeServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self._readers[writer] = reader
         try:
             while await self._one_request(reader, writer):
                 pass
@@ -273,6 +288,7 @@ class FakeServer:
             pass  # the client went away, or the server is stopping
         finally:
             self._connections.discard(task)
+            self._readers.pop(writer, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -302,7 +318,7 @@ class FakeServer:
         self._request_waiters.notify(len(self.requests))
         response = self.response_for(request)
         if response.hang:
-            await reader.read()  # returns when the client closes the connection
+            await self._until_client_leaves(reader)
             return False
         if response.latency:
             await asyncio.sleep(response.latency)
@@ -362,6 +378,9 @@ class FakeServer:
         for index, event in enumerate(events):
             if response.disconnect_after is not None and index >= response.disconnect_after:
                 writer.transport.abort()
+                return False
+            if response.hang_after is not None and index >= response.hang_after:
+                await self._until_client_leaves(self._readers[writer])
                 return False
             if response.in_band_error is not None and index >= response.error_after:
                 await stream.send(error_event)

@@ -12,6 +12,10 @@ case set to each route of a TOML file directly and prints a per-route table (see
 `pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
 configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
 fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
+
+``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]`` serves
+a pipeline built from TOML as an OpenAI-compatible API (`pipeline.gateway`; needs the
+``gateway`` extra).
 """
 
 from __future__ import annotations
@@ -264,6 +268,33 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
     return 0  # pragma: no cover - ends by interruption
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from pipeline.errors import ConfigError
+
+    try:
+        from pipeline.gateway.server import serve
+    except ImportError as exc:
+        print(
+            f"chat-pipeline serve needs the gateway extra ({exc.name} is missing): "
+            "pip install 'chat-pipeline[gateway]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        serve(
+            args.config,
+            args.env,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+        )
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chat-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -307,6 +338,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="the wire format to speak (default: openai)",
     )
+    gateway = commands.add_parser(
+        "serve", help="serve a pipeline built from a TOML file as an OpenAI-compatible API"
+    )
+    gateway.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML file")
+    gateway.add_argument(
+        "--env", metavar="NAME", help="environment overlay (else CHAT_PIPELINE_ENV)"
+    )
+    gateway.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    gateway.add_argument("--port", type=int, default=8080)
+    gateway.add_argument(
+        "--workers", type=int, default=1, help="worker processes (each builds the pipeline)"
+    )
+    gateway.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
     args = parser.parse_args(argv)
     if args.command == "demo":
         return asyncio.run(_demo(args.question, args.otlp))
@@ -319,5 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_fake_server(args.port, args.format))
         except KeyboardInterrupt:
             return 0
+    if args.command == "serve":
+        return _serve(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits
     return 2  # pragma: no cover

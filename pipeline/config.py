@@ -19,6 +19,9 @@
     [layers]
     telemetry = true
 
+    [gateway]                        # `chat-pipeline serve` (see pipeline.gateway)
+    api_keys_env = "GATEWAY_KEYS"
+
     [environments.development.layers]
     telemetry = false
 
@@ -43,7 +46,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import pydantic
@@ -53,6 +56,9 @@ from pipeline._settings import Settings, collecting_problems, problems_of, sugge
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipeline.gateway.settings import GatewaySettings
 
 __all__ = [
     "ENVIRONMENT_VARIABLE",
@@ -354,7 +360,7 @@ def _names(
             problems.add(f"{path}[{index}]", f"names no route: {name!r}{suggest(name, routes)}")
 
 
-_SECTIONS = ("routes", "router", "layers", "environments")
+_SECTIONS = ("routes", "router", "layers", "gateway", "environments")
 _DEFAULT_KEYS = {
     "openai": "OPENAI_API_KEY",
     "azure_openai": "AZURE_OPENAI_API_KEY",
@@ -378,6 +384,8 @@ class PipelineConfig:
     layers: Any
     environment: str | None
     _secrets: Mapping[str, str | None] = field(repr=False, default_factory=dict)
+    gateway: GatewaySettings | None = None
+    """The ``[gateway]`` table (`pipeline.gateway.settings.GatewaySettings`), if any."""
 
     @property
     def route_names(self) -> list[str]:
@@ -645,7 +653,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             )
         base = _overlay(base, overlay)
     for key in base:
-        if key not in ("routes", "router", "layers"):
+        if key not in ("routes", "router", "layers", "gateway"):
             problems.add(
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
@@ -720,8 +728,16 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
                 "OPENAI_API_KEY",
                 router.embeddings.base_url.startswith("https://api.openai.com"),
             )
+    gateway = None
+    if "gateway" in base:
+        from pipeline.gateway.settings import GatewaySettings
+
+        gateway = problems.validate(GatewaySettings, base["gateway"], "gateway")
+        names = [str(n) for n in raw_routes] if isinstance(raw_routes, Mapping) else []
+        for where, message in gateway.problems(names) if gateway is not None else ():
+            problems.add(where, message)
     problems.raise_if_any()
-    return PipelineConfig(routes, router, layers, environment, secrets)
+    return PipelineConfig(routes, router, layers, environment, secrets, gateway)
 
 
 def _check_router_names(

@@ -93,6 +93,7 @@ SURFACES = {
         "hang",
         "reply",
     },
+    "pipeline.gateway": {"GatewaySettings", "PIPELINE_MODEL", "create_app", "serve"},
     "pipeline.errors": {
         "AttemptTimeoutError",
         "AuthenticationError",
@@ -157,6 +158,10 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "pipeline.config",
         "pipeline.evals",
         "pipeline.errors",
+        "pipeline.gateway.settings",
+        "pipeline.gateway.wire",
+        "pipeline.gateway.app",
+        "pipeline.gateway.server",
     ],
 )
 def test_every_module_declares_all(module_name: str) -> None:

@@ -157,3 +157,32 @@ def test_the_fake_servers_import_numpy_only_when_embedding() -> None:
             node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module
         ]
         assert not any(name.startswith("numpy") for name in top_level + modules), module
+
+
+async def test_fake_server_tells_when_a_client_leaves_a_hanging_response() -> None:
+    import json
+
+    import httpx2 as httpx
+
+    from pipeline.testing import FakeOpenAIServer, FakeResponse
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with FakeOpenAIServer() as server, httpx.AsyncClient() as http:
+        server.script(FakeResponse(chunks=["a", "b"], hang_after=2), FakeResponse(hang=True))
+        async with http.stream("POST", f"{server.base_url}/chat/completions", json=body) as r:
+            events: list[str] = []
+            async for line in r.aiter_lines():
+                if line:
+                    events.append(line.removeprefix("data: "))
+                if len(events) == 2:
+                    break  # the role chunk and "a"; the server now holds the rest
+        assert json.loads(events[1])["choices"][0]["delta"] == {"content": "a"}
+        await server.wait_for_disconnects(1)
+        call = asyncio.create_task(http.post(f"{server.base_url}/chat/completions", json=body))
+        await server.wait_for_requests(2)
+        assert server.disconnects == 1  # the second client is still there
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await server.wait_for_disconnects(2)
+        assert server.disconnects == 2

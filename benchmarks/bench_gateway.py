@@ -1,0 +1,506 @@
+"""The gateway under load, against LiteLLM's proxy in front of the same fake upstream.
+
+    python benchmarks/bench_gateway.py                       # both shapes, concurrency 1 and 16
+    python benchmarks/bench_gateway.py --litellm-python /path/to/venv/bin/python
+    python benchmarks/bench_gateway.py --no-litellm          # our gateway only
+
+Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
+(``chat-pipeline fake-server``), ``chat-pipeline serve`` (one worker, one route to the
+upstream; the same with an ordered failover router, a circuit breaker and retry in front
+of it; and one with an in-process scripted route: the gateway's own work, without an
+upstream call), and the LiteLLM proxy (``litellm[proxy]``, one worker, one model proxying to
+the upstream, no database, no retries, run offline). The servers are pinned to core 0;
+the upstream and this load generator share core 1.
+
+The load generator is a bounded, minimal HTTP/1.1 client (keep-alive connections, one
+request in flight on each; a fixed number of requests; a deadline): `--concurrency`
+connections send `--requests` requests in all, after `--warmup` unmeasured ones. For each
+server it reports throughput, p50 and p99 latency (to the last byte), and the server's CPU
+time per request, read from ``/proc`` (the server process and its children) before and
+after: "per core" is requests per CPU-second of the server. Rounds interleave the servers,
+and the best round of each is kept, so a busy machine slows every server alike; ratios
+compare figures from the same run.
+
+LiteLLM runs from the interpreter given by ``--litellm-python`` (default: this one), which
+needs ``pip install 'litellm[proxy]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVER_CORE = 0
+CLIENT_CORE = 1
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+# Keep LiteLLM off the network and quiet: local copies of its remote data, no .env, no
+# database, errors only (the same settings the compatibility suite uses).
+LITELLM_ENV = {
+    "LITELLM_MODE": "PRODUCTION",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
+    "LITELLM_LOCAL_BLOG_POSTS": "True",
+    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
+    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
+    "LITELLM_LOG": "ERROR",
+}
+DROPPED_ENV = ("DATABASE_URL", "LITELLM_MASTER_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL")
+
+
+# Both servers authenticate each request with the same key (LiteLLM refuses to start
+# without a master key; the gateway checks its keys the same way).
+API_KEY = "sk-" + os.urandom(32).hex()
+KEYS_VARIABLE = "BENCH_GATEWAY_KEYS"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of `pid` and its live descendants."""
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += cpu_seconds(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+@dataclass
+class Server:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    path: str
+    model: str
+    log: Path
+
+
+def _pinned(core: int) -> object:
+    def pin() -> None:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, {core})
+
+    return pin
+
+
+@contextlib.contextmanager
+def started(
+    name: str,
+    argv: Sequence[str],
+    port: int,
+    *,
+    ready_path: str,
+    workdir: Path,
+    env: Mapping[str, str] | None = None,
+    core: int = SERVER_CORE,
+    path: str = "/v1/chat/completions",
+    model: str = "pipeline",
+    timeout: float = 300.0,
+) -> Iterator[Server]:
+    log = workdir / f"{name.replace(' ', '-')}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env) if env is not None else None,
+            cwd=workdir,
+            start_new_session=True,
+            preexec_fn=_pinned(core),  # type: ignore[arg-type]
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # bounded readiness poll of an external process
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} exited:\n{log.read_text(errors='replace')[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready:\n{log.read_text(errors='replace')[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.2)
+        yield Server(name, process, port, path, model, log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+# -- the load generator ---------------------------------------------------------------------
+
+
+def request_bytes(server: Server, stream: bool) -> bytes:
+    body: dict[str, object] = {
+        "model": server.model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
+    if stream:
+        body["stream"] = True
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {server.path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    )
+    return head.encode() + data
+
+
+async def one_response(reader: asyncio.StreamReader) -> int:
+    """Read one HTTP/1.1 response (Content-Length or chunked); its status."""
+    status = int((await reader.readline()).split(b" ", 2)[1])
+    length = None
+    chunked = False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    if chunked:
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                break
+    elif length is not None:
+        await reader.readexactly(length)
+    return status
+
+
+async def load(
+    server: Server, *, stream: bool, concurrency: int, requests: int, deadline: float
+) -> list[float]:
+    """Latencies of `requests` requests over `concurrency` keep-alive connections."""
+    payload = request_bytes(server, stream)
+    latencies: list[float] = []
+    per_connection = [
+        requests // concurrency + (i < requests % concurrency) for i in range(concurrency)
+    ]
+
+    async def connection(count: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        try:
+            for _ in range(count):
+                started = time.perf_counter()
+                writer.write(payload)
+                status = await one_response(reader)
+                latencies.append(time.perf_counter() - started)
+                if status != 200:
+                    raise RuntimeError(f"{server.name} answered HTTP {status}")
+        finally:
+            writer.close()
+
+    async with asyncio.timeout(deadline):
+        await asyncio.gather(*(connection(n) for n in per_connection if n))
+    return latencies
+
+
+@dataclass
+class Result:
+    throughput: float  # requests per wall-clock second
+    p50: float  # seconds
+    p99: float
+    cpu_per_request: float  # server CPU seconds per request
+
+    @property
+    def per_core(self) -> float:
+        return 1.0 / self.cpu_per_request if self.cpu_per_request else float("inf")
+
+
+def measure(
+    server: Server, *, stream: bool, concurrency: int, requests: int, warmup: int
+) -> Result:
+    asyncio.run(load(server, stream=stream, concurrency=concurrency, requests=warmup, deadline=300))
+    before = cpu_seconds(server.process.pid)
+    started = time.perf_counter()
+    latencies = asyncio.run(
+        load(server, stream=stream, concurrency=concurrency, requests=requests, deadline=600)
+    )
+    elapsed = time.perf_counter() - started
+    cpu = cpu_seconds(server.process.pid) - before
+    latencies.sort()
+    return Result(
+        throughput=len(latencies) / elapsed,
+        p50=statistics.median(latencies),
+        p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
+        cpu_per_request=cpu / len(latencies),
+    )
+
+
+# -- the servers ------------------------------------------------------------------------------
+
+
+def gateway_config(workdir: Path, upstream: str, full: bool | None) -> Path:
+    """One route to the upstream; with `full`, failover, a breaker and retry in front of
+    it; with `full` None, a scripted in-process route (the gateway's own work alone)."""
+    name = {False: "gateway.toml", True: "gateway-full.toml", None: "gateway-scripted.toml"}
+    path = workdir / name[full]
+    gateway = f'[gateway]\napi_keys_env = "{KEYS_VARIABLE}"\n'
+    if full is None:
+        path.write_text(
+            '[routes.primary]\nprovider = "scripted"\nreply = "Hello from the fake server."\n'
+            + gateway
+        )
+        return path
+    if not full:
+        path.write_text(
+            f'[routes.primary]\nprovider = "openai"\nmodel = "fake-model"\n'
+            f'base_url = "{upstream}"\n{gateway}'
+        )
+        return path
+    path.write_text(
+        gateway
+        + f"""
+[routes.primary]
+provider = "openai"
+model = "fake-model"
+base_url = "{upstream}"
+retry = {{ max_attempts = 2 }}
+breaker = {{ fail_max = 5, reset_timeout = 30 }}
+
+[routes.backup]
+provider = "openai"
+model = "fake-model"
+base_url = "{upstream}"
+
+[router]
+kind = "ordered"
+order = ["primary", "backup"]
+"""
+    )
+    return path
+
+
+def litellm_config(workdir: Path, upstream: str) -> Path:
+    config = {
+        "model_list": [
+            {
+                "model_name": "fake-model",
+                "litellm_params": {
+                    "model": "openai/fake-model",
+                    "api_key": "sk-upstream",
+                    "api_base": upstream,
+                },
+            }
+        ],
+        # Like our gateway here: no retries, no cooldowns, no database; one key.
+        "litellm_settings": {"num_retries": 0, "request_timeout": 60},
+        "router_settings": {"num_retries": 0, "disable_cooldowns": True},
+        "general_settings": {"master_key": API_KEY},
+    }
+    path = workdir / "litellm.yaml"
+    path.write_text(json.dumps(config, indent=2))  # JSON is YAML
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=["non-streaming", "streaming"],
+        choices=["non-streaming", "streaming"],
+    )
+    parser.add_argument("--litellm-python", default=sys.executable)
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument(
+        "--scripted",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the gateway with an in-process scripted route (its own work)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, {CLIENT_CORE})
+    workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    results: dict[str, dict[str, Result]] = {}
+    try:
+        with contextlib.ExitStack() as stack:
+            upstream_port = free_port()
+            upstream = stack.enter_context(_fake_upstream(workdir, upstream_port))
+            servers = []
+            variants: dict[bool | None, str] = {
+                False: "",
+                True: " (failover+breaker+retry)",
+                None: " (scripted route, no upstream)",
+            }
+            for full, suffix in variants.items():
+                if full is None and not args.scripted:
+                    continue
+                port = free_port()
+                name = "chat-pipeline serve" + suffix
+                servers.append(
+                    stack.enter_context(
+                        started(
+                            name,
+                            [
+                                sys.executable,
+                                "-m",
+                                "pipeline",
+                                "serve",
+                                "--config",
+                                str(gateway_config(workdir, upstream, full)),
+                                "--port",
+                                str(port),
+                                "--log-level",
+                                "warning",
+                            ],
+                            port,
+                            ready_path="/readyz",
+                            workdir=workdir,
+                            env={**os.environ, KEYS_VARIABLE: API_KEY},
+                        )
+                    )
+                )
+            if not args.no_litellm:
+                port = free_port()
+                env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+                env.update(LITELLM_ENV)
+                servers.append(
+                    stack.enter_context(
+                        started(
+                            "LiteLLM proxy",
+                            [
+                                args.litellm_python,
+                                "-m",
+                                "litellm.proxy.proxy_cli",
+                                "--config",
+                                str(litellm_config(workdir, upstream)),
+                                "--host",
+                                "127.0.0.1",
+                                "--port",
+                                str(port),
+                                "--num_workers",
+                                "1",
+                            ],
+                            port,
+                            ready_path="/health/liveliness",
+                            workdir=workdir,
+                            env=env,
+                            model="fake-model",
+                        )
+                    )
+                )
+            for shape in args.shapes:
+                for concurrency in args.concurrency:
+                    key = f"{shape}, concurrency {concurrency}"
+                    best: dict[str, Result] = {}
+                    for _ in range(args.rounds):
+                        for server in servers:
+                            result = measure(
+                                server,
+                                stream=shape == "streaming",
+                                concurrency=concurrency,
+                                requests=args.requests,
+                                warmup=args.warmup,
+                            )
+                            kept = best.get(server.name)
+                            if kept is None or result.cpu_per_request < kept.cpu_per_request:
+                                best[server.name] = result
+                    results[key] = best
+                    report(key, best)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {key: {name: vars(r) for name, r in rows.items()} for key, rows in results.items()},
+                indent=2,
+            )
+        )
+    return 0
+
+
+@contextlib.contextmanager
+def _fake_upstream(workdir: Path, port: int) -> Iterator[str]:
+    """``chat-pipeline fake-server`` pinned to the client's core; ready when it says so."""
+    log = workdir / "upstream.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_pinned(CLIENT_CORE),  # type: ignore[arg-type]
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "fake OpenAI-compatible server" not in log.read_text(errors="replace"):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the fake upstream did not start:\n" + log.read_text())
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def report(key: str, rows: Mapping[str, Result]) -> None:
+    print(f"\n{key}")
+    print(
+        f"  {'server':44} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/req':>11} "
+        f"{'req/CPU-s':>10}"
+    )
+    for name, r in rows.items():
+        print(
+            f"  {name:44} {r.throughput:8.0f} {r.p50 * 1000:8.2f} {r.p99 * 1000:8.2f} "
+            f"{r.cpu_per_request * 1000:11.3f} {r.per_core:10.0f}"
+        )
+    litellm = rows.get("LiteLLM proxy")
+    ours = rows.get("chat-pipeline serve")
+    if litellm is not None and ours is not None:
+        print(
+            f"  chat-pipeline serve / LiteLLM proxy: {ours.per_core / litellm.per_core:.1f}x "
+            f"throughput per core, {ours.throughput / litellm.throughput:.1f}x throughput, "
+            f"p99 {ours.p99 * 1000:.2f} vs {litellm.p99 * 1000:.2f} ms"
+        )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""`GatewaySettings`: the ``[gateway]`` table of a pipeline's TOML file.
+
+This module imports neither Starlette nor uvicorn, so the config loader can validate a
+``[gateway]`` table without the ``gateway`` extra installed. Secrets are never settings:
+the API keys and the Redis URL are read from the environment variables the table names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection
+from typing import Annotated
+
+from pydantic import AfterValidator, Field, StringConstraints
+
+from pipeline._settings import Settings, suggest
+
+__all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys"]
+
+PIPELINE_MODEL = "pipeline"
+"""The model name that means the whole configured pipeline (router, failover and layers)."""
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError("expected the name of an environment variable (letters, digits, _)")
+    return value
+
+
+def _model_names(value: dict[str, str]) -> dict[str, str]:
+    for alias in value:
+        if not _MODEL_NAME.match(alias):
+            raise ValueError(
+                "model names are 1-128 letters, digits and . _ : / - (starting with a letter "
+                "or digit)"
+            )
+    return value
+
+
+_EnvName = Annotated[str, AfterValidator(_env_name)]
+_Target = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+def api_keys(value: str) -> list[str]:
+    """The keys of a comma-separated list (blanks around and between keys ignored)."""
+    return [key.strip() for key in value.split(",") if key.strip()]
+
+
+class GatewaySettings(Settings):
+    """How `chat-pipeline serve` serves the pipeline.
+
+    * `api_keys_env`: the variable holding the accepted API keys, comma-separated; clients
+      send one as ``Authorization: Bearer KEY``. Without it the gateway accepts any caller
+      (for a private network or a load balancer that authenticates);
+    * `max_body_bytes`: larger request bodies get 413;
+    * `max_concurrent_per_key`: requests one key may have in flight in one worker process
+      (``None``: no limit); one more gets 429 with ``Retry-After: retry_after``;
+    * `retry_after`: seconds a 429 (or a 503 without the provider's own hint) asks to wait;
+    * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
+      before they are cancelled (a stream cancelled this way ends with an in-band error);
+    * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``
+      (default: ``pipeline`` and every route by its own name);
+    * `redis_url_env`: a Redis that `/readyz` checks (the Redis of shared breakers and
+      session affinity is checked too); `readiness_timeout` bounds each check.
+    """
+
+    api_keys_env: _EnvName | None = None
+    max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
+    max_concurrent_per_key: Annotated[int, Field(ge=1, le=1_000_000)] | None = 64
+    retry_after: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    drain_timeout: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    models: Annotated[dict[str, _Target], AfterValidator(_model_names)] | None = None
+    redis_url_env: _EnvName | None = None
+    readiness_timeout: Annotated[float, Field(gt=0, le=60)] = 0.5
+
+    def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
+        """Model name -> route name or ``"pipeline"``: what clients may ask for."""
+        if self.models is not None:
+            return dict(self.models)
+        return {PIPELINE_MODEL: PIPELINE_MODEL, **{name: name for name in route_names}}
+
+    def problems(self, route_names: Collection[str]) -> list[tuple[str, str]]:
+        """What the environment and the routes say is wrong with these settings, as
+        ``(key path, what is wrong)``: a named variable unset (or holding no key), a model
+        naming no route."""
+        found: list[tuple[str, str]] = []
+        if self.api_keys_env is not None:
+            value = os.environ.get(self.api_keys_env)
+            if not value:
+                found.append(
+                    (
+                        "gateway.api_keys_env",
+                        f"the environment variable {self.api_keys_env} is not set",
+                    )
+                )
+            elif not api_keys(value):
+                found.append(
+                    (
+                        "gateway.api_keys_env",
+                        f"the environment variable {self.api_keys_env} holds no key "
+                        "(expected comma-separated keys)",
+                    )
+                )
+        if self.redis_url_env is not None and not os.environ.get(self.redis_url_env):
+            found.append(
+                (
+                    "gateway.redis_url_env",
+                    f"the environment variable {self.redis_url_env} is not set",
+                )
+            )
+        for alias, target in (self.models or {}).items():
+            if target != PIPELINE_MODEL and target not in route_names:
+                found.append(
+                    (
+                        f"gateway.models.{alias}",
+                        f"names no route: {target!r} (a route name or {PIPELINE_MODEL!r})"
+                        + suggest(target, [*route_names, PIPELINE_MODEL]),
+                    )
+                )
+        return found

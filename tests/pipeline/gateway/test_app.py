@@ -1,0 +1,816 @@
+"""The gateway over real HTTP, with the official `openai` SDK as its client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from opentelemetry import propagate
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, StatusCode
+
+from middleware.routing._telemetry import ROUTE_OUTCOME
+from pipeline.gateway.app import CLIENT_DISCONNECTED, SESSION_HEADER
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.otel import Otel
+from tests.pipeline.gateway.conftest import Running, config, running
+
+pytestmark = pytest.mark.gateway
+
+MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+TEXT = "Hello from the fake server."
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@dataclass
+class Answer:
+    """What the client got, from either call shape."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    model: str | None = None
+    usage: Any = None
+    tool_calls: list[Any] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)
+
+
+async def ask(client: openai.AsyncOpenAI, streaming: bool, **options: Any) -> Answer:
+    options.setdefault("model", "pipeline")
+    options.setdefault("messages", MESSAGES)
+    if not streaming:
+        response = await client.chat.completions.create(**options)
+        choice = response.choices[0]
+        return Answer(
+            text=choice.message.content or "",
+            finish_reason=choice.finish_reason,
+            model=response.model,
+            usage=response.usage,
+            tool_calls=list(choice.message.tool_calls or []),
+        )
+    answer = Answer()
+    stream = await client.chat.completions.create(stream=True, **options)
+    async with stream:
+        async for chunk in stream:
+            answer.chunks.append(chunk)
+            answer.model = chunk.model
+            if chunk.usage is not None:
+                answer.usage = chunk.usage
+            for choice in chunk.choices:
+                answer.text += choice.delta.content or ""
+                answer.tool_calls += choice.delta.tool_calls or []
+                answer.finish_reason = choice.finish_reason or answer.finish_reason
+    return answer
+
+
+@pytest.fixture
+async def two_routes(primary: FakeOpenAIServer, backup: FakeOpenAIServer) -> AsyncIterator[Running]:
+    async with running(config({"primary": primary, "backup": backup})) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def one_route(primary: FakeOpenAIServer) -> AsyncIterator[Running]:
+    async with running(config({"primary": primary})) as gateway:
+        yield gateway
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+async def test_answers_in_the_chat_completions_format(
+    two_routes: Running, primary: FakeOpenAIServer, streaming: bool
+) -> None:
+    client = two_routes.client()
+    answer = await ask(
+        client, streaming, stream_options={"include_usage": True} if streaming else None
+    )
+    assert answer.text == TEXT
+    assert answer.finish_reason == "stop"
+    assert answer.model == "model-primary"  # the model that served it
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (5, 7)
+    assert answer.usage.total_tokens == 12
+    if streaming:
+        assert len({chunk.id for chunk in answer.chunks}) == 1
+        assert answer.chunks[0].choices[0].delta.role == "assistant"
+        assert [c.choices[0].delta.role for c in answer.chunks[1:] if c.choices] == [None] * (
+            len(answer.chunks) - 2
+        )
+        assert answer.chunks[-1].choices == []  # the usage chunk comes last
+    request = primary.requests[-1].json
+    assert request["model"] == "model-primary"  # the route's model, not the client's name
+    assert request["messages"] == MESSAGES
+    await client.close()
+
+
+async def test_usage_chunk_only_when_asked(two_routes: Running) -> None:
+    client = two_routes.client()
+    answer = await ask(client, True)
+    assert answer.text == TEXT
+    assert answer.usage is None
+    assert all(chunk.choices for chunk in answer.chunks)
+    await client.close()
+
+
+async def test_options_reach_the_model(two_routes: Running, primary: FakeOpenAIServer) -> None:
+    client = two_routes.client()
+    await client.chat.completions.create(
+        model="pipeline",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        ],
+        temperature=0.5,
+        top_p=0.9,
+        max_completion_tokens=50,
+        stop="END",
+        seed=7,
+        response_format={"type": "json_object"},
+        presence_penalty=0.5,
+        user="someone",
+    )
+    request = primary.requests[-1].json
+    assert request["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    assert request["temperature"] == 0.5 and request["top_p"] == 0.9
+    assert request["max_completion_tokens"] == 50
+    assert request["stop"] == ["END"] and request["seed"] == 7
+    assert request["response_format"] == {"type": "json_object"}
+    assert request["presence_penalty"] == 0.5
+    assert "user" not in request  # it describes the caller: accepted, not passed on
+    await client.close()
+
+
+async def test_client_tools_reach_the_model_and_its_calls_come_back(
+    two_routes: Running, primary: FakeOpenAIServer, streaming: bool
+) -> None:
+    primary.script(FakeResponse(text="", tool_calls=[("get_weather", '{"city": "Paris"}')]))
+    client = two_routes.client()
+    answer = await ask(client, streaming, tools=[WEATHER_TOOL], tool_choice="required")
+    assert answer.finish_reason == "tool_calls"
+    assert answer.text == ""
+    assert [call.function.name for call in answer.tool_calls] == ["get_weather"]
+    assert json.loads(answer.tool_calls[0].function.arguments) == {"city": "Paris"}
+    assert answer.tool_calls[0].id == "call_0"
+    request = primary.requests[-1].json
+    assert request["tools"] == [WEATHER_TOOL]  # the client's definition, as it was
+    assert request["tool_choice"] == "required"
+    # The next turn carries the call and its result back to the model.
+    follow_up = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": "Sunny, 21 C"},
+    ]
+    answer = await ask(client, streaming, messages=follow_up, tools=[WEATHER_TOOL])
+    assert answer.text == TEXT
+    sent = primary.requests[-1].json["messages"]
+    assert sent[1]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris"}',
+    }
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_0", "content": "Sunny, 21 C"}
+    await client.close()
+
+
+# -- failover and failures --------------------------------------------------------------------
+
+
+async def test_failover_before_output_is_one_uninterrupted_answer(
+    two_routes: Running, primary: FakeOpenAIServer, backup: FakeOpenAIServer, streaming: bool
+) -> None:
+    primary.script(FakeResponse.error(503))
+    backup.script(FakeResponse(text="The backup answered this."))
+    client = two_routes.client()
+    answer = await ask(client, streaming)
+    assert answer.text == "The backup answered this."
+    assert answer.model == "model-backup"
+    assert (primary.count(), backup.count()) == (1, 1)
+    if streaming:  # one stream, started once
+        roles = [c.choices[0].delta.role for c in answer.chunks if c.choices]
+        assert roles.count("assistant") == 1
+    await client.close()
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        FakeResponse(
+            chunks=["Hello ", "wor", "ld"],
+            in_band_error={"type": "server_error", "code": "server_error"},
+            error_after=3,
+        ),
+        FakeResponse(chunks=["Hello ", "wor", "ld"], disconnect_after=3),
+    ],
+    ids=["in-band-error", "cut-connection"],
+)
+async def test_failure_after_output_is_an_in_band_error_and_never_fails_over(
+    two_routes: Running,
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    failure: FakeResponse,
+) -> None:
+    primary.script(failure)
+    client = two_routes.client()
+    received = ""
+    stream = await client.chat.completions.create(model="pipeline", messages=MESSAGES, stream=True)
+    with pytest.raises(openai.APIError) as raised:
+        async for chunk in stream:
+            received += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert received == "Hello wor"  # what was streamed stays streamed, nothing repeated
+    assert raised.value.code == "upstream_unavailable"
+    assert (primary.count(), backup.count()) == (1, 0)
+    await client.close()
+
+
+async def test_in_band_error_ends_the_stream_without_done(
+    one_route: Running, primary: FakeOpenAIServer
+) -> None:
+    primary.script(
+        FakeResponse(
+            chunks=["a", "b"],
+            in_band_error={"type": "server_error", "code": "server_error"},
+            error_after=2,
+        )
+    )
+    async with httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{one_route.base_url}/chat/completions",
+            json={"model": "pipeline", "messages": MESSAGES, "stream": True},
+        )
+    assert response.status_code == 200
+    events = [line for line in response.text.split("\n\n") if line]
+    assert "[DONE]" not in response.text
+    last = json.loads(events[-1].removeprefix("data: "))
+    assert last == {
+        "error": {
+            "message": "the model provider is unavailable; retry later (provider openai)",
+            "type": "server_error",
+            "param": None,
+            "code": "upstream_unavailable",
+        }
+    }
+    assert json.loads(events[1].removeprefix("data: "))["choices"][0]["delta"] == {"content": "a"}
+
+
+# -- client disconnects -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("streaming", "moment"),
+    # A non-streaming answer has no output before it is complete.
+    [(False, "before-output"), (True, "before-output"), (True, "after-output")],
+    ids=[
+        "get_response",
+        "get_streaming_response-before-output",
+        "get_streaming_response-after-output",
+    ],
+)
+async def test_client_disconnect_cancels_the_request_and_upstream(
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    otel: Otel,
+    streaming: bool,
+    moment: str,
+) -> None:
+    cfg = config({"primary": primary, "backup": backup})
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client()
+        if moment == "after-output":
+            primary.script(FakeResponse(chunks=["Hello ", "world"], hang_after=2))
+            stream = await client.chat.completions.create(
+                model="pipeline", messages=MESSAGES, stream=True
+            )
+            received = ""
+            async for chunk in stream:
+                received += chunk.choices[0].delta.content or ""
+                if received:
+                    break
+            assert received == "Hello "
+            await stream.close()  # the client goes away mid-stream
+        else:
+            primary.script(FakeResponse(hang=True))
+            call = asyncio.create_task(ask(client, streaming))
+            await primary.wait_for_requests(1)
+            call.cancel()  # the client goes away while waiting
+            with pytest.raises(asyncio.CancelledError):
+                await call
+        await primary.wait_for_disconnects(1)  # the upstream saw its call closed
+        await gateway.gateway.wait_idle()
+        assert backup.count() == 0  # cancellation never fails over
+        attempts = otel.attempt_spans()
+        assert [a.attributes[ROUTE_OUTCOME] for a in attempts] == ["canceled"]
+        server = next(s for s in otel.finished() if s.kind is SpanKind.SERVER)
+        assert server.attributes[CLIENT_DISCONNECTED] is True
+        assert server.status.status_code is StatusCode.UNSET  # cancellation is no error
+        await client.close()
+
+
+# -- error statuses ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("upstream", "status", "error", "code"),
+    [
+        (
+            FakeResponse.error(429, retry_after="7"),
+            429,
+            openai.RateLimitError,
+            "rate_limit_exceeded",
+        ),
+        (
+            FakeResponse.error(400, code="invalid_value"),
+            400,
+            openai.BadRequestError,
+            "invalid_value",  # the provider's code, when it is a plain token
+        ),
+        (
+            FakeResponse.error(400, code="context_length_exceeded"),
+            400,
+            openai.BadRequestError,
+            "context_length_exceeded",
+        ),
+        (
+            FakeResponse.error(400, code="content_filter"),
+            400,
+            openai.BadRequestError,
+            "content_filter",
+        ),
+        (
+            FakeResponse.error(401),
+            401,
+            openai.AuthenticationError,
+            "upstream_authentication_failed",
+        ),
+        (FakeResponse.error(503), 503, openai.InternalServerError, "upstream_unavailable"),
+    ],
+    ids=["rate-limited", "invalid", "context-length", "content-filter", "auth", "unavailable"],
+)
+async def test_provider_failures_become_their_http_status(
+    one_route: Running,
+    primary: FakeOpenAIServer,
+    streaming: bool,
+    upstream: FakeResponse,
+    status: int,
+    error: type[openai.APIStatusError],
+    code: str | None,
+) -> None:
+    primary.script(upstream)
+    client = one_route.client()
+    with pytest.raises(error) as raised:
+        await ask(client, streaming)
+    assert raised.value.status_code == status
+    assert raised.value.code == code
+    assert raised.value.type in (
+        "rate_limit_error",
+        "invalid_request_error",
+        "authentication_error",
+        "server_error",
+    )
+    if status == 429:
+        assert raised.value.response.headers["retry-after"] == "7"
+    if status == 503:
+        assert raised.value.response.headers["retry-after"] == "1"
+    assert primary.count() == 1
+    await client.close()
+
+
+async def test_open_circuit_is_503_without_calling_the_route(
+    primary: FakeOpenAIServer, streaming: bool
+) -> None:
+    cfg = config(
+        {"primary": primary},
+        route_options={"primary": {"breaker": {"fail_max": 1, "reset_timeout": 600}}},
+    )
+    primary.script(FakeResponse.error(503))
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        with pytest.raises(openai.InternalServerError):
+            await ask(client, streaming)
+        with pytest.raises(openai.InternalServerError) as raised:
+            await ask(client, streaming)
+        assert raised.value.code == "circuit_open"
+        assert primary.count() == 1
+        await client.close()
+
+
+@pytest.mark.parametrize("limit", ["request_timeout", "attempt_timeout"])
+async def test_timeouts_are_504(primary: FakeOpenAIServer, streaming: bool, limit: str) -> None:
+    cfg = config({"primary": primary}, router={limit: 0.2})
+    primary.script(FakeResponse(hang=True))
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        with pytest.raises(openai.APIStatusError) as raised:
+            await ask(client, streaming)
+        assert raised.value.status_code == 504
+        assert raised.value.code == "timeout"
+        await primary.wait_for_disconnects(1)  # the cut attempt closed its upstream call
+        await client.close()
+
+
+async def test_invalid_requests_are_400_naming_the_parameter(one_route: Running) -> None:
+    client = one_route.client()
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(model="pipeline", messages=MESSAGES, temperature=5)
+    assert raised.value.param == "temperature"
+    assert raised.value.code == "invalid_value"
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(
+            model="pipeline", messages=MESSAGES, extra_body={"frobnicate": True}
+        )
+    assert raised.value.code == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as raised:
+        await client.chat.completions.create(
+            model="pipeline", messages=[{"role": "wizard", "content": "secret words"}]
+        )
+    assert raised.value.param == "messages[0].role"
+    assert "secret words" not in str(raised.value.body)
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"{one_route.base_url}/chat/completions", content=b"{nope")
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "invalid_json"
+        response = await http.get(f"{one_route.base_url}/chat/completions")
+        assert response.status_code == 405
+        assert response.json()["error"]["type"] == "invalid_request_error"
+        response = await http.get(f"{one_route.url}/v2/nothing")
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+    await client.close()
+
+
+async def test_unknown_model_is_404(one_route: Running, primary: FakeOpenAIServer) -> None:
+    client = one_route.client()
+    with pytest.raises(openai.NotFoundError) as raised:
+        await client.chat.completions.create(model="gpt-5", messages=MESSAGES)
+    assert raised.value.code == "model_not_found"
+    assert primary.count() == 0
+    await client.close()
+
+
+async def test_api_keys_are_required_and_compared(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-one, key-two")
+    cfg = config({"primary": primary}, gateway={"api_keys_env": "GATEWAY_TEST_KEYS"})
+    async with running(cfg) as gateway:
+        for key in ("key-one", "key-two"):
+            client = gateway.client(key)
+            assert (await ask(client, False)).text == TEXT
+            await client.close()
+        for key in ("key-three", "key-one2", "key-", "KEY-ONE"):
+            client = gateway.client(key)
+            with pytest.raises(openai.AuthenticationError) as raised:
+                await ask(client, False)
+            assert raised.value.body == {
+                "message": "missing or invalid API key",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+            with pytest.raises(openai.AuthenticationError):
+                await client.models.list()
+            await client.close()
+        async with httpx.AsyncClient() as http:
+            response = await http.post(
+                f"{gateway.base_url}/chat/completions",
+                json={"model": "pipeline", "messages": MESSAGES},
+            )
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"] == "Bearer"
+            # Health and readiness are for the load balancer: no key needed.
+            assert (await http.get(f"{gateway.url}/healthz")).status_code == 200
+    assert primary.count() == 2
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_request_body_limit_is_413(primary: FakeOpenAIServer, chunked: bool) -> None:
+    cfg = config({"primary": primary}, gateway={"max_body_bytes": 2048})
+    body = json.dumps(
+        {"model": "pipeline", "messages": [{"role": "user", "content": "x" * 4000}]}
+    ).encode()
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    async with running(cfg) as gateway, httpx.AsyncClient() as http:
+        response = await http.post(
+            f"{gateway.base_url}/chat/completions", content=pieces() if chunked else body
+        )
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "request_too_large"
+        small = await http.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": "pipeline", "messages": MESSAGES},
+        )
+        assert small.status_code == 200
+    assert primary.count() == 1
+
+
+async def test_concurrency_limit_per_key_is_429_with_retry_after(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-a,key-b")
+    cfg = config(
+        {"primary": primary},
+        gateway={
+            "api_keys_env": "GATEWAY_TEST_KEYS",
+            "max_concurrent_per_key": 1,
+            "retry_after": 2,
+        },
+    )
+    async with running(cfg) as gateway:
+        a, b = gateway.client("key-a"), gateway.client("key-b")
+        primary.script(FakeResponse(hang=True))
+        busy = asyncio.create_task(ask(a, False))
+        await primary.wait_for_requests(1)
+        with pytest.raises(openai.RateLimitError) as raised:
+            await ask(a, True)
+        assert raised.value.code == "concurrency_limit_exceeded"
+        assert raised.value.response.headers["retry-after"] == "2"
+        assert (await ask(b, False)).text == TEXT  # another key is not limited
+        busy.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await busy
+        await primary.wait_for_disconnects(1)
+        await gateway.gateway.wait_idle()
+        assert (await ask(a, False)).text == TEXT  # the slot was given back
+        assert primary.count() == 3
+        await a.close()
+        await b.close()
+
+
+# -- models, health, readiness ----------------------------------------------------------------
+
+
+async def test_models_lists_and_serves_the_configured_names(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer
+) -> None:
+    cfg = config(
+        {"primary": primary, "backup": backup},
+        gateway={"models": {"smart": "pipeline", "gpt-4o-mini": "primary"}},
+    )
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["smart", "gpt-4o-mini"]
+        primary.script(FakeResponse.error(503), FakeResponse.error(503))
+        # The pipeline fails over; a route asked for by name is that route alone.
+        assert (await ask(client, False, model="smart")).model == "model-backup"
+        with pytest.raises(openai.InternalServerError):
+            await ask(client, False, model="gpt-4o-mini")
+        assert (primary.count(), backup.count()) == (2, 1)
+        with pytest.raises(openai.NotFoundError):
+            await ask(client, False, model="pipeline")  # not exposed by this file
+        await client.close()
+
+
+async def test_default_models_are_the_pipeline_and_every_route(two_routes: Running) -> None:
+    client = two_routes.client()
+    assert [m.id for m in (await client.models.list()).data] == ["pipeline", "primary", "backup"]
+    assert (await ask(client, True, model="backup")).model == "model-backup"
+    await client.close()
+
+
+async def test_health_and_readiness(
+    primary: FakeOpenAIServer, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_REDIS", redis_url)
+    cfg = config({"primary": primary}, gateway={"redis_url_env": "GATEWAY_TEST_REDIS"})
+    async with running(cfg) as gateway, httpx.AsyncClient() as http:
+        assert (await http.get(f"{gateway.url}/healthz")).json() == {"status": "ok"}
+        response = await http.get(f"{gateway.url}/readyz")
+        assert response.status_code == 200
+        assert response.json() == {
+            "status": "ready",
+            "checks": {"pipeline": "ok", "redis:gateway": "ok"},
+        }
+
+
+async def test_readiness_fails_fast_when_redis_does_not_answer(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with contextlib.closing(__import__("socket").socket()) as unused:
+        unused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = unused.getsockname()[1]
+        monkeypatch.setenv("GATEWAY_TEST_REDIS", f"redis://127.0.0.1:{port}/0")
+        cfg = config(
+            {"primary": primary},
+            gateway={"redis_url_env": "GATEWAY_TEST_REDIS", "readiness_timeout": 0.5},
+        )
+        async with running(cfg) as gateway, httpx.AsyncClient() as http:
+            response = await http.get(f"{gateway.url}/readyz")
+            assert response.status_code == 503
+            body = response.json()
+            assert body["status"] == "not ready"
+            assert body["checks"]["pipeline"] == "ok"
+            assert body["checks"]["redis:gateway"].startswith("unavailable (")
+            assert str(port) not in response.text  # the URL is never shown
+
+
+# -- telemetry and logs -----------------------------------------------------------------------
+
+
+async def test_the_callers_trace_continues_through_the_gateway(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer, otel: Otel, streaming: bool
+) -> None:
+    cfg = config({"primary": primary, "backup": backup}, layers={"telemetry": True})
+    primary.script(FakeResponse.error(503))
+    caller = TracerProvider().get_tracer("caller")
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client()
+        with caller.start_as_current_span("caller") as span:
+            headers: dict[str, str] = {}
+            propagate.inject(headers)
+            answer = await ask(client, streaming, extra_headers=headers)
+        assert answer.text == TEXT
+        await gateway.gateway.wait_idle()
+        await client.close()
+    caller_context = span.get_span_context()
+    spans = otel.finished()
+    assert {s.context.trace_id for s in spans} == {caller_context.trace_id}
+    server = next(s for s in spans if s.kind is SpanKind.SERVER)
+    assert server.name == "POST /v1/chat/completions"
+    assert server.parent is not None and server.parent.span_id == caller_context.span_id
+    assert server.attributes["http.response.status_code"] == 200
+    assert server.attributes["http.route"] == "/v1/chat/completions"
+    chat = next(s for s in spans if s.name.startswith("chat "))
+    assert chat.parent is not None and chat.parent.span_id == server.context.span_id
+    attempts = otel.attempt_spans()
+    assert [a.attributes[ROUTE_OUTCOME] for a in attempts] == ["failed_before_output", "completed"]
+    assert otel.total("http.server.request.duration", **{"http.response.status_code": 200}) == 1
+
+
+async def test_no_prompt_response_tool_argument_or_key_in_logs_or_spans(
+    primary: FakeOpenAIServer,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    streaming: bool,
+) -> None:
+    canary = "CANARY-7f3a"
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", f"key-{canary}")
+    cfg = config(
+        {"primary": primary},
+        gateway={"api_keys_env": "GATEWAY_TEST_KEYS"},
+        layers={"telemetry": True, "logging": True},
+    )
+    caplog.set_level(logging.DEBUG)
+    messages = [{"role": "user", "content": f"my secret is {canary}"}]
+    primary.script(
+        FakeResponse(
+            text=f"answer {canary}", tool_calls=[("get_weather", f'{{"city": "{canary}"}}')]
+        ),
+        FakeResponse.error(503, message=f"echo {canary}"),
+        FakeResponse(chunks=[canary], in_band_error={"type": "server_error"}, error_after=2),
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client(f"key-{canary}")
+        await ask(client, streaming, messages=messages, tools=[WEATHER_TOOL])
+        with pytest.raises(openai.APIError):
+            await ask(client, streaming, messages=messages)
+        with pytest.raises(openai.APIError):
+            await ask(client, True, messages=messages)
+        bad = gateway.client(f"wrong-{canary}")
+        with pytest.raises(openai.AuthenticationError) as raised:
+            await ask(bad, streaming, messages=messages)
+        assert canary not in raised.value.response.text
+        await gateway.gateway.wait_idle()
+        await client.close()
+        await bad.close()
+    logged = [r.getMessage() for r in caplog.records] + [str(r.args) for r in caplog.records]
+    assert any("POST /v1/chat/completions -> 503" in line for line in logged)
+    assert not [line for line in logged if canary in line]
+    assert not [text for text in otel.everything_exported() if canary in text]
+
+
+# -- shutdown ---------------------------------------------------------------------------------
+
+
+async def test_shutdown_lets_streams_in_flight_finish(primary: FakeOpenAIServer) -> None:
+    cfg = config({"primary": primary}, gateway={"drain_timeout": 30})
+    primary.script(FakeResponse(chunks=["one ", "two ", "three"], chunk_delay=0.05))
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        stream = await client.chat.completions.create(
+            model="pipeline", messages=MESSAGES, stream=True
+        )
+        received = ""
+        async for chunk in stream:
+            if chunk.choices:
+                received += chunk.choices[0].delta.content or ""
+            if received and not gateway.server.should_exit:
+                gateway.server.should_exit = True  # shutdown starts mid-stream
+        assert received == "one two three"
+        await gateway.task  # the server stopped after the stream ended
+        await client.close()
+
+
+async def test_shutdown_past_the_drain_timeout_ends_streams_with_an_error(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer
+) -> None:
+    cfg = config({"primary": primary, "backup": backup}, gateway={"drain_timeout": 0})
+    primary.script(FakeResponse(chunks=["Hello ", "world"], hang_after=2))
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        stream = await client.chat.completions.create(
+            model="pipeline", messages=MESSAGES, stream=True
+        )
+        received = ""
+        with pytest.raises(openai.APIError) as raised:
+            async for chunk in stream:
+                received += chunk.choices[0].delta.content or "" if chunk.choices else ""
+                gateway.server.should_exit = True
+        assert received == "Hello "
+        assert raised.value.code == "shutting_down"
+        await primary.wait_for_disconnects(1)  # the upstream call was closed
+        await gateway.task
+        assert backup.count() == 0
+        await client.close()
+
+
+async def test_a_session_keeps_its_route(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer
+) -> None:
+    cfg = config({"primary": primary, "backup": backup}, router={"affinity": {"store": "memory"}})
+    primary.script(FakeResponse.error(503))
+    async with running(cfg) as gateway:
+        client = gateway.client()
+        session = {SESSION_HEADER: "conversation-1"}
+        assert (await ask(client, False, extra_headers=session)).model == "model-backup"
+        assert (await ask(client, True, extra_headers=session)).model == "model-backup"
+        assert (await ask(client, False)).model == "model-primary"  # no session: in order
+        assert (primary.count(), backup.count()) == (2, 2)
+        await client.close()
+
+
+async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
+    one_route: Running,
+    primary: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import pipeline.gateway.app as app_module
+
+    def broken(*args: object, **kwargs: object) -> bytes:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app_module, "completion", broken)
+    client = one_route.client()
+    with pytest.raises(openai.InternalServerError) as raised:
+        await ask(client, False)
+    assert raised.value.status_code == 500
+    assert raised.value.body == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert any("failed: RuntimeError" in r.getMessage() for r in caplog.records)
+    assert (await ask(client, True)).text == TEXT  # the next request is served
+    await client.close()
+
+
+async def test_a_clients_stray_cancelled_error_is_a_failure_not_a_cancellation(
+    one_route: Running, streaming: bool
+) -> None:
+    from pipeline.gateway.app import _Target
+    from pipeline.testing import ScriptedChatClient, fail, reply
+
+    scripted = ScriptedChatClient([fail(asyncio.CancelledError()), reply("fine")])
+    one_route.gateway._targets["pipeline"] = _Target(scripted)
+    client = one_route.client()
+    with pytest.raises(openai.InternalServerError) as raised:
+        await ask(client, streaming)
+    assert (raised.value.status_code, raised.value.code) == (503, "upstream_error")
+    assert (await ask(client, streaming)).text == "fine"  # the server serves on
+    await client.close()

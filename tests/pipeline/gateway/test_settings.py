@@ -1,0 +1,157 @@
+"""The ``[gateway]`` table: validated by the config loader like every section."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pipeline.config import parse_config
+from pipeline.errors import ConfigError
+from pipeline.gateway.settings import GatewaySettings, api_keys
+
+ROUTES = {
+    "small": {"provider": "scripted", "reply": "s"},
+    "large": {"provider": "scripted", "reply": "l"},
+}
+ROUTER = {"kind": "ordered", "order": ["small", "large"]}
+
+
+def load(gateway: Any, **extra: Any) -> Any:
+    return parse_config({"routes": ROUTES, "router": ROUTER, "gateway": gateway, **extra})
+
+
+def problems(gateway: Any, **extra: Any) -> list[tuple[str, str]]:
+    with pytest.raises(ConfigError) as raised:
+        load(gateway, **extra)
+    return list(raised.value.problems)
+
+
+def test_absent_means_none_and_defaults_apply() -> None:
+    assert parse_config({"routes": ROUTES, "router": ROUTER}).gateway is None
+    settings = load({}).gateway
+    assert settings == GatewaySettings()
+    assert settings.max_body_bytes == 4 * 1024 * 1024
+    assert settings.exposed_models(["small", "large"]) == {
+        "pipeline": "pipeline",
+        "small": "small",
+        "large": "large",
+    }
+
+
+def test_a_full_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KEYS", "a, b ,,c")
+    monkeypatch.setenv("REDIS", "redis://127.0.0.1:1/0")
+    settings = load(
+        {
+            "api_keys_env": "KEYS",
+            "max_body_bytes": 65536,
+            "max_concurrent_per_key": 4,
+            "retry_after": 2.5,
+            "drain_timeout": 10,
+            "models": {"gpt-4o-mini": "small", "smart": "pipeline"},
+            "redis_url_env": "REDIS",
+        }
+    ).gateway
+    assert settings.max_concurrent_per_key == 4 and settings.drain_timeout == 10
+    assert settings.exposed_models(["small", "large"]) == {
+        "gpt-4o-mini": "small",
+        "smart": "pipeline",
+    }
+    assert api_keys("a, b ,,c") == ["a", "b", "c"]
+
+
+def test_every_problem_is_reported_with_its_key_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_SUCH_KEYS", raising=False)
+    monkeypatch.delenv("NO_SUCH_REDIS", raising=False)
+    found = dict(
+        problems(
+            {
+                "api_keys_env": "NO_SUCH_KEYS",
+                "redis_url_env": "NO_SUCH_REDIS",
+                "models": {"a": "smal", "b": "pipeline"},
+                "max_body_byte": 10,
+                "retry_after": 0,
+            }
+        )
+    )
+    assert found == {
+        "gateway.max_body_byte": "unknown setting; did you mean 'max_body_bytes'?",
+        "gateway.retry_after": "expected positive, got 0",
+    }
+    # The environment is checked once the table itself is valid.
+    found = dict(
+        problems(
+            {
+                "api_keys_env": "NO_SUCH_KEYS",
+                "redis_url_env": "NO_SUCH_REDIS",
+                "models": {"a": "smal", "b": "pipeline"},
+            }
+        )
+    )
+    assert found == {
+        "gateway.api_keys_env": "the environment variable NO_SUCH_KEYS is not set",
+        "gateway.redis_url_env": "the environment variable NO_SUCH_REDIS is not set",
+        "gateway.models.a": (
+            "names no route: 'smal' (a route name or 'pipeline'); did you mean 'small'?"
+        ),
+    }
+
+
+def test_keys_variable_holding_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMPTY_KEYS", " , ")
+    assert problems({"api_keys_env": "EMPTY_KEYS"}) == [
+        (
+            "gateway.api_keys_env",
+            "the environment variable EMPTY_KEYS holds no key (expected comma-separated keys)",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("table", "path"),
+    [
+        ({"api_keys": "sk-secret"}, "gateway.api_keys"),
+        ({"api_keys_env": "not a name"}, "gateway.api_keys_env"),
+        ({"models": {"bad name!": "small"}}, "gateway.models"),
+        ({"max_body_bytes": 10}, "gateway.max_body_bytes"),
+        ({"max_concurrent_per_key": 0}, "gateway.max_concurrent_per_key"),
+        ({"drain_timeout": -1}, "gateway.drain_timeout"),
+    ],
+)
+def test_bad_values(table: dict[str, Any], path: str) -> None:
+    found = problems(table)
+    assert [where for where, _ in found] == [path]
+    assert "sk-secret" not in str(found)
+
+
+def test_a_misspelt_section_gets_a_suggestion() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"routes": ROUTES, "router": ROUTER, "gatway": {}})
+    assert raised.value.problems == (("gatway", "unknown setting; did you mean 'gateway'?"),)
+
+
+def test_environments_overlay_the_table() -> None:
+    config = parse_config(
+        {
+            "routes": ROUTES,
+            "router": ROUTER,
+            "gateway": {"drain_timeout": 5, "max_concurrent_per_key": 8},
+            "environments": {"production": {"gateway": {"drain_timeout": 60}}},
+        },
+        "production",
+    )
+    assert (config.gateway.drain_timeout, config.gateway.max_concurrent_per_key) == (60, 8)
+
+
+def test_the_settings_need_neither_starlette_nor_uvicorn() -> None:
+    code = (
+        "import sys, pipeline.config, pipeline.gateway, pipeline.gateway.settings, "
+        "pipeline.gateway.wire; "
+        "print(sorted(m for m in ('starlette', 'uvicorn') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -55,6 +55,9 @@ ROUTE_TERMINAL = "ai.route.terminal"
 # On the request's span above a router: how many attempts it took, and whether a route
 # after the first served it (with ROUTE_NAME: the route of the last attempt).
 ROUTE_ATTEMPTS = "ai.route.attempts"
+# Attempt spans are steps of a chain, not model calls: without this, OpenInference readers
+# (Arize Phoenix) infer "LLM" from the GenAI attributes and list 1 + N model calls a request.
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
 ROUTE_FALLBACK = "ai.route.fallback"
 
 ATTEMPTS_METRIC = "ai.route.attempts"
@@ -101,25 +104,34 @@ class RouteTelemetry:
         )
 
     def _client_attributes(self, client: object) -> dict[str, AttributeValue]:
-        # A route's provider and server never change: computed once per client (bounded).
+        # A route's provider, server and model never change: computed once per client
+        # (bounded), with the span kind OpenInference readers (Arize Phoenix) show.
         cached = self._clients.get(id(client))
         if cached is None or cached[0] is not client:
-            attributes = client_attributes(metadata_of(client), self._provider_key)
+            metadata = metadata_of(client)
+            attributes = client_attributes(metadata, self._provider_key)
+            if metadata.model_id:
+                attributes[gen_ai.GEN_AI_REQUEST_MODEL] = metadata.model_id
+            attributes[OPENINFERENCE_SPAN_KIND] = "CHAIN"
             if len(self._clients) < 1024:
                 self._clients[id(client)] = (client, attributes)
             return attributes
         return cached[1]
 
     def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
-        """The span of one attempt, with its route's GenAI provider, server and model."""
-        attributes: dict[str, AttributeValue] = {ROUTE_NAME: route_name, ROUTE_ATTEMPT: number}
-        attributes.update(self._client_attributes(client))
-        model = model or metadata_of(client).model_id
-        if model:
-            attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
-        return self.tracer.start_span(
-            f"route_attempt {route_name}", kind=SpanKind.INTERNAL, attributes=attributes
+        """The span of one attempt, with its route's GenAI provider, server and model (the
+        attempt's own model when its options name one)."""
+        span = self.tracer.start_span(
+            f"route_attempt {route_name}",
+            kind=SpanKind.INTERNAL,
+            attributes={ROUTE_NAME: route_name, ROUTE_ATTEMPT: number},
         )
+        if span.is_recording():
+            # Only a recording span is worth the attributes (the API alone is a no-op).
+            span.set_attributes(self._client_attributes(client))
+            if model:
+                span.set_attribute(gen_ai.GEN_AI_REQUEST_MODEL, model)
+        return span
 
     def finish(
         self,

@@ -29,6 +29,7 @@ import abc
 import asyncio
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from opentelemetry import context as otel_context
@@ -228,7 +229,11 @@ class FailoverChatClient(RoutingChatClient):
 
     async def _select(self, context: RoutingContext) -> _Attempt:
         result = self.select_client(context)
-        if inspect.isawaitable(result):
+        if type(result) is CoroutineType or (
+            result is not None
+            and not isinstance(result, Route | RoutingSelection)
+            and inspect.isawaitable(result)
+        ):
             result = await result
         options: ChatOptions | None = None
         attributes: Mapping[str, AttributeValue] | None = None
@@ -391,7 +396,7 @@ class FailoverChatClient(RoutingChatClient):
         if span_token is not None:
             otel_context.detach(span_token)
 
-    async def _finish(
+    def _finish(
         self,
         context: RoutingContext,
         attempt: _Attempt,
@@ -403,9 +408,10 @@ class FailoverChatClient(RoutingChatClient):
         terminal: bool,
         usage: UsageDetails | None = None,
         response_model: str | None = None,
-    ) -> None:
+    ) -> Awaitable[Any] | None:
         """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
-        report it to `on_routing_update`."""
+        report it to `on_routing_update`; returns what is left to await, if anything (the
+        caller awaits it: on the common path nothing is, and no coroutine is made)."""
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
@@ -428,13 +434,13 @@ class FailoverChatClient(RoutingChatClient):
             report.metadata = metadata_of(record.client)
             report.attempts = record.number
             report.fallback = record.number > 1
-        if outcome == "completed" and self.affinity is not None:
-            session = context.options.session_id
-            if session is not None:
-                await self.affinity.record(session, record.route_name)
         reported = self.on_routing_update(context, record, terminal)
-        if reported is not None and inspect.isawaitable(reported):
-            await reported
+        if reported is not None and not inspect.isawaitable(reported):
+            reported = None
+        session = context.options.session_id
+        if outcome == "completed" and self.affinity is not None and session is not None:
+            return _in_turn(self.affinity.record(session, record.route_name), reported)
+        return reported
 
     async def _failed(
         self,
@@ -460,7 +466,7 @@ class FailoverChatClient(RoutingChatClient):
         else:
             outcome = "failed_before_output"
         terminal = await self._is_terminal(context, attempt, error, outcome, limit, budget)
-        await self._finish(
+        pending = self._finish(
             context,
             attempt,
             outcome=outcome,
@@ -469,6 +475,8 @@ class FailoverChatClient(RoutingChatClient):
             time_to_first_update=time_to_first_update,
             terminal=terminal,
         )
+        if pending is not None:
+            await pending
         if terminal:
             raise error
 
@@ -489,12 +497,17 @@ class FailoverChatClient(RoutingChatClient):
             clock = self._clock
             if self.affinity is not None:
                 await self._prefer(context)
+            timed = budget is not None or self.settings.attempt_timeout is not None
+            deadline = timeout = None
             while True:
                 attempt = await self._select(context)
                 self._begin(context, attempt, budget)
                 started = clock()
-                deadline = self._deadline(budget, started, len(context.attempts) + 1, limit, False)
-                timeout = self._timeout(deadline)
+                if timed:
+                    deadline = self._deadline(
+                        budget, started, len(context.attempts) + 1, limit, False
+                    )
+                    timeout = self._timeout(deadline)
                 tokens = self._enter(attempt, budget, timeout)
                 failure: BaseException | None = None
                 try:
@@ -523,7 +536,7 @@ class FailoverChatClient(RoutingChatClient):
                         budget=budget,
                     )
                     continue
-                await self._finish(
+                pending = self._finish(
                     context,
                     attempt,
                     outcome="completed",
@@ -534,6 +547,8 @@ class FailoverChatClient(RoutingChatClient):
                     usage=response.usage,
                     response_model=response.model_id,
                 )
+                if pending is not None:
+                    await pending
                 return response
         finally:
             if operation is not None:
@@ -616,7 +631,7 @@ class FailoverChatClient(RoutingChatClient):
                         mark = clock()
                         close_error = await close_stream(stream)
                         elapsed += clock() - mark
-                        await self._finish(
+                        pending = self._finish(
                             context,
                             attempt,
                             outcome="canceled" if caller_cancelling() else "abandoned",
@@ -625,6 +640,8 @@ class FailoverChatClient(RoutingChatClient):
                             time_to_first_update=first_update,
                             terminal=True,
                         )
+                        if pending is not None:
+                            await pending
                         if close_error is not None:
                             raise close_error from None
                         raise
@@ -649,7 +666,7 @@ class FailoverChatClient(RoutingChatClient):
                     budget=budget,
                 )
                 continue
-            await self._finish(
+            pending = self._finish(
                 context,
                 attempt,
                 outcome="completed",
@@ -660,10 +677,18 @@ class FailoverChatClient(RoutingChatClient):
                 usage=usage,
                 response_model=response_model,
             )
+            if pending is not None:
+                await pending
             return
 
 
 _Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
+async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
+    await first
+    if then is not None:
+        await then
+
+
 # (OpenTelemetry context, request budget, attempt timeout) tokens, or None each.
 _Tokens = tuple[Any, Any, Any]
 _NO_TOKENS: _Tokens = (None, None, None)  # nothing was made current

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from pipeline._metrics import gen_ai_client_histograms
 from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
 
@@ -86,9 +86,7 @@ class TelemetryChatClient(DelegatingChatClient):
 
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
         meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
-        self._duration = gen_ai_metrics.create_gen_ai_client_operation_duration(meter)
-        self._tokens = gen_ai_metrics.create_gen_ai_client_token_usage(meter)
-        self._first_chunk = gen_ai_metrics.create_gen_ai_client_operation_time_to_first_chunk(meter)
+        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(meter)
         self._clock = clock
         self._latest = latest_experimental_semconv()
         metadata = inner.metadata

@@ -15,6 +15,8 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from pipeline._metrics import duration_histogram
+
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
@@ -79,10 +81,10 @@ class RouteTelemetry:
             unit="{failure}",
             description="Failures after output reached the caller (no failover possible)",
         )
-        self.time_to_first_update = meter.create_histogram(
+        self.time_to_first_update = duration_histogram(
+            meter,
             TIME_TO_FIRST_UPDATE_METRIC,
-            unit="s",
-            description="Time from an attempt's start to its first update reaching the caller",
+            "Time from an attempt's start to its first update reaching the caller",
         )
         self.cost = meter.create_counter(
             COST_METRIC, unit="{currency}", description="Cost of completed attempts by route"

@@ -11,6 +11,8 @@ status, nesting made current) and the same metric records directly through the S
 floor is derived from a captured call, so it follows the layers when their spans change.
 
     python benchmarks/bench_telemetry.py [--calls 10000] [--updates 200000]
+    python benchmarks/bench_telemetry.py --instructions 300   # the floor ratios, in
+                                                             # instructions (valgrind)
 """
 
 from __future__ import annotations
@@ -168,7 +170,9 @@ async def capture(
     return roots, records
 
 
-async def sdk_floor(roots: list[SpanStep], records: list[Record], ops: int) -> float:
+async def sdk_floor(
+    roots: list[SpanStep], records: list[Record], ops: int, repeats: int = 5
+) -> float:
     """The SDK's own cost for the same spans and records, made directly through the SDK:
     each span started with its start attributes, made current and detached (as the layers
     do while the layers beneath run), given its end attributes and status, ended; each
@@ -214,7 +218,7 @@ async def sdk_floor(roots: list[SpanStep], records: list[Record], ops: int) -> f
         for call, value, attributes in calls:
             call(value, attributes)
 
-    return await best_per_op(one, ops=ops, clock=time.process_time)
+    return await best_per_op(one, ops=ops, repeats=repeats, clock=time.process_time)
 
 
 def _client(name: str = "scripted") -> ScriptedChatClient:
@@ -317,9 +321,72 @@ async def main(calls: int, updates: int) -> None:
         print(report(label, base, t, "update"))
 
 
+async def run_variant(case: int, variant: str, calls: int) -> None:
+    """`calls` get_response calls of one variant, untimed (for instruction counting)."""
+    _, factory, plain_factory = FLOOR_CASES[case]
+    roots, records = await capture(factory)  # in every variant: the same start-up work
+    if variant == "floor":
+        await sdk_floor(roots, records, calls, repeats=1)
+        return
+    client = factory(recording_providers()) if variant == "with" else plain_factory()
+    messages = [ChatMessage.user("hello")]
+    for _ in range(calls):
+        await client.get_response(messages)
+
+
+def instruction_ratios(calls: int) -> None:
+    """The floor ratio in instructions (valgrind's callgrind): independent of other load on
+    the machine. Each variant runs twice, with `calls` and 4x `calls` calls; the difference
+    cancels the interpreter's start-up."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+
+    def count(case: int, variant: str, n: int) -> int:
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+             __file__, "--run-variant", str(case), variant, str(n)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        assert found, done.stderr[-2000:]
+        return int(found.group(1))
+
+    print(
+        f"Telemetry cost per get_response with the SDK recording, in instructions"
+        f" ({calls} vs {4 * calls} calls under callgrind); target: added / floor <= 1.10"
+    )
+    for case, (label, _, _) in enumerate(FLOOR_CASES):
+        per_call = {
+            variant: (count(case, variant, 4 * calls) - count(case, variant, calls)) / (3 * calls)
+            for variant in ("with", "without", "floor")
+        }
+        added = per_call["with"] - per_call["without"]
+        print(
+            f"  {label:<34} added {added:9.0f}  floor {per_call['floor']:9.0f}"
+            f"  ratio {added / per_call['floor']:5.2f}  (instructions per call)"
+        )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=200_000)
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="CALLS",
+        help="only the floor ratios, counted in instructions under valgrind (e.g. 300)",
+    )
+    parser.add_argument("--run-variant", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.updates))
+    if args.run_variant:
+        case, variant, n = args.run_variant
+        asyncio.run(run_variant(int(case), variant, int(n)))
+    elif args.instructions:
+        instruction_ratios(args.instructions)
+    else:
+        asyncio.run(main(args.calls, args.updates))

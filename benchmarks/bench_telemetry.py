@@ -84,7 +84,9 @@ async def drain(client: ChatClient, messages: list[ChatMessage]) -> None:
 
 @dataclass
 class SpanStep:
-    """One span as the layers made it: start attributes, attributes added at the end."""
+    """One span as the layers made it: start attributes, attributes added at the end, the
+    spans made under it and the metric records made while it was the current span (which
+    matters: a record under a sampled span offers an exemplar)."""
 
     name: str
     kind: SpanKind
@@ -92,6 +94,7 @@ class SpanStep:
     end: dict[str, Any]
     error: bool
     children: list[SpanStep] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
 
 
 @dataclass
@@ -164,9 +167,10 @@ async def capture(
                     else:
                         kind, value, bounds = "counter", float(point.value), None  # type: ignore[union-attr]
                     attributes = dict(point.attributes or {})
-                    records.append(
-                        Record(kind, metric.name, metric.unit or "", bounds, value, attributes)
-                    )
+                    record = Record(kind, metric.name, metric.unit or "", bounds, value, attributes)
+                    # The default exemplar filter keeps the span current at record time.
+                    under = [e.span_id for e in point.exemplars or () if e.span_id in steps]
+                    (steps[under[0]].records if under else records).append(record)
     return roots, records
 
 
@@ -181,7 +185,11 @@ async def sdk_floor(
     tracer = sdk["tracer_provider"].get_tracer("floor")  # type: ignore[attr-defined]
     meter = sdk["meter_provider"].get_meter("floor")  # type: ignore[attr-defined]
     instruments: dict[str, Any] = {}
-    for r in records:
+
+    def every(steps: list[SpanStep]) -> list[Record]:
+        return [r for step in steps for r in step.records + every(step.children)]
+
+    for r in records + every(roots):
         if r.name not in instruments:
             instruments[r.name] = (
                 meter.create_counter(r.name, unit=r.unit)
@@ -190,14 +198,19 @@ async def sdk_floor(
                     r.name, unit=r.unit, explicit_bucket_boundaries_advisory=r.bounds
                 )
             )
-    calls = [
-        (
-            getattr(instruments[r.name], "add" if r.kind == "counter" else "record"),
-            r.value,
-            r.attributes,
-        )
-        for r in records
-    ]
+
+    def calls(records: list[Record]) -> list[tuple[Callable[..., None], float, dict[str, Any]]]:
+        return [
+            (
+                getattr(instruments[r.name], "add" if r.kind == "counter" else "record"),
+                r.value,
+                r.attributes,
+            )
+            for r in records
+        ]
+
+    outside = calls(records)
+    inside = {id(step): calls(step.records) for step in _walk(roots)}
     error = Status(StatusCode.ERROR)
 
     def run(step: SpanStep) -> None:
@@ -205,6 +218,8 @@ async def sdk_floor(
         token = otel_context.attach(trace.set_span_in_context(span))
         for child in step.children:
             run(child)
+        for call, value, attributes in inside[id(step)]:
+            call(value, attributes)
         otel_context.detach(token)
         if step.end:
             span.set_attributes(step.end)
@@ -215,7 +230,7 @@ async def sdk_floor(
     async def one() -> None:
         for root in roots:
             run(root)
-        for call, value, attributes in calls:
+        for call, value, attributes in outside:
             call(value, attributes)
 
     return await best_per_op(one, ops=ops, repeats=repeats, clock=time.process_time)
@@ -276,7 +291,8 @@ async def floor_ratios(calls: int) -> None:
     )
     for label, factory, plain_factory in FLOOR_CASES:
         roots, records = await capture(factory)
-        spans = _count(roots)
+        spans = len(_walk(roots))
+        n_records = len(records) + sum(len(s.records) for s in _walk(roots))
         recorded = factory(recording_providers())
         plain = plain_factory()
         best = {"with": float("inf"), "without": float("inf"), "floor": float("inf")}
@@ -293,12 +309,12 @@ async def floor_ratios(calls: int) -> None:
         added = best["with"] - best["without"]
         print(
             f"  {label:<34} added {added * 1e6:7.2f} us  floor {best['floor'] * 1e6:7.2f} us"
-            f"  ratio {added / best['floor']:5.2f}  ({spans} spans, {len(records)} records)"
+            f"  ratio {added / best['floor']:5.2f}  ({spans} spans, {n_records} records)"
         )
 
 
-def _count(steps: list[SpanStep]) -> int:
-    return sum(1 + _count(step.children) for step in steps)
+def _walk(steps: list[SpanStep]) -> list[SpanStep]:
+    return [s for step in steps for s in [step, *_walk(step.children)]]
 
 
 async def main(calls: int, updates: int) -> None:

@@ -31,7 +31,12 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,9 +54,15 @@ class DropExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
+# Under callgrind the batch processor's timer thread would export at moments set by wall
+# time, so counts would move from run to run: instruction counts use a synchronous processor.
+SYNCHRONOUS = False
+
+
 def recording_providers() -> dict[str, object]:
     tracer_provider = TracerProvider()
-    tracer_provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    processor = SimpleSpanProcessor if SYNCHRONOUS else BatchSpanProcessor
+    tracer_provider.add_span_processor(processor(DropExporter()))
     return {
         "tracer_provider": tracer_provider,
         "meter_provider": MeterProvider(metric_readers=[InMemoryMetricReader()]),
@@ -366,6 +377,8 @@ async def main(calls: int, updates: int) -> None:
 
 async def run_variant(case: int, variant: str, calls: int) -> None:
     """`calls` get_response calls of one variant, untimed (for instruction counting)."""
+    global SYNCHRONOUS
+    SYNCHRONOUS = True
     _, factory, plain_factory = FLOOR_CASES[case]
     roots, records = await capture(factory)  # in every variant: the same start-up work
     if variant == "floor":
@@ -382,7 +395,9 @@ async def run_variant(case: int, variant: str, calls: int) -> None:
 def instruction_ratios(calls: int) -> None:
     """The floor ratio in instructions (valgrind's callgrind): independent of other load on
     the machine. Each variant runs twice, with `calls` and 4x `calls` calls; the difference
-    cancels the interpreter's start-up."""
+    cancels the interpreter's start-up. Spans go through a synchronous processor here (and
+    hash seeds are fixed), so nothing in a run depends on wall time."""
+    import os
     import re
     import shutil
     import subprocess
@@ -395,6 +410,7 @@ def instruction_ratios(calls: int) -> None:
             ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
              __file__, "--run-variant", str(case), variant, str(n)],
             capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )  # fmt: skip
         found = re.search(r"Collected : (\d+)", done.stderr)
         assert found, done.stderr[-2000:]

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
-from opentelemetry.semconv._incubating.metrics import gen_ai_metrics
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -34,6 +33,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from middleware.routing._telemetry import ROUTE_ATTEMPTS, ROUTE_FALLBACK, ROUTE_NAME
 from pipeline import _scope
 from pipeline._genai import client_attributes, latest_experimental_semconv, provider_key
+from pipeline._metrics import gen_ai_client_histograms
 from pipeline._scope import RouteReport
 from pipeline._streams import StreamEnd, StreamWatcher, ending_of, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
@@ -88,9 +88,7 @@ class TelemetryChatClient(DelegatingChatClient):
 
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
         meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
-        self._duration = gen_ai_metrics.create_gen_ai_client_operation_duration(meter)
-        self._tokens = gen_ai_metrics.create_gen_ai_client_token_usage(meter)
-        self._first_chunk = gen_ai_metrics.create_gen_ai_client_operation_time_to_first_chunk(meter)
+        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(meter)
         self._clock = clock
         self._latest = latest_experimental_semconv()
         self._provider_key = provider_key(self._latest)

@@ -4,7 +4,8 @@
 before any output and a backup that streams the answer, then prints each request's trace
 tree (chat span, one span per attempt with its outcome, output commitment and time to
 first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variable set, the
-spans are exported over OTLP too.
+spans and metrics are exported over OTLP too (``OTEL_METRICS_EXPORTER=none`` for a
+traces-only backend such as Arize Phoenix).
 
 ``chat-pipeline ask --config FILE [--env NAME] "question"`` streams an answer from a
 pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl`` sends a
@@ -26,6 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -50,7 +52,9 @@ __all__ = ["main"]
 DEMO_ANSWER = "Failover kept this answer flowing: the backup route streamed it."
 
 
-def _demo_pipeline(tracer_provider: TracerProvider) -> ChatPipeline:
+def _demo_pipeline(
+    tracer_provider: TracerProvider, meter_provider: MeterProvider | None = None
+) -> ChatPipeline:
     primary = ScriptedChatClient(
         lambda messages, options: fail(
             TransientProviderError(status_code=503, provider="simulated")
@@ -67,10 +71,12 @@ def _demo_pipeline(tracer_provider: TracerProvider) -> ChatPipeline:
     )
     return (
         ChatPipeline.builder()
-        .use_telemetry(tracer_provider=tracer_provider)
+        .use_telemetry(tracer_provider=tracer_provider, meter_provider=meter_provider)
         .use_logging()
         .use_ordered_failover(
-            [Route("primary", primary), Route("backup", backup)], tracer_provider=tracer_provider
+            [Route("primary", primary), Route("backup", backup)],
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
         )
         .build(name="demo")
     )
@@ -126,7 +132,7 @@ async def _demo(question: str, otlp: str | None) -> int:
     tracer_provider = (handle.tracer_provider if handle else None) or TracerProvider()
     spans = InMemorySpanExporter()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
-    chat = _demo_pipeline(tracer_provider)
+    chat = _demo_pipeline(tracer_provider, handle.meter_provider if handle else None)
     try:
         async with chat:
             print(f"pipeline: {' -> '.join(chat.describe())}")
@@ -145,9 +151,16 @@ async def _demo(question: str, otlp: str | None) -> int:
     finally:
         if handle is not None:
             handle.shutdown()
-            print(
-                f"spans exported over OTLP to {otlp or os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}"
-            )
+            signals = [
+                name
+                for name, provider in (
+                    ("spans", handle.tracer_provider),
+                    ("metrics", handle.meter_provider),
+                )
+                if provider is not None
+            ]
+            target = otlp or os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+            print(f"{' and '.join(signals) or 'nothing'} exported to {target}")
     return 0
 
 
@@ -300,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the embedded, network-free demo pipeline")
     demo.add_argument("question", nargs="?", default="What does failover do?")
-    demo.add_argument("--otlp", metavar="URL", help="also export spans to this OTLP/HTTP endpoint")
+    demo.add_argument(
+        "--otlp", metavar="URL", help="also export spans and metrics to this OTLP/HTTP base URL"
+    )
     ask = commands.add_parser("ask", help="ask a pipeline built from a TOML file")
     ask.add_argument("question")
     ask.add_argument("--config", required=True, metavar="FILE", help="the pipeline's TOML file")

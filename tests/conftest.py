@@ -68,8 +68,5 @@ def receiver() -> Iterator[Receiver]:
     """An OTLP/HTTP receiver on 127.0.0.1 that decodes the protobuf it is sent."""
     from tests.otel import Receiver
 
-    receiver = Receiver()
-    receiver.thread.start()
-    yield receiver
-    receiver.server.shutdown()
-    receiver.server.server_close()
+    with Receiver() as receiver:
+        yield receiver

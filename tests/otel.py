@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -83,10 +86,13 @@ def make_otel() -> Otel:
 
 
 class Receiver:
-    """An OTLP/HTTP receiver on 127.0.0.1 keeping every decoded trace export."""
+    """An OTLP/HTTP receiver on 127.0.0.1 keeping every decoded trace and metric export.
 
-    def __init__(self) -> None:
+    With `reject_metrics` it answers 405 on /v1/metrics, as a traces-only backend does."""
+
+    def __init__(self, *, reject_metrics: bool = False) -> None:
         self.requests: list[ExportTraceServiceRequest] = []
+        self.metric_requests: list[ExportMetricsServiceRequest] = []
         self.paths: list[str] = []
         self.received = threading.Event()
         receiver = self
@@ -95,12 +101,19 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.paths.append(self.path)
+                status = 200
                 if self.path == "/v1/traces":
                     request = ExportTraceServiceRequest()
                     request.ParseFromString(body)
                     receiver.requests.append(request)
                     receiver.received.set()
-                self.send_response(200)
+                elif self.path == "/v1/metrics" and reject_metrics:
+                    status = 405
+                elif self.path == "/v1/metrics":
+                    metric_request = ExportMetricsServiceRequest()
+                    metric_request.ParseFromString(body)
+                    receiver.metric_requests.append(metric_request)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -110,6 +123,14 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
     @property
     def url(self) -> str:
@@ -123,3 +144,14 @@ class Receiver:
             for scope in resource.scope_spans
             for span in scope.spans
         ]
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Every exported metric by name: its data points (number or histogram points)."""
+        found: dict[str, list[Any]] = {}
+        for request in self.metric_requests:
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        data = getattr(metric, metric.WhichOneof("data"))
+                        found.setdefault(metric.name, []).extend(data.data_points)
+        return found

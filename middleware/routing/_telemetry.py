@@ -17,6 +17,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvid
 from opentelemetry.util.types import AttributeValue
 
 from pipeline._genai import client_attributes, provider_key
+from pipeline._metrics import duration_histogram
 from pipeline.client import metadata_of
 
 if TYPE_CHECKING:
@@ -94,10 +95,10 @@ class RouteTelemetry:
             unit="{failure}",
             description="Failures after output reached the caller (no failover possible)",
         )
-        self.time_to_first_update = meter.create_histogram(
+        self.time_to_first_update = duration_histogram(
+            meter,
             TIME_TO_FIRST_UPDATE_METRIC,
-            unit="s",
-            description="Time from an attempt's start to its first update reaching the caller",
+            "Time from an attempt's start to its first update reaching the caller",
         )
         self.cost = meter.create_counter(
             COST_METRIC, unit="{currency}", description="Cost of completed attempts by route"

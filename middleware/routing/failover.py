@@ -683,6 +683,8 @@ class FailoverChatClient(RoutingChatClient):
 
 
 _Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
+
+
 async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
     await first
     if then is not None:

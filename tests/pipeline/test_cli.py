@@ -5,6 +5,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from pipeline._metrics import DURATION_BUCKETS
 from pipeline.cli import DEMO_ANSWER, main
 from tests.fake_server_process import fake_server_process
 from tests.otel import Receiver
@@ -26,10 +27,46 @@ def test_demo_streams_the_backup_answer_and_prints_the_trace_tree(
 
 def test_demo_exports_over_otlp(receiver: Receiver, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--otlp", receiver.url]) == 0
-    assert "exported over OTLP" in capsys.readouterr().out
+    assert f"spans and metrics exported to {receiver.url}" in capsys.readouterr().out
     names = sorted(s.name for s in receiver.spans())  # type: ignore[attr-defined]
     assert names.count("chat simulated-small") == 2
     assert names.count("route_attempt backup") == 2
+
+
+def _attributes(point: object) -> dict[str, object]:
+    return {
+        kv.key: getattr(kv.value, kv.value.WhichOneof("value"))
+        for kv in point.attributes  # type: ignore[attr-defined]
+    }
+
+
+def test_demo_exports_metrics_too(receiver: Receiver) -> None:
+    assert main(["demo", "--otlp", receiver.url]) == 0
+    metrics = receiver.metrics()
+    attempts = {
+        (a["ai.route.name"], a["ai.route.outcome"]): p.as_int
+        for p in metrics["ai.route.attempts"]
+        for a in [_attributes(p)]
+    }
+    # Two requests (streamed, then whole), each failing over from primary to backup.
+    assert attempts == {("primary", "failed_before_output"): 2, ("backup", "completed"): 2}
+    assert sum(p.as_int for p in metrics["ai.route.backup_calls"]) == 2
+    assert sum(p.count for p in metrics["gen_ai.client.operation.duration"]) == 2
+    assert sum(p.count for p in metrics["gen_ai.client.operation.time_to_first_chunk"]) == 1
+    first_update = metrics["ai.route.time_to_first_update"]
+    assert sum(p.count for p in first_update) == 2
+    assert all(list(p.explicit_bounds) == list(DURATION_BUCKETS) for p in first_update)
+
+
+def test_demo_to_a_traces_only_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    with Receiver(reject_metrics=True) as phoenix_like:
+        assert main(["demo", "--otlp", phoenix_like.url]) == 0
+    assert f"spans exported to {phoenix_like.url}" in capsys.readouterr().out
+    assert set(phoenix_like.paths) == {"/v1/traces"}
+    assert len(phoenix_like.spans()) == 6
 
 
 def test_module_entry_point_runs_the_demo() -> None:

@@ -27,7 +27,6 @@ from pipeline.providers._http import (
     sse_json,
     status_error,
     transport_error,
-    utf8_lines,
 )
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
@@ -192,7 +191,7 @@ class HTTPChatClient(AsyncClosing):
                     if response.status_code >= 400:
                         raise await status_error(response, provider, where)
                     events = sse_json(
-                        utf8_lines(response.aiter_bytes(), provider),
+                        response.aiter_bytes(),
                         provider,
                         end_type=self.stream_end_type,
                     )

@@ -19,7 +19,7 @@ from pipeline.providers._sse import MalformedSSE, SSEDecoder
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
-    "utf8_lines",
+    "Utf8Lines",
     "encode_json",
     "service_url",
     "DEFAULT_TIMEOUT",
@@ -165,69 +165,95 @@ DONE: Any = object()
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
-async def utf8_lines(chunks: AsyncIterator[bytes], provider: str) -> AsyncGenerator[str, None]:
-    """The lines of a byte stream, decoded as UTF-8 whatever charset the response declared
-    (server-sent events are UTF-8 by definition; a declared ``base64`` or ``utf-16`` must
-    not pick our decoder). Bytes that are not UTF-8 are a `ProviderError` (``malformed``).
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    pending = ""
-    try:
-        async for chunk in chunks:
-            text = pending + decoder.decode(chunk)
-            if text.endswith("\r"):
-                # A CR may be the first half of a CRLF that the next chunk completes.
-                text, pending = text[:-1], "\r"
-            else:
-                pending = ""
-            lines = _LINE_END.split(text)
-            pending = lines.pop() + pending
-            for line in lines:
-                yield line
-        tail = pending + decoder.decode(b"", final=True)
-    except UnicodeDecodeError:
-        raise malformed(provider, "the stream is not UTF-8 text") from None
-    for line in _LINE_END.split(tail):
-        if line:
-            yield line
+class Utf8Lines:
+    """Splits a byte stream into lines (``\r\n``, ``\n`` or ``\r``), decoded as UTF-8
+    whatever charset the response declared: server-sent events are UTF-8 by definition, and
+    a declared ``base64`` or ``utf-16`` must not pick our decoder. Bytes that are not UTF-8
+    are a `ProviderError` (``malformed``). Synchronous, so reading a stream costs no extra
+    generator step per line."""
+
+    __slots__ = ("_decoder", "_pending", "_provider")
+
+    def __init__(self, provider: str) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._pending = ""
+        self._provider = provider
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines `chunk` completes (the rest waits for the next chunk)."""
+        try:
+            text = self._pending + self._decoder.decode(chunk)
+        except UnicodeDecodeError:
+            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        carry = ""
+        if text.endswith("\r"):
+            # A CR may be the first half of a CRLF that the next chunk completes.
+            text, carry = text[:-1], "\r"
+        lines = _LINE_END.split(text)
+        self._pending = lines.pop() + carry
+        return lines
+
+    def finish(self) -> list[str]:
+        """The last, unterminated line (if any), once the stream ended."""
+        try:
+            tail = self._pending + self._decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        self._pending = ""
+        return [line for line in _LINE_END.split(tail) if line]
 
 
 async def sse_json(
-    lines: AsyncIterator[str], provider: str, *, end_type: str | None = None
+    chunks: AsyncIterator[bytes], provider: str, *, end_type: str | None = None
 ) -> AsyncGenerator[Any, None]:
-    """The decoded JSON payloads of an SSE stream, then `DONE` when it says it is complete:
-    a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is `end_type`
-    (``message_stop`` in the Messages API). An ``error`` event raises its `ProviderError`;
-    malformed SSE or JSON raises one of kind `UNKNOWN` (code ``malformed``).
+    """The decoded JSON payloads of an SSE byte stream, then `DONE` when it says it is
+    complete: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
+    `end_type` (``message_stop`` in the Messages API). An ``error`` event raises its
+    `ProviderError`; malformed SSE, JSON or UTF-8 raises one of kind `UNKNOWN` (code
+    ``malformed``).
     """
+    lines = Utf8Lines(provider)
     decoder = SSEDecoder()
-    async for line in lines:
-        try:
-            data = decoder.feed(line)
-        except MalformedSSE:
-            raise malformed(provider, "a line that is not server-sent events") from None
-        if data is None:
-            continue
-        if data.strip() == "[DONE]":
-            break
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            raise malformed(provider, "an event's data is not JSON") from None
-        if decoder.event == "error":
-            raise error_from_payload(
-                payload.get("error", payload) if isinstance(payload, dict) else None, provider
-            )
-        if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
-            break
-        yield payload
-    else:
-        return  # the body ended without saying the stream was complete
+    done = False
+    ended = False
+    while not done:
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            ended = True
+            batch = lines.finish()
+        else:
+            batch = lines.feed(chunk)
+        for line in batch:
+            try:
+                data = decoder.feed(line)
+            except MalformedSSE:
+                raise malformed(provider, "a line that is not server-sent events") from None
+            if data is None:
+                continue
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                raise malformed(provider, "an event's data is not JSON") from None
+            if decoder.event == "error":
+                raise error_from_payload(
+                    payload.get("error", payload) if isinstance(payload, dict) else None,
+                    provider,
+                )
+            if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
+                done = True
+                break
+            yield payload
+        if ended and not done:
+            return  # the body ended without saying the stream was complete
     # Read to the end of the body (normally just the chunked terminator), so the connection
     # goes back to the pool instead of being closed half-read.
-    drained = 0
-    async for _ in lines:
-        drained += 1
-        if drained >= _MAX_DRAINED_LINES:
-            break
+    if not ended:
+        drained = 0
+        async for _ in chunks:
+            drained += 1
+            if drained >= _MAX_DRAINED_LINES:
+                break
     yield DONE

@@ -98,13 +98,10 @@ def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[ob
 
 
 async def _lines_of(chunks: list[bytes]) -> list[str]:
-    from pipeline.providers._http import utf8_lines
+    from pipeline.providers._http import Utf8Lines
 
-    async def source():  # type: ignore[no-untyped-def]
-        for chunk in chunks:
-            yield chunk
-
-    return [line async for line in utf8_lines(source(), "fuzz")]
+    splitter = Utf8Lines("fuzz")
+    return [line for chunk in chunks for line in splitter.feed(chunk)] + splitter.finish()
 
 
 async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
@@ -118,14 +115,14 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=12))
 async def test_any_bytes_are_lines_or_a_provider_error(chunks: list[bytes]) -> None:
-    from pipeline.providers._http import sse_json, utf8_lines
+    from pipeline.providers._http import sse_json
 
     async def source():  # type: ignore[no-untyped-def]
         for chunk in chunks:
             yield chunk
 
     try:
-        async for _ in sse_json(utf8_lines(source(), "fuzz"), "fuzz"):
+        async for _ in sse_json(source(), "fuzz"):
             pass
     except ProviderError:
         pass

@@ -283,14 +283,14 @@ class _StreamTrace(StreamWatcher):
         "request",
         "response_id",
         "response_model",
+        "scoped",
         "span",
         "span_context",
         "started",
         "usage",
     )
-    scoped = True
-
     def __init__(self, layer: TelemetryChatClient, options: ChatOptions | None) -> None:
+        self.scoped = True
         self.layer = layer
         self.options = options
         self.report = RouteReport()
@@ -312,13 +312,11 @@ class _StreamTrace(StreamWatcher):
 
     def enter(self) -> Any:
         span_token = otel_context.attach(self.span_context) if self.propagate else None
-        return span_token, _scope.enter_report(self.report)
-
-    def exit(self, token: Any) -> None:
-        span_token, report_token = token
-        _scope.exit_report(report_token)
-        if span_token is not None:
-            otel_context.detach(span_token)
+        # The report is needed only in the first step, where a router beneath starts and
+        # takes it; without a span to make current, later steps need no scope at all.
+        report_token = _scope.enter_report(self.report)
+        self.scoped = self.propagate
+        return span_token, report_token
 
     def update(self, update: ChatResponseUpdate) -> None:
         if self.first_chunk is None:

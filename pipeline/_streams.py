@@ -123,8 +123,12 @@ async def forward(
         if scoped:
             watcher.exit(token)
     ended = False  # set once the end was reported from inside the loop
+    # Hooks the watcher does not override cost nothing per update; `scoped` is read at each
+    # step, so a watcher may stop scoping once it has nothing to make current.
+    update_hook = None if type(watcher).update is StreamWatcher.update else watcher.update
     try:
         while True:
+            scoped = watcher.scoped
             token = watcher.enter() if scoped else None
             try:
                 update = await stream.__anext__()
@@ -133,7 +137,8 @@ async def forward(
             finally:
                 if scoped:
                     watcher.exit(token)
-            watcher.update(update)
+            if update_hook is not None:
+                update_hook(update)
             try:
                 yield update
             except BaseException:

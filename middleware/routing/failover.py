@@ -408,6 +408,7 @@ class FailoverChatClient(RoutingChatClient):
         terminal: bool,
         usage: UsageDetails | None = None,
         response_model: str | None = None,
+        report: _scope.RouteReport | None = None,
     ) -> Awaitable[Any] | None:
         """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
         report it to `on_routing_update`; returns what is left to await, if anything (the
@@ -428,7 +429,6 @@ class FailoverChatClient(RoutingChatClient):
             self._telemetry.finish(
                 attempt.span, record, terminal, attempt.price, usage, response_model
             )
-        report = _scope.current_report()
         if report is not None:
             report.route_name = record.route_name
             report.metadata = metadata_of(record.client)
@@ -452,6 +452,7 @@ class FailoverChatClient(RoutingChatClient):
         time_to_first_update: float | None,
         limit: int | None,
         budget: _scope.RequestBudget | None,
+        report: _scope.RouteReport | None,
     ) -> None:
         """Report a failed attempt; raise `error` when the request ends with it."""
         outcome: AttemptOutcome
@@ -474,6 +475,7 @@ class FailoverChatClient(RoutingChatClient):
             duration=duration,
             time_to_first_update=time_to_first_update,
             terminal=terminal,
+            report=report,
         )
         if pending is not None:
             await pending
@@ -495,6 +497,8 @@ class FailoverChatClient(RoutingChatClient):
             limit = self._attempt_limit()
             budget = self._new_budget()
             clock = self._clock
+            # The telemetry layer above (if any) is told the routing story through this.
+            report = _scope.current_report()
             if self.affinity is not None:
                 await self._prefer(context)
             timed = budget is not None or self.settings.attempt_timeout is not None
@@ -534,6 +538,7 @@ class FailoverChatClient(RoutingChatClient):
                         time_to_first_update=None,
                         limit=limit,
                         budget=budget,
+                        report=report,
                     )
                     continue
                 pending = self._finish(
@@ -546,6 +551,7 @@ class FailoverChatClient(RoutingChatClient):
                     terminal=True,
                     usage=response.usage,
                     response_model=response.model_id,
+                    report=report,
                 )
                 if pending is not None:
                     await pending
@@ -563,6 +569,8 @@ class FailoverChatClient(RoutingChatClient):
         limit = self._attempt_limit()
         budget = self._new_budget()
         clock = self._clock
+        # Taken at the first read, inside the step of the telemetry layer above (if any).
+        report = _scope.current_report()
         if self.affinity is not None:
             await self._prefer(context)
         while True:
@@ -639,6 +647,7 @@ class FailoverChatClient(RoutingChatClient):
                             duration=elapsed,
                             time_to_first_update=first_update,
                             terminal=True,
+                            report=report,
                         )
                         if pending is not None:
                             await pending
@@ -664,6 +673,7 @@ class FailoverChatClient(RoutingChatClient):
                     time_to_first_update=first_update,
                     limit=limit,
                     budget=budget,
+                    report=report,
                 )
                 continue
             pending = self._finish(
@@ -676,6 +686,7 @@ class FailoverChatClient(RoutingChatClient):
                 terminal=True,
                 usage=usage,
                 response_model=response_model,
+                report=report,
             )
             if pending is not None:
                 await pending

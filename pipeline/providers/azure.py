@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from typing import Unpack
 
 import httpx2
 
-from pipeline.providers.openai import _DEFAULT_TIMEOUT, OpenAIChatClient
+from pipeline.providers.openai import ClientOptions, OpenAIChatClient
 from pipeline.types import ChatOptions
 
 __all__ = ["AzureOpenAIChatClient"]
@@ -36,13 +37,7 @@ class AzureOpenAIChatClient(OpenAIChatClient):
         api_version: str = "2024-10-21",
         api_key: str | None = None,
         token_provider: TokenProvider | None = None,
-        http_client: httpx2.AsyncClient | None = None,
-        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
-        default_headers: Mapping[str, str] | None = None,
-        first_chunk_timeout: float | None = None,
-        stream_idle_timeout: float | None = None,
-        max_tokens_field: str | None = None,
-        name: str | None = None,
+        **options: Unpack[ClientOptions],
     ) -> None:
         if not deployment:
             raise ValueError("deployment must be a non-empty string")
@@ -67,13 +62,7 @@ class AzureOpenAIChatClient(OpenAIChatClient):
             deployment,
             api_key=api_key,
             base_url=endpoint.rstrip("/") + f"/openai/deployments/{deployment}",
-            http_client=http_client,
-            timeout=timeout,
-            default_headers=default_headers,
-            first_chunk_timeout=first_chunk_timeout,
-            stream_idle_timeout=stream_idle_timeout,
-            max_tokens_field=max_tokens_field,
-            name=name,
+            **options,
         )
 
     def _chat_url(self) -> httpx2.URL:

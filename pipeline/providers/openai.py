@@ -20,7 +20,7 @@ provider of this package shares them):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 import httpx2
 
@@ -34,6 +34,20 @@ from pipeline.providers._chat_completions import (
 )
 from pipeline.providers._http import DEFAULT_TIMEOUT
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+
+
+class ClientOptions(TypedDict, total=False):
+    """The keywords a Chat Completions client passes on to `OpenAIChatClient` (Azure and
+    Ollama take them as they are: see `OpenAIChatClient` for their meaning and defaults)."""
+
+    http_client: httpx2.AsyncClient | None
+    timeout: float | httpx2.Timeout
+    default_headers: Mapping[str, str] | None
+    first_chunk_timeout: float | None
+    stream_idle_timeout: float | None
+    max_tokens_field: str | None
+    name: str | None
+
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIChatClient"]
 

@@ -318,6 +318,12 @@ class _StreamTrace(StreamWatcher):
         self.scoped = self.propagate
         return span_token, report_token
 
+    def exit(self, token: Any) -> None:
+        span_token, report_token = token
+        _scope.exit_report(report_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
+
     def update(self, update: ChatResponseUpdate) -> None:
         if self.first_chunk is None:
             self.first_chunk = self.layer._clock() - self.started

@@ -266,7 +266,9 @@ async def test_a_hanging_primary_is_cut_then_skipped_once_its_breaker_opens(
                 )
                 assert result.error is None and result.text == "Hello from the fake server."
         # Three hangs cut at the attempt limit opened the breaker; the rest never waited.
-        assert primary_server.count() == 3
+        # (A cut can come before a slow machine's request even reached the server, so the
+        # server may have seen fewer than three; never more.)
+        assert primary_server.count() <= 3
         assert backup_server.count() == 8
         errors = [type(router.attempts[f"h-{i}"][0].exception).__name__ for i in range(8)]
         assert errors == ["AttemptTimeoutError"] * 3 + ["CircuitOpenError"] * 5

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
 from middleware.telemetry import TelemetryChatClient
@@ -76,6 +77,32 @@ async def test_abandoned_stream_ends_the_span_without_error(otel: Otel) -> None:
     (span,) = otel.finished()
     assert span.status.status_code is not StatusCode.ERROR
     assert inner.streams_abandoned == 1
+
+
+@pytest.mark.parametrize(
+    "script",
+    [reply("ab", chunks=["a", "b"]), fail_after(["a"], TransientProviderError("x"))],
+    ids=["completed", "failed"],
+)
+async def test_no_span_stays_current_after_a_request(
+    otel: Otel, streaming: bool, script: object
+) -> None:
+    # A leaked span would make the caller's next request a child of this one.
+    pipeline = chat(otel, [script, reply("c")])
+    await collect(pipeline, "hi", streaming=streaming)
+    assert not trace.get_current_span().get_span_context().is_valid
+    await collect(pipeline, "again", streaming=streaming)
+    first, second = otel.finished()
+    assert first.parent is None and second.parent is None
+    assert first.context.trace_id != second.context.trace_id
+
+
+async def test_no_span_stays_current_after_an_abandoned_stream(otel: Otel) -> None:
+    pipeline = chat(otel, reply("abc", chunks=["a", "b", "c"]))
+    async with contextlib.aclosing(pipeline.get_streaming_response("hi")) as stream:
+        await anext(stream)
+        assert not trace.get_current_span().get_span_context().is_valid
+    assert not trace.get_current_span().get_span_context().is_valid
 
 
 async def test_latest_experimental_names(otel: Otel, monkeypatch: pytest.MonkeyPatch) -> None:

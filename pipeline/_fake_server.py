@@ -205,6 +205,7 @@ class FakeServer:
         self._connections: set[asyncio.Task[None]] = set()
         self._request_waiters = CountWaiters()
         self.disconnects = 0  # responses the client went away from (see `hang`)
+        self.connections_accepted = 0  # a client whose pool churns opens many
         self._disconnect_waiters = CountWaiters()
         self._readers: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
 
@@ -280,6 +281,7 @@ class FakeServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.connections_accepted += 1
         self._readers[writer] = reader
         try:
             while await self._one_request(reader, writer):

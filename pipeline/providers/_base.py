@@ -17,6 +17,7 @@ import httpx2
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
+    DEFAULT_LIMITS,
     DONE,
     deadline,
     encode_json,
@@ -88,7 +89,7 @@ class HTTPChatClient(AsyncClosing):
         self._api_key = api_key
         self._base_url, basic_auth = service_url(base_url)
         self._owns_http_client = http_client is None
-        self._http = http_client or httpx2.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
         # Built once: a static key makes the same headers for every request. Credentials
         # written into the URL become a Basic header unless a key already authorizes.
         auth = self._static_auth_headers()

@@ -22,6 +22,7 @@ __all__ = [
     "Utf8Lines",
     "encode_json",
     "service_url",
+    "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
     "DONE",
     "deadline",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=10.0)
+# Every connection the pool may open is kept alive when idle. httpx2's default keeps 20 of
+# its 100, so concurrency above 20 closes and reopens connections on every burst: at 32
+# concurrent streams that churn was most of the pipeline's extra CPU over a raw client.
+DEFAULT_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_DRAINED_LINES = 100
 

@@ -9,7 +9,13 @@ import httpx2
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._http import encode_json, endpoint, post_json, service_url
+from pipeline.providers._http import (
+    DEFAULT_LIMITS,
+    encode_json,
+    endpoint,
+    post_json,
+    service_url,
+)
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 
@@ -54,7 +60,7 @@ class OpenAIEmbeddingGenerator:
         self._url = base.join("embeddings")
         self._endpoint = endpoint(self._url)
         self._owns_http_client = http_client is None
-        self._http = http_client or httpx2.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
 
     def __repr__(self) -> str:
         return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={self._endpoint!r})"

@@ -3,8 +3,8 @@ import json
 import logging
 
 import pytest
-from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry import trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.trace import SpanKind, StatusCode
 
 from middleware.telemetry import TelemetryChatClient

@@ -174,3 +174,17 @@ async def test_a_declared_charset_never_picks_the_stream_decoder(charset: str) -
     server.close()
     await server.wait_closed()
     assert isinstance(broken.error, ProviderError) and broken.error.code == "malformed"
+
+
+async def test_the_default_pool_keeps_every_connection_of_a_burst_alive(
+    server: Server, client: HTTPChatClient
+) -> None:
+    # Each open stream holds its connection, so a burst of 32 opens 32. httpx2's default
+    # pool keeps only 20 of them alive and would open 12 more for the second burst.
+    for _burst in range(2):
+        streams = [client.get_streaming_response("hi") for _ in range(32)]
+        for stream in streams:
+            assert (await anext(stream)).text
+        for stream in streams:
+            assert "".join([u.text async for u in stream])
+    assert server.connections_accepted == 32

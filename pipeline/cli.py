@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -274,11 +275,19 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
         server = FakeOpenAIServer(port=port)
         await server.start()
         print(f"fake OpenAI-compatible server on {server.base_url}", flush=True)
+    # Stop cleanly on Ctrl-C or SIGTERM, even where the shell that started the command left
+    # SIGINT ignored (a background job of a non-interactive shell does).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
         await server.stop()
-    return 0  # pragma: no cover - ends by interruption
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

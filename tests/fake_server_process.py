@@ -11,8 +11,11 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def fake_server_process(wire_format: str = "openai") -> Iterator[str]:
-    """Yield the base URL of a fake server running in its own process; stop it after."""
+def fake_server_process(
+    wire_format: str = "openai", stop_signal: signal.Signals = signal.SIGINT
+) -> Iterator[str]:
+    """Yield the base URL of a fake server running in its own process; stop it after with
+    `stop_signal` (it must exit 0)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -37,7 +40,7 @@ def fake_server_process(wire_format: str = "openai") -> Iterator[str]:
         assert line.rstrip().endswith(base_url), line
         yield base_url
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop_signal)
         try:
             assert process.wait(timeout=10) == 0
         finally:

@@ -1,3 +1,4 @@
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,8 +78,11 @@ def test_module_entry_point_runs_the_demo() -> None:
     assert DEMO_ANSWER in done.stdout
 
 
-def test_fake_server_command_serves_until_interrupted() -> None:
-    with fake_server_process() as base_url:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_fake_server_command_serves_until_interrupted(stop_signal: signal.Signals) -> None:
+    # Either signal ends it with status 0, also where SIGINT was ignored when it started
+    # (a background job of a non-interactive shell).
+    with fake_server_process(stop_signal=stop_signal) as base_url:
         response = httpx2.post(
             f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},

@@ -95,7 +95,10 @@ Content: TypeAlias = TextContent | FunctionCallContent | FunctionResultContent |
 _CONTENT_TYPES = (TextContent, FunctionCallContent, FunctionResultContent, DataContent)
 
 
-def _text_of(contents: Iterable[Content]) -> str:
+def _text_of(contents: Sequence[Content]) -> str:
+    if len(contents) == 1:  # a streamed update's usual shape: skip the join
+        only = contents[0]
+        return only.text if type(only) is TextContent else ""
     return "".join(c.text for c in contents if type(c) is TextContent)
 
 

@@ -230,6 +230,9 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
     )
 
 
+_ASSISTANT = ChatRole.ASSISTANT
+
+
 @dataclass
 class _PendingCall:
     call_id: str = ""
@@ -298,13 +301,14 @@ class StreamAssembler:
             return None
         response_id = payload.get("id")
         model_id = payload.get("model")
+        # Positional, and the role read once per module: this runs for every chunk.
         return ChatResponseUpdate(
-            role=ChatRole.ASSISTANT,
-            contents=contents,
-            response_id=response_id if type(response_id) is str else None,
-            model_id=model_id if type(model_id) is str else None,
-            finish_reason=finish_reason,
-            usage=usage,
+            _ASSISTANT,
+            contents,
+            response_id if type(response_id) is str else None,
+            model_id if type(model_id) is str else None,
+            finish_reason,
+            usage,
         )
 
     def _feed_calls(self, deltas: Any) -> None:

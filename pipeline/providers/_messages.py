@@ -43,6 +43,8 @@ __all__ = [
     "parse_usage",
 ]
 
+_ASSISTANT = ChatRole.ASSISTANT
+
 # The Messages API's stop reasons, as the finish reasons every other client reports.
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -308,13 +310,9 @@ class MessagesStreamReader:
         finish_reason: str | None = None,
         usage: UsageDetails | None = None,
     ) -> ChatResponseUpdate:
+        # Positional, and the role read once per module: this runs for every event.
         return ChatResponseUpdate(
-            role=ChatRole.ASSISTANT,
-            contents=contents,
-            response_id=self._response_id,
-            model_id=self._model_id,
-            finish_reason=finish_reason,
-            usage=usage,
+            _ASSISTANT, contents, self._response_id, self._model_id, finish_reason, usage
         )
 
     def _block(self, payload: Mapping[str, Any]) -> tuple[int, _Block | None]:

@@ -48,14 +48,11 @@ __all__ = ["REQUEST_END", "TelemetryChatClient", "latest_experimental_semconv"]
 INSTRUMENTATION_NAME = "chat_pipeline"
 _CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
 _INPUT = gen_ai.GenAiTokenTypeValues.INPUT.value
-_METRIC_KEYS = (
-    gen_ai.GEN_AI_OPERATION_NAME,
-    gen_ai.GEN_AI_PROVIDER_NAME,
-    gen_ai.GEN_AI_SYSTEM,
-    gen_ai.GEN_AI_REQUEST_MODEL,
-    SERVER_ADDRESS,
-    SERVER_PORT,
-)
+_OPERATION = gen_ai.GEN_AI_OPERATION_NAME
+_PROVIDER = gen_ai.GEN_AI_PROVIDER_NAME
+_SYSTEM = gen_ai.GEN_AI_SYSTEM
+_MODEL = gen_ai.GEN_AI_REQUEST_MODEL
+_METRIC_KEYS = (_OPERATION, _PROVIDER, _SYSTEM, _MODEL, SERVER_ADDRESS, SERVER_PORT)
 _OUTPUT = gen_ai.GenAiTokenTypeValues.OUTPUT.value
 
 
@@ -97,6 +94,10 @@ class TelemetryChatClient(DelegatingChatClient):
         if metadata.provider_name != "router":  # a router's served route says, per request
             self._base.update(client_attributes(metadata, self._provider_key))
         self._default_model = metadata.model_id
+        # The attributes of a request that sets no model and no number: most requests.
+        self._plain = dict(self._base)
+        if self._default_model:
+            self._plain[gen_ai.GEN_AI_REQUEST_MODEL] = self._default_model
         self._label_cache: dict[tuple[object, ...], dict[str, Any]] = {}
 
     def describe_layer(self) -> str:
@@ -105,27 +106,42 @@ class TelemetryChatClient(DelegatingChatClient):
     # -- attributes ------------------------------------------------------------------------
 
     def _request_attributes(self, options: ChatOptions | None) -> dict[str, Any]:
+        """The span's start attributes. The dict may be shared between requests: callers
+        never change it (they copy it to add to it)."""
+        if options is None:
+            return self._plain
+        # Numbers only: stop sequences, tools and formats may carry user text.
+        numbers = (
+            (gen_ai.GEN_AI_REQUEST_TEMPERATURE, options.temperature),
+            (gen_ai.GEN_AI_REQUEST_TOP_P, options.top_p),
+            (gen_ai.GEN_AI_REQUEST_MAX_TOKENS, options.max_output_tokens),
+            (gen_ai.GEN_AI_REQUEST_SEED, options.seed),
+        )
+        model = options.model_id
+        if (model is None or model == self._default_model) and all(
+            value is None for _, value in numbers
+        ):
+            return self._plain
         attributes = dict(self._base)
-        model = (options.model_id if options else None) or self._default_model
+        model = model or self._default_model
         if model:
             attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
-        if options is not None:
-            # Numbers only: stop sequences, tools and formats may carry user text.
-            for key, value in (
-                (gen_ai.GEN_AI_REQUEST_TEMPERATURE, options.temperature),
-                (gen_ai.GEN_AI_REQUEST_TOP_P, options.top_p),
-                (gen_ai.GEN_AI_REQUEST_MAX_TOKENS, options.max_output_tokens),
-                (gen_ai.GEN_AI_REQUEST_SEED, options.seed),
-            ):
-                if value is not None:
-                    attributes[key] = value
+        for key, value in numbers:
+            if value is not None:
+                attributes[key] = value
         return attributes
 
     def _metric_attributes(
         self, attributes: dict[str, Any], response_model: str | None, error: BaseException | None
     ) -> dict[str, Any]:
+        get = attributes.get  # spelled out: a generator here costs more than the lookup
         key = (
-            *(attributes.get(k) for k in _METRIC_KEYS),
+            get(_OPERATION),
+            get(_PROVIDER),
+            get(_SYSTEM),
+            get(_MODEL),
+            get(SERVER_ADDRESS),
+            get(SERVER_PORT),
             response_model,
             type(error),
         )

@@ -122,17 +122,18 @@ class RouteTelemetry:
     def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
         """The span of one attempt, with its route's GenAI provider, server and model (the
         attempt's own model when its options name one)."""
-        span = self.tracer.start_span(
-            f"route_attempt {route_name}",
-            kind=SpanKind.INTERNAL,
-            attributes={ROUTE_NAME: route_name, ROUTE_ATTEMPT: number},
+        # All attributes at the start: one SDK call instead of a start and a second
+        # set_attributes (the client's part is cached, so the no-op API pays a dict merge).
+        attributes = {
+            ROUTE_NAME: route_name,
+            ROUTE_ATTEMPT: number,
+            **self._client_attributes(client),
+        }
+        if model:
+            attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
+        return self.tracer.start_span(
+            f"route_attempt {route_name}", kind=SpanKind.INTERNAL, attributes=attributes
         )
-        if span.is_recording():
-            # Only a recording span is worth the attributes (the API alone is a no-op).
-            span.set_attributes(self._client_attributes(client))
-            if model:
-                span.set_attribute(gen_ai.GEN_AI_REQUEST_MODEL, model)
-        return span
 
     def finish(
         self,

@@ -48,7 +48,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from pydantic import Field
 
 from middleware.idempotency import (
@@ -61,6 +61,7 @@ from middleware.idempotency import (
 )
 from middleware.tools import Tool, ToolArgumentsError, tool
 from pipeline import _scope
+from pipeline._genai import ERROR_STATUS
 from pipeline._scope import operation_scope
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, ending_of
@@ -210,7 +211,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
     ) -> FunctionResultContent:
         invalid = isinstance(exc, ToolArgumentsError)
         span.set_attribute(ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__)
-        span.set_status(Status(StatusCode.ERROR))
+        span.set_status(ERROR_STATUS)
         if invalid:
             detail = f" ({exc})" if self.include_detailed_errors else ""
             text = f"Error: invalid arguments for {call.name!r}{detail}."
@@ -313,7 +314,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
             if error is not None and ending_of(error) == "failed":
                 # The type only: a message may quote a tool's arguments or the prompt.
                 span.set_attribute(ERROR_TYPE, type(error).__name__)
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(ERROR_STATUS)
         span.end()
 
     async def get_response(

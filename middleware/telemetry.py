@@ -28,11 +28,16 @@ from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 
 from middleware.routing._telemetry import ROUTE_ATTEMPTS, ROUTE_FALLBACK, ROUTE_NAME
 from pipeline import _scope
-from pipeline._genai import client_attributes, latest_experimental_semconv, provider_key
+from pipeline._genai import (
+    ERROR_STATUS,
+    client_attributes,
+    latest_experimental_semconv,
+    provider_key,
+)
 from pipeline._metrics import gen_ai_client_histograms
 from pipeline._scope import RouteReport
 from pipeline._streams import StreamEnd, StreamWatcher, ending_of, forward
@@ -219,7 +224,7 @@ class TelemetryChatClient(DelegatingChatClient):
             if failed and error is not None:
                 ending[ERROR_TYPE] = type(error).__name__
                 # No description and no recorded exception: messages may hold prompt text.
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(ERROR_STATUS)
             elif how in ("canceled", "abandoned"):
                 # The caller's choice, not an error: UNSET status, no error.type.
                 ending[REQUEST_END] = how
@@ -305,6 +310,7 @@ class _StreamTrace(StreamWatcher):
         "started",
         "usage",
     )
+
     def __init__(self, layer: TelemetryChatClient, options: ChatOptions | None) -> None:
         self.scoped = True
         self.layer = layer

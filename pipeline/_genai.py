@@ -12,8 +12,13 @@ from typing import Any
 
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
+from opentelemetry.trace import Status, StatusCode
 
-__all__ = ["client_attributes", "latest_experimental_semconv", "provider_key"]
+__all__ = ["ERROR_STATUS", "client_attributes", "latest_experimental_semconv", "provider_key"]
+
+ERROR_STATUS = Status(StatusCode.ERROR)
+"""A failed span's status: no description, since exception messages may quote provider
+bodies or prompts. Made once (a Status validates its arguments when built)."""
 
 
 def latest_experimental_semconv() -> bool:

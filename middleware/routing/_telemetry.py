@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import Span, SpanKind, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from pipeline._genai import client_attributes, provider_key
+from pipeline._genai import ERROR_STATUS, client_attributes, provider_key
 from pipeline._metrics import duration_histogram
 from pipeline.client import metadata_of
 
@@ -164,7 +164,7 @@ class RouteTelemetry:
             span.set_attributes(attributes)
             if failed:
                 # No description: exception messages may quote provider bodies or prompts.
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(ERROR_STATUS)
         span.end()
         labels = {ROUTE_NAME: attempt.route_name, ROUTE_OUTCOME: attempt.outcome}
         self.attempts.add(1, labels)

@@ -56,13 +56,14 @@ from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_PATH, URL_SCHEME
 from opentelemetry.semconv.metrics.http_metrics import HTTP_SERVER_REQUEST_DURATION
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from pipeline._genai import ERROR_STATUS
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys
@@ -594,7 +595,7 @@ class Gateway:
                 span.set_attribute(HTTP_RESPONSE_STATUS_CODE, status)
             if error_type is not None:
                 span.set_attribute(ERROR_TYPE, error_type)
-                span.set_status(Status(StatusCode.ERROR))
+                span.set_status(ERROR_STATUS)
         span.end()
         if failure is not None and not disconnected:
             # A failure of the service (5xx, or a stream cut after output) is a warning; a

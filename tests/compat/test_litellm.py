@@ -337,7 +337,10 @@ async def test_pipeline_never_fails_over_after_output(
 ) -> None:
     """Streaming only: once words reached the caller, a cut stream is the caller's error;
     neither the retry nor the backup runs (no output is duplicated)."""
-    fake_upstream.script(FakeResponse(disconnect_after=3))
+    # Paced, so the words leave LiteLLM before the cut reaches it: on a loaded machine it
+    # read the words and the cut together and forwarded none of them (then the failure is
+    # pre-output, which is another test).
+    fake_upstream.script(FakeResponse(disconnect_after=3, chunk_delay=0.05))
     a, b = client(litellm_proxy, UPSTREAM_MODEL), client(litellm_proxy, "mock-text")
     sleeps = Sleeps()
     async with failover(otel, resilient(a, "a", sleeps), resilient(b, "b", sleeps)) as chat:

@@ -32,6 +32,14 @@ Install the peers with the ``bench`` extra::
     python benchmarks/bench_peers.py [--requests 400] [--rounds 5] [--json OUT]
 
 Contenders whose library is not installed are skipped (said so in the output).
+
+CPU time on a shared machine moves from round to round; instruction counts do not::
+
+    python benchmarks/bench_peers.py --contenders httpx2 chat-pipeline --instructions 120 \
+        [--jobs streaming-32 non-streaming-32]
+
+counts each contender's client instructions per request under valgrind's callgrind (each
+job in a fresh process with 120 and with 40 requests; the difference leaves out start-up).
 """
 
 from __future__ import annotations
@@ -131,11 +139,6 @@ def serve(port: int, cpu: int | None) -> None:
             super().__init__(port=port, default=FakeResponse(text=TEXT))
             self.primary_calls = 0
             self.total_calls = 0
-            self.connections = 0  # accepted: a client that churns its pool opens many
-
-        async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            self.connections += 1
-            await super()._serve(reader, writer)
 
         def response_for(self, request: RecordedRequest) -> FakeResponse:
             self.requests.clear()  # nobody reads them here: keep memory flat
@@ -159,7 +162,7 @@ def serve(port: int, cpu: int | None) -> None:
                 stats = {
                     "primary": self.primary_calls,
                     "total": self.total_calls,
-                    "connections": self.connections,
+                    "connections": self.connections_accepted,
                 }
                 await self._send_json(writer, 200, stats)
                 return True
@@ -669,6 +672,78 @@ def contender_main(name: str, origin: str, cpu: int | None) -> None:
             runner.run(contender.close_stats())
 
 
+def count_main(name: str, origin: str, job: str) -> None:
+    """One job in a fresh process (run under callgrind by `instruction_counts`)."""
+    streaming, concurrency, requests = job.split(",")
+
+    async def one() -> None:
+        contender = FACTORIES[name](origin)
+        try:
+            result = await run_job(contender, streaming == "1", int(concurrency),
+                                   int(requests), 0)  # fmt: skip
+            if result["wrong_answers"]:
+                raise SystemExit(f"{name}: {result['wrong_answers']} wrong answers")
+        finally:
+            await contender.aclose()
+            await contender.close_stats()
+
+    asyncio.run(one())
+
+
+def instruction_counts(args: argparse.Namespace) -> int:
+    """Client instructions per request, counted by valgrind's callgrind (other load on the
+    machine does not move them): each contender runs each job in a fresh process twice, with
+    `args.instructions` requests and with a third of them, and the difference divided by the
+    difference in requests leaves out the start-up. The server runs outside valgrind."""
+    env = child_env()
+    env["PYTHONHASHSEED"] = "0"
+    script = os.path.abspath(__file__)
+    server = Child([sys.executable, script, "--serve", str(free_port())], env)
+    large = args.instructions
+    small = max(1, large // 3)
+    selected = [j for j in JOBS if f"{j[0]}-{j[2]}" in args.jobs]
+    counts: dict[str, dict[str, float]] = {}
+    try:
+        origin = server.line(60).split(" on ")[-1].strip()
+        print(f"client instructions per request (callgrind, {large} minus {small} requests, "
+              f"{WORDS} chunks per stream)", flush=True)  # fmt: skip
+        for name in args.contenders:
+            counts[name] = {}
+            for label, streaming, concurrency in selected:
+                measured = []
+                for requests in (small, large):
+                    done = subprocess.run(
+                        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                         sys.executable, script, "--contender", name, "--origin", origin,
+                         "--count-job", f"{int(streaming)},{concurrency},{requests}"],
+                        capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT,
+                    )  # fmt: skip
+                    found = [line for line in done.stderr.splitlines() if "Collected :" in line]
+                    if done.returncode != 0 or not found:
+                        print(f"{LABELS[name]}, {label} {concurrency}: failed")
+                        print(done.stderr[-2000:])
+                        return 1
+                    measured.append(int(found[-1].split(":")[-1]))
+                job = f"{label}, concurrency {concurrency}"
+                counts[name][job] = (measured[1] - measured[0]) / (large - small)
+                print(f"  {LABELS[name]:<16} {job:<30} {counts[name][job] / 1e6:7.2f}M",
+                      flush=True)  # fmt: skip
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=10)
+    jobs = [f"{label}, concurrency {c}" for label, _, c in selected]
+    print("\n| contender | " + " | ".join(jobs) + " |\n|---|" + "---|" * len(jobs))
+    for name, row in counts.items():
+        cells = []
+        for job in jobs:
+            cell = f"{row[job] / 1e6:.2f}M"
+            if name != BASELINE and BASELINE in counts:
+                cell += f" ({row[job] / counts[BASELINE][job]:.2f}x)"
+            cells.append(cell)
+        print(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    return 0
+
+
 # -- the parent: starts the processes, interleaves the rounds, prints the tables ----------
 
 
@@ -907,6 +982,14 @@ if __name__ == "__main__":
     parser.add_argument("--contenders", nargs="+", choices=list(FACTORIES), default=CONTENDERS,
                         help="default: all but chat-pipeline-keepalive (a diagnosis)")  # fmt: skip
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON to OUT")
+    parser.add_argument("--instructions", type=int, metavar="N",
+                        help="count client instructions per request under callgrind instead "
+                             "(N and N/3 requests per job; try --contenders httpx2 "
+                             "chat-pipeline --instructions 120)")  # fmt: skip
+    parser.add_argument("--jobs", nargs="+", default=[f"{j[0]}-{j[2]}" for j in JOBS],
+                        choices=[f"{j[0]}-{j[2]}" for j in JOBS],
+                        help="with --instructions: the jobs to count (default: all)")  # fmt: skip
+    parser.add_argument("--count-job", help=argparse.SUPPRESS)
     parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--contender", choices=list(FACTORIES), help=argparse.SUPPRESS)
     parser.add_argument("--origin", help=argparse.SUPPRESS)
@@ -914,8 +997,14 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.serve is not None:
         serve(args.serve, args.cpu)
+    elif args.contender is not None and args.count_job is not None:
+        count_main(args.contender, args.origin, args.count_job)
     elif args.contender is not None:
         contender_main(args.contender, args.origin, args.cpu)
+    elif args.instructions is not None:
+        if args.instructions < 3:
+            parser.error("--instructions must be at least 3")
+        sys.exit(instruction_counts(args))
     else:
         if args.requests < 1 or args.rounds < 1 or args.failover_requests < 0:
             parser.error("--requests and --rounds must be at least 1")

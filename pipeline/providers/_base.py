@@ -208,12 +208,16 @@ class HTTPChatClient(AsyncClosing):
                 update = reader.feed(payload)
                 if update is not None:
                     yield update
+                # `__anext__` and StopAsyncIteration rather than anext(events, None): the
+                # default wraps every step in one more awaitable, and this runs per chunk.
                 try:
                     if idle is None:
-                        payload = await anext(events, None)
+                        payload = await events.__anext__()
                     else:
                         async with deadline(idle, provider, "next chunk"):
-                            payload = await anext(events, None)
+                            payload = await events.__anext__()
+                except StopAsyncIteration:
+                    payload = None
                 except httpx2.HTTPError as exc:
                     raise transport_error(exc, provider, where) from exc
             else:

@@ -223,7 +223,10 @@ async def sse_json(
     done = False
     ended = False
     while not done:
-        chunk = await anext(chunks, None)
+        try:  # not anext(chunks, None): its default costs one more awaitable per chunk
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            chunk = None
         if chunk is None:
             ended = True
             batch = lines.finish()

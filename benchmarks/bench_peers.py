@@ -33,7 +33,8 @@ Install the peers with the ``bench`` extra::
 
 Contenders whose library is not installed are skipped (said so in the output).
 
-CPU time on a shared machine moves from round to round; instruction counts do not::
+CPU time on a shared machine moves from round to round; instruction counts hardly do
+(only through how many events one socket read brings back)::
 
     python benchmarks/bench_peers.py --contenders httpx2 chat-pipeline --instructions 120 \
         [--jobs streaming-32 non-streaming-32]
@@ -692,7 +693,7 @@ def count_main(name: str, origin: str, job: str) -> None:
 
 def instruction_counts(args: argparse.Namespace) -> int:
     """Client instructions per request, counted by valgrind's callgrind (other load on the
-    machine does not move them): each contender runs each job in a fresh process twice, with
+    machine moves them little): each contender runs each job in a fresh process twice, with
     `args.instructions` requests and with a third of them, and the difference divided by the
     difference in requests leaves out the start-up. The server runs outside valgrind."""
     env = child_env()

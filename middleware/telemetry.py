@@ -116,22 +116,26 @@ class TelemetryChatClient(DelegatingChatClient):
         if options is None:
             return self._plain
         # Numbers only: stop sequences, tools and formats may carry user text.
-        numbers = (
-            (gen_ai.GEN_AI_REQUEST_TEMPERATURE, options.temperature),
-            (gen_ai.GEN_AI_REQUEST_TOP_P, options.top_p),
-            (gen_ai.GEN_AI_REQUEST_MAX_TOKENS, options.max_output_tokens),
-            (gen_ai.GEN_AI_REQUEST_SEED, options.seed),
-        )
-        model = options.model_id
-        if (model is None or model == self._default_model) and all(
-            value is None for _, value in numbers
+        temperature, top_p = options.temperature, options.top_p
+        max_tokens, seed = options.max_output_tokens, options.seed
+        model = options.model_id or self._default_model
+        if (
+            model == self._default_model
+            and temperature is None
+            and top_p is None
+            and max_tokens is None
+            and seed is None
         ):
             return self._plain
         attributes = dict(self._base)
-        model = model or self._default_model
         if model:
             attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
-        for key, value in numbers:
+        for key, value in (
+            (gen_ai.GEN_AI_REQUEST_TEMPERATURE, temperature),
+            (gen_ai.GEN_AI_REQUEST_TOP_P, top_p),
+            (gen_ai.GEN_AI_REQUEST_MAX_TOKENS, max_tokens),
+            (gen_ai.GEN_AI_REQUEST_SEED, seed),
+        ):
             if value is not None:
                 attributes[key] = value
         return attributes

@@ -97,6 +97,24 @@ async def test_no_span_stays_current_after_a_request(
     assert first.context.trace_id != second.context.trace_id
 
 
+async def test_request_attributes_never_leak_between_requests(
+    otel: Otel, streaming: bool
+) -> None:
+    # Requests without numbers share one start-attribute dict: a request with numbers,
+    # and what the end of a request adds, must not reach the next one.
+    pipeline = chat(otel, reply("ab", chunks=["a", "b"], usage=UsageDetails(3, 4, 7)))
+    await collect(pipeline, "hi", ChatOptions(temperature=0.5), streaming=streaming)
+    await collect(pipeline, "hi", streaming=streaming)
+    await collect(pipeline, "hi", ChatOptions(session_id="s"), streaming=streaming)
+    first, second, third = (dict(span.attributes or {}) for span in otel.finished())
+    assert first[gen_ai.GEN_AI_REQUEST_TEMPERATURE] == 0.5
+    for later in (second, third):
+        assert gen_ai.GEN_AI_REQUEST_TEMPERATURE not in later
+        assert later[gen_ai.GEN_AI_REQUEST_MODEL] == "m-1"
+    assert second.pop(gen_ai.GEN_AI_RESPONSE_ID) != third.pop(gen_ai.GEN_AI_RESPONSE_ID)
+    assert second == third
+
+
 async def test_no_span_stays_current_after_an_abandoned_stream(otel: Otel) -> None:
     pipeline = chat(otel, reply("abc", chunks=["a", "b", "c"]))
     async with contextlib.aclosing(pipeline.get_streaming_response("hi")) as stream:

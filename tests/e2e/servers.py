@@ -36,7 +36,7 @@ class ServerProcess:
     def __init__(self, name: str, argv: list[str], *, env: Mapping[str, str] | None = None):
         self.name = name
         self.lines: list[str] = []
-        self._wanted: str | None = None
+        self._wanted: tuple[str, int] | None = None
         self._seen = threading.Event()
         self.process = subprocess.Popen(
             argv,
@@ -54,17 +54,23 @@ class ServerProcess:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append(line)
-            if self._wanted is not None and self._wanted in line:
+            wanted = self._wanted
+            if wanted is not None and self._count(wanted[0]) >= wanted[1]:
                 self._seen.set()
         self._seen.set()  # the process ended: wake any waiter, which then reports it
 
-    def wait_for_line(self, text: str, timeout: float) -> None:
-        """Return once a log line contains `text`; raise if the process dies or time runs out."""
-        self._wanted = text
-        if any(text in line for line in self.lines):
+    def _count(self, text: str) -> int:
+        return sum(text in line for line in self.lines)
+
+    def wait_for_line(self, text: str, timeout: float, count: int = 1) -> None:
+        """Return once `count` log lines contain `text`; raise if the process dies or time
+        runs out."""
+        self._seen.clear()
+        self._wanted = (text, count)
+        if self._count(text) >= count:
             return
         self._seen.wait(timeout)
-        if not any(text in line for line in self.lines):
+        if self._count(text) < count:
             state = (
                 f"exited with {self.process.returncode}"
                 if self.process.poll() is not None

@@ -7,14 +7,11 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from opentelemetry import propagate
@@ -22,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
 from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.e2e.servers import ServerProcess
 from tests.otel import Receiver
 
 pytestmark = pytest.mark.gateway
@@ -37,10 +35,13 @@ def free_port() -> int:
 
 
 class Serving:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.process = process
+    def __init__(self, server: ServerProcess, port: int) -> None:
+        self.server = server
+        self.process = server.process
         self.url = f"http://127.0.0.1:{port}"
-        self.log = log
+
+    def log(self) -> str:
+        return "".join(self.server.lines)
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -68,44 +69,27 @@ class Serving:
 def serving(
     config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
 ) -> Iterator[Serving]:
-    """``chat-pipeline serve`` on a free port until the block ends; ready once /readyz is
-    200 (polled with a bounded deadline; a process that exits fails at once)."""
+    """``chat-pipeline serve`` on a free port until the block ends; ready once every worker
+    logged uvicorn's startup line (after the pipeline was built); a process that exits
+    fails at once."""
     port = free_port()
-    log = config.parent / f"serve-{port}.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                *args,
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-    running = Serving(process, port, log)
+    workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
+    argv = [sys.executable, "-m", "pipeline", "serve", "--config", str(config)]
+    server = ServerProcess(
+        "chat-pipeline serve",
+        [*argv, "--port", str(port), *args],
+        env={**os.environ, **(env or {})},
+    )
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"chat-pipeline serve exited:\n{log.read_text()}", pytrace=False)
-            if time.monotonic() > deadline:
-                pytest.fail(f"chat-pipeline serve not ready:\n{log.read_text()}", pytrace=False)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{running.url}/readyz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield running
+        try:
+            server.wait_for_line("Application startup complete", timeout, count=workers)
+        except RuntimeError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        yield Serving(server, port)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+        if server.process.poll() is None:
+            server.process.kill()
+        server.stop()  # reaps the process and joins its output reader
 
 
 def write_config(path: Path, upstream: FakeOpenAIServer, extra: str = "") -> Path:
@@ -167,7 +151,7 @@ async def test_sigterm_drains_then_cancels_streams_in_flight(tmp_path: Path) -> 
                 assert raised.value.code == "shutting_down"
                 await upstream.wait_for_disconnects(1)
                 assert stopping is not None and await stopping
-        log = server.log.read_text()
+        log = server.log()
         assert "Waiting for connections to close" in log or "Cancel 1 running task" in log
 
 

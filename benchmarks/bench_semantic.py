@@ -9,12 +9,14 @@ in a way this script could time fairly; see the README.)
 
     python benchmarks/bench_semantic.py [--sizes 100 1000 10000 100000] [--queries 200]
     python benchmarks/bench_semantic.py --under-load [--sizes 10000] [--concurrency 64]
+        [--queries 200]
 
 ``--under-load`` pins this process to CPU 0, keeps CPU 1 busy with a spinning process (a
 bounded one), and runs `--concurrency` selections at a time: it prints p50/p99 selection
-latency of the router and, in the same run, of the same scores computed with a BLAS
-product (``index @ query``, the router's former kernel, which fans out to OpenBLAS
-threads).
+latency of the router and, in the same run, of the same similarities computed by
+numpy's ``einsum`` (the router's previous kernel: one thread, numpy's own loop) and by one
+BLAS product over the whole matrix (``matrix @ query``: its first kernel, which fans out to
+OpenBLAS's threads).
 
 OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE, where the machine sets them, slow numpy's kernels;
 unset both for this command alone to see the kernel's own speed.
@@ -28,7 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +41,7 @@ from pipeline.testing import ScriptedChatClient
 
 DIMENSIONS = 384
 ROUTES = 10
+Step = Callable[[int, list[float]], Awaitable[None]]
 
 
 class MatrixGenerator:
@@ -126,7 +129,8 @@ async def measure_under_load(
         if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
             os.sched_setaffinity(spinner.pid, {1})
             os.sched_setaffinity(0, {0})
-        index = await router._ensure_index()
+        await router._ensure_index()
+        matrix = generator.matrix
 
         async def select(j: int, samples: list[float]) -> None:
             context = RoutingContext([ChatMessage.user(f"q{j}")], ChatOptions(), streaming=False)
@@ -134,22 +138,35 @@ async def measure_under_load(
             await router.select_client(context)
             samples.append(time.perf_counter() - start)
 
-        async def blas(j: int, samples: list[float]) -> None:
-            start = time.perf_counter()
-            index @ generator.queries[j]
-            samples.append(time.perf_counter() - start)
-            await asyncio.sleep(0)
+        def kernel(product: Callable[[npt.NDArray[np.float32]], object]) -> Step:
+            async def step(j: int, samples: list[float]) -> None:
+                start = time.perf_counter()
+                product(generator.queries[j])
+                samples.append(time.perf_counter() - start)
+                await asyncio.sleep(0)
 
-        for label, step in (("router", select), ("BLAS product (former kernel)", blas)):
-            samples: list[float] = []
+            return step
+
+        steps: tuple[tuple[str, Step], ...] = (
+            ("router (blocked BLAS, one thread)", select),
+            ("einsum (previous kernel)", kernel(lambda q: np.einsum("ij,j->i", matrix, q))),
+            ("one BLAS product (OpenBLAS threads)", kernel(lambda q: matrix @ q)),
+        )
+        # Rounds interleave the single-threaded kernels so a noisy neighbour weighs on them
+        # alike; the threaded product runs last, as OpenBLAS's threads keep spinning after
+        # a product and would slow whatever runs next.
+        samples: dict[str, list[float]] = {label: [] for label, _ in steps}
+        for interleaved in (steps[:2], steps[2:]):
             for r in range(rounds):
-                await asyncio.gather(
-                    *(step(r * concurrency + c, samples) for c in range(concurrency))
-                )
-            p50, p99 = percentile_ms(samples, 0.5), percentile_ms(samples, 0.99)
+                for label, step in interleaved:
+                    await asyncio.gather(
+                        *(step(r * concurrency + c, samples[label]) for c in range(concurrency))
+                    )
+        for label, _ in steps:
+            p50, p99 = percentile_ms(samples[label], 0.5), percentile_ms(samples[label], 0.99)
             print(
-                f"{size:>7} x {DIMENSIONS}, {concurrency} concurrent, other core busy: {label:<30}"
-                f" p50 {p50:7.3f} ms  p99 {p99:7.3f} ms"
+                f"{size:>7} x {DIMENSIONS}, {concurrency} concurrent, other core busy: {label:<36}"
+                f" p50 {p50:7.3f} ms  p99 {p99:7.3f} ms  ({len(samples[label])} selections)"
             )
     finally:
         spinner.kill()

@@ -3,8 +3,8 @@
 Promises:
 
 * profile utterances are embedded lazily, once, even under concurrent first requests; a
-  failed build is retried by the next request. The index is one normalized float32 matrix;
-  a query is scored with one matrix-vector product and ``argpartition``;
+  failed build is retried by the next request. The index holds the normalized float32
+  vectors; a query is scored with single-threaded BLAS products and ``argpartition``;
 * the query is the text of the last user message; with none, `default` is chosen;
 * the `top_k` best utterances across all routes are aggregated per route by ``mean``,
   ``sum`` or ``max`` (``top_k=1``: the single best match); below `threshold` the default
@@ -58,6 +58,13 @@ Aggregation = Literal["mean", "sum", "max"]
 OFF_LOOP_ELEMENTS = 1 << 22
 """Above this many matrix elements (about 11,000 utterances of 384 dimensions) a query is
 scored in a worker thread instead of on the event loop."""
+TILE_ELEMENTS = 400_000
+"""The index is scored in products of at most this many elements: small enough that OpenBLAS
+runs each one on the calling thread (its vector-matrix product fans out to its threads from
+460,800 elements)."""
+BLOCK_UTTERANCES = 1 << 14
+"""Utterances per block of the index: each block is scored by products over a slice of the
+dimensions, accumulated."""
 SEMANTIC_SCORE = "ai.route.semantic.score"
 SEMANTIC_REASON = "ai.route.semantic.reason"
 
@@ -69,6 +76,51 @@ class RouteScore:
 
 
 _Matrix = npt.NDArray[np.float32]  # (utterances, d): one unit-length row per utterance
+
+
+class _Index:
+    """The unit-length utterance vectors, stored for a fast single-threaded scan.
+
+    Utterances are kept in blocks of up to `BLOCK_UTTERANCES`, each a contiguous
+    (dimensions, utterances) array, and scored by BLAS's vector-matrix kernel over slices of
+    the dimensions of at most `TILE_ELEMENTS` elements, accumulated. Why: one BLAS product
+    over the whole matrix fans out to OpenBLAS's threads, and when the other cores are busy
+    the hand-off costs milliseconds (10,000 x 384 with the second core busy: p99 8 ms);
+    numpy's own loops (``einsum``) stay on one thread but run at half BLAS's speed; and
+    OpenBLAS's thread count is process-wide, so limiting it would slow the application's own
+    numpy code.
+    """
+
+    __slots__ = ("_tiles", "_width", "dimensions", "size")
+
+    def __init__(self, matrix: _Matrix) -> None:
+        self.size, self.dimensions = matrix.shape
+        self._width = min(self.size, BLOCK_UTTERANCES)
+        depth = max(1, TILE_ELEMENTS // self._width)
+        tiles: list[tuple[int, int, list[tuple[slice, _Matrix]]]] = []
+        for start in range(0, self.size, self._width):
+            block = np.ascontiguousarray(matrix[start : start + self._width].T)
+            slices = [
+                (slice(d, d + depth), block[d : d + depth])
+                for d in range(0, self.dimensions, depth)
+            ]
+            tiles.append((start, start + block.shape[1], slices))
+        self._tiles = tuple(tiles)
+
+    def similarities(self, query: _Matrix) -> _Matrix:
+        """Cosine similarity of the unit `query` to every utterance, in profile order."""
+        out: _Matrix = np.empty(self.size, dtype=np.float32)
+        partial: _Matrix = np.empty(self._width, dtype=np.float32)
+        for start, end, slices in self._tiles:
+            target = out[start:end]
+            (head, first), *rest = slices
+            np.matmul(query[head], first, out=target)
+            if rest:
+                scratch = partial[: end - start]
+                for dims, tile in rest:
+                    np.matmul(query[dims], tile, out=scratch)
+                    target += scratch
+        return out
 
 
 def _last_user_text(messages: Sequence[ChatMessage]) -> str:
@@ -151,8 +203,8 @@ class SemanticRoutingChatClient(RoutingChatClient):
         self.on_embedding_error = self.settings.on_embedding_error
         self._utterances = utterances
         self._owners = np.asarray(owners, dtype=np.intp)
-        self._index: _Matrix | None = None
-        self._building: asyncio.Future[_Matrix] | None = None
+        self._index: _Index | None = None
+        self._building: asyncio.Future[_Index] | None = None
 
     # -- ownership -------------------------------------------------------------------------
 
@@ -173,7 +225,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
 
     # -- the index -------------------------------------------------------------------------
 
-    async def _ensure_index(self) -> _Matrix:
+    async def _ensure_index(self) -> _Index:
         if self._index is not None:
             return self._index
         if self._building is None:
@@ -189,14 +241,14 @@ class SemanticRoutingChatClient(RoutingChatClient):
                 self._building = None  # the next request tries again
             raise
 
-    async def _build(self) -> _Matrix:
+    async def _build(self) -> _Index:
         vectors = await self.generator.generate(list(self._utterances))
         matrix = self._check(vectors, len(self._utterances), None, "profile utterances")
         norms = np.linalg.norm(matrix, axis=1)
         if not np.all(norms > 0):
             bad = int(np.argmin(norms))
             raise RoutingError(f"the embedding of profile utterance {bad} is the zero vector")
-        index = np.ascontiguousarray(matrix / norms[:, None], dtype=np.float32)
+        index = _Index((matrix / norms[:, None]).astype(np.float32, copy=False))
         self._index = index
         return index
 
@@ -219,12 +271,9 @@ class SemanticRoutingChatClient(RoutingChatClient):
 
     # -- scoring ---------------------------------------------------------------------------
 
-    def _scores(self, index: _Matrix, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    def _scores(self, index: _Index, query: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """Aggregated score per route (-inf for routes with no utterance in the top k)."""
-        # einsum runs numpy's own single-threaded loop: a BLAS product would fan out to
-        # OpenBLAS's threads, whose hand-off costs more than the product on a busy machine
-        # (measured: 11 ms median instead of 1.4 ms at 10,000 x 384 with the other core busy).
-        similarities = np.einsum("ij,j->i", index, query)
+        similarities = index.similarities(query)
         routes = len(self.routes)
         if self.top_k == 1:
             best = int(np.argmax(similarities))
@@ -285,7 +334,7 @@ class SemanticRoutingChatClient(RoutingChatClient):
         """The routes ranked by aggregated score for `query` (routes with no utterance among
         the top k are left out). For debugging; does not call any route."""
         index = await self._ensure_index()
-        vector = await self._embed_query(query, index.shape[1])
+        vector = await self._embed_query(query, index.dimensions)
         if isinstance(vector, str):
             raise RoutingError(f"the query could not be embedded ({vector})")
         return self._rank(self._scores(index, vector))
@@ -295,10 +344,10 @@ class SemanticRoutingChatClient(RoutingChatClient):
         if not text.strip():
             return RoutingSelection(self.default, attributes={SEMANTIC_REASON: "no_user_text"})
         index = await self._ensure_index()
-        vector = await self._embed_query(text, index.shape[1])
+        vector = await self._embed_query(text, index.dimensions)
         if isinstance(vector, str):
             return RoutingSelection(self.default, attributes={SEMANTIC_REASON: vector})
-        if index.size > OFF_LOOP_ELEMENTS:
+        if index.size * index.dimensions > OFF_LOOP_ELEMENTS:
             # A product this large would hold the event loop for milliseconds: score in a
             # worker thread (numpy releases the GIL) so other requests keep flowing.
             scores = await asyncio.to_thread(self._scores, index, vector)

@@ -97,9 +97,7 @@ async def test_no_span_stays_current_after_a_request(
     assert first.context.trace_id != second.context.trace_id
 
 
-async def test_request_attributes_never_leak_between_requests(
-    otel: Otel, streaming: bool
-) -> None:
+async def test_request_attributes_never_leak_between_requests(otel: Otel, streaming: bool) -> None:
     # Requests without numbers share one start-attribute dict: a request with numbers,
     # and what the end of a request adds, must not reach the next one.
     pipeline = chat(otel, reply("ab", chunks=["a", "b"], usage=UsageDetails(3, 4, 7)))

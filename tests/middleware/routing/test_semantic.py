@@ -359,3 +359,38 @@ async def test_a_large_index_is_scored_off_the_event_loop(
     monkeypatch.setattr(semantic, "OFF_LOOP_ELEMENTS", 0)  # every index is "large" now
     assert (await collect(router, "bug?", streaming=streaming)).text == "code"
     assert scored_on[0] == loop_thread and scored_on[1] != loop_thread
+
+
+@pytest.mark.parametrize(
+    ("utterances", "dimensions", "tile", "block"),
+    [(1, 3, 400_000, 16_384), (10, 7, 8, 4), (1_000, 64, 1_000, 300), (33, 5, 1, 1)],
+)
+def test_the_tiled_index_scores_like_one_product(
+    utterances: int, dimensions: int, tile: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from middleware.routing import semantic
+
+    monkeypatch.setattr(semantic, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(semantic, "BLOCK_UTTERANCES", block)
+    rng = np.random.default_rng(utterances)
+    matrix = rng.standard_normal((utterances, dimensions)).astype(np.float32)
+    query = rng.standard_normal(dimensions).astype(np.float32)
+    index = semantic._Index(matrix)
+    expected = matrix.astype(np.float64) @ query.astype(np.float64)
+    scores = index.similarities(query)
+    assert scores.shape == (utterances,) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(index.similarities(query), scores)  # no state kept between queries
+
+
+async def test_a_tiled_index_picks_the_same_routes(
+    streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from middleware.routing import semantic
+
+    monkeypatch.setattr(semantic, "TILE_ELEMENTS", 2)  # one dimension per product
+    monkeypatch.setattr(semantic, "BLOCK_UTTERANCES", 1)  # one utterance per block
+    router = make(TableGenerator(TABLE), clients("billing", "code", "general"))
+    assert (await collect(router, "invoice?", streaming=streaming)).text == "billing"
+    assert (await collect(router, "bug?", streaming=streaming)).text == "code"
+    assert (await collect(router, "weather?", streaming=streaming)).text == "general"

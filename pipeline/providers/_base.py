@@ -18,14 +18,15 @@ from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
     DEFAULT_LIMITS,
-    DONE,
+    SSEPayloads,
     deadline,
+    drain,
     encode_json,
     endpoint,
+    next_payloads,
     positive_or_none,
     post_json,
     service_url,
-    sse_json,
     status_error,
     transport_error,
 )
@@ -183,6 +184,7 @@ class HTTPChatClient(AsyncClosing):
         where = self._endpoint
         provider = self.provider_name
         headers = await self._request_headers()
+        payloads = SSEPayloads(provider, end_type=self.stream_end_type)
         async with contextlib.AsyncExitStack() as stack:
             try:
                 async with deadline(self.first_chunk_timeout, provider, "first chunk"):
@@ -191,36 +193,39 @@ class HTTPChatClient(AsyncClosing):
                     )
                     if response.status_code >= 400:
                         raise await status_error(response, provider, where)
-                    events = sse_json(
-                        response.aiter_bytes(),
-                        provider,
-                        end_type=self.stream_end_type,
-                    )
-                    stack.push_async_callback(events.aclose)
-                    payload = await anext(events, None)
+                    chunks = response.aiter_bytes()
+                    stack.push_async_callback(chunks.aclose)
+                    batch = await next_payloads(chunks, payloads)
             except httpx2.HTTPError as exc:
                 raise transport_error(exc, provider, where) from exc
             reader = self._stream_reader()
             idle = self.stream_idle_timeout
-            while payload is not None:
-                if payload is DONE:
+            feed = payloads.feed
+            while batch is not None:
+                for payload in batch:
+                    update = reader.feed(payload)
+                    if update is not None:
+                        yield update
+                if payloads.done:
                     break
-                update = reader.feed(payload)
-                if update is not None:
-                    yield update
-                # `__anext__` and StopAsyncIteration rather than anext(events, None): the
-                # default wraps every step in one more awaitable, and this runs per chunk.
+                # The next payloads, read here rather than through a helper or a generator
+                # of payloads: this runs for every chunk, and each step of an async
+                # generator or coroutine between the socket and the caller costs.
                 try:
                     if idle is None:
-                        payload = await events.__anext__()
+                        batch = feed(await chunks.__anext__())
+                        while not batch:
+                            batch = feed(await chunks.__anext__())
                     else:
                         async with deadline(idle, provider, "next chunk"):
-                            payload = await events.__anext__()
+                            batch = feed(await chunks.__anext__())
+                            while not batch:
+                                batch = feed(await chunks.__anext__())
                 except StopAsyncIteration:
-                    payload = None
+                    batch = payloads.finish() or None
                 except httpx2.HTTPError as exc:
                     raise transport_error(exc, provider, where) from exc
-            else:
+            if not payloads.done:
                 raise provider_error(
                     FailureKind.TRANSIENT,
                     f"the stream ended before {self.stream_end_type or '[DONE]'}",
@@ -228,6 +233,11 @@ class HTTPChatClient(AsyncClosing):
                     code="incomplete_stream",
                     url=where,
                 )
+            try:
+                async with deadline(idle, provider, "the end of the body"):
+                    await drain(chunks)
+            except httpx2.HTTPError as exc:
+                raise transport_error(exc, provider, where) from exc
             tail = reader.finish()
             if tail is not None:
                 yield tail

@@ -9,7 +9,7 @@ import codecs
 import contextlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
@@ -24,12 +24,13 @@ __all__ = [
     "service_url",
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
-    "DONE",
     "deadline",
     "endpoint",
     "positive_or_none",
     "post_json",
-    "sse_json",
+    "SSEPayloads",
+    "drain",
+    "next_payloads",
     "status_error",
     "transport_error",
 ]
@@ -163,10 +164,6 @@ async def deadline(seconds: float | None, provider: str, what: str) -> AsyncIter
         ) from None
 
 
-DONE: Any = object()
-"""What `sse_json` yields, last, when the stream said it is complete."""
-
-
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
@@ -209,30 +206,37 @@ class Utf8Lines:
         return [line for line in _LINE_END.split(tail) if line]
 
 
-async def sse_json(
-    chunks: AsyncIterator[bytes], provider: str, *, end_type: str | None = None
-) -> AsyncGenerator[Any, None]:
-    """The decoded JSON payloads of an SSE byte stream, then `DONE` when it says it is
-    complete: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
-    `end_type` (``message_stop`` in the Messages API). An ``error`` event raises its
-    `ProviderError`; malformed SSE, JSON or UTF-8 raises one of kind `UNKNOWN` (code
-    ``malformed``).
+class SSEPayloads:
+    """The decoded JSON payloads of a server-sent event byte stream, fed chunk by chunk.
+
+    `feed(chunk)` returns the payloads the chunk completes, and `finish()` those the body's
+    end completes. Once the stream says it is complete, `done` is set and nothing more is
+    returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
+    `end_type` (``message_stop`` in the Messages API; that payload is not returned). An
+    ``error`` event raises its `ProviderError`; malformed SSE, JSON or UTF-8 raises one of
+    kind `UNKNOWN` (code ``malformed``). Synchronous, so a stream reader pays no generator
+    step per chunk for it.
     """
-    lines = Utf8Lines(provider)
-    decoder = SSEDecoder()
-    done = False
-    ended = False
-    while not done:
-        try:  # not anext(chunks, None): its default costs one more awaitable per chunk
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            chunk = None
-        if chunk is None:
-            ended = True
-            batch = lines.finish()
-        else:
-            batch = lines.feed(chunk)
-        for line in batch:
+
+    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done")
+
+    def __init__(self, provider: str, *, end_type: str | None = None) -> None:
+        self._lines = Utf8Lines(provider)
+        self._decoder = SSEDecoder()
+        self._provider = provider
+        self._end_type = end_type
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        return self._payloads(self._lines.feed(chunk)) if not self.done else []
+
+    def finish(self) -> list[Any]:
+        return self._payloads(self._lines.finish()) if not self.done else []
+
+    def _payloads(self, lines: list[str]) -> list[Any]:
+        payloads: list[Any] = []
+        decoder, provider, end_type = self._decoder, self._provider, self._end_type
+        for line in lines:
             try:
                 data = decoder.feed(line)
             except MalformedSSE:
@@ -240,7 +244,7 @@ async def sse_json(
             if data is None:
                 continue
             if data.strip() == "[DONE]":
-                done = True
+                self.done = True
                 break
             try:
                 payload = json.loads(data)
@@ -252,17 +256,30 @@ async def sse_json(
                     provider,
                 )
             if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
-                done = True
+                self.done = True
                 break
-            yield payload
-        if ended and not done:
-            return  # the body ended without saying the stream was complete
-    # Read to the end of the body (normally just the chunked terminator), so the connection
-    # goes back to the pool instead of being closed half-read.
-    if not ended:
-        drained = 0
-        async for _ in chunks:
-            drained += 1
-            if drained >= _MAX_DRAINED_LINES:
-                break
-    yield DONE
+            payloads.append(payload)
+        return payloads
+
+
+async def next_payloads(chunks: AsyncIterator[bytes], payloads: SSEPayloads) -> list[Any] | None:
+    """The payloads of the next chunks that complete any (None once the body ended and
+    left none)."""
+    while True:
+        try:
+            chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return payloads.finish() or None
+        batch = payloads.feed(chunk)
+        if batch:
+            return batch
+
+
+async def drain(chunks: AsyncIterator[bytes]) -> None:
+    """Read a complete stream's body to its end (normally just the chunked terminator), so
+    the connection goes back to the pool instead of being closed half-read (bounded)."""
+    drained = 0
+    async for _ in chunks:
+        drained += 1
+        if drained >= _MAX_DRAINED_LINES:
+            break

@@ -114,15 +114,35 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=12))
-async def test_any_bytes_are_lines_or_a_provider_error(chunks: list[bytes]) -> None:
-    from pipeline.providers._http import sse_json
+def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None:
+    from pipeline.providers._http import SSEPayloads
 
-    async def source():  # type: ignore[no-untyped-def]
-        for chunk in chunks:
-            yield chunk
-
+    payloads = SSEPayloads("fuzz")
     try:
-        async for _ in sse_json(source(), "fuzz"):
-            pass
+        for chunk in chunks:
+            payloads.feed(chunk)
+        payloads.finish()
     except ProviderError:
         pass
+
+
+def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
+    from pipeline.providers._http import SSEPayloads
+
+    payloads = SSEPayloads("test")
+    assert payloads.feed(b'data: {"a"') == []
+    assert payloads.feed(b': 1}\n\n: keep-alive\n\ndata: [1,') == [{"a": 1}]
+    assert payloads.feed(b"2]\n\ndata: [DONE]\n\ndata: 3\n\n") == [[1, 2]]
+    assert payloads.done and payloads.feed(b"data: 4\n\n") == [] and payloads.finish() == []
+
+    messages = SSEPayloads("test", end_type="message_stop")
+    stream = b'data: {"type": "delta"}\n\ndata: {"type": "message_stop"}\n\n'
+    assert messages.feed(stream) == [{"type": "delta"}] and messages.done
+
+
+def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
+    from pipeline.providers._http import SSEPayloads
+
+    payloads = SSEPayloads("test")
+    assert payloads.feed(b"data: 1\n\ndata: 2") == [1]
+    assert payloads.finish() == [] and not payloads.done

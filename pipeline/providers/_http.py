@@ -8,9 +8,10 @@ import base64
 import codecs
 import contextlib
 import json
+import json.scanner
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import httpx2
 
@@ -174,19 +175,26 @@ class Utf8Lines:
     are a `ProviderError` (``malformed``). Synchronous, so reading a stream costs no extra
     generator step per line."""
 
-    __slots__ = ("_decoder", "_pending", "_provider")
+    __slots__ = ("_decoder", "_pending", "_provider", "_split_character")
 
     def __init__(self, provider: str) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._split_character = False
         self._pending = ""
         self._provider = provider
 
     def feed(self, chunk: bytes) -> list[str]:
         """The lines `chunk` completes (the rest waits for the next chunk)."""
-        try:
-            text = self._pending + self._decoder.decode(chunk)
-        except UnicodeDecodeError:
-            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        if self._split_character:
+            text = self._decode(chunk)
+        else:
+            try:
+                text = chunk.decode()
+            except UnicodeDecodeError:
+                # A character split across chunks (the incremental decoder keeps its first
+                # half for the next chunk), or bytes that are not UTF-8.
+                text = self._decode(chunk)
+        text = self._pending + text
         carry = ""
         if text.endswith("\r"):
             # A CR may be the first half of a CRLF that the next chunk completes.
@@ -196,6 +204,14 @@ class Utf8Lines:
         self._pending = lines.pop() + carry
         return lines
 
+    def _decode(self, chunk: bytes) -> str:
+        try:
+            text = self._decoder.decode(chunk)
+        except UnicodeDecodeError:
+            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        self._split_character = bool(self._decoder.getstate()[0])
+        return text
+
     def finish(self) -> list[str]:
         """The last, unterminated line (if any), once the stream ended."""
         try:
@@ -204,6 +220,22 @@ class Utf8Lines:
             raise malformed(self._provider, "the stream is not UTF-8 text") from None
         self._pending = ""
         return [line for line in _LINE_END.split(tail) if line]
+
+
+# The C scanner behind json.loads, called directly: json.loads spends three Python calls
+# and two regex matches around it, for every chunk of every stream.
+# (typeshed types the scanner's context as a scanner; any decoder's settings will do.)
+_scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
+
+
+def _loads(data: str) -> Any:
+    try:
+        value, end = _scan_json(data, 0)
+    except StopIteration:
+        return json.loads(data)  # leading whitespace, or not JSON: json.loads decides
+    if end != len(data) and data[end:].strip():
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 class SSEPayloads:
@@ -234,23 +266,21 @@ class SSEPayloads:
         return self._payloads(self._lines.finish()) if not self.done else []
 
     def _payloads(self, lines: list[str]) -> list[Any]:
+        provider, end_type = self._provider, self._end_type
+        try:
+            events = self._decoder.events(lines)
+        except MalformedSSE:
+            raise malformed(provider, "a line that is not server-sent events") from None
         payloads: list[Any] = []
-        decoder, provider, end_type = self._decoder, self._provider, self._end_type
-        for line in lines:
-            try:
-                data = decoder.feed(line)
-            except MalformedSSE:
-                raise malformed(provider, "a line that is not server-sent events") from None
-            if data is None:
-                continue
-            if data.strip() == "[DONE]":
+        for event, data in events:
+            if data[:1] != "{" and data.strip() == "[DONE]":
                 self.done = True
                 break
             try:
-                payload = json.loads(data)
+                payload = _loads(data)
             except ValueError:
                 raise malformed(provider, "an event's data is not JSON") from None
-            if decoder.event == "error":
+            if event == "error":
                 raise error_from_payload(
                     payload.get("error", payload) if isinstance(payload, dict) else None,
                     provider,

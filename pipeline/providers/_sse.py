@@ -16,12 +16,11 @@ class MalformedSSE(ValueError):
 
 
 class SSEDecoder:
-    """Feed it lines (without line endings); it returns an event's data when one completes.
+    """Feed it lines (without line endings); it returns the data of the events they complete.
 
     Follows the SSE rules: ``data`` lines of one event are joined with newlines, a blank
-    line dispatches the event, comment lines (``:``) are skipped. After a dispatch, `event`
-    is the dispatched event's type (``""`` when it named none). A line naming no known field
-    raises `MalformedSSE`, since no chat API stream sends one.
+    line dispatches the event, comment lines (``:``) are skipped. A line naming no known
+    field raises `MalformedSSE`, since no chat API stream sends one.
     """
 
     __slots__ = ("_data", "_event", "event")
@@ -30,28 +29,41 @@ class SSEDecoder:
         self._data: list[str] = []
         self._event = ""
         self.event = ""
+        """After `feed`, the type of the event it dispatched (``""`` when it named none)."""
+
+    def events(self, lines: list[str]) -> list[tuple[str, str]]:
+        """The (type, data) of each event `lines` complete, in order. One call per network
+        chunk: this is the per-chunk path of every stream."""
+        dispatched: list[tuple[str, str]] = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    dispatched.append((self._event, data[0] if len(data) == 1 else "\n".join(data)))
+                    data = self._data = []
+                self._event = ""
+            elif line[0] == ":":
+                continue
+            elif line[:6] == "data: ":
+                data.append(line[6:])
+            else:
+                name, colon, value = line.partition(":")
+                if value[:1] == " ":
+                    value = value[1:]
+                if name == "data":
+                    data.append(value)
+                elif name == "event":
+                    self._event = value
+                elif name not in _KNOWN_FIELDS:
+                    raise MalformedSSE(
+                        "an unknown server-sent event field" if colon else "a line that is not SSE"
+                    )
+        return dispatched
 
     def feed(self, line: str) -> str | None:
-        if not line:
-            data = self._data
-            if not data:
-                self._event = ""
-                return None
-            self.event = self._event
-            self._event = ""
-            self._data = []
-            return data[0] if len(data) == 1 else "\n".join(data)
-        if line[0] == ":":
+        """The data of the event `line` completes, or None."""
+        dispatched = self.events([line])
+        if not dispatched:
             return None
-        name, colon, value = line.partition(":")
-        if value[:1] == " ":
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name not in _KNOWN_FIELDS:
-            raise MalformedSSE(
-                "an unknown server-sent event field" if colon else "a line that is not SSE"
-            )
-        return None
+        self.event, data = dispatched[0]
+        return data

@@ -3,6 +3,7 @@ ProviderError, never anything else."""
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,7 +132,7 @@ def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b'data: {"a"') == []
-    assert payloads.feed(b': 1}\n\n: keep-alive\n\ndata: [1,') == [{"a": 1}]
+    assert payloads.feed(b": 1}\n\n: keep-alive\n\ndata: [1,") == [{"a": 1}]
     assert payloads.feed(b"2]\n\ndata: [DONE]\n\ndata: 3\n\n") == [[1, 2]]
     assert payloads.done and payloads.feed(b"data: 4\n\n") == [] and payloads.finish() == []
 
@@ -146,3 +147,36 @@ def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2") == [1]
     assert payloads.finish() == [] and not payloads.done
+
+
+def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> None:
+    from pipeline.providers._http import Utf8Lines
+
+    text = "data: \u00e9\u20ac\U0001f600 ok\n".encode()
+    for size in (1, 2, 3):
+        splitter = Utf8Lines("test")
+        lines = [
+            line for i in range(0, len(text), size) for line in splitter.feed(text[i : i + size])
+        ]
+        assert lines + splitter.finish() == ["data: \u00e9\u20ac\U0001f600 ok"]
+    for bad in ([b"data: \xff\n"], [b"data: \xe2\x82", b"x\n"], [b"data: \xe2\x82"]):
+        splitter = Utf8Lines("test")
+        with pytest.raises(ProviderError) as raised:
+            for chunk in bad:
+                splitter.feed(chunk)
+            splitter.finish()
+        assert raised.value.code == "malformed"
+
+
+def test_event_data_decodes_as_json_loads_does() -> None:
+    from pipeline.providers._http import _loads
+
+    for data in ('{"a": 1}', ' {"a": 1} ', "[1, 2]\t", '"x"', "3", "NaN"):
+        assert _loads(data) == json.loads(data) or data == "NaN"
+    for data in ('{"a": 1} x', "", " ", "{", "nope", '{"a": "\x01"}'):
+        try:
+            _loads(data)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"{data!r} was taken for JSON")

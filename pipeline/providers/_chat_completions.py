@@ -34,6 +34,7 @@ from pipeline.types import (
     FunctionResultContent,
     TextContent,
     UsageDetails,
+    checked_text,
 )
 
 __all__ = [
@@ -269,27 +270,24 @@ class StreamAssembler:
         # than the Mapping ABC keeps this per-chunk path cheap.
         if type(payload) is not dict:
             raise malformed(self.provider, "a stream chunk is not a JSON object")
-        if payload.get("error"):
+        if "error" in payload and payload["error"]:
             raise error_from_payload(payload["error"], self.provider)
         contents: list[Content] = []
         finish_reason = None
         choice = _first_choice(payload, self.provider)
-        if choice is not None and choice.get("index", 0):
-            choice = None  # another choice's chunk (n > 1): the response is choice 0
-        if choice is not None:
+        # Another choice's chunk (n > 1) is skipped: the response is choice 0.
+        if choice is not None and not choice.get("index", 0):
             delta = choice.get("delta") or {}
             if type(delta) is not dict:
                 raise malformed(self.provider, "a chunk's delta is not an object")
             text = delta.get("content")
-            if text:
+            if text is not None:
                 if type(text) is not str:
                     raise malformed(self.provider, "delta content is not a string")
-                contents.append(TextContent(text))
-            elif text is not None and type(text) is not str:
-                raise malformed(self.provider, "delta content is not a string")
-            tool_calls = delta.get("tool_calls")
-            if tool_calls is not None:
-                self._feed_calls(tool_calls)
+                if text:
+                    contents.append(checked_text(text))
+            if "tool_calls" in delta:
+                self._feed_calls(delta["tool_calls"])
             finish = choice.get("finish_reason")
             if finish is not None:
                 finish_reason = finish if type(finish) is str else None

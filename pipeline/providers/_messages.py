@@ -33,6 +33,7 @@ from pipeline.types import (
     FunctionResultContent,
     TextContent,
     UsageDetails,
+    checked_text,
 )
 
 __all__ = [
@@ -335,7 +336,7 @@ class MessagesStreamReader:
                 text = delta.get("text")
                 if block.kind != "text" or type(text) is not str:
                     raise malformed(self.provider, "a text delta that is not text")
-                return self._update([TextContent(text)]) if text else None
+                return self._update([checked_text(text)]) if text else None
             if delta_type == "input_json_delta":
                 part = delta.get("partial_json")
                 if block.kind != "tool_use" or type(part) is not str:
@@ -350,7 +351,7 @@ class MessagesStreamReader:
             block_kind = start.get("type")
             self._blocks[index] = _Block(block_kind if type(block_kind) is str else "", start)
             text = start.get("text") if block_kind == "text" else None
-            return self._update([TextContent(text)]) if type(text) is str and text else None
+            return self._update([checked_text(text)]) if type(text) is str and text else None
         if kind == "content_block_stop":
             index, block = self._block(payload)
             if block is None:

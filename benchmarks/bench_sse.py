@@ -1,10 +1,13 @@
-"""Our SSE decoder vs httpx2's built-in `EventSource`, on the per-chunk path of a stream.
+"""The providers' SSE reading vs httpx2's built-in `EventSource` and a plain line loop, on
+the per-chunk path of a stream.
 
-Both read the same Chat Completions stream (one network chunk per event, as servers send
-them) from an in-process httpx2 `MockTransport`, and decode each event's JSON: ours reads
-``response.aiter_lines()`` through `SSEDecoder`; httpx2's iterates
-``httpx2.EventSource(response)``. Prints microseconds per event, best of the rounds, and the
-ratio. The faster one is what the providers use.
+All read the same Chat Completions stream (one network chunk per event, as servers send
+them) from an in-process httpx2 `MockTransport`, and decode each event's JSON: ours feeds
+``response.aiter_bytes()`` to `SSEPayloads` (what the providers do); httpx2's iterates
+``httpx2.EventSource(response)``; the line loop reads ``response.aiter_lines()`` and
+``json.loads`` each ``data:`` line (what a hand-written client does, and the peer
+benchmark's raw baseline). Prints microseconds per event, best of the rounds, and the
+ratio to ours.
 
     python benchmarks/bench_sse.py [--events 2000] [--rounds 7]
 """
@@ -19,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 
-from pipeline.providers._sse import SSEDecoder
+from pipeline.providers._http import SSEPayloads
 
 
 def stream_body(events: int) -> list[bytes]:
@@ -49,13 +52,20 @@ def client_for(body: list[bytes]) -> httpx2.AsyncClient:
 async def ours(http: httpx2.AsyncClient) -> int:
     count = 0
     async with http.stream("POST", "http://test/v1/chat/completions") as response:
-        decoder = SSEDecoder()
+        payloads = SSEPayloads("bench")
+        async for chunk in response.aiter_bytes():
+            count += len(payloads.feed(chunk))
+        assert payloads.done
+    return count
+
+
+async def lines(http: httpx2.AsyncClient) -> int:
+    count = 0
+    async with http.stream("POST", "http://test/v1/chat/completions") as response:
         async for line in response.aiter_lines():
-            data = decoder.feed(line)
-            if data is None or data == "[DONE]":
-                continue
-            json.loads(data)
-            count += 1
+            if line.startswith("data: {"):
+                json.loads(line[6:])
+                count += 1
     return count
 
 
@@ -84,15 +94,20 @@ async def best_us_per_event(
 
 
 async def main(events: int, rounds: int) -> None:
-    # Interleaved rounds, so a noisy moment hits both alike.
-    results = {"SSEDecoder (ours)": float("inf"), "httpx2.EventSource": float("inf")}
+    # Interleaved rounds, so a noisy moment hits them alike.
+    readers = (
+        ("SSEPayloads (ours)", ours),
+        ("httpx2.EventSource", builtin),
+        ("aiter_lines + json.loads", lines),
+    )
+    results = {label: float("inf") for label, _ in readers}
     for _ in range(rounds):
-        for label, read in (("SSEDecoder (ours)", ours), ("httpx2.EventSource", builtin)):
+        for label, read in readers:
             results[label] = min(results[label], await best_us_per_event(read, events, 1))
-    base = results["SSEDecoder (ours)"]
+    base = results["SSEPayloads (ours)"]
     print(f"{events} events per stream, best of {rounds} rounds")
     for label, us in results.items():
-        print(f"  {label:<20} {us:6.2f} us/event  ratio {us / base:4.2f}x")
+        print(f"  {label:<26} {us:6.2f} us/event  ratio {us / base:4.2f}x")
 
 
 if __name__ == "__main__":

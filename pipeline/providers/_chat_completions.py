@@ -270,7 +270,7 @@ class StreamAssembler:
         # than the Mapping ABC keeps this per-chunk path cheap.
         if type(payload) is not dict:
             raise malformed(self.provider, "a stream chunk is not a JSON object")
-        if "error" in payload and payload["error"]:
+        if payload.get("error"):
             raise error_from_payload(payload["error"], self.provider)
         contents: list[Content] = []
         finish_reason = None

@@ -208,6 +208,8 @@ class HTTPChatClient(AsyncClosing):
                         yield update
                 if payloads.done:
                     break
+                if payloads.failure is not None:
+                    raise payloads.failure  # after the payloads its chunk completed before it
                 # The next payloads, read here rather than through a helper or a generator
                 # of payloads: this runs for every chunk, and each step of an async
                 # generator or coroutine between the socket and the caller costs.

@@ -245,12 +245,14 @@ class SSEPayloads:
     end completes. Once the stream says it is complete, `done` is set and nothing more is
     returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
     `end_type` (``message_stop`` in the Messages API; that payload is not returned). An
-    ``error`` event raises its `ProviderError`; malformed SSE, JSON or UTF-8 raises one of
-    kind `UNKNOWN` (code ``malformed``). Synchronous, so a stream reader pays no generator
-    step per chunk for it.
+    ``error`` event is its `ProviderError`; malformed SSE, JSON or UTF-8 is one of kind
+    `UNKNOWN` (code ``malformed``). A failure never costs the payloads before it: when a
+    chunk completes some, they are returned and the failure is kept in `failure` (the
+    reader raises it once it has passed them on), and the next `feed` or `finish` raises
+    it. Synchronous, so a stream reader pays no generator step per chunk for it.
     """
 
-    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done")
+    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done", "failure")
 
     def __init__(self, provider: str, *, end_type: str | None = None) -> None:
         self._lines = Utf8Lines(provider)
@@ -258,37 +260,50 @@ class SSEPayloads:
         self._provider = provider
         self._end_type = end_type
         self.done = False
+        self.failure: ProviderError | None = None
 
     def feed(self, chunk: bytes) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
         return self._payloads(self._lines.feed(chunk)) if not self.done else []
 
     def finish(self) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
         return self._payloads(self._lines.finish()) if not self.done else []
 
     def _payloads(self, lines: list[str]) -> list[Any]:
         provider, end_type = self._provider, self._end_type
+        events: list[tuple[str, str]] = []
+        failure: ProviderError | None = None
         try:
-            events = self._decoder.events(lines)
+            self._decoder.events(lines, events)
         except MalformedSSE:
-            raise malformed(provider, "a line that is not server-sent events") from None
+            failure = malformed(provider, "a line that is not server-sent events")
         payloads: list[Any] = []
         for event, data in events:
             if data[:1] != "{" and data.strip() == "[DONE]":
                 self.done = True
-                break
+                return payloads  # what follows the end does not count, bad or not
             try:
                 payload = _loads(data)
             except ValueError:
-                raise malformed(provider, "an event's data is not JSON") from None
+                failure = malformed(provider, "an event's data is not JSON")
+                break
             if event == "error":
-                raise error_from_payload(
+                failure = error_from_payload(
                     payload.get("error", payload) if isinstance(payload, dict) else None,
                     provider,
                 )
+                break
             if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
                 self.done = True
-                break
+                return payloads
             payloads.append(payload)
+        if failure is not None:
+            if not payloads:
+                raise failure
+            self.failure = failure
         return payloads
 
 

@@ -31,10 +31,10 @@ class SSEDecoder:
         self.event = ""
         """After `feed`, the type of the event it dispatched (``""`` when it named none)."""
 
-    def events(self, lines: list[str]) -> list[tuple[str, str]]:
-        """The (type, data) of each event `lines` complete, in order. One call per network
-        chunk: this is the per-chunk path of every stream."""
-        dispatched: list[tuple[str, str]] = []
+    def events(self, lines: list[str], dispatched: list[tuple[str, str]]) -> None:
+        """Append the (type, data) of each event `lines` complete to `dispatched`, in
+        order. One call per network chunk: this is the per-chunk path of every stream. On
+        `MalformedSSE`, `dispatched` holds the events completed before the bad line."""
         data = self._data
         for line in lines:
             if not line:
@@ -58,11 +58,11 @@ class SSEDecoder:
                     raise MalformedSSE(
                         "an unknown server-sent event field" if colon else "a line that is not SSE"
                     )
-        return dispatched
 
     def feed(self, line: str) -> str | None:
         """The data of the event `line` completes, or None."""
-        dispatched = self.events([line])
+        dispatched: list[tuple[str, str]] = []
+        self.events([line], dispatched)
         if not dispatched:
             return None
         self.event, data = dispatched[0]

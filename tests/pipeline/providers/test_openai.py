@@ -508,3 +508,33 @@ async def test_a_request_that_cannot_be_sent_is_the_callers_error(
     assert primary.client.state == "closed"  # type: ignore[attr-defined]
     assert (await collect(router, "hi", streaming=streaming)).error is None
     await router.aclose()
+
+
+@pytest.mark.parametrize(
+    ("tail", "code"),
+    [
+        (b'event: error\ndata: {"error": {"code": "500", "message": "cut"}}\n\n', None),
+        (b"data: {not json\n\n", "malformed"),
+        (b"bogus line\n\n", "malformed"),
+    ],
+    ids=["in-band-error", "bad-json", "not-sse"],
+)
+async def test_a_failure_in_the_same_network_chunk_keeps_the_words_before_it(
+    tail: bytes, code: str | None
+) -> None:
+    """A proxy that reads the words and the failure together sends them in one chunk: the
+    words still reach the caller, once, before the failure."""
+    body = b"".join(f"{_chunk({'content': word})}\n\n".encode() for word in ("a ", "b ")) + tail
+
+    def one_chunk(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    async with httpx2.AsyncClient(transport=httpx2.MockTransport(one_chunk)) as http:
+        chat = OpenAIChatClient("m", api_key="k", base_url="http://127.0.0.1:1", http_client=http)
+        result = await collect(chat, "hi", streaming=True)
+    assert [u.text for u in result.updates] == ["a ", "b "]
+    assert isinstance(result.error, ProviderError)
+    if code is not None:
+        assert result.error.code == code
+    else:
+        assert isinstance(result.error, TransientProviderError)

@@ -180,3 +180,21 @@ def test_event_data_decodes_as_json_loads_does() -> None:
             pass
         else:
             raise AssertionError(f"{data!r} was taken for JSON")
+
+
+def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
+    from pipeline.providers._http import SSEPayloads
+
+    payloads = SSEPayloads("test")
+    assert payloads.feed(b"data: 1\n\ndata: 2\n\nnot sse\n\ndata: 3\n\n") == [1, 2]
+    assert payloads.failure is not None and payloads.failure.code == "malformed"
+    with pytest.raises(ProviderError) as raised:
+        payloads.feed(b"data: 4\n\n")
+    assert raised.value is payloads.failure
+    # Nothing completed before the failure: raised at once.
+    with pytest.raises(ProviderError):
+        SSEPayloads("test").feed(b"data: {\n\n")
+    # What follows the end of the stream does not count, bad or not.
+    done = SSEPayloads("test")
+    assert done.feed(b"data: 1\n\ndata: [DONE]\n\nnot sse\n\n") == [1]
+    assert done.done and done.failure is None

@@ -46,22 +46,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _litellm_env import litellm_env
+
 SERVER_CORE = 0
 CLIENT_CORE = 1
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-# Keep LiteLLM off the network and quiet: local copies of its remote data, no .env, no
-# database, errors only (the same settings the compatibility suite uses).
-LITELLM_ENV = {
-    "LITELLM_MODE": "PRODUCTION",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
-    "LITELLM_LOCAL_BLOG_POSTS": "True",
-    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
-    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
-    "LITELLM_LOG": "ERROR",
-}
-DROPPED_ENV = ("DATABASE_URL", "LITELLM_MASTER_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL")
 
 
 # Both servers authenticate each request with the same key (LiteLLM refuses to start
@@ -394,8 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             if not args.no_litellm:
                 port = free_port()
-                env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-                env.update(LITELLM_ENV)
+                env = litellm_env()
                 servers.append(
                     stack.enter_context(
                         started(

@@ -59,7 +59,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _litellm_env import litellm_env
 
 WORDS = 50
 TEXT = " ".join(f"word{i:02d}" for i in range(WORDS))  # 50 words: 50 content chunks
@@ -87,30 +92,14 @@ LABELS = {
 }
 BASELINE = "httpx2"
 
-# Keep LiteLLM off the network (local copies of its remote data, no .env loading) and
-# LangChain's tracing off; no credentials of the environment reach a contender.
+# On top of LiteLLM's settings (`_litellm_env`): LangChain's tracing off, and no other
+# credentials of the environment reach a contender.
 CHILD_ENV = {
-    "LITELLM_MODE": "PRODUCTION",
-    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
-    "LITELLM_LOCAL_BLOG_POSTS": "True",
-    "LITELLM_LOCAL_POLICY_TEMPLATES": "True",
-    "LITELLM_LOCAL_AUTOROUTER_PRESETS": "True",
-    "LITELLM_LOG": "ERROR",
     "LANGSMITH_TRACING": "false",
     "LANGCHAIN_TRACING_V2": "false",
     "TOKENIZERS_PARALLELISM": "false",
 }
-DROPPED_ENV = (
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "OPENAI_ORG_ID",
-    "LITELLM_MASTER_KEY",
-    "DATABASE_URL",
-    "LANGSMITH_API_KEY",
-    "LANGCHAIN_API_KEY",
-    "LOGFIRE_TOKEN",
-)
+DROPPED_ENV = ("OPENAI_ORG_ID", "LANGSMITH_API_KEY", "LANGCHAIN_API_KEY", "LOGFIRE_TOKEN")
 
 STARTUP_TIMEOUT = 300.0  # LiteLLM takes tens of seconds to import on a busy 2-core machine
 JOB_TIMEOUT = 900.0
@@ -798,8 +787,7 @@ def free_port() -> int:
 
 
 def child_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-    env.update(CHILD_ENV)
+    env = litellm_env(CHILD_ENV, DROPPED_ENV)
     # The benchmark's directory is not the project's: make `pipeline` importable from a
     # checkout as well as from an install.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

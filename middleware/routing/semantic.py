@@ -91,35 +91,35 @@ class _Index:
     numpy code.
     """
 
-    __slots__ = ("_tiles", "_width", "dimensions", "size")
+    __slots__ = ("_blocks", "_width", "dimensions", "size")
 
     def __init__(self, matrix: _Matrix) -> None:
         self.size, self.dimensions = matrix.shape
         self._width = min(self.size, BLOCK_UTTERANCES)
         depth = max(1, TILE_ELEMENTS // self._width)
-        tiles: list[tuple[int, int, list[tuple[slice, _Matrix]]]] = []
+        # Per block: its utterances' span, then its tiles: (the query's dimensions, tile).
+        blocks: list[tuple[int, int, list[tuple[slice, _Matrix]]]] = []
         for start in range(0, self.size, self._width):
             block = np.ascontiguousarray(matrix[start : start + self._width].T)
-            slices = [
+            tiles = [
                 (slice(d, d + depth), block[d : d + depth])
                 for d in range(0, self.dimensions, depth)
             ]
-            tiles.append((start, start + block.shape[1], slices))
-        self._tiles = tuple(tiles)
+            blocks.append((start, start + block.shape[1], tiles))
+        self._blocks = tuple(blocks)
 
     def similarities(self, query: _Matrix) -> _Matrix:
         """Cosine similarity of the unit `query` to every utterance, in profile order."""
         out: _Matrix = np.empty(self.size, dtype=np.float32)
         partial: _Matrix = np.empty(self._width, dtype=np.float32)
-        for start, end, slices in self._tiles:
+        for start, end, tiles in self._blocks:
             target = out[start:end]
-            (head, first), *rest = slices
-            np.matmul(query[head], first, out=target)
-            if rest:
-                scratch = partial[: end - start]
-                for dims, tile in rest:
-                    np.matmul(query[dims], tile, out=scratch)
-                    target += scratch
+            scratch = partial[: end - start]
+            dims, tile = tiles[0]
+            np.matmul(query[dims], tile, out=target)
+            for dims, tile in tiles[1:]:
+                np.matmul(query[dims], tile, out=scratch)
+                target += scratch
         return out
 
 

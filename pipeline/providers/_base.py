@@ -200,7 +200,6 @@ class HTTPChatClient(AsyncClosing):
                 raise transport_error(exc, provider, where) from exc
             reader = self._stream_reader()
             idle = self.stream_idle_timeout
-            feed = payloads.feed
             while batch is not None:
                 for payload in batch:
                     update = reader.feed(payload)
@@ -210,21 +209,12 @@ class HTTPChatClient(AsyncClosing):
                     break
                 if payloads.failure is not None:
                     raise payloads.failure  # after the payloads its chunk completed before it
-                # The next payloads, read here rather than through a helper or a generator
-                # of payloads: this runs for every chunk, and each step of an async
-                # generator or coroutine between the socket and the caller costs.
                 try:
                     if idle is None:
-                        batch = feed(await chunks.__anext__())
-                        while not batch:
-                            batch = feed(await chunks.__anext__())
+                        batch = await next_payloads(chunks, payloads)
                     else:
                         async with deadline(idle, provider, "next chunk"):
-                            batch = feed(await chunks.__anext__())
-                            while not batch:
-                                batch = feed(await chunks.__anext__())
-                except StopAsyncIteration:
-                    batch = payloads.finish() or None
+                            batch = await next_payloads(chunks, payloads)
                 except httpx2.HTTPError as exc:
                     raise transport_error(exc, provider, where) from exc
             if not payloads.done:

@@ -42,7 +42,7 @@ DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=10.0)
 # concurrent streams that churn was most of the pipeline's extra CPU over a raw client.
 DEFAULT_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
 _MAX_ERROR_BODY = 64 * 1024
-_MAX_DRAINED_LINES = 100
+_MAX_DRAINED_CHUNKS = 100
 
 
 def endpoint(url: httpx2.URL | str) -> str:
@@ -326,5 +326,5 @@ async def drain(chunks: AsyncIterator[bytes]) -> None:
     drained = 0
     async for _ in chunks:
         drained += 1
-        if drained >= _MAX_DRAINED_LINES:
+        if drained >= _MAX_DRAINED_CHUNKS:
             break

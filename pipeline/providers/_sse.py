@@ -16,20 +16,18 @@ class MalformedSSE(ValueError):
 
 
 class SSEDecoder:
-    """Feed it lines (without line endings); it returns the data of the events they complete.
+    """Give it lines (without line endings); it tells the events they complete.
 
     Follows the SSE rules: ``data`` lines of one event are joined with newlines, a blank
     line dispatches the event, comment lines (``:``) are skipped. A line naming no known
     field raises `MalformedSSE`, since no chat API stream sends one.
     """
 
-    __slots__ = ("_data", "_event", "event")
+    __slots__ = ("_data", "_event")
 
     def __init__(self) -> None:
         self._data: list[str] = []
         self._event = ""
-        self.event = ""
-        """After `feed`, the type of the event it dispatched (``""`` when it named none)."""
 
     def events(self, lines: list[str], dispatched: list[tuple[str, str]]) -> None:
         """Append the (type, data) of each event `lines` complete to `dispatched`, in
@@ -58,12 +56,3 @@ class SSEDecoder:
                     raise MalformedSSE(
                         "an unknown server-sent event field" if colon else "a line that is not SSE"
                     )
-
-    def feed(self, line: str) -> str | None:
-        """The data of the event `line` completes, or None."""
-        dispatched: list[tuple[str, str]] = []
-        self.events([line], dispatched)
-        if not dispatched:
-            return None
-        self.event, data = dispatched[0]
-        return data

@@ -15,11 +15,18 @@ from pipeline.types import ChatResponseUpdate
 
 def test_decoder_joins_data_lines_and_skips_comments() -> None:
     decoder = SSEDecoder()
-    out = [
-        decoder.feed(line) for line in [": keepalive", "event: message", "data: a", "data:b", ""]
-    ]
-    assert out == [None, None, None, None, "a\nb"]
-    assert decoder.feed("") is None
+    dispatched: list[tuple[str, str]] = []
+    for line in [": keepalive", "event: message", "data: a", "data:b"]:
+        decoder.events([line], dispatched)
+        assert dispatched == []
+    decoder.events([""], dispatched)
+    assert dispatched == [("message", "a\nb")]
+    decoder.events([""], dispatched)  # a blank line with no data dispatches nothing
+    assert dispatched == [("message", "a\nb")]
+    # The same lines in one call (one network chunk) give the same events.
+    together: list[tuple[str, str]] = []
+    SSEDecoder().events([": keepalive", "event: message", "data: a", "data:b", "", ""], together)
+    assert together == dispatched
 
 
 def _decode(lines: list[str]) -> list[ChatResponseUpdate]:
@@ -27,19 +34,21 @@ def _decode(lines: list[str]) -> list[ChatResponseUpdate]:
     assembler = StreamAssembler("fuzz")
     updates = []
     for line in lines:
+        dispatched: list[tuple[str, str]] = []
         try:
-            data = decoder.feed(line)
+            decoder.events([line], dispatched)
         except MalformedSSE:
             raise ProviderError("malformed") from None
-        if data is None or data == "[DONE]":
-            continue
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            raise ProviderError("malformed") from None
-        update = assembler.feed(payload)
-        if update is not None:
-            updates.append(update)
+        for _, data in dispatched:
+            if data == "[DONE]":
+                continue
+            try:
+                payload = json.loads(data)
+            except ValueError:
+                raise ProviderError("malformed") from None
+            update = assembler.feed(payload)
+            if update is not None:
+                updates.append(update)
     tail = assembler.finish()
     if tail is not None:
         updates.append(tail)

@@ -5,6 +5,7 @@ The public surface: core types, the client protocol and `ChatPipeline`. Provider
 layers and routers in `middleware`.
 """
 
+from pipeline._version import __version__ as __version__
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import (
     ChatClient,
@@ -47,5 +48,3 @@ __all__ = [
     "TextContent",
     "UsageDetails",
 ]
-
-__version__ = "0.1.0"

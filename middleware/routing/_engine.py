@@ -22,13 +22,13 @@ Every attempt is traced (`RouteTelemetry`), told to the telemetry layer above (t
 scope's `RouteReport`) and reported once, as a `FailoverAttempt`. Policy hooks may be plain
 functions or coroutine functions: the engine awaits what needs awaiting.
 
-What a router tells the engine, each with the one-shot answer as the default: its limits
-(`_limits`: a `FailoverSettings`, captured when a request starts), the attempt limit they
-give (`_attempt_limit`), its session affinity (`_affinity`, `_affinity_routes`), what to do
-with each attempt (`_on_attempt`) and whether a failure may move on (`_may_fail_over`). The
-pieces of a request (`_new_request`, `_prefer`, `_select`, `_begin`, `_deadline`,
-`_enter`/`_exit`, `_finish`, `_failed`) are separate, so that a router with another request
-loop (several attempts at once) reuses them.
+A router tells the engine what a request runs under when it starts (`_new_request`: the
+limits, a `FailoverSettings`; the attempt limit; the budget; the session affinity; the hook
+each attempt is reported to and the one asked whether a failure may move on), with a
+one-shot router's answer as the default: one attempt, the enclosing request's budget, no
+affinity, no hooks. The pieces of a request (`_new_request`, `_prefer`, `_select`,
+`_begin`, `_deadline`, `_enter`/`_exit`, `_finish`, `_failed`) are separate, so that a
+router with another request loop (several attempts at once) reuses them.
 """
 
 from __future__ import annotations
@@ -89,8 +89,12 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "ONE_ATTEMPT",
     "AttemptEngine",
+    "AttemptState",
     "FailoverPolicy",
     "FailoverSettings",
+    "MayFailOver",
+    "OnAttempt",
+    "RequestState",
 ]
 
 DEFAULT_MAX_ATTEMPTS = 10
@@ -146,10 +150,25 @@ async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
         await then
 
 
-class _Request:
+OnAttempt = Callable[[RoutingContext, FailoverAttempt, bool], Awaitable[None] | None]
+"""Told of every attempt: ``(context, attempt, is_terminal)``; may return an awaitable."""
+MayFailOver = Callable[[RoutingContext, BaseException], bool | Awaitable[bool]]
+"""Whether a failure before output, inside every limit, may move to another attempt."""
+
+
+class RequestState:
     """One request's routing state: its context and what was captured when it started."""
 
-    __slots__ = ("affinity", "budget", "context", "limit", "report", "settings")
+    __slots__ = (
+        "affinity",
+        "budget",
+        "context",
+        "limit",
+        "may_fail_over",
+        "on_attempt",
+        "report",
+        "settings",
+    )
 
     def __init__(
         self,
@@ -158,7 +177,9 @@ class _Request:
         limit: int | None,
         budget: _scope.RequestBudget | None,
         report: _scope.RouteReport | None,
-        affinity: SessionAffinity | None,
+        affinity: SessionAffinity | None = None,
+        on_attempt: OnAttempt | None = None,
+        may_fail_over: MayFailOver | None = None,
     ) -> None:
         self.context = context
         self.settings = settings
@@ -167,9 +188,11 @@ class _Request:
         # The telemetry layer above (if any) is told the routing story through this.
         self.report = report
         self.affinity = affinity
+        self.on_attempt = on_attempt
+        self.may_fail_over = may_fail_over
 
 
-class _Attempt:
+class AttemptState:
     """What the engine knows about the attempt in progress."""
 
     __slots__ = (
@@ -207,8 +230,9 @@ class _Attempt:
 class AttemptEngine(abc.ABC):
     """Runs each request of a router as attempts (see the module docstring).
 
-    Subclasses implement `select_client` and may override the private hooks; the defaults
-    are a one-shot router's: one attempt, no affinity, nothing to report, no failover.
+    Subclasses implement `select_client`; a router that may fail over overrides
+    `_new_request` (the default is a one-shot router's) and, with session affinity,
+    `_affinity_routes`.
     """
 
     def __init__(
@@ -231,33 +255,16 @@ class AttemptEngine(abc.ABC):
 
     # -- what the router tells the engine ----------------------------------------------------
 
-    def _limits(self) -> FailoverSettings:
-        """The limits of a request starting now."""
-        return ONE_ATTEMPT
-
-    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
-        """Most attempts one request may make under `settings`."""
-        return settings.max_attempts_per_request
-
-    def _affinity(self) -> SessionAffinity | None:
-        """The session affinity requests start from and record to, if any."""
-        return None
+    def _new_request(self, context: RoutingContext) -> RequestState:
+        """What a request starting now runs under (the caller then awaits `_prefer` when
+        there is an affinity): here a one-shot router's one attempt, within the enclosing
+        request's budget, if any."""
+        budget = _scope.current_budget()
+        return RequestState(context, ONE_ATTEMPT, 1, budget, _scope.current_report())
 
     def _affinity_routes(self) -> Mapping[str, Route]:
         """The routes a session's preferred route may name."""
         return {}
-
-    def _on_attempt(
-        self, context: RoutingContext, attempt: FailoverAttempt, *, terminal: bool
-    ) -> Awaitable[None] | None:
-        """Called once after every attempt (may return an awaitable)."""
-        return None
-
-    def _may_fail_over(
-        self, context: RoutingContext, error: BaseException
-    ) -> bool | Awaitable[bool]:
-        """Whether a failure before output, inside every limit, may move on."""
-        return False
 
     # -- the pieces of a request -------------------------------------------------------------
 
@@ -270,19 +277,6 @@ class AttemptEngine(abc.ABC):
             as_messages(messages),
             options.clone() if options is not None else ChatOptions(),
             streaming=streaming,
-        )
-
-    def _new_request(self, context: RoutingContext) -> _Request:
-        """Capture the request's limits, budget, report and affinity (the caller then
-        awaits `_prefer` when there is an affinity)."""
-        settings = self._limits()
-        return _Request(
-            context,
-            settings,
-            self._attempt_limit(settings),
-            self._new_budget(settings),
-            _scope.current_report(),
-            self._affinity(),
         )
 
     def _new_budget(self, settings: FailoverSettings) -> _scope.RequestBudget | None:
@@ -306,7 +300,7 @@ class AttemptEngine(abc.ABC):
         if route is not None and not circuit_open(route.client):
             context.preferred_route = name
 
-    async def _select(self, context: RoutingContext) -> _Attempt:
+    async def _select(self, context: RoutingContext) -> AttemptState:
         result = self.select_client(context)
         if type(result) is CoroutineType or (
             result is not None
@@ -337,12 +331,12 @@ class AttemptEngine(abc.ABC):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return _Attempt(name, client, messages, options, price, attributes)
+        return AttemptState(name, client, messages, options, price, attributes)
 
     async def _is_terminal(
         self,
-        request: _Request,
-        attempt: _Attempt,
+        request: RequestState,
+        attempt: AttemptState,
         error: BaseException,
         outcome: AttemptOutcome,
     ) -> bool:
@@ -362,12 +356,15 @@ class AttemptEngine(abc.ABC):
             needed = 1e-9 if attempt.cut_for_backup else request.settings.min_attempt_budget
             if remaining is not None and remaining < max(needed, 1e-9):
                 return True
-        decision = self._may_fail_over(context, error)
+        may_fail_over = request.may_fail_over
+        if may_fail_over is None:
+            return True
+        decision = may_fail_over(context, error)
         if inspect.isawaitable(decision):
             decision = await decision
         return not decision
 
-    def _begin(self, request: _Request, attempt: _Attempt) -> None:
+    def _begin(self, request: RequestState, attempt: AttemptState) -> None:
         """Spend the attempt's provider call and start its span."""
         budget = request.budget
         if budget is not None and not budget.take_call():
@@ -389,7 +386,7 @@ class AttemptEngine(abc.ABC):
             attempt.span_context = trace.set_span_in_context(span)
 
     def _deadline(
-        self, request: _Request, started: float, number: int, *, output: bool
+        self, request: RequestState, started: float, number: int, *, output: bool
     ) -> _Deadline | None:
         """When the next step of an attempt must end (on the router's clock), and why:
         ``attempt`` (its own limit), ``reserve`` (the time kept for a backup) or
@@ -422,11 +419,11 @@ class AttemptEngine(abc.ABC):
 
     def _timed_out(
         self,
-        request: _Request,
+        request: RequestState,
         error: BaseException,
         timeout: asyncio.Timeout | None,
         deadline: _Deadline | None,
-        attempt: _Attempt,
+        attempt: AttemptState,
     ) -> BaseException:
         """Our own timeout's `TimeoutError` as the error it stands for; anything else as is."""
         if timeout is None or deadline is None or not timeout.expired():
@@ -455,7 +452,7 @@ class AttemptEngine(abc.ABC):
 
     @staticmethod
     def _enter(
-        attempt: _Attempt, budget: _scope.RequestBudget | None, timeout: asyncio.Timeout | None
+        attempt: AttemptState, budget: _scope.RequestBudget | None, timeout: asyncio.Timeout | None
     ) -> _Tokens:
         """Make the attempt span, the request budget and the attempt's timeout current
         while the route runs."""
@@ -477,8 +474,8 @@ class AttemptEngine(abc.ABC):
 
     def _finish(
         self,
-        request: _Request,
-        attempt: _Attempt,
+        request: RequestState,
+        attempt: AttemptState,
         *,
         outcome: AttemptOutcome,
         exception: BaseException | None,
@@ -489,7 +486,7 @@ class AttemptEngine(abc.ABC):
         response_model: str | None = None,
     ) -> Awaitable[Any] | None:
         """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
-        report it (`_on_attempt`); returns what is left to await, if anything (the caller
+        report it (``request.on_attempt``); returns what is left to await, if anything (the caller
         awaits it: on the common path nothing is, and no coroutine is made)."""
         context = request.context
         record = FailoverAttempt(
@@ -506,12 +503,7 @@ class AttemptEngine(abc.ABC):
         context.attempts.append(record)
         if attempt.span is not None:
             self._telemetry.finish(
-                attempt.span,
-                record,
-                terminal=terminal,
-                price=attempt.price,
-                usage=usage,
-                response_model=response_model,
+                attempt.span, record, attempt.price, usage, response_model, terminal=terminal
             )
         report = request.report
         if report is not None:
@@ -519,7 +511,8 @@ class AttemptEngine(abc.ABC):
             report.metadata = metadata_of(record.client)
             report.attempts = record.number
             report.fallback = record.number > 1
-        reported = self._on_attempt(context, record, terminal=terminal)
+        on_attempt = request.on_attempt
+        reported = on_attempt(context, record, terminal) if on_attempt is not None else None
         if reported is not None and not inspect.isawaitable(reported):
             reported = None
         affinity = request.affinity
@@ -530,8 +523,8 @@ class AttemptEngine(abc.ABC):
 
     async def _failed(
         self,
-        request: _Request,
-        attempt: _Attempt,
+        request: RequestState,
+        attempt: AttemptState,
         error: BaseException,
         *,
         duration: float,

@@ -119,11 +119,11 @@ class RouteTelemetry:
         self,
         span: Span,
         attempt: FailoverAttempt,
-        *,
-        terminal: bool,
         price: Price | None,
         usage: UsageDetails | None,
         response_model: str | None,
+        *,
+        terminal: bool,
     ) -> None:
         """End the attempt's span and count it. Only a failed attempt is an error (ERROR
         status and `error.type`); a canceled or abandoned one ends with UNSET status, its

@@ -16,7 +16,12 @@ import abc
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from middleware.routing._engine import DEFAULT_MAX_ATTEMPTS, FailoverPolicy, FailoverSettings
+from middleware.routing._engine import (
+    DEFAULT_MAX_ATTEMPTS,
+    FailoverPolicy,
+    FailoverSettings,
+    RequestState,
+)
 from middleware.routing.context import (
     FailoverAttempt,
     Route,
@@ -25,6 +30,7 @@ from middleware.routing.context import (
     as_route,
 )
 from middleware.routing.router import RoutingChatClient, router_keywords
+from pipeline import _scope
 from pipeline.client import ChatClient
 
 if TYPE_CHECKING:
@@ -118,24 +124,25 @@ class FailoverChatClient(RoutingChatClient):
 
     # -- what the engine asks -------------------------------------------------------------
 
-    def _limits(self) -> FailoverSettings:
-        return self.settings
+    def _new_request(self, context: RoutingContext) -> RequestState:
+        settings = self.settings
+        return RequestState(
+            context,
+            settings,
+            self._attempt_limit(settings),
+            self._new_budget(settings),
+            _scope.current_report(),
+            self.affinity,
+            self.on_routing_update,
+            self.should_failover,
+        )
 
-    def _affinity(self) -> SessionAffinity | None:
-        return self.affinity
+    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
+        """Most attempts one request may make under `settings`."""
+        return settings.max_attempts_per_request
 
     def _affinity_routes(self) -> Mapping[str, Route]:
         return self.routes_by_name()
-
-    def _on_attempt(
-        self, context: RoutingContext, attempt: FailoverAttempt, *, terminal: bool
-    ) -> Awaitable[None] | None:
-        return self.on_routing_update(context, attempt, terminal)
-
-    def _may_fail_over(
-        self, context: RoutingContext, error: BaseException
-    ) -> bool | Awaitable[bool]:
-        return self.should_failover(context, error)
 
 
 _PLAN = "ordered.plan"

@@ -32,6 +32,7 @@ from pipeline.errors import (
     ProviderError,
     RequestTimeoutError,
     RoutingError,
+    WireError,
     classify,
 )
 from pipeline.types import (
@@ -62,44 +63,8 @@ __all__ = [
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-class WireError(Exception):
-    """A request the gateway answers with an error: its HTTP status and OpenAI error.
-
-    `message` is ours, never the request's text; `retry_after` (seconds) becomes a
-    ``Retry-After`` header.
-    """
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.retry_after = retry_after
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code, self.param)
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        if self.retry_after is None:
-            return []
-        return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
-
-
-def error_body(message: str, type: str, code: str | None, param: str | None = None) -> bytes:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    error = {"message": message, "type": type, "param": param, "code": code}
-    return _dumps({"error": error}).encode()
+error_body = WireError.error_body
+"""The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
 
 
 # -- requests ---------------------------------------------------------------------------------

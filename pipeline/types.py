@@ -22,6 +22,7 @@ __all__ = [
     "ChatRole",
     "Content",
     "DataContent",
+    "FinishReason",
     "FunctionCallContent",
     "FunctionResultContent",
     "Messages",
@@ -38,6 +39,41 @@ class ChatRole(StrEnum):
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
+
+
+class FinishReason(StrEnum):
+    """Why a model stopped: the Chat Completions values, which every client reports.
+
+    A response's `finish_reason` is one of these when the provider's own value has a
+    meaning here (`FinishReason.of`), and the provider's string as it came otherwise. Being
+    a `StrEnum`, each compares equal to its string (``FinishReason.STOP == "stop"``).
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+
+    @classmethod
+    def of(cls, reason: str | None) -> FinishReason | None:
+        """The finish reason a provider's value stands for: a Chat Completions value
+        (``function_call`` is the legacy ``tool_calls``) or an Anthropic Messages stop
+        reason; None for None or a value of no known meaning."""
+        return None if reason is None else _FINISH_REASONS.get(reason)
+
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    **{reason.value: reason for reason in FinishReason},
+    "function_call": FinishReason.TOOL_CALLS,
+    # Anthropic Messages stop reasons.
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "pause_turn": FinishReason.STOP,
+    "max_tokens": FinishReason.LENGTH,
+    "model_context_window_exceeded": FinishReason.LENGTH,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "refusal": FinishReason.CONTENT_FILTER,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ SURFACES = {
         "DataContent",
         "DelegatingChatClient",
         "EmbeddingGenerator",
+        "FinishReason",
         "FunctionCallContent",
         "FunctionResultContent",
         "Messages",

@@ -43,6 +43,7 @@ from pipeline.types import (
     ChatRole,
     Content,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
@@ -362,25 +363,12 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
 
 # -- responses --------------------------------------------------------------------------------
 
-_FINISH = {
-    "stop": "stop",
-    "length": "length",
-    "tool_calls": "tool_calls",
-    "content_filter": "content_filter",
-    "function_call": "tool_calls",
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-    "refusal": "content_filter",
-}
-
-
 def finish_reason(reason: str | None, called_tools: bool) -> str:
-    """A Chat Completions finish reason for whatever the provider said."""
+    """A Chat Completions finish reason for whatever the provider said (`FinishReason.of`);
+    without one, ``tool_calls`` when the model called tools, else ``stop``."""
     if reason is None:
-        return "tool_calls" if called_tools else "stop"
-    return _FINISH.get(reason, "stop")
+        return FinishReason.TOOL_CALLS if called_tools else FinishReason.STOP
+    return FinishReason.of(reason) or FinishReason.STOP
 
 
 def new_id() -> str:

@@ -7,6 +7,7 @@ from pipeline import (
     ChatResponseUpdate,
     ChatRole,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
@@ -18,6 +19,36 @@ from pipeline.types import as_messages
 def test_role_is_str_enum() -> None:
     assert ChatRole("user") is ChatRole.USER
     assert ChatRole.TOOL == "tool"
+
+
+def test_finish_reason_is_a_str_enum_of_the_chat_completions_values() -> None:
+    assert [r.value for r in FinishReason] == ["stop", "length", "tool_calls", "content_filter"]
+    assert FinishReason.STOP == "stop" and f"{FinishReason.LENGTH}" == "length"
+    response = ChatResponse(finish_reason=FinishReason.TOOL_CALLS)
+    assert response.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("stop", FinishReason.STOP),
+        ("length", FinishReason.LENGTH),
+        ("tool_calls", FinishReason.TOOL_CALLS),
+        ("content_filter", FinishReason.CONTENT_FILTER),
+        ("function_call", FinishReason.TOOL_CALLS),
+        ("end_turn", FinishReason.STOP),
+        ("stop_sequence", FinishReason.STOP),
+        ("pause_turn", FinishReason.STOP),
+        ("max_tokens", FinishReason.LENGTH),
+        ("model_context_window_exceeded", FinishReason.LENGTH),
+        ("tool_use", FinishReason.TOOL_CALLS),
+        ("refusal", FinishReason.CONTENT_FILTER),
+        ("something_new", None),
+        (None, None),
+    ],
+)
+def test_finish_reason_of_a_providers_value(reason: str | None, expected: object) -> None:
+    assert FinishReason.of(reason) is expected
 
 
 def test_message_constructors_and_text() -> None:

@@ -363,6 +363,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
 
 # -- responses --------------------------------------------------------------------------------
 
+
 def finish_reason(reason: str | None, called_tools: bool) -> str:
     """A Chat Completions finish reason for whatever the provider said (`FinishReason.of`);
     without one, ``tool_calls`` when the model called tools, else ``stop``."""

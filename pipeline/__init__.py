@@ -19,6 +19,7 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
     FinishReason,
@@ -26,6 +27,7 @@ from pipeline.types import (
     FunctionResultContent,
     Messages,
     TextContent,
+    ToolDefinition,
     UsageDetails,
 )
 
@@ -39,6 +41,7 @@ __all__ = [
     "ChatResponse",
     "ChatResponseUpdate",
     "ChatRole",
+    "ChatTool",
     "Content",
     "DataContent",
     "DelegatingChatClient",
@@ -48,5 +51,6 @@ __all__ = [
     "FunctionResultContent",
     "Messages",
     "TextContent",
+    "ToolDefinition",
     "UsageDetails",
 ]

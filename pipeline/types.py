@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = [
     "ChatMessage",
@@ -20,6 +20,7 @@ __all__ = [
     "ChatResponse",
     "ChatResponseUpdate",
     "ChatRole",
+    "ChatTool",
     "Content",
     "DataContent",
     "FinishReason",
@@ -27,6 +28,7 @@ __all__ = [
     "FunctionResultContent",
     "Messages",
     "TextContent",
+    "ToolDefinition",
     "UsageDetails",
     "as_messages",
 ]
@@ -225,6 +227,28 @@ class ChatMessage:
 Messages: TypeAlias = str | ChatMessage | Sequence[ChatMessage]
 
 
+@runtime_checkable
+class ToolDefinition(Protocol):
+    """A tool as a model is offered it: a name, a description and the JSON schema of its
+    arguments (`middleware.tools.Tool` is one; so is any object with these attributes)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str | None: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+ChatTool: TypeAlias = ToolDefinition | Mapping[str, Any]
+"""What `ChatOptions.tools` holds: tool definitions, which every provider writes in its own
+format, or tools already in a provider's format (a Chat Completions
+``{"type": "function", "function": {...}}`` or a Messages ``{"name", "input_schema"}``
+mapping), which that provider passes on as they are."""
+
+
 def as_messages(messages: Messages) -> list[ChatMessage]:
     """Normalize the accepted message shapes to a list of `ChatMessage`.
 
@@ -265,7 +289,7 @@ class ChatOptions:
     max_output_tokens: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
-    tools: list[Any] | None = None
+    tools: list[ChatTool] | None = None
     tool_mode: str | None = None
     response_format: Any = None
     reasoning_effort: str | None = None

@@ -16,6 +16,7 @@ SURFACES = {
         "ChatResponse",
         "ChatResponseUpdate",
         "ChatRole",
+        "ChatTool",
         "Content",
         "DataContent",
         "DelegatingChatClient",
@@ -25,6 +26,7 @@ SURFACES = {
         "FunctionResultContent",
         "Messages",
         "TextContent",
+        "ToolDefinition",
         "UsageDetails",
     },
     "middleware.routing": {

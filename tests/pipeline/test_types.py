@@ -132,6 +132,31 @@ def test_options_clone_is_independent() -> None:
     assert options.additional_properties == {"nested": {"k": [1]}}
 
 
+def test_tool_definitions_are_the_core_tool_type() -> None:
+    from collections.abc import Mapping
+
+    from middleware.tools import tool
+    from pipeline import ChatTool, ToolDefinition
+
+    @tool
+    def lookup(query: str) -> str:
+        """Look it up."""
+        return query
+
+    class Described:
+        def __init__(self) -> None:
+            self.name = "described"
+            self.description = None
+            self.parameters = {"type": "object", "properties": {}}
+
+    openai_format = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    messages_format = {"name": "g", "input_schema": {"type": "object"}}
+    tools: list[ChatTool] = [lookup, Described(), openai_format, messages_format]
+    assert ChatOptions(tools=tools).clone().tools == tools
+    assert [isinstance(t, ToolDefinition) for t in tools] == [True, True, False, False]
+    assert [isinstance(t, Mapping) for t in tools] == [False, False, True, True]
+
+
 def test_options_with_replaces_fields_on_a_clone() -> None:
     options = ChatOptions(temperature=0.1)
     changed = options.with_(reasoning_effort="low", temperature=0.5)

@@ -7,7 +7,6 @@ so layers can treat both shapes alike.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -297,7 +296,14 @@ class ChatOptions:
     additional_properties: dict[str, Any] = field(default_factory=dict)
 
     def clone(self) -> ChatOptions:
-        """An independent copy: its lists and dicts are copies too."""
+        """An independent copy: its lists and dicts are copies too.
+
+        `stop` and `tools` are new lists of the same items (tool definitions are shared).
+        In `response_format` and `additional_properties` every dict and list is copied, at
+        any depth and without recursion, so no nesting is too deep to clone; a structure
+        referring to itself is copied with the same shape. Any other value (strings,
+        numbers, a model class, your own objects) is shared: treat those as immutable.
+        """
         return ChatOptions(
             model_id=self.model_id,
             temperature=self.temperature,
@@ -308,12 +314,12 @@ class ChatOptions:
             tools=None if self.tools is None else list(self.tools),
             tool_mode=self.tool_mode,
             response_format=(
-                None if self.response_format is None else copy.deepcopy(self.response_format)
+                None if self.response_format is None else _copy_json(self.response_format)
             ),
             reasoning_effort=self.reasoning_effort,
             session_id=self.session_id,
             additional_properties=(
-                copy.deepcopy(self.additional_properties) if self.additional_properties else {}
+                _copy_json(self.additional_properties) if self.additional_properties else {}
             ),
         )
 
@@ -336,6 +342,32 @@ class ChatOptions:
 
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ChatOptions))
+
+
+def _copy_json(value: Any) -> Any:
+    """`value` with every dict and list in it copied, at any depth. A loop over the copies
+    still to fill, not recursion: JSON nested thousands of levels deep is copied like any
+    other. A dict or list met twice is copied once (so self-reference keeps its shape);
+    everything else is shared."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return value
+    root = value.copy()
+    copies: dict[int, Any] = {id(value): root}
+    pending: list[Any] = [root]
+    while pending:
+        container = pending.pop()
+        # Each copy still holds the originals: replace each nested dict or list by its copy.
+        items = container.items() if type(container) is dict else enumerate(container)
+        for key, item in items:
+            kind = type(item)
+            if kind is dict or kind is list:
+                copied = copies.get(id(item))
+                if copied is None:
+                    copied = copies[id(item)] = item.copy()
+                    pending.append(copied)
+                container[key] = copied
+    return root
 
 
 @dataclass(frozen=True, slots=True)

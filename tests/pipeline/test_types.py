@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from pipeline import (
@@ -130,6 +132,59 @@ def test_options_clone_is_independent() -> None:
     assert options.tools == ["t"]
     assert options.response_format["schema"]["a"] == 1
     assert options.additional_properties == {"nested": {"k": [1]}}
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """``{"a": [{"a": [... {} ...]}]}``: `depth` dicts, each holding the next in a list."""
+    root: dict[str, Any] = {}
+    current = root
+    for _ in range(depth - 1):
+        inner: dict[str, Any] = {}
+        current["a"] = [inner]
+        current = inner
+    return root
+
+
+def depth_of(value: dict[str, Any]) -> int:
+    depth = 1
+    while value:
+        value = value["a"][0]
+        depth += 1
+    return depth
+
+
+@pytest.mark.parametrize("depth", [800, 100_000])
+def test_clone_copies_json_nested_at_any_depth(depth: int) -> None:
+    # copy.deepcopy recursed once per level and failed from about 500 levels on.
+    deep = nested(depth)
+    options = ChatOptions(response_format=deep, additional_properties={"deep": deep})
+    clone = options.clone()
+    assert depth_of(clone.response_format) == depth
+    assert depth_of(clone.additional_properties["deep"]) == depth
+    inner = clone.response_format
+    while inner:
+        assert inner is not deep
+        inner, deep = inner["a"][0], deep["a"][0]
+    inner["changed"] = True
+    assert deep == {}
+
+
+def test_clone_keeps_shared_and_self_referring_structure_and_shares_other_values() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    schema["self"] = schema
+    model = object()
+    shared = [1]
+    options = ChatOptions(
+        response_format=schema, additional_properties={"x": shared, "y": shared, "m": model}
+    )
+    clone = options.clone()
+    assert (
+        clone.response_format is not schema
+        and clone.response_format["self"] is clone.response_format
+    )
+    copied = clone.additional_properties
+    assert copied["x"] is copied["y"] and copied["x"] is not shared and copied["x"] == [1]
+    assert copied["m"] is model
 
 
 def test_tool_definitions_are_the_core_tool_type() -> None:

@@ -38,6 +38,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
@@ -156,75 +157,36 @@ MayFailOver = Callable[[RoutingContext, BaseException], bool | Awaitable[bool]]
 """Whether a failure before output, inside every limit, may move to another attempt."""
 
 
+@dataclass(slots=True, eq=False)
 class RequestState:
-    """One request's routing state: its context and what was captured when it started."""
+    """One request's routing state: its context and what was captured when it started.
 
-    __slots__ = (
-        "affinity",
-        "budget",
-        "context",
-        "limit",
-        "may_fail_over",
-        "on_attempt",
-        "report",
-        "settings",
-    )
+    `report` is how the telemetry layer above (if any) is told the routing story.
+    """
 
-    def __init__(
-        self,
-        context: RoutingContext,
-        settings: FailoverSettings,
-        limit: int | None,
-        budget: _scope.RequestBudget | None,
-        report: _scope.RouteReport | None,
-        affinity: SessionAffinity | None = None,
-        on_attempt: OnAttempt | None = None,
-        may_fail_over: MayFailOver | None = None,
-    ) -> None:
-        self.context = context
-        self.settings = settings
-        self.limit = limit
-        self.budget = budget
-        # The telemetry layer above (if any) is told the routing story through this.
-        self.report = report
-        self.affinity = affinity
-        self.on_attempt = on_attempt
-        self.may_fail_over = may_fail_over
+    context: RoutingContext
+    settings: FailoverSettings
+    limit: int | None
+    budget: _scope.RequestBudget | None
+    report: _scope.RouteReport | None
+    affinity: SessionAffinity | None = None
+    on_attempt: OnAttempt | None = None
+    may_fail_over: MayFailOver | None = None
 
 
+@dataclass(slots=True, eq=False)
 class AttemptState:
     """What the engine knows about the attempt in progress."""
 
-    __slots__ = (
-        "attributes",
-        "client",
-        "cut_for_backup",
-        "messages",
-        "options",
-        "price",
-        "route_name",
-        "span",
-        "span_context",
-    )
-
-    def __init__(
-        self,
-        route_name: str,
-        client: ChatClient,
-        messages: list[ChatMessage],
-        options: ChatOptions,
-        price: Price | None,
-        attributes: Mapping[str, AttributeValue] | None,
-    ) -> None:
-        self.route_name = route_name
-        self.client = client
-        self.messages = messages
-        self.options = options
-        self.price = price
-        self.attributes = attributes
-        self.span: Span | None = None
-        self.span_context: otel_context.Context | None = None
-        self.cut_for_backup = False  # the router cut it to keep time for a backup
+    route_name: str
+    client: ChatClient
+    messages: list[ChatMessage]
+    options: ChatOptions
+    price: Price | None
+    attributes: Mapping[str, AttributeValue] | None
+    span: Span | None = None
+    span_context: otel_context.Context | None = None
+    cut_for_backup: bool = False  # the router cut it to keep time for a backup
 
 
 class AttemptEngine(abc.ABC):

@@ -16,7 +16,10 @@ canonical arguments (`idempotency_key`). Before a call runs, the function-invoca
 
 `MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
 `RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
-claim, then the result; a waiter polls with a bounded backoff).
+claim, then the result; a waiter polls with a bounded backoff). Its claims are leases:
+short, and renewed while their holder runs (for at most `ttl`), so a claim whose holder is
+gone (a process that died, or a caller that gave up waiting for a stalled Redis that took
+the claim later) frees its key after the lease, not after `ttl`.
 
 Stores written for the earlier protocol, with only ``get(key) -> (found, result)`` and
 ``put(key, result)``, keep working: the layer wraps them (`claiming_store`) with claims
@@ -30,10 +33,13 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
+
+from pipeline import _redis
 
 __all__ = [
     "Claim",
@@ -43,6 +49,8 @@ __all__ = [
     "claiming_store",
     "idempotency_key",
 ]
+
+_logger = logging.getLogger("chat_pipeline.tools")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,13 +152,20 @@ class MemoryIdempotencyStore:
         return len(self._results)
 
 
-# KEYS = result, claim; ARGV = token, claim ttl (ms). The result if recorded, else the
-# claim if free: {1, result} done, {2} claimed, {3} held by another.
+# KEYS = result, claim; ARGV = token, lease (ms). The result if recorded, else the claim
+# if free: {1, result} done, {2} claimed, {3} held by another.
 _CLAIM = """
 local done = redis.call('GET', KEYS[1])
 if done then return {1, done} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
+"""
+
+# KEYS = claim; ARGV = token, lease (ms). Extends only our own claim: 1 when renewed, 0 when
+# it is no longer ours (it ran out and may have been taken by another holder).
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
 """
 
 # KEYS = result, claim; ARGV = token, result, result ttl (ms).
@@ -168,14 +183,23 @@ return 0
 
 
 class RedisIdempotencyStore:
-    """Shares claims and completed tool calls between processes through Redis
-    (``redis.asyncio``).
+    """Shares claims and completed tool calls between processes through Redis (a URL or a
+    ``redis.asyncio`` client; see `pipeline._redis` for the connection pool).
 
     Results are stored as JSON (tools used with it must return JSON-serializable values)
     under ``{namespace}:{key}`` for `ttl` seconds; a claim is ``{namespace}:{key}:claim``,
-    taken with ``SET NX PX`` in the same script that checks for a result. A caller waiting
-    for another process's claim polls every 10 ms at first, backing off to
-    `max_poll_interval`. Each Redis call is bounded by `timeout` seconds; a Redis failure
+    taken with ``SET NX PX`` in the same script that checks for a result.
+
+    A claim is a lease of `lease` seconds (at most the claim's own `ttl`), renewed every
+    third of it while its holder runs, for at most the claim's `ttl` in all: a holder that
+    is gone frees the key after `lease` seconds. That includes a caller that gave up: when
+    Redis stalls, a claim the caller stopped waiting for may still be queued in Redis and
+    taken when it resumes, by nobody. A Redis outage longer than the lease can let a claim
+    run out while its holder still runs (a warning says so: another process may then run
+    the call too).
+
+    A caller waiting for another process's claim polls every 10 ms at first, backing off
+    to `max_poll_interval`. Each Redis call is bounded by `timeout` seconds; a Redis failure
     is raised (the layer turns it into a tool result: the call did not run).
     """
 
@@ -187,48 +211,45 @@ class RedisIdempotencyStore:
         ttl: float = 86_400,
         timeout: float = 1.0,
         max_poll_interval: float = 0.25,
+        lease: float = 10.0,
     ) -> None:
         for name, value in (
             ("ttl", ttl),
             ("timeout", timeout),
             ("max_poll_interval", max_poll_interval),
+            ("lease", lease),
         ):
             if not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds")
-        if isinstance(redis, str):
-            import redis.asyncio as redis_asyncio
-
-            redis = redis_asyncio.Redis.from_url(
-                redis, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        self._redis = redis
+        try:
+            self._redis = _redis.RedisClient(redis, timeout=timeout)
+        except ValueError as exc:
+            raise ValueError(f"redis: {exc}") from None
         self.namespace = namespace
         self.ttl = ttl
         self.timeout = timeout
         self.max_poll_interval = max_poll_interval
-        self._scripts: dict[str, Any] = {}
+        self.lease = lease
+        # The renewal of each claim held here, by (key, token).
+        self._renewals: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.namespace}:{key}", f"{self.namespace}:{key}:claim"]
 
-    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self._redis.register_script(source)
-        async with asyncio.timeout(self.timeout):
-            return await script(keys=keys, args=args)
-
     async def claim(self, key: str, ttl: float) -> Claim:
         loop = asyncio.get_running_loop()
         token = uuid.uuid4().hex
-        claim_ms = max(1, round(ttl * 1000))
+        lease = min(self.lease, ttl)
         give_up = loop.time() + ttl
         delay = 0.01
         while True:
-            answer = await self._eval(_CLAIM, self._keys(key), [token, claim_ms])
+            answer = await self._redis.script(_CLAIM, self._keys(key), [token, _ms(lease)])
             if int(answer[0]) == 1:
                 return Claim(key, True, json.loads(answer[1]))
             if int(answer[0]) == 2:
+                renewal = loop.create_task(self._renew(key, token, lease, loop.time() + ttl))
+                self._renewals[key, token] = renewal
+                renewal.add_done_callback(lambda _: self._renewals.pop((key, token), None))
                 return Claim(key, False, token=token)
             # Held by another process: bounded by our ttl (its claim expires by then too,
             # unless yet another process keeps re-taking it).
@@ -241,30 +262,73 @@ class RedisIdempotencyStore:
         """Wait between two polls of a claim held elsewhere."""
         await asyncio.sleep(seconds)
 
+    async def _renew(self, key: str, token: str, lease: float, until: float) -> None:
+        """Keep the claim until `until` (the claim's ttl), a third of a lease at a time."""
+        loop = asyncio.get_running_loop()
+        claim_key = self._keys(key)[1]
+        while (left := until - loop.time()) > 0:
+            await self._wait_to_renew(min(lease / 3, left))
+            # Never past `until`: a run that hangs frees its key when its ttl is up.
+            extended = min(lease, until - loop.time())
+            if extended <= 0:
+                return
+            try:
+                held = await self._redis.script(_RENEW, [claim_key], [token, _ms(extended)])
+            except Exception:  # Redis unavailable: try again at the next renewal
+                continue
+            if not int(held):
+                _logger.warning(
+                    "a tool call's idempotency claim ran out before the call finished (Redis "
+                    "was unavailable for longer than its %g s lease); another process may "
+                    "run the call too",
+                    lease,
+                )
+                return
+
+    async def _wait_to_renew(self, seconds: float) -> None:
+        """Wait until a claim is renewed again."""
+        await asyncio.sleep(seconds)
+
+    def _stop_renewing(self, claim: Claim) -> None:
+        renewal = self._renewals.pop((claim.key, claim.token), None)
+        if renewal is not None:
+            renewal.cancel()
+
     async def complete(self, claim: Claim, result: Any) -> None:
         encoded = json.dumps(result)
-        await self._eval(
-            _COMPLETE, self._keys(claim.key), [claim.token, encoded, round(self.ttl * 1000)]
+        self._stop_renewing(claim)
+        await self._redis.script(
+            _COMPLETE, self._keys(claim.key), [claim.token, encoded, _ms(self.ttl)]
         )
 
     async def release(self, claim: Claim) -> None:
-        await self._eval(_RELEASE, self._keys(claim.key)[1:], [claim.token])
+        self._stop_renewing(claim)
+        await self._redis.script(_RELEASE, self._keys(claim.key)[1:], [claim.token])
 
     async def get(self, key: str) -> tuple[bool, Any]:
         """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
-        async with asyncio.timeout(self.timeout):
-            raw = await self._redis.get(self._keys(key)[0])
+        raw = await self._redis.call(lambda client: client.get(self._keys(key)[0]))
         if raw is None:
             return False, None
         return True, json.loads(raw)
 
     async def put(self, key: str, result: Any) -> None:
         """Record `result` for `key` (without a claim)."""
-        async with asyncio.timeout(self.timeout):
-            await self._redis.set(self._keys(key)[0], json.dumps(result), px=round(self.ttl * 1000))
+        encoded = json.dumps(result)
+        await self._redis.call(
+            lambda client: client.set(self._keys(key)[0], encoded, px=_ms(self.ttl))
+        )
 
     async def aclose(self) -> None:
+        renewals = list(self._renewals.values())
+        for renewal in renewals:
+            renewal.cancel()
+        await asyncio.gather(*renewals, return_exceptions=True)
         await self._redis.aclose()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 class _GetPutStore:

@@ -535,7 +535,11 @@ def _affinity(table: Any) -> Any:
 
     if table.store == "redis":
         url = os.environ[table.redis_url_env]  # checked when the file was loaded
-        return SessionAffinity(RedisAffinityStore(url, table.ttl, timeout=table.timeout))
+        return SessionAffinity(
+            RedisAffinityStore(
+                url, table.ttl, timeout=table.timeout, retry_interval=table.retry_interval
+            )
+        )
     return SessionAffinity(MemoryAffinityStore(table.max_sessions, table.ttl))
 
 
@@ -601,19 +605,12 @@ def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
     if not url:
         problems.add(where, f"the environment variable {variable} is not set")
         return
+    from pipeline import _redis
+
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        problems.add(where, f"the environment variable {variable} holds a malformed URL")
-        return
-    if parts.scheme not in ("redis", "rediss", "unix") or (
-        parts.scheme != "unix" and not parts.hostname
-    ):
-        problems.add(
-            where,
-            f"the environment variable {variable} must hold a redis://, rediss:// or unix:// URL",
-        )
+        _redis.check_url(url)
+    except ValueError as exc:
+        problems.add(where, f"the environment variable {variable} {exc}")
 
 
 def _secret(

@@ -16,6 +16,8 @@ from middleware.idempotency import (
 )
 from pipeline import FunctionCallContent, FunctionResultContent
 from pipeline.testing import ScriptedChatClient, call_tools, collect, reply
+from tests.middleware.idempotency_replica import charges
+from tests.middleware.remote_replica import remote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,3 +162,39 @@ async def test_one_key_runs_once_across_two_processes(redis_url: str, streaming:
     assert tool_result.result == "charged here"
     await store.aclose()
     await redis.aclose()
+
+
+IN_FLIGHT = 1000  # tool calls in flight in each of two replicas (redis-py's default pool: 100)
+
+
+async def test_two_replicas_run_each_of_1000_concurrent_calls_once(
+    redis_url: str, streaming: bool
+) -> None:
+    namespace = f"idem-many-{uuid.uuid4().hex[:8]}"
+    here = charges(redis_url, namespace)
+    async with remote(
+        "tests.middleware.idempotency_replica", redis_url, namespace, "burst"
+    ) as other:
+        # The same 1,000 calls (one per operation) in both replicas at once.
+        await other.send(f"go {IN_FLIGHT} {int(streaming)}")
+        tasks = here.start(IN_FLIGHT, streaming)
+        started, waiting = await here.settled(IN_FLIGHT)
+        word, started_there, word2, waiting_there = await other.read()
+        assert (word, word2) == ("started", "waiting")
+        # Every call is in flight: each key is running in exactly one replica, and the
+        # other replica's call waits for that run.
+        assert started + int(started_there) == IN_FLIGHT
+        assert started + waiting == IN_FLIGHT == int(started_there) + int(waiting_there)
+        await other.send("release")
+        ok, failed = await here.finish(tasks)
+        answer = await other.read()
+    assert (ok, failed) == (IN_FLIGHT, 0)
+    assert answer[:4] == ["ok", str(IN_FLIGHT), "failed", "0"]
+    ran_there = [] if answer[5] == "-" else [int(a) for a in answer[5].split(",")]
+    assert sorted(here.ran + ran_there) == list(range(IN_FLIGHT)), "a call ran twice or never"
+    print(
+        f"\nidempotency: 2 replicas x {IN_FLIGHT} tool calls in flight: each ran once "
+        f"({started} here, {started_there} there), none failed"
+    )
+    await here.chat.aclose()
+    await here.store.aclose()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from collections import Counter
 
 import pytest
+import redis.asyncio as redis_asyncio
 
 from middleware.routing import OrderedFailoverChatClient, Route
 from middleware.routing.affinity import (
@@ -15,6 +18,8 @@ from middleware.routing.affinity import (
 from pipeline import ChatOptions, ChatPipeline
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, collect, fail, reply
+from tests.middleware.affinity_replica import burst, router
+from tests.middleware.remote_replica import remote
 
 SESSION = ChatOptions(session_id="session-1")
 
@@ -153,6 +158,30 @@ async def test_a_store_that_is_down_never_fails_a_request(
             router, "hi", ChatOptions(session_id="SECRET-SESSION"), streaming=streaming
         )
     assert result.text == "from a"
-    assert "session affinity store unavailable" in caplog.text
+    assert "session affinity store: Redis unavailable (ConnectionError)" in caplog.text
     assert "SECRET-SESSION" not in caplog.text
     await store.aclose()
+
+
+IN_FLIGHT = 1000  # lookups in flight in each of two replicas (redis-py's default pool: 100)
+
+
+async def test_two_replicas_answer_1000_concurrent_lookups_each(
+    redis_url: str, streaming: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    namespace = f"affinity-many-{uuid.uuid4().hex[:8]}"
+    keys = redis_asyncio.Redis.from_url(redis_url)
+    # Every session was last served by b, the second route.
+    await keys.mset({f"{namespace}:s-{i}": "b" for i in range(IN_FLIGHT)})
+    async with remote("tests.middleware.affinity_replica", redis_url, namespace) as other:
+        chat, store = router(redis_url, namespace)
+        await other.send(f"burst {IN_FLIGHT} s {int(streaming)}")  # both bursts race
+        here = await burst(chat, IN_FLIGHT, "s", streaming)
+        there = await other.read()
+        await store.aclose()
+    # Every lookup of both replicas was answered: every session stayed on b.
+    assert here == Counter({"b": IN_FLIGHT})
+    assert there == ["a", "0", "b", str(IN_FLIGHT), "failed", "0", "warnings", "0"]
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    print(f"\naffinity: 2 replicas x {IN_FLIGHT} lookups in flight: all answered, 0 warnings")
+    await keys.aclose()

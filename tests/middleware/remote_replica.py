@@ -1,0 +1,64 @@
+"""Drive a replica process (``python -m tests.middleware.<x>_replica ...``) over its stdin
+and stdout: one command a line, one answer a line, every wait bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Remote:
+    """A replica process: `send` a command, `read` its answer (split into words)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, timeout: float) -> None:
+        assert process.stdin is not None and process.stdout is not None
+        self.process = process
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+        self.timeout = timeout
+
+    async def send(self, command: str) -> None:
+        self.stdin.write(f"{command}\n".encode())
+        await self.stdin.drain()
+
+    async def read(self) -> list[str]:
+        async with asyncio.timeout(self.timeout):
+            line = await self.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the replica exited ({await self.process.wait()})")
+        return line.decode().split()
+
+    async def ask(self, command: str) -> list[str]:
+        await self.send(command)
+        return await self.read()
+
+
+@asynccontextmanager
+async def remote(module: str, *args: str, timeout: float = 120.0) -> AsyncIterator[Remote]:
+    """Start ``python -m module args...``, wait for its ``ready``; on leaving, tell it to
+    quit and require a clean exit (it is killed if it does not exit in time)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    replica = Remote(process, timeout)
+    try:
+        assert await replica.read() == ["ready"]
+        yield replica
+        await replica.send("quit")
+        async with asyncio.timeout(timeout):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

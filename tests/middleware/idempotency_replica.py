@@ -113,10 +113,11 @@ class Charges:
         self.waiting.add(amount)
         self.changed.set()
 
-    def start(self, n: int, streaming: bool) -> list[asyncio.Task[Any]]:
+    def start(self, n: int, streaming: bool, prefix: str = "op") -> list[asyncio.Task[Any]]:
+        """Request i asks for ``charge(amount=i)`` under the operation ``<prefix>-i``."""
         tasks = []
         for i in range(n):
-            with operation_scope(f"op-{i}"):
+            with operation_scope(f"{prefix}-{i}"):
                 tasks.append(asyncio.create_task(self._one(i, streaming)))
         return tasks
 
@@ -136,6 +137,7 @@ class Charges:
         return len(self.ran), len(self.waiting - set(self.ran))
 
     async def finish(self, tasks: list[asyncio.Task[Any]]) -> tuple[int, int]:
+        """Open the gate and wait for every request: ``(charged, not charged)``."""
         self.gate.set()
         results = await asyncio.gather(*tasks)
         ok = sum(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -20,6 +22,7 @@ from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, collect, fail, reply
 from tests.middleware.affinity_replica import burst, router
 from tests.middleware.remote_replica import remote
+from tests.redis_server import RedisServer
 
 SESSION = ChatOptions(session_id="session-1")
 
@@ -185,3 +188,131 @@ async def test_two_replicas_answer_1000_concurrent_lookups_each(
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     print(f"\naffinity: 2 replicas x {IN_FLIGHT} lookups in flight: all answered, 0 warnings")
     await keys.aclose()
+
+
+class UnreliableStore:
+    """A store of a user's own whose `get` and `set` work, raise or hang, as told."""
+
+    def __init__(self, get: str = "work", set: str = "work") -> None:
+        self.modes = {"get": get, "set": set}
+        self.routes: dict[str, str] = {}
+        self.calls: Counter[str] = Counter()
+
+    async def _call(self, what: str) -> None:
+        self.calls[what] += 1
+        if self.modes[what] == "raise":
+            raise RuntimeError("CANARY-store-internals")
+        if self.modes[what] == "hang":
+            await asyncio.Event().wait()
+
+    async def get(self, session_id: str) -> str | None:
+        await self._call("get")
+        return self.routes.get(session_id)
+
+    async def set(self, session_id: str, route_name: str) -> None:
+        await self._call("set")
+        self.routes[session_id] = route_name
+
+
+def affinity_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "chat_pipeline.routing.affinity" and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.parametrize("failure", ["raise", "hang"])
+async def test_a_custom_store_whose_lookup_fails_or_hangs_never_fails_a_request(
+    streaming: bool, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = UnreliableStore(get=failure)
+    store.routes["SECRET-SESSION"] = "b"
+    a = ScriptedChatClient(lambda m, o: reply("from a"), name="a")
+    b = ScriptedChatClient(lambda m, o: reply("from b"), name="b")
+    router = ordered(a, b, SessionAffinity(store, timeout=0.05, retry_interval=60))
+    options = ChatOptions(session_id="SECRET-SESSION")
+    async with asyncio.timeout(30):  # only the store's bound can end a hanging lookup
+        results = [await collect(router, "hi", options, streaming=streaming) for _ in range(3)]
+    # Routed as a new session, each time; the store is skipped after its failure.
+    assert [(r.text, r.error) for r in results] == [("from a", None)] * 3
+    assert store.calls["get"] == 1 and b.call_count == 0
+    (warning,) = affinity_warnings(caplog)
+    assert ("RuntimeError" if failure == "raise" else "TimeoutError") in warning
+    assert "SECRET-SESSION" not in caplog.text and "CANARY" not in caplog.text
+
+
+@pytest.mark.parametrize("failure", ["raise", "hang"])
+async def test_a_custom_store_whose_record_fails_or_hangs_never_loses_the_answer(
+    streaming: bool, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = UnreliableStore(set=failure)
+    a = ScriptedChatClient(lambda m, o: reply("from a"), name="a")
+    router = ordered(
+        a, ScriptedChatClient(reply("b"), name="b"), SessionAffinity(store, timeout=0.05)
+    )
+    async with asyncio.timeout(30):  # only the store's bound can end a hanging record
+        result = await collect(router, "hi", SESSION, streaming=streaming)
+        again = await collect(router, "hi", SESSION, streaming=streaming)
+    # The answer stands (the record came after it); the next request skips the store.
+    assert (result.text, result.error) == ("from a", None)
+    assert (again.text, again.error) == ("from a", None)
+    assert store.calls == Counter({"get": 1, "set": 1})
+    assert len(affinity_warnings(caplog)) == 1 and "CANARY" not in caplog.text
+
+
+async def test_a_store_call_never_outlasts_the_request(caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline import _scope
+
+    store = UnreliableStore(get="hang", set="hang")
+    affinity = SessionAffinity(store, timeout=600)  # a store timeout longer than the request
+    clock = asyncio.get_running_loop().time
+    async with asyncio.timeout(30):
+        budget = _scope.RequestBudget(None, clock() + 0.05, clock)
+        assert await affinity.preferred("s", budget) is None
+        # The request's budget, also when it is the current one.
+        token = _scope.enter_budget(_scope.RequestBudget(None, clock() + 0.05, clock))
+        try:
+            await affinity.record("s", "a")
+        finally:
+            _scope.exit_budget(token)
+    # The request ran out of time, the store did not fail: no warning, no back-off.
+    assert affinity_warnings(caplog) == []
+    assert store.calls == Counter({"get": 1, "set": 1})
+    store.modes["get"] = "work"
+    store.routes["s"] = "b"
+    assert await affinity.preferred("s") == "b"
+
+
+class CountingRedis(redis_asyncio.Redis):
+    """A real client that counts the commands it sends."""
+
+    commands = 0
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.commands += 1
+        return await super().execute_command(*args, **options)
+
+
+async def test_a_paused_redis_store_is_skipped_for_its_retry_interval(
+    redis_server: RedisServer, streaming: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = CountingRedis.from_url(redis_server.url)
+    store = RedisAffinityStore(client, ttl=60, timeout=0.2, retry_interval=600)
+    a = ScriptedChatClient(lambda m, o: reply("from a"), name="a")
+    router = ordered(a, ScriptedChatClient(reply("b"), name="b"), SessionAffinity(store))
+    assert (await collect(router, "hi", SESSION, streaming=streaming)).text == "from a"
+    sent = client.commands  # a lookup and a record
+    redis_server.pause()
+    try:
+        async with asyncio.timeout(30):
+            results = [await collect(router, "hi", SESSION, streaming=streaming) for _ in range(5)]
+    finally:
+        redis_server.resume()
+    # The first request paid the timeout once; the others routed without Redis.
+    assert [r.text for r in results] == ["from a"] * 5
+    assert client.commands == sent + 1
+    (warning,) = affinity_warnings(caplog)
+    assert "Redis unavailable (TimeoutError)" in warning
+    await store.aclose()
+    await client.aclose()

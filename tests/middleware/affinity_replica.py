@@ -42,7 +42,9 @@ def router(url: str, namespace: str) -> tuple[OrderedFailoverChatClient, RedisAf
     return OrderedFailoverChatClient(routes, affinity=SessionAffinity(store)), store
 
 
-async def burst(chat: OrderedFailoverChatClient, n: int, prefix: str, streaming: bool) -> Counter[str]:
+async def burst(
+    chat: OrderedFailoverChatClient, n: int, prefix: str, streaming: bool
+) -> Counter[str]:
     """N requests at once, one per session; how many each route served (``failed``: none)."""
     results = await asyncio.gather(
         *(
@@ -66,8 +68,7 @@ async def main(url: str, namespace: str) -> None:
         assert command[0] == "burst", command
         served = await burst(chat, int(command[1]), command[2], command[3] == "1")
         print(
-            f"a {served['a']} b {served['b']} failed {served['failed']} "
-            f"warnings {warnings.count}",
+            f"a {served['a']} b {served['b']} failed {served['failed']} warnings {warnings.count}",
             flush=True,
         )
     await chat.aclose()

@@ -141,9 +141,7 @@ class Charges:
         self.gate.set()
         results = await asyncio.gather(*tasks)
         ok = sum(
-            1
-            for i, r in enumerate(results)
-            if r.error is None and r.text.endswith(f"charged {i}")
+            1 for i, r in enumerate(results) if r.error is None and r.text.endswith(f"charged {i}")
         )
         return ok, len(results) - ok
 

@@ -39,9 +39,10 @@ class Remote:
 
 
 @asynccontextmanager
-async def remote(module: str, *args: str, timeout: float = 120.0) -> AsyncIterator[Remote]:
+async def remote(module: str, *args: str, bound: float = 120.0) -> AsyncIterator[Remote]:
     """Start ``python -m module args...``, wait for its ``ready``; on leaving, tell it to
-    quit and require a clean exit (it is killed if it does not exit in time)."""
+    quit and require a clean exit (it is killed if it does not exit in time). Each answer
+    and the exit are awaited for at most `bound` seconds."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -51,12 +52,12 @@ async def remote(module: str, *args: str, timeout: float = 120.0) -> AsyncIterat
         stdout=asyncio.subprocess.PIPE,
         cwd=REPO,
     )
-    replica = Remote(process, timeout)
+    replica = Remote(process, bound)
     try:
         assert await replica.read() == ["ready"]
         yield replica
         await replica.send("quit")
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(bound):
             assert await process.wait() == 0
     finally:
         if process.returncode is None:

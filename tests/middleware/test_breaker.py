@@ -423,9 +423,7 @@ async def test_two_replicas_share_every_fact_with_1000_calls_in_flight_each(
     later = T0 + timedelta(seconds=31)
     keys = redis_asyncio.Redis.from_url(redis_url)
     prefix = f"chat_pipeline:breaker:{{{name}}}"
-    async with remote(
-        "tests.middleware.breaker_replica", redis_url, name, str(fail_max)
-    ) as other:
+    async with remote("tests.middleware.breaker_replica", redis_url, name, str(fail_max)) as other:
         assert await other.ask(f"clock {T0.isoformat()}") == ["ok"]
         client, inner = replica(redis_url, name, clock, fail_max)
 

@@ -16,7 +16,8 @@ canonical arguments (`idempotency_key`). Before a call runs, the function-invoca
 
 `MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
 `RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
-claim, then the result; a waiter polls with a bounded backoff). Its claims are leases:
+claim, then the result; the claims waited for are polled together, with a bounded
+backoff). Its claims are leases:
 short, and renewed while their holder runs (for at most `ttl`), so a claim whose holder is
 gone (a process that died, or a caller that gave up waiting for a stalled Redis that took
 the claim later) frees its key after the lease, not after `ttl`.
@@ -191,16 +192,19 @@ class RedisIdempotencyStore:
     taken with ``SET NX PX`` in the same script that checks for a result.
 
     A claim is a lease of `lease` seconds (at most the claim's own `ttl`), renewed every
-    third of it while its holder runs, for at most the claim's `ttl` in all: a holder that
-    is gone frees the key after `lease` seconds. That includes a caller that gave up: when
-    Redis stalls, a claim the caller stopped waiting for may still be queued in Redis and
-    taken when it resumes, by nobody. A Redis outage longer than the lease can let a claim
-    run out while its holder still runs (a warning says so: another process may then run
-    the call too).
+    third of it (every tenth after a failed renewal) while its holder runs, for at most the
+    claim's `ttl` in all: a holder that is gone frees the key after `lease` seconds. That
+    includes a caller that gave up: when Redis stalls, a claim the caller stopped waiting
+    for may still be queued in Redis and taken when it resumes, by nobody. A Redis outage
+    longer than the lease can let a claim run out while its holder still runs (a warning
+    says so: another process may then run the call too).
 
-    A caller waiting for another process's claim polls every 10 ms at first, backing off
-    to `max_poll_interval`. Each Redis call is bounded by `timeout` seconds; a Redis failure
-    is raised (the layer turns it into a tool result: the call did not run).
+    The callers waiting for claims held by other processes are polled for together: one
+    ``MGET`` of every claim waited for, every 10 ms at first, backing off to
+    `max_poll_interval` while none ends (so a thousand waiters cost Redis one read per
+    poll, not a thousand); a caller whose claim ended claims again. Each Redis call is
+    bounded by `timeout` seconds; a Redis failure is raised (the layer turns it into a tool
+    result: the call did not run).
     """
 
     def __init__(
@@ -232,6 +236,11 @@ class RedisIdempotencyStore:
         self.lease = lease
         # The renewal of each claim held here, by (key, token).
         self._renewals: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # The callers waiting for a claim held elsewhere, by key, and the task polling for
+        # them (running while anyone waits).
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._poll_delay = _FIRST_POLL
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.namespace}:{key}", f"{self.namespace}:{key}:claim"]
@@ -241,7 +250,6 @@ class RedisIdempotencyStore:
         token = uuid.uuid4().hex
         lease = min(self.lease, ttl)
         give_up = loop.time() + ttl
-        delay = 0.01
         while True:
             answer = await self._redis.script(_CLAIM, self._keys(key), [token, _ms(lease)])
             if int(answer[0]) == 1:
@@ -253,29 +261,68 @@ class RedisIdempotencyStore:
                 return Claim(key, False, token=token)
             # Held by another process: bounded by our ttl (its claim expires by then too,
             # unless yet another process keeps re-taking it).
-            if loop.time() >= give_up:
+            left = give_up - loop.time()
+            if left <= 0:
                 raise TimeoutError(f"another run of this tool call did not finish within {ttl:g} s")
-            await self._pause(delay)
-            delay = min(delay * 2, self.max_poll_interval)
+            await self._pause(key, left)
 
-    async def _pause(self, seconds: float) -> None:
-        """Wait between two polls of a claim held elsewhere."""
-        await asyncio.sleep(seconds)
+    async def _pause(self, key: str, seconds: float) -> None:
+        """Wait (at most `seconds`) until the claim on `key`, held elsewhere, may have
+        ended: the poller saw it gone, or could not look."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault(key, set())
+        waiters.add(ended)
+        self._poll_delay = _FIRST_POLL  # a new wait: look again soon
+        if self._poller is None or self._poller.done():
+            self._poller = loop.create_task(self._poll())
+        try:
+            await asyncio.wait({ended}, timeout=seconds)
+        finally:
+            waiters.discard(ended)
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
+
+    async def _poll(self) -> None:
+        """While anyone waits: one ``MGET`` of the claims waited for, then wake the callers
+        whose claim is gone (completed, released, run out); every caller when Redis could
+        not be read (each then finds out for itself)."""
+        while self._waiters:
+            await asyncio.sleep(self._poll_delay)
+            keys = list(self._waiters)
+            claims = [self._keys(key)[1] for key in keys]
+            try:
+                held = await self._redis.call(lambda client, claims=claims: client.mget(claims))
+            except Exception:
+                held = [None] * len(keys)
+            ended = [key for key, claim in zip(keys, held, strict=True) if claim is None]
+            for key in ended:
+                for waiter in self._waiters.get(key, ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+            self._poll_delay = (
+                _FIRST_POLL if ended else min(self._poll_delay * 2, self.max_poll_interval)
+            )
 
     async def _renew(self, key: str, token: str, lease: float, until: float) -> None:
-        """Keep the claim until `until` (the claim's ttl), a third of a lease at a time."""
+        """Keep the claim until `until` (the claim's ttl): renewed every third of a lease,
+        and after a failed renewal, tried again every tenth (each try bounded by the
+        timeout) while the lease may still hold."""
         loop = asyncio.get_running_loop()
         claim_key = self._keys(key)[1]
+        wait = lease / 3
         while (left := until - loop.time()) > 0:
-            await self._wait_to_renew(min(lease / 3, left))
+            await self._wait_to_renew(min(wait, left))
             # Never past `until`: a run that hangs frees its key when its ttl is up.
             extended = min(lease, until - loop.time())
             if extended <= 0:
                 return
             try:
                 held = await self._redis.script(_RENEW, [claim_key], [token, _ms(extended)])
-            except Exception:  # Redis unavailable: try again at the next renewal
+            except Exception:  # Redis unavailable or slow: try again soon
+                wait = lease / 10
                 continue
+            wait = lease / 3
             if not int(held):
                 _logger.warning(
                     "a tool call's idempotency claim ran out before the call finished (Redis "
@@ -320,11 +367,14 @@ class RedisIdempotencyStore:
         )
 
     async def aclose(self) -> None:
-        renewals = list(self._renewals.values())
-        for renewal in renewals:
-            renewal.cancel()
-        await asyncio.gather(*renewals, return_exceptions=True)
+        tasks = [*self._renewals.values(), *([self._poller] if self._poller else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._redis.aclose()
+
+
+_FIRST_POLL = 0.01  # seconds before a claim waited for is first looked at again
 
 
 def _ms(seconds: float) -> int:

@@ -11,16 +11,18 @@ Promises, to every component built on it:
 * building never contacts Redis: the client for a URL is made in the running event loop at
   the first call (a new loop gets a client of its own), and the ``redis`` package is
   imported while building, not inside a request's first call;
-* a client made here (`connect`) bounds connecting, reading and writing by the caller's
-  timeout, never retries behind the caller's back (redis-py retries three times by
-  default: time no caller's bound allows for), and keeps a pool of `POOL_SIZE` connections
-  that *blocks*: a call that finds every connection busy waits for a free one within its
-  own bound, instead of failing with ``MaxConnectionsError`` as redis-py's default pool
-  (100 connections) does. A healthy Redis is never reported unavailable because one
-  process had many calls in flight;
-* each call (`RedisClient.call`) is bounded by the timeout as a whole (waiting for a
-  connection, connecting, the round trip); a call cut short closes its connection, so a
-  late reply can never be read as another call's;
+* a client made here bounds connecting, reading and writing by the caller's timeout and
+  never retries behind the caller's back (redis-py retries three times by default: time no
+  caller's bound allows for);
+* at most `POOL_SIZE` calls of one component are on Redis at once; a call that finds them
+  all busy *waits* for its turn (first come, first served) within its own bound, instead
+  of failing with ``MaxConnectionsError`` as redis-py's default pool (100 connections)
+  does. So a healthy Redis is never reported unavailable because one process had many
+  calls in flight. A client made here has a pool of exactly that size; a client of your
+  own needs a pool of at least that size;
+* each call (`RedisClient.call`) is bounded by the timeout as a whole (waiting for its
+  turn, connecting, the round trip); a call cut short closes its connection, so a late
+  reply can never be read as another call's;
 * Lua scripts are registered once per client and run with ``EVALSHA``, loaded again on
   ``NOSCRIPT`` (a restarted or failed-over Redis), as redis-py's ``Script`` does;
 * `Outage` is how a component that can do without Redis for a while fails open: after a
@@ -33,8 +35,15 @@ Pool size: a process's Redis throughput is bounded by its own CPU (redis-py spen
 process complete in the same time through 4 or 128 pooled connections on loopback. 32
 connections keep that CPU busy up to round trips of about 3 ms (32 commands on the wire
 per round trip); more would only cost Redis client slots, which every pool of every worker
-of every replica takes from one ``maxclients``. A client of your own keeps its own pool:
-give it a ``BlockingConnectionPool`` to ride out bursts the same way.
+of every replica takes from one ``maxclients``.
+
+Waiting for a turn: an `asyncio.Semaphore` of `POOL_SIZE` in front of redis-py's plain
+pool, rather than redis-py's ``BlockingConnectionPool``. Both make a call wait for a free
+connection; the blocking pool funnels every checkout and return through one
+``asyncio.Condition``, whose waiter list costs O(waiters) per wake-up (and, before Python
+3.13, can lose a wake-up when a waiter's timeout fires as it is notified). The semaphore
+admits in order at O(1): about 30% less CPU per command with 3,000 calls waiting, measured
+on loopback. It also covers a client of the caller's own.
 """
 
 from __future__ import annotations
@@ -53,11 +62,11 @@ __all__ = [
     "Unavailable",
     "check",
     "check_url",
-    "connect",
 ]
 
 POOL_SIZE = 32
-"""Connections per client made here (see the module docstring for why)."""
+"""Calls of one component on Redis at once, and connections of a client made here (see the
+module docstring for why)."""
 
 _URL_REQUIRED = "must be a redis://, rediss:// or unix:// URL with a valid host and port"
 
@@ -104,25 +113,18 @@ def check(redis: Any) -> Any:
     return redis
 
 
-def connect(url: str, *, timeout: float) -> Any:
-    """A ``redis.asyncio`` client for `url` (see the module docstring): connects at its
-    first command; each connection gives up after `timeout` seconds (connecting, reading,
-    writing); a call waits at most `timeout` for a free pooled connection; no retries."""
-    return _connector(timeout)(url)
-
-
 def _connector(timeout: float) -> Callable[[str], Any]:
-    """`connect` with the modules imported now (while a pipeline is built), so a request's
-    first call does not pay for the import inside its bound."""
+    """Makes a client for a URL (a pool of `POOL_SIZE` connections, each bounded by
+    `timeout`, no retries). The modules are imported now, while a pipeline is built, so a
+    request's first call does not pay for the import inside its bound."""
     import redis.asyncio as redis_asyncio
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
     def made(url: str) -> Any:
-        pool = redis_asyncio.BlockingConnectionPool.from_url(
+        pool = redis_asyncio.ConnectionPool.from_url(
             url,
             max_connections=POOL_SIZE,
-            timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             # Our own bound is one try within the caller's timeout: no hidden retries.
@@ -205,9 +207,12 @@ class RedisClient:
         given = check(redis)
         self.timeout = timeout
         self._url: str | None = given if isinstance(given, str) else None
-        self._client: Any = None if self._url is not None else given
+        self._given: Any = None if self._url is not None else given
         self._connect = _connector(timeout) if self._url is not None else None
+        # Per event loop (asyncio's primitives and connections belong to one loop).
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self._turns = asyncio.Semaphore(POOL_SIZE)
         self._scripts: dict[str, Any] = {}
 
     @property
@@ -217,21 +222,25 @@ class RedisClient:
 
     def client(self) -> Any:
         """The client for the running event loop."""
-        if self._connect is None:
-            return self._client
         loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            assert self._url is not None
-            self._client = self._connect(self._url)
+        if self._loop is not loop:
+            if self._connect is not None:
+                assert self._url is not None
+                self._client = self._connect(self._url)
+            else:
+                self._client = self._given
             self._loop = loop
+            self._turns = asyncio.Semaphore(POOL_SIZE)
             self._scripts = {}
         return self._client
 
     async def call(self, operation: Callable[[Any], Awaitable[_T]]) -> _T:
-        """`operation(client)` within the timeout; raises what went wrong (`TimeoutError`
-        when the time ran out)."""
+        """`operation(client)` within the timeout, in its turn; raises what went wrong
+        (`TimeoutError` when the time ran out)."""
         async with asyncio.timeout(self.timeout):
-            return await operation(self.client())
+            client = self.client()
+            async with self._turns:
+                return await operation(client)
 
     async def evaluate(
         self, client: Any, source: str, keys: Sequence[str], args: Sequence[Any]
@@ -270,11 +279,9 @@ class RedisClient:
 
     async def aclose(self) -> None:
         """Close the client made here (a caller's own client stays open)."""
-        if self._connect is None:
-            return
-        client, self._client = self._client, None
-        if client is not None:
+        client, self._client, self._loop = self._client, None, None
+        if client is not None and self._connect is not None:
             await client.aclose()
 
     def __repr__(self) -> str:  # never the URL: it may hold a password
-        return f"RedisClient({'url' if self.owned else type(self._client).__name__})"
+        return f"RedisClient({'url' if self.owned else type(self._given).__name__})"

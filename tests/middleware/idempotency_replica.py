@@ -43,11 +43,11 @@ class ReportingStore(RedisIdempotencyStore):
 
     waited = False
 
-    async def _pause(self, seconds: float) -> None:
+    async def _pause(self, key: str, seconds: float) -> None:
         if not self.waited:
             self.waited = True
             print("waiting", flush=True)
-        await super()._pause(seconds)
+        await super()._pause(key, seconds)
 
 
 async def main(url: str, namespace: str, operation: str) -> None:
@@ -152,11 +152,11 @@ class BurstStore(RedisIdempotencyStore):
 
     charges: Charges | None = None
 
-    async def _pause(self, seconds: float) -> None:
+    async def _pause(self, key: str, seconds: float) -> None:
         if self.charges is not None:
             operation = str(_scope.current_operation())
             self.charges.waits(int(operation.rsplit("-", 1)[1]))
-        await super()._pause(seconds)
+        await super()._pause(key, seconds)
 
 
 def charges(url: str, namespace: str) -> Charges:

@@ -4,10 +4,12 @@ and stdout: one command a line, one answer a line, every wait bounded."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,12 +28,21 @@ class Remote:
         self.stdin.write(f"{command}\n".encode())
         await self.stdin.drain()
 
-    async def read(self) -> list[str]:
+    async def line(self) -> str:
+        """The next line the replica prints."""
         async with asyncio.timeout(self.timeout):
             line = await self.stdout.readline()
         if not line:
             raise RuntimeError(f"the replica exited ({await self.process.wait()})")
-        return line.decode().split()
+        return line.decode()
+
+    async def read(self) -> list[str]:
+        """The next answer, split into words."""
+        return (await self.line()).split()
+
+    async def read_json(self) -> Any:
+        """The next answer, one line of JSON."""
+        return json.loads(await self.line())
 
     async def ask(self, command: str) -> list[str]:
         await self.send(command)

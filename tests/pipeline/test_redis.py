@@ -52,38 +52,44 @@ def test_only_an_asyncio_client_is_accepted() -> None:
         _redis.check(3)
 
 
-def test_a_client_made_here_blocks_for_a_pooled_connection_and_never_retries() -> None:
-    client = _redis.connect("redis://127.0.0.1:1/0", timeout=0.7)
+async def test_a_client_made_here_has_a_pool_of_its_size_and_never_retries() -> None:
+    client = _redis.RedisClient("redis://127.0.0.1:1/0", timeout=0.7).client()
     pool = client.connection_pool
-    assert isinstance(pool, redis_asyncio.BlockingConnectionPool)
-    assert (pool.max_connections, pool.timeout) == (_redis.POOL_SIZE, 0.7)
+    assert pool.max_connections == _redis.POOL_SIZE
     options = pool.connection_kwargs
     assert (options["socket_timeout"], options["socket_connect_timeout"]) == (0.7, 0.7)
     assert options["retry"].get_retries() == 0
+    await client.aclose()
 
 
-async def test_ten_times_more_calls_than_connections_all_succeed(redis_url: str) -> None:
+@pytest.mark.parametrize("given", ["url", "own client"])
+async def test_ten_times_more_calls_than_connections_wait_their_turn(
+    redis_url: str, given: str
+) -> None:
     n = 10 * _redis.POOL_SIZE
-    client = _redis.RedisClient(redis_url, timeout=30)
-    lists = [f"pool-test:{i}" for i in range(n)]
+    own = redis_asyncio.Redis.from_url(redis_url) if given == "own client" else None
+    client = _redis.RedisClient(own or redis_url, timeout=30)
+    lists = [f"pool-test:{given}:{i}" for i in range(n)]
     # Each call holds its connection until its list gets an item (BLPOP), so calls pile
     # up: redis-py's default pool would raise MaxConnectionsError past 100.
     calls = [asyncio.create_task(client.call(lambda c, k=k: c.blpop([k], 30))) for k in lists]
     observer = redis_asyncio.Redis.from_url(redis_url)
     deadline = time.monotonic() + 30  # the server gives no signal: bounded polling
     while (await observer.info("clients"))["blocked_clients"] < _redis.POOL_SIZE:
-        assert time.monotonic() < deadline, "the pooled calls never reached Redis"
+        assert time.monotonic() < deadline, "the calls never reached Redis"
         await asyncio.sleep(0.01)
     pool = client.client().connection_pool
     assert len(pool._in_use_connections) == _redis.POOL_SIZE
-    assert not any(call.done() for call in calls)  # the others wait for a connection
+    assert not any(call.done() for call in calls)  # the others wait for their turn
     for key in lists:
         await observer.lpush(key, "item")
     results = await asyncio.gather(*calls)
     assert [key.decode() for key, _ in results] == lists
-    assert len(pool._in_use_connections) + len(pool._available_connections) <= _redis.POOL_SIZE
+    assert len(pool._in_use_connections) + len(pool._available_connections) == _redis.POOL_SIZE
     await client.aclose()
-    await observer.aclose()
+    for each in (observer, own):
+        if each is not None:
+            await each.aclose()
 
 
 async def test_building_never_connects_and_each_loop_gets_its_own_client() -> None:

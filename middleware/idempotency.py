@@ -7,9 +7,10 @@ canonical arguments (`idempotency_key`). Before a call runs, the function-invoca
 
 * `claim(key, ttl)` returns a `Claim`: either the recorded result (``claim.done``), or the
   right to run the call, held for at most `ttl` seconds (a holder that dies frees the key
-  when its claim expires). While another holder's claim is live, `claim` waits (for at
-  most `ttl`) until that holder completes (then it returns the result) or gives up (then
-  it claims). Cancelling a waiter never touches the holder;
+  when its claim expires: after `ttl`, or sooner with a store whose claims are leases).
+  While another holder's claim is live, `claim` waits (for at most `ttl`) until that holder
+  completes (then it returns the result) or gives up (then it claims). Cancelling a waiter
+  never touches the holder;
 * `complete(claim, result)` records the result and gives the claim up;
 * `release(claim)` gives the claim up without a result (the call failed or was
   cancelled), so a retry runs the call.
@@ -17,10 +18,10 @@ canonical arguments (`idempotency_key`). Before a call runs, the function-invoca
 `MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
 `RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
 claim, then the result; the claims waited for are polled together, with a bounded
-backoff). Its claims are leases:
-short, and renewed while their holder runs (for at most `ttl`), so a claim whose holder is
-gone (a process that died, or a caller that gave up waiting for a stalled Redis that took
-the claim later) frees its key after the lease, not after `ttl`.
+backoff). Its claims are leases: short, and renewed while their holder runs (for at most
+`ttl`), so a claim whose holder is gone (a process that died, or a caller that gave up
+waiting for a stalled Redis that took the claim later) frees its key after the lease, not
+after `ttl`.
 
 Stores written for the earlier protocol, with only ``get(key) -> (found, result)`` and
 ``put(key, result)``, keep working: the layer wraps them (`claiming_store`) with claims
@@ -290,9 +291,8 @@ class RedisIdempotencyStore:
         while self._waiters:
             await asyncio.sleep(self._poll_delay)
             keys = list(self._waiters)
-            claims = [self._keys(key)[1] for key in keys]
             try:
-                held = await self._redis.call(lambda client, claims=claims: client.mget(claims))
+                held = await self._claims_of(keys)
             except Exception:
                 held = [None] * len(keys)
             ended = [key for key, claim in zip(keys, held, strict=True) if claim is None]
@@ -303,6 +303,11 @@ class RedisIdempotencyStore:
             self._poll_delay = (
                 _FIRST_POLL if ended else min(self._poll_delay * 2, self.max_poll_interval)
             )
+
+    async def _claims_of(self, keys: list[str]) -> list[Any]:
+        """The claim (its token) on each of `keys`, ``None`` where there is none."""
+        claims = [self._keys(key)[1] for key in keys]
+        return list(await self._redis.call(lambda client: client.mget(claims)))
 
     async def _renew(self, key: str, token: str, lease: float, until: float) -> None:
         """Keep the claim until `until` (the claim's ttl): renewed every third of a lease,

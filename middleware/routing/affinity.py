@@ -16,13 +16,13 @@ each entry expiring after `ttl`), or any object with async ``get(session_id)`` a
 ``set(session_id, route_name)``.
 
 A store that is slow, down or broken never fails a request, and never delays it by more
-than the store's `timeout` nor past the request's own deadline (``request_timeout``): every
-store call is bounded and guarded. A lookup that fails or runs out of time routes the
-request as if the session were new; a record that does (after the answer) changes nothing
-for the request, whose answer stands. After a failure the store is skipped for
-`retry_interval` seconds (requests route without it meanwhile, instead of each paying the
-timeout), and a warning is logged once per outage, then at most once a minute: the error's
-type only, never the session id.
+than the store's `timeout`, nor past the request's deadline when the router passes its
+budget (or has made it current): every store call is bounded and guarded. A lookup that
+fails or runs out of time routes the request as if the session were new; a record that
+does (after the answer) changes nothing for the request, whose answer stands. After a
+failure the store is skipped for `retry_interval` seconds (requests route without it
+meanwhile, instead of each paying the timeout), and a warning is logged once per outage,
+then at most once a minute: the error's type only, never the session id.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ class SessionAffinity:
     bounds (the memory store never waits; the Redis store has its `timeout` and
     `retry_interval`); any other store's calls are bounded by `timeout` seconds, and after
     one fails (raises, or runs out of time) the store is skipped for `retry_interval`
-    seconds. Every call also ends by the request's deadline, when it has one.
+    seconds. Every call also ends by the request's deadline: the `budget` a router passes,
+    else the current one.
     """
 
     def __init__(

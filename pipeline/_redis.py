@@ -30,6 +30,13 @@ Promises, to every component built on it:
   then at most once a minute, naming the component and the error's type only (an error's
   text may name hosts or echo a reply), and says when Redis is reachable again.
 
+A component (the breaker's shared state, an affinity store, a health store) holds a
+`RedisClient` for the ``redis`` it was given and, if it can do without Redis for a while,
+an `Outage`; each of its operations is a function of the client, run with
+``client.attempt(outage, operation)`` (fail open: `Unavailable`) or ``client.call(operation)``
+(raise), and its Lua with ``client.evaluate(redis, SOURCE, keys, args)`` inside an
+operation or ``client.script(SOURCE, keys, args)`` alone.
+
 Pool size: a process's Redis throughput is bounded by its own CPU (redis-py spends about
 0.1 ms of Python per command), not by connections: 1,000 concurrent commands from one
 process complete in the same time through 4 or 128 pooled connections on loopback. 32

@@ -4,8 +4,8 @@ the same breaker `name` must agree on, kept in Redis under
 pybreaker's state machine in each process and reads and writes these facts around its
 steps:
 
-* ``:failures``: the consecutive counted failures of all processes together (``INCR`` per
-  failure; a success resets it when that call was admitted with a nonzero count, so a
+* ``:failures``: the consecutive counted failures of all processes together (each failure
+  adds one; a success resets it when that call was admitted with a nonzero count, so a
   success racing a failure of another process errs towards opening early, never late);
 * ``:opened``: when the circuit opened, in milliseconds since the epoch (sub-second; from
   the breaker's clock, so replicas' clocks should agree, as NTP keeps them); absent while
@@ -18,7 +18,8 @@ steps:
 
 Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
 is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
-writes only on a counted failure, a transition or a reset. Every method is bounded by
+writes only on a counted failure (the failures of one turn of the event loop with one
+``INCRBY``), a transition or a reset. Every method is bounded by
 `redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
 nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
 state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
@@ -34,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -124,7 +125,11 @@ class RedisBreakerState:
         self.probe_prefix = f"{prefix}:probe:"
         self.claim_ms = max(1, round(probe_claim_ttl * 1000))
         self.local = LocalStorage(pybreaker.STATE_CLOSED)
+        # Calls that share one Redis call: the read on the wire, the failures and the
+        # successes of this turn of the event loop.
         self._reading: asyncio.Task[Facts | None] | None = None
+        self._tally: _Tally | None = None
+        self._resetting: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
 
     async def _attempt(self, operation: Callable[[Any], Awaitable[_T]]) -> _T:
@@ -138,7 +143,7 @@ class RedisBreakerState:
         read the others wait for)."""
         reading = self._reading
         if reading is None or reading.get_loop() is not asyncio.get_running_loop():
-            reading = self._reading = asyncio.get_running_loop().create_task(self._read())
+            reading = self._reading = self._start(self._read())
             reading.add_done_callback(self._read_done)
         return await asyncio.shield(reading)
 
@@ -182,15 +187,27 @@ class RedisBreakerState:
 
     def release_later(self, opening: str, token: str) -> None:
         """Give a claim back from a task of its own (the caller is being cancelled)."""
-        task = asyncio.get_running_loop().create_task(self.release_probe(opening, token))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._start(self.release_probe(opening, token))
 
     async def count_failure(self) -> int | None:
-        """Count a failure; the shared count after it, or ``None`` when unavailable."""
+        """Count a failure; the shared count after it (each failure its own), or ``None``
+        when Redis is unavailable. The failures of one turn of the event loop are counted
+        together, with one ``INCRBY``."""
+        tally = self._tally
+        if tally is None:
+            tally = self._tally = _Tally()
+            tally.task = self._start(self._count_tally())
+        tally.size += 1
+        mine = tally.size
+        total = await asyncio.shield(tally.task)
+        return None if total is None else total - tally.size + mine
+
+    async def _count_tally(self) -> int | None:
+        tally, self._tally = self._tally, None  # a failure from now on starts the next one
+        assert tally is not None
 
         async def increment(client: Any) -> int:
-            return int(await client.incr(self.failures_key))
+            return int(await client.incrby(self.failures_key, tally.size))
 
         try:
             return await self._attempt(increment)
@@ -198,13 +215,27 @@ class RedisBreakerState:
             return None
 
     async def count_success(self) -> None:
-        """A success ends the run of consecutive failures."""
+        """A success ends the run of consecutive failures (the successes of one turn of
+        the event loop reset it once)."""
+        if self._resetting is None:
+            self._resetting = self._start(self._reset())
+        await asyncio.shield(self._resetting)
+
+    async def _reset(self) -> None:
+        self._resetting = None  # a success from now on resets again
 
         async def reset(client: Any) -> None:
             await client.set(self.failures_key, 0)
 
         with contextlib.suppress(_redis.Unavailable):  # the next failure counts on from it
             await self._attempt(reset)
+
+    def _start(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        """Run `work` in a task of its own (shared by callers; awaited on `aclose`)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def transition(self, expected: str | None, new: str | None) -> tuple[bool, str | None]:
         """Move the opening from `expected` to `new` (``None``: closed) if it is still
@@ -230,13 +261,22 @@ class RedisBreakerState:
         return True, stored
 
     async def aclose(self) -> None:
-        pending = [*self._background, *([self._reading] if self._reading else [])]
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         try:
             await self.redis.aclose()
         except Exception as exc:  # closing a dead connection is no failure of ours
             _logger.debug("circuit breaker %r: closing Redis: %s", self.name, type(exc))
+
+
+class _Tally:
+    """The failures of one turn of the event loop, counted by one task."""
+
+    __slots__ = ("size", "task")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.task: asyncio.Task[int | None]
 
 
 def _text(value: Any) -> str | None:

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as redis_asyncio
 
 from pipeline import _redis
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, counting_client, free_port
 
 
 @pytest.mark.parametrize(
@@ -116,20 +116,8 @@ async def test_a_callers_own_client_is_used_as_it_is_and_left_open(redis_url: st
     await own.aclose()
 
 
-class CountingRedis(redis_asyncio.Redis):
-    """A real client that records the commands it sends."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.sent: list[str] = []
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.sent.append(str(args[0]).upper())
-        return await super().execute_command(*args, **options)
-
-
 async def test_a_script_is_loaded_once_and_again_after_noscript(redis_url: str) -> None:
-    own = CountingRedis.from_url(redis_url)
+    own = counting_client(redis_url)
     handle = _redis.RedisClient(own, timeout=5)
     source = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
     await own.delete("script-test")

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import uuid
 from collections import Counter
-from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -22,7 +21,7 @@ from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, collect, fail, reply
 from tests.middleware.affinity_replica import burst, router
 from tests.middleware.remote_replica import remote
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, counting_client
 
 SESSION = ChatOptions(session_id="session-1")
 
@@ -284,25 +283,15 @@ async def test_a_store_call_never_outlasts_the_request(caplog: pytest.LogCapture
     assert await affinity.preferred("s") == "b"
 
 
-class CountingRedis(redis_asyncio.Redis):
-    """A real client that counts the commands it sends."""
-
-    commands = 0
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.commands += 1
-        return await super().execute_command(*args, **options)
-
-
 async def test_a_paused_redis_store_is_skipped_for_its_retry_interval(
     redis_server: RedisServer, streaming: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = CountingRedis.from_url(redis_server.url)
+    client = counting_client(redis_server.url)
     store = RedisAffinityStore(client, ttl=60, timeout=0.2, retry_interval=600)
     a = ScriptedChatClient(lambda m, o: reply("from a"), name="a")
     router = ordered(a, ScriptedChatClient(reply("b"), name="b"), SessionAffinity(store))
     assert (await collect(router, "hi", SESSION, streaming=streaming)).text == "from a"
-    sent = client.commands  # a lookup and a record
+    sent = len(client.sent)  # a lookup and a record
     redis_server.pause()
     try:
         async with asyncio.timeout(30):
@@ -311,7 +300,7 @@ async def test_a_paused_redis_store_is_skipped_for_its_retry_interval(
         redis_server.resume()
     # The first request paid the timeout once; the others routed without Redis.
     assert [r.text for r in results] == ["from a"] * 5
-    assert client.commands == sent + 1
+    assert len(client.sent) == sent + 1
     (warning,) = affinity_warnings(caplog)
     assert "Redis unavailable (TimeoutError)" in warning
     await store.aclose()

@@ -23,7 +23,7 @@ writes only on a counted failure (the failures of one turn of the event loop wit
 `redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
 nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
 state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
-warns once per outage, then at most once a minute).
+warns when an outage starts, then at most once a minute).
 
 A policy that needs more shared facts (outcomes in a sliding window, slow calls) adds its
 keys to `read` (fields of `Facts`) and its own counting beside `count_failure`, in one
@@ -128,8 +128,8 @@ class RedisBreakerState:
         # Calls that share one Redis call: the read on the wire, the failures and the
         # successes of this turn of the event loop.
         self._reading: asyncio.Task[Facts | None] | None = None
-        self._tally: _Tally | None = None
-        self._resetting: asyncio.Task[None] | None = None
+        self._failures = _redis.Batched(self._count_failures)
+        self._successes = _redis.Batched(self._reset)
         self._background: set[asyncio.Task[Any]] = set()
 
     async def _attempt(self, operation: Callable[[Any], Awaitable[_T]]) -> _T:
@@ -193,21 +193,12 @@ class RedisBreakerState:
         """Count a failure; the shared count after it (each failure its own), or ``None``
         when Redis is unavailable. The failures of one turn of the event loop are counted
         together, with one ``INCRBY``."""
-        tally = self._tally
-        if tally is None:
-            tally = self._tally = _Tally()
-            tally.task = self._start(self._count_tally())
-        tally.size += 1
-        mine = tally.size
-        total = await asyncio.shield(tally.task)
-        return None if total is None else total - tally.size + mine
+        total, index, size = await self._failures.add(None)
+        return None if total is None else total - size + index + 1
 
-    async def _count_tally(self) -> int | None:
-        tally, self._tally = self._tally, None  # a failure from now on starts the next one
-        assert tally is not None
-
+    async def _count_failures(self, failures: list[None]) -> int | None:
         async def increment(client: Any) -> int:
-            return int(await client.incrby(self.failures_key, tally.size))
+            return int(await client.incrby(self.failures_key, len(failures)))
 
         try:
             return await self._attempt(increment)
@@ -217,13 +208,9 @@ class RedisBreakerState:
     async def count_success(self) -> None:
         """A success ends the run of consecutive failures (the successes of one turn of
         the event loop reset it once)."""
-        if self._resetting is None:
-            self._resetting = self._start(self._reset())
-        await asyncio.shield(self._resetting)
+        await self._successes.add(None)
 
-    async def _reset(self) -> None:
-        self._resetting = None  # a success from now on resets again
-
+    async def _reset(self, successes: list[None]) -> None:
         async def reset(client: Any) -> None:
             await client.set(self.failures_key, 0)
 
@@ -231,7 +218,8 @@ class RedisBreakerState:
             await self._attempt(reset)
 
     def _start(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
-        """Run `work` in a task of its own (shared by callers; awaited on `aclose`)."""
+        """Run `work` in a task of its own (shared by callers, or outliving its caller;
+        awaited on `aclose`)."""
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -261,22 +249,14 @@ class RedisBreakerState:
         return True, stored
 
     async def aclose(self) -> None:
+        await self._failures.aclose()
+        await self._successes.aclose()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         try:
             await self.redis.aclose()
         except Exception as exc:  # closing a dead connection is no failure of ours
             _logger.debug("circuit breaker %r: closing Redis: %s", self.name, type(exc))
-
-
-class _Tally:
-    """The failures of one turn of the event loop, counted by one task."""
-
-    __slots__ = ("size", "task")
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.task: asyncio.Task[int | None]
 
 
 def _text(value: Any) -> str | None:

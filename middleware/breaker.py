@@ -32,7 +32,7 @@ failure, a transition or a reset. Redis calls never block the event loop and eac
 bounded by `redis_timeout`. When Redis is unreachable, slow, or answers nonsense, the
 breaker fails open: the call proceeds on this process's own breaker state (what it last saw
 of the shared state plus its own outcomes), a warning without request content is logged
-(once per outage, then at most once a minute), and Redis is tried again after
+(when an outage starts, then at most once a minute), and Redis is tried again after
 `redis_retry_interval` seconds; a Redis error never reaches the caller. Building a pipeline
 never contacts Redis (a server that is down then is fine); a malformed URL is a
 `ValueError` at construction. When Redis answers again, its state wins over what this

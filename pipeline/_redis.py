@@ -23,12 +23,17 @@ Promises, to every component built on it:
 * each call (`RedisClient.call`) is bounded by the timeout as a whole (waiting for its
   turn, connecting, the round trip); a call cut short closes its connection, so a late
   reply can never be read as another call's;
+* `Batched` turns the calls of one turn of the event loop into one Redis call (an
+  ``MGET`` of every session looked up, one ``INCRBY`` for every failure counted): a
+  thousand requests at once cost Redis a few round trips, not thousands, which keeps them
+  well inside their bound;
 * Lua scripts are registered once per client and run with ``EVALSHA``, loaded again on
   ``NOSCRIPT`` (a restarted or failed-over Redis), as redis-py's ``Script`` does;
 * `Outage` is how a component that can do without Redis for a while fails open: after a
-  failure it skips Redis for a retry interval, and it warns once when an outage starts,
-  then at most once a minute, naming the component and the error's type only (an error's
-  text may name hosts or echo a reply), and says when Redis is reachable again.
+  failure it skips Redis for a retry interval, and it warns when an outage starts, then at
+  most once a minute (also when Redis flaps), naming the component and the error's type
+  only (an error's text may name hosts or echo a reply), and says when Redis is reachable
+  again.
 
 A component (the breaker's shared state, an affinity store, a health store) holds a
 `RedisClient` for the ``redis`` it was given and, if it can do without Redis for a while,
@@ -60,10 +65,11 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "POOL_SIZE",
+    "Batched",
     "Outage",
     "RedisClient",
     "Unavailable",
@@ -78,6 +84,7 @@ module docstring for why)."""
 _URL_REQUIRED = "must be a redis://, rediss:// or unix:// URL with a valid host and port"
 
 _T = TypeVar("_T")
+_I = TypeVar("_I")
 
 
 def _parse_url() -> Callable[[str], Any]:
@@ -149,10 +156,12 @@ class Unavailable(Exception):
 
 class Outage:
     """How a component fails open while Redis (or any shared store) is down: after a
-    failure, `skipping()` is true for `retry_interval` seconds; the first failure of an
-    outage is a warning, later ones at most one a minute; the first success after an
-    outage is an info line. Messages: `subject` (``"session affinity store"``), the error's
-    type, what the component does meanwhile (`fallback`)."""
+    failure, `skipping()` is true for `retry_interval` seconds. A failure is a warning
+    when none was logged in the last minute: so an outage is warned about when it starts,
+    then once a minute while it lasts, and a Redis that flaps (or a burst of calls that
+    outlast their bound) is at most one warning a minute. The first success after an outage
+    that was warned about is an info line. Messages: `subject` (``"session affinity
+    store"``), the error's type, what the component does meanwhile (`fallback`)."""
 
     WARN_EVERY = 60.0
 
@@ -172,6 +181,7 @@ class Outage:
         self._clock = clock
         self._down_until: float | None = None
         self._last_warning = -float("inf")
+        self._warned = False  # about the outage under way
 
     @property
     def down(self) -> bool:
@@ -185,10 +195,10 @@ class Outage:
 
     def failed(self, exc: BaseException) -> None:
         now = self._clock()
-        first = self._down_until is None
         self._down_until = now + self.retry_interval
-        if first or now - self._last_warning >= self.WARN_EVERY:
+        if now - self._last_warning >= self.WARN_EVERY:
             self._last_warning = now
+            self._warned = True
             # The exception's type only: its text may name hosts or echo a reply.
             self.logger.warning(
                 "%s unavailable (%s); %s; trying again in %.3g s",
@@ -201,7 +211,9 @@ class Outage:
     def succeeded(self) -> None:
         if self._down_until is not None:
             self._down_until = None
-            self.logger.info("%s is reachable again", self.subject)
+            if self._warned:
+                self._warned = False
+                self.logger.info("%s is reachable again", self.subject)
 
 
 class RedisClient:
@@ -292,3 +304,38 @@ class RedisClient:
 
     def __repr__(self) -> str:  # never the URL: it may hold a password
         return f"RedisClient({'url' if self.owned else type(self._given).__name__})"
+
+
+class Batched(Generic[_I, _T]):
+    """The items added in one turn of the event loop, sent together by one call of
+    `send(items)` in a task of its own (which starts at the next turn, once every caller
+    of this turn has added its item). Each caller gets the call's result and its item's
+    index; cancelling a caller never cancels the call the others wait for."""
+
+    def __init__(self, send: Callable[[list[_I]], Awaitable[_T]]) -> None:
+        self._send = send
+        self._items: list[_I] | None = None
+        self._task: asyncio.Task[_T] | None = None
+        self._tasks: set[asyncio.Task[_T]] = set()
+
+    async def add(self, item: _I) -> tuple[_T, int, int]:
+        """``(result, index of item, how many items the call sent)``."""
+        items, task = self._items, self._task
+        if items is None or task is None:
+            items = self._items = []
+            task = self._task = asyncio.get_running_loop().create_task(self._run(items))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        items.append(item)
+        index = len(items) - 1
+        return await asyncio.shield(task), index, len(items)
+
+    async def _run(self, items: list[_I]) -> _T:
+        if self._items is items:  # items added from now on make the next batch
+            self._items = self._task = None
+        return await self._send(items)
+
+    async def aclose(self) -> None:
+        """Wait for the calls under way."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -21,13 +21,14 @@ budget (or has made it current): every store call is bounded and guarded. A look
 fails or runs out of time routes the request as if the session were new; a record that
 does (after the answer) changes nothing for the request, whose answer stands. After a
 failure the store is skipped for `retry_interval` seconds (requests route without it
-meanwhile, instead of each paying the timeout), and a warning is logged once per outage,
-then at most once a minute: the error's type only, never the session id.
+meanwhile, instead of each paying the timeout), and a warning is logged when an outage
+starts, then at most once a minute: the error's type only, never the session id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -117,10 +118,12 @@ class MemoryAffinityStore:
 class RedisAffinityStore:
     """Sessions shared by every replica through Redis (a URL or a ``redis.asyncio``
     client; see `pipeline._redis` for the connection pool): one key per session under
-    `namespace`, expiring `ttl` seconds after its last record. Each call gives up after
-    `timeout` seconds; errors and timeouts are logged (once per outage, then at most once a
-    minute) and treated as "no affinity", never raised; after one, Redis is skipped for
-    `retry_interval` seconds."""
+    `namespace`, expiring `ttl` seconds after its last record. The lookups of one turn of
+    the event loop are one ``MGET``, its records one pipelined round trip, so a thousand
+    requests at once cost Redis two calls, not two thousand. Each call gives up after
+    `timeout` seconds; errors and timeouts are logged (when an outage starts, then at most
+    once a minute) and treated as "no affinity", never raised; after one, Redis is skipped
+    for `retry_interval` seconds."""
 
     def __init__(
         self,
@@ -140,29 +143,42 @@ class RedisAffinityStore:
         self._outage = _redis.Outage(
             _logger, "session affinity store: Redis", _FALLBACK, retry_interval
         )
+        # The lookups and the records of one turn of the event loop: one call each.
+        self._lookups = _redis.Batched(self._look_up)
+        self._records = _redis.Batched(self._record)
 
     async def get(self, session_id: str) -> str | None:
-        key = f"{self.namespace}:{session_id}"
-        try:
-            raw = await self._redis.attempt(self._outage, lambda client: client.get(key))
-        except _redis.Unavailable:
-            return None
+        routes, index, _ = await self._lookups.add(f"{self.namespace}:{session_id}")
+        raw = routes[index] if routes is not None else None
         if raw is None:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
-    async def set(self, session_id: str, route_name: str) -> None:
-        key = f"{self.namespace}:{session_id}"
-        ttl_ms = max(1, round(self.settings.ttl * 1000))
+    async def _look_up(self, keys: list[str]) -> list[Any] | None:
         try:
-            await self._redis.attempt(
-                self._outage, lambda client: client.set(key, route_name, px=ttl_ms)
-            )
+            return list(await self._redis.attempt(self._outage, lambda client: client.mget(keys)))
         except _redis.Unavailable:
-            return
+            return None
+
+    async def set(self, session_id: str, route_name: str) -> None:
+        await self._records.add((f"{self.namespace}:{session_id}", route_name))
+
+    async def _record(self, records: list[tuple[str, str]]) -> None:
+        ttl_ms = max(1, round(self.settings.ttl * 1000))
+
+        async def write(client: Any) -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                for key, route_name in records:
+                    pipe.set(key, route_name, px=ttl_ms)
+                await pipe.execute()
+
+        with contextlib.suppress(_redis.Unavailable):  # logged; the next record may land
+            await self._redis.attempt(self._outage, write)
 
     async def aclose(self) -> None:
         """Close the client made from a URL (a client of your own stays open)."""
+        await self._lookups.aclose()
+        await self._records.aclose()
         await self._redis.aclose()
 
 

@@ -195,12 +195,41 @@ async def test_an_outage_is_skipped_then_retried_and_warned_about_sparingly(
     assert await attempt(failing) == "unavailable"  # a minute on: warned again
     assert tried == pytest.approx([100.0, 105.1, 165.1])
     clock.now += 5
+    assert await attempt(working) == "answer"  # reachable again
+    # Flapping: a new outage within a minute of the last warning is not warned about at
+    # once, and its end is not announced unless it was; after a minute, it is.
+    assert await attempt(failing) == "unavailable"
+    clock.now += 5
     assert await attempt(working) == "answer"
-    assert await attempt(failing) == "unavailable"  # a new outage: warned at once
+    assert await attempt(failing) == "unavailable"
+    clock.now += 60
+    assert await attempt(failing) == "unavailable"
     messages = [(r.levelname, r.getMessage()) for r in caplog.records]
     warning = (
         "WARNING",
         "thing: Redis unavailable (ConnectionError); going on alone; trying again in 5 s",
     )
-    assert messages == [warning, warning, ("INFO", "thing: Redis is reachable again"), warning]
+    back = ("INFO", "thing: Redis is reachable again")
+    assert messages == [warning, warning, back, warning]
     assert "CANARY" not in caplog.text
+
+
+async def test_the_items_of_one_loop_turn_are_sent_together() -> None:
+    sent: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def send(items: list[int]) -> int:
+        sent.append(list(items))
+        await release.wait()
+        return sum(items)
+
+    batched: _redis.Batched[int, int] = _redis.Batched(send)
+    first = [asyncio.create_task(batched.add(i)) for i in range(5)]
+    await asyncio.sleep(0)  # one turn: the five are sent together
+    later = asyncio.create_task(batched.add(10))  # the next batch
+    first[0].cancel()  # a caller giving up leaves the call to the others
+    release.set()
+    assert await asyncio.gather(*first[1:]) == [(10, i, 5) for i in range(1, 5)]
+    assert await later == (10, 0, 1)
+    assert sent == [[0, 1, 2, 3, 4], [10]]
+    await batched.aclose()

@@ -305,3 +305,19 @@ async def test_a_paused_redis_store_is_skipped_for_its_retry_interval(
     assert "Redis unavailable (TimeoutError)" in warning
     await store.aclose()
     await client.aclose()
+
+
+async def test_the_lookups_and_records_of_one_moment_are_one_call_each(redis_url: str) -> None:
+    client = counting_client(redis_url)
+    namespace = f"affinity-batch-{uuid.uuid4().hex[:8]}"
+    store = RedisAffinityStore(client, ttl=60, namespace=namespace)
+    await client.mset({f"{namespace}:s-{i}": "b" for i in range(0, 100, 2)})
+    client.sent.clear()
+    found = await asyncio.gather(*(store.get(f"s-{i}") for i in range(100)))
+    assert found == ["b", None] * 50
+    assert client.sent == ["MGET"]
+    await asyncio.gather(*(store.set(f"s-{i}", "c") for i in range(100)))  # one pipeline
+    assert await client.mget([f"{namespace}:s-{i}" for i in range(100)]) == [b"c"] * 100
+    assert 0 < await client.pttl(f"{namespace}:s-99") <= 60_000
+    await store.aclose()
+    await client.aclose()

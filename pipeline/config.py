@@ -73,8 +73,13 @@ from pydantic import Field, model_validator
 from middleware.breaker import BreakerSettings
 from middleware.retry import RetrySettings
 from middleware.routing._semantic_settings import SemanticSettings
-from middleware.routing.affinity import AffinitySettings
-from middleware.routing.context import RouteFacts
+from middleware.routing.affinity import (
+    AffinitySettings,
+    MemoryAffinityStore,
+    RedisAffinityStore,
+    SessionAffinity,
+)
+from middleware.routing.context import Route, RouteFacts
 from middleware.routing.failover import FailoverSettings
 from pipeline._settings import Settings, collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
@@ -83,7 +88,7 @@ from pipeline.errors import ConfigError
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
-    EmbeddingsSettings,
+    Credentials,
     EnvironmentVariable,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
@@ -91,13 +96,10 @@ from pipeline.providers._settings import (
     OllamaSettings,
     OpenAIEmbeddingsSettings,
     OpenAISettings,
-    ProviderSettings,
     ScriptedSettings,
 )
 
 if TYPE_CHECKING:
-    from middleware.routing.affinity import SessionAffinity
-    from middleware.routing.context import Route
     from pipeline.gateway.settings import GatewaySettings
 
 __all__ = [
@@ -126,6 +128,15 @@ __all__ = [
 
 ENVIRONMENT_VARIABLE = "CHAT_PIPELINE_ENV"
 
+_S = TypeVar("_S", bound=Settings)
+
+
+def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
+    """The layer's `settings` from a table built on them (a table adds keys only a file
+    needs, such as ``kind`` or ``redis_url_env``), with `changes`."""
+    values = {key: getattr(table, key) for key in settings.model_fields}
+    return settings(**{**values, **changes})
+
 # -- routes ------------------------------------------------------------------------------------
 
 
@@ -149,10 +160,8 @@ class BreakerConfig(BreakerSettings):
     def breaker_settings(self, route_name: str) -> BreakerSettings:
         """The layer's settings: named after the route unless named, Redis from the
         environment (checked when the file was loaded)."""
-        fields = {key: getattr(self, key) for key in BreakerSettings.model_fields}
-        fields["name"] = self.name or route_name
-        fields["redis"] = os.environ.get(self.redis_url_env) if self.redis_url_env else None
-        return BreakerSettings(**fields)
+        redis = os.environ.get(self.redis_url_env) if self.redis_url_env else None
+        return _settings_of(BreakerSettings, self, name=self.name or route_name, redis=redis)
 
 
 class _RouteTable(RouteFacts):
@@ -164,8 +173,6 @@ class _RouteTable(RouteFacts):
 
     def route(self, name: str, client: ChatClient) -> Route:
         """The route: `client` behind this table's breaker and retry, with its facts."""
-        from middleware.routing.context import Route
-
         if self.breaker is not None or self.retry is not None:
             builder = ChatPipeline.builder()
             if self.breaker is not None:
@@ -229,12 +236,7 @@ class AffinityConfig(AffinitySettings):
         return self
 
     def session_affinity(self) -> SessionAffinity:
-        from middleware.routing.affinity import (
-            MemoryAffinityStore,
-            RedisAffinityStore,
-            SessionAffinity,
-        )
-
+        """The `SessionAffinity` this table describes."""
         if self.store == "redis" and self.redis_url_env is not None:
             url = os.environ[self.redis_url_env]  # checked when the file was loaded
             return SessionAffinity(RedisAffinityStore(url, self.ttl, timeout=self.timeout))
@@ -242,7 +244,7 @@ class AffinityConfig(AffinitySettings):
 
 
 _Reference = Literal["names", "keys", "values", "keys_and_values"]
-_Routes = Mapping[str, "Route"]
+_Routes = Mapping[str, Route]
 
 
 class _RouterTable(Settings):
@@ -267,9 +269,7 @@ class _FailoverRouterTable(FailoverSettings, _RouterTable):
     affinity: AffinityConfig | None = None
 
     def failover_settings(self) -> FailoverSettings:
-        return FailoverSettings(
-            **{key: getattr(self, key) for key in FailoverSettings.model_fields}
-        )
+        return _settings_of(FailoverSettings, self)
 
     def session_affinity(self) -> SessionAffinity | None:
         return self.affinity.session_affinity() if self.affinity is not None else None
@@ -357,14 +357,11 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
     ) -> None:
-        settings = SemanticSettings(
-            **{key: getattr(self, key) for key in SemanticSettings.model_fields}
-        )
         builder.use_semantic_routing(
             self.embeddings.generator(secrets.get("router.embeddings")),
             {routes[name]: utterances for name, utterances in self.profiles.items()},
             routes[self.default],
-            settings=settings,
+            settings=_settings_of(SemanticSettings, self),
         )
 
 
@@ -581,9 +578,7 @@ def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
         )
 
 
-def _secret(
-    problems: _Problems, settings: ProviderSettings | EmbeddingsSettings, path: str
-) -> str | None:
+def _secret(problems: _Problems, settings: Credentials, path: str) -> str | None:
     """The API key `settings` names (or its provider's default variable holds): a
     variable named in the file, or the key of a vendor's own endpoint, must be set."""
     variable = settings.key_variable()

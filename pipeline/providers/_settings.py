@@ -29,6 +29,7 @@ __all__ = [
     "AnthropicSettings",
     "AzureOpenAISettings",
     "ChatCompletionsSettings",
+    "Credentials",
     "EmbeddingsSettings",
     "EnvironmentVariable",
     "HTTPProviderSettings",
@@ -77,23 +78,27 @@ HttpUrl = Annotated[str, AfterValidator(_http_url)]
 """An http(s) URL with a host and without credentials."""
 
 
-class ProviderSettings(Settings):
-    """How a route reaches its model: `client()` builds the provider's client."""
+class Credentials(Settings):
+    """Where an API key comes from: by default, nowhere (the service takes none)."""
 
     def key_variable(self) -> str | None:
-        """The environment variable holding the API key (None: the provider takes none)."""
+        """The environment variable holding the API key (None: no key is taken)."""
         return None
 
     def requires_key(self) -> bool:
         """Whether that variable must be set (the vendors' own endpoints need a key)."""
         return False
 
+
+class ProviderSettings(Credentials):
+    """How a route reaches its model: `client()` builds the provider's client."""
+
     @abc.abstractmethod
     def client(self, name: str, api_key: str | None) -> ChatClient:
         """The provider's client, named `name`, authenticated with `api_key`."""
 
 
-class KeyedEndpoint(Settings):
+class KeyedEndpoint(Credentials):
     """An endpoint taking an API key from the variable `api_key_env` names, else from
     `default_key_variable` (the one the provider's constructor reads)."""
 
@@ -257,16 +262,8 @@ class ScriptedSettings(ProviderSettings):
 # -- embeddings (a semantic router's) ---------------------------------------------------------
 
 
-class EmbeddingsSettings(Settings):
+class EmbeddingsSettings(Credentials):
     """How a semantic router embeds: `generator()` builds the embedding generator."""
-
-    def key_variable(self) -> str | None:
-        """The environment variable holding the API key (None: the generator takes none)."""
-        return None
-
-    def requires_key(self) -> bool:
-        """Whether that variable must be set."""
-        return False
 
     @abc.abstractmethod
     def generator(self, api_key: str | None) -> EmbeddingGenerator:

@@ -449,6 +449,19 @@ async def test_an_anthropic_route_and_max_tokens_field(
 # -- typed tables ----------------------------------------------------------------------------
 
 
+def semantic(embeddings: dict[str, Any]) -> dict[str, Any]:
+    """Two scripted routes under a semantic router with these `embeddings`."""
+    return {
+        "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+        "router": {
+            "kind": "semantic",
+            "default": "a",
+            "profiles": {"b": ["x"]},
+            "embeddings": embeddings,
+        },
+    }
+
+
 def test_routes_and_routers_are_typed_by_their_discriminator(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -536,45 +549,21 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
             },
         ),
         (
-            {
-                "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
-                "router": {
-                    "kind": "semantic",
-                    "default": "a",
-                    "profiles": {"b": ["x"]},
-                    "embeddings": {"provider": "hashing", "dimensions": 1, "dimensionz": 3},
-                },
-            },
+            semantic({"provider": "hashing", "dimensions": 1, "dimensionz": 3}),
             {
                 "router.embeddings.dimensions": "expected at least 2, got 1",
                 "router.embeddings.dimensionz": "unknown setting; did you mean 'dimensions'?",
             },
         ),
         (
-            {
-                "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
-                "router": {
-                    "kind": "semantic",
-                    "default": "a",
-                    "profiles": {"b": ["x"]},
-                    "embeddings": {"provider": "hashin"},
-                },
-            },
+            semantic({"provider": "hashin"}),
             {
                 "router.embeddings.provider": "expected one of ['hashing', 'openai'], got "
                 "'hashin'; did you mean 'hashing'?"
             },
         ),
         (
-            {
-                "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
-                "router": {
-                    "kind": "semantic",
-                    "default": "a",
-                    "profiles": {"b": ["x"]},
-                    "embeddings": {},
-                },
-            },
+            semantic({}),
             {"router.embeddings.provider": "is required (one of ['hashing', 'openai'])"},
         ),
         (
@@ -659,7 +648,6 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         assert settings.default_key_variable == client.api_key_env
     assert OllamaChatClient.api_key_env is None
     assert OllamaSettings(model="m").key_variable() is None
-    assert typing.get_args(field(ChatCompletionsSettings, "max_tokens_field")) == ()
     allowed = typing.get_args(ChatCompletionsSettings.model_fields["max_tokens_field"].annotation)
     assert typing.get_args(allowed[0]) == MAX_TOKENS_FIELDS
 
@@ -667,63 +655,35 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
 async def test_an_unset_timeout_keeps_the_constructors_default() -> None:
     from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 
-    defaults = {
-        "openai": OpenAIChatClient("m", api_key="k")._http.timeout,
-        "anthropic": AnthropicChatClient("m", api_key="k")._http.timeout,
-    }
-    config = parse_config(
-        {
-            "routes": {
-                "openai": {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9"},
-                "anthropic": {
-                    "provider": "anthropic",
-                    "model": "m",
-                    "base_url": "http://127.0.0.1:9",
-                },
-                "slow": {
-                    "provider": "openai",
-                    "model": "m",
-                    "base_url": "http://127.0.0.1:9",
-                    "timeout": 300,
-                },
-            },
-            "router": {"kind": "ordered", "order": ["openai", "anthropic", "slow"]},
-        }
-    )
-    clients = {name: config.build_route(name).client for name in config.routes}
+    local = "http://127.0.0.1:9"
+    pairs = [
+        (OpenAIRouteConfig(model="m", base_url=local), OpenAIChatClient("m", api_key="k")),
+        (AnthropicRouteConfig(model="m", base_url=local), AnthropicChatClient("m", api_key="k")),
+    ]
+    slow = OpenAIRouteConfig(model="m", base_url=local, timeout=300).client("slow", None)
     try:
-        assert clients["openai"]._http.timeout == defaults["openai"]  # type: ignore[attr-defined]
-        assert clients["anthropic"]._http.timeout == defaults["anthropic"]  # type: ignore[attr-defined]
-        assert clients["slow"]._http.timeout.read == 300  # type: ignore[attr-defined]
-    finally:
-        for client in clients.values():
+        for table, constructed in pairs:
+            client = table.client("a", None)
+            assert client._http.timeout == constructed._http.timeout  # type: ignore[attr-defined]
             await client.aclose()
+        assert slow._http.timeout.read == 300  # type: ignore[attr-defined]
+    finally:
+        for _, constructed in pairs:
+            await constructed.aclose()
+        await slow.aclose()
 
 
-def test_loading_without_a_semantic_router_does_not_import_numpy(tmp_path: Path) -> None:
+def test_loading_without_a_semantic_router_does_not_import_numpy() -> None:
     import subprocess
     import sys
 
     example = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
-    semantic = write(
-        tmp_path,
-        """
-        [routes.a]
-        provider = "scripted"
-        [routes.b]
-        provider = "scripted"
-        [router]
-        kind = "semantic"
-        default = "a"
-        profiles = { b = ["refund"] }
-        embeddings = { provider = "hashing" }
-        """,
-    )
     code = (
-        "import sys; from pipeline.config import load_config;"
+        "import sys; from pipeline.config import load_config, parse_config;"
         f"config = load_config({str(example)!r}); loaded = 'numpy' in sys.modules;"
         "config.build(); built = 'numpy' in sys.modules;"
-        f"semantic = load_config({str(semantic)!r}); parsed = 'numpy' in sys.modules;"
+        f"semantic = parse_config({semantic({'provider': 'hashing'})!r});"
+        "parsed = 'numpy' in sys.modules;"
         "semantic.build(); print(loaded, built, parsed, 'numpy' in sys.modules)"
     )
     environment = {**os.environ, "OPENAI_API_KEY": "sk-test"}

@@ -137,6 +137,7 @@ def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
     values = {key: getattr(table, key) for key in settings.model_fields}
     return settings(**{**values, **changes})
 
+
 # -- routes ------------------------------------------------------------------------------------
 
 
@@ -152,8 +153,7 @@ class BreakerConfig(BreakerSettings):
     def _no_literal_redis(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "redis" in data:
             raise ValueError(
-                "redis: a URL may hold a password; name its environment variable with "
-                "redis_url_env"
+                "redis: a URL may hold a password; name its environment variable with redis_url_env"
             )
         return data
 
@@ -664,9 +664,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
         if router is not None and router.affinity is not None:
             _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
         if isinstance(router, SemanticRouterConfig):
-            secrets["router.embeddings"] = _secret(
-                problems, router.embeddings, "router.embeddings"
-            )
+            secrets["router.embeddings"] = _secret(problems, router.embeddings, "router.embeddings")
     gateway = None
     if "gateway" in base:
         from pipeline.gateway.settings import GatewaySettings

@@ -145,6 +145,8 @@ class HomeLoop:
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)
+        if thread is threading.current_thread():
+            return  # closed from a task of its own loop: it stops when that task yields
         thread.join()
         loop.close()
 

@@ -40,6 +40,7 @@ import base64
 import binascii
 import contextlib
 import json
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -148,6 +149,8 @@ class PipelineChatModel(BaseChatModel):
             metadata = metadata_of(self.chat)
             self.model_name = metadata.name or metadata.model_id or "pipeline"
         self._home = HomeLoop(_ADAPTER)
+        # A model dropped without close() still stops its private loop (if it started one).
+        weakref.finalize(self, self._home.close)
         return self
 
     @property

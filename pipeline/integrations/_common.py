@@ -11,13 +11,15 @@ from typing import Any
 
 from pipeline import _scope
 from pipeline.client import ChatClient, ensure_chat_client
-from pipeline.types import ChatMessage, ChatRole
+from pipeline.types import ChatMessage, ChatRole, Content
 
 __all__ = [
     "AgentTool",
+    "append_message",
     "ServedRoute",
     "check_agent_pipeline",
     "ensure_no_tool_results",
+    "ensure_not_tool_results",
     "route_report",
     "served_route",
 ]
@@ -92,16 +94,34 @@ def check_agent_pipeline(chat: object, adapter: str) -> ChatClient:
     return client
 
 
+def append_message(
+    conversation: list[ChatMessage], role: ChatRole, contents: Sequence[Content]
+) -> None:
+    """Add a message of `role` to `conversation`; a tool result joins the tool message
+    before it, so one message carries a turn's results (as the function-invocation layer
+    sends them)."""
+    if role is ChatRole.TOOL and conversation and conversation[-1].role is ChatRole.TOOL:
+        conversation[-1].contents.extend(contents)
+        return
+    conversation.append(ChatMessage(role, list(contents)))
+
+
+def ensure_not_tool_results(role: ChatRole | None, adapter: str) -> None:
+    """Raise when a response's message (or a streamed update) of `role` carries tool
+    results: a layer of the pipeline ran tools (one the construction check could not see,
+    behind a custom router)."""
+    if role is ChatRole.TOOL:
+        raise RuntimeError(
+            f"{adapter}: the pipeline answered with tool results, so a layer in it runs "
+            "tools; the agent runs its own tools: remove the pipeline's "
+            "function-invocation layer"
+        )
+
+
 def ensure_no_tool_results(messages: Sequence[ChatMessage], adapter: str) -> None:
-    """Raise when a response carries tool results: a layer of the pipeline ran tools (one
-    the construction check could not see, behind a custom router)."""
+    """`ensure_not_tool_results` for every message of a response."""
     for message in messages:
-        if message.role is ChatRole.TOOL:
-            raise RuntimeError(
-                f"{adapter}: the pipeline answered with tool results, so a layer in it runs "
-                "tools; the agent runs its own tools: remove the pipeline's "
-                "function-invocation layer"
-            )
+        ensure_not_tool_results(message.role, adapter)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,8 +69,10 @@ from pipeline.client import metadata_of
 from pipeline.integrations._common import (
     AgentTool,
     ServedRoute,
+    append_message,
     check_agent_pipeline,
     ensure_no_tool_results,
+    ensure_not_tool_results,
     route_report,
     served_route,
 )
@@ -285,8 +287,7 @@ class PipelineChatModel(BaseChatModel):
             finally:
                 _scope.exit_report(token)
             while update is not None:
-                if update.role is ChatRole.TOOL:
-                    ensure_no_tool_results([ChatMessage(ChatRole.TOOL)], _ADAPTER)
+                ensure_not_tool_results(update.role, _ADAPTER)
                 if update.usage is not None:
                     usage = update.usage if usage is None else usage + update.usage
                 finish_reason = update.finish_reason or finish_reason
@@ -422,22 +423,13 @@ def _user_contents(content: str | list[str | dict[str, Any]]) -> list[Content]:
     return contents
 
 
-def _append(conversation: list[ChatMessage], role: ChatRole, contents: list[Content]) -> None:
-    """Add a message; a tool result joins the tool message before it (one message carries
-    a turn's results)."""
-    if role is ChatRole.TOOL and conversation and conversation[-1].role is ChatRole.TOOL:
-        conversation[-1].contents.extend(contents)
-        return
-    conversation.append(ChatMessage(role, contents))
-
-
 def _conversation(messages: Sequence[BaseMessage]) -> list[ChatMessage]:
     conversation: list[ChatMessage] = []
     for message in messages:
         if isinstance(message, SystemMessage):
-            _append(conversation, ChatRole.SYSTEM, [TextContent(_text(message.content))])
+            append_message(conversation, ChatRole.SYSTEM, [TextContent(_text(message.content))])
         elif isinstance(message, HumanMessage):
-            _append(conversation, ChatRole.USER, _user_contents(message.content))
+            append_message(conversation, ChatRole.USER, _user_contents(message.content))
         elif isinstance(message, AIMessage):
             contents: list[Content] = []
             text = _text(message.content, skip=_SKIPPED_AI_BLOCKS)
@@ -447,13 +439,13 @@ def _conversation(messages: Sequence[BaseMessage]) -> list[ChatMessage]:
                 FunctionCallContent(call["id"] or "", call["name"], call["args"])
                 for call in message.tool_calls
             )
-            _append(conversation, ChatRole.ASSISTANT, contents)
+            append_message(conversation, ChatRole.ASSISTANT, contents)
         elif isinstance(message, ToolMessage):
             result = FunctionResultContent(message.tool_call_id, _text(message.content))
-            _append(conversation, ChatRole.TOOL, [result])
+            append_message(conversation, ChatRole.TOOL, [result])
         elif isinstance(message, RoleMessage) and message.role in _ROLES:
             role = _ROLES[message.role]
-            _append(conversation, role, _user_contents(message.content))
+            append_message(conversation, role, _user_contents(message.content))
         else:
             raise ValueError(
                 f"{_ADAPTER}: a {type(message).__name__} cannot be sent through the pipeline"

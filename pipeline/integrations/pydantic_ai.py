@@ -32,7 +32,7 @@ The pipeline stays the caller's: this model never closes it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -87,8 +87,10 @@ from pipeline.errors import FailureKind, ProviderError, RoutingError, classify
 from pipeline.integrations._common import (
     AgentTool,
     ServedRoute,
+    append_message,
     check_agent_pipeline,
     ensure_no_tool_results,
+    ensure_not_tool_results,
     route_report,
     served_route,
 )
@@ -362,8 +364,7 @@ class PipelineStreamedResponse(StreamedResponse):
             if mapped is None:
                 raise
             raise mapped from exc
-        if update.role is ChatRole.TOOL:
-            ensure_no_tool_results([ChatMessage(ChatRole.TOOL)], _ADAPTER)
+        ensure_not_tool_results(update.role, _ADAPTER)
         self._output_seen = True
         return update
 
@@ -455,31 +456,21 @@ def _user_contents(content: str | Sequence[Any]) -> list[Content]:
     return contents
 
 
-def _append(conversation: list[ChatMessage], role: ChatRole, contents: Iterable[Content]) -> None:
-    """Add contents as a message of `role`, joining a tool result to the tool message
-    before it (one message carries a turn's results)."""
-    items = list(contents)
-    if role is ChatRole.TOOL and conversation and conversation[-1].role is ChatRole.TOOL:
-        conversation[-1].contents.extend(items)
-        return
-    conversation.append(ChatMessage(role, items))
-
-
 def _request_messages(message: ModelRequest, conversation: list[ChatMessage]) -> None:
     for part in message.parts:
         if isinstance(part, SystemPromptPart):
-            _append(conversation, ChatRole.SYSTEM, [TextContent(part.content)])
+            append_message(conversation, ChatRole.SYSTEM, [TextContent(part.content)])
         elif isinstance(part, UserPromptPart):
-            _append(conversation, ChatRole.USER, _user_contents(part.content))
+            append_message(conversation, ChatRole.USER, _user_contents(part.content))
         elif isinstance(part, ToolReturnPart):
             result = FunctionResultContent(part.tool_call_id, part.model_response_str())
-            _append(conversation, ChatRole.TOOL, [result])
+            append_message(conversation, ChatRole.TOOL, [result])
         elif isinstance(part, RetryPromptPart):  # legacy parts in a stored history
             if part.tool_name is None:
-                _append(conversation, ChatRole.USER, [TextContent(part.model_response())])
+                append_message(conversation, ChatRole.USER, [TextContent(part.model_response())])
             else:
                 result = FunctionResultContent(part.tool_call_id, part.model_response())
-                _append(conversation, ChatRole.TOOL, [result])
+                append_message(conversation, ChatRole.TOOL, [result])
         else:
             raise UserError(
                 f"{_ADAPTER}: a request part of type {type(part).__name__} cannot be sent "

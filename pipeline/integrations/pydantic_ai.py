@@ -150,9 +150,6 @@ class PipelineModel(Model):
             "service_tier",
         }
     )
-    # The pipeline's contents carry images and files as data or by URL; which kinds a
-    # route accepts is the route's business, as with any other client of the pipeline.
-    _announces_lookalike_notes = False
 
     def __init__(
         self,

@@ -36,11 +36,12 @@ Promises, to every component built on it:
   again.
 
 A component (the breaker's shared state, an affinity store, a health store) holds a
-`RedisClient` for the ``redis`` it was given and, if it can do without Redis for a while,
-an `Outage`; each of its operations is a function of the client, run with
-``client.attempt(outage, operation)`` (fail open: `Unavailable`) or ``client.call(operation)``
-(raise), and its Lua with ``client.evaluate(redis, SOURCE, keys, args)`` inside an
-operation or ``client.script(SOURCE, keys, args)`` alone.
+`RedisClient` (``shared``) for the ``redis`` it was given and, if it can do without Redis
+for a while, an `Outage`. Each of its operations is a function of the ``redis.asyncio``
+client, run with ``shared.attempt(outage, operation)`` (failing open: `Unavailable`) or
+``shared.call(operation)`` (raising); its Lua runs with ``shared.evaluate(client, SOURCE,
+keys, args)`` inside an operation, or ``shared.script(SOURCE, keys, args)`` alone; calls
+that may come by the thousand go through a `Batched`.
 
 Pool size: a process's Redis throughput is bounded by its own CPU (redis-py spends about
 0.1 ms of Python per command), not by connections: 1,000 concurrent commands from one

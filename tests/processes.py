@@ -203,6 +203,9 @@ class ChildProcess:
                     self._changed.wait_for(lambda: self._output_ended, timeout=1)
                     if len(self.lines) > seen and time.monotonic() < deadline:
                         continue
+                    # A child that closed its output is about to exit: tell its status.
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.process.wait(timeout=1)
                     raise self._failure(self._exited() or "it closed its output")
                 left = deadline - time.monotonic()
                 if left <= 0:

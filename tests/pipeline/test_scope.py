@@ -112,21 +112,27 @@ def test_a_route_report_starts_empty() -> None:
 # -- attempt_timed_out ---------------------------------------------------------------------
 
 
-async def test_an_attempt_timeout_that_fired_is_seen_while_the_attempt_is_cancelled() -> None:
-    seen: list[bool] = []
-    timeout = asyncio.timeout(0)
-    token = enter_attempt_timeout(timeout)
+async def attempt(limit: asyncio.Timeout, waiting: asyncio.Event, seen: list[bool]) -> None:
+    """An attempt under `limit`, as a router runs it: records what `attempt_timed_out()`
+    says before it waits, and while it is being cancelled."""
+    token = enter_attempt_timeout(limit)
     try:
-        with pytest.raises(TimeoutError):
-            async with timeout:
-                seen.append(attempt_timed_out())  # not fired yet: nothing was awaited
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    seen.append(attempt_timed_out())
-                    raise
+        async with limit:
+            seen.append(attempt_timed_out())
+            waiting.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                seen.append(attempt_timed_out())
+                raise
     finally:
         exit_attempt_timeout(token)
+
+
+async def test_an_attempt_timeout_that_fired_is_seen_while_the_attempt_is_cancelled() -> None:
+    seen: list[bool] = []
+    with pytest.raises(TimeoutError):
+        await attempt(asyncio.timeout(0), asyncio.Event(), seen)
     assert seen == [False, True]
     assert attempt_timed_out() is False
 
@@ -134,27 +140,12 @@ async def test_an_attempt_timeout_that_fired_is_seen_while_the_attempt_is_cancel
 async def test_a_callers_cancellation_is_not_an_attempt_timeout() -> None:
     waiting = asyncio.Event()
     seen: list[bool] = []
-
-    async def attempt() -> None:
-        timeout = asyncio.timeout(3600)
-        token = enter_attempt_timeout(timeout)
-        try:
-            async with timeout:
-                waiting.set()
-                try:
-                    await asyncio.Event().wait()
-                except asyncio.CancelledError:
-                    seen.append(attempt_timed_out())
-                    raise
-        finally:
-            exit_attempt_timeout(token)
-
-    task = asyncio.create_task(attempt())
+    task = asyncio.create_task(attempt(asyncio.timeout(3600), waiting, seen))
     await waiting.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert seen == [False]
+    assert seen == [False, False]
 
 
 # -- operations ------------------------------------------------------------------------------

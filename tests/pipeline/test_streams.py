@@ -340,12 +340,16 @@ async def test_opening_that_raises_is_reported_once_and_propagates() -> None:
 # -- forward: how a stream ended, and closing it exactly once -----------------------------
 
 
-async def test_a_failing_inner_stream_fails_after_being_closed_once() -> None:
-    error = ValueError("bad chunk")
-    inner = Inner("a", error=error)
+@pytest.mark.parametrize("failing", ["reading", "closing"])
+async def test_a_stream_failing_to_read_or_to_close_failed_and_was_closed_once(
+    failing: str,
+) -> None:
+    # A close error fails a stream that had completed, like an error while reading.
+    error = OSError("reset")
+    inner = Inner("a", error=error) if failing == "reading" else Inner("a", close_error=error)
     watcher = Recorder()
     texts: list[str] = []
-    with pytest.raises(ValueError) as raised:
+    with pytest.raises(OSError) as raised:
         async for u in forward(lambda: inner, watcher):
             texts.append(u.text)
     assert raised.value is error and texts == ["a"]
@@ -365,51 +369,30 @@ async def test_a_failing_stream_that_also_fails_to_close_keeps_its_error_with_a_
     assert inner.closes == 1
 
 
-async def test_a_close_error_fails_a_stream_that_had_completed() -> None:
-    close_error = OSError("reset")
-    inner = Inner("a", close_error=close_error)
-    watcher = Recorder()
-    texts: list[str] = []
-    with pytest.raises(OSError) as raised:
-        async for u in forward(lambda: inner, watcher):
-            texts.append(u.text)
-    assert raised.value is close_error and texts == ["a"]
-    assert watcher.ends() == [("end", "failed", close_error)]
-    assert inner.closes == 1
-
-
-async def test_a_caller_closing_the_stream_abandons_it() -> None:
-    inner = Inner("a", "b")
-    watcher = Recorder()
-    stream = forward(lambda: inner, watcher)
-    assert (await anext(stream)).text == "a"
-    await stream.aclose()
-    assert watcher.ends() == [("end", "abandoned", None)]
-    assert (inner.closes, inner.reads) == (1, 1)
-
-
-async def test_a_close_error_replaces_the_generator_exit_of_an_abandoned_stream() -> None:
-    close_error = OSError("reset")
+@pytest.mark.parametrize(
+    ("stop", "close_error"),
+    [("aclose", None), ("aclose", OSError("reset")), ("athrow", None)],
+    ids=["closed", "closed-and-closing-fails", "thrown-into"],
+)
+async def test_a_caller_that_stops_reading_abandons_the_stream(
+    stop: str, close_error: OSError | None
+) -> None:
+    # What the caller threw propagates; a close error replaces the GeneratorExit of a close.
     inner = Inner("a", "b", close_error=close_error)
     watcher = Recorder()
     stream = forward(lambda: inner, watcher)
-    await anext(stream)
-    with pytest.raises(OSError) as raised:
-        await stream.aclose()
-    assert raised.value is close_error
+    assert (await anext(stream)).text == "a"
+    raised: BaseException | None = None
+    try:
+        await (stream.aclose() if stop == "aclose" else stream.athrow(KeyError("stop")))
+    except (OSError, KeyError) as exc:
+        raised = exc
+    if close_error is not None:
+        assert raised is close_error
+    else:
+        assert isinstance(raised, KeyError) if stop == "athrow" else raised is None
     assert watcher.ends() == [("end", "abandoned", close_error)]
-    assert inner.closes == 1
-
-
-async def test_throwing_into_the_stream_abandons_it_and_propagates() -> None:
-    inner = Inner("a", "b")
-    watcher = Recorder()
-    stream = forward(lambda: inner, watcher)
-    await anext(stream)
-    with pytest.raises(KeyError):
-        await stream.athrow(KeyError("stop"))
-    assert watcher.ends() == [("end", "abandoned", None)]
-    assert inner.closes == 1
+    assert (inner.closes, inner.reads) == (1, 1)
 
 
 async def test_a_caller_cancelled_while_holding_an_update_is_canceled() -> None:

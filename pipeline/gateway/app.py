@@ -297,10 +297,10 @@ class Gateway:
         if self.settings.redis_url_env:
             variables["gateway"] = self.settings.redis_url_env
         for name, route in self.config.routes.items():
-            breaker = getattr(route, "breaker", None)
+            breaker = route.breaker
             if breaker is not None and breaker.redis_url_env:
                 variables[f"routes.{name}.breaker"] = breaker.redis_url_env
-        affinity = getattr(self.config.router, "affinity", None)
+        affinity = self.config.router.affinity if self.config.router is not None else None
         if affinity is not None and affinity.redis_url_env:
             variables["router.affinity"] = affinity.redis_url_env
         if not variables:

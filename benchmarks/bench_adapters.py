@@ -170,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
     env = peers.child_env()
     bench = os.path.abspath(peers.__file__)
     script = os.path.abspath(__file__)
-    server_argv = [sys.executable, bench, "--serve", str(peers.free_port())]
+    server_argv = [sys.executable, bench, "--serve", "0"]  # it reports the port it got
     server = peers.Child(server_argv + (["--cpu", str(server_cpu)] if two_cores else []), env)
     children: dict[str, peers.Child] = {}
     try:

@@ -21,7 +21,7 @@ from typing import Any
 
 from tests.processes import ChildProcess, StartError, free_port
 
-__all__ = ["RedisServer", "free_port", "running_redis", "running_redis_server"]
+__all__ = ["RedisServer", "counting_client", "free_port", "running_redis", "running_redis_server"]
 
 # What redis-server logs before exiting when its port is taken.
 _PORT_TAKEN = "Address already in use"

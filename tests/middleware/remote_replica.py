@@ -1,5 +1,7 @@
 """Drive a replica process (``python -m tests.middleware.<x>_replica ...``) over its stdin
-and stdout: one command a line, one answer a line, every wait bounded."""
+and stdout: one command a line, one answer a line, every wait bounded. (Servers the suites
+start go through `tests.processes`; a replica is a dialogue, driven from the test's event
+loop.)"""
 
 from __future__ import annotations
 

@@ -65,7 +65,6 @@ from typing import (
     TypeVar,
     get_args,
 )
-from urllib.parse import urlsplit
 
 import pydantic
 from pydantic import Field, model_validator
@@ -239,7 +238,11 @@ class AffinityConfig(AffinitySettings):
         """The `SessionAffinity` this table describes."""
         if self.store == "redis" and self.redis_url_env is not None:
             url = os.environ[self.redis_url_env]  # checked when the file was loaded
-            return SessionAffinity(RedisAffinityStore(url, self.ttl, timeout=self.timeout))
+            return SessionAffinity(
+                RedisAffinityStore(
+                    url, self.ttl, timeout=self.timeout, retry_interval=self.retry_interval
+                )
+            )
         return SessionAffinity(MemoryAffinityStore(self.max_sessions, self.ttl))
 
 
@@ -563,19 +566,12 @@ def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
     if not url:
         problems.add(where, f"the environment variable {variable} is not set")
         return
+    from pipeline import _redis
+
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        problems.add(where, f"the environment variable {variable} holds a malformed URL")
-        return
-    if parts.scheme not in ("redis", "rediss", "unix") or (
-        parts.scheme != "unix" and not parts.hostname
-    ):
-        problems.add(
-            where,
-            f"the environment variable {variable} must hold a redis://, rediss:// or unix:// URL",
-        )
+        _redis.check_url(url)
+    except ValueError as exc:
+        problems.add(where, f"the environment variable {variable} {exc}")
 
 
 def _secret(problems: _Problems, settings: Credentials, path: str) -> str | None:

@@ -17,10 +17,11 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from tests.processes import ChildProcess, StartError, free_port
 
-__all__ = ["RedisServer", "free_port", "running_redis", "running_redis_server"]
+__all__ = ["RedisServer", "counting_client", "free_port", "running_redis", "running_redis_server"]
 
 # What redis-server logs before exiting when its port is taken.
 _PORT_TAKEN = "Address already in use"
@@ -101,3 +102,18 @@ def running_redis(timeout: float = 20.0) -> Iterator[str]:
     """Yield the URL of a fresh redis-server; it is stopped afterwards."""
     with running_redis_server(timeout) as server:
         yield server.url
+
+
+def counting_client(url: str) -> Any:
+    """A real ``redis.asyncio`` client for `url` that records the commands it sends (in
+    `sent`, upper-case names), to show how many round trips a component makes."""
+    import redis.asyncio as redis_asyncio
+
+    class CountingRedis(redis_asyncio.Redis):  # type: ignore[misc]
+        async def execute_command(self, *args: Any, **options: Any) -> Any:
+            self.sent.append(str(args[0]).upper())
+            return await super().execute_command(*args, **options)
+
+    client = CountingRedis.from_url(url)
+    client.sent = []
+    return client

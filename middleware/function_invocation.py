@@ -105,8 +105,10 @@ class FunctionInvocationSettings(Settings):
     """How the tool loop runs: at most `max_iterations` rounds of tool calls, a turn's
     calls concurrently when `allow_concurrent`, exception detail in tool results only with
     `include_detailed_errors`; a tool call's idempotency claim holds for `claim_ttl`
-    seconds (longer than your slowest tool: a process that dies mid-call frees its key
-    after this long, and another caller waits at most this long for a run elsewhere)."""
+    seconds (longer than your slowest tool: a run holds its key at most this long, and
+    another caller waits at most this long for a run elsewhere; a process that dies
+    mid-call frees its key after this long, or after the lease of a store whose claims are
+    leases, such as the Redis store)."""
 
     max_iterations: Annotated[int, Field(ge=1)] = 10
     allow_concurrent: bool = True

@@ -261,6 +261,7 @@ class TelemetryChatClient(DelegatingChatClient):
         span, request = self._start(options)
         started = self._clock()
         report = RouteReport()
+        outer = _scope.current_report()
         token = otel_context.attach(trace.set_span_in_context(span))
         report_token = _scope.enter_report(report)
         try:
@@ -268,10 +269,12 @@ class TelemetryChatClient(DelegatingChatClient):
         except BaseException as exc:
             _scope.exit_report(report_token)
             otel_context.detach(token)
+            _pass_up(report, outer)
             self._end(span, request, started, report, how=ending_of(exc), error=exc)
             raise
         _scope.exit_report(report_token)
         otel_context.detach(token)
+        _pass_up(report, outer)
         self._end(
             span,
             request,
@@ -295,6 +298,17 @@ class TelemetryChatClient(DelegatingChatClient):
         )
 
 
+def _pass_up(report: RouteReport, outer: RouteReport | None) -> None:
+    """Tell the routing story a router below wrote in this layer's report to the report
+    held open above this layer (another telemetry layer's, or a framework adapter's), so
+    the caller there learns which route served too."""
+    if outer is not None and report.route_name is not None:
+        outer.route_name = report.route_name
+        outer.metadata = report.metadata
+        outer.attempts = report.attempts
+        outer.fallback = report.fallback
+
+
 class _StreamTrace(StreamWatcher):
     """The span of one streamed request: started at the first read, current only while the
     layers beneath run (never while the caller holds an update, so the caller's own spans
@@ -305,6 +319,7 @@ class _StreamTrace(StreamWatcher):
         "first_chunk",
         "layer",
         "options",
+        "outer",
         "propagate",
         "report",
         "request",
@@ -322,6 +337,7 @@ class _StreamTrace(StreamWatcher):
         self.layer = layer
         self.options = options
         self.report = RouteReport()
+        self.outer: RouteReport | None = None
         self.response_id: str | None = None
         self.response_model: str | None = None
         self.finish_reason: str | None = None
@@ -329,6 +345,8 @@ class _StreamTrace(StreamWatcher):
         self.first_chunk: float | None = None
 
     def start(self) -> None:
+        # Taken at the first read, in the caller's context: a report held open above.
+        self.outer = _scope.current_report()
         layer = self.layer
         self.span, self.request = layer._start(self.options)
         self.started = layer._clock()
@@ -362,6 +380,7 @@ class _StreamTrace(StreamWatcher):
             self.usage = update.usage if self.usage is None else self.usage + update.usage
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        _pass_up(self.report, self.outer)
         self.layer._end(
             self.span,
             self.request,

@@ -97,6 +97,9 @@ SURFACES = {
         "reply",
     },
     "pipeline.gateway": {"GatewaySettings", "PIPELINE_MODEL", "create_app", "serve"},
+    "pipeline.integrations": set(),
+    "pipeline.integrations.pydantic_ai": {"PipelineModel", "PipelineStreamedResponse"},
+    "pipeline.integrations.langchain": {"PipelineChatModel"},
     "pipeline.errors": {
         "AttemptTimeoutError",
         "AuthenticationError",

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tests.e2e.scripted import ATTEMPTS_PER_PHASE, BACKUP_DELAY, run_phase
 from tests.e2e.servers import Prometheus, poll, running_prometheus
+from tests.processes import require_module
 
 pytestmark = pytest.mark.e2e
 
@@ -39,6 +40,11 @@ def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    require_module(
+        "opentelemetry.exporter.prometheus",
+        what="the Prometheus exporter (opentelemetry-exporter-prometheus)",
+        extra="e2e",
+    )
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 

@@ -48,11 +48,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar
 
 import pybreaker
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from pydantic import Field, StringConstraints, field_validator
 
 from middleware._breaker_redis import RedisBreakerState, from_ms, to_ms
 from pipeline import _redis, _scope
+from pipeline._semconv import (
+    BREAKER_FROM,
+    BREAKER_NAME,
+    BREAKER_SCOPE,
+    BREAKER_TO,
+    STATE_CHANGE_EVENT,
+    STATE_CHANGE_METRIC,
+    meter,
+)
 from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
@@ -73,12 +82,6 @@ __all__ = [
     "StateChangeListener",
     "counts_as_deployment_failure",
 ]
-
-STATE_CHANGE_EVENT = "chat_pipeline.circuit_breaker.state_change"
-STATE_CHANGE_METRIC = "chat_pipeline.circuit_breaker.state_changes"
-BREAKER_NAME = "chat_pipeline.circuit_breaker.name"
-BREAKER_FROM = "chat_pipeline.circuit_breaker.from"
-BREAKER_TO = "chat_pipeline.circuit_breaker.to"
 
 StateChangeListener = Callable[[str, str, str], None]
 
@@ -105,11 +108,8 @@ def counts_as_deployment_failure(exc: BaseException) -> bool:
 
 class _StateChangeAdapter(pybreaker.CircuitBreakerListener):
     def __init__(self, listener: StateChangeListener | None, meter_provider: Any) -> None:
-        from pipeline import __version__
-
         self._listener = listener
-        meter = metrics.get_meter("chat_pipeline.breaker", __version__, meter_provider)
-        self._changes = meter.create_counter(
+        self._changes = meter(BREAKER_SCOPE, meter_provider).create_counter(
             STATE_CHANGE_METRIC, unit="{change}", description="Circuit breaker state changes"
         )
 

@@ -33,6 +33,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_exponential, wait_random_exponential
 
 from pipeline._scope import current_budget
+from pipeline._semconv import RETRY_ATTEMPT, RETRY_DELAY, RETRY_EVENT
 from pipeline._settings import Settings
 from pipeline._streams import OpenedLater, close_stream
 from pipeline.client import ChatClient, DelegatingChatClient
@@ -40,10 +41,6 @@ from pipeline.errors import is_retryable, retry_after_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetrySettings"]
-
-RETRY_EVENT = "chat_pipeline.retry"
-RETRY_ATTEMPT = "chat_pipeline.retry.attempt"  # the number of the attempt about to start
-RETRY_DELAY = "chat_pipeline.retry.delay"  # seconds waited before it
 
 _T = TypeVar("_T")
 

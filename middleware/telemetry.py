@@ -24,13 +24,12 @@ from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind
 
-from middleware.routing._telemetry import ROUTE_ATTEMPTS, ROUTE_FALLBACK, ROUTE_NAME
 from pipeline import _scope
 from pipeline._genai import (
     ERROR_STATUS,
@@ -40,6 +39,15 @@ from pipeline._genai import (
 )
 from pipeline._metrics import gen_ai_client_histograms
 from pipeline._scope import RouteReport
+from pipeline._semconv import (
+    PIPELINE_SCOPE,
+    REQUEST_END,
+    ROUTE_ATTEMPTS,
+    ROUTE_FALLBACK,
+    ROUTE_NAME,
+    meter,
+    tracer,
+)
 from pipeline._streams import StreamEnd, StreamWatcher, ending_of, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
@@ -50,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = ["REQUEST_END", "TelemetryChatClient", "latest_experimental_semconv"]
 
-INSTRUMENTATION_NAME = "chat_pipeline"
 _CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
 _INPUT = gen_ai.GenAiTokenTypeValues.INPUT.value
 _OPERATION = gen_ai.GEN_AI_OPERATION_NAME
@@ -59,10 +66,6 @@ _SYSTEM = gen_ai.GEN_AI_SYSTEM
 _MODEL = gen_ai.GEN_AI_REQUEST_MODEL
 _METRIC_KEYS = (_OPERATION, _PROVIDER, _SYSTEM, _MODEL, SERVER_ADDRESS, SERVER_PORT)
 _OUTPUT = gen_ai.GenAiTokenTypeValues.OUTPUT.value
-
-
-REQUEST_END = "chat_pipeline.request.end"
-"""On a request's span: ``canceled`` or ``abandoned`` when the caller ended it early."""
 
 
 class TelemetryChatClient(DelegatingChatClient):
@@ -86,11 +89,10 @@ class TelemetryChatClient(DelegatingChatClient):
         if self is inner:
             return
         super().__init__(inner, leave_open=leave_open)
-        from pipeline import __version__
-
-        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
-        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
-        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(meter)
+        self._tracer = tracer(PIPELINE_SCOPE, tracer_provider)
+        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(
+            meter(PIPELINE_SCOPE, meter_provider)
+        )
         self._clock = clock
         self._latest = latest_experimental_semconv()
         self._provider_key = provider_key(self._latest)

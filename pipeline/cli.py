@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 from middleware.routing import Route
-from middleware.routing._telemetry import (
+from pipeline._semconv import (
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,

@@ -1,9 +1,10 @@
 """Routers: choose a route per request, and fail over while it is still safe.
 
-`RoutingChatClient` calls one selected client per request; `FailoverChatClient` (the
-attempt engine, with `OrderedFailoverChatClient`, `TieredRoutingChatClient`) may select
-again after a failure before output; `SemanticRoutingChatClient` picks a route by embedding
-similarity. Every attempt is reported as a `FailoverAttempt` and traced as a span.
+`RoutingChatClient` calls one selected client per request; `FailoverChatClient` (with
+`OrderedFailoverChatClient`, `TieredRoutingChatClient`) may select again after a failure
+before output; `SemanticRoutingChatClient` picks a route by embedding similarity. Every
+router runs on one attempt engine: every attempt is reported as a `FailoverAttempt` and
+traced as a span.
 """
 
 from __future__ import annotations

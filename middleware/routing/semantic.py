@@ -40,6 +40,7 @@ from middleware.routing.context import (
     as_route,
 )
 from middleware.routing.router import RoutingChatClient, router_keywords
+from pipeline._semconv import SEMANTIC_REASON, SEMANTIC_SCORE
 from pipeline.client import ChatClient, EmbeddingGenerator
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, ChatRole
@@ -63,8 +64,6 @@ runs each one on the calling thread (its vector-matrix product fans out to its t
 BLOCK_UTTERANCES = 1 << 14
 """Utterances per block of the index: each block is scored by products over a slice of the
 dimensions, accumulated."""
-SEMANTIC_SCORE = "ai.route.semantic.score"
-SEMANTIC_REASON = "ai.route.semantic.reason"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
-    result = prometheus.query("sum(ai_route_attempts_total)")
+    result = prometheus.query("sum(ai_route_attempt_count_total)")
     return True if result and float(result[0]["value"][1]) == expected else None
 
 

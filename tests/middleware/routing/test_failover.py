@@ -776,3 +776,37 @@ async def test_route_instructions_come_first_without_a_system_message(streaming:
 def test_route_instructions_are_validated() -> None:
     with pytest.raises(ValueError, match="instructions must be a non-empty string"):
         Route("r", ScriptedChatClient(), instructions="")
+
+
+@pytest.mark.parametrize(("depth", "sent"), [(600, True), (100_000, False)])
+async def test_deeply_nested_options_are_sent_or_refused_with_a_typed_error(
+    streaming: bool, depth: int, sent: bool
+) -> None:
+    """Options are cloned per request and per attempt without recursion: JSON the wire can
+    carry is sent; JSON too deep to encode is refused before sending, as the caller's
+    mistake (`UnsendableRequestError`), never a `RecursionError`, and not failed over."""
+    from pipeline.errors import UnsendableRequestError
+    from pipeline.providers import OpenAIChatClient
+    from pipeline.testing import FakeOpenAIServer
+
+    deep: dict[str, object] = {}
+    current = deep
+    for _ in range(depth - 1):
+        inner: dict[str, object] = {}
+        current["a"] = inner
+        current = inner
+    options = ChatOptions(additional_properties={"metadata": deep})
+    async with FakeOpenAIServer() as server:
+        backup = ScriptedChatClient(reply("backup"), name="backup")
+        primary = OpenAIChatClient("m", api_key="k", base_url=server.base_url, name="primary")
+        router = RecordingFailover([primary, backup])
+        result = await collect(router, "hi", options, streaming=streaming)
+        await primary.aclose()
+    if sent:
+        assert result.error is None and len(server.requests) == 1
+    else:
+        assert isinstance(result.error, UnsendableRequestError)
+        assert server.requests == []
+    assert backup.call_count == 0
+    outcome = "completed" if sent else "failed_before_output"
+    assert router.summary() == [("primary", outcome, True)]  # terminal: not failed over

@@ -16,18 +16,34 @@ steps:
   a process that dies mid-probe does not keep the circuit open for ever; a probe the
   caller cancels gives it back at once.
 
+With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
+
+* ``:window:<bucket>``: a hash of the ``calls`` that ended in that bucket of the window
+  (`middleware._breaker_window`: buckets of a tenth of the window, aligned on the epoch,
+  numbered from the breaker's clock), how many ``failures`` and how many ``slow``, added up
+  by every process. Each expires a window after its last write (with a window to spare for
+  clocks that disagree a little); only the window's own buckets are ever read, so expiry
+  only collects garbage. Outcomes are added only while the circuit is closed, and closing it
+  deletes the window's buckets: it starts empty, as each process's own view does.
+
 Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
 is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
 writes only on a counted failure (the failures of one turn of the event loop with one
-``INCRBY``), a transition or a reset. Every method is bounded by
+``INCRBY``), a transition or a reset. With a window, the read and the failures' write are
+one script each instead (``_SYNC``: the same round trips), which also adds the outcomes
+this process saw since its last one and returns the window's buckets: a process's view of
+the window is what Redis last returned plus its outcomes not sent yet (`SharedWindow`).
+Successes and slow calls thus reach Redis with the process's next call, failures at once;
+an outcome on the wire is in neither part until its answer (the view errs late by one
+round trip, never early by counting an outcome twice). Every method is bounded by
 `redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
 nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
 state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
 warns when an outage starts, then at most once a minute).
 
-A policy that needs more shared facts (outcomes in a sliding window, slow calls) adds its
-keys to `read` (fields of `Facts`) and its own counting beside `count_failure`, in one
-script; admission, probes and transitions stay as they are.
+While Redis is unavailable, outcomes stay unsent (those still in the window are sent when
+it answers again) and the buckets last returned slide out of the window, so the view
+becomes this process's own outcomes: the window fails open on local state too.
 """
 
 from __future__ import annotations
@@ -41,9 +57,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import pybreaker
 
+from middleware._breaker_window import BUCKETS, Counts, SlidingWindow
 from pipeline import _redis
 
-__all__ = ["Facts", "LocalStorage", "RedisBreakerState", "from_ms", "to_ms"]
+__all__ = ["Facts", "LocalStorage", "RedisBreakerState", "SharedWindow", "from_ms", "to_ms"]
 
 _logger = logging.getLogger("chat_pipeline.breaker")
 
@@ -76,20 +93,105 @@ def from_ms(value: str) -> datetime:
     return datetime.fromtimestamp(float(value) / 1000, UTC)
 
 
-# Compare-and-set of the opening: KEYS = opened, failures; ARGV = the opening expected
-# ('' for closed), the new one ('' to close, which also resets the failures). Returns
-# what is stored afterwards ('' for closed).
+# Compare-and-set of the opening: KEYS = opened, failures, the window's buckets (if any);
+# ARGV = the opening expected ('' for closed), the new one ('' to close, which also resets
+# the failures and empties the window). Returns what is stored afterwards ('' for closed).
 _TRANSITION = """
 local current = redis.call('GET', KEYS[1]) or ''
 if current ~= ARGV[1] then return current end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '0')
+  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
 return ARGV[2]
 """
+
+# The read (and a failure's write) of a breaker with a window: KEYS = opened, failures, the
+# window's buckets, oldest first; ARGV = failures to add (INCRBY), the buckets' expiry (ms),
+# then (bucket position in KEYS from 1, calls, failures, slow) for each bucket this
+# process adds outcomes to (only while closed). Returns the opening (nil while closed), the
+# failures, then calls, failures and slow of each bucket.
+_SYNC = """
+local opened = redis.call('GET', KEYS[1])
+local failures
+if ARGV[1] ~= '0' then
+  failures = redis.call('INCRBY', KEYS[2], ARGV[1])
+else
+  failures = redis.call('GET', KEYS[2])
+end
+if not opened then
+  for i = 3, #ARGV, 4 do
+    local key = KEYS[2 + tonumber(ARGV[i])]
+    redis.call('HINCRBY', key, 'calls', ARGV[i + 1])
+    if ARGV[i + 2] ~= '0' then redis.call('HINCRBY', key, 'failures', ARGV[i + 2]) end
+    if ARGV[i + 3] ~= '0' then redis.call('HINCRBY', key, 'slow', ARGV[i + 3]) end
+    redis.call('PEXPIRE', key, ARGV[2])
+  end
+end
+local reply = {opened, failures}
+for i = 3, #KEYS do
+  local counts = redis.call('HMGET', KEYS[i], 'calls', 'failures', 'slow')
+  for j = 1, 3 do reply[#reply + 1] = tonumber(counts[j]) or 0 end
+end
+return reply
+"""
+
+
+class SharedWindow:
+    """A process's view of the shared window: the buckets Redis last returned (which hold
+    the outcomes this process sent) plus the outcomes it has not sent yet. `clear` (the
+    circuit changed state) also makes answers to calls sent before it void."""
+
+    __slots__ = ("generation", "seen", "unsent")
+
+    def __init__(self) -> None:
+        self.seen = SlidingWindow()
+        self.unsent = SlidingWindow()
+        self.generation = 0
+
+    def add(self, bucket: int, calls: int, failures: int, slow: int) -> None:
+        self.unsent.add(bucket, calls, failures, slow)
+
+    def counts(self, bucket: int) -> Counts:
+        seen = self.seen.counts(bucket)
+        unsent = self.unsent.counts(bucket)
+        return Counts(
+            seen.calls + unsent.calls, seen.failures + unsent.failures, seen.slow + unsent.slow
+        )
+
+    def clear(self) -> None:
+        self.seen.clear()
+        self.unsent.clear()
+        self.generation += 1
+
+    def take(self, bucket: int) -> list[tuple[int, int, int, int]]:
+        """The unsent outcomes still in the window ending with `bucket`, now on their way."""
+        self.unsent.slide(bucket)
+        taken = self.unsent.buckets()
+        if taken:
+            self.unsent.clear()
+        return taken
+
+    def give_back(self, taken: list[tuple[int, int, int, int]], generation: int) -> None:
+        """Outcomes that did not reach Redis: to be sent with the next call."""
+        if generation == self.generation:
+            for outcome in taken:
+                self.add(*outcome)
+
+    def load(self, first: int, values: list[int], generation: int) -> None:
+        """What Redis returned for the buckets from `first` on (calls, failures, slow)."""
+        if generation != self.generation:
+            return
+        seen = self.seen
+        seen.clear()
+        for position in range(BUCKETS):
+            calls, failures, slow = values[3 * position : 3 * position + 3]
+            if calls:
+                seen.add(first + position, calls, failures, slow)
+
 
 # Give back a claim only if it is still ours (it may have expired and been re-taken).
 _RELEASE = """
@@ -110,7 +212,11 @@ class RedisBreakerState:
         timeout: float,
         retry_interval: float,
         probe_claim_ttl: float,
+        window: float | None = None,
+        bucket: Callable[[], int] | None = None,
     ) -> None:
+        """`window` (seconds) and `bucket` (the current bucket, from the breaker's clock)
+        when the breaker has a ratio policy."""
         self.name = name
         self.redis = _redis.RedisClient(redis, timeout=timeout)
         self.outage = _redis.Outage(
@@ -125,6 +231,14 @@ class RedisBreakerState:
         self.probe_prefix = f"{prefix}:probe:"
         self.claim_ms = max(1, round(probe_claim_ttl * 1000))
         self.local = LocalStorage(pybreaker.STATE_CLOSED)
+        self.window: SharedWindow | None = None
+        self._bucket = bucket
+        self._window_prefix = f"{prefix}:window:"
+        self._window_keys: tuple[int, list[str]] = (0, [])
+        self._expiry_ms = "0"
+        if window is not None and bucket is not None:
+            self.window = SharedWindow()
+            self._expiry_ms = str(max(1, round(2 * window * 1000)))
         # Calls that share one Redis call: the read on the wire, the failures and the
         # successes of this turn of the event loop.
         self._reading: asyncio.Task[Facts | None] | None = None
@@ -152,6 +266,10 @@ class RedisBreakerState:
             self._reading = None
 
     async def _read(self) -> Facts | None:
+        if self.window is not None:
+            synced = await self._sync(0)
+            return None if synced is None else Facts(synced[0], synced[1])
+
         async def fetch(client: Any) -> Facts:
             opened, failures = await client.mget(self.opened_key, self.failures_key)
             opening = _text(opened)
@@ -197,6 +315,10 @@ class RedisBreakerState:
         return None if total is None else total - size + index + 1
 
     async def _count_failures(self, failures: list[None]) -> int | None:
+        if self.window is not None:
+            synced = await self._sync(len(failures))
+            return None if synced is None else synced[1]
+
         async def increment(client: Any) -> int:
             return int(await client.incrby(self.failures_key, len(failures)))
 
@@ -204,6 +326,49 @@ class RedisBreakerState:
             return await self._attempt(increment)
         except _redis.Unavailable:
             return None
+
+    def window_keys(self, bucket: int) -> list[str]:
+        """The keys of the window ending with `bucket`, oldest first."""
+        current, keys = self._window_keys
+        if current != bucket or not keys:
+            first = bucket - BUCKETS + 1
+            keys = [f"{self._window_prefix}{first + i}" for i in range(BUCKETS)]
+            self._window_keys = (bucket, keys)
+        return keys
+
+    async def _sync(self, failures: int) -> tuple[str | None, int] | None:
+        """`_SYNC`: add `failures` and this process's unsent outcomes, and read the facts
+        and the window (loaded into `window`); ``None`` when Redis is unavailable."""
+        window, current = self.window, self._bucket
+        assert window is not None
+        assert current is not None
+        bucket = current()
+        first = bucket - BUCKETS + 1
+        generation = window.generation
+        taken = window.take(bucket)
+        args: list[Any] = [failures, self._expiry_ms]
+        for outcome_bucket, calls, failed, slow in taken:
+            if first <= outcome_bucket <= bucket:
+                args += (outcome_bucket - first + 1, calls, failed, slow)
+        keys = [self.opened_key, self.failures_key, *self.window_keys(bucket)]
+
+        async def sync(client: Any) -> tuple[str | None, int, list[int]]:
+            reply = await self.redis.evaluate(client, _SYNC, keys, args)
+            opening = _text(reply[0])
+            if opening is not None:
+                from_ms(opening)  # nonsense fails here, as an unavailable Redis
+            counts = [int(value) for value in reply[2:]]
+            if len(counts) != 3 * BUCKETS:
+                raise ValueError("the window's buckets did not come back")
+            return opening, int(_text(reply[1]) or 0), counts
+
+        try:
+            opening, failures_now, counts = await self._attempt(sync)
+        except _redis.Unavailable:
+            window.give_back(taken, generation)
+            return None
+        window.load(first, counts, generation)
+        return opening, failures_now
 
     async def count_success(self) -> None:
         """A success ends the run of consecutive failures (the successes of one turn of
@@ -230,12 +395,13 @@ class RedisBreakerState:
         `expected`. Returns ``(True, what is stored afterwards)``, or ``(False, None)``
         when Redis is unavailable."""
 
+        keys = [self.opened_key, self.failures_key]
+        if new is None and self._bucket is not None:
+            keys += self.window_keys(self._bucket())
+
         async def move(client: Any) -> str | None:
             stored = await self.redis.evaluate(
-                client,
-                _TRANSITION,
-                [self.opened_key, self.failures_key],
-                [expected or "", new or ""],
+                client, _TRANSITION, keys, [expected or "", new or ""]
             )
             opening = _text(stored) or None
             if opening is not None:

@@ -468,7 +468,8 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         if self._shared is not None:
             return await self._get_response_shared(messages, options)
         probe = self._admit()
-        started = self._started()
+        slow_after = self._slow_after
+        started = 0.0 if slow_after is None else self._seconds()
         try:
             response = await self.inner.get_response(messages, options)
         except asyncio.CancelledError:
@@ -477,7 +478,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         except BaseException as exc:
             self._record(probe, exc, self._slow_since(started))
             raise
-        self._record(probe, None, self._slow_since(started))
+        self._record(probe, None, slow_after is not None and self._seconds() - started > slow_after)
         return response
 
     def get_streaming_response(

@@ -712,7 +712,7 @@ async def test_two_replicas_share_every_fact_with_1000_calls_in_flight_each(
         async def both(outcome: str) -> tuple[int, int, int]:
             """A burst in each replica at once; admitted, refused and served in total."""
             await other.send(f"burst {IN_FLIGHT} {outcome} {int(streaming)}")
-            inner.failing = outcome == "fail"
+            inner.expect(outcome)
             burst = Burst(client, inner, IN_FLIGHT, streaming)
             admitted, refused = await burst.settled()
             word, admitted_there, word2, refused_there = await other.read()
@@ -932,3 +932,135 @@ def test_a_synchronous_redis_client_is_refused() -> None:
         CircuitBreakerChatClient(ScriptedChatClient(), redis=redis.Redis())
     with pytest.raises(TypeError, match=r"redis must be a URL or a redis\.asyncio client"):
         CircuitBreakerChatClient(ScriptedChatClient(), redis=3)
+
+
+# -- ratio policies, shared through Redis ---------------------------------------------------
+
+
+async def test_replicas_share_one_window(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"window-{request.node.name}"
+    now = fake_now()
+    options: dict[str, object] = {
+        "failure_ratio": 0.5, "minimum_calls": 4, "window": 10, "fail_max": 1000,
+        "reset_timeout": 30, "name": name, "redis": redis_url,
+    }  # fmt: skip
+    failing = ScriptedChatClient(lambda m, o: fail(TransientProviderError()))
+    healthy = ScriptedChatClient(lambda m, o: reply("ok"))
+    a = breaker(failing, now, **options)
+    b = breaker(healthy, now, **options)
+    for each in (a, b, a):
+        await collect(each, "hi", streaming=streaming)
+    assert a.state == b.state == "closed"  # 3 calls in the shared window
+    # The fourth call, a success on the replica that never saw a failure, brings the
+    # shared window to minimum_calls with 2 of 4 failed: it opens, for both.
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    assert b.state == "open"
+    assert isinstance((await collect(a, "hi", streaming=streaming)).error, CircuitOpenError)
+    assert (failing.call_count, healthy.call_count) == (2, 2)
+    assert b.changes == [(name, "closed", "open")]  # type: ignore[attr-defined]
+    # The probe closes it, and the shared window starts empty.
+    now.advance(31)
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    assert await redis.keys(f"chat_pipeline:breaker:{{{name}}}:window:*") == []
+    for _ in range(3):
+        await collect(a, "hi", streaming=streaming)
+    assert a.state == "closed"  # 3 failures: below minimum_calls
+    # A window later they are gone: three more failures are not enough either.
+    now.advance(10)
+    for _ in range(3):
+        await collect(a, "hi", streaming=streaming)
+    assert a.state == "closed"
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"  # 3 of 4 failed
+    assert b.state == "open"
+    assert isinstance((await collect(a, "hi", streaming=streaming)).error, CircuitOpenError)
+    await redis.aclose()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_two_replicas_open_one_window_together_with_1000_calls_in_flight_each(
+    redis_url: str,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    name = f"window-many-{request.node.name}"
+    # More calls than one replica makes: neither can open it alone.
+    minimum_calls = IN_FLIGHT * 3 // 2
+    fail_max = 10 * IN_FLIGHT  # the consecutive count stays out of it
+    keys = redis_asyncio.Redis.from_url(redis_url)
+    prefix = f"chat_pipeline:breaker:{{{name}}}"
+    policy = ("0.5", str(minimum_calls))
+    async with remote(
+        "tests.middleware.breaker_replica", redis_url, name, str(fail_max), *policy
+    ) as other:
+        assert await other.ask(f"clock {T0.isoformat()}") == ["ok"]
+        client, inner = replica(
+            redis_url, name, T0, fail_max, failure_ratio=0.5, minimum_calls=minimum_calls
+        )
+        # In each replica 1,000 calls in flight at once, 6 of every 10 failing.
+        await other.send(f"burst {IN_FLIGHT} mix6 {int(streaming)}")
+        inner.expect("mix6")
+        burst = Burst(client, inner, IN_FLIGHT, streaming)
+        admitted, refused = await burst.settled()
+        word, admitted_there, word2, refused_there = await other.read()
+        assert (word, word2) == ("admitted", "refused")
+        assert (admitted + int(admitted_there), refused + int(refused_there)) == (2000, 0)
+        await other.send("release")
+        served = await burst.finish()
+        word, served_there = await other.read()
+        assert served + int(served_there) == 2 * IN_FLIGHT * 4 // 10
+        # 2,000 calls, 1,200 failed: open in both (the next call of each fails fast).
+        inner.expect("ok")
+        burst = Burst(client, inner, 1, streaming)
+        assert await burst.settled() == (0, 1)
+        await burst.finish()
+        assert await other.ask(f"burst 1 ok {int(streaming)}") == [
+            "admitted", "0", "refused", "1"
+        ]  # fmt: skip
+        await other.ask("release")
+        state = await other.ask("state")
+    assert await keys.get(f"{prefix}:opened") is not None
+    assert client.state == "open" and state[1] == "open"
+    assert state[3] == "0" and breaker_warnings(caplog) == [], "Redis reported unavailable"
+    print(
+        f"\nbreaker window: 2 replicas x {IN_FLIGHT} calls in flight, 60% failing, "
+        f"minimum_calls {minimum_calls}: opened together"
+    )
+    await client.aclose()
+    await keys.aclose()
+
+
+async def test_a_paused_redis_leaves_the_window_to_local_state(
+    redis_server: RedisServer,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    now = fake_now()
+    inner = ScriptedChatClient([OK, F, OK, F, OK])
+    client = breaker(
+        inner, now, name=f"paused-window-{request.node.name}", redis=redis_server.url,
+        redis_timeout=0.2, redis_retry_interval=60, failure_ratio=0.5, minimum_calls=4,
+        fail_max=1000,
+    )  # fmt: skip
+    assert (await collect(client, "hi", streaming=streaming)).text == "ok"  # connected
+    redis_server.pause()
+    try:
+        # The first call waits out redis_timeout once; then Redis is skipped.
+        for _ in range(2):
+            await collect(client, "hi", streaming=streaming)
+        assert client.state == "closed"  # 3 calls
+        await collect(client, "hi", streaming=streaming)
+        assert client.state == "open"  # the fourth: 2 of 4 failed, counted here alone
+        result = await collect(client, "hi", streaming=streaming)
+        assert redis_server.paused
+    finally:
+        redis_server.resume()
+    assert isinstance(result.error, CircuitOpenError) and inner.call_count == 4
+    (warning,) = breaker_warnings(caplog)
+    assert "TimeoutError" in warning.getMessage()
+    await client.aclose()

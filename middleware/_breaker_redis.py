@@ -18,13 +18,16 @@ steps:
 
 With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
 
-* ``:window:<bucket>``: a hash of the ``calls`` that ended in that bucket of the window
+* ``:window``: a hash of ten fields, one per slot of the window's ring of buckets
   (`middleware._breaker_window`: buckets of a tenth of the window, aligned on the epoch,
-  numbered from the breaker's clock), how many ``failures`` and how many ``slow``, added up
-  by every process. Each expires a window after its last write (with a window to spare for
-  clocks that disagree a little); only the window's own buckets are ever read, so expiry
-  only collects garbage. Outcomes are added only while the circuit is closed, and closing it
-  deletes the window's buckets: it starts empty, as each process's own view does.
+  numbered from the breaker's clock, bucket ``b`` in slot ``b % 10``), each
+  ``"<bucket> <calls> <failures> <slow>"``: the calls that ended in that bucket, added up
+  by every process, how many failed and how many were slow. A write to a slot holding an
+  older bucket starts it afresh, and only the buckets of the current window are read, so
+  the hash never holds more than ten fields; it expires two windows after its last write.
+  Outcomes are added only while the circuit is closed, and closing it deletes the hash: the
+  window starts empty, as each process's own view does. (One key rather than one per
+  bucket: the client's cost per key sent is most of a call's.)
 
 Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
 is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
@@ -93,16 +96,16 @@ def from_ms(value: str) -> datetime:
     return datetime.fromtimestamp(float(value) / 1000, UTC)
 
 
-# Compare-and-set of the opening: KEYS = opened, failures, the window's buckets (if any);
-# ARGV = the opening expected ('' for closed), the new one ('' to close, which also resets
-# the failures and empties the window). Returns what is stored afterwards ('' for closed).
+# Compare-and-set of the opening: KEYS = opened, failures, the window (if any); ARGV = the
+# opening expected ('' for closed), the new one ('' to close, which also resets the
+# failures and empties the window). Returns what is stored afterwards ('' for closed).
 _TRANSITION = """
 local current = redis.call('GET', KEYS[1]) or ''
 if current ~= ARGV[1] then return current end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '0')
-  for i = 3, #KEYS do redis.call('DEL', KEYS[i]) end
+  if KEYS[3] then redis.call('DEL', KEYS[3]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
@@ -110,11 +113,11 @@ return ARGV[2]
 """
 
 # The read (and a failure's write) of a breaker with a window: KEYS = opened, failures, the
-# window's buckets, oldest first; ARGV = failures to add (INCRBY), the buckets' expiry (ms),
-# then (bucket position in KEYS from 1, calls, failures, slow) for each bucket this
-# process adds outcomes to (only while closed). Returns the opening (nil while closed), the
-# failures, and the calls, failures and slow of each bucket in one string (one reply to
-# parse instead of thirty: the client's parser costs more per reply than the script).
+# window; ARGV = failures to add (INCRBY), the window's expiry (ms), the current bucket, the
+# buckets in a window, then (bucket, calls, failures, slow) for each bucket this process
+# adds outcomes to (only while closed). Returns the opening (nil while closed), the
+# failures, and "<bucket> <calls> <failures> <slow>" of each bucket in the window, in one
+# string (one reply to parse: the client's parser costs more per reply than the script).
 _SYNC = """
 local opened = redis.call('GET', KEYS[1])
 local failures
@@ -123,19 +126,33 @@ if ARGV[1] ~= '0' then
 else
   failures = redis.call('GET', KEYS[2])
 end
-if not opened then
-  for i = 3, #ARGV, 4 do
-    local key = KEYS[2 + tonumber(ARGV[i])]
-    redis.call('HINCRBY', key, 'calls', ARGV[i + 1])
-    if ARGV[i + 2] ~= '0' then redis.call('HINCRBY', key, 'failures', ARGV[i + 2]) end
-    if ARGV[i + 3] ~= '0' then redis.call('HINCRBY', key, 'slow', ARGV[i + 3]) end
-    redis.call('PEXPIRE', key, ARGV[2])
+local current = tonumber(ARGV[3])
+local size = tonumber(ARGV[4])
+local first = current - size + 1
+if not opened and #ARGV > 4 then
+  for i = 5, #ARGV, 4 do
+    local bucket = tonumber(ARGV[i])
+    if bucket >= first and bucket <= current then
+      local slot = bucket % size
+      local calls, failed, slow = 0, 0, 0
+      local held = redis.call('HGET', KEYS[3], slot)
+      if held then
+        local b, c, f, s = string.match(held, '^(%d+) (%d+) (%d+) (%d+)$')
+        if tonumber(b) == bucket then
+          calls, failed, slow = tonumber(c), tonumber(f), tonumber(s)
+        end
+      end
+      redis.call('HSET', KEYS[3], slot, string.format('%s %d %d %d', ARGV[i],
+        calls + tonumber(ARGV[i + 1]), failed + tonumber(ARGV[i + 2]),
+        slow + tonumber(ARGV[i + 3])))
+    end
   end
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
 local counts = {}
-for i = 3, #KEYS do
-  local bucket = redis.call('HMGET', KEYS[i], 'calls', 'failures', 'slow')
-  for j = 1, 3 do counts[#counts + 1] = bucket[j] or '0' end
+for _, held in ipairs(redis.call('HVALS', KEYS[3])) do
+  local bucket = tonumber(string.match(held, '^(%d+)'))
+  if bucket and bucket >= first and bucket <= current then counts[#counts + 1] = held end
 end
 return {opened, failures, table.concat(counts, ' ')}
 """
@@ -186,19 +203,17 @@ class SharedWindow:
             for outcome in taken:
                 self.add(*outcome)
 
-    def load(self, first: int, values: list[int], generation: int, sent: int) -> None:
-        """What Redis answered call number `sent` for the buckets from `first` on (calls,
-        failures, slow in each). An answer to a call sent before the one `seen` holds is
-        older news (calls share a pool of connections, so answers may cross): dropped."""
+    def load(self, values: list[int], generation: int, sent: int) -> None:
+        """What Redis answered call number `sent`: bucket, calls, failures and slow of each
+        bucket in the window. An answer to a call sent before the one `seen` holds is older
+        news (calls share a pool of connections, so answers may cross): dropped."""
         if generation != self.generation or sent < self._loaded:
             return
         self._loaded = sent
         seen = self.seen
         seen.clear()
-        for position in range(BUCKETS):
-            calls, failures, slow = values[3 * position : 3 * position + 3]
-            if calls:
-                seen.add(first + position, calls, failures, slow)
+        for index in range(0, len(values) - 3, 4):
+            seen.add(values[index], values[index + 1], values[index + 2], values[index + 3])
 
 
 # Give back a claim only if it is still ours (it may have expired and been re-taken).
@@ -236,18 +251,20 @@ class RedisBreakerState:
         prefix = f"chat_pipeline:breaker:{{{name}}}"
         self.opened_key = f"{prefix}:opened"
         self.failures_key = f"{prefix}:failures"
-        self._fact_keys = [self.opened_key.encode(), self.failures_key.encode()]
         self.probe_prefix = f"{prefix}:probe:"
         self.claim_ms = max(1, round(probe_claim_ttl * 1000))
         self.local = LocalStorage(pybreaker.STATE_CLOSED)
+        self.window_key = f"{prefix}:window"
         self.window: SharedWindow | None = None
         self._bucket = bucket
-        self._window_prefix = f"{prefix}:window:"
-        self._window_keys: tuple[int, list[bytes]] = (0, [])
-        self._expiry_ms = "0"
+        self._expiry_ms = 0
         if window is not None and bucket is not None:
             self.window = SharedWindow()
-            self._expiry_ms = str(max(1, round(2 * window * 1000)))
+            self._expiry_ms = max(1, round(2 * window * 1000))
+        # Encoded once: redis-py sends bytes as they are.
+        self._sync_keys = [
+            key.encode() for key in (self.opened_key, self.failures_key, self.window_key)
+        ]
         # Calls that share one Redis call: the read on the wire, the failures and the
         # successes of this turn of the event loop.
         self._reading: asyncio.Task[Facts | None] | None = None
@@ -336,16 +353,6 @@ class RedisBreakerState:
         except _redis.Unavailable:
             return None
 
-    def window_keys(self, bucket: int) -> list[bytes]:
-        """The keys of the window ending with `bucket`, oldest first (encoded once per
-        bucket: redis-py sends bytes as they are)."""
-        current, keys = self._window_keys
-        if current != bucket or not keys:
-            first = bucket - BUCKETS + 1
-            keys = [f"{self._window_prefix}{first + i}".encode() for i in range(BUCKETS)]
-            self._window_keys = (bucket, keys)
-        return keys
-
     async def _sync(self, failures: int) -> tuple[str | None, int] | None:
         """`_SYNC`: add `failures` and this process's unsent outcomes, and read the facts
         and the window (loaded into `window`); ``None`` when Redis is unavailable."""
@@ -353,31 +360,29 @@ class RedisBreakerState:
         assert window is not None
         assert current is not None
         bucket = current()
-        first = bucket - BUCKETS + 1
         generation = window.generation
         sent, taken = window.take(bucket)
-        args: list[Any] = [failures, self._expiry_ms]
-        for outcome_bucket, calls, failed, slow in taken:
-            if first <= outcome_bucket <= bucket:
-                args += (outcome_bucket - first + 1, calls, failed, slow)
-        keys = [*self._fact_keys, *self.window_keys(bucket)]
+        args: list[int] = [failures, self._expiry_ms, bucket, BUCKETS]
+        for outcome in taken:
+            args += outcome
+        keys = self._sync_keys
 
         async def sync(client: Any) -> tuple[str | None, int, list[int]]:
-            reply = await self.redis.evaluate(client, _SYNC, keys, args)
-            opening = _text(reply[0])
+            opened, failures_now, held = await self.redis.evaluate(client, _SYNC, keys, args)
+            opening = _text(opened)
             if opening is not None:
                 from_ms(opening)  # nonsense fails here, as an unavailable Redis
-            counts = [int(value) for value in (_text(reply[2]) or "").split()]
-            if len(counts) != 3 * BUCKETS:
-                raise ValueError("the window's buckets did not come back")
-            return opening, int(_text(reply[1]) or 0), counts
+            counts = [int(value) for value in (_text(held) or "").split()]
+            if len(counts) % 4:
+                raise ValueError("the window's buckets came back malformed")
+            return opening, int(_text(failures_now) or 0), counts
 
         try:
             opening, failures_now, counts = await self._attempt(sync)
         except _redis.Unavailable:
             window.give_back(taken, generation)
             return None
-        window.load(first, counts, generation, sent)
+        window.load(counts, generation, sent)
         return opening, failures_now
 
     async def count_success(self) -> None:
@@ -405,9 +410,9 @@ class RedisBreakerState:
         `expected`. Returns ``(True, what is stored afterwards)``, or ``(False, None)``
         when Redis is unavailable."""
 
-        keys: list[str | bytes] = [self.opened_key, self.failures_key]
-        if new is None and self._bucket is not None:
-            keys += self.window_keys(self._bucket())
+        keys = [self.opened_key, self.failures_key]
+        if new is None and self.window is not None:
+            keys.append(self.window_key)
 
         async def move(client: Any) -> str | None:
             stored = await self.redis.evaluate(

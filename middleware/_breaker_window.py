@@ -18,6 +18,7 @@ from typing import NamedTuple
 __all__ = ["BUCKETS", "Counts", "RatioPolicy", "SlidingWindow"]
 
 BUCKETS = 10
+_EMPTY: list[int | None] = [None] * BUCKETS
 
 
 class Counts(NamedTuple):
@@ -88,8 +89,12 @@ class SlidingWindow:
         ]
 
     def clear(self) -> None:
-        for slot in range(BUCKETS):
-            self._evict(slot)
+        if self._held != _EMPTY:
+            self._held = [None] * BUCKETS
+            self._calls = [0] * BUCKETS
+            self._failures = [0] * BUCKETS
+            self._slow = [0] * BUCKETS
+            self.calls = self.failures = self.slow = 0
 
     def _evict(self, slot: int) -> None:
         if self._held[slot] is None:

@@ -52,10 +52,9 @@ slow, or answers nonsense, the breaker fails open: the call proceeds on this pro
 breaker state (what it last saw of the shared state plus its own outcomes, the window's
 too), a warning without request content is logged (when an outage starts, then at most
 once a minute), and Redis is tried again after `redis_retry_interval` seconds; a Redis
-error never reaches the caller. Building a pipeline
-never contacts Redis (a server that is down then is fine); a malformed URL is a
-`ValueError` at construction. When Redis answers again, its state wins over what this
-process decided alone.
+error never reaches the caller. Building a pipeline never contacts Redis (a server that is
+down then is fine); a malformed URL is a `ValueError` at construction. When Redis answers
+again, its state wins over what this process decided alone.
 """
 
 from __future__ import annotations
@@ -404,7 +403,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             return
         breaker = self.breaker
         with breaker._lock:
-            closed = breaker._state.name == _CLOSED
+            closed = self._window is not None and breaker._state.name == _CLOSED
             if probe:
                 self._probe_in_flight = False
                 if slow and breaker._state.name == _HALF_OPEN:
@@ -422,7 +421,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                     if raised is not error:
                         raise
             # The window counts the calls that ended while it was closed, and stays so.
-            if self._window is not None and closed and breaker._state.name == _CLOSED:
+            if closed and breaker._state.name == _CLOSED:
                 if not windowed:
                     self._count(error, slow)
                 self._check_window()
@@ -643,20 +642,17 @@ class _BreakerWatch(StreamWatcher):
     after output) counts against the deployment, a completed stream for it, an abandoned or
     canceled one as nothing."""
 
-    __slots__ = ("first", "layer", "probe", "started")
+    __slots__ = ("layer", "probe")
 
     def __init__(self, layer: CircuitBreakerChatClient) -> None:
         self.layer = layer
         self.probe = False
-        self.started = 0.0
-        self.first: float | None = None
 
     def start(self) -> None:
         self.probe = self.layer._admit()
-        self.started = self.layer._started()
 
     def slow(self) -> bool:
-        return self.layer._slow_stream(self.started, self.first)
+        return False
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
         if how == "completed":
@@ -673,23 +669,20 @@ class _SharedBreakerWatch(StreamWatcher):
     """`_BreakerWatch` for a shared breaker: admission and recording talk to Redis, so
     `start` and `end` return awaitables (`forward` awaits them)."""
 
-    __slots__ = ("first", "layer", "started", "ticket")
+    __slots__ = ("layer", "ticket")
 
     def __init__(self, layer: CircuitBreakerChatClient) -> None:
         self.layer = layer
         self.ticket = _Ticket(False, False)
-        self.started = 0.0
-        self.first: float | None = None
 
     def start(self) -> Awaitable[None]:
         return self._start()
 
     async def _start(self) -> None:
         self.ticket = await self.layer._admit_shared()
-        self.started = self.layer._started()
 
     def slow(self) -> bool:
-        return self.layer._slow_stream(self.started, self.first)
+        return False
 
     def end(self, how: StreamEnd, error: BaseException | None) -> Awaitable[None]:
         if how == "completed":
@@ -701,21 +694,38 @@ class _SharedBreakerWatch(StreamWatcher):
         return self.layer._release_shared(self.ticket)
 
 
-# With `slow_call_duration`, a watcher notes when the first update came (`forward` calls
-# `update` only on a watcher that overrides it: the others pay nothing per update).
+# With `slow_call_duration`, a stream's watcher times it from admission to its first update
+# (`forward` calls `update` only on a watcher that overrides it: the others pay nothing
+# per update, nor for reading the clock).
 
 
 class _TimedBreakerWatch(_BreakerWatch):
-    __slots__ = ()
+    __slots__ = ("first", "started")
+
+    def start(self) -> None:
+        super().start()
+        self.started = self.layer._seconds()
+        self.first: float | None = None
 
     def update(self, update: ChatResponseUpdate) -> None:
         if self.first is None:
             self.first = self.layer._seconds()
+
+    def slow(self) -> bool:
+        return self.layer._slow_stream(self.started, self.first)
 
 
 class _TimedSharedBreakerWatch(_SharedBreakerWatch):
-    __slots__ = ()
+    __slots__ = ("first", "started")
+
+    async def _start(self) -> None:
+        await super()._start()
+        self.started = self.layer._seconds()
+        self.first: float | None = None
 
     def update(self, update: ChatResponseUpdate) -> None:
         if self.first is None:
             self.first = self.layer._seconds()
+
+    def slow(self) -> bool:
+        return self.layer._slow_stream(self.started, self.first)

@@ -163,6 +163,7 @@ def _models() -> _Models:
         breaker: _Breaker | None = None
 
     class _Timeouts(_Route):
+        transport: Literal["aiohttp", "httpx2"] | None = None
         timeout: _Seconds = 60.0
         first_chunk_timeout: _Seconds | None = None
         stream_idle_timeout: _Seconds | None = None
@@ -481,6 +482,7 @@ def _client(name: str, table: Any, key: str | None) -> ChatClient:
         "first_chunk_timeout": table.first_chunk_timeout,
         "stream_idle_timeout": table.stream_idle_timeout,
         "name": name,
+        "transport": table.transport,
     }
     if provider == "anthropic":
         from pipeline.providers import AnthropicChatClient

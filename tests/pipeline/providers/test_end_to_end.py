@@ -1,10 +1,15 @@
 """Ordered failover of two real HTTP clients against two fake servers."""
 
+import pytest
+
 from middleware.routing import FailoverAttempt, OrderedFailoverChatClient, Route, RoutingContext
 from pipeline import ChatPipeline
 from pipeline.errors import RateLimitedError
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
 
 
 class Recording(OrderedFailoverChatClient):

@@ -25,6 +25,9 @@ from pipeline.errors import (
 from pipeline.providers import AzureOpenAIChatClient, OllamaChatClient, OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
+
 KEY = "sk-CANARY-key"
 
 

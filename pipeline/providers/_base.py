@@ -12,7 +12,6 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import httpx2
-from opentelemetry.propagate import inject
 
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
@@ -26,6 +25,7 @@ from pipeline.providers._http import (
     make_transport,
     positive_or_none,
     service_url,
+    traced,
     transport_error,
 )
 from pipeline.providers._sse import SSEPayloads, next_payloads
@@ -111,6 +111,7 @@ class HTTPChatClient(AsyncClosing):
             name=name,
         )
         self._transport = make_transport(transport, http_client, timeout, self._base_url)
+        self._dynamic_headers = type(self)._request_headers is not HTTPChatClient._request_headers
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.
         self._url = self._chat_url()
@@ -144,13 +145,6 @@ class HTTPChatClient(AsyncClosing):
         """The headers of one request (async: a subclass may fetch a fresh token)."""
         return self._headers
 
-    async def _traced_headers(self) -> dict[str, str]:
-        """`_request_headers`, plus the current trace context when there is one."""
-        headers = await self._request_headers()
-        carrier: dict[str, str] = {}
-        inject(carrier)
-        return {**headers, **carrier} if carrier else headers
-
     def _body(
         self, messages: Messages, options: ChatOptions | None, stream: bool
     ) -> dict[str, Any]:
@@ -182,8 +176,10 @@ class HTTPChatClient(AsyncClosing):
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         body = self._prepare(messages, options, stream=False)
+        # Static headers skip the coroutine: this is per request.
+        headers = await self._request_headers() if self._dynamic_headers else self._headers
         payload = await self._transport.post_json(
-            self._target, body, await self._traced_headers(), self.provider_name, self._endpoint
+            self._target, body, traced(headers), self.provider_name, self._endpoint
         )
         return self._parse_response(payload)
 
@@ -197,7 +193,7 @@ class HTTPChatClient(AsyncClosing):
         errors = transport.errors
         where = self._endpoint
         provider = self.provider_name
-        headers = await self._traced_headers()
+        headers = traced(await self._request_headers() if self._dynamic_headers else self._headers)
         payloads = SSEPayloads(provider, end_type=self.stream_end_type)
         stream: StreamBody | None = None
         try:

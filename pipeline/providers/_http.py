@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal, Protocol, TypeAlias, get_args
 
 import httpx2
+from opentelemetry.propagate import inject
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
 from pipeline.providers._wire import error_from_payload, malformed
@@ -41,6 +42,7 @@ __all__ = [
     "positive_or_none",
     "service_url",
     "status_error",
+    "traced",
     "transport_error",
 ]
 
@@ -105,6 +107,14 @@ def positive_or_none(value: float | None, name: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{name} must be a positive number of seconds or None")
     return float(value)
+
+
+def traced(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` plus the current trace context (W3C ``traceparent``, through the globally
+    configured OpenTelemetry propagators), when there is one."""
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return {**headers, **carrier} if carrier else headers
 
 
 # -- errors -----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import httpx2
 import numpy as np
 import numpy.typing as npt
-from opentelemetry.propagate import inject
 
 from pipeline.providers._http import (
     TransportName,
@@ -17,6 +16,7 @@ from pipeline.providers._http import (
     endpoint,
     make_transport,
     service_url,
+    traced,
 )
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
@@ -94,9 +94,8 @@ class OpenAIEmbeddingGenerator:
             headers["Authorization"] = f"Bearer {self._api_key}"
         elif self._basic_auth is not None:
             headers["Authorization"] = self._basic_auth
-        inject(headers)  # the current trace context, when there is one
         payload = await self._transport.post_json(
-            self._target, encode_json(body), headers, self.provider_name, self._endpoint
+            self._target, encode_json(body), traced(headers), self.provider_name, self._endpoint
         )
         return self._parse(payload, len(values))
 

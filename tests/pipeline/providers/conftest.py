@@ -2,18 +2,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pipeline.providers import OpenAIChatClient, _http
+from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer
+from tests import transports
 
-TRANSPORTS = ["aiohttp", "httpx2"]
-
-
-@pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test once per HTTP transport: a client built without `transport=` or
-    `http_client=` uses this one (the official-SDK-strict fake servers judge both)."""
-    monkeypatch.setattr(_http, "DEFAULT_TRANSPORT", request.param)
-    return str(request.param)
+transport = transports.transport  # the fixture, for this folder's tests
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import httpx2
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
+    Deadline,
     StreamBody,
     TransportName,
-    deadline,
     drain,
     encode_json,
     endpoint,
@@ -198,7 +198,7 @@ class HTTPChatClient(AsyncClosing):
         stream: StreamBody | None = None
         try:
             try:
-                async with deadline(self.first_chunk_timeout, provider, "first chunk"):
+                async with Deadline(self.first_chunk_timeout, provider, "first chunk"):
                     stream = await transport.open_stream(
                         self._target, body, headers, provider, where
                     )
@@ -221,7 +221,7 @@ class HTTPChatClient(AsyncClosing):
                     if idle is None:
                         batch = await next_payloads(read, payloads)
                     else:
-                        async with deadline(idle, provider, "next chunk"):
+                        async with Deadline(idle, provider, "next chunk"):
                             batch = await next_payloads(read, payloads)
                 except errors as exc:
                     raise transport_error(exc, provider, where) from exc
@@ -234,7 +234,7 @@ class HTTPChatClient(AsyncClosing):
                     url=where,
                 )
             try:
-                async with deadline(idle, provider, "the end of the body"):
+                async with Deadline(idle, provider, "the end of the body"):
                     await drain(read)
             except errors as exc:
                 raise transport_error(exc, provider, where) from exc

@@ -16,13 +16,16 @@ import base64
 import contextlib
 import json
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, get_args
 
 import httpx2
 from opentelemetry.propagate import inject
+from opentelemetry.trace import get_current_span
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
+from pipeline.providers._sse import scan_json
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
@@ -34,7 +37,7 @@ __all__ = [
     "Transport",
     "TransportName",
     "bounded_body",
-    "deadline",
+    "Deadline",
     "drain",
     "encode_json",
     "endpoint",
@@ -111,7 +114,10 @@ def positive_or_none(value: float | None, name: str) -> float | None:
 
 def traced(headers: dict[str, str]) -> dict[str, str]:
     """`headers` plus the current trace context (W3C ``traceparent``, through the globally
-    configured OpenTelemetry propagators), when there is one."""
+    configured OpenTelemetry propagators) when a valid span is current; else `headers`."""
+    # The check alone costs a quarter of the propagators' work, which finds nothing to add.
+    if not get_current_span().get_span_context().is_valid:
+        return headers
     carrier: dict[str, str] = {}
     inject(carrier)
     return {**headers, **carrier} if carrier else headers
@@ -166,42 +172,69 @@ async def bounded_body(read: Read, errors: tuple[type[Exception], ...]) -> bytes
 
 
 def decode_json(body: bytes, provider: str) -> Any:
+    """A response body's JSON (UTF-8, or UTF-16/32 as `json.loads` detects them)."""
     try:
-        return json.loads(body)
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            return json.loads(body)
+        return scan_json(text)  # the C scanner, without json.loads's frames around it
     except ValueError:
         raise malformed(provider, "the body is not JSON") from None
+
+
+# One encoder for every request: json.dumps builds a new one per call for these settings.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def encode_json(body: Any) -> bytes:
     """`body` as compact UTF-8 JSON; `TypeError`/`ValueError` for what JSON cannot hold
     (other objects, NaN and infinities, lone surrogates)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(body).encode()
 
 
 # -- deadlines --------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def deadline(seconds: float | None, provider: str, what: str) -> AsyncIterator[None]:
-    """Bound the block to `seconds` (None: unbounded); overrunning is a transient failure.
-    A `TimeoutError` the block raises itself (a transport's own timeout) is not ours and
-    passes through."""
-    if seconds is None:
-        yield
-        return
-    timeout = asyncio.timeout(seconds)
-    try:
-        async with timeout:
-            yield
-    except TimeoutError:
-        if not timeout.expired():
-            raise
-        raise provider_error(
-            FailureKind.TRANSIENT,
-            f"no {what} within {seconds:g} s",
-            provider=provider,
-            code="stream_timeout",
-        ) from None
+class Deadline:
+    """Bound the ``async with`` block to `seconds` (None: unbounded); overrunning is a
+    transient failure. A `TimeoutError` the block raises itself (a transport's own timeout)
+    is not ours and passes through. (A class, not a generator: it is entered on every
+    stream, and unbounded it costs two calls.)"""
+
+    __slots__ = ("_provider", "_seconds", "_timeout", "_what")
+
+    def __init__(self, seconds: float | None, provider: str, what: str) -> None:
+        self._seconds = seconds
+        self._provider = provider
+        self._what = what
+        self._timeout: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        if self._seconds is not None:
+            self._timeout = asyncio.timeout(self._seconds)
+            await self._timeout.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        timeout = self._timeout
+        if timeout is None:
+            return
+        try:
+            await timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            raise provider_error(
+                FailureKind.TRANSIENT,
+                f"no {self._what} within {self._seconds:g} s",
+                provider=self._provider,
+                code="stream_timeout",
+            ) from None
 
 
 async def drain(read: Read) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "SSEPayloads",
     "Utf8Lines",
     "next_payloads",
+    "scan_json",
 ]
 
 _KNOWN_FIELDS = frozenset({"data", "event", "id", "retry"})
@@ -140,7 +141,9 @@ class Utf8Lines:
 _scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
 
 
-def _loads(data: str) -> Any:
+def scan_json(data: str) -> Any:
+    """`json.loads(data)`, with the C scanner called directly when `data` starts with a
+    JSON value (ValueError for what is not JSON)."""
     try:
         value, end = _scan_json(data, 0)
     except StopIteration:
@@ -198,7 +201,7 @@ class SSEPayloads:
                 self.done = True
                 return payloads  # what follows the end does not count, bad or not
             try:
-                payload = _loads(data)
+                payload = scan_json(data)
             except ValueError:
                 failure = malformed(provider, "an event's data is not JSON")
                 break

@@ -178,13 +178,13 @@ def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> No
 
 
 def test_event_data_decodes_as_json_loads_does() -> None:
-    from pipeline.providers._sse import _loads
+    from pipeline.providers._sse import scan_json
 
     for data in ('{"a": 1}', ' {"a": 1} ', "[1, 2]\t", '"x"', "3", "NaN"):
-        assert _loads(data) == json.loads(data) or data == "NaN"
+        assert scan_json(data) == json.loads(data) or data == "NaN"
     for data in ('{"a": 1} x', "", " ", "{", "nope", '{"a": "\x01"}'):
         try:
-            _loads(data)
+            scan_json(data)
         except ValueError:
             pass
         else:

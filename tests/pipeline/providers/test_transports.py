@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -16,9 +17,16 @@ import httpx2
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from pipeline.errors import FailureKind, TransientProviderError, classify, retry_after_of
+from pipeline.errors import (
+    FailureKind,
+    ProviderError,
+    TransientProviderError,
+    classify,
+    retry_after_of,
+)
 from pipeline.providers import OpenAIChatClient
 from pipeline.providers._aiohttp import client_timeout
+from pipeline.providers._http import decode_json
 from pipeline.testing import FakeOpenAIServer, collect
 from tests.compat.servers import ThreadedFakeServer
 
@@ -197,3 +205,11 @@ def test_retry_after_of_an_aiohttp_status_error() -> None:
     error = aiohttp.ClientResponseError(info, (), status=429, headers={"Retry-After": "3"})  # type: ignore[arg-type]
     assert retry_after_of(error) == 3.0
     assert retry_after_of(aiohttp.ClientResponseError(info, (), status=429)) is None
+
+
+def test_bodies_decode_as_json_loads_decodes_them() -> None:
+    for body in (b'{"a": 1}', b' {"a": "\xc3\xa9"}\n', '{"a": 1}'.encode("utf-16")):
+        assert decode_json(body, "p") == json.loads(body)
+    for bad in (b"", b"not json", b'{"a": 1} x', b"\xff\xfe\xff"):
+        with pytest.raises(ProviderError, match="the body is not JSON"):
+            decode_json(bad, "p")

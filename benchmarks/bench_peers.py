@@ -41,7 +41,9 @@ CPU time on a shared machine moves from round to round; instruction counts hardl
         chat-pipeline-httpx2 --instructions 120 [--jobs streaming-32 non-streaming-32]
 
 counts each contender's client instructions per request under valgrind's callgrind (each
-job in a fresh process with 120 and with 40 requests; the difference leaves out start-up).
+job in a fresh process with 120 and with 40 requests; the difference leaves out start-up;
+the start-up heap is frozen out of the garbage collector, whose full collections would walk
+it in one run and not the other).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -721,6 +724,10 @@ def count_main(name: str, origin: str, job: str) -> None:
 
     async def one() -> None:
         contender = FACTORIES[name](origin)
+        # The start-up heap out of the collector's way: whether a full collection (which
+        # would walk it all) falls in the short run or the long one must not move the count.
+        gc.collect()
+        gc.freeze()
         try:
             result = await run_job(contender, streaming == "1", int(concurrency),
                                    int(requests), 0)  # fmt: skip

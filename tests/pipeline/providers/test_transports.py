@@ -213,3 +213,16 @@ def test_bodies_decode_as_json_loads_decodes_them() -> None:
     for bad in (b"", b"not json", b'{"a": 1} x', b"\xff\xfe\xff"):
         with pytest.raises(ProviderError, match="the body is not JSON"):
             decode_json(bad, "p")
+
+
+@pytest.mark.parametrize("name", [None, "aiohttp", "httpx2"])
+async def test_a_route_names_its_transport_in_toml(name: str | None) -> None:
+    from pipeline.config import parse_config
+    from pipeline.providers import _http
+
+    route = {"provider": "anthropic", "model": "m", "base_url": "http://127.0.0.1:1"}
+    if name is not None:
+        route["transport"] = name
+    config = parse_config({"routes": {"a": route}})
+    async with config.build_route("a").client as client:
+        assert client.transport == (name or _http.DEFAULT_TRANSPORT)

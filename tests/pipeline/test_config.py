@@ -544,7 +544,7 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
                 "router": {"kind": "ordred", "order": ["a", "b"]},
             },
             {
-                "router.kind": "expected one of ['ordered', 'tiered', 'semantic'], got "
+                "router.kind": "expected one of ['ordered', 'balanced', 'tiered', 'semantic'], got "
                 "'ordred'; did you mean 'ordered'?"
             },
         ),

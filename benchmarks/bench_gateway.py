@@ -39,9 +39,9 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,9 +53,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# This directory, for `_litellm_env`; the checkout, for how a server reports its port.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from _litellm_env import litellm_env
+
+from tests.processes import UVICORN_PORT, uvicorn_log_config
 
 SERVER_CORE = 0
 CLIENT_CORE = 1
@@ -67,12 +71,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 API_KEY = "sk-" + os.urandom(32).hex()
 KEYS_VARIABLE = "BENCH_GATEWAY_KEYS"
 BASELINE = "baseline: "  # the name prefix of the --baseline checkout's servers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# The fake upstream's line once it listens, with the port it got.
+FAKE_SERVER_URL = re.compile(r"fake OpenAI-compatible server on (http://\S+)")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -111,7 +111,6 @@ def _pinned(core: int) -> object:
 def started(
     name: str,
     argv: Sequence[str],
-    port: int,
     *,
     ready_path: str,
     workdir: Path,
@@ -121,6 +120,8 @@ def started(
     model: str = "pipeline",
     timeout: float = 300.0,
 ) -> Iterator[Server]:
+    """Run `argv`, a uvicorn server told to listen on port 0, until the block ends: ready
+    once uvicorn logged the port it got and `ready_path` answers there."""
     log = workdir / f"{name.replace(' ', '-')}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -135,16 +136,22 @@ def started(
         )
     try:
         deadline = time.monotonic() + timeout
+        port: int | None = None
         while True:  # bounded readiness poll of an external process
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited:\n{log.read_text(errors='replace')[-3000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} not ready:\n{log.read_text(errors='replace')[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
+            if port is None:
+                found = UVICORN_PORT.search(log.read_text(errors="replace"))
+                port = int(found.group(1)) if found else None
+            if port is not None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2):
+                        break
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.2)
         yield Server(name, process, port, path, model, log)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -361,8 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict[str, Result]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            upstream_port = free_port()
-            upstream = stack.enter_context(_fake_upstream(workdir, upstream_port))
+            upstream = stack.enter_context(_fake_upstream(workdir))
             servers = []
             variants: dict[bool | None, str] = {
                 False: "",
@@ -382,7 +388,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             for (full, suffix), (prefix, env) in itertools.product(variants.items(), checkouts):
                 if full is None and (prefix or not args.scripted):
                     continue
-                port = free_port()
                 name = prefix + "chat-pipeline serve" + suffix
                 servers.append(
                     stack.enter_context(
@@ -396,11 +401,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--config",
                                 str(gateway_config(workdir, upstream, full)),
                                 "--port",
-                                str(port),
+                                "0",
+                                # info: uvicorn's startup line tells the port it got (no
+                                # access log either way).
                                 "--log-level",
-                                "warning",
+                                "info",
                             ],
-                            port,
                             ready_path="/readyz",
                             workdir=workdir,
                             env=env,
@@ -408,7 +414,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
             if not args.no_litellm:
-                port = free_port()
                 env = litellm_env()
                 servers.append(
                     stack.enter_context(
@@ -423,11 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--host",
                                 "127.0.0.1",
                                 "--port",
-                                str(port),
+                                "0",
                                 "--num_workers",
                                 "1",
+                                "--log_config",
+                                str(uvicorn_log_config(workdir / "litellm-uvicorn-log.json")),
                             ],
-                            port,
                             ready_path="/health/liveliness",
                             workdir=workdir,
                             env=env,
@@ -466,12 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _fake_upstream(workdir: Path, port: int) -> Iterator[str]:
-    """``chat-pipeline fake-server`` pinned to the client's core; ready when it says so."""
+def _fake_upstream(workdir: Path) -> Iterator[str]:
+    """``chat-pipeline fake-server`` pinned to the client's core, on port 0; ready when it
+    says so, with its base URL."""
     log = workdir / "upstream.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+            [sys.executable, "-m", "pipeline", "fake-server", "--port", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -480,11 +487,11 @@ def _fake_upstream(workdir: Path, port: int) -> Iterator[str]:
         )
     try:
         deadline = time.monotonic() + 120
-        while "fake OpenAI-compatible server" not in log.read_text(errors="replace"):
+        while (found := FAKE_SERVER_URL.search(log.read_text(errors="replace"))) is None:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the fake upstream did not start:\n" + log.read_text())
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield found.group(1)
     finally:
         process.send_signal(signal.SIGINT)
         try:

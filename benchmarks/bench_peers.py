@@ -57,7 +57,6 @@ import os
 import platform
 import select
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -131,7 +130,8 @@ def pin(cpu: int | None) -> None:
 
 
 def serve(port: int, cpu: int | None) -> None:
-    """Serve the fake API on 127.0.0.1:`port` until terminated."""
+    """Serve the fake API on 127.0.0.1:`port` (0: any free port) until terminated; prints
+    ``listening on <origin>`` once it listens."""
     pin(cpu)
     from pipeline.testing import FakeOpenAIServer, FakeResponse, RecordedRequest
 
@@ -748,7 +748,7 @@ def instruction_counts(args: argparse.Namespace) -> int:
     env = child_env()
     env["PYTHONHASHSEED"] = "0"
     script = os.path.abspath(__file__)
-    server = Child([sys.executable, script, "--serve", str(free_port())], env)
+    server = Child([sys.executable, script, "--serve", "0"], env)  # it reports its port
     large = args.instructions
     small = max(1, large // 3)
     selected = [j for j in JOBS if f"{j[0]}-{j[2]}" in args.jobs]
@@ -840,12 +840,6 @@ class Child:
             self.process.wait(timeout=10)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def child_env() -> dict[str, str]:
     env = litellm_env(CHILD_ENV, DROPPED_ENV)
     # The benchmark's directory is not the project's: make `pipeline` importable from a
@@ -934,8 +928,7 @@ def main(args: argparse.Namespace) -> int:
     server_cpu, client_cpu = (1, 0) if two_cores else (None, None)
     env = child_env()
     script = os.path.abspath(__file__)
-    port = free_port()
-    server = Child([sys.executable, script, "--serve", str(port)]
+    server = Child([sys.executable, script, "--serve", "0"]  # it reports the port it got
                    + (["--cpu", str(server_cpu)] if two_cores else []), env)  # fmt: skip
     children: dict[str, Child] = {}
     try:

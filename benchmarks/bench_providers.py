@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -45,12 +44,6 @@ ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
 
 Call = Callable[[], Awaitable[object]]
 Maker = Callable[[bool], Call]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def run(requests: int, concurrency: int, call: Call) -> tuple[float, float]:
@@ -257,8 +250,8 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
 
 @contextmanager
 def fake_server(wire_format: str) -> Iterator[str]:
-    """A fake server in its own process; yields its base URL once it listens."""
-    port = free_port()
+    """A fake server in its own process, on the port it got (port 0); yields its base URL
+    once it listens."""
     server = subprocess.Popen(
         [
             sys.executable,
@@ -266,7 +259,7 @@ def fake_server(wire_format: str) -> Iterator[str]:
             "pipeline",
             "fake-server",
             "--port",
-            str(port),
+            "0",
             "--format",
             wire_format,
         ],

@@ -95,6 +95,7 @@ class AiohttpTransport:
         "_proxy_headers",
         "_proxy_request_headers",
         "_timeout",
+        "timeout",
     )
 
     name: TransportName = "aiohttp"
@@ -107,7 +108,8 @@ class AiohttpTransport:
         timeout: float | httpx2.Timeout,
         base_url: httpx2.URL,
     ) -> None:
-        self._timeout = client_timeout(timeout)
+        self.timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
+        self._timeout = client_timeout(self.timeout)
         self._base_url = base_url
         self._owned = session is None
         self._current = session

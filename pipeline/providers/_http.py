@@ -268,6 +268,10 @@ class Transport(Protocol):
     name: TransportName
     errors: tuple[type[Exception], ...]
 
+    @property
+    def timeout(self) -> httpx2.Timeout:
+        """The timeouts of its calls, as httpx2 reads them."""
+
     def target(self, url: httpx2.URL) -> Any:
         """`url` in the form `post_json` and `open_stream` take (built once per client)."""
 
@@ -299,6 +303,10 @@ class Httpx2Transport:
     def __init__(self, http: httpx2.AsyncClient, *, owned: bool) -> None:
         self.http = http
         self._owned = owned
+
+    @property
+    def timeout(self) -> httpx2.Timeout:
+        return self.http.timeout
 
     def target(self, url: httpx2.URL) -> httpx2.URL:
         return url

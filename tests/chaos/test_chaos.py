@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import selectors
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -33,34 +31,22 @@ from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 from tests.chaos.fault_server import TOKENS
 from tests.otel import Otel
+from tests.processes import ChildProcess
 
 pytestmark = pytest.mark.chaos
 
 REQUESTS = 1000
 CONCURRENCY = 100
 TOKEN = re.compile(r"\[(r\d-\d+):(\d+)\] ")
+READY = re.compile(r"^READY (\d+)$")  # the fault server's line once it listens
 
 
 @pytest.fixture(scope="module")
 def chaos_origin() -> Iterator[str]:
-    """The fault server, in a process of its own; its readiness read from its own line."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.chaos.fault_server", "--seed", "20261130"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout=60):
-            raise RuntimeError("the chaos fault server did not start within 60 s")
-        line = process.stdout.readline()
-        assert line.startswith("READY "), line
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    """The fault server, in a process of its own, on the port it reports."""
+    argv = [sys.executable, "-m", "tests.chaos.fault_server", "--seed", "20261130"]
+    with ChildProcess("the chaos fault server", argv) as server:
+        yield f"http://127.0.0.1:{server.wait_for_port(READY, timeout=60)}"
 
 
 class Recorder(OrderedFailoverChatClient):

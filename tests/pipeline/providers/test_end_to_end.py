@@ -91,7 +91,8 @@ async def test_rate_limit_exhausting_retries_fails_over(streaming: bool) -> None
         primary.script(*[FakeResponse.error(429, retry_after="1")] * 3)
         route = (
             ChatPipeline.builder()
-            .use_retry(max_attempts=2, sleep=fake_sleep)
+            # Retries first (by default a rate limit in a router moves to the backup at once).
+            .use_retry(max_attempts=2, sleep=fake_sleep, defer_to_failover=False)
             .build(OpenAIChatClient("m", api_key="k", base_url=primary.base_url))
         )
         router = Recording(

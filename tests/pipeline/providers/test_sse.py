@@ -4,7 +4,7 @@ ProviderError, never anything else."""
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import ProviderError
@@ -86,7 +86,6 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.text(max_size=30), max_size=10))
 def test_arbitrary_lines_yield_updates_or_provider_error(lines: list[str]) -> None:
     try:
@@ -96,7 +95,6 @@ def test_arbitrary_lines_yield_updates_or_provider_error(lines: list[str]) -> No
     assert all(isinstance(u, ChatResponseUpdate) for u in updates)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(json_values, max_size=6))
 def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[object]) -> None:
     lines = [line for p in payloads for line in (f"data: {json.dumps(p)}", "")]
@@ -122,7 +120,6 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
     assert await _lines_of([text[:9], text[9:]]) == ["data: caf\u00e9 \u2028 ok"]
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=12))
 def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None:
     from pipeline.providers._sse import SSEPayloads

@@ -76,6 +76,25 @@ async def test_connection_refused_is_transient(
     await client.aclose()
 
 
+@pytest.mark.parametrize("first_chunk_timeout", [None, 60.0])
+async def test_a_read_timeout_is_transient(
+    server: Server,
+    wire: tuple[type[Server], Factory],
+    streaming: bool,
+    first_chunk_timeout: float | None,
+) -> None:
+    # (aiohttp's timeouts are TimeoutErrors: one inside an armed first-chunk deadline is
+    # still the transport's, not the deadline's.)
+    server.script(FakeResponse(hang=True))  # never answers: the read timeout must end it
+    client = wire[1](server.base_url, timeout=0.2, first_chunk_timeout=first_chunk_timeout)
+    async with client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError)
+    timeouts = {"httpx2": httpx2.TimeoutException, "aiohttp": aiohttp.ServerTimeoutError}
+    assert isinstance(result.error.__cause__, timeouts[client.transport])
+    assert result.error.code is None  # the transport's timeout, not a stream deadline
+
+
 async def test_caller_cancellation_propagates(
     server: Server, client: HTTPChatClient, streaming: bool
 ) -> None:

@@ -37,9 +37,15 @@ __all__ = [
     "BREAKER_TO",
     "CLIENT_DISCONNECTED",
     "COMMITTED_FAILURES_METRIC",
+    "COOLDOWNS_METRIC",
     "COST_METRIC",
     "GATEWAY_MODEL",
     "GATEWAY_SCOPE",
+    "HEALTH_FAILURE_RATIO_METRIC",
+    "HEALTH_IN_FLIGHT_METRIC",
+    "HEALTH_LATENCY_METRIC",
+    "HEDGES_STARTED_METRIC",
+    "HEDGES_WON_METRIC",
     "INVALID_ARGUMENTS",
     "OPENINFERENCE_CHAIN",
     "OPENINFERENCE_SPAN_KIND",
@@ -54,9 +60,11 @@ __all__ = [
     "ROUTE_ATTEMPT_SPAN",
     "ROUTE_DURATION",
     "ROUTE_FALLBACK",
+    "ROUTE_HEDGE",
     "ROUTE_NAME",
     "ROUTE_OUTCOME",
     "ROUTE_OUTPUT_COMMITTED",
+    "ROUTE_SELECTION",
     "ROUTE_TERMINAL",
     "ROUTE_TIME_TO_FIRST_UPDATE",
     "ROUTING_SCOPE",
@@ -102,6 +110,12 @@ ROUTE_ATTEMPTS: Final = "ai.route.attempts"
 `ROUTE_NAME`, the route of the last one)."""
 ROUTE_FALLBACK: Final = "ai.route.fallback"
 """On the request's span above a router: whether a route after the first served it."""
+ROUTE_SELECTION: Final = "ai.route.selection"
+"""Why the attempt's route was chosen: ``strategy`` (the balancing strategy's pick),
+``preferred`` (the session's route), ``probe`` (a probe of an outlier route), ``failover``
+(the next route after a failure) or ``hedge`` (started beside a slow attempt)."""
+ROUTE_HEDGE: Final = "ai.route.hedge"
+"""Whether the attempt was a hedge (started while another attempt of the request ran)."""
 SEMANTIC_SCORE: Final = "ai.route.semantic.score"
 SEMANTIC_REASON: Final = "ai.route.semantic.reason"
 
@@ -117,6 +131,18 @@ BACKUP_CALLS_METRIC: Final = "ai.route.backup_calls"
 COMMITTED_FAILURES_METRIC: Final = "ai.route.output_committed_failures"
 COST_METRIC: Final = "ai.route.cost"
 TIME_TO_FIRST_UPDATE_METRIC: Final = "ai.route.time_to_first_update"
+HEDGES_STARTED_METRIC: Final = "ai.route.hedges.started"
+"""Counter of hedged attempts started, by route."""
+HEDGES_WON_METRIC: Final = "ai.route.hedges.won"
+"""Counter of hedged attempts whose answer reached the caller, by route."""
+COOLDOWNS_METRIC: Final = "ai.route.cooldowns"
+"""Counter of cooldowns a route went into (a ``Retry-After`` answer), by route."""
+HEALTH_LATENCY_METRIC: Final = "ai.route.health.latency"
+"""Gauge: a route's latency estimate (s): its peak-EWMA time to first update."""
+HEALTH_IN_FLIGHT_METRIC: Final = "ai.route.health.in_flight"
+"""Gauge: a route's attempts in flight in this process."""
+HEALTH_FAILURE_RATIO_METRIC: Final = "ai.route.health.failure_ratio"
+"""Gauge: a route's decaying failure ratio (0 to 1)."""
 
 # -- layers -----------------------------------------------------------------------------------
 

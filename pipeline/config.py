@@ -78,8 +78,10 @@ from middleware.routing.affinity import (
     RedisAffinityStore,
     SessionAffinity,
 )
+from middleware.routing.balanced import BalancedSettings
 from middleware.routing.context import Route, RouteFacts
 from middleware.routing.failover import FailoverSettings
+from middleware.routing.health import HealthSettings, RouteHealth
 from pipeline._settings import Settings, collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
@@ -104,10 +106,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ENVIRONMENT_VARIABLE",
     "AffinityConfig",
+    "BalancedRouterConfig",
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
     "BreakerConfig",
     "EmbeddingsConfig",
+    "HealthConfig",
     "LayersConfig",
     "OllamaRouteConfig",
     "OpenAIRouteConfig",
@@ -186,6 +190,9 @@ class _RouteTable(RouteFacts):
             capabilities=self.capabilities,
             price=self.price,
             instructions=self.instructions,
+            weight=self.weight,
+            rpm=self.rpm,
+            tpm=self.tpm,
         )
 
 
@@ -296,6 +303,61 @@ class OrderedRouterConfig(_FailoverRouterTable):
         )
 
 
+class HealthConfig(HealthSettings):
+    """``[router.health]``: how a balanced router reads route health, kept in this process
+    (``store = "memory"``) or shared by replicas through Redis (``store = "redis"``, the
+    URL's variable in `redis_url_env`; `sync_interval` and `timeout` in seconds)."""
+
+    store: Literal["memory", "redis"] = "memory"
+    redis_url_env: EnvironmentVariable | None = None
+    sync_interval: Annotated[float, Field(gt=0)] = 0.5
+    timeout: Annotated[float, Field(gt=0)] = 0.25
+
+    @model_validator(mode="after")
+    def _redis_needs_a_url(self) -> Any:
+        if self.store == "redis" and self.redis_url_env is None:
+            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+        return self
+
+    def route_health(self) -> RouteHealth:
+        """A `RouteHealth` as this table describes (one per built router)."""
+        from middleware.routing import RedisHealthStore
+
+        store = None
+        if self.store == "redis" and self.redis_url_env is not None:
+            store = RedisHealthStore(
+                os.environ[self.redis_url_env],  # checked when the file was loaded
+                sync_interval=self.sync_interval,
+                timeout=self.timeout,
+            )
+        return RouteHealth(_settings_of(HealthSettings, self), store=store)
+
+
+class BalancedRouterConfig(BalancedSettings, _RouterTable):
+    """``kind = "balanced"``: each attempt on a healthy route of `routes` (default: every
+    route) chosen by `strategy` (`BalancedFailoverChatClient`); `[router.health]` and
+    `[router.affinity]` as their tables say."""
+
+    route_references: ClassVar[Mapping[str, _Reference]] = {"routes": "names"}
+
+    kind: Literal["balanced"] = "balanced"
+    routes: Annotated[list[Name], Field(min_length=1)] | None = None
+    affinity: AffinityConfig | None = None
+    health: HealthConfig | None = None
+
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        chosen = [routes[name] for name in self.routes] if self.routes else list(routes.values())
+        health = self.health
+        builder.use_balanced_failover(
+            chosen,
+            _settings_of(BalancedSettings, self),
+            affinity=self.affinity.session_affinity() if self.affinity is not None else None,
+            health=health.route_health() if health is not None else None,
+        )
+
+
 class TieredRouterConfig(_FailoverRouterTable):
     """``kind = "tiered"``: start on `default` (or the route of the request's kind, a pin,
     the session's route) and escalate along `fallback` (`TieredRoutingChatClient`)."""
@@ -369,7 +431,7 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
 
 
 RouterConfig: TypeAlias = Annotated[
-    OrderedRouterConfig | TieredRouterConfig | SemanticRouterConfig,
+    OrderedRouterConfig | BalancedRouterConfig | TieredRouterConfig | SemanticRouterConfig,
     Field(discriminator="kind"),
 ]
 """The ``[router]`` table: the class its `kind` names."""
@@ -659,6 +721,8 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
         router = problems.validate(_ROUTER, raw_router, "router")
         if router is not None and router.affinity is not None:
             _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
+        if isinstance(router, BalancedRouterConfig) and router.health is not None:
+            _variable_set(problems, "router.health", router.health.redis_url_env)
         if isinstance(router, SemanticRouterConfig):
             secrets["router.embeddings"] = _secret(problems, router.embeddings, "router.embeddings")
     gateway = None

@@ -32,6 +32,13 @@ SURFACES = {
     "middleware.routing": {
         "AffinitySettings",
         "AttemptOutcome",
+        "BalancedFailoverChatClient",
+        "BalancedSettings",
+        "HealthSettings",
+        "HealthStore",
+        "RedisHealthStore",
+        "RouteHealth",
+        "RouteStats",
         "FailoverAttempt",
         "FailoverChatClient",
         "FailoverSettings",

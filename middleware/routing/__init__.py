@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from middleware.routing._health_redis import RedisHealthStore
 from middleware.routing.affinity import (
     AffinitySettings,
     MemoryAffinityStore,
     RedisAffinityStore,
     SessionAffinity,
+)
+from middleware.routing.balanced import (
+    BalancedFailoverChatClient,
+    BalancedSettings,
 )
 from middleware.routing.context import (
     AttemptOutcome,
@@ -30,6 +35,7 @@ from middleware.routing.failover import (
     FailoverSettings,
     OrderedFailoverChatClient,
 )
+from middleware.routing.health import HealthSettings, HealthStore, RouteHealth, RouteStats
 from middleware.routing.router import RoutingChatClient
 from middleware.routing.tiered import TieredRoutingChatClient
 
@@ -44,6 +50,12 @@ if TYPE_CHECKING:
 _SEMANTIC = frozenset({"RouteScore", "SemanticRoutingChatClient", "SemanticSettings"})
 
 __all__ = [
+    "BalancedFailoverChatClient",
+    "BalancedSettings",
+    "HealthSettings",
+    "HealthStore",
+    "RouteHealth",
+    "RouteStats",
     "AffinitySettings",
     "AttemptOutcome",
     "FailoverAttempt",
@@ -53,6 +65,7 @@ __all__ = [
     "OrderedFailoverChatClient",
     "Price",
     "RedisAffinityStore",
+    "RedisHealthStore",
     "Route",
     "RouteScore",
     "RoutingChatClient",

@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import CoroutineType
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -138,11 +138,22 @@ ONE_ATTEMPT = FailoverSettings(max_attempts_per_request=1)
 enclosing request's budget, if any, still applies)."""
 
 
-_Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
+_Deadline = tuple[float, Literal["attempt", "selection", "reserve", "request"]]
 
-# (OpenTelemetry context, request budget, attempt timeout) tokens, or None each.
-_Tokens = tuple[Any, Any, Any]
-_NO_TOKENS: _Tokens = (None, None, None)  # nothing was made current
+# (OpenTelemetry context, request budget, attempt timeout, failover check) tokens, or None
+# each.
+_Tokens = tuple[Any, Any, Any, Any]
+_NO_TOKENS: _Tokens = (None, None, None, None)  # nothing was made current
+
+
+def _held_against(
+    timeout: asyncio.Timeout | None, deadline: _Deadline | None
+) -> asyncio.Timeout | None:
+    """The timeout layers beneath may hold against the route when it fires (a breaker
+    counts it): not a limit the selection set, tighter than the route's own (a probe's)."""
+    if deadline is not None and deadline[1] == "selection":
+        return None
+    return timeout
 
 
 async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
@@ -155,6 +166,24 @@ OnAttempt = Callable[[RoutingContext, FailoverAttempt, bool], Awaitable[None] | 
 """Told of every attempt: ``(context, attempt, is_terminal)``; may return an awaitable."""
 MayFailOver = Callable[[RoutingContext, BaseException], bool | Awaitable[bool]]
 """Whether a failure before output, inside every limit, may move to another attempt."""
+Alternatives = Callable[[RoutingContext, str], bool]
+"""Whether a route other than the running one (named) could still take the request."""
+
+
+class AttemptWatch(Protocol):
+    """What a router learns from one attempt as it runs (see `RequestState.watch`)."""
+
+    def first_update(self) -> None:
+        """The attempt produced its first update (or, not streaming, its response)."""
+
+    def ended(
+        self, outcome: AttemptOutcome, error: BaseException | None, usage: UsageDetails | None
+    ) -> None:
+        """The attempt ended (called once, before the attempt is reported)."""
+
+
+Watch = Callable[["AttemptState"], AttemptWatch | None]
+"""Makes the watch of an attempt that is starting (or None: nothing to watch)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -172,6 +201,37 @@ class RequestState:
     affinity: SessionAffinity | None = None
     on_attempt: OnAttempt | None = None
     may_fail_over: MayFailOver | None = None
+    alternatives: Alternatives | None = None
+    watch: Watch | None = None
+    running: str | None = None  # the route of the attempt in progress
+
+    def failover_possible(self, error: BaseException) -> bool:
+        """Whether the attempt in progress, failing now with `error` before any output,
+        could be followed by another (what the request scope answers the layers beneath).
+        A policy that can only answer asynchronously counts as no."""
+        alternatives = self.alternatives
+        running = self.running
+        if alternatives is None or running is None:
+            return False
+        context = self.context
+        if self.limit is not None and len(context.attempts) + 1 >= self.limit:
+            return False
+        budget = self.budget
+        if budget is not None:
+            if budget.calls_left is not None and budget.calls_left <= 0:
+                return False
+            remaining = budget.remaining()
+            if remaining is not None and remaining < max(self.settings.min_attempt_budget, 1e-9):
+                return False
+        if self.may_fail_over is not None:
+            decision = self.may_fail_over(context, error)
+            if inspect.isawaitable(decision):
+                if inspect.iscoroutine(decision):
+                    decision.close()
+                return False
+            if not decision:
+                return False
+        return alternatives(context, running)
 
 
 @dataclass(slots=True, eq=False)
@@ -187,6 +247,8 @@ class AttemptState:
     span: Span | None = None
     span_context: otel_context.Context | None = None
     cut_for_backup: bool = False  # the router cut it to keep time for a backup
+    timeout: float | None = None  # the selection's own limit before the first update
+    watch: AttemptWatch | None = None
 
 
 class AttemptEngine(abc.ABC):
@@ -252,12 +314,14 @@ class AttemptEngine(abc.ABC):
             deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
         return _scope.RequestBudget(settings.max_provider_calls_per_request, deadline, clock)
 
-    async def _prefer(self, context: RoutingContext, affinity: SessionAffinity) -> None:
-        """Set ``context.preferred_route`` from the session's affinity, if it still holds."""
+    async def _prefer(self, request: RequestState, affinity: SessionAffinity) -> None:
+        """Set ``context.preferred_route`` from the session's affinity, if it still holds
+        (the store's call is bounded by the request's deadline too)."""
+        context = request.context
         session = context.options.session_id
         if session is None:
             return
-        name = await affinity.preferred(session)
+        name = await affinity.preferred(session, request.budget)
         route = self._affinity_routes().get(name) if name is not None else None
         if route is not None and not circuit_open(route.client):
             context.preferred_route = name
@@ -272,9 +336,11 @@ class AttemptEngine(abc.ABC):
             result = await result
         options: ChatOptions | None = None
         attributes: Mapping[str, AttributeValue] | None = None
+        timeout: float | None = None
         if isinstance(result, RoutingSelection):
             options = result.options
             attributes = result.attributes
+            timeout = result.attempt_timeout
             result = result.client
         if result is None:
             raise RoutingError(f"{self._router_name}: the selector chose no client")
@@ -293,7 +359,7 @@ class AttemptEngine(abc.ABC):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return AttemptState(name, client, messages, options, price, attributes)
+        return AttemptState(name, client, messages, options, price, attributes, timeout=timeout)
 
     async def _is_terminal(
         self,
@@ -346,19 +412,34 @@ class AttemptEngine(abc.ABC):
         # they would start traces of their own); only the no-op API's span has none.
         if span.get_span_context().is_valid:
             attempt.span_context = trace.set_span_in_context(span)
+        request.running = attempt.route_name
+        if request.watch is not None:
+            attempt.watch = request.watch(attempt)
 
     def _deadline(
-        self, request: RequestState, started: float, number: int, *, output: bool
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        started: float,
+        number: int,
+        *,
+        output: bool,
     ) -> _Deadline | None:
         """When the next step of an attempt must end (on the router's clock), and why:
-        ``attempt`` (its own limit), ``reserve`` (the time kept for a backup) or
-        ``request`` (the request's deadline). Once `output` reached the caller, only the
-        request's deadline applies."""
+        ``attempt`` (its own limit), ``selection`` (the tighter limit its selection set),
+        ``reserve`` (the time kept for a backup) or ``request`` (the request's deadline).
+        Once `output` reached the caller, only the request's deadline applies."""
         settings = request.settings
         end: float | None = None
-        why: Literal["attempt", "reserve"] = "attempt"
-        if settings.attempt_timeout is not None and not output:
-            end = started + settings.attempt_timeout
+        why: Literal["attempt", "selection", "reserve"] = "attempt"
+        if not output:
+            limit_of_attempt = settings.attempt_timeout
+            if attempt.timeout is not None and (
+                limit_of_attempt is None or attempt.timeout < limit_of_attempt
+            ):
+                limit_of_attempt, why = attempt.timeout, "selection"
+            if limit_of_attempt is not None:
+                end = started + limit_of_attempt
         budget = request.budget
         if budget is None or budget.deadline is None:
             return None if end is None else (end, why)
@@ -414,19 +495,26 @@ class AttemptEngine(abc.ABC):
 
     @staticmethod
     def _enter(
-        attempt: AttemptState, budget: _scope.RequestBudget | None, timeout: asyncio.Timeout | None
+        attempt: AttemptState,
+        budget: _scope.RequestBudget | None,
+        timeout: asyncio.Timeout | None,
+        movable: RequestState | None = None,
     ) -> _Tokens:
-        """Make the attempt span, the request budget and the attempt's timeout current
-        while the route runs."""
+        """Make the attempt span, the request budget, the attempt's timeout and (before
+        output, for a router that can move on) the failover check current while the route
+        runs."""
         return (
             otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
             _scope.enter_budget(budget) if budget is not None else None,
             _scope.enter_attempt_timeout(timeout) if timeout is not None else None,
+            _scope.enter_failover_check(movable) if movable is not None else None,
         )
 
     @staticmethod
     def _exit(tokens: _Tokens) -> None:
-        span_token, budget_token, timeout_token = tokens
+        span_token, budget_token, timeout_token, failover_token = tokens
+        if failover_token is not None:
+            _scope.exit_failover_check(failover_token)
         if timeout_token is not None:
             _scope.exit_attempt_timeout(timeout_token)
         if budget_token is not None:
@@ -451,6 +539,9 @@ class AttemptEngine(abc.ABC):
         report it (``request.on_attempt``); returns what is left to await, if anything (the caller
         awaits it: on the common path nothing is, and no coroutine is made)."""
         context = request.context
+        watch = attempt.watch
+        if watch is not None:
+            watch.ended(outcome, exception, usage)
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
@@ -480,7 +571,7 @@ class AttemptEngine(abc.ABC):
         affinity = request.affinity
         session = context.options.session_id
         if outcome == "completed" and affinity is not None and session is not None:
-            return _in_turn(affinity.record(session, record.route_name), reported)
+            return _in_turn(affinity.record(session, record.route_name, request.budget), reported)
         return reported
 
     async def _failed(
@@ -535,21 +626,24 @@ class AttemptEngine(abc.ABC):
         try:
             request = self._new_request(context)
             if request.affinity is not None:
-                await self._prefer(context, request.affinity)
+                await self._prefer(request, request.affinity)
             budget = request.budget
             clock = self._clock
             timed = budget is not None or request.settings.attempt_timeout is not None
+            movable = request if request.alternatives is not None else None
             deadline = timeout = None
             while True:
                 attempt = await self._select(context)
                 self._begin(request, attempt)
                 started = clock()
-                if timed:
+                if timed or attempt.timeout is not None:
                     deadline = self._deadline(
-                        request, started, len(context.attempts) + 1, output=False
+                        request, attempt, started, len(context.attempts) + 1, output=False
                     )
                     timeout = self._timeout(deadline)
-                tokens = self._enter(attempt, budget, timeout)
+                else:
+                    deadline = timeout = None
+                tokens = self._enter(attempt, budget, _held_against(timeout, deadline), movable)
                 failure: BaseException | None = None
                 try:
                     if timeout is None:
@@ -602,9 +696,10 @@ class AttemptEngine(abc.ABC):
         # Started at the first read, inside the step of the telemetry layer above (if any).
         request = self._new_request(context)
         if request.affinity is not None:
-            await self._prefer(context, request.affinity)
+            await self._prefer(request, request.affinity)
         budget = request.budget
         clock = self._clock
+        movable = request if request.alternatives is not None else None
         while True:
             attempt = await self._select(context)
             self._begin(request, attempt)
@@ -616,7 +711,7 @@ class AttemptEngine(abc.ABC):
             stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
             started = clock()
             number = len(context.attempts) + 1
-            tokens = self._enter(attempt, budget, None)
+            tokens = self._enter(attempt, budget, None, movable)
             try:
                 stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
             except BaseException as exc:
@@ -631,17 +726,23 @@ class AttemptEngine(abc.ABC):
                     attempt.span_context is None
                     and budget is None
                     and request.settings.attempt_timeout is None
+                    and attempt.timeout is None
                 )
+                watch = attempt.watch
                 while True:
-                    if plain:
+                    if plain and (movable is None or first_update is not None):
                         deadline = timeout = None
                         tokens = _NO_TOKENS
                     else:
-                        deadline = self._deadline(
-                            request, started, number, output=first_update is not None
-                        )
+                        output = first_update is not None
+                        deadline = self._deadline(request, attempt, started, number, output=output)
                         timeout = self._timeout(deadline)
-                        tokens = self._enter(attempt, budget, timeout)
+                        tokens = self._enter(
+                            attempt,
+                            budget,
+                            _held_against(timeout, deadline),
+                            None if output else movable,
+                        )
                     mark = clock()
                     try:
                         if timeout is None:
@@ -656,10 +757,12 @@ class AttemptEngine(abc.ABC):
                         break
                     finally:
                         elapsed += clock() - mark
-                        if not plain:
+                        if tokens is not _NO_TOKENS:
                             self._exit(tokens)
                     if first_update is None:
                         first_update = elapsed
+                        if watch is not None:
+                            watch.first_update()
                     if update.usage is not None:
                         usage = update.usage if usage is None else usage + update.usage
                     if update.model_id is not None:

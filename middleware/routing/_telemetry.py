@@ -59,6 +59,7 @@ class RouteTelemetry:
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.tracer = tracer(ROUTING_SCOPE, tracer_provider)
+        self.meter_provider = meter_provider  # for what a router makes beside it (health)
         self._provider_key = provider_key()
         self._clients: dict[int, tuple[object, dict[str, AttributeValue]]] = {}
         instruments = meter(ROUTING_SCOPE, meter_provider)

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from middleware.routing._engine import (
     DEFAULT_MAX_ATTEMPTS,
     FailoverPolicy,
     FailoverSettings,
     RequestState,
+    Watch,
 )
 from middleware.routing.context import (
     FailoverAttempt,
@@ -62,6 +63,9 @@ class FailoverChatClient(RoutingChatClient):
     and tiered policies start on the preferred route.
     """
 
+    settings_class: ClassVar[type[FailoverSettings]] = FailoverSettings
+    """The class of `settings` (a router with more settings names a subclass)."""
+
     def __init__(
         self,
         settings: FailoverSettings | None = None,
@@ -70,7 +74,7 @@ class FailoverChatClient(RoutingChatClient):
         **options: Any,
     ) -> None:
         super().__init__(**router_keywords(options))
-        self.settings = FailoverSettings.from_options(settings, options)
+        self.settings = self.settings_class.from_options(settings, options)
         if affinity is not None and not callable(getattr(affinity, "preferred", None)):
             raise TypeError("affinity must be a SessionAffinity")
         self.affinity = affinity
@@ -135,7 +139,17 @@ class FailoverChatClient(RoutingChatClient):
             self.affinity,
             self.on_routing_update,
             self.should_failover,
+            self._alternatives,
+            self._watch_attempt,
         )
+
+    def _alternatives(self, context: RoutingContext, running: str) -> bool:
+        """Whether a route other than `running` could take the request after a failure
+        (inside the limits, which the engine checks): by default, yes."""
+        return True
+
+    # Routers that learn from their attempts (route health) make a watch per attempt.
+    _watch_attempt: Watch | None = None
 
     def _attempt_limit(self, settings: FailoverSettings) -> int | None:
         """Most attempts one request may make under `settings`."""

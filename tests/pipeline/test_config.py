@@ -572,7 +572,7 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
                 "router": {"kind": "ordred", "order": ["a", "b"]},
             },
             {
-                "router.kind": "expected one of ['ordered', 'tiered', 'semantic'], got "
+                "router.kind": "expected one of ['ordered', 'balanced', 'tiered', 'semantic'], got "
                 "'ordred'; did you mean 'ordered'?"
             },
         ),
@@ -692,9 +692,9 @@ async def test_an_unset_timeout_keeps_the_constructors_default() -> None:
     try:
         for table, constructed in pairs:
             client = table.client("a", None)
-            assert client._http.timeout == constructed._http.timeout  # type: ignore[attr-defined]
+            assert client._transport.timeout == constructed._transport.timeout  # type: ignore[attr-defined]
             await client.aclose()
-        assert slow._http.timeout.read == 300  # type: ignore[attr-defined]
+        assert slow._transport.timeout.read == 300  # type: ignore[attr-defined]
     finally:
         for _, constructed in pairs:
             await constructed.aclose()

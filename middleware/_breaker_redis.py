@@ -27,7 +27,7 @@ With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
   the hash never holds more than ten fields; it expires two windows after its last write.
   Outcomes are added only while the circuit is closed, and closing it deletes the hash: the
   window starts empty, as each process's own view does. (One key rather than one per
-  bucket: the client's cost per key sent is most of a call's.)
+  bucket: redis-py's cost per key and per value is most of a call's.)
 
 Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
 is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
@@ -38,7 +38,8 @@ this process saw since its last one and returns the window's buckets: a process'
 the window is what Redis last returned plus its outcomes not sent yet (`SharedWindow`).
 Successes and slow calls thus reach Redis with the process's next call, failures at once;
 an outcome on the wire is in neither part until its answer (the view errs late by one
-round trip, never early by counting an outcome twice). Every method is bounded by
+round trip rather than count an outcome twice), and an answer older than the one the view
+holds is dropped. Every method is bounded by
 `redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
 nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
 state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
@@ -46,7 +47,9 @@ warns when an outage starts, then at most once a minute).
 
 While Redis is unavailable, outcomes stay unsent (those still in the window are sent when
 it answers again) and the buckets last returned slide out of the window, so the view
-becomes this process's own outcomes: the window fails open on local state too.
+becomes this process's own outcomes: the window fails open on local state too. (Outcomes
+sent with a call that timed out are sent again: Redis may have added them already, so
+around an outage a few may count twice.)
 """
 
 from __future__ import annotations
@@ -114,10 +117,11 @@ return ARGV[2]
 
 # The read (and a failure's write) of a breaker with a window: KEYS = opened, failures, the
 # window; ARGV = failures to add (INCRBY), the window's expiry (ms), the current bucket, the
-# buckets in a window, then (bucket, calls, failures, slow) for each bucket this process
-# adds outcomes to (only while closed). Returns the opening (nil while closed), the
-# failures, and "<bucket> <calls> <failures> <slow>" of each bucket in the window, in one
-# string (one reply to parse: the client's parser costs more per reply than the script).
+# buckets in a window, and "<bucket> <calls> <failures> <slow> ..." for the buckets this
+# process adds outcomes to (only while closed). Returns the opening (nil while closed), the
+# failures, and "<bucket> <calls> <failures> <slow> ..." of the buckets in the window. (A
+# few strings rather than many numbers each way: redis-py's cost is per argument and per
+# reply element, and is most of a call's.)
 _SYNC = """
 local opened = redis.call('GET', KEYS[1])
 local failures
@@ -129,22 +133,20 @@ end
 local current = tonumber(ARGV[3])
 local size = tonumber(ARGV[4])
 local first = current - size + 1
-if not opened and #ARGV > 4 then
-  for i = 5, #ARGV, 4 do
-    local bucket = tonumber(ARGV[i])
+if not opened and ARGV[5] ~= '' then
+  for b, c, f, s in string.gmatch(ARGV[5], '(%d+) (%d+) (%d+) (%d+)') do
+    local bucket = tonumber(b)
     if bucket >= first and bucket <= current then
       local slot = bucket % size
-      local calls, failed, slow = 0, 0, 0
+      local calls, failed, slow = tonumber(c), tonumber(f), tonumber(s)
       local held = redis.call('HGET', KEYS[3], slot)
       if held then
-        local b, c, f, s = string.match(held, '^(%d+) (%d+) (%d+) (%d+)$')
-        if tonumber(b) == bucket then
-          calls, failed, slow = tonumber(c), tonumber(f), tonumber(s)
+        local hb, hc, hf, hs = string.match(held, '^(%d+) (%d+) (%d+) (%d+)$')
+        if tonumber(hb) == bucket then
+          calls, failed, slow = calls + tonumber(hc), failed + tonumber(hf), slow + tonumber(hs)
         end
       end
-      redis.call('HSET', KEYS[3], slot, string.format('%s %d %d %d', ARGV[i],
-        calls + tonumber(ARGV[i + 1]), failed + tonumber(ARGV[i + 2]),
-        slow + tonumber(ARGV[i + 3])))
+      redis.call('HSET', KEYS[3], slot, string.format('%s %d %d %d', b, calls, failed, slow))
     end
   end
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
@@ -176,8 +178,9 @@ class SharedWindow:
         self.unsent.add(bucket, calls, failures, slow)
 
     def counts(self, bucket: int) -> Counts:
-        seen = self.seen.counts(bucket)
-        unsent = self.unsent.counts(bucket)
+        seen, unsent = self.seen, self.unsent
+        seen.slide(bucket)
+        unsent.slide(bucket)
         return Counts(
             seen.calls + unsent.calls, seen.failures + unsent.failures, seen.slow + unsent.slow
         )
@@ -362,9 +365,8 @@ class RedisBreakerState:
         bucket = current()
         generation = window.generation
         sent, taken = window.take(bucket)
-        args: list[int] = [failures, self._expiry_ms, bucket, BUCKETS]
-        for outcome in taken:
-            args += outcome
+        outcomes = " ".join(str(number) for outcome in taken for number in outcome)
+        args = [failures, self._expiry_ms, bucket, BUCKETS, outcomes]
         keys = self._sync_keys
 
         async def sync(client: Any) -> tuple[str | None, int, list[int]]:

@@ -422,24 +422,28 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                         raise
             # The window counts the calls that ended while it was closed, and stays so.
             if closed and breaker._state.name == _CLOSED:
-                if not windowed:
-                    self._count(error, slow)
-                self._check_window()
+                self._check_window(None if windowed else (error, slow))
 
-    def _count(self, error: BaseException | None, slow: bool) -> None:
+    def _count(self, error: BaseException | None, slow: bool, bucket: int | None = None) -> None:
         """Count an outcome in the window (under the lock, while closed)."""
         assert self._policy is not None
         assert self._window is not None
+        if bucket is None:
+            bucket = self._policy.bucket(self._seconds())
         failed = error is not None and self.breaker.is_system_error(error)
-        self._window.add(self._policy.bucket(self._seconds()), 1, int(failed), int(slow))
+        self._window.add(bucket, 1, int(failed), int(slow))
 
-    def _check_window(self) -> bool:
-        """Open the circuit if the window passes a threshold (under the lock, while
-        closed); whether it did."""
+    def _check_window(self, outcome: tuple[BaseException | None, bool] | None = None) -> bool:
+        """Count `outcome` (how a call ended, and whether it was slow) if given, then open
+        the circuit if the window passes a threshold (under the lock, while closed);
+        whether it did."""
         assert self._window is not None
         policy = self._policy
         assert policy is not None
-        reason = policy.passed(self._window.counts(policy.bucket(self._seconds())))
+        bucket = policy.bucket(self._seconds())
+        if outcome is not None:
+            self._count(*outcome, bucket)
+        reason = policy.passed(self._window.counts(bucket))
         if reason is None:
             return False
         self.breaker.open(reason)

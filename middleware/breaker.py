@@ -703,33 +703,34 @@ class _SharedBreakerWatch(StreamWatcher):
 # per update, nor for reading the clock).
 
 
-class _TimedBreakerWatch(_BreakerWatch):
+class _TimesFirstUpdate:
+    """What a timed watcher adds: when its first update came, and whether it was slow."""
+
+    layer: CircuitBreakerChatClient
+    started: float
+    first: float | None
+
+    def update(self, update: ChatResponseUpdate) -> None:
+        if self.first is None:
+            self.first = self.layer._seconds()
+
+    def slow(self) -> bool:
+        return self.layer._slow_stream(self.started, self.first)
+
+
+class _TimedBreakerWatch(_TimesFirstUpdate, _BreakerWatch):
     __slots__ = ("first", "started")
 
     def start(self) -> None:
         super().start()
         self.started = self.layer._seconds()
-        self.first: float | None = None
-
-    def update(self, update: ChatResponseUpdate) -> None:
-        if self.first is None:
-            self.first = self.layer._seconds()
-
-    def slow(self) -> bool:
-        return self.layer._slow_stream(self.started, self.first)
+        self.first = None
 
 
-class _TimedSharedBreakerWatch(_SharedBreakerWatch):
+class _TimedSharedBreakerWatch(_TimesFirstUpdate, _SharedBreakerWatch):
     __slots__ = ("first", "started")
 
     async def _start(self) -> None:
         await super()._start()
         self.started = self.layer._seconds()
-        self.first: float | None = None
-
-    def update(self, update: ChatResponseUpdate) -> None:
-        if self.first is None:
-            self.first = self.layer._seconds()
-
-    def slow(self) -> bool:
-        return self.layer._slow_stream(self.started, self.first)
+        self.first = None

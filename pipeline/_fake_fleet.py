@@ -808,9 +808,9 @@ def _stdin_lines(queue: asyncio.Queue[str | None]) -> None:
     loop = asyncio.get_running_loop()
 
     def read() -> None:
-        for line in sys.stdin:
-            loop.call_soon_threadsafe(queue.put_nowait, line)
         with contextlib.suppress(RuntimeError):  # the loop may be gone at exit
+            for line in sys.stdin:
+                loop.call_soon_threadsafe(queue.put_nowait, line)
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
     threading.Thread(target=read, name="fleet-commands", daemon=True).start()

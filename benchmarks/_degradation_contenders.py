@@ -184,6 +184,17 @@ class Outcome:
     error: str | None = None
     output_before_error: bool = False
 
+    def received(self, text: str | None, scheduled: float) -> None:
+        """A streamed piece reached the caller."""
+        if text:
+            if self.first_token is None:
+                self.first_token = time.monotonic() - scheduled
+            self.text += text
+
+    def failed(self, exc: BaseException) -> None:
+        self.error = type(exc).__name__
+        self.output_before_error = self.first_token is not None
+
 
 def messages_of(request: int) -> str:
     from pipeline.testing import FakeFleet
@@ -213,17 +224,11 @@ async def chat_call(client: Any, request: int, streaming: bool, scheduled: float
         if not streaming:
             outcome.text = (await client.get_response(messages)).text
             return outcome
-        parts = []
         async with contextlib.aclosing(client.get_streaming_response(messages)) as stream:
             async for update in stream:
-                if text := update.text:
-                    if outcome.first_token is None:
-                        outcome.first_token = time.monotonic() - scheduled
-                    parts.append(text)
-        outcome.text = "".join(parts)
+                outcome.received(update.text, scheduled)
     except Exception as exc:
-        outcome.error = type(exc).__name__
-        outcome.output_before_error = outcome.first_token is not None
+        outcome.failed(exc)
     return outcome
 
 
@@ -287,20 +292,15 @@ class LiteLLMRunner(Runner):
                     response = await self.router.acompletion(model="fleet", messages=messages)
                     outcome.text = str(response.choices[0].message.content or "")
                     return outcome
-                parts = []
                 response = await self.router.acompletion(
                     model="fleet", messages=messages, stream=True
                 )
                 async for chunk in response:
-                    text = chunk.choices[0].delta.content if chunk.choices else None
-                    if text:
-                        if outcome.first_token is None:
-                            outcome.first_token = time.monotonic() - scheduled
-                        parts.append(text)
-                outcome.text = "".join(parts)
+                    outcome.received(
+                        chunk.choices[0].delta.content if chunk.choices else None, scheduled
+                    )
         except Exception as exc:
-            outcome.error = type(exc).__name__
-            outcome.output_before_error = outcome.first_token is not None
+            outcome.failed(exc)
         return outcome
 
 

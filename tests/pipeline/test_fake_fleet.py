@@ -427,22 +427,21 @@ def test_scenario_problems_name_their_key_paths() -> None:
 # -- in a process of its own --------------------------------------------------------------
 
 
+async def fleet_process(scenario: Path, *options: str, **pipes: int) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pipeline", "fake-fleet", "--scenario", str(scenario), *options,
+        **pipes,
+    )  # fmt: skip
+
+
 async def test_cli_serves_a_scenario_and_answers_commands(tmp_path: Path) -> None:
     scenario = tmp_path / "fleet.toml"
     scenario.write_text(
         '[deployments.a]\nchunks = 2\nfaults = [{ kind = "down", start = 1000 }]\n'
         "[deployments.b]\nchunks = 3\n"
     )
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pipeline",
-        "fake-fleet",
-        "--scenario",
-        str(scenario),
-        "--manual-start",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
+    process = await fleet_process(
+        scenario, "--manual-start", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
     assert process.stdin is not None and process.stdout is not None
     try:
@@ -475,15 +474,8 @@ async def test_cli_serves_a_scenario_and_answers_commands(tmp_path: Path) -> Non
 async def test_cli_refuses_a_bad_scenario(tmp_path: Path) -> None:
     scenario = tmp_path / "fleet.toml"
     scenario.write_text("[deployments.a]\nchunks = -1\n")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pipeline",
-        "fake-fleet",
-        "--scenario",
-        str(scenario),
-        stdin=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+    process = await fleet_process(
+        scenario, stdin=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
     )
     async with asyncio.timeout(60):
         _, err = await process.communicate()

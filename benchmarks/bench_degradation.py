@@ -292,6 +292,8 @@ def analyze(scenario: Scenario, result: dict[str, Any]) -> dict[str, Any]:
         back = next((at for at in on_degraded if at >= end), None)
         figures["left_after"] = left - start
         figures["back_after"] = None if back is None else back - end
+        # Calls still sent to a once it should have been left (probes, cooldowns ending).
+        figures["late_on_degraded"] = sum(1 for at in on_degraded if start + 1.5 <= at < end)
     return figures
 
 
@@ -366,7 +368,7 @@ def print_scenario(
             "| TTFT p50 / p99 s | calls/request | a's share in fault | slower than "
             "1.15x oracle p99 | CPU ms/request | launch lag p99 s |")  # fmt: skip
     if hang:
-        head += " hung on a | off a after | back on a after |"
+        head += " hung on a | off a after | calls on a from 1.5 s in | back on a after |"
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
     for name in names:
@@ -388,7 +390,7 @@ def print_scenario(
         )
         if hang:
             back = f["back_after"]
-            row += (f" {f['outcomes']['hung']} | {f['left_after']:.1f} s "
+            row += (f" {f['outcomes']['hung']} | {f['left_after']:.1f} s | {f['late_on_degraded']} "
                     f"| {'never' if back is None else f'{back:.1f} s'} |")  # fmt: skip
         print(row)
 

@@ -395,6 +395,30 @@ def print_scenario(
         print(row)
 
 
+def print_summary(reports: dict[str, dict[str, Any]]) -> None:
+    """One table of every scenario and contender (the README's)."""
+    print(
+        "\n#### Summary\n\n| scenario | contender | success (failed after output) | p50 / p99 s "
+        "| steady p99 s | TTFT p99 s | calls/request | a's share in fault | CPU ms/request "
+        "| launch lag p99 s |\n|---|---|---|---|---|---|---|---|---|---|"
+    )
+    for key, report in reports.items():
+        figures = report["figures"]
+        oracle = figures.get("oracle")
+        for name, f in figures.items():
+            steady = _s(f["steady_p99"])
+            if name != "oracle" and oracle and oracle["steady_p99"] and f["steady_p99"]:
+                steady += f" ({f['steady_p99'] / oracle['steady_p99']:.2f}x)"
+            share = f["degraded_share_in_fault"]
+            print(
+                f"| {key} | {CONTENDERS[name].label} | {f['success']:.1%} "
+                f"({f['failed_after_output']}) | {_s(f['p50'])} / {_s(f['p99'])} | {steady} "
+                f"| {_s(f['first_token_p99'])} | {f['calls_per_request']:.2f} "
+                f"| {'-' if share is None else f'{share:.0%}'} "
+                f"| {f['cpu_ms_per_request']:.1f} | {_s(f['late_p99'])} |"
+            )
+
+
 def main(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the fleet's and the contender's processes are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -453,6 +477,7 @@ def main(args: argparse.Namespace) -> int:
             "figures": figures,
             "slow": slow,
         }
+    print_summary(report["scenarios"])
     print("\n#### Targets (against the oracle of the same run)\n")
     print("| scenario | contender | checks |\n|---|---|---|")
     for scenario_name, name, found in all_checks:
@@ -510,12 +535,18 @@ if __name__ == "__main__":
         help="the fleet on core 1, the contender on core 0 (default: any core; on a busy "
         "machine a pinned contender falls behind sooner)",
     )
+    parser.add_argument(
+        "--summary", metavar="JSON", help="print the summary table of an earlier --json run"
+    )
     parser.add_argument("--contender", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     parser.add_argument("--job", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, help=argparse.SUPPRESS)
     parsed = parser.parse_args()
     if parsed.contender is not None:
         contender_main(parsed.contender, parsed.job, parsed.cpu)
+        sys.exit(0)
+    if parsed.summary is not None:
+        print_summary(json.loads(Path(parsed.summary).read_text())["scenarios"])
         sys.exit(0)
     if parsed.quick:
         parsed.duration = 20.0

@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 from middleware.routing import Route
-from middleware.routing._telemetry import (
+from pipeline._semconv import (
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,
@@ -213,15 +213,50 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _eval(args: argparse.Namespace) -> int:
-    import json
+class _ReportFile:
+    """The ``--json`` file, opened before any case runs (a path that cannot be written is
+    found before the work, not after it). It is opened to append, so an existing file is
+    untouched until the report replaces its content; a file this run created is removed
+    when the run ends without a report."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._created = not os.path.lexists(path)
+        self._stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept for the run
+
+    def write(self, report: object) -> None:
+        import json
+
+        with self._stream as out:
+            if out.seekable():  # a regular file (not /dev/stdout): replace what it held
+                out.seek(0)
+                out.truncate()
+            json.dump(report, out, indent=2)
+            out.write("\n")
+
+    def discard(self) -> None:
+        import contextlib
+
+        self._stream.close()
+        if self._created:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def _eval(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
     from pipeline.evals import load_validators, run_eval
 
     def progress(done: int, total: int) -> None:
         print(f"\reval: {done}/{total} requests", end="", file=sys.stderr, flush=True)
 
+    output = None
+    if args.json:
+        try:
+            output = _ReportFile(args.json)
+        except OSError as exc:
+            print(f"cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     routes = [name.strip() for name in args.routes.split(",")] if args.routes else None
     try:
         validators = load_validators(args.validators) if args.validators else {}
@@ -238,20 +273,22 @@ def _eval(args: argparse.Namespace) -> int:
                 progress=progress if sys.stderr.isatty() else None,
             )
         )
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:
+        if output is not None:
+            output.discard()
+        if isinstance(exc, ConfigError):
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return 2
+        raise
     if sys.stderr.isatty():
         print(file=sys.stderr)
     print(report.table())
     failures = report.failures()
     if failures:
         print("\nfailed cases:\n" + failures)
-    if args.json:
+    if output is not None:
         try:
-            with open(args.json, "w", encoding="utf-8") as out:
-                json.dump(report.to_json(), out, indent=2)
-                out.write("\n")
+            output.write(report.to_json())
         except OSError as exc:
             print(f"cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 2

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import propagate, trace
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_METHOD,
@@ -64,6 +64,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pipeline._genai import ERROR_STATUS
+from pipeline._semconv import CLIENT_DISCONNECTED, GATEWAY_MODEL, GATEWAY_SCOPE, meter, tracer
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys
@@ -91,13 +92,6 @@ __all__ = ["CHAT_ROUTE", "SESSION_HEADER", "Gateway", "create_app"]
 CHAT_ROUTE = "/v1/chat/completions"
 SESSION_HEADER = "x-session-id"
 """The request header carrying the session id (session affinity keeps its route)."""
-
-GATEWAY_MODEL = "chat_pipeline.gateway.model"
-"""Span attribute: the model name the client asked for (one `/v1/models` lists)."""
-
-CLIENT_DISCONNECTED = "chat_pipeline.gateway.client_disconnected"
-"""Span attribute: the client went away before its answer was complete (the request was
-cancelled)."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -212,11 +206,8 @@ class Gateway:
         self._keys = keys
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
-        from pipeline import __version__
-
-        self._tracer = trace.get_tracer("chat_pipeline.gateway", __version__, tracer_provider)
-        meter = metrics.get_meter("chat_pipeline.gateway", __version__, meter_provider)
-        self._duration = meter.create_histogram(
+        self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
+        self._duration = meter(GATEWAY_SCOPE, meter_provider).create_histogram(
             HTTP_SERVER_REQUEST_DURATION, unit="s", description="Duration of HTTP server requests"
         )
         self._targets: dict[str, _Target] = {}
@@ -297,21 +288,17 @@ class Gateway:
         if self.settings.redis_url_env:
             variables["gateway"] = self.settings.redis_url_env
         for name, route in self.config.routes.items():
-            breaker = getattr(route, "breaker", None)
+            breaker = route.breaker
             if breaker is not None and breaker.redis_url_env:
                 variables[f"routes.{name}.breaker"] = breaker.redis_url_env
-        affinity = getattr(self.config.router, "affinity", None)
+        affinity = self.config.router.affinity if self.config.router is not None else None
         if affinity is not None and affinity.redis_url_env:
             variables["router.affinity"] = affinity.redis_url_env
-        if not variables:
-            return {}
-        import redis.asyncio as redis_asyncio
+        from pipeline import _redis
 
         timeout = self.settings.readiness_timeout
         return {
-            where: redis_asyncio.Redis.from_url(
-                os.environ[variable], socket_timeout=timeout, socket_connect_timeout=timeout
-            )
+            where: _redis.RedisClient(os.environ[variable], timeout=timeout)
             for where, variable in variables.items()
         }
 
@@ -320,12 +307,7 @@ class Gateway:
         checks = {"pipeline": "ok" if self.ready else "not started"}
 
         async def ping(where: str, client: Any) -> None:
-            try:
-                async with asyncio.timeout(self.settings.readiness_timeout):
-                    await client.ping()
-                checks[f"redis:{where}"] = "ok"
-            except Exception as exc:  # a readiness answer, not an error of this request
-                checks[f"redis:{where}"] = f"unavailable ({type(exc).__name__})"
+            checks[f"redis:{where}"] = await client.ping()  # "ok" or "unavailable (...)"
 
         await asyncio.gather(*(ping(where, c) for where, c in self._redis.items()))
         return all(value == "ok" for value in checks.values()), checks

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tests.e2e.scripted import ATTEMPTS_PER_PHASE, BACKUP_DELAY, run_phase
 from tests.e2e.servers import Prometheus, poll, running_prometheus
+from tests.processes import require_module
 
 pytestmark = pytest.mark.e2e
 
@@ -33,12 +34,17 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
-    result = prometheus.query("sum(ai_route_attempts_total)")
+    result = prometheus.query("sum(ai_route_attempt_count_total)")
     return True if result and float(result[0]["value"][1]) == expected else None
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    require_module(
+        "opentelemetry.exporter.prometheus",
+        what="the Prometheus exporter (opentelemetry-exporter-prometheus)",
+        extra="e2e",
+    )
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,8 +18,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
 from pipeline.testing import FakeOpenAIServer, FakeResponse
-from tests.e2e.servers import ServerProcess
 from tests.otel import Receiver
+from tests.processes import UVICORN_PORT, ChildProcess, StartError
 
 pytestmark = pytest.mark.gateway
 
@@ -28,20 +27,14 @@ MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 SERVER_SPAN_KIND = 2  # SPAN_KIND_SERVER in OTLP
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Serving:
-    def __init__(self, server: ServerProcess, port: int) -> None:
+    def __init__(self, server: ChildProcess, port: int) -> None:
         self.server = server
         self.process = server.process
         self.url = f"http://127.0.0.1:{port}"
 
     def log(self) -> str:
-        return "".join(self.server.lines)
+        return self.server.output()
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -69,27 +62,21 @@ class Serving:
 def serving(
     config: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
 ) -> Iterator[Serving]:
-    """``chat-pipeline serve`` on a free port until the block ends; ready once every worker
+    """``chat-pipeline serve`` on port 0 until the block ends; ready once every worker
     logged uvicorn's startup line (after the pipeline was built); a process that exits
     fails at once."""
-    port = free_port()
     workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
-    argv = [sys.executable, "-m", "pipeline", "serve", "--config", str(config)]
-    server = ServerProcess(
-        "chat-pipeline serve",
-        [*argv, "--port", str(port), *args],
-        env={**os.environ, **(env or {})},
-    )
-    try:
+    argv = [sys.executable, "-m", "pipeline", "serve", "--config", str(config), "--port", "0"]
+    env = {**os.environ, **(env or {})}
+    # A group of its own: stopping it after a failed test stops its workers too.
+    with ChildProcess("chat-pipeline serve", [*argv, *args], env=env, own_group=True) as server:
         try:
+            # The port is logged once bound, before the workers start.
+            port = server.wait_for_port(UVICORN_PORT, timeout)
             server.wait_for_line("Application startup complete", timeout, count=workers)
-        except RuntimeError as exc:
+        except StartError as exc:
             pytest.fail(str(exc), pytrace=False)
         yield Serving(server, port)
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-        server.stop()  # reaps the process and joins its output reader
 
 
 def write_config(path: Path, upstream: FakeOpenAIServer, extra: str = "") -> Path:

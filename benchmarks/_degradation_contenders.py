@@ -61,6 +61,19 @@ request_timeout = {REQUEST_TIMEOUT}
 )
 
 
+# The balanced router over the same routes, by route health (peak-EWMA, power of two).
+BALANCED_TOML = (
+    ROUTES_TOML
+    + f"""
+[router]
+kind = "balanced"
+strategy = "peak_ewma"
+attempt_timeout = {ATTEMPT_TIMEOUT}
+request_timeout = {REQUEST_TIMEOUT}
+"""
+)
+
+
 def _routes(urls: Mapping[str, str]) -> list[Any]:
     """The same three routes as the TOML: retry + breaker over the OpenAI client."""
     from middleware.routing import Route
@@ -77,21 +90,6 @@ def _routes(urls: Mapping[str, str]) -> list[Any]:
         )
         for name, url in urls.items()
     ]
-
-
-def build_balanced(urls: Mapping[str, str]) -> Any:
-    from pipeline import ChatPipeline
-
-    return (
-        ChatPipeline.builder()
-        .use_balanced_failover(
-            _routes(urls),
-            strategy="peak_ewma",
-            attempt_timeout=ATTEMPT_TIMEOUT,
-            request_timeout=REQUEST_TIMEOUT,
-        )
-        .build()
-    )
 
 
 def build_hedged(urls: Mapping[str, str]) -> Any:
@@ -145,7 +143,7 @@ CONTENDERS: dict[str, Contender] = {
             "chat-pipeline-balanced",
             "chat-pipeline balanced (peak_ewma)",
             "chat-pipeline",
-            build=build_balanced,
+            BALANCED_TOML,
             requires="BalancedFailoverChatClient",
         ),
         Contender(

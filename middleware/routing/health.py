@@ -104,7 +104,7 @@ class HealthSettings(Settings):
     min_failures: Annotated[float, Field(ge=0)] = 1.0
     probe_interval: _Seconds = 2.0
     max_probe_interval: _Seconds = 5.0
-    probe_timeout_ratio: _Seconds = 1.0
+    probe_timeout_ratio: _Seconds = 1.5
     recovery_probes: Annotated[int, Field(ge=1)] = 2
     counts: Callable[[BaseException], bool] = counts_against_route
 
@@ -114,7 +114,8 @@ class RouteStats:
     """One route's health as of now.
 
     `latency` is the estimate of its time to first update in seconds (``None`` before any
-    sample), counting an attempt still waiting with its age; `failure_ratio` is between 0
+    sample): the peak-EWMA, counting an attempt still waiting with its age; `mean_latency`
+    the plain EWMA that outliers are told by (same rules); `failure_ratio` is between 0
     and 1; `cooldown` is the seconds of cooldown left (0 when none); `samples` is the decayed
     number of attempts behind `failure_ratio`.
     """
@@ -122,6 +123,7 @@ class RouteStats:
     name: str
     in_flight: int
     latency: float | None
+    mean_latency: float | None
     failure_ratio: float
     cooldown: float
     samples: float
@@ -139,6 +141,8 @@ class _Signals:
         "good_probe_total",
         "good_probes",
         "in_flight",
+        "mean",
+        "mean_at",
         "next_token",
         "outlier_since",
         "pending",
@@ -153,8 +157,10 @@ class _Signals:
         self.in_flight = 0
         self.pending: dict[int, float] = {}  # token -> start, until the first update
         self.next_token = 0
-        self.ewma: float | None = None
+        self.ewma: float | None = None  # the peak-EWMA: what choosing among routes weighs
         self.ewma_at = 0.0
+        self.mean: float | None = None  # a plain EWMA: what tells an outlier (tails aside)
+        self.mean_at = 0.0
         self.failures = 0.0
         self.attempts = 0.0
         self.ratio_at = 0.0
@@ -165,8 +171,9 @@ class _Signals:
         self.probing = False
         self.good_probes = 0  # probes in a row that answered within their bound
         self.good_probe_total = 0.0  # and their latencies, summed
-        # What other replicas said (see RedisHealthStore): (latency, failures, attempts).
-        self.shared: tuple[float | None, float, float] | None = None
+        # What other replicas said (see RedisHealthStore): (peak latency, mean latency,
+        # failures, attempts).
+        self.shared: tuple[float | None, float | None, float, float] | None = None
 
 
 class AttemptTicket:
@@ -322,13 +329,22 @@ class RouteHealth:
     def _observe_latency(
         self, signals: _Signals, sample: float, now: float, *, censored: bool
     ) -> None:
+        decay = self.settings.latency_decay
+        mean = signals.mean
+        if mean is None or (censored and sample > mean):
+            signals.mean = sample
+            signals.mean_at = now
+        elif not censored:  # a wait cut short says "at least this slow": it never lowers
+            weight = math.exp(-max(0.0, now - signals.mean_at) / decay)
+            signals.mean = mean * weight + sample * (1.0 - weight)
+            signals.mean_at = now
         estimate = signals.ewma
         if estimate is None or sample >= estimate:
             signals.ewma = sample  # the peak: a slower answer counts at once
         elif censored:
-            return  # a wait cut short says "at least this slow": it never lowers
+            return
         else:
-            weight = math.exp(-max(0.0, now - signals.ewma_at) / self.settings.latency_decay)
+            weight = math.exp(-max(0.0, now - signals.ewma_at) / decay)
             signals.ewma = estimate * weight + sample * (1.0 - weight)
         signals.ewma_at = now
 
@@ -340,8 +356,8 @@ class RouteHealth:
         signals.good_probes += 1
         signals.good_probe_total += latency
         if signals.good_probes >= self.settings.recovery_probes:
-            signals.ewma = signals.good_probe_total / signals.good_probes
-            signals.ewma_at = now
+            signals.ewma = signals.mean = signals.good_probe_total / signals.good_probes
+            signals.ewma_at = signals.mean_at = now
             signals.good_probes = 0
             signals.good_probe_total = 0.0
 
@@ -371,16 +387,19 @@ class RouteHealth:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _latency(self, signals: _Signals, now: float) -> float | None:
-        """The effective estimate: this process's, or what a replica saw if slower."""
-        estimate = self._own_latency(signals, now)
+    def _latency(self, signals: _Signals, now: float, *, typical: bool = False) -> float | None:
+        """The effective estimate (the peak, or with `typical` the mean): this process's,
+        or what a replica saw if slower."""
+        estimate = self._own_latency(signals, now, typical=typical)
         shared = signals.shared
-        if shared is not None and shared[0] is not None:
-            return shared[0] if estimate is None else max(estimate, shared[0])
+        if shared is not None:
+            theirs = shared[1] if typical else shared[0]
+            if theirs is not None:
+                return theirs if estimate is None else max(estimate, theirs)
         return estimate
 
-    def _own_latency(self, signals: _Signals, now: float) -> float | None:
-        estimate = signals.ewma
+    def _own_latency(self, signals: _Signals, now: float, *, typical: bool = False) -> float | None:
+        estimate = signals.mean if typical else signals.ewma
         if signals.pending:
             # The oldest attempt still waiting (tokens grow with start times).
             oldest = signals.pending[next(iter(signals.pending))]
@@ -394,8 +413,8 @@ class RouteHealth:
         self._decay_outcomes(signals, now)
         failures, attempts = signals.failures, signals.attempts
         if signals.shared is not None:
-            failures += signals.shared[1]
-            attempts += signals.shared[2]
+            failures += signals.shared[2]
+            attempts += signals.shared[3]
         # One attempt more in the denominator: a single failure is not yet a 100% ratio.
         return failures / (attempts + 1.0), failures, attempts
 
@@ -408,6 +427,7 @@ class RouteHealth:
             name=route,
             in_flight=signals.in_flight,
             latency=self._latency(signals, now),
+            mean_latency=self._latency(signals, now, typical=True),
             failure_ratio=ratio,
             cooldown=max(0.0, signals.cooldown_until - now),
             samples=attempts,
@@ -437,6 +457,7 @@ class Judgement:
 
     __slots__ = (
         "latency",
+        "mean",
         "now",
         "outliers",
         "probe_deadline",
@@ -450,10 +471,12 @@ class Judgement:
         self.now = now
         self.signals = {name: health._signals(name) for name in routes}
         self.latency: dict[str, float | None] = {}
+        self.mean: dict[str, float | None] = {}
         self.ratio: dict[str, float] = {}
         failures: dict[str, float] = {}
         for name, signals in self.signals.items():
             self.latency[name] = health._latency(signals, now)
+            self.mean[name] = health._latency(signals, now, typical=True)
             self.ratio[name], failures[name], _ = health._ratio(signals, now)
         self.outliers: set[str] = set()
         self.probe_deadline: float | None = None
@@ -462,11 +485,13 @@ class Judgement:
         self.typical_latency = _median(known) if known else 1.0
         if len(routes) < 2:
             return
+        # Outliers are told by the mean: the peak would call a route an outlier for one
+        # answer in its tail.
         for name in routes:
             others_latency = [
-                value for other, value in self.latency.items() if other != name and value
+                value for other, value in self.mean.items() if other != name and value
             ]
-            latency = self.latency[name]
+            latency = self.mean[name]
             if latency is not None and others_latency:
                 median = _median(others_latency)
                 if latency > max(
@@ -492,7 +517,7 @@ class Judgement:
         if known:
             healthy = [
                 value
-                for name, value in self.latency.items()
+                for name, value in self.mean.items()
                 if value is not None and name not in self.outliers
             ]
             if healthy:

@@ -5,7 +5,7 @@ traffic (the sync is started by an attempt and runs beside it, bounded by `timeo
 publishes what it learnt and reads what the others did:
 
 * ``<namespace>:{<route>}`` is a hash with one field per replica: its latency estimates
-  (peak and mean, effective: an attempt hanging there counts with its age), its decayed
+  (peak and typical, effective: an attempt hanging there counts with its age), its decayed
   failures and attempts, and when it wrote them (milliseconds since the epoch). Fields
   older than `ttl` are ignored, and the hash expires after `ttl` without writes;
 * ``<namespace>:{<route>}:cooldown`` holds the end of the route's cooldown (milliseconds
@@ -175,12 +175,19 @@ class RedisHealthStore(HealthStore):
         for name, signals in routes:
             health._decay_outcomes(signals, now)
             peak = health._own_latency(signals, now)
-            mean = health._own_latency(signals, now, typical=True)
+            typical = health._own_latency(signals, now, typical=True)
             writes.append(
                 (
                     name,
-                    f"{'' if peak is None else repr(peak)},{'' if mean is None else repr(mean)},"
-                    f"{signals.failures!r},{signals.attempts!r},{wall_ms}",
+                    ",".join(
+                        (
+                            "" if peak is None else repr(peak),
+                            "" if typical is None else repr(typical),
+                            repr(signals.failures),
+                            repr(signals.attempts),
+                            str(wall_ms),
+                        )
+                    ),
                 )
             )
 
@@ -216,16 +223,16 @@ class RedisHealthStore(HealthStore):
         wall: float,
     ) -> None:
         peak: float | None = None
-        mean: float | None = None
+        typical: float | None = None
         failures = attempts = 0.0
         decay = health.settings.failure_decay
         for replica, value in (fields or {}).items():
             if _text(replica) == self.replica:
                 continue
             try:
-                their_peak, their_mean, their_failures, their_attempts, stamp = _text(value).split(
-                    ","
-                )
+                their_peak, their_typical, their_failures, their_attempts, stamp = _text(
+                    value
+                ).split(",")
                 age = wall - int(stamp) / 1000
                 if age > self.ttl:
                     continue
@@ -233,10 +240,10 @@ class RedisHealthStore(HealthStore):
                 failures += max(0.0, float(their_failures)) * weight
                 attempts += max(0.0, float(their_attempts)) * weight
                 peak = _slowest(peak, their_peak)
-                mean = _slowest(mean, their_mean)
+                typical = _slowest(typical, their_typical)
             except (ValueError, TypeError, UnicodeDecodeError):
                 continue  # another version's or a damaged field: not ours to trust
-        signals.shared = (peak, mean, failures, attempts) if (peak or attempts) else None
+        signals.shared = (peak, typical, failures, attempts) if (peak or attempts) else None
         if cooldown is not None:
             try:
                 end = int(_text(cooldown)) / 1000

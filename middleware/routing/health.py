@@ -6,7 +6,7 @@ A `RouteHealth` keeps, per route name, four signals fed by every attempt a route
 * **latency**: a peak-EWMA of the time to first update (Finagle's and Linkerd's load
   balancer estimate), which weighs the choice among routes: a slower sample raises it at
   once, a faster one lowers it with a decay of `latency_decay` seconds; and the **typical**
-  latency, the median of the last eight answers, which tells an outlier (one answer in a
+  latency, the median of the last five answers, which tells an outlier (one answer in a
   route's tail does not make one; a route whose answers all slowed down is one within a
   few answers). A route that has answered nothing since its oldest waiting attempt started
   counts as at least that slow, so a hang is seen while it hangs, not only when its
@@ -91,7 +91,7 @@ def counts_against_route(exc: BaseException) -> bool:
 
 
 _Seconds = Annotated[float, Field(gt=0)]
-_RECENT = 8  # answers whose median is a route's typical latency
+_RECENT = 5  # answers whose median is a route's typical latency
 
 
 class HealthSettings(Settings):

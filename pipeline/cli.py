@@ -12,7 +12,10 @@ pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl
 case set to each route of a TOML file directly and prints a per-route table (see
 `pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
 configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
-fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
+fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1. ``chat-pipeline fake-fleet
+--scenario FILE`` serves a `pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints
+each deployment's URL (see `pipeline.testing.FakeFleet.from_scenario` and the commands it reads
+on stdin).
 
 ``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]`` serves
 a pipeline built from TOML as an OpenAI-compatible API (`pipeline.gateway`; needs the
@@ -327,6 +330,28 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
     return 0
 
 
+def _fake_fleet(args: argparse.Namespace) -> int:
+    from pipeline._fake_fleet import serve_fleet
+
+    async def run() -> int:
+        # Stop on Ctrl-C or SIGTERM as the fake server does.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await serve_fleet(
+            args.scenario, seed=args.seed, manual_start=args.manual_start, stop=stop
+        )
+
+    try:
+        return asyncio.run(run())
+    except (ValueError, TypeError) as exc:
+        print(f"scenario error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
 
@@ -399,6 +424,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="the wire format to speak (default: openai)",
     )
+    fleet = commands.add_parser(
+        "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
+    )
+    fleet.add_argument("--scenario", required=True, metavar="FILE", help="the fleet's scenario")
+    fleet.add_argument("--seed", type=int, help="replaces the scenario's seed")
+    fleet.add_argument(
+        "--manual-start", action="store_true", help="no fault until a 'start' line on stdin"
+    )
     gateway = commands.add_parser(
         "serve", help="serve a pipeline built from a TOML file as an OpenAI-compatible API"
     )
@@ -426,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_fake_server(args.port, args.format))
         except KeyboardInterrupt:
             return 0
+    if args.command == "fake-fleet":
+        return _fake_fleet(args)
     if args.command == "serve":
         return _serve(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits

@@ -720,3 +720,70 @@ def test_loading_without_a_semantic_router_does_not_import_numpy() -> None:
     )
     # Only building a semantic router loads numpy.
     assert done.stdout.split() == ["False", "False", "False", "True"]
+
+
+# -- groups: routes that serve as one ---------------------------------------------------------
+
+GROUPS = """
+[routes.a]
+provider = "scripted"
+reply = "from a"
+max_input_tokens = 8000
+capabilities = ["tools", "json"]
+
+[routes.b]
+provider = "scripted"
+reply = "from b"
+max_input_tokens = 4000
+capabilities = ["tools"]
+
+[routes.large]
+provider = "scripted"
+reply = "from large"
+
+[groups.standard]
+routes = ["a", "b"]
+strategy = "round_robin"
+
+[router]
+kind = "tiered"
+default = "standard"
+fallback = { standard = ["large"] }
+"""
+
+
+async def test_a_tier_may_be_a_balanced_group(tmp_path: Path, streaming: bool) -> None:
+    config = load_config(write(tmp_path, GROUPS))
+    assert list(config.groups) == ["standard"] and config.route_names == ["a", "b", "large"]
+    chat = config.build()
+    assert "standard" in chat.describe()[0] and "large" in chat.describe()[0]
+    async with chat:
+        texts = [(await collect(chat, "hi", streaming=streaming)).text for _ in range(4)]
+    assert texts == ["from a", "from b", "from a", "from b"]
+
+
+async def test_a_group_has_its_members_smallest_window_and_shared_capabilities(
+    tmp_path: Path, streaming: bool
+) -> None:
+    chat = load_config(write(tmp_path, GROUPS)).build()
+    async with chat:
+        # ~5,000 input tokens: over b's 4,000, so over the group's window: the next tier.
+        long = "word " * 20_000
+        assert (await collect(chat, long, streaming=streaming)).text == "from large"
+
+
+def test_group_problems_are_reported_with_their_key_paths(tmp_path: Path) -> None:
+    text = (
+        GROUPS.replace('routes = ["a", "b"]', 'routes = ["a", "b", "zz", "a"]')
+        .replace('default = "standard"', 'default = "a"')
+        .replace('strategy = "round_robin"', 'strategy = "fastest"')
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    problems = dict(caught.value.problems)
+    assert problems["groups.standard.routes[2]"].startswith("names no route: 'zz'")
+    assert problems["groups.standard.routes[3]"] == "'a' is in group 'standard' already"
+    assert problems["router.default"] == "'a' serves in group 'standard': name the group"
+    assert "groups.standard.strategy" in problems
+    with pytest.raises(ConfigError, match="groups.a: a route is named 'a' too"):
+        load_config(write(tmp_path, GROUPS.replace("[groups.standard]", "[groups.a]")))

@@ -30,9 +30,10 @@ class Counts(NamedTuple):
 
 
 class SlidingWindow:
-    """Outcomes per bucket over the last `BUCKETS` buckets of `width` seconds. Times are
-    seconds since the epoch, from the breaker's clock; a time earlier than the newest seen
-    counts in its own bucket if that is still in the window, else nowhere."""
+    """Outcomes per bucket over the last `BUCKETS` buckets (numbered by
+    `RatioPolicy.bucket` from the breaker's clock). The newest bucket seen is the current
+    one; outcomes added to an older bucket count if it is still in the window, else
+    nowhere."""
 
     __slots__ = ("_calls", "_failures", "_held", "_newest", "_slow", "calls", "failures", "slow")
 

@@ -138,7 +138,7 @@ _S = TypeVar("_S", bound=Settings)
 def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
     """The layer's `settings` from a table built on them (a table adds keys only a file
     needs, such as ``kind`` or ``redis_url_env``), with `changes`."""
-    values = {key: getattr(table, key) for key in settings.model_fields}
+    values = {key: value for key, value in table.given().items() if key in settings.model_fields}
     return settings(**{**values, **changes})
 
 

@@ -199,6 +199,14 @@ async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None
             "routes.small.breaker.fail_max",
         ),
         (
+            ("reset_timeout = 10 }", "failure_ratio = 1.5 }"),
+            "routes.small.breaker.failure_ratio: expected at most 1.0, got 1.5",
+        ),
+        (
+            ("reset_timeout = 10 }", "slow_call_ratio = 0.2 }"),
+            "routes.small.breaker.slow_call_ratio: needs slow_call_duration",
+        ),
+        (
             ('order = ["small", "offline"]', 'order = ["small", "missing"]'),
             "router.order[1]: names no route: 'missing'",
         ),
@@ -219,6 +227,25 @@ def test_errors_name_the_key_path(tmp_path: Path, change: tuple[str, str], messa
     with pytest.raises(ConfigError) as caught:
         ChatPipeline.from_config(write(tmp_path, BASE.replace(old, new, 1)))
     assert message in str(caught.value)
+
+
+def test_a_route_breaker_takes_the_ratio_policies(tmp_path: Path) -> None:
+    text = BASE.replace(
+        "reset_timeout = 10 }",
+        "failure_ratio = 0.25, minimum_calls = 50, window = 60.0, slow_call_duration = 2.5, "
+        "slow_call_ratio = 0.4 }",
+    )
+    table = load_config(write(tmp_path, text)).routes["small"].breaker
+    assert table is not None
+    settings = table.breaker_settings("small")
+    assert (
+        settings.failure_ratio,
+        settings.minimum_calls,
+        settings.window,
+        settings.slow_call_duration,
+        settings.slow_call_ratio,
+    ) == (0.25, 50, 60.0, 2.5, 0.4)
+    ChatPipeline.from_config(write(tmp_path, text))  # builds
 
 
 def test_secrets_only_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

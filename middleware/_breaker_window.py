@@ -75,8 +75,13 @@ class SlidingWindow:
         self._newest = bucket
         if newest is None:
             return
+        if bucket - newest >= BUCKETS:
+            # Everything the window held is older than the new window: one pass over the slots.
+            for slot in range(BUCKETS):
+                self._evict(slot)
+            return
         # Only the slots of buckets that just left can hold anything to drop.
-        for old in range(max(newest, bucket - BUCKETS) - BUCKETS + 1, bucket - BUCKETS + 1):
+        for old in range(newest - BUCKETS + 1, bucket - BUCKETS + 1):
             slot = old % BUCKETS
             if self._held[slot] == old:
                 self._evict(slot)

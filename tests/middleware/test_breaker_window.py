@@ -50,3 +50,13 @@ def test_thresholds_are_reached_at_or_above_with_minimum_calls() -> None:
     assert policy.passed(Counts(10, 2, 5)) == "slow_call_ratio"
     off = RatioPolicy(window=30, minimum_calls=1, failure_ratio=None, slow_call_ratio=None)
     assert off.passed(Counts(10, 10, 10)) is None
+
+
+def test_a_jump_of_more_than_one_window_drops_every_bucket_it_held() -> None:
+    # Found by the property test: from bucket 28 to 39, bucket 19 (still in the window at 28)
+    # must leave although it is older than the first bucket 39's window could evict.
+    window = SlidingWindow()
+    window.add(19, 1, 0, 1)
+    window.add(28, 0, 0, 1)
+    assert window.counts(28) == Counts(1, 0, 2)
+    assert window.counts(39) == Counts(0, 0, 0) and window.buckets() == []

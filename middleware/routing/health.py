@@ -507,8 +507,11 @@ class Judgement:
         # Outliers are told by the typical latency: the peak would call a route an outlier
         # for one answer in its tail.
         for name in routes:
+            # A route answering in no measurable time is the fastest, not an unknown one.
             others_latency = [
-                value for other, value in self.typical.items() if other != name and value
+                value
+                for other, value in self.typical.items()
+                if other != name and value is not None
             ]
             latency = self.typical[name]
             if latency is not None and others_latency:

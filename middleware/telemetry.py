@@ -206,8 +206,11 @@ class TelemetryChatClient(DelegatingChatClient):
         finish_reason: str | None = None,
         usage: UsageDetails | None = None,
         first_chunk: float | None = None,
+        outer: RouteReport | None = None,
     ) -> None:
         duration = self._clock() - started
+        if outer is not None and report.route_name is not None:
+            _pass_on(report, outer)
         attributes = request if report.route_name is None else self._routed(span, request, report)
         failed = how == "failed" or (error is not None and how == "completed")
         if span.is_recording():
@@ -258,6 +261,7 @@ class TelemetryChatClient(DelegatingChatClient):
     ) -> ChatResponse:
         span, request = self._start(options)
         started = self._clock()
+        outer = _scope.current_report()  # a layer above (the gateway) hears the story too
         report = RouteReport()
         token = otel_context.attach(trace.set_span_in_context(span))
         report_token = _scope.enter_report(report)
@@ -266,7 +270,7 @@ class TelemetryChatClient(DelegatingChatClient):
         except BaseException as exc:
             _scope.exit_report(report_token)
             otel_context.detach(token)
-            self._end(span, request, started, report, how=ending_of(exc), error=exc)
+            self._end(span, request, started, report, how=ending_of(exc), error=exc, outer=outer)
             raise
         _scope.exit_report(report_token)
         otel_context.detach(token)
@@ -281,6 +285,7 @@ class TelemetryChatClient(DelegatingChatClient):
             response_model=response.model_id,
             finish_reason=response.finish_reason,
             usage=response.usage,
+            outer=outer,
         )
         return response
 
@@ -293,6 +298,15 @@ class TelemetryChatClient(DelegatingChatClient):
         )
 
 
+def _pass_on(report: RouteReport, outer: RouteReport) -> None:
+    """Tell the report of a layer above (the gateway's server span) the routing story a
+    router told this layer's report."""
+    outer.route_name = report.route_name
+    outer.metadata = report.metadata
+    outer.attempts = report.attempts
+    outer.fallback = report.fallback
+
+
 class _StreamTrace(StreamWatcher):
     """The span of one streamed request: started at the first read, current only while the
     layers beneath run (never while the caller holds an update, so the caller's own spans
@@ -303,6 +317,7 @@ class _StreamTrace(StreamWatcher):
         "first_chunk",
         "layer",
         "options",
+        "outer",
         "propagate",
         "report",
         "request",
@@ -330,6 +345,7 @@ class _StreamTrace(StreamWatcher):
         layer = self.layer
         self.span, self.request = layer._start(self.options)
         self.started = layer._clock()
+        self.outer = _scope.current_report()  # a layer above (the gateway) hears the story too
         self.span_context = trace.set_span_in_context(self.span)
         # Only the no-op API's span has no valid context: then no span needs to be current
         # for each update. A sampled-out span must still be current, so the spans beneath
@@ -372,4 +388,5 @@ class _StreamTrace(StreamWatcher):
             finish_reason=self.finish_reason,
             usage=self.usage,
             first_chunk=self.first_chunk,
+            outer=self.outer,
         )

@@ -367,9 +367,10 @@ def test_finish_reasons(reason: str | None, called: bool, expected: str) -> None
         (ContextLengthExceededError(), 400, "invalid_request_error", "context_length_exceeded"),
         (ContentFilteredError(), 400, "invalid_request_error", "content_filter"),
         (
+            # The gateway's own credentials, refused upstream: never the caller's 401.
             AuthenticationError(status_code=403),
-            401,
-            "authentication_error",
+            502,
+            "server_error",
             "upstream_authentication_failed",
         ),
         (TransientProviderError(status_code=502), 503, "server_error", "upstream_unavailable"),

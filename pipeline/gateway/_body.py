@@ -1,4 +1,5 @@
-"""The request-body layer: an inbound format's endpoint takes a JSON body by POST.
+"""The request-body layer: an inbound format's endpoint takes a JSON body by POST, read
+whole and parsed by the format (a 400 naming what is wrong) before a slot is taken.
 
 * Another method is 405; a ``Content-Type`` other than JSON (``application/json`` or
   ``application/*+json``, UTF-8: no other ``charset``) is 415, as OpenAI answers a form or
@@ -9,8 +10,9 @@
 * The body is read whole before the layers beneath run, so the limits layer takes a slot
   only for a request that has arrived. How long the body may take is the connection's
   business (``body_timeout``, enforced by `pipeline.gateway._protocol`): when it runs
-  out, the protocol marks the scope (`READ_TIMED_OUT`) and wakes the read, and this layer
-  answers 408 and closes the connection.
+  out, the connection answers 408 and ends, and this layer's read sees the client gone
+  with the scope marked `READ_TIMED_OUT`: the request ends as a 408 (for the span, the
+  metric and the log line), not as a client that left.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ _TIMED_OUT = WireError(408, "the request body did not arrive in time", code="req
 
 
 class BodyMiddleware:
-    """Reads the request's JSON body into its `Exchange`, or answers 405/408/413/415 (see
-    the module docstring)."""
+    """Reads and parses the request's body into its `Exchange` (`Exchange.request`), or
+    answers 400/405/408/413/415 (see the module docstring)."""
 
     __slots__ = ("_limit", "app")
 
@@ -49,17 +51,27 @@ class BodyMiddleware:
             if scope["method"] != "POST":
                 raise _METHOD
             content_type = exchange.content_type
-            if content_type is not None and not _is_json(content_type):
+            if (
+                content_type is not None
+                and content_type != b"application/json"
+                and not _is_json(content_type)
+            ):
                 raise _MEDIA_TYPE
             body = await self._read(scope, exchange, receive)
+            if body is None:
+                if READ_TIMED_OUT in scope:
+                    exchange.status = 408  # answered by the connection
+                    exchange.failure = _TIMED_OUT
+                else:
+                    exchange.disconnected = True  # the client left before its request
+                return
+            request = exchange.format.parse(body, session_id=exchange.session)
         except WireError as error:
             exchange.failure = error
             await exchange.error(error)
             return
-        if body is None:
-            exchange.disconnected = True  # the client left before sending its request
-            return
-        exchange.body = body
+        exchange.request = request
+        exchange.model = request.model
         await self.app(scope, receive, send)
 
     async def _read(self, scope: Scope, exchange: Exchange, receive: Receive) -> bytes | None:
@@ -77,9 +89,6 @@ class BodyMiddleware:
         size = 0
         while True:
             message = await receive()
-            if READ_TIMED_OUT in scope:
-                exchange.close = True  # too slow to be waited for again
-                raise _TIMED_OUT
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from pipeline._scope import RouteReport
-from pipeline.gateway.wire import NOT_RETRYABLE, WireError
+from pipeline.gateway.wire import NOT_RETRYABLE, ChatRequest, WireError
 
 if TYPE_CHECKING:
     from pipeline.gateway._handler import InboundFormat
@@ -78,17 +78,16 @@ class Exchange:
     """One request and its response (see the module docstring).
 
     The head fields are raw header values (``None`` when absent); `key` is the position of
-    the caller's API key (set by the auth layer, `NO_KEY` without keys); `body` is set by
-    the body layer; `status`, `failure` and `disconnected` say how the request ended;
+    the caller's API key (set by the auth layer, `NO_KEY` without keys); `request` is the
+    parsed body (set by the body layer); `status`, `failure` and `disconnected` say how the
+    request ended;
     `report`, `route`, `model`, `response_model` and `response_id` are the routing story
     the server span and the log line tell.
     """
 
     __slots__ = (
         "authorization",
-        "body",
         "carrier",
-        "close",
         "content_length",
         "content_type",
         "disconnected",
@@ -97,6 +96,7 @@ class Exchange:
         "key",
         "model",
         "report",
+        "request",
         "request_id",
         "response_id",
         "response_model",
@@ -141,11 +141,10 @@ class Exchange:
         self.session: str | None = session
         self.carrier = carrier
         self.key: int | None = None
-        self.body = b""
+        self.request: ChatRequest | None = None
         self.status = 0
         self.failure: BaseException | None = None
         self.disconnected = False
-        self.close = False  # answer with ``connection: close`` (the client is too slow)
         self.report: RouteReport | None = None
         self.route: str | None = None
         self.model: str | None = None
@@ -153,10 +152,7 @@ class Exchange:
         self.response_id: str | None = None
 
     def headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        headers = [*extra, (REQUEST_ID_HEADER, self.request_id.encode())]
-        if self.close:
-            headers.append((b"connection", b"close"))
-        return headers
+        return [*extra, (REQUEST_ID_HEADER, self.request_id.encode())]
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (with the request id)."""

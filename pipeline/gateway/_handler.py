@@ -114,7 +114,8 @@ class _Disconnect:
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
-    The layers outside it read the body (`Exchange.body`) and took the caller's slot."""
+    The layers outside it read and parsed the body (`Exchange.request`) and took the
+    caller's slot."""
 
     __slots__ = ("format", "gateway")
 
@@ -131,9 +132,10 @@ class FormatHandler:
         report = RouteReport()
         exchange.report = report
         token = _scope.enter_report(report)
+        request = exchange.request
+        if request is None:  # pragma: no cover - the body layer runs first
+            raise RuntimeError("the request's body was not read")
         try:
-            request = self.format.parse(exchange.body, session_id=exchange.session)
-            exchange.model = request.model
             target = self.gateway.targets.get(request.model)
             if target is None:
                 raise WireError(

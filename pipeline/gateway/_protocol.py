@@ -7,25 +7,29 @@ time, holds the connection (and, before this layer, a request slot) for ever. He
 connection of a worker has:
 
 * a head deadline (`ConnectionLimits.header_timeout`): from the connection's opening, or
-  from the first byte of a request after an idle keep-alive period, to the end of the
-  request head. Past it: ``408`` and the connection closed (silently when it sent
-  nothing at all). A head larger than `ConnectionLimits.max_head_bytes` is ``431``;
+  from the first read of a request after an idle keep-alive period, to the end of the
+  request head. Past it: ``408`` (a connection that sent nothing is closed silently). A
+  head larger than `ConnectionLimits.max_head_bytes` is ``431``;
 * a body deadline (`ConnectionLimits.body_timeout`), armed only when a body did not
-  arrive with its head: past it the request is marked (`READ_TIMED_OUT`) and its read
-  woken, so the app answers ``408`` (see `pipeline.gateway._body`), and the connection
-  is closed; an app that does not answer within the same time more loses the connection;
+  arrive with its head: past it, ``408``. The app sees its client gone (its read returns
+  ``http.disconnect``) and the scope marked `READ_TIMED_OUT`, so it logs a 408, not a
+  client that left (see `pipeline.gateway._body`);
 * keep-alive: an idle connection stays open ``timeout_keep_alive`` seconds (uvicorn's own
   timer, set from ``[gateway] keep_alive_timeout``);
 * a response sent before its request's body was all read (a refusal: 401, 413, 429 ...)
   ends the connection once the rest of the body arrived, read for nothing, or once the
-  body deadline passed. Closing at once would reset the connection under the client
-  still sending, and it could lose the response;
+  body deadline passed;
 * a bound (`ConnectionLimits.max_connections`): a connection beyond it closes the
   connection idle the longest (between requests, or opened and silent), as nginx reuses
   its idle keep-alive connections; when none is idle, the new connection is answered
-  ``503`` with ``Retry-After`` and closed.
+  ``503`` with ``Retry-After`` (which the SDKs retry).
 
-Every answer given here carries an OpenAI error body and an ``x-request-id``.
+An answer given here (408, 431, 503) carries an OpenAI error body, an ``x-request-id`` and
+``connection: close``; then the connection shuts its sending side and reads what the
+client still sends, for nothing, `LINGER` seconds at most, before it closes: closed at
+once, it would reset the connection under a client still sending, and the client could
+lose the answer. At most ``max_connections`` connections linger at once (each holds a
+file descriptor); past that, one is closed at once.
 """
 
 from __future__ import annotations
@@ -44,11 +48,15 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from pipeline.gateway._body import READ_TIMED_OUT
-from pipeline.gateway._exchange import REQUEST_ID_HEADER, request_id_of
+from pipeline.gateway._exchange import EXCHANGE, REQUEST_ID_HEADER, request_id_of
 
-__all__ = ["ConnectionLimits", "GatewayProtocol", "protocol_factory"]
+__all__ = ["LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
+
+LINGER = 2.0
+"""Seconds a connection that answered and ends reads what its client still sends."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")
+_lingering = 0  # connections lingering in this process
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +73,8 @@ class ConnectionLimits:
 def _answer(
     status: int, reason: bytes, message: str, code: str, extra: bytes = b""
 ) -> tuple[bytes, bytes]:
-    """A response that closes the connection, with an OpenAI error body: its head up to
-    the request id's value, and its body."""
+    """A response that ends the connection, with an OpenAI error body: its head up to the
+    request id's value, and its body."""
     error_type = "server_error" if status >= 500 else "invalid_request_error"
     body = json.dumps(
         {"error": {"message": message, "type": error_type, "param": None, "code": code}}
@@ -75,6 +83,30 @@ def _answer(
         b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
         b"connection: close\r\n%s%s: " % (status, reason, len(body), extra, REQUEST_ID_HEADER)
     ), body
+
+
+_HEAD_LATE = _answer(
+    408, b"Request Timeout", "the request head did not arrive in time", "request_timeout"
+)
+_BODY_LATE = _answer(
+    408, b"Request Timeout", "the request body did not arrive in time", "request_timeout"
+)
+_HEAD_TOO_LARGE = _answer(
+    431,
+    b"Request Header Fields Too Large",
+    "the request head is too large",
+    "request_header_fields_too_large",
+)
+
+
+def _too_many(limits: ConnectionLimits) -> tuple[bytes, bytes]:
+    return _answer(
+        503,
+        b"Service Unavailable",
+        "the gateway has too many connections open; retry later",
+        "too_many_connections",
+        b"retry-after: %d\r\n" % max(1, math.ceil(limits.retry_after)),
+    )
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -97,6 +129,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._in_body = False  # the head is complete, the body is not
         self._answered_early = False  # the response went out before the body was all read
+        self._ended = False  # answered here: what comes in is read for nothing
+        self._lingers = False  # counted in `_lingering`
         # When the connection became idle (opened, or its last response sent): the
         # connection idle the longest is the one a new connection closes at the bound.
         self._idle_since: float | None = None
@@ -106,8 +140,9 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self._limits.max_connections and not self._make_room():
-            _refused(len(self.connections) - 1)
-            self._send_and_close(*_too_many(self._limits))
+            self.connections.discard(self)  # it serves nothing: the bound counts the others
+            _warn_refusal(len(self.connections))
+            self._answer_and_end(*_too_many(self._limits))
             return
         self._idle_since = time.monotonic()
         self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
@@ -132,8 +167,12 @@ class GatewayProtocol(HttpToolsProtocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        global _lingering
         self._cancel_deadline()
         self._idle_since = None
+        if self._lingers:
+            self._lingers = False
+            _lingering -= 1
         super().connection_lost(exc)
 
     def _cancel_deadline(self) -> None:
@@ -141,27 +180,56 @@ class GatewayProtocol(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
-    def _send_and_close(self, head: bytes, body: bytes) -> None:
-        if self.transport.is_closing():
+    def _answer_and_end(self, head: bytes, body: bytes, request_id: str | None = None) -> None:
+        """Send an answer of this layer's, then end the connection (see the module
+        docstring: it lingers, reading for nothing, when it may)."""
+        global _lingering
+        transport = self.transport
+        if transport.is_closing():
             return
-        request_id = request_id_of(None).encode()
-        self.transport.write(head + request_id + b"\r\n\r\n" + body)
-        self.transport.close()
+        self._ended = True
+        self._in_head = self._in_body = False
+        self._idle_since = None
+        self._cancel_deadline()
+        request_id = request_id or request_id_of(None)
+        transport.write(head + request_id.encode() + b"\r\n\r\n" + body)
+        if _lingering < self._limits.max_connections and transport.can_write_eof():
+            _lingering += 1
+            self._lingers = True
+            transport.write_eof()
+            self._deadline = self.loop.call_later(LINGER, self._abort)
+        else:
+            transport.close()
+
+    def _abort(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     # -- reading -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return  # read for nothing while the answer reaches the client
         super().data_received(data)
+        # Deadlines are armed only for what this chunk left incomplete: a request whose
+        # head and body come in one read (most) arms none.
         if self._in_head:
             # Only chunks that left the head incomplete are counted: the chunk that
             # completes it is at most one read.
             self._head_bytes += len(data)
             if self._head_bytes > self._limits.max_head_bytes:
-                self._in_head = False
-                self._send_and_close(*_HEAD_TOO_LARGE)
+                self._answer_and_end(*_HEAD_TOO_LARGE)
+            elif self._deadline is None:  # a head begun after an idle keep-alive period
+                self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
         elif self._in_body and self._deadline is None:
             # The body did not come with its head: from now on it has a deadline.
             self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
+
+    def eof_received(self) -> None:
+        if self._ended:
+            self._abort()  # the client is done sending: the linger is over
+        super().eof_received()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -169,8 +237,6 @@ class GatewayProtocol(HttpToolsProtocol):
         self._answered_early = False
         self._in_head = True
         self._head_bytes = 0
-        if self._deadline is None:  # after an idle keep-alive period
-            self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -187,7 +253,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._ended:
             return
         if self._in_body:
             # Answered before its body was all read (a refusal): the rest is read for
@@ -211,29 +277,25 @@ class GatewayProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         _logger.debug("a request head did not arrive in time: 408")
-        self._in_head = False
-        self._send_and_close(*_HEAD_LATE)
+        self._answer_and_end(*_HEAD_LATE)
 
     def _body_late(self) -> None:
         self._deadline = None
         cycle = self.cycle
         if self.transport.is_closing() or not self._in_body or cycle is None:
             return
-        if self._answered_early:
-            self.transport.close()
+        if self._answered_early or cycle.response_started:
+            self._abort()  # answered already: the rest of the body is not waited for
             return
-        if cycle.response_started:
-            return  # being answered: the connection ends at the body deadline after it
         _logger.debug("a request body did not arrive in time: 408")
-        cycle.scope[READ_TIMED_OUT] = True  # type: ignore[literal-required]
+        # The app's read returns http.disconnect (its sends are dropped from now on), and
+        # the mark tells it why; the 408 is this layer's.
+        scope: Any = cycle.scope
+        scope[READ_TIMED_OUT] = True
+        cycle.disconnected = True
         cycle.message_event.set()
-        # The app answers 408 and the connection closes; one that does not loses it.
-        self._deadline = self.loop.call_later(self._limits.body_timeout, self._abort)
-
-    def _abort(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
+        exchange = scope.get(EXCHANGE)
+        self._answer_and_end(*_BODY_LATE, getattr(exchange, "request_id", None))
 
 
 def protocol_factory(limits: ConnectionLimits) -> Any:
@@ -245,7 +307,7 @@ def protocol_factory(limits: ConnectionLimits) -> Any:
 _last_refusal_warning = -math.inf
 
 
-def _refused(open_connections: int) -> None:
+def _warn_refusal(open_connections: int) -> None:
     global _last_refusal_warning
     # One warning a minute at most: a flood would otherwise log a line per connection.
     now = time.monotonic()
@@ -255,24 +317,3 @@ def _refused(open_connections: int) -> None:
             "%d connections open, none idle: new connections are answered 503",
             open_connections,
         )
-
-
-def _too_many(limits: ConnectionLimits) -> tuple[bytes, bytes]:
-    return _answer(
-        503,
-        b"Service Unavailable",
-        "the gateway has too many connections open; retry later",
-        "too_many_connections",
-        b"retry-after: %d\r\n" % max(1, math.ceil(limits.retry_after)),
-    )
-
-
-_HEAD_LATE = _answer(
-    408, b"Request Timeout", "the request head did not arrive in time", "request_timeout"
-)
-_HEAD_TOO_LARGE = _answer(
-    431,
-    b"Request Header Fields Too Large",
-    "the request head is too large",
-    "request_header_fields_too_large",
-)

@@ -85,7 +85,7 @@ class TelemetryMiddleware:
     """Traces, measures and logs each request of one inbound format's endpoint (see the
     module docstring)."""
 
-    __slots__ = ("_duration", "_route", "_tracer", "app")
+    __slots__ = ("_bases", "_duration", "_route", "_tracer", "app")
 
     def __init__(
         self,
@@ -99,6 +99,7 @@ class TelemetryMiddleware:
 
         self.app = app
         self._route = route
+        self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
         meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
         self._duration = duration_histogram(
@@ -124,20 +125,27 @@ class TelemetryMiddleware:
             self._finish(span, exchange, method)
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
-        attributes: dict[str, Any] = {
-            HTTP_REQUEST_METHOD: method,
-            HTTP_ROUTE: self._route,
-            URL_PATH: self._route,
-            URL_SCHEME: scope.get("scheme", "http"),
-            NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-            REQUEST_ID: (request_id,),
-            OPENINFERENCE_SPAN_KIND: _CHAIN,
-        }
-        server = scope.get("server")
-        if server:
-            attributes[SERVER_ADDRESS] = server[0]
-            if server[1] is not None:
-                attributes[SERVER_PORT] = server[1]
+        # What a connection's requests share is built once (a worker has few listeners).
+        key = (method, scope.get("scheme"), scope.get("http_version"), scope.get("server"))
+        base = self._bases.get(key)
+        if base is None:
+            base = {
+                HTTP_REQUEST_METHOD: method,
+                HTTP_ROUTE: self._route,
+                URL_PATH: self._route,
+                URL_SCHEME: scope.get("scheme", "http"),
+                NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+                OPENINFERENCE_SPAN_KIND: _CHAIN,
+            }
+            server = scope.get("server")
+            if server:
+                base[SERVER_ADDRESS] = server[0]
+                if server[1] is not None:
+                    base[SERVER_PORT] = server[1]
+            if len(self._bases) < 64:
+                self._bases[key] = base
+        attributes = dict(base)
+        attributes[REQUEST_ID] = (request_id,)
         return attributes
 
     def _finish(self, span: trace.Span, exchange: Exchange, method: str) -> None:
@@ -211,11 +219,13 @@ class TelemetryMiddleware:
 
 def _story(exchange: Exchange) -> tuple[str | None, int, bool, str | None]:
     """(route, attempts, fallback, served model) of a request that reached the pipeline:
-    the router's report when a router ran, else the route the model name serves."""
+    the router's report when a router ran (its last route: the one that served, or the
+    last one tried), else the route the model name serves. No model served a request that
+    failed before output."""
     report = exchange.report
     served = exchange.response_model
     if report is not None and report.route_name is not None:
-        if not served:
+        if not served and exchange.failure is None:  # an answer without a model named
             served = getattr(report.metadata, "model_id", None)
         return report.route_name, report.attempts, report.fallback, served
     if exchange.route is not None and exchange.report is not None:

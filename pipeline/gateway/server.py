@@ -290,7 +290,12 @@ def serve(
 def listening_socket(config: uvicorn.Config) -> socket.socket:
     """uvicorn's listening socket, with ``TCP_NODELAY``: connections accepted from it
     inherit the option (asyncio sets it only on sockets it made itself). Without it, a
-    keep-alive client waits for a delayed ACK (about 40 ms) between writes."""
+    keep-alive client waits for a delayed ACK (about 40 ms) between writes.
+
+    It listens from the start: uvicorn runs the app's startup (building the pipeline)
+    before it listens, so a client connecting in between (as soon as the startup is
+    logged) would be refused; now it waits in the backlog and is served."""
     sock = config.bind_socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.listen(config.backlog)
     return sock

@@ -404,11 +404,10 @@ class PipelineConfig:
         layers = self.layers
         if layers.function_invocation and not tools:
             problems.add("layers.function_invocation", "is on, but no tools were given")
-        routes = {name: self._route(name, problems) for name in self.routes}
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        routes = {name: self._route(name, problems, providers) for name in self.routes}
         problems.raise_if_any()
-        builder = ChatPipeline.builder(
-            tracer_provider=tracer_provider, meter_provider=meter_provider
-        )
+        builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
@@ -421,16 +420,19 @@ class PipelineConfig:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
 
-    def build_route(self, name: str) -> Any:
+    def build_route(
+        self, name: str, *, tracer_provider: Any = None, meter_provider: Any = None
+    ) -> Any:
         """One route (a `middleware.routing.Route`) with its own layers."""
         if name not in self.routes:
             raise ConfigError(f"routes.{name}", f"is not defined{suggest(name, self.routes)}")
         problems = _Problems()
-        route = self._route(name, problems)
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        route = self._route(name, problems, providers)
         problems.raise_if_any()
         return route
 
-    def _route(self, name: str, problems: _Problems) -> Any:
+    def _route(self, name: str, problems: _Problems, providers: dict[str, Any]) -> Any:
 
         table = self.routes[name]
         path = f"routes.{name}"
@@ -440,15 +442,18 @@ class PipelineConfig:
             problems.add(path, f"rejected: {exc}")
             return None
         try:
-            return self._route_layers(name, table, client)
+            return self._route_layers(name, table, client, providers)
         except (TypeError, ValueError) as exc:
             problems.add(path, f"rejected: {exc}")
             return None
 
-    def _route_layers(self, name: str, table: Any, client: ChatClient) -> Any:
+    def _route_layers(
+        self, name: str, table: Any, client: ChatClient, providers: dict[str, Any]
+    ) -> Any:
         from middleware.routing.context import Route
 
-        builder = ChatPipeline.builder()
+        # The file's telemetry providers reach the route's breaker too (its state changes).
+        builder = ChatPipeline.builder(**providers)
         breaker = table.breaker
         if breaker is not None:
             fields = {key: getattr(breaker, key) for key in type(breaker).model_fields}

@@ -167,7 +167,9 @@ class Gateway:
                     built[target] = Target(pipeline, route=only)
                     self._closers.append(pipeline.aclose)
                     continue
-                route = config.build_route(target)
+                route = config.build_route(
+                    target, tracer_provider=tracer_provider, meter_provider=meter_provider
+                )
                 # A route called by name gets the file's telemetry and logging layers too.
                 client = (
                     ChatPipeline.builder(

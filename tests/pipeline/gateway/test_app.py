@@ -825,3 +825,32 @@ async def test_a_clients_stray_cancelled_error_is_a_failure_not_a_cancellation(
     assert (raised.value.status_code, raised.value.code) == (503, "upstream_error")
     assert (await ask(client, streaming)).text == "fine"  # the server serves on
     await client.close()
+
+
+async def test_a_model_is_found_by_its_id_slashes_included(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
+    cfg = config(
+        {"primary": primary},
+        gateway={
+            "api_keys_env": "GATEWAY_TEST_KEYS",
+            "models": {"openai/gpt-4o-mini": "primary", "smart": "pipeline"},
+        },
+    )
+    async with running(cfg) as gateway:
+        client = gateway.client("key-1")
+        model = await client.models.retrieve("openai/gpt-4o-mini")
+        assert (model.id, model.object, model.owned_by) == (
+            "openai/gpt-4o-mini",
+            "model",
+            "chat-pipeline",
+        )
+        assert (await client.models.retrieve("smart")).id == "smart"
+        with pytest.raises(openai.NotFoundError) as raised:
+            await client.models.retrieve("openai/gpt-5")
+        assert raised.value.code == "model_not_found"
+        await client.close()
+        async with gateway.client("wrong") as wrong:
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.models.retrieve("smart")

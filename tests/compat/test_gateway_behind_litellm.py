@@ -1,0 +1,158 @@
+"""LiteLLM's proxy in front of ``chat-pipeline serve``: how it reads the gateway's errors.
+
+LiteLLM maps an OpenAI-compatible backend's errors by their words: a context overflow is
+its ``ContextWindowExceededError`` (which callers and LiteLLM's own context-window
+fallbacks act on) only when the message is OpenAI's ("This model's maximum context length
+is ..."); the gateway's earlier wording became a plain ``BadRequestError``. And a provider
+refusing the gateway's own credentials must not reach LiteLLM (and its clients) as a 401,
+which says their key is wrong.
+
+Client (official SDK) -> LiteLLM proxy -> gateway (a real process) -> fake upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from pipeline.testing import FakeResponse
+from tests.compat.conftest import _LITELLM_ENV, LITELLM_START_TIMEOUT, _child_env
+from tests.compat.servers import (
+    Proxy,
+    ThreadedFakeServer,
+    free_port,
+    python_module_argv,
+    require_module,
+    server_process,
+)
+
+pytestmark = pytest.mark.compat
+
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+MODEL = "through-the-gateway"
+
+
+@pytest.fixture(scope="module")
+def gateway_upstream() -> Iterator[ThreadedFakeServer]:
+    server = ThreadedFakeServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def litellm_in_front(
+    gateway_upstream: ThreadedFakeServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Proxy]:
+    require_module("litellm", "the LiteLLM proxy (litellm[proxy])")
+    workdir = tmp_path_factory.mktemp("litellm-in-front")
+    config = workdir / "gateway.toml"
+    config.write_text(
+        f'[routes.primary]\nprovider = "openai"\nmodel = "fake-model"\n'
+        f'base_url = "{gateway_upstream.base_url}"\n'
+    )
+    gateway_port = free_port()
+    gateway_argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(gateway_port),
+    ]
+    proxy_config = workdir / "litellm.yaml"
+    master_key = "sk-in-front"
+    proxy_config.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {
+                            "model": "openai/pipeline",
+                            "api_key": "sk-unused",
+                            "api_base": f"http://127.0.0.1:{gateway_port}/v1",
+                        },
+                    }
+                ],
+                "litellm_settings": {"num_retries": 0, "request_timeout": 30},
+                "router_settings": {"num_retries": 0, "disable_cooldowns": True},
+                "general_settings": {"master_key": master_key},
+            }
+        )
+    )
+    proxy_port = free_port()
+    proxy_argv = python_module_argv(
+        "litellm.proxy.proxy_cli",
+        "--config",
+        str(proxy_config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(proxy_port),
+        "--num_workers",
+        "1",
+    )
+    with (
+        server_process(
+            "chat-pipeline serve",
+            gateway_argv,
+            ready_url=f"http://127.0.0.1:{gateway_port}/readyz",
+            log_path=workdir / "gateway.log",
+            cwd=workdir,
+            env=_child_env({}),
+            timeout=60,
+        ),
+        server_process(
+            "LiteLLM proxy",
+            proxy_argv,
+            ready_url=f"http://127.0.0.1:{proxy_port}/health/liveliness",
+            log_path=workdir / "proxy.log",
+            cwd=workdir,
+            env=_child_env(_LITELLM_ENV),
+            timeout=LITELLM_START_TIMEOUT,
+        ),
+    ):
+        yield Proxy(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key=master_key)
+
+
+@pytest.fixture
+def client(litellm_in_front: Proxy) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=litellm_in_front.base_url, api_key=litellm_in_front.api_key, max_retries=0
+    ) as client:
+        yield client
+
+
+def test_a_context_overflow_is_litellms_context_window_error(
+    gateway_upstream: ThreadedFakeServer, client: openai.OpenAI, streaming: bool
+) -> None:
+    gateway_upstream.reset()
+    gateway_upstream.script(FakeResponse.error(400, code="context_length_exceeded"))
+    with pytest.raises(openai.BadRequestError) as raised:
+        response = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=streaming)
+        if streaming:
+            list(response)  # type: ignore[arg-type]
+    assert "ContextWindowExceededError" in raised.value.message
+    assert gateway_upstream.count() == 1
+
+
+def test_the_upstream_refusing_the_gateways_key_is_no_401_for_the_client(
+    gateway_upstream: ThreadedFakeServer, client: openai.OpenAI
+) -> None:
+    gateway_upstream.reset()
+    gateway_upstream.script(FakeResponse.error(401))
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES)
+    assert not isinstance(raised.value, openai.AuthenticationError)
+    assert raised.value.status_code >= 500
+    assert gateway_upstream.count() == 1

@@ -11,7 +11,7 @@ without keys), which the limits layer and the log line use.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from pipeline.gateway._exchange import EXCHANGE, JSON, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway.wire import WireError
@@ -60,14 +60,14 @@ class AuthMiddleware:
         self._keys = tuple(keys)
         self._x_api_key = x_api_key
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # A plain function returning what to await (the app's call, or the 401): the
+        # layer adds no coroutine of its own to every request.
+        exchange = scope.get(EXCHANGE)
         if not self._keys:
-            exchange = scope.get(EXCHANGE)
             if exchange is not None:
                 exchange.key = NO_KEY
-            await self.app(scope, receive, send)
-            return
-        exchange = scope.get(EXCHANGE)
+            return self.app(scope, receive, send)
         if exchange is not None:
             authorization, x_api_key = exchange.authorization, exchange.x_api_key
         else:
@@ -75,11 +75,10 @@ class AuthMiddleware:
             authorization, x_api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
         key = authenticate(self._keys, authorization, x_api_key if self._x_api_key else None)
         if key is None:
-            await _refuse(exchange, send)
-            return
+            return _refuse(exchange, send)
         if exchange is not None:
             exchange.key = key
-        await self.app(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 async def _refuse(exchange: Exchange | None, send: Send) -> None:

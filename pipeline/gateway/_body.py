@@ -17,7 +17,15 @@ whole and parsed by the format (a 400 naming what is wrong) before a slot is tak
 
 from __future__ import annotations
 
-from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import (
+    EXCHANGE,
+    ASGIApp,
+    Exchange,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
 from pipeline.gateway.wire import WireError
 
 __all__ = ["READ_TIMED_OUT", "BodyMiddleware"]
@@ -57,7 +65,23 @@ class BodyMiddleware:
                 and not _is_json(content_type)
             ):
                 raise _MEDIA_TYPE
-            body = await self._read(scope, exchange, receive)
+            limit = self._limit
+            length = exchange.content_length
+            if length is not None:
+                try:
+                    declared = int(length)
+                except ValueError:
+                    raise WireError(400, "invalid Content-Length", code="invalid_request") from None
+                if declared > limit:
+                    raise _too_large(limit)  # before reading any of it
+            message = await receive()
+            body: bytes | None
+            if not message.get("more_body", False) and message["type"] == "http.request":
+                body = message.get("body", b"")  # the whole body in one message: most
+                if len(body) > limit:
+                    raise _too_large(limit)
+            else:
+                body = await self._read(message, receive)
             if body is None:
                 if READ_TIMED_OUT in scope:
                     exchange.status = 408  # answered by the connection
@@ -74,21 +98,13 @@ class BodyMiddleware:
         exchange.model = request.model
         await self.app(scope, receive, send)
 
-    async def _read(self, scope: Scope, exchange: Exchange, receive: Receive) -> bytes | None:
-        """The request body (None when the client left), refused past the limit."""
+    async def _read(self, message: Message, receive: Receive) -> bytes | None:
+        """A body that did not come in one message, from its first (None when the client
+        left), refused as soon as it grows past the limit."""
         limit = self._limit
-        length = exchange.content_length
-        if length is not None:
-            try:
-                declared = int(length)
-            except ValueError:
-                raise WireError(400, "invalid Content-Length", code="invalid_request") from None
-            if declared > limit:
-                raise _too_large(limit)
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
@@ -97,7 +113,8 @@ class BodyMiddleware:
                 raise _too_large(limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                return b"".join(chunks)
+            message = await receive()
 
 
 def _is_json(content_type: bytes) -> bool:

@@ -133,7 +133,10 @@ class Exchange:
                 if carrier is None:
                     carrier = {}
                 carrier[name.decode()] = value.decode("latin-1")
-        self.request_id = request_id_of(request_id)
+        # Most requests bring no id: a fresh one without a call.
+        self.request_id = (
+            f"{_PREFIX}{next(_counter):x}" if request_id is None else request_id_of(request_id)
+        )
         self.authorization: bytes | None = authorization
         self.x_api_key: bytes | None = x_api_key
         self.content_length: bytes | None = length
@@ -151,15 +154,11 @@ class Exchange:
         self.response_model: str | None = None
         self.response_id: str | None = None
 
-    def headers(self, extra: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        return [*extra, (REQUEST_ID_HEADER, self.request_id.encode())]
-
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (with the request id)."""
         self.status = status
-        await self.send(
-            {"type": "http.response.start", "status": status, "headers": self.headers(headers)}
-        )
+        headers = [*headers, (REQUEST_ID_HEADER, self.request_id.encode())]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body_part(self, data: bytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
@@ -168,8 +167,15 @@ class Exchange:
         self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON
     ) -> None:
         """A complete response with a body."""
-        await self.start(status, [*headers, (b"content-length", str(len(body)).encode())])
-        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        self.status = status
+        headers = [
+            *headers,
+            (b"content-length", str(len(body)).encode()),
+            (REQUEST_ID_HEADER, self.request_id.encode()),
+        ]
+        send = self.send
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def error(self, error: WireError) -> None:
         """An error response, in the inbound format's own error body."""

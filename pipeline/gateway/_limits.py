@@ -20,32 +20,15 @@ __all__ = ["LimitsMiddleware", "Slots"]
 
 
 class Slots:
-    """Requests in flight per caller, shared by every endpoint of a worker."""
+    """Requests in flight per caller (`in_flight`: a key's position, or a client address),
+    shared by every endpoint of a worker; `limit` per caller (None: no limit)."""
 
-    __slots__ = ("_in_flight", "limit", "retry_after")
+    __slots__ = ("in_flight", "limit", "retry_after")
 
     def __init__(self, limit: int | None, retry_after: float) -> None:
         self.limit = limit
         self.retry_after = retry_after
-        self._in_flight: dict[int | str, int] = {}
-
-    def in_flight(self, caller: int | str) -> int:
-        return self._in_flight.get(caller, 0)
-
-    def take(self, caller: int | str) -> bool:
-        """Take a slot for `caller`; False (nothing taken) when it has none left."""
-        count = self._in_flight.get(caller, 0)
-        if self.limit is not None and count >= self.limit:
-            return False
-        self._in_flight[caller] = count + 1
-        return True
-
-    def give_back(self, caller: int | str) -> None:
-        count = self._in_flight[caller] - 1
-        if count:
-            self._in_flight[caller] = count
-        else:
-            del self._in_flight[caller]
+        self.in_flight: dict[int | str, int] = {}
 
 
 class LimitsMiddleware:
@@ -60,11 +43,20 @@ class LimitsMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
         slots = self._slots
-        if slots.limit is None:
+        limit = slots.limit
+        if limit is None:
             await self.app(scope, receive, send)
             return
-        caller = _caller(scope, exchange)
-        if not slots.take(caller):
+        key = exchange.key
+        caller: int | str
+        if key is not None and key != NO_KEY:
+            caller = key
+        else:
+            client = scope.get("client")
+            caller = client[0] if client else ""
+        in_flight = slots.in_flight
+        count = in_flight.get(caller, 0)
+        if count >= limit:
             error = WireError(
                 429,
                 "too many requests in flight for this "
@@ -77,15 +69,12 @@ class LimitsMiddleware:
             exchange.failure = error
             await exchange.error(error)
             return
+        in_flight[caller] = count + 1
         try:
             await self.app(scope, receive, send)
         finally:
-            slots.give_back(caller)
-
-
-def _caller(scope: Scope, exchange: Exchange) -> int | str:
-    key = exchange.key
-    if key is not None and key != NO_KEY:
-        return key
-    client = scope.get("client")
-    return client[0] if client else ""
+            count = in_flight[caller] - 1
+            if count:
+                in_flight[caller] = count
+            else:
+                del in_flight[caller]

@@ -241,12 +241,14 @@ class GatewayProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._in_body = True
-        self._cancel_deadline()
+        if self._deadline is not None:
+            self._cancel_deadline()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._in_body = False
-        self._cancel_deadline()
+        if self._deadline is not None:
+            self._cancel_deadline()
         super().on_message_complete()
         if self._answered_early:
             self.transport.close()  # the rest of the body came in: the client has read it all

@@ -12,8 +12,6 @@ Client (official SDK) -> LiteLLM proxy -> gateway (a real process) -> fake upstr
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,15 +19,15 @@ import openai
 import pytest
 
 from pipeline.testing import FakeResponse
-from tests.compat.conftest import _LITELLM_ENV, LITELLM_START_TIMEOUT, _child_env
+from tests.compat.conftest import _child_env, running_litellm_proxy
 from tests.compat.servers import (
     Proxy,
     ThreadedFakeServer,
     free_port,
-    python_module_argv,
     require_module,
     server_process,
 )
+from tests.e2e.servers import serve_argv
 
 pytestmark = pytest.mark.compat
 
@@ -38,91 +36,40 @@ MODEL = "through-the-gateway"
 
 
 @pytest.fixture(scope="module")
-def gateway_upstream() -> Iterator[ThreadedFakeServer]:
-    server = ThreadedFakeServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def litellm_in_front(
-    gateway_upstream: ThreadedFakeServer, tmp_path_factory: pytest.TempPathFactory
+    fake_upstream_session: ThreadedFakeServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
     require_module("litellm", "the LiteLLM proxy (litellm[proxy])")
     workdir = tmp_path_factory.mktemp("litellm-in-front")
     config = workdir / "gateway.toml"
     config.write_text(
         f'[routes.primary]\nprovider = "openai"\nmodel = "fake-model"\n'
-        f'base_url = "{gateway_upstream.base_url}"\n'
+        f'base_url = "{fake_upstream_session.base_url}"\n'
     )
     gateway_port = free_port()
-    gateway_argv = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "serve",
-        "--config",
-        str(config),
-        "--port",
-        str(gateway_port),
+    models = [
+        {
+            "model_name": MODEL,
+            "litellm_params": {
+                "model": "openai/pipeline",
+                "api_key": "sk-unused",
+                "api_base": f"http://127.0.0.1:{gateway_port}/v1",
+            },
+        }
     ]
-    proxy_config = workdir / "litellm.yaml"
-    master_key = "sk-in-front"
-    proxy_config.write_text(
-        json.dumps(
-            {
-                "model_list": [
-                    {
-                        "model_name": MODEL,
-                        "litellm_params": {
-                            "model": "openai/pipeline",
-                            "api_key": "sk-unused",
-                            "api_base": f"http://127.0.0.1:{gateway_port}/v1",
-                        },
-                    }
-                ],
-                "litellm_settings": {"num_retries": 0, "request_timeout": 30},
-                "router_settings": {"num_retries": 0, "disable_cooldowns": True},
-                "general_settings": {"master_key": master_key},
-            }
-        )
-    )
-    proxy_port = free_port()
-    proxy_argv = python_module_argv(
-        "litellm.proxy.proxy_cli",
-        "--config",
-        str(proxy_config),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(proxy_port),
-        "--num_workers",
-        "1",
-    )
     with (
         server_process(
             "chat-pipeline serve",
-            gateway_argv,
+            serve_argv(config, gateway_port),
             ready_url=f"http://127.0.0.1:{gateway_port}/readyz",
             log_path=workdir / "gateway.log",
             cwd=workdir,
             env=_child_env({}),
             timeout=60,
         ),
-        server_process(
-            "LiteLLM proxy",
-            proxy_argv,
-            ready_url=f"http://127.0.0.1:{proxy_port}/health/liveliness",
-            log_path=workdir / "proxy.log",
-            cwd=workdir,
-            env=_child_env(_LITELLM_ENV),
-            timeout=LITELLM_START_TIMEOUT,
-        ),
+        running_litellm_proxy(models, workdir, "sk-in-front") as proxy,
     ):
-        yield Proxy(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key=master_key)
+        yield proxy
 
 
 @pytest.fixture
@@ -134,25 +81,23 @@ def client(litellm_in_front: Proxy) -> Iterator[openai.OpenAI]:
 
 
 def test_a_context_overflow_is_litellms_context_window_error(
-    gateway_upstream: ThreadedFakeServer, client: openai.OpenAI, streaming: bool
+    fake_upstream: ThreadedFakeServer, client: openai.OpenAI, streaming: bool
 ) -> None:
-    gateway_upstream.reset()
-    gateway_upstream.script(FakeResponse.error(400, code="context_length_exceeded"))
+    fake_upstream.script(FakeResponse.error(400, code="context_length_exceeded"))
     with pytest.raises(openai.BadRequestError) as raised:
         response = client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=streaming)
         if streaming:
             list(response)  # type: ignore[arg-type]
     assert "ContextWindowExceededError" in raised.value.message
-    assert gateway_upstream.count() == 1
+    assert fake_upstream.count() == 1
 
 
 def test_the_upstream_refusing_the_gateways_key_is_no_401_for_the_client(
-    gateway_upstream: ThreadedFakeServer, client: openai.OpenAI
+    fake_upstream: ThreadedFakeServer, client: openai.OpenAI
 ) -> None:
-    gateway_upstream.reset()
-    gateway_upstream.script(FakeResponse.error(401))
+    fake_upstream.script(FakeResponse.error(401))
     with pytest.raises(openai.APIStatusError) as raised:
         client.chat.completions.create(model=MODEL, messages=MESSAGES)
     assert not isinstance(raised.value, openai.AuthenticationError)
     assert raised.value.status_code >= 500
-    assert gateway_upstream.count() == 1
+    assert fake_upstream.count() == 1

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from typing import Any, TypeVar
 import openai
 
 from pipeline.testing import FakeOpenAIServer, FakeResponse
-from tests.e2e.servers import ServerProcess, free_port
+from tests.e2e.servers import ServerProcess, free_port, serve_argv
 
 T = TypeVar("T")
 
@@ -156,17 +155,7 @@ def running_gateway(
         port = free_port()
         server = ServerProcess(
             "chat-pipeline serve",
-            [
-                sys.executable,
-                "-m",
-                "pipeline",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                *args,
-            ],
+            serve_argv(config, port, *args),
             env={**os.environ, **(env or {})},
         )
         try:

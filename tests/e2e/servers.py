@@ -92,6 +92,21 @@ class ServerProcess:
         self._reader.join(timeout=10)
 
 
+def serve_argv(config: Path, port: int, *args: str) -> list[str]:
+    """The command line of ``chat-pipeline serve`` for `config` on 127.0.0.1:`port`."""
+    return [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        *args,
+    ]
+
+
 def poll(probe: Callable[[], T | None], *, timeout: float, interval: float, what: str) -> T:
     """Call `probe` until it returns something other than None, for at most `timeout` s.
 

@@ -22,7 +22,7 @@ from pipeline.gateway._telemetry import CLIENT_DISCONNECTED
 from pipeline.gateway.app import SESSION_HEADER
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
-from tests.pipeline.gateway.conftest import Running, config, running
+from tests.pipeline.gateway.conftest import Running, config, keyed, running
 
 pytestmark = pytest.mark.gateway
 
@@ -830,11 +830,10 @@ async def test_a_clients_stray_cancelled_error_is_a_failure_not_a_cancellation(
 async def test_a_model_is_found_by_its_id_slashes_included(
     primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
     cfg = config(
         {"primary": primary},
         gateway={
-            "api_keys_env": "GATEWAY_TEST_KEYS",
+            **keyed(monkeypatch, "key-1"),
             "models": {"openai/gpt-4o-mini": "primary", "smart": "pipeline"},
         },
     )

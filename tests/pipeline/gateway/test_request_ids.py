@@ -16,7 +16,7 @@ import pytest
 from pipeline.gateway._telemetry import REQUEST_ID
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
-from tests.pipeline.gateway.conftest import config, running
+from tests.pipeline.gateway.conftest import config, keyed, running
 
 pytestmark = pytest.mark.gateway
 
@@ -87,11 +87,10 @@ async def test_a_valid_incoming_id_is_kept_and_an_invalid_one_replaced(
 async def test_every_response_carries_the_id_errors_included(
     primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
     cfg = config(
         {"primary": primary},
         gateway={
-            "api_keys_env": "GATEWAY_TEST_KEYS",
+            **keyed(monkeypatch, "key-1"),
             "max_body_bytes": 2048,
             "max_concurrent_per_key": 1,
         },

@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
 from pipeline.testing import FakeOpenAIServer, FakeResponse
-from tests.e2e.servers import ServerProcess
+from tests.e2e.servers import ServerProcess, serve_argv
 from tests.otel import Receiver
 
 pytestmark = pytest.mark.gateway
@@ -41,6 +40,7 @@ class Serving:
     def __init__(self, server: ServerProcess, port: int) -> None:
         self.server = server
         self.process = server.process
+        self.port = port
         self.url = f"http://127.0.0.1:{port}"
 
     def log(self) -> str:
@@ -81,11 +81,8 @@ def serving(
     exits fails at once."""
     port = free_port()
     workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
-    argv = [sys.executable, "-m", "pipeline", "serve", "--config", str(config)]
     server = ServerProcess(
-        "chat-pipeline serve",
-        [*argv, "--port", str(port), *args],
-        env={**os.environ, **(env or {})},
+        "chat-pipeline serve", serve_argv(config, port, *args), env={**os.environ, **(env or {})}
     )
     try:
         try:
@@ -337,6 +334,23 @@ async def _legitimate_requests_succeed(server: Serving, streaming: bool, count: 
                 assert answer.choices[0].message.content == "Hello from the fake server."
 
 
+async def _served_while_attacked(
+    server: Serving,
+    streaming: bool,
+    attackers: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    within: float,
+) -> list[bytes]:
+    """Real requests are served while the attackers' connections are open, and after the
+    gateway closed every one of them (within `within` seconds); what each attacker got."""
+    await _legitimate_requests_succeed(server, streaming)
+    async with asyncio.timeout(within):
+        answers = await asyncio.gather(*(_until_closed(reader) for reader, _ in attackers))
+    for _, writer in attackers:
+        writer.close()
+    await _legitimate_requests_succeed(server, streaming)
+    return answers
+
+
 async def test_slowloris_heads_and_bodies_lock_nobody_out(tmp_path: Path, streaming: bool) -> None:
     # 400 connections trickling their heads a byte at a time, and 100 trickling their
     # bodies (more than the 64 slots a key-less gateway gave everyone): real requests are
@@ -348,9 +362,8 @@ async def test_slowloris_heads_and_bodies_lock_nobody_out(tmp_path: Path, stream
             "\n[gateway]\nheader_timeout = 1\nbody_timeout = 1\n",
         )
         with serving(config) as server:
-            port = int(server.url.rsplit(":", 1)[1])
-            heads = await _open(port, 400)
-            bodies = await _open(port, 100)
+            heads = await _open(server.port, 400)
+            bodies = await _open(server.port, 100)
             data = json.dumps({"model": "pipeline", "messages": MESSAGES}).encode()
             for _, writer in heads:
                 writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n")
@@ -370,13 +383,8 @@ async def test_slowloris_heads_and_bodies_lock_nobody_out(tmp_path: Path, stream
                     await asyncio.sleep(0.1)  # the attackers' pace, not a wait for a result
 
             trickling = asyncio.create_task(trickle())
-            await _legitimate_requests_succeed(server, streaming)
-            async with asyncio.timeout(60):
-                answers = await asyncio.gather(*(_until_closed(r) for r, _ in [*heads, *bodies]))
+            answers = await _served_while_attacked(server, streaming, [*heads, *bodies], 60)
             trickling.cancel()
-            for _, writer in [*heads, *bodies]:
-                writer.close()
-            await _legitimate_requests_succeed(server, streaming)
             assert await server.terminate()
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers), {
         answer[:40] for answer in answers
@@ -393,14 +401,8 @@ async def test_an_idle_connection_flood_is_bounded(tmp_path: Path, streaming: bo
             "\n[gateway]\nheader_timeout = 2\nmax_connections = 1000\n",
         )
         with serving(config) as server:
-            port = int(server.url.rsplit(":", 1)[1])
-            idle = await _open(port, 3000)
-            await _legitimate_requests_succeed(server, streaming)
-            async with asyncio.timeout(120):
-                answers = await asyncio.gather(*(_until_closed(r) for r, _ in idle))
-            for _, writer in idle:
-                writer.close()
-            await _legitimate_requests_succeed(server, streaming)
+            idle = await _open(server.port, 3000)
+            answers = await _served_while_attacked(server, streaming, idle, 120)
             assert await server.terminate()
     assert answers == [b""] * 3000  # closed without a word: they asked nothing
 
@@ -415,8 +417,7 @@ async def test_idle_connections_outlive_the_sdks_own_idle_expiry(tmp_path: Path)
     async with FakeOpenAIServer() as upstream:
         config = write_config(tmp_path / "gateway.toml", upstream)
         with serving(config) as server:
-            port = int(server.url.rsplit(":", 1)[1])
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             data = json.dumps({"model": "pipeline", "messages": MESSAGES}).encode()
             request = (
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\n"

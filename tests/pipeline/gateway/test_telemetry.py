@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from pipeline._metrics import DURATION_BUCKETS
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
-from tests.pipeline.gateway.conftest import config, running
+from tests.pipeline.gateway.conftest import config, keyed, running
 
 pytestmark = pytest.mark.gateway
 
@@ -137,10 +137,9 @@ async def test_every_request_logs_one_line_refusals_included(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
-    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
     cfg = config(
         {"primary": primary},
-        gateway={"api_keys_env": "GATEWAY_TEST_KEYS", "max_concurrent_per_key": 1},
+        gateway={**keyed(monkeypatch, "key-1"), "max_concurrent_per_key": 1},
     )
     key = {"authorization": "Bearer key-1"}
     body = {"model": "pipeline", "messages": MESSAGES}

@@ -12,10 +12,11 @@ histogram and the request's log line.
 * ``http.server.request.duration`` uses the duration buckets the GenAI conventions advise
   (10 ms to 82 s), never the SDK's default ones (0, 5, 10 ... s), so an LLM request's p95
   means something.
-* One log line per request (``chat_pipeline.gateway``): request id, status, duration,
-  model, route, attempts, fallback, the key's position, and for a failure its class
-  (never its message). A request refused or answered (2xx-4xx) is INFO; a failure of the
-  service (5xx, or a stream cut after output) is WARNING; a client that left is INFO.
+* One log line per request (``chat_pipeline.gateway``): request id and response id,
+  status, duration, model, route, attempts, fallback, served model, the key's position,
+  and for a failure its class (never its message). A request refused or answered
+  (2xx-4xx) is INFO; a failure of the service (5xx, or a stream cut after output) is
+  WARNING; a client that left is INFO.
 * Nothing from the body, the answer or a key reaches the span, the metric or the line.
 """
 
@@ -126,7 +127,10 @@ class TelemetryMiddleware:
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
         # What a connection's requests share is built once (a worker has few listeners).
-        key = (method, scope.get("scheme"), scope.get("http_version"), scope.get("server"))
+        server = scope.get("server")
+        if server is not None and type(server) is not tuple:
+            server = tuple(server)  # a list, from some servers: the cache key must hash
+        key = (method, scope.get("scheme"), scope.get("http_version"), server)
         base = self._bases.get(key)
         if base is None:
             base = {
@@ -137,7 +141,6 @@ class TelemetryMiddleware:
                 NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
                 OPENINFERENCE_SPAN_KIND: _CHAIN,
             }
-            server = scope.get("server")
             if server:
                 base[SERVER_ADDRESS] = server[0]
                 if server[1] is not None:
@@ -200,13 +203,14 @@ class TelemetryMiddleware:
             key = exchange.key
             _logger.log(
                 level,
-                "%s %s %s %.1f ms request_id=%s model=%s route=%s attempts=%s fallback=%s "
-                "served_model=%s key=%s: %s",
+                "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
+                "fallback=%s served_model=%s key=%s: %s",
                 method,
                 self._route,
                 status or "-",
                 duration * 1000,
                 exchange.request_id,
+                exchange.response_id or "-",
                 exchange.model or "-",
                 route or "-",
                 attempts if route is not None else "-",

@@ -146,8 +146,9 @@ async def test_every_request_logs_one_line_refusals_included(
     async with running(cfg) as gateway, httpx.AsyncClient(base_url=gateway.url) as http:
         caplog.clear()  # the startup lines
         chat = "/v1/chat/completions"
+        answered = await http.post(chat, json=body, headers=key)
         statuses = [
-            (await http.post(chat, json=body, headers=key)).status_code,
+            answered.status_code,
             (await http.post(chat, json=body)).status_code,
             (await http.post(chat, json={"model": "pipeline"}, headers=key)).status_code,
         ]
@@ -168,6 +169,8 @@ async def test_every_request_logs_one_line_refusals_included(
     }
     assert all(len(found) == 1 for found in by_status.values()), lines
     assert "key=#0" in by_status[200][0] and "route=primary" in by_status[200][0]
+    # The response's id beside the request's: either finds the line.
+    assert f"response_id={answered.json()['id']} " in by_status[200][0]
     assert "WireError invalid_api_key" in by_status[401][0]
     assert "WireError missing_required" in by_status[400][0]
     assert f"request_id={refused.headers['x-request-id']}" in by_status[429][0]

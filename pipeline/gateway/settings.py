@@ -81,10 +81,11 @@ class GatewaySettings(Settings):
       past it: 408 and the connection closed;
     * `keep_alive_timeout`: seconds an idle connection stays open between requests. Longer
       than the clients' own idle expiry (5 s for httpx and the openai SDK, 4-5 s for Node),
-      so a client never sends a request on a connection the gateway is closing;
+      so the client, not the gateway, ends an idle connection, and no request is sent on a
+      connection the gateway is closing;
     * `max_connections`: open connections per worker process. A connection beyond it closes
       the connection idle the longest; with none idle, the new connection is answered 503
-      with ``Retry-After`` and closed;
+      with ``Retry-After`` and closed.
 
     A request takes its `max_concurrent_per_key` slot once its body has arrived: a slow body
     holds a connection (until `body_timeout`), never a slot; and without keys each client

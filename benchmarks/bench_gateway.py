@@ -3,6 +3,7 @@
     python benchmarks/bench_gateway.py                       # both shapes, concurrency 1 and 16
     python benchmarks/bench_gateway.py --litellm-python /path/to/venv/bin/python
     python benchmarks/bench_gateway.py --no-litellm          # our gateway only
+    python benchmarks/bench_gateway.py --no-litellm --baseline /path/to/other/checkout
 
 Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
 (``chat-pipeline fake-server``), ``chat-pipeline serve`` (one worker, one route to the
@@ -23,6 +24,11 @@ compare figures from the same run.
 
 LiteLLM runs from the interpreter given by ``--litellm-python`` (default: this one), which
 needs ``pip install 'litellm[proxy]'``.
+
+``--baseline PATH`` runs the gateway of another checkout of this project too (its
+``pipeline`` and ``middleware`` imported from PATH, with this interpreter), its plain and
+its failover variants in the same rounds, and prints each of ours against it: a change is
+judged against the code before it, measured in the same run.
 """
 
 from __future__ import annotations
@@ -30,11 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
+import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,9 +53,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# This directory, for `_litellm_env`; the checkout, for how a server reports its port.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from _litellm_env import litellm_env
+
+from tests.processes import UVICORN_PORT, uvicorn_log_config
 
 SERVER_CORE = 0
 CLIENT_CORE = 1
@@ -59,12 +70,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # without a master key; the gateway checks its keys the same way).
 API_KEY = "sk-" + os.urandom(32).hex()
 KEYS_VARIABLE = "BENCH_GATEWAY_KEYS"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+BASELINE = "baseline: "  # the name prefix of the --baseline checkout's servers
+# The fake upstream's line once it listens, with the port it got.
+FAKE_SERVER_URL = re.compile(r"fake OpenAI-compatible server on (http://\S+)")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -103,7 +111,6 @@ def _pinned(core: int) -> object:
 def started(
     name: str,
     argv: Sequence[str],
-    port: int,
     *,
     ready_path: str,
     workdir: Path,
@@ -113,6 +120,8 @@ def started(
     model: str = "pipeline",
     timeout: float = 300.0,
 ) -> Iterator[Server]:
+    """Run `argv`, a uvicorn server told to listen on port 0, until the block ends: ready
+    once uvicorn logged the port it got and `ready_path` answers there."""
     log = workdir / f"{name.replace(' ', '-')}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
@@ -127,16 +136,22 @@ def started(
         )
     try:
         deadline = time.monotonic() + timeout
+        port: int | None = None
         while True:  # bounded readiness poll of an external process
             if process.poll() is not None:
                 raise RuntimeError(f"{name} exited:\n{log.read_text(errors='replace')[-3000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{name} not ready:\n{log.read_text(errors='replace')[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
+            if port is None:
+                found = UVICORN_PORT.search(log.read_text(errors="replace"))
+                port = int(found.group(1)) if found else None
+            if port is not None:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{ready_path}", timeout=2):
+                        break
+                except (urllib.error.URLError, OSError):
+                    pass
+            time.sleep(0.2)
         yield Server(name, process, port, path, model, log)
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -332,6 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["non-streaming", "streaming"],
     )
     parser.add_argument("--litellm-python", default=sys.executable)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="PATH",
+        help="also run the gateway of the checkout at PATH (e.g. `git archive main`)",
+    )
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument(
         "--scripted",
@@ -347,19 +368,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict[str, Result]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            upstream_port = free_port()
-            upstream = stack.enter_context(_fake_upstream(workdir, upstream_port))
+            upstream = stack.enter_context(_fake_upstream(workdir))
             servers = []
             variants: dict[bool | None, str] = {
                 False: "",
                 True: " (failover+breaker+retry)",
                 None: " (scripted route, no upstream)",
             }
-            for full, suffix in variants.items():
-                if full is None and not args.scripted:
+            checkouts: list[tuple[str, dict[str, str]]] = [
+                ("", {**os.environ, KEYS_VARIABLE: API_KEY})
+            ]
+            if args.baseline is not None:
+                pythonpath = os.pathsep.join(
+                    filter(None, [str(args.baseline.resolve()), os.environ.get("PYTHONPATH")])
+                )
+                checkouts.append(
+                    (BASELINE, {**os.environ, KEYS_VARIABLE: API_KEY, "PYTHONPATH": pythonpath})
+                )
+            for (full, suffix), (prefix, env) in itertools.product(variants.items(), checkouts):
+                if full is None and (prefix or not args.scripted):
                     continue
-                port = free_port()
-                name = "chat-pipeline serve" + suffix
+                name = prefix + "chat-pipeline serve" + suffix
                 servers.append(
                     stack.enter_context(
                         started(
@@ -372,19 +401,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--config",
                                 str(gateway_config(workdir, upstream, full)),
                                 "--port",
-                                str(port),
+                                "0",
+                                # info: uvicorn's startup line tells the port it got (no
+                                # access log either way).
                                 "--log-level",
-                                "warning",
+                                "info",
                             ],
-                            port,
                             ready_path="/readyz",
                             workdir=workdir,
-                            env={**os.environ, KEYS_VARIABLE: API_KEY},
+                            env=env,
                         )
                     )
                 )
             if not args.no_litellm:
-                port = free_port()
                 env = litellm_env()
                 servers.append(
                     stack.enter_context(
@@ -399,11 +428,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "--host",
                                 "127.0.0.1",
                                 "--port",
-                                str(port),
+                                "0",
                                 "--num_workers",
                                 "1",
+                                "--log_config",
+                                str(uvicorn_log_config(workdir / "litellm-uvicorn-log.json")),
                             ],
-                            port,
                             ready_path="/health/liveliness",
                             workdir=workdir,
                             env=env,
@@ -442,12 +472,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _fake_upstream(workdir: Path, port: int) -> Iterator[str]:
-    """``chat-pipeline fake-server`` pinned to the client's core; ready when it says so."""
+def _fake_upstream(workdir: Path) -> Iterator[str]:
+    """``chat-pipeline fake-server`` pinned to the client's core, on port 0; ready when it
+    says so, with its base URL."""
     log = workdir / "upstream.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "fake-server", "--port", str(port)],
+            [sys.executable, "-m", "pipeline", "fake-server", "--port", "0"],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -456,11 +487,11 @@ def _fake_upstream(workdir: Path, port: int) -> Iterator[str]:
         )
     try:
         deadline = time.monotonic() + 120
-        while "fake OpenAI-compatible server" not in log.read_text(errors="replace"):
+        while (found := FAKE_SERVER_URL.search(log.read_text(errors="replace"))) is None:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the fake upstream did not start:\n" + log.read_text())
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield found.group(1)
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -481,6 +512,14 @@ def report(key: str, rows: Mapping[str, Result]) -> None:
             f"  {name:44} {r.throughput:8.0f} {r.p50 * 1000:8.2f} {r.p99 * 1000:8.2f} "
             f"{r.cpu_per_request * 1000:11.3f} {r.per_core:10.0f}"
         )
+    for name, r in rows.items():
+        base = rows.get(BASELINE + name)
+        if base is not None:
+            print(
+                f"  {name} / baseline: {r.per_core / base.per_core:.2f}x throughput per "
+                f"core, {r.throughput / base.throughput:.2f}x throughput, "
+                f"p99 {r.p99 * 1000:.2f} vs {base.p99 * 1000:.2f} ms"
+            )
     litellm = rows.get("LiteLLM proxy")
     ours = rows.get("chat-pipeline serve")
     if litellm is not None and ours is not None:

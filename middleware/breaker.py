@@ -24,50 +24,44 @@ Promises, for `get_response` and `get_streaming_response` alike:
   `chat_pipeline.circuit_breaker.state_changes` metric.
 
 Shared state (``redis=``, a URL or a ``redis.asyncio`` client): every process using the
-same breaker `name` and Redis shares one breaker. pybreaker still runs the state machine
-in each process; the facts that must agree live in Redis, under
-``chat_pipeline:breaker:{<name>}:...``:
-
-* ``:failures``: the consecutive counted failures of all processes together (``INCR`` per
-  failure; a success resets it when that call was admitted with a nonzero count, so a
-  success racing a failure of another process errs towards opening early, never late);
-* ``:opened``: when the circuit opened, in milliseconds since the epoch (sub-second; from
-  the breaker's clock, so replicas' clocks should agree, as NTP keeps them); absent while
-  closed. Transitions are compare-and-set scripts, so two processes tripping together
-  agree on one opening, and a late probe result cannot undo a newer opening;
-* ``:probe:<opening>``: the half-open probe's claim, taken with ``SET NX PX``: exactly one
-  probe per opening across every process. It expires after `probe_claim_ttl` seconds, so
-  a process that dies mid-probe does not keep the circuit open for ever; a probe the
-  caller cancels gives it back at once.
-
-Each process reads the shared facts once per call (one ``MGET``) and writes only on a
-counted failure, a transition or a reset. Redis calls never block the event loop (they
-use ``redis.asyncio``) and each is bounded by `redis_timeout`. When Redis is unreachable,
-slow, or answers nonsense, the breaker fails open: the call proceeds on this process's own
-breaker state (what it last saw of the shared state plus its own outcomes), a warning
-without request content is logged (once per outage, then at most once a minute), and
-Redis is tried again after `redis_retry_interval` seconds; a Redis error never reaches
-the caller. Building a pipeline never contacts Redis (a server that is down then is fine);
-a malformed URL is a `ValueError` at construction. When Redis answers again, its state
-wins over what this process decided alone.
+same breaker `name` and Redis shares one breaker. pybreaker still runs the state machine in
+each process; the facts that must agree (consecutive failures, when the circuit opened, the
+half-open probe's claim) live in Redis, kept by `middleware._breaker_redis` (its docstring
+has the keys and the scripts). Each call reads them once and writes only on a counted
+failure, a transition or a reset. Redis calls never block the event loop and each is
+bounded by `redis_timeout`. When Redis is unreachable, slow, or answers nonsense, the
+breaker fails open: the call proceeds on this process's own breaker state (what it last saw
+of the shared state plus its own outcomes), a warning without request content is logged
+(when an outage starts, then at most once a minute), and Redis is tried again after
+`redis_retry_interval` seconds; a Redis error never reaches the caller. Building a pipeline
+never contacts Redis (a server that is down then is fine); a malformed URL is a
+`ValueError` at construction. When Redis answers again, its state wins over what this
+process decided alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, ClassVar
 
 import pybreaker
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from pydantic import Field, StringConstraints, field_validator
 
-from pipeline import _scope
+from middleware._breaker_redis import RedisBreakerState, from_ms, to_ms
+from pipeline import _redis, _scope
+from pipeline._semconv import (
+    BREAKER_FROM,
+    BREAKER_NAME,
+    BREAKER_SCOPE,
+    BREAKER_TO,
+    STATE_CHANGE_EVENT,
+    STATE_CHANGE_METRIC,
+    meter,
+)
 from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name
@@ -89,15 +83,7 @@ __all__ = [
     "counts_as_deployment_failure",
 ]
 
-STATE_CHANGE_EVENT = "chat_pipeline.circuit_breaker.state_change"
-STATE_CHANGE_METRIC = "chat_pipeline.circuit_breaker.state_changes"
-BREAKER_NAME = "chat_pipeline.circuit_breaker.name"
-BREAKER_FROM = "chat_pipeline.circuit_breaker.from"
-BREAKER_TO = "chat_pipeline.circuit_breaker.to"
-
 StateChangeListener = Callable[[str, str, str], None]
-
-_logger = logging.getLogger("chat_pipeline.breaker")
 
 # A malformed answer (INVALID_RESPONSE) is the deployment's failure too: the model behind
 # it is not producing the shape asked for, and opening the circuit moves traffic away.
@@ -122,11 +108,8 @@ def counts_as_deployment_failure(exc: BaseException) -> bool:
 
 class _StateChangeAdapter(pybreaker.CircuitBreakerListener):
     def __init__(self, listener: StateChangeListener | None, meter_provider: Any) -> None:
-        from pipeline import __version__
-
         self._listener = listener
-        meter = metrics.get_meter("chat_pipeline.breaker", __version__, meter_provider)
-        self._changes = meter.create_counter(
+        self._changes = meter(BREAKER_SCOPE, meter_provider).create_counter(
             STATE_CHANGE_METRIC, unit="{change}", description="Circuit breaker state changes"
         )
 
@@ -157,14 +140,6 @@ class _Breaker(pybreaker.CircuitBreaker):
             return throw_new_error
 
 
-class _LocalStorage(pybreaker.CircuitMemoryStorage):
-    """This process's copy of a shared breaker's state: pybreaker's memory storage, whose
-    failure count can be set to the shared one."""
-
-    def set_counter(self, count: int) -> None:
-        self._fail_counter = count
-
-
 class BreakerSettings(Settings):
     """One breaker: `fail_max` consecutive counted failures open it for `reset_timeout`
     seconds; `counts` decides what counts (code only); `on_state_change(name, old, new)`
@@ -193,46 +168,7 @@ class BreakerSettings(Settings):
     @field_validator("redis")
     @classmethod
     def _redis_url_or_async_client(cls, value: Any) -> Any:
-        if value is None:
-            return value
-        if isinstance(value, str):
-            _check_redis_url(value)
-            return value
-        sync_client = _sync_redis_class()
-        if sync_client is not None and isinstance(value, sync_client):
-            raise TypeError(
-                "redis must be a URL or a redis.asyncio client: a synchronous redis.Redis "
-                "client would block the event loop"
-            )
-        if not callable(getattr(value, "mget", None)):
-            raise TypeError(
-                f"redis must be a URL or a redis.asyncio client, not {type(value).__name__}"
-            )
-        return value
-
-
-def _sync_redis_class() -> type | None:
-    try:
-        from redis import Redis
-    except ImportError:  # pragma: no cover - only without the redis extra
-        return None
-    return Redis
-
-
-def _check_redis_url(url: str) -> None:
-    # Our own words only: the URL may hold a password.
-    try:
-        from redis.asyncio.connection import parse_url
-    except ImportError as exc:  # pragma: no cover - only without the redis extra
-        raise ValueError(
-            "redis needs the redis package: pip install 'chat-pipeline[redis]'"
-        ) from exc
-    try:
-        parse_url(url)
-    except ValueError:
-        raise ValueError(
-            "must be a redis://, rediss:// or unix:// URL with a valid host and port"
-        ) from None
+        return None if value is None else _redis.check(value)
 
 
 class _Ticket:
@@ -269,10 +205,16 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         self.name = self.settings.name or client_name(inner)
         self._now = now or (lambda: datetime.now(UTC))
         self._reset_after = timedelta(seconds=self.settings.reset_timeout)
-        self._shared: _SharedState | None = None
+        self._shared: RedisBreakerState | None = None
         storage = None
         if self.settings.redis is not None:
-            self._shared = _SharedState(self.settings, self.name)
+            self._shared = RedisBreakerState(
+                self.settings.redis,
+                self.name,
+                timeout=self.settings.redis_timeout,
+                retry_interval=self.settings.redis_retry_interval,
+                probe_claim_ttl=self.settings.probe_claim_ttl,
+            )
             storage = self._shared.local
         counts = self.settings.counts
         self.breaker = _Breaker(
@@ -430,7 +372,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         elif opened != self._opening or local == _CLOSED:
             # Another process opened (or re-opened) the circuit.
             self._opening = opened
-            storage.opened_at = _from_ms(opened)
+            storage.opened_at = from_ms(opened)
             if local != _OPEN:
                 storage.state = _OPEN
                 breaker.state = _OPEN  # pybreaker's setter takes the state's name
@@ -443,7 +385,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         with self.breaker._lock:
             if facts is not None:
                 self._adopt(*facts)
-            ticket = _Ticket(self._admit(), facts is not None and facts[1] > 0)
+            ticket = _Ticket(self._admit(), facts is not None and facts.failures > 0)
             opening = self._opening if ticket.probe and facts is not None else None
         if opening is None:
             return ticket
@@ -472,7 +414,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         counted = error is not None and breaker.is_system_error(error)
         count = None
         if counted and breaker._state.name == _CLOSED:
-            count = await shared.increment_failures()
+            count = await shared.count_failure()
         with breaker._lock:
             before = breaker._state.name
             if count is not None and before == _CLOSED:
@@ -483,11 +425,11 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             expected = None if before == _CLOSED else self._opening
         if after == before:
             if not counted and after == _CLOSED and ticket.failures_seen:
-                await shared.reset_failures()
+                await shared.count_success()
             elif ticket.claim is not None:
                 await shared.release_probe(ticket.claim, ticket.token)
             return
-        new = None if after == _CLOSED else _to_ms(opened_at or self._now())
+        new = None if after == _CLOSED else to_ms(opened_at or self._now())
         available, stored = await shared.transition(expected, new)
         with breaker._lock:
             if not available or stored == new:
@@ -560,238 +502,3 @@ class _SharedBreakerWatch(StreamWatcher):
         if how == "canceled":
             return self.layer._cancelled_shared(self.ticket)
         return self.layer._release_shared(self.ticket)
-
-
-def _to_ms(moment: datetime) -> str:
-    return f"{moment.timestamp() * 1000:.3f}"
-
-
-def _from_ms(value: str) -> datetime:
-    return datetime.fromtimestamp(float(value) / 1000, UTC)
-
-
-# Compare-and-set of the opening: KEYS = opened, failures; ARGV = the opening expected
-# ('' for closed), the new one ('' to close, which also resets the failures). Returns
-# what is stored afterwards ('' for closed).
-_TRANSITION = """
-local current = redis.call('GET', KEYS[1]) or ''
-if current ~= ARGV[1] then return current end
-if ARGV[2] == '' then
-  redis.call('DEL', KEYS[1])
-  redis.call('SET', KEYS[2], '0')
-else
-  redis.call('SET', KEYS[1], ARGV[2])
-end
-return ARGV[2]
-"""
-
-# Give back a claim only if it is still ours (it may have expired and been re-taken).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-class _Unavailable(Exception):
-    """Redis could not be used for this call (the cause is logged, not raised)."""
-
-
-class _SharedState:
-    """A breaker's shared facts in Redis, each call bounded and never raising a Redis
-    error: every method returns ``None`` (or does nothing) when Redis is unavailable."""
-
-    _WARN_EVERY = 60.0
-
-    def __init__(self, settings: BreakerSettings, name: str) -> None:
-        given = settings.redis
-        self._url: str | None = given if isinstance(given, str) else None
-        self._given: Any = None if isinstance(given, str) else given
-        self._connect: Callable[[str], Any] = _connector(settings.redis_timeout)
-        self._client: Any = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._scripts: dict[str, Any] = {}
-        self.name = name
-        prefix = f"chat_pipeline:breaker:{{{name}}}"
-        self.opened_key = f"{prefix}:opened"
-        self.failures_key = f"{prefix}:failures"
-        self.probe_prefix = f"{prefix}:probe:"
-        self.timeout = settings.redis_timeout
-        self.retry_interval = settings.redis_retry_interval
-        self.claim_ms = max(1, round(settings.probe_claim_ttl * 1000))
-        self._down_until: float | None = None
-        self._last_warning = -float("inf")
-        self._background: set[asyncio.Task[None]] = set()
-        self.local = _LocalStorage(_CLOSED)
-
-    # -- the client, made lazily in the running loop (building never connects) -------------
-
-    def _redis(self) -> Any:
-        if self._given is not None:
-            if self._client is None:
-                self._client = self._given
-            return self._given
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            assert self._url is not None
-            self._client = self._connect(self._url)
-            self._client_loop = loop
-            self._scripts = {}
-        return self._client
-
-    def _script(self, client: Any, source: str) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = client.register_script(source)
-        return script
-
-    async def _run(self, operation: Callable[[Any], Awaitable[Any]]) -> Any:
-        """Run `operation(client)` within the timeout; `_Unavailable` when it cannot be."""
-        if self._down_until is not None and time.monotonic() < self._down_until:
-            raise _Unavailable
-        try:
-            async with asyncio.timeout(self.timeout):
-                result = await operation(self._redis())
-        except Exception as exc:  # any failure of Redis: fail open, never raise it
-            self._failed(exc)
-            raise _Unavailable from None
-        if self._down_until is not None:
-            self._down_until = None
-            _logger.info("circuit breaker %r: Redis is reachable again", self.name)
-        return result
-
-    def _failed(self, exc: BaseException) -> None:
-        now = time.monotonic()
-        first = self._down_until is None
-        self._down_until = now + self.retry_interval
-        if first or now - self._last_warning >= self._WARN_EVERY:
-            self._last_warning = now
-            # The exception's type only: its text may name hosts or echo a reply.
-            _logger.warning(
-                "circuit breaker %r: Redis unavailable (%s); using this process's breaker "
-                "state, trying Redis again in %.3g s",
-                self.name,
-                type(exc).__name__,
-                self.retry_interval,
-            )
-
-    # -- the facts -------------------------------------------------------------------------
-
-    async def read(self) -> tuple[str | None, int] | None:
-        """``(opening, consecutive failures)``, or ``None`` when Redis is unavailable."""
-
-        async def fetch(client: Any) -> tuple[str | None, int]:
-            opened, failures = await client.mget(self.opened_key, self.failures_key)
-            opening = _text(opened)
-            if opening is not None:
-                _from_ms(opening)  # nonsense fails here, as an unavailable Redis
-            return opening, int(_text(failures) or 0)
-
-        try:
-            result: tuple[str | None, int] = await self._run(fetch)
-        except _Unavailable:
-            return None
-        return result
-
-    async def claim_probe(self, opening: str, token: str) -> bool | None:
-        """Claim the probe of `opening`: True when ours, False when another process has
-        it, ``None`` when Redis is unavailable (this process then decides alone)."""
-
-        async def claim(client: Any) -> bool:
-            taken = await client.set(self.probe_prefix + opening, token, nx=True, px=self.claim_ms)
-            return bool(taken)
-
-        try:
-            claimed: bool = await self._run(claim)
-        except _Unavailable:
-            return None
-        return claimed
-
-    async def release_probe(self, opening: str, token: str) -> None:
-        async def release(client: Any) -> None:
-            script = self._script(client, _RELEASE)
-            await script(keys=[self.probe_prefix + opening], args=[token])
-
-        with contextlib.suppress(_Unavailable):  # the claim expires by itself
-            await self._run(release)
-
-    def release_later(self, opening: str, token: str) -> None:
-        """Give a claim back from a task of its own (the caller is being cancelled)."""
-        task = asyncio.get_running_loop().create_task(self.release_probe(opening, token))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def increment_failures(self) -> int | None:
-        async def increment(client: Any) -> int:
-            return int(await client.incr(self.failures_key))
-
-        try:
-            count: int = await self._run(increment)
-        except _Unavailable:
-            return None
-        return count
-
-    async def reset_failures(self) -> None:
-        async def reset(client: Any) -> None:
-            await client.set(self.failures_key, 0)
-
-        with contextlib.suppress(_Unavailable):  # the next failure counts on from it
-            await self._run(reset)
-
-    async def transition(self, expected: str | None, new: str | None) -> tuple[bool, str | None]:
-        """Move the shared opening from `expected` to `new` (``None``: closed) if it is
-        still `expected`. Returns ``(True, what is stored afterwards)``, or ``(False,
-        None)`` when Redis is unavailable."""
-
-        async def move(client: Any) -> str | None:
-            script = self._script(client, _TRANSITION)
-            stored = await script(
-                keys=[self.opened_key, self.failures_key], args=[expected or "", new or ""]
-            )
-            opening = _text(stored) or None
-            if opening is not None:
-                _from_ms(opening)
-            return opening
-
-        try:
-            stored: str | None = await self._run(move)
-        except _Unavailable:
-            return False, None
-        return True, stored
-
-    async def aclose(self) -> None:
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        client, self._client = self._client, None
-        if client is not None and self._url is not None:
-            try:
-                await client.aclose()
-            except Exception as exc:  # closing a dead connection is no failure of ours
-                _logger.debug("circuit breaker %r: closing Redis: %s", self.name, type(exc))
-
-
-def _connector(timeout: float) -> Callable[[str], Any]:
-    """Makes a client for a URL. The modules are imported now, while the pipeline is
-    built, not inside a request's first Redis call (where importing would eat into its
-    timeout); connecting waits for that first call."""
-    import redis.asyncio as redis_asyncio
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
-    def connect(url: str) -> Any:
-        return redis_asyncio.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            # Our own bound is one try within `redis_timeout`: no hidden retries.
-            retry=Retry(NoBackoff(), 0),
-        )
-
-    return connect
-
-
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value.decode()
-    return str(value)

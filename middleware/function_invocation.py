@@ -63,6 +63,7 @@ from middleware.tools import Tool, ToolArgumentsError, tool
 from pipeline import _scope
 from pipeline._genai import ERROR_STATUS
 from pipeline._scope import operation_scope
+from pipeline._semconv import INVALID_ARGUMENTS, TOOL_TYPE_FUNCTION, TOOLS_SCOPE, tracer
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, ending_of
 from pipeline.client import ChatClient, DelegatingChatClient
@@ -96,7 +97,6 @@ __all__ = [
 
 _EXECUTE_TOOL = gen_ai.GenAiOperationNameValues.EXECUTE_TOOL.value
 _INVOKE_AGENT = gen_ai.GenAiOperationNameValues.INVOKE_AGENT.value
-_FUNCTION = "function"  # gen_ai.tool.type of a tool that runs in this process
 
 _logger = logging.getLogger("chat_pipeline.tools")
 
@@ -105,8 +105,10 @@ class FunctionInvocationSettings(Settings):
     """How the tool loop runs: at most `max_iterations` rounds of tool calls, a turn's
     calls concurrently when `allow_concurrent`, exception detail in tool results only with
     `include_detailed_errors`; a tool call's idempotency claim holds for `claim_ttl`
-    seconds (longer than your slowest tool: a process that dies mid-call frees its key
-    after this long, and another caller waits at most this long for a run elsewhere)."""
+    seconds (longer than your slowest tool: a run holds its key at most this long, and
+    another caller waits at most this long for a run elsewhere; a process that dies
+    mid-call frees its key after this long, or after the lease of a store whose claims are
+    leases, such as the Redis store)."""
 
     max_iterations: Annotated[int, Field(ge=1)] = 10
     allow_concurrent: bool = True
@@ -158,9 +160,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
             else MemoryIdempotencyStore()
         )
         self._in_flight: dict[str, _SharedRun] = {}
-        from pipeline import __version__
-
-        self._tracer = trace.get_tracer("chat_pipeline.tools", __version__, tracer_provider)
+        self._tracer = tracer(TOOLS_SCOPE, tracer_provider)
 
     def describe_layer(self) -> str:
         return f"FunctionInvokingChatClient({', '.join(self.tools)})"
@@ -190,7 +190,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
                 gen_ai.GEN_AI_OPERATION_NAME: _EXECUTE_TOOL,
                 gen_ai.GEN_AI_TOOL_NAME: call.name,
                 gen_ai.GEN_AI_TOOL_CALL_ID: call.call_id,
-                gen_ai.GEN_AI_TOOL_TYPE: _FUNCTION,
+                gen_ai.GEN_AI_TOOL_TYPE: TOOL_TYPE_FUNCTION,
             },
             record_exception=False,
             set_status_on_exception=False,
@@ -210,7 +210,7 @@ class FunctionInvokingChatClient(DelegatingChatClient):
         self, span: trace.Span, call: FunctionCallContent, exc: BaseException
     ) -> FunctionResultContent:
         invalid = isinstance(exc, ToolArgumentsError)
-        span.set_attribute(ERROR_TYPE, "invalid_arguments" if invalid else type(exc).__name__)
+        span.set_attribute(ERROR_TYPE, INVALID_ARGUMENTS if invalid else type(exc).__name__)
         span.set_status(ERROR_STATUS)
         if invalid:
             detail = f" ({exc})" if self.include_detailed_errors else ""

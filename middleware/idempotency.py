@@ -7,16 +7,21 @@ canonical arguments (`idempotency_key`). Before a call runs, the function-invoca
 
 * `claim(key, ttl)` returns a `Claim`: either the recorded result (``claim.done``), or the
   right to run the call, held for at most `ttl` seconds (a holder that dies frees the key
-  when its claim expires). While another holder's claim is live, `claim` waits (for at
-  most `ttl`) until that holder completes (then it returns the result) or gives up (then
-  it claims). Cancelling a waiter never touches the holder;
+  when its claim expires: after `ttl`, or sooner with a store whose claims are leases).
+  While another holder's claim is live, `claim` waits (for at most `ttl`) until that holder
+  completes (then it returns the result) or gives up (then it claims). Cancelling a waiter
+  never touches the holder;
 * `complete(claim, result)` records the result and gives the claim up;
 * `release(claim)` gives the claim up without a result (the call failed or was
   cancelled), so a retry runs the call.
 
 `MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
 `RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
-claim, then the result; a waiter polls with a bounded backoff).
+claim, then the result; the claims waited for are polled together, with a bounded
+backoff). Its claims are leases: short, and renewed while their holder runs (for at most
+`ttl`), so a claim whose holder is gone (a process that died, or a caller that gave up
+waiting for a stalled Redis that took the claim later) frees its key after the lease, not
+after `ttl`.
 
 Stores written for the earlier protocol, with only ``get(key) -> (found, result)`` and
 ``put(key, result)``, keep working: the layer wraps them (`claiming_store`) with claims
@@ -30,10 +35,13 @@ import asyncio
 import dataclasses
 import hashlib
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
+
+from pipeline import _redis
 
 __all__ = [
     "Claim",
@@ -43,6 +51,8 @@ __all__ = [
     "claiming_store",
     "idempotency_key",
 ]
+
+_logger = logging.getLogger("chat_pipeline.tools")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -144,13 +154,20 @@ class MemoryIdempotencyStore:
         return len(self._results)
 
 
-# KEYS = result, claim; ARGV = token, claim ttl (ms). The result if recorded, else the
-# claim if free: {1, result} done, {2} claimed, {3} held by another.
+# KEYS = result, claim; ARGV = token, lease (ms). The result if recorded, else the claim
+# if free: {1, result} done, {2} claimed, {3} held by another.
 _CLAIM = """
 local done = redis.call('GET', KEYS[1])
 if done then return {1, done} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
+"""
+
+# KEYS = claim; ARGV = token, lease (ms). Extends only our own claim: 1 when renewed, 0 when
+# it is no longer ours (it ran out and may have been taken by another holder).
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
 """
 
 # KEYS = result, claim; ARGV = token, result, result ttl (ms).
@@ -168,15 +185,27 @@ return 0
 
 
 class RedisIdempotencyStore:
-    """Shares claims and completed tool calls between processes through Redis
-    (``redis.asyncio``).
+    """Shares claims and completed tool calls between processes through Redis (a URL or a
+    ``redis.asyncio`` client; see `pipeline._redis` for the connection pool).
 
     Results are stored as JSON (tools used with it must return JSON-serializable values)
     under ``{namespace}:{key}`` for `ttl` seconds; a claim is ``{namespace}:{key}:claim``,
-    taken with ``SET NX PX`` in the same script that checks for a result. A caller waiting
-    for another process's claim polls every 10 ms at first, backing off to
-    `max_poll_interval`. Each Redis call is bounded by `timeout` seconds; a Redis failure
-    is raised (the layer turns it into a tool result: the call did not run).
+    taken with ``SET NX PX`` in the same script that checks for a result.
+
+    A claim is a lease of `lease` seconds (at most the claim's own `ttl`), renewed every
+    third of it (every tenth after a failed renewal) while its holder runs, for at most the
+    claim's `ttl` in all: a holder that is gone frees the key after `lease` seconds. That
+    includes a caller that gave up: when Redis stalls, a claim the caller stopped waiting
+    for may still be queued in Redis and taken when it resumes, by nobody. A Redis outage
+    longer than the lease can let a claim run out while its holder still runs (a warning
+    says so: another process may then run the call too).
+
+    The callers waiting for claims held by other processes are polled for together: one
+    ``MGET`` of every claim waited for, every 10 ms at first, backing off to
+    `max_poll_interval` while none ends (so a thousand waiters cost Redis one read per
+    poll, not a thousand); a caller whose claim ended claims again. Each Redis call is
+    bounded by `timeout` seconds; a Redis failure is raised (the layer turns it into a tool
+    result: the call did not run).
     """
 
     def __init__(
@@ -187,84 +216,174 @@ class RedisIdempotencyStore:
         ttl: float = 86_400,
         timeout: float = 1.0,
         max_poll_interval: float = 0.25,
+        lease: float = 10.0,
     ) -> None:
         for name, value in (
             ("ttl", ttl),
             ("timeout", timeout),
             ("max_poll_interval", max_poll_interval),
+            ("lease", lease),
         ):
             if not isinstance(value, int | float) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds")
-        if isinstance(redis, str):
-            import redis.asyncio as redis_asyncio
-
-            redis = redis_asyncio.Redis.from_url(
-                redis, socket_timeout=timeout, socket_connect_timeout=timeout
-            )
-        self._redis = redis
+        try:
+            self._redis = _redis.RedisClient(redis, timeout=timeout)
+        except ValueError as exc:
+            raise ValueError(f"redis: {exc}") from None
         self.namespace = namespace
         self.ttl = ttl
         self.timeout = timeout
         self.max_poll_interval = max_poll_interval
-        self._scripts: dict[str, Any] = {}
+        self.lease = lease
+        # The renewal of each claim held here, by (key, token).
+        self._renewals: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # The callers waiting for a claim held elsewhere, by key, and the task polling for
+        # them (running while anyone waits).
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._poll_delay = _FIRST_POLL
 
     def _keys(self, key: str) -> list[str]:
         return [f"{self.namespace}:{key}", f"{self.namespace}:{key}:claim"]
 
-    async def _eval(self, source: str, keys: list[str], args: list[Any]) -> Any:
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = self._redis.register_script(source)
-        async with asyncio.timeout(self.timeout):
-            return await script(keys=keys, args=args)
-
     async def claim(self, key: str, ttl: float) -> Claim:
         loop = asyncio.get_running_loop()
         token = uuid.uuid4().hex
-        claim_ms = max(1, round(ttl * 1000))
+        lease = min(self.lease, ttl)
         give_up = loop.time() + ttl
-        delay = 0.01
         while True:
-            answer = await self._eval(_CLAIM, self._keys(key), [token, claim_ms])
+            answer = await self._redis.script(_CLAIM, self._keys(key), [token, _ms(lease)])
             if int(answer[0]) == 1:
                 return Claim(key, True, json.loads(answer[1]))
             if int(answer[0]) == 2:
+                renewal = loop.create_task(self._renew(key, token, lease, loop.time() + ttl))
+                self._renewals[key, token] = renewal
+                renewal.add_done_callback(lambda _: self._renewals.pop((key, token), None))
                 return Claim(key, False, token=token)
             # Held by another process: bounded by our ttl (its claim expires by then too,
             # unless yet another process keeps re-taking it).
-            if loop.time() >= give_up:
+            left = give_up - loop.time()
+            if left <= 0:
                 raise TimeoutError(f"another run of this tool call did not finish within {ttl:g} s")
-            await self._pause(delay)
-            delay = min(delay * 2, self.max_poll_interval)
+            await self._pause(key, left)
 
-    async def _pause(self, seconds: float) -> None:
-        """Wait between two polls of a claim held elsewhere."""
+    async def _pause(self, key: str, seconds: float) -> None:
+        """Wait (at most `seconds`) until the claim on `key`, held elsewhere, may have
+        ended: the poller saw it gone, or could not look."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault(key, set())
+        waiters.add(ended)
+        self._poll_delay = _FIRST_POLL  # a new wait: look again soon
+        if self._poller is None or self._poller.done():
+            self._poller = loop.create_task(self._poll())
+        try:
+            await asyncio.wait({ended}, timeout=seconds)
+        finally:
+            waiters.discard(ended)
+            if not waiters and self._waiters.get(key) is waiters:
+                del self._waiters[key]
+
+    async def _poll(self) -> None:
+        """While anyone waits: one ``MGET`` of the claims waited for, then wake the callers
+        whose claim is gone (completed, released, run out); every caller when Redis could
+        not be read (each then finds out for itself)."""
+        while self._waiters:
+            await asyncio.sleep(self._poll_delay)
+            keys = list(self._waiters)
+            try:
+                held = await self._claims_of(keys)
+            except Exception:
+                held = [None] * len(keys)
+            ended = [key for key, claim in zip(keys, held, strict=True) if claim is None]
+            for key in ended:
+                for waiter in self._waiters.get(key, ()):
+                    if not waiter.done():
+                        waiter.set_result(None)
+            self._poll_delay = (
+                _FIRST_POLL if ended else min(self._poll_delay * 2, self.max_poll_interval)
+            )
+
+    async def _claims_of(self, keys: list[str]) -> list[Any]:
+        """The claim (its token) on each of `keys`, ``None`` where there is none."""
+        claims = [self._keys(key)[1] for key in keys]
+        return list(await self._redis.call(lambda client: client.mget(claims)))
+
+    async def _renew(self, key: str, token: str, lease: float, until: float) -> None:
+        """Keep the claim until `until` (the claim's ttl): renewed every third of a lease,
+        and after a failed renewal, tried again every tenth (each try bounded by the
+        timeout) while the lease may still hold."""
+        loop = asyncio.get_running_loop()
+        claim_key = self._keys(key)[1]
+        wait = lease / 3
+        while (left := until - loop.time()) > 0:
+            await self._wait_to_renew(min(wait, left))
+            # Never past `until`: a run that hangs frees its key when its ttl is up.
+            extended = min(lease, until - loop.time())
+            if extended <= 0:
+                return
+            try:
+                held = await self._redis.script(_RENEW, [claim_key], [token, _ms(extended)])
+            except Exception:  # Redis unavailable or slow: try again soon
+                wait = lease / 10
+                continue
+            wait = lease / 3
+            if not int(held):
+                _logger.warning(
+                    "a tool call's idempotency claim ran out before the call finished (Redis "
+                    "was unavailable for longer than its %g s lease); another process may "
+                    "run the call too",
+                    lease,
+                )
+                return
+
+    async def _wait_to_renew(self, seconds: float) -> None:
+        """Wait until a claim is renewed again."""
         await asyncio.sleep(seconds)
+
+    def _stop_renewing(self, claim: Claim) -> None:
+        renewal = self._renewals.pop((claim.key, claim.token), None)
+        if renewal is not None:
+            renewal.cancel()
 
     async def complete(self, claim: Claim, result: Any) -> None:
         encoded = json.dumps(result)
-        await self._eval(
-            _COMPLETE, self._keys(claim.key), [claim.token, encoded, round(self.ttl * 1000)]
+        self._stop_renewing(claim)
+        await self._redis.script(
+            _COMPLETE, self._keys(claim.key), [claim.token, encoded, _ms(self.ttl)]
         )
 
     async def release(self, claim: Claim) -> None:
-        await self._eval(_RELEASE, self._keys(claim.key)[1:], [claim.token])
+        self._stop_renewing(claim)
+        await self._redis.script(_RELEASE, self._keys(claim.key)[1:], [claim.token])
 
     async def get(self, key: str) -> tuple[bool, Any]:
         """``(True, result)`` when `key` is recorded as completed, else ``(False, None)``."""
-        async with asyncio.timeout(self.timeout):
-            raw = await self._redis.get(self._keys(key)[0])
+        raw = await self._redis.call(lambda client: client.get(self._keys(key)[0]))
         if raw is None:
             return False, None
         return True, json.loads(raw)
 
     async def put(self, key: str, result: Any) -> None:
         """Record `result` for `key` (without a claim)."""
-        async with asyncio.timeout(self.timeout):
-            await self._redis.set(self._keys(key)[0], json.dumps(result), px=round(self.ttl * 1000))
+        encoded = json.dumps(result)
+        await self._redis.call(
+            lambda client: client.set(self._keys(key)[0], encoded, px=_ms(self.ttl))
+        )
 
     async def aclose(self) -> None:
+        tasks = [*self._renewals.values(), *([self._poller] if self._poller else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._redis.aclose()
+
+
+_FIRST_POLL = 0.01  # seconds before a claim waited for is first looked at again
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 class _GetPutStore:

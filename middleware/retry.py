@@ -10,6 +10,9 @@ Promises, for `get_response` and `get_streaming_response` alike:
   that carries its response, such as a raw ``httpx2.HTTPStatusError``) is waited out when
   it is at most `max_retry_after`; a longer one ends the retries at once, so a router can
   fail over instead of idling;
+* inside a router that could still move the request to another route (the request scope
+  says so), a rate-limited answer or one carrying ``Retry-After`` is not waited out here
+  at all (`defer_to_failover`): the deployment asked for time, another one can answer now;
 * inside a router, every retry spends one call of the request's budget, and no retry starts
   when its delay would pass the request's deadline;
 * each retry is an event (`chat_pipeline.retry`, with the error type, attempt number and
@@ -32,18 +35,15 @@ from pydantic import Field, model_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_exponential, wait_random_exponential
 
-from pipeline._scope import current_budget
+from pipeline._scope import current_budget, failover_possible
+from pipeline._semconv import RETRY_ATTEMPT, RETRY_DELAY, RETRY_EVENT
 from pipeline._settings import Settings
 from pipeline._streams import OpenedLater, close_stream
 from pipeline.client import ChatClient, DelegatingChatClient
-from pipeline.errors import is_retryable, retry_after_of
+from pipeline.errors import FailureKind, classify, is_retryable, retry_after_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = ["RETRY_ATTEMPT", "RETRY_DELAY", "RETRY_EVENT", "RetryChatClient", "RetrySettings"]
-
-RETRY_EVENT = "chat_pipeline.retry"
-RETRY_ATTEMPT = "chat_pipeline.retry.attempt"  # the number of the attempt about to start
-RETRY_DELAY = "chat_pipeline.retry.delay"  # seconds waited before it
 
 _T = TypeVar("_T")
 
@@ -62,6 +62,7 @@ class RetrySettings(Settings):
     jitter: bool = True
     respect_retry_after: bool = True
     max_retry_after: _Seconds = 30.0
+    defer_to_failover: bool = True
     retry_on: Callable[[BaseException], bool] = is_retryable
     sleep: Callable[[float], Awaitable[None]] = Field(default=asyncio.sleep, repr=False)
 
@@ -96,6 +97,13 @@ class RetryChatClient(DelegatingChatClient):
         outcome = state.outcome
         error = outcome.exception() if outcome is not None else None
         retry_after = retry_after_of(error) if error is not None else None
+        if (
+            error is not None
+            and self.policy.defer_to_failover
+            and (retry_after is not None or classify(error) is FailureKind.RATE_LIMITED)
+            and failover_possible(error)
+        ):
+            return math.inf  # the router moves on at once; the stop condition gives up here
         if self.policy.respect_retry_after and retry_after is not None:
             if retry_after > self.policy.max_retry_after:
                 return math.inf  # the stop condition turns this into "give up now"

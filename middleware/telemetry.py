@@ -24,13 +24,12 @@ from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
+from opentelemetry import trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import Span, SpanKind
 
-from middleware.routing._telemetry import ROUTE_ATTEMPTS, ROUTE_FALLBACK, ROUTE_NAME
 from pipeline import _scope
 from pipeline._genai import (
     ERROR_STATUS,
@@ -40,6 +39,15 @@ from pipeline._genai import (
 )
 from pipeline._metrics import gen_ai_client_histograms
 from pipeline._scope import RouteReport
+from pipeline._semconv import (
+    PIPELINE_SCOPE,
+    REQUEST_END,
+    ROUTE_ATTEMPTS,
+    ROUTE_FALLBACK,
+    ROUTE_NAME,
+    meter,
+    tracer,
+)
 from pipeline._streams import StreamEnd, StreamWatcher, ending_of, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
@@ -50,7 +58,6 @@ if TYPE_CHECKING:
 
 __all__ = ["REQUEST_END", "TelemetryChatClient", "latest_experimental_semconv"]
 
-INSTRUMENTATION_NAME = "chat_pipeline"
 _CHAT = gen_ai.GenAiOperationNameValues.CHAT.value
 _INPUT = gen_ai.GenAiTokenTypeValues.INPUT.value
 _OPERATION = gen_ai.GEN_AI_OPERATION_NAME
@@ -59,10 +66,6 @@ _SYSTEM = gen_ai.GEN_AI_SYSTEM
 _MODEL = gen_ai.GEN_AI_REQUEST_MODEL
 _METRIC_KEYS = (_OPERATION, _PROVIDER, _SYSTEM, _MODEL, SERVER_ADDRESS, SERVER_PORT)
 _OUTPUT = gen_ai.GenAiTokenTypeValues.OUTPUT.value
-
-
-REQUEST_END = "chat_pipeline.request.end"
-"""On a request's span: ``canceled`` or ``abandoned`` when the caller ended it early."""
 
 
 class TelemetryChatClient(DelegatingChatClient):
@@ -86,11 +89,10 @@ class TelemetryChatClient(DelegatingChatClient):
         if self is inner:
             return
         super().__init__(inner, leave_open=leave_open)
-        from pipeline import __version__
-
-        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
-        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
-        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(meter)
+        self._tracer = tracer(PIPELINE_SCOPE, tracer_provider)
+        self._duration, self._tokens, self._first_chunk = gen_ai_client_histograms(
+            meter(PIPELINE_SCOPE, meter_provider)
+        )
         self._clock = clock
         self._latest = latest_experimental_semconv()
         self._provider_key = provider_key(self._latest)
@@ -206,11 +208,8 @@ class TelemetryChatClient(DelegatingChatClient):
         finish_reason: str | None = None,
         usage: UsageDetails | None = None,
         first_chunk: float | None = None,
-        outer: RouteReport | None = None,
     ) -> None:
         duration = self._clock() - started
-        if outer is not None and report.route_name is not None:
-            _pass_on(report, outer)
         attributes = request if report.route_name is None else self._routed(span, request, report)
         failed = how == "failed" or (error is not None and how == "completed")
         if span.is_recording():
@@ -261,8 +260,8 @@ class TelemetryChatClient(DelegatingChatClient):
     ) -> ChatResponse:
         span, request = self._start(options)
         started = self._clock()
-        outer = _scope.current_report()  # a layer above (the gateway) hears the story too
         report = RouteReport()
+        outer = _scope.current_report()
         token = otel_context.attach(trace.set_span_in_context(span))
         report_token = _scope.enter_report(report)
         try:
@@ -270,10 +269,12 @@ class TelemetryChatClient(DelegatingChatClient):
         except BaseException as exc:
             _scope.exit_report(report_token)
             otel_context.detach(token)
-            self._end(span, request, started, report, how=ending_of(exc), error=exc, outer=outer)
+            _pass_up(report, outer)
+            self._end(span, request, started, report, how=ending_of(exc), error=exc)
             raise
         _scope.exit_report(report_token)
         otel_context.detach(token)
+        _pass_up(report, outer)
         self._end(
             span,
             request,
@@ -285,7 +286,6 @@ class TelemetryChatClient(DelegatingChatClient):
             response_model=response.model_id,
             finish_reason=response.finish_reason,
             usage=response.usage,
-            outer=outer,
         )
         return response
 
@@ -298,13 +298,15 @@ class TelemetryChatClient(DelegatingChatClient):
         )
 
 
-def _pass_on(report: RouteReport, outer: RouteReport) -> None:
-    """Tell the report of a layer above (the gateway's server span) the routing story a
-    router told this layer's report."""
-    outer.route_name = report.route_name
-    outer.metadata = report.metadata
-    outer.attempts = report.attempts
-    outer.fallback = report.fallback
+def _pass_up(report: RouteReport, outer: RouteReport | None) -> None:
+    """Tell the routing story a router below wrote in this layer's report to the report
+    held open above this layer (another telemetry layer's, or a framework adapter's), so
+    the caller there learns which route served too."""
+    if outer is not None and report.route_name is not None:
+        outer.route_name = report.route_name
+        outer.metadata = report.metadata
+        outer.attempts = report.attempts
+        outer.fallback = report.fallback
 
 
 class _StreamTrace(StreamWatcher):
@@ -335,6 +337,7 @@ class _StreamTrace(StreamWatcher):
         self.layer = layer
         self.options = options
         self.report = RouteReport()
+        self.outer: RouteReport | None = None
         self.response_id: str | None = None
         self.response_model: str | None = None
         self.finish_reason: str | None = None
@@ -342,10 +345,11 @@ class _StreamTrace(StreamWatcher):
         self.first_chunk: float | None = None
 
     def start(self) -> None:
+        # Taken at the first read, in the caller's context: a report held open above.
+        self.outer = _scope.current_report()
         layer = self.layer
         self.span, self.request = layer._start(self.options)
         self.started = layer._clock()
-        self.outer = _scope.current_report()  # a layer above (the gateway) hears the story too
         self.span_context = trace.set_span_in_context(self.span)
         # Only the no-op API's span has no valid context: then no span needs to be current
         # for each update. A sampled-out span must still be current, so the spans beneath
@@ -376,6 +380,7 @@ class _StreamTrace(StreamWatcher):
             self.usage = update.usage if self.usage is None else self.usage + update.usage
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        _pass_up(self.report, self.outer)
         self.layer._end(
             self.span,
             self.request,
@@ -388,5 +393,4 @@ class _StreamTrace(StreamWatcher):
             finish_reason=self.finish_reason,
             usage=self.usage,
             first_chunk=self.first_chunk,
-            outer=self.outer,
         )

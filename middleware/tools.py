@@ -15,11 +15,9 @@ from typing import Any, get_type_hints
 
 import pydantic
 
+from pipeline.errors import ToolArgumentsError
+
 __all__ = ["Tool", "ToolArgumentsError", "tool"]
-
-
-class ToolArgumentsError(ValueError):
-    """Arguments that do not fit the tool's signature (fields and error types only)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

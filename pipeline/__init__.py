@@ -5,6 +5,7 @@ The public surface: core types, the client protocol and `ChatPipeline`. Provider
 layers and routers in `middleware`.
 """
 
+from pipeline._version import __version__ as __version__
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import (
     ChatClient,
@@ -18,12 +19,15 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     Messages,
     TextContent,
+    ToolDefinition,
     UsageDetails,
 )
 
@@ -37,15 +41,16 @@ __all__ = [
     "ChatResponse",
     "ChatResponseUpdate",
     "ChatRole",
+    "ChatTool",
     "Content",
     "DataContent",
     "DelegatingChatClient",
     "EmbeddingGenerator",
+    "FinishReason",
     "FunctionCallContent",
     "FunctionResultContent",
     "Messages",
     "TextContent",
+    "ToolDefinition",
     "UsageDetails",
 ]
-
-__version__ = "0.1.0"

@@ -14,7 +14,10 @@ read it through this small API, so no layer needs to know about routing:
   fallback served), so the request's span can tell the failover story;
 * `attempt_timed_out()`: true while a router is cancelling the current attempt because the
   attempt's time is up (not because the caller cancelled), so a breaker beneath counts the
-  timeout against its deployment instead of ignoring it like a caller's cancellation.
+  timeout against its deployment instead of ignoring it like a caller's cancellation;
+* `failover_possible(error)`: whether the router running this attempt could still move the
+  request to another route if the attempt failed now with `error`, before any output, so a
+  retry layer beneath does not wait out a ``Retry-After`` while another route could serve.
 
 Everything here is request-local (context variables); nothing outlives the request.
 """
@@ -27,7 +30,7 @@ import contextvars
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "RequestBudget",
@@ -38,9 +41,12 @@ __all__ = [
     "current_report",
     "enter_attempt_timeout",
     "enter_budget",
+    "enter_failover_check",
     "enter_report",
     "exit_attempt_timeout",
     "exit_budget",
+    "exit_failover_check",
+    "failover_possible",
     "exit_report",
     "new_operation_id",
     "operation_scope",
@@ -117,6 +123,29 @@ def attempt_timed_out() -> bool:
 
 enter_attempt_timeout = _attempt_timeout.set
 exit_attempt_timeout = _attempt_timeout.reset
+
+
+class FailoverCheck(Protocol):
+    """What a router makes current while an attempt runs before output (its request)."""
+
+    def failover_possible(self, error: BaseException) -> bool: ...
+
+
+_failover_check: contextvars.ContextVar[FailoverCheck | None] = contextvars.ContextVar(
+    "chat_pipeline_failover_check", default=None
+)
+FailoverCheckToken = contextvars.Token[FailoverCheck | None]
+
+
+def failover_possible(error: BaseException) -> bool:
+    """Whether the router running this attempt could move the request to another route if
+    the attempt failed now, before output, with `error` (False outside a router)."""
+    check = _failover_check.get()
+    return check is not None and check.failover_possible(error)
+
+
+enter_failover_check = _failover_check.set
+exit_failover_check = _failover_check.reset
 
 
 class RouteReport:

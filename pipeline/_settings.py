@@ -7,8 +7,10 @@ fields). Validation is pydantic's, in strict mode: no silent coercion (``"3"`` i
 
 A bad value raises `TypeError` when every problem is a wrong type and `ValueError`
 otherwise; the message names every problem, in our words (``max_attempts must be at least
-1, got 0``) and never echoes a string value (it might be a secret). The loader turns the
-same problems into `ConfigError` lines with their key paths.
+1, got 0``) and never echoes a string value (it might be a secret; the one exception is a
+short discriminator of a tagged union, a name such as ``provider = "gemnii"``). The loader
+turns the same problems into `ConfigError` lines with their key paths; a tagged union's
+tag is not part of a path (``routes.a.model``, not ``routes.a.openai.model``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import types
+import typing
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import Annotated, Any, ClassVar, Self, get_args, get_origin
 
 import pydantic
 from pydantic import ConfigDict
+from pydantic.fields import FieldInfo
 
 __all__ = ["Settings", "collecting_problems", "problems_of", "settings_error", "suggest"]
 
@@ -134,18 +139,76 @@ def _path(location: Sequence[int | str]) -> str:
     return path
 
 
-def _model_at(model: type[pydantic.BaseModel] | None, location: Sequence[int | str]) -> Any:
-    """The pydantic model class at `location` below `model`, when the path is plain fields."""
+def _unwrap(annotation: Any, discriminator: str | None = None) -> tuple[Any, str | None]:
+    """`annotation` without ``Annotated`` and ``| None``, with its union's discriminator."""
+    for _ in range(32):  # each step removes one layer of a finite annotation
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation, *metadata = get_args(annotation)
+            for item in metadata:
+                if isinstance(item, FieldInfo) and isinstance(item.discriminator, str):
+                    discriminator = item.discriminator
+        elif origin in (typing.Union, types.UnionType):
+            members = [member for member in get_args(annotation) if member is not type(None)]
+            if len(members) != 1:
+                break
+            annotation = members[0]
+        else:
+            break
+    return annotation, discriminator
+
+
+def _tags(union: Any, discriminator: str) -> dict[str, Any]:
+    """The members of a tagged union by tag, in declaration order."""
+    tagged: dict[str, Any] = {}
+    for member in get_args(union):
+        model, _ = _unwrap(member)
+        field = getattr(model, "model_fields", {}).get(discriminator)
+        if field is not None:
+            for tag in get_args(field.annotation):
+                tagged[str(tag)] = model
+    return tagged
+
+
+def _walk(
+    annotation: Any, location: Sequence[int | str]
+) -> tuple[list[int | str], Any, str | None]:
+    """Follow `location` down `annotation`: the location as shown (a tagged union's tag
+    left out), then the annotation reached and its discriminator (None when the path leaves
+    what the annotation describes)."""
+    current, discriminator = _unwrap(annotation)
+    shown: list[int | str] = []
     for part in location:
-        if model is None or not isinstance(part, str) or part not in model.model_fields:
-            return None
-        annotation = model.model_fields[part].annotation
-        model = (
-            annotation
-            if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel)
-            else None
-        )
-    return model
+        if discriminator is not None and isinstance(part, str):
+            member = _tags(current, discriminator).get(part)
+            if member is not None:
+                current, discriminator = _unwrap(member)
+                continue
+        shown.append(part)
+        fields = getattr(current, "model_fields", None)
+        origin = get_origin(current)
+        if isinstance(fields, dict) and part in fields:
+            field = fields[part]
+            tag = field.discriminator if isinstance(field.discriminator, str) else None
+            current, discriminator = _unwrap(field.annotation, tag)
+        elif origin in (dict, Mapping) and get_args(current):
+            current, discriminator = _unwrap(get_args(current)[-1])
+        elif origin in (list, tuple, set, frozenset, Sequence) and get_args(current):
+            current, discriminator = _unwrap(get_args(current)[0])
+        else:
+            current, discriminator = None, None
+    return shown, current, discriminator
+
+
+def _tag_problem(error: Mapping[str, Any], union: Any, discriminator: str | None) -> str:
+    tags = list(_tags(union, discriminator)) if discriminator else []
+    if error["type"] == "union_tag_not_found":
+        return f"is required (one of {tags})"
+    given = error.get("input")
+    value = given.get(discriminator) if isinstance(given, Mapping) and discriminator else None
+    # A tag is a name, shown when short (a long string might be anything, a secret too).
+    shown = repr(value) if isinstance(value, str) and len(value) <= 40 else type(value).__name__
+    return f"expected one of {tags}, got {shown}{suggest(str(value), tags)}"
 
 
 def _got(value: object) -> str:
@@ -198,21 +261,29 @@ def _expected(error: Mapping[str, Any]) -> str:
 
 def problems_of(
     exc: pydantic.ValidationError,
-    model: type[pydantic.BaseModel] | None = None,
+    model: Any = None,
     prefix: Sequence[int | str] = (),
 ) -> list[tuple[str, str, bool]]:
     """Each problem of `exc` as ``(key path, what is wrong, is a type error)``.
 
-    Paths are prefixed with `prefix`; unknown names get a suggestion from `model`'s fields.
+    `model` is what was validated (a model class, or any annotation: a tagged union of
+    models, say). Paths are prefixed with `prefix` and leave tagged unions' tags out;
+    unknown names get a suggestion from the fields of the model they were given to; a
+    missing or unknown tag is reported at the discriminator's key, with the tags allowed.
     """
     found: list[tuple[str, str, bool]] = []
     for error in exc.errors(include_url=False):
         location = tuple(error["loc"])
         kind = error["type"]
-        path = _path((*prefix, *location))
+        shown, reached, discriminator = _walk(model, location)
+        path = _path((*prefix, *shown))
+        if kind in ("union_tag_not_found", "union_tag_invalid"):
+            where = _path((*prefix, *shown, discriminator or "tag"))
+            found.append((where, _tag_problem(error, reached, discriminator), False))
+            continue
         if kind == "extra_forbidden":
-            owner = _model_at(model, location[:-1])
-            known = owner.model_fields if owner is not None else ()
+            _, owner, _ = _walk(model, location[:-1])
+            known = getattr(owner, "model_fields", None) or ()
             found.append((path, f"unknown setting{suggest(str(location[-1]), known)}", False))
             continue
         if kind in ("value_error", "assertion_error"):

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from middleware.breaker import BreakerSettings
     from middleware.function_invocation import FunctionInvocationSettings
     from middleware.retry import RetrySettings
+    from middleware.routing.balanced import BalancedSettings
     from middleware.routing.context import Route, RoutingContext, SelectionResult
     from middleware.routing.failover import FailoverChatClient, FailoverSettings
 
@@ -475,6 +476,31 @@ class ChatPipelineBuilder:
 
         def make() -> OrderedFailoverChatClient:
             return OrderedFailoverChatClient(routes, settings, leave_open=True, **options)
+
+        first = make()  # validates routes and options where they were written
+        shared = None if leave_open else SharedResources(first.owned_clients())
+        return self._end_with(_RouterSpec(make, shared), enabled)
+
+    def use_balanced_failover(
+        self,
+        routes: Sequence[Route | ChatClient],
+        settings: BalancedSettings | None = None,
+        *,
+        enabled: bool = True,
+        **options: Any,
+    ) -> Self:
+        """End the chain with a `BalancedFailoverChatClient` over `routes`: each attempt
+        goes to a healthy route chosen by `strategy` (default ``peak_ewma``); `options` are
+        `BalancedSettings` fields, ``health=`` (a `RouteHealth` several routers share, or a
+        `RedisHealthStore`), ``affinity=`` and the router's keywords. Each built pipeline
+        has a `RouteHealth` of its own unless one is given."""
+        from middleware.routing.balanced import BalancedFailoverChatClient
+
+        leave_open = bool(options.pop("leave_open", False))
+        options.update(self._providers(options))
+
+        def make() -> BalancedFailoverChatClient:
+            return BalancedFailoverChatClient(routes, settings, leave_open=True, **options)
 
         first = make()  # validates routes and options where they were written
         shared = None if leave_open else SharedResources(first.owned_clients())

@@ -12,7 +12,10 @@ pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl
 case set to each route of a TOML file directly and prints a per-route table (see
 `pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
 configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
-fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
+fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1. ``chat-pipeline fake-fleet
+--scenario FILE`` serves a `pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints
+each deployment's URL (see `pipeline.testing.FakeFleet.from_scenario` and the commands it reads
+on stdin).
 
 ``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
 [--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
@@ -36,7 +39,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 from middleware.routing import Route
-from middleware.routing._telemetry import (
+from pipeline._semconv import (
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,
@@ -231,15 +234,50 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _eval(args: argparse.Namespace) -> int:
-    import json
+class _ReportFile:
+    """The ``--json`` file, opened before any case runs (a path that cannot be written is
+    found before the work, not after it). It is opened to append, so an existing file is
+    untouched until the report replaces its content; a file this run created is removed
+    when the run ends without a report."""
 
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._created = not os.path.lexists(path)
+        self._stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept for the run
+
+    def write(self, report: object) -> None:
+        import json
+
+        with self._stream as out:
+            if out.seekable():  # a regular file (not /dev/stdout): replace what it held
+                out.seek(0)
+                out.truncate()
+            json.dump(report, out, indent=2)
+            out.write("\n")
+
+    def discard(self) -> None:
+        import contextlib
+
+        self._stream.close()
+        if self._created:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+def _eval(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
     from pipeline.evals import load_validators, run_eval
 
     def progress(done: int, total: int) -> None:
         print(f"\reval: {done}/{total} requests", end="", file=sys.stderr, flush=True)
 
+    output = None
+    if args.json:
+        try:
+            output = _ReportFile(args.json)
+        except OSError as exc:
+            print(f"cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     routes = [name.strip() for name in args.routes.split(",")] if args.routes else None
     try:
         validators = load_validators(args.validators) if args.validators else {}
@@ -256,20 +294,22 @@ def _eval(args: argparse.Namespace) -> int:
                 progress=progress if sys.stderr.isatty() else None,
             )
         )
-    except ConfigError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
+    except BaseException as exc:
+        if output is not None:
+            output.discard()
+        if isinstance(exc, ConfigError):
+            print(f"configuration error: {exc}", file=sys.stderr)
+            return 2
+        raise
     if sys.stderr.isatty():
         print(file=sys.stderr)
     print(report.table())
     failures = report.failures()
     if failures:
         print("\nfailed cases:\n" + failures)
-    if args.json:
+    if output is not None:
         try:
-            with open(args.json, "w", encoding="utf-8") as out:
-                json.dump(report.to_json(), out, indent=2)
-                out.write("\n")
+            output.write(report.to_json())
         except OSError as exc:
             print(f"cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
             return 2
@@ -309,6 +349,28 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
             loop.remove_signal_handler(signum)
         await server.stop()
     return 0
+
+
+def _fake_fleet(args: argparse.Namespace) -> int:
+    from pipeline._fake_fleet import serve_fleet
+
+    async def run() -> int:
+        # Stop on Ctrl-C or SIGTERM as the fake server does.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await serve_fleet(
+            args.scenario, seed=args.seed, manual_start=args.manual_start, stop=stop
+        )
+
+    try:
+        return asyncio.run(run())
+    except (ValueError, TypeError) as exc:
+        print(f"scenario error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -384,6 +446,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="the wire format to speak (default: openai)",
     )
+    fleet = commands.add_parser(
+        "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
+    )
+    fleet.add_argument("--scenario", required=True, metavar="FILE", help="the fleet's scenario")
+    fleet.add_argument("--seed", type=int, help="replaces the scenario's seed")
+    fleet.add_argument(
+        "--manual-start", action="store_true", help="no fault until a 'start' line on stdin"
+    )
     gateway = commands.add_parser(
         "serve", help="serve a pipeline built from a TOML file as an OpenAI-compatible API"
     )
@@ -419,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_fake_server(args.port, args.format))
         except KeyboardInterrupt:
             return 0
+    if args.command == "fake-fleet":
+        return _fake_fleet(args)
     if args.command == "serve":
         return _serve(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits

@@ -13,7 +13,7 @@
     breaker = { fail_max = 5, reset_timeout = 30 }
 
     [router]
-    kind = "tiered"                  # ordered | semantic | tiered
+    kind = "tiered"                  # ordered | tiered | semantic
     default = "small"
 
     [layers]
@@ -29,40 +29,99 @@ The environment is the `environment` argument, else ``CHAT_PIPELINE_ENV``; its t
 merged over the base (tables key by key, other values replaced; a route whose provider the
 environment changes is replaced whole).
 
-Validation uses the layers' own settings classes (`RetrySettings`, `BreakerSettings`,
-`FailoverSettings`, `SemanticSettings`, `RouteFacts`), so a default or a check is never
-written twice. Every problem is reported at once, each with its key path, as one
-`ConfigError`; an unknown key is an error with a suggestion (``routes.a.modle: unknown
-setting; did you mean 'model'?``); a named `api_key_env` that is unset is an error. Nothing
-read from the file (a secret, a prompt) is echoed in an error message except numbers and
-names.
+Each table is a typed, frozen settings class, and the file is a union of them: a route is a
+`RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `AzureOpenAIRouteConfig`,
+`OllamaRouteConfig`, `AnthropicRouteConfig`, `ScriptedRouteConfig`), each the provider's
+settings (`pipeline.providers._settings`) plus the route's facts (`RouteFacts`) and its own
+layers (`RetrySettings`, `BreakerConfig`); the router is a `RouterConfig`, one class per
+`kind` (`OrderedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`), built on the
+routers' own settings (`FailoverSettings`, `SemanticSettings`). A default or a check is
+written once, on those classes; a new provider or router kind is one class and one member
+of its union.
+
+Every problem is reported at once, each with its key path, as one `ConfigError`; an
+unknown key is an error with a suggestion (``routes.a.modle: unknown setting; did you mean
+'model'?``); a named `api_key_env` that is unset is an error. Nothing read from the file (a
+secret, a prompt) is echoed in an error message except numbers and names. Loading a file
+without a semantic router does not import numpy.
 """
 
 from __future__ import annotations
 
+import abc
 import os
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    ClassVar,
+    Generic,
+    Literal,
+    TypeAlias,
+    TypeVar,
+    get_args,
+)
 
 import pydantic
-from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic import Field, model_validator
 
+from middleware.breaker import BreakerSettings
+from middleware.retry import RetrySettings
+from middleware.routing._semantic_settings import SemanticSettings
+from middleware.routing.affinity import (
+    AffinitySettings,
+    MemoryAffinityStore,
+    RedisAffinityStore,
+    SessionAffinity,
+)
+from middleware.routing.balanced import BalancedSettings
+from middleware.routing.context import Route, RouteFacts
+from middleware.routing.failover import FailoverSettings
+from middleware.routing.health import HealthSettings, RouteHealth
 from pipeline._settings import Settings, collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.providers._settings import (
+    AnthropicSettings,
+    AzureOpenAISettings,
+    Credentials,
+    EnvironmentVariable,
+    HashingEmbeddingsSettings,
+    KeyedEndpoint,
+    Name,
+    OllamaSettings,
+    OpenAIEmbeddingsSettings,
+    OpenAISettings,
+    ScriptedSettings,
+)
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
 
 __all__ = [
     "ENVIRONMENT_VARIABLE",
+    "AffinityConfig",
+    "BalancedRouterConfig",
+    "AnthropicRouteConfig",
+    "AzureOpenAIRouteConfig",
+    "BreakerConfig",
+    "EmbeddingsConfig",
+    "HealthConfig",
+    "LayersConfig",
+    "OllamaRouteConfig",
+    "OpenAIRouteConfig",
+    "OrderedRouterConfig",
     "PipelineConfig",
+    "RouteConfig",
+    "RouterConfig",
+    "ScriptedRouteConfig",
+    "SemanticRouterConfig",
+    "TieredRouterConfig",
     "build_pipeline",
     "load_config",
     "load_pipeline",
@@ -72,195 +131,329 @@ __all__ = [
 
 ENVIRONMENT_VARIABLE = "CHAT_PIPELINE_ENV"
 
-# -- values ----------------------------------------------------------------------------------
-
-_Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
-_Seconds = Annotated[float, Field(gt=0, le=86_400)]
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_S = TypeVar("_S", bound=Settings)
 
 
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError("expected the name of an environment variable (letters, digits, _)")
-    return value
+def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
+    """The layer's `settings` from a table built on them (a table adds keys only a file
+    needs, such as ``kind`` or ``redis_url_env``), with `changes`."""
+    values = {key: getattr(table, key) for key in settings.model_fields}
+    return settings(**{**values, **changes})
 
 
-def _http_url(value: str) -> str:
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        raise ValueError("expected an http(s) URL; this one does not parse") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("expected an http(s) URL with a host")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(
-            "credentials do not belong in a URL: secrets come only from environment variables"
+# -- routes ------------------------------------------------------------------------------------
+
+
+class BreakerConfig(BreakerSettings):
+    """``breaker = {...}``: a route's circuit breaker (`BreakerSettings`). A breaker shared
+    between processes names its Redis URL's variable with `redis_url_env` (a URL may hold a
+    password, so it is never written in the file)."""
+
+    redis_url_env: EnvironmentVariable | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_literal_redis(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "redis" in data:
+            raise ValueError(
+                "redis: a URL may hold a password; name its environment variable with redis_url_env"
+            )
+        return data
+
+    def breaker_settings(self, route_name: str) -> BreakerSettings:
+        """The layer's settings: named after the route unless named, Redis from the
+        environment (checked when the file was loaded)."""
+        redis = os.environ.get(self.redis_url_env) if self.redis_url_env else None
+        return _settings_of(BreakerSettings, self, name=self.name or route_name, redis=redis)
+
+
+class _RouteTable(RouteFacts):
+    """What every route table holds besides its provider's settings: the facts tier
+    selection uses (`RouteFacts`) and the route's own retry and breaker layers."""
+
+    retry: RetrySettings | None = None
+    breaker: BreakerConfig | None = None
+
+    def route(
+        self,
+        name: str,
+        client: ChatClient,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> Route:
+        """The route: `client` behind this table's breaker and retry, with its facts. The
+        telemetry providers reach the breaker (its state changes) as they reach the pipeline's
+        own layers."""
+        if self.breaker is not None or self.retry is not None:
+            builder = ChatPipeline.builder(
+                tracer_provider=tracer_provider, meter_provider=meter_provider
+            )
+            if self.breaker is not None:
+                builder.use_circuit_breaker(self.breaker.breaker_settings(name))
+            if self.retry is not None:
+                builder.use_retry(self.retry)
+            client = builder.build(client, name=name)
+        return Route(
+            name,
+            client,
+            max_input_tokens=self.max_input_tokens,
+            capabilities=self.capabilities,
+            price=self.price,
+            instructions=self.instructions,
+            weight=self.weight,
+            rpm=self.rpm,
+            tpm=self.tpm,
         )
-    return value
 
 
-_EnvName = Annotated[str, AfterValidator(_env_name)]
-_Url = Annotated[str, AfterValidator(_http_url)]
+class OpenAIRouteConfig(_RouteTable, OpenAISettings):
+    """``provider = "openai"``: OpenAI or any Chat Completions server."""
 
 
-class _Section(Settings):
-    """A table of the file: strict, closed, finite (like every settings class)."""
+class AzureOpenAIRouteConfig(_RouteTable, AzureOpenAISettings):
+    """``provider = "azure_openai"``: an Azure OpenAI deployment."""
 
 
-class _OpenAIEndpoint(_Section):
-    """An OpenAI-compatible endpoint: its model, URL and the variable holding its key."""
-
-    model: _Name
-    base_url: _Url = "https://api.openai.com/v1"
-    api_key_env: _EnvName | None = None
+class OllamaRouteConfig(_RouteTable, OllamaSettings):
+    """``provider = "ollama"``: a local Ollama server."""
 
 
-# The layers' settings classes are imported lazily (they live in `middleware`, which imports
-# `pipeline`); the models below are built on first use.
+class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
+    """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
-@dataclass(frozen=True)
-class _Models:
-    routes: Mapping[str, type[pydantic.BaseModel]]
-    routers: Mapping[str, type[pydantic.BaseModel]]
-    layers: type[pydantic.BaseModel]
-    breaker: type[pydantic.BaseModel]
-    retry: type[pydantic.BaseModel]
+class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
+    """``provider = "scripted"``: an in-process simulated model."""
 
 
-_models_cache: list[_Models] = []
+RouteConfig: TypeAlias = Annotated[
+    OpenAIRouteConfig
+    | AzureOpenAIRouteConfig
+    | OllamaRouteConfig
+    | AnthropicRouteConfig
+    | ScriptedRouteConfig,
+    Field(discriminator="provider"),
+]
+"""A ``[routes.NAME]`` table: the class its `provider` names."""
+
+# -- routers -----------------------------------------------------------------------------------
 
 
-def _models() -> _Models:
-    if _models_cache:
-        return _models_cache[0]
-    from middleware.breaker import BreakerSettings
-    from middleware.retry import RetrySettings
-    from middleware.routing.affinity import AffinitySettings
-    from middleware.routing.context import RouteFacts
-    from middleware.routing.failover import FailoverSettings
-    from middleware.routing.semantic import SemanticSettings
+class AffinityConfig(AffinitySettings):
+    """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
 
-    class _Breaker(BreakerSettings):
-        """``breaker = {...}``: a shared breaker names its Redis URL's variable."""
+    store: Literal["memory", "redis"] = "memory"
+    redis_url_env: EnvironmentVariable | None = None
 
-        redis_url_env: _EnvName | None = None
+    @model_validator(mode="after")
+    def _redis_needs_a_url(self) -> Any:
+        if self.store == "redis" and self.redis_url_env is None:
+            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+        return self
 
-        @model_validator(mode="before")
-        @classmethod
-        def _no_literal_redis(cls, data: Any) -> Any:
-            if isinstance(data, Mapping) and "redis" in data:
-                raise ValueError(
-                    "redis: a URL may hold a password; name its environment variable with "
-                    "redis_url_env"
+    def session_affinity(self) -> SessionAffinity:
+        """The `SessionAffinity` this table describes."""
+        if self.store == "redis" and self.redis_url_env is not None:
+            url = os.environ[self.redis_url_env]  # checked when the file was loaded
+            return SessionAffinity(
+                RedisAffinityStore(
+                    url, self.ttl, timeout=self.timeout, retry_interval=self.retry_interval
                 )
-            return data
+            )
+        return SessionAffinity(MemoryAffinityStore(self.max_sessions, self.ttl))
 
-    class _Route(RouteFacts):
-        provider: str
-        retry: RetrySettings | None = None
-        breaker: _Breaker | None = None
 
-    class _Timeouts(_Route):
-        timeout: _Seconds = 60.0
-        first_chunk_timeout: _Seconds | None = None
-        stream_idle_timeout: _Seconds | None = None
+_Reference = Literal["names", "keys", "values", "keys_and_values"]
+_Routes = Mapping[str, Route]
 
-    class _ChatCompletions(_Timeouts):
-        # Servers that ignore max_completion_tokens (llama.cpp, older ones) need max_tokens.
-        max_tokens_field: Literal["max_completion_tokens", "max_tokens"] | None = None
 
-    class _OpenAI(_ChatCompletions, _OpenAIEndpoint):
-        provider: Literal["openai"]
+class _RouterTable(Settings):
+    """What every router table does: name the routes it refers to, and install itself.
 
-    class _Azure(_ChatCompletions):
-        provider: Literal["azure_openai"]
-        endpoint: _Url
-        deployment: _Name
-        api_version: _Name = "2024-10-21"
-        api_key_env: _EnvName | None = None
+    `route_references` maps each key whose value names routes to how: ``names`` (a name
+    or a list of names), ``keys``, ``values`` or ``keys_and_values`` of a table.
+    """
 
-    class _Ollama(_ChatCompletions):
-        provider: Literal["ollama"]
-        model: _Name
-        base_url: _Url = "http://localhost:11434/v1"
+    route_references: ClassVar[Mapping[str, _Reference]] = {}
 
-    class _Anthropic(_Timeouts):
-        provider: Literal["anthropic"]
-        model: _Name
-        base_url: _Url = "https://api.anthropic.com"
-        api_key_env: _EnvName | None = None
-        max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
-        anthropic_version: _Name = "2023-06-01"
+    @abc.abstractmethod
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        """End `builder`'s chain with this router over `routes`."""
 
-    class _Scripted(_Route):
-        provider: Literal["scripted"]
-        reply: str = "Simulated answer."
-        model: _Name = "scripted-model"
 
-    class _Affinity(AffinitySettings):
-        """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
+class _FailoverRouterTable(FailoverSettings, _RouterTable):
+    """A failover router: its limits (`FailoverSettings`) and session affinity."""
 
-        store: Literal["memory", "redis"] = "memory"
-        redis_url_env: _EnvName | None = None
+    affinity: AffinityConfig | None = None
 
-        @model_validator(mode="after")
-        def _redis_needs_a_url(self) -> Any:
-            if self.store == "redis" and self.redis_url_env is None:
-                raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
-            return self
+    def failover_settings(self) -> FailoverSettings:
+        return _settings_of(FailoverSettings, self)
 
-    class _Ordered(FailoverSettings):
-        kind: Literal["ordered"]
-        order: Annotated[list[_Name], Field(min_length=1)]
-        affinity: _Affinity | None = None
+    def session_affinity(self) -> SessionAffinity | None:
+        return self.affinity.session_affinity() if self.affinity is not None else None
 
-    class _Tiered(FailoverSettings):
-        kind: Literal["tiered"]
-        default: _Name
-        fallback: dict[str, list[_Name]] = Field(default_factory=dict)
-        kinds: dict[str, _Name] = Field(default_factory=dict)
-        sticky_sessions: bool = True
-        affinity: _Affinity | None = None
 
-    class _HashingEmbeddings(_Section):
-        provider: Literal["hashing"]
-        dimensions: Annotated[int, Field(ge=2, le=65_536)] = 384
+class OrderedRouterConfig(_FailoverRouterTable):
+    """``kind = "ordered"``: the routes of `order`, each tried in turn before output."""
 
-    class _OpenAIEmbeddings(_OpenAIEndpoint):
-        provider: Literal["openai"]
+    route_references: ClassVar[Mapping[str, _Reference]] = {"order": "names"}
 
-    class _Semantic(SemanticSettings):
-        kind: Literal["semantic"]
-        default: _Name
-        profiles: Annotated[
-            dict[str, Annotated[list[_Name], Field(min_length=1)]], Field(min_length=1)
-        ]
-        embeddings: Annotated[
-            _HashingEmbeddings | _OpenAIEmbeddings, Field(discriminator="provider")
-        ]
+    kind: Literal["ordered"] = "ordered"
+    order: Annotated[list[Name], Field(min_length=1)]
 
-    class _Layers(_Section):
-        telemetry: bool = False
-        logging: bool = False
-        function_invocation: bool = False
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        builder.use_ordered_failover(
+            [routes[name] for name in self.order],
+            self.failover_settings(),
+            affinity=self.session_affinity(),
+        )
 
-    models = _Models(
-        routes={
-            "openai": _OpenAI,
-            "azure_openai": _Azure,
-            "ollama": _Ollama,
-            "anthropic": _Anthropic,
-            "scripted": _Scripted,
-        },
-        routers={"ordered": _Ordered, "tiered": _Tiered, "semantic": _Semantic},
-        layers=_Layers,
-        breaker=_Breaker,
-        retry=RetrySettings,
-    )
-    _models_cache.append(models)
-    return models
+
+class HealthConfig(HealthSettings):
+    """``[router.health]``: how a balanced router reads route health, kept in this process
+    (``store = "memory"``) or shared by replicas through Redis (``store = "redis"``, the
+    URL's variable in `redis_url_env`; `sync_interval` and `timeout` in seconds)."""
+
+    store: Literal["memory", "redis"] = "memory"
+    redis_url_env: EnvironmentVariable | None = None
+    sync_interval: Annotated[float, Field(gt=0)] = 0.5
+    timeout: Annotated[float, Field(gt=0)] = 0.25
+
+    @model_validator(mode="after")
+    def _redis_needs_a_url(self) -> Any:
+        if self.store == "redis" and self.redis_url_env is None:
+            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+        return self
+
+    def route_health(self) -> RouteHealth:
+        """A `RouteHealth` as this table describes (one per built router)."""
+        from middleware.routing import RedisHealthStore
+
+        store = None
+        if self.store == "redis" and self.redis_url_env is not None:
+            store = RedisHealthStore(
+                os.environ[self.redis_url_env],  # checked when the file was loaded
+                sync_interval=self.sync_interval,
+                timeout=self.timeout,
+            )
+        return RouteHealth(_settings_of(HealthSettings, self), store=store)
+
+
+class BalancedRouterConfig(BalancedSettings, _RouterTable):
+    """``kind = "balanced"``: each attempt on a healthy route of `routes` (default: every
+    route) chosen by `strategy` (`BalancedFailoverChatClient`); `[router.health]` and
+    `[router.affinity]` as their tables say."""
+
+    route_references: ClassVar[Mapping[str, _Reference]] = {"routes": "names"}
+
+    kind: Literal["balanced"] = "balanced"
+    routes: Annotated[list[Name], Field(min_length=1)] | None = None
+    affinity: AffinityConfig | None = None
+    health: HealthConfig | None = None
+
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        chosen = [routes[name] for name in self.routes] if self.routes else list(routes.values())
+        health = self.health
+        builder.use_balanced_failover(
+            chosen,
+            _settings_of(BalancedSettings, self),
+            affinity=self.affinity.session_affinity() if self.affinity is not None else None,
+            health=health.route_health() if health is not None else None,
+        )
+
+
+class TieredRouterConfig(_FailoverRouterTable):
+    """``kind = "tiered"``: start on `default` (or the route of the request's kind, a pin,
+    the session's route) and escalate along `fallback` (`TieredRoutingChatClient`)."""
+
+    route_references: ClassVar[Mapping[str, _Reference]] = {
+        "default": "names",
+        "fallback": "keys_and_values",
+        "kinds": "values",
+    }
+
+    kind: Literal["tiered"] = "tiered"
+    default: Name
+    fallback: dict[str, list[Name]] = Field(default_factory=dict)
+    kinds: dict[str, Name] = Field(default_factory=dict)
+    sticky_sessions: bool = True
+
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        from middleware.routing.tiered import TieredRoutingChatClient
+
+        def tiered() -> TieredRoutingChatClient:
+            return TieredRoutingChatClient(
+                list(routes.values()),
+                default=self.default,
+                fallback=self.fallback,
+                kinds=self.kinds,
+                sticky_sessions=self.sticky_sessions,
+                affinity=self.session_affinity(),
+                settings=self.failover_settings(),
+            )
+
+        tiered()  # any refusal surfaces now, as a configuration error
+        builder.use_failover(tiered)
+
+
+EmbeddingsConfig: TypeAlias = Annotated[
+    HashingEmbeddingsSettings | OpenAIEmbeddingsSettings, Field(discriminator="provider")
+]
+"""``embeddings = {...}`` of a semantic router: the class its `provider` names."""
+
+
+class SemanticRouterConfig(SemanticSettings, _RouterTable):
+    """``kind = "semantic"``: the route whose `profiles` utterances best match the query,
+    else `default` (`SemanticRoutingChatClient`; numpy is loaded when it is built)."""
+
+    route_references: ClassVar[Mapping[str, _Reference]] = {
+        "default": "names",
+        "profiles": "keys",
+    }
+
+    kind: Literal["semantic"] = "semantic"
+    default: Name
+    profiles: Annotated[dict[str, Annotated[list[Name], Field(min_length=1)]], Field(min_length=1)]
+    embeddings: EmbeddingsConfig
+
+    @property
+    def affinity(self) -> AffinityConfig | None:
+        """None: a semantic router chooses by content, never by session."""
+        return None
+
+    def install(
+        self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
+    ) -> None:
+        builder.use_semantic_routing(
+            self.embeddings.generator(secrets.get("router.embeddings")),
+            {routes[name]: utterances for name, utterances in self.profiles.items()},
+            routes[self.default],
+            settings=_settings_of(SemanticSettings, self),
+        )
+
+
+RouterConfig: TypeAlias = Annotated[
+    OrderedRouterConfig | BalancedRouterConfig | TieredRouterConfig | SemanticRouterConfig,
+    Field(discriminator="kind"),
+]
+"""The ``[router]`` table: the class its `kind` names."""
+
+
+class LayersConfig(Settings):
+    """``[layers]``: the layers around the router (tools are code: see `build`)."""
+
+    telemetry: bool = False
+    logging: bool = False
+    function_invocation: bool = False
 
 
 # -- overlays ----------------------------------------------------------------------------------
@@ -297,6 +490,26 @@ def _overlay(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, A
 
 # -- validation --------------------------------------------------------------------------------
 
+_T = TypeVar("_T")
+
+
+class _Schema(Generic[_T]):
+    """A table's type and its validator, built once."""
+
+    def __init__(self, annotation: Any) -> None:
+        self.annotation = annotation
+        self.adapter: pydantic.TypeAdapter[_T] = pydantic.TypeAdapter(annotation)
+
+
+_ROUTE: _Schema[RouteConfig] = _Schema(RouteConfig)
+_ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
+_LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
+_ROUTER_KINDS: dict[str, type[_RouterTable]] = {
+    kind: table
+    for table in get_args(get_args(RouterConfig)[0])
+    for kind in get_args(table.model_fields["kind"].annotation)
+}
+
 
 class _Problems:
     """Every problem found, each with its key path; raised together at the end."""
@@ -307,17 +520,16 @@ class _Problems:
     def add(self, path: str, message: str) -> None:
         self.found.append((path, message))
 
-    def validate(self, model: type[pydantic.BaseModel], data: Any, path: str) -> Any:
-        """`data` validated by `model`, or `None` with its problems recorded."""
+    def validate(self, schema: _Schema[_T], data: Any, path: str) -> _T | None:
+        """`data` validated, or `None` with its problems recorded."""
         if not isinstance(data, Mapping):
             self.add(path, f"expected a table, got {type(data).__name__}")
             return None
         try:
             with collecting_problems():
-                return model.model_validate(dict(data))
+                return schema.adapter.validate_python(dict(data))
         except pydantic.ValidationError as exc:
-            prefix = tuple(part for part in _split(path))
-            for where, message, _ in problems_of(exc, model, prefix):
+            for where, message, _ in problems_of(exc, schema.annotation, _split(path)):
                 self.add(where, message)
             return None
 
@@ -328,23 +540,6 @@ class _Problems:
 
 def _split(path: str) -> list[str]:
     return path.split(".") if path else []
-
-
-def _choice(
-    problems: _Problems, table: Mapping[str, Any], key: str, choices: Sequence[str], path: str
-) -> str | None:
-    value = table.get(key)
-    where = f"{path}.{key}"
-    if value is None:
-        problems.add(where, f"is required (one of {list(choices)})")
-        return None
-    if value not in choices:
-        shown = repr(value) if isinstance(value, str) and len(value) <= 40 else type(value).__name__
-        problems.add(
-            where, f"expected one of {list(choices)}, got {shown}{suggest(str(value), choices)}"
-        )
-        return None
-    return str(value)
 
 
 def _names(
@@ -361,13 +556,6 @@ def _names(
 
 
 _SECTIONS = ("routes", "router", "layers", "gateway", "environments")
-_DEFAULT_KEYS = {
-    "openai": "OPENAI_API_KEY",
-    "azure_openai": "AZURE_OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-}
-# Where a key is required (the vendors' own endpoints); compatible servers may need none.
-_KEYED_ENDPOINTS = ("https://api.openai.com", "https://api.anthropic.com")
 
 
 @dataclass(frozen=True)
@@ -379,9 +567,9 @@ class PipelineConfig:
     environment when the file was loaded.
     """
 
-    routes: Mapping[str, Any]
-    router: Any
-    layers: Any
+    routes: Mapping[str, RouteConfig]
+    router: RouterConfig | None
+    layers: LayersConfig
     environment: str | None
     _secrets: Mapping[str, str | None] = field(repr=False, default_factory=dict)
     gateway: GatewaySettings | None = None
@@ -405,8 +593,9 @@ class PipelineConfig:
         if layers.function_invocation and not tools:
             problems.add("layers.function_invocation", "is on, but no tools were given")
         providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
-        routes = {name: self._route(name, problems, providers) for name in self.routes}
+        built = {name: self._route(name, problems, providers) for name in self.routes}
         problems.raise_if_any()
+        routes = {name: route for name, route in built.items() if route is not None}
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
@@ -415,14 +604,14 @@ class PipelineConfig:
             only = next(iter(routes.values()))
             return builder.build(only.client, name=only.name)
         try:
-            _use_router(builder, self.router, routes, self._secrets)
+            self.router.install(builder, routes, self._secrets)
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
 
     def build_route(
         self, name: str, *, tracer_provider: Any = None, meter_provider: Any = None
-    ) -> Any:
+    ) -> Route:
         """One route (a `middleware.routing.Route`) with its own layers."""
         if name not in self.routes:
             raise ConfigError(f"routes.{name}", f"is not defined{suggest(name, self.routes)}")
@@ -430,170 +619,17 @@ class PipelineConfig:
         providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         route = self._route(name, problems, providers)
         problems.raise_if_any()
+        assert route is not None  # a route that could not be built is a problem, raised
         return route
 
-    def _route(self, name: str, problems: _Problems, providers: dict[str, Any]) -> Any:
-
+    def _route(self, name: str, problems: _Problems, providers: dict[str, Any]) -> Route | None:
         table = self.routes[name]
-        path = f"routes.{name}"
         try:
-            client = _client(name, table, self._secrets.get(name))
+            client = table.client(name, self._secrets.get(name))
+            return table.route(name, client, **providers)
         except (TypeError, ValueError) as exc:
-            problems.add(path, f"rejected: {exc}")
+            problems.add(f"routes.{name}", f"rejected: {exc}")
             return None
-        try:
-            return self._route_layers(name, table, client, providers)
-        except (TypeError, ValueError) as exc:
-            problems.add(path, f"rejected: {exc}")
-            return None
-
-    def _route_layers(
-        self, name: str, table: Any, client: ChatClient, providers: dict[str, Any]
-    ) -> Any:
-        from middleware.routing.context import Route
-
-        # The file's telemetry providers reach the route's breaker too (its state changes).
-        builder = ChatPipeline.builder(**providers)
-        breaker = table.breaker
-        if breaker is not None:
-            fields = {key: getattr(breaker, key) for key in type(breaker).model_fields}
-            variable = fields.pop("redis_url_env")
-            fields["name"] = fields["name"] or name
-            fields["redis"] = os.environ.get(variable) if variable else None
-            builder.use_circuit_breaker(**fields)
-        if table.retry is not None:
-            builder.use_retry(table.retry)
-        if breaker is not None or table.retry is not None:
-            client = builder.build(client, name=name)
-        return Route(
-            name,
-            client,
-            max_input_tokens=table.max_input_tokens,
-            capabilities=table.capabilities,
-            price=table.price,
-            instructions=table.instructions,
-        )
-
-
-def _client(name: str, table: Any, key: str | None) -> ChatClient:
-    provider = table.provider
-    if provider == "scripted":
-        from pipeline._scripted import ScriptedChatClient, reply
-
-        return ScriptedChatClient(reply(table.reply), name=name, model_id=table.model)
-    timeouts = {
-        "timeout": table.timeout,
-        "first_chunk_timeout": table.first_chunk_timeout,
-        "stream_idle_timeout": table.stream_idle_timeout,
-        "name": name,
-    }
-    if provider == "anthropic":
-        from pipeline.providers import AnthropicChatClient
-
-        return AnthropicChatClient(
-            table.model,
-            api_key=key,
-            base_url=table.base_url,
-            max_tokens=table.max_tokens,
-            anthropic_version=table.anthropic_version,
-            **timeouts,
-        )
-    timeouts["max_tokens_field"] = table.max_tokens_field
-    if provider == "openai":
-        from pipeline.providers import OpenAIChatClient
-
-        return OpenAIChatClient(table.model, api_key=key, base_url=table.base_url, **timeouts)
-    if provider == "azure_openai":
-        from pipeline.providers import AzureOpenAIChatClient
-
-        return AzureOpenAIChatClient(
-            endpoint=table.endpoint,
-            deployment=table.deployment,
-            api_version=table.api_version,
-            api_key=key,
-            **timeouts,
-        )
-    from pipeline.providers import OllamaChatClient
-
-    return OllamaChatClient(table.model, base_url=table.base_url, **timeouts)
-
-
-def _limits(router: Any) -> dict[str, Any]:
-    from middleware.routing.failover import FailoverSettings
-
-    return {
-        key: getattr(router, key)
-        for key in FailoverSettings.model_fields
-        if key not in FailoverSettings.code_only
-    }
-
-
-def _affinity(table: Any) -> Any:
-    """The `SessionAffinity` a ``[router.affinity]`` table describes (or None)."""
-    if table is None:
-        return None
-    from middleware.routing.affinity import (
-        MemoryAffinityStore,
-        RedisAffinityStore,
-        SessionAffinity,
-    )
-
-    if table.store == "redis":
-        url = os.environ[table.redis_url_env]  # checked when the file was loaded
-        return SessionAffinity(RedisAffinityStore(url, table.ttl, timeout=table.timeout))
-    return SessionAffinity(MemoryAffinityStore(table.max_sessions, table.ttl))
-
-
-def _use_router(
-    builder: ChatPipelineBuilder,
-    router: Any,
-    routes: Mapping[str, Any],
-    secrets: Mapping[str, str | None],
-) -> None:
-    if router.kind == "ordered":
-        builder.use_ordered_failover(
-            [routes[n] for n in router.order],
-            affinity=_affinity(router.affinity),
-            **_limits(router),
-        )
-        return
-    if router.kind == "tiered":
-        from middleware.routing.tiered import TieredRoutingChatClient
-
-        def tiered() -> TieredRoutingChatClient:
-            return TieredRoutingChatClient(
-                list(routes.values()),
-                default=router.default,
-                fallback=router.fallback,
-                kinds=router.kinds,
-                sticky_sessions=router.sticky_sessions,
-                affinity=_affinity(router.affinity),
-                **_limits(router),
-            )
-
-        tiered()  # any refusal surfaces now, as a configuration error
-        builder.use_failover(tiered)
-        return
-    from middleware.routing.semantic import SemanticSettings
-
-    embeddings = router.embeddings
-    if embeddings.provider == "hashing":
-        from pipeline.providers import HashingEmbeddingGenerator
-
-        generator: Any = HashingEmbeddingGenerator(dimensions=embeddings.dimensions)
-    else:
-        from pipeline.providers import OpenAIEmbeddingGenerator
-
-        generator = OpenAIEmbeddingGenerator(
-            embeddings.model, api_key=secrets.get("router.embeddings"), base_url=embeddings.base_url
-        )
-    settings = {key: getattr(router, key) for key in SemanticSettings.model_fields}
-    builder.use_semantic_routing(
-        generator,
-        {routes[name]: utterances for name, utterances in router.profiles.items()},
-        routes[router.default],
-        **settings,
-    )
 
 
 def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
@@ -606,29 +642,23 @@ def _variable_set(problems: _Problems, path: str, variable: str | None) -> None:
     if not url:
         problems.add(where, f"the environment variable {variable} is not set")
         return
+    from pipeline import _redis
+
     try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError:
-        problems.add(where, f"the environment variable {variable} holds a malformed URL")
-        return
-    if parts.scheme not in ("redis", "rediss", "unix") or (
-        parts.scheme != "unix" and not parts.hostname
-    ):
-        problems.add(
-            where,
-            f"the environment variable {variable} must hold a redis://, rediss:// or unix:// URL",
-        )
+        _redis.check_url(url)
+    except ValueError as exc:
+        problems.add(where, f"the environment variable {variable} {exc}")
 
 
-def _secret(
-    problems: _Problems, table: Any, path: str, default_variable: str | None, required: bool
-) -> str | None:
-    variable = getattr(table, "api_key_env", None) or default_variable
+def _secret(problems: _Problems, settings: Credentials, path: str) -> str | None:
+    """The API key `settings` names (or its provider's default variable holds): a
+    variable named in the file, or the key of a vendor's own endpoint, must be set."""
+    variable = settings.key_variable()
     if variable is None:
         return None
     value = os.environ.get(variable)
-    if not value and (required or getattr(table, "api_key_env", None)):
+    named = isinstance(settings, KeyedEndpoint) and settings.api_key_env is not None
+    if not value and (settings.requires_key() or named):
         problems.add(f"{path}.api_key_env", f"the environment variable {variable} is not set")
     return value or None
 
@@ -663,9 +693,8 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
             )
-    models = _models()
     raw_routes = base.get("routes")
-    routes: dict[str, Any] = {}
+    routes: dict[str, RouteConfig] = {}
     secrets: dict[str, str | None] = {}
     if raw_routes is None:
         problems.add("routes", "is required (a table of routes)")
@@ -685,63 +714,42 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
                     "secrets come only from environment variables: name one with api_key_env",
                 )
                 table = {k: v for k, v in table.items() if k != "api_key"}
-            if not isinstance(table, Mapping):
-                problems.add(path, f"expected a table, got {type(table).__name__}")
-                continue
-            provider = _choice(problems, table, "provider", list(models.routes), path)
-            if provider is None:
-                continue
-            validated = problems.validate(models.routes[provider], table, path)
+            validated = problems.validate(_ROUTE, table, path)
             if validated is None:
                 continue
             routes[str(name)] = validated
-            if provider in _DEFAULT_KEYS:
-                required = provider == "azure_openai" or validated.base_url.startswith(
-                    _KEYED_ENDPOINTS
-                )
-                secrets[str(name)] = _secret(
-                    problems, validated, path, _DEFAULT_KEYS[provider], required
-                )
+            secrets[str(name)] = _secret(problems, validated, path)
             if validated.breaker is not None:
                 _variable_set(problems, f"{path}.breaker", validated.breaker.redis_url_env)
-    raw_layers = base.get("layers", {})
-    layers = problems.validate(models.layers, raw_layers, "layers")
+    layers = problems.validate(_LAYERS, base.get("layers", {}), "layers")
     raw_router = base.get("router")
-    router = None
+    router: RouterConfig | None = None
     if raw_router is None:
         if isinstance(raw_routes, Mapping) and len(raw_routes) > 1:
             problems.add("router", "is required when there is more than one route")
     elif not isinstance(raw_router, Mapping):
         problems.add("router", f"expected a table, got {type(raw_router).__name__}")
     else:
-        kind = _choice(problems, raw_router, "kind", list(models.routers), "router")
         if isinstance(raw_routes, Mapping):
             _check_router_names(problems, raw_router, raw_routes)
-        if kind is not None:
-            router = problems.validate(models.routers[kind], raw_router, "router")
-        if router is not None and getattr(router, "affinity", None) is not None:
+        router = problems.validate(_ROUTER, raw_router, "router")
+        if router is not None and router.affinity is not None:
             _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
-        if (
-            router is not None
-            and router.kind == "semantic"
-            and router.embeddings.provider == "openai"
-        ):
-            secrets["router.embeddings"] = _secret(
-                problems,
-                router.embeddings,
-                "router.embeddings",
-                "OPENAI_API_KEY",
-                router.embeddings.base_url.startswith("https://api.openai.com"),
-            )
+        if isinstance(router, BalancedRouterConfig) and router.health is not None:
+            _variable_set(problems, "router.health", router.health.redis_url_env)
+        if isinstance(router, SemanticRouterConfig):
+            secrets["router.embeddings"] = _secret(problems, router.embeddings, "router.embeddings")
     gateway = None
     if "gateway" in base:
         from pipeline.gateway.settings import GatewaySettings
 
-        gateway = problems.validate(GatewaySettings, base["gateway"], "gateway")
+        schema: _Schema[GatewaySettings] = _Schema(GatewaySettings)
+        gateway = problems.validate(schema, base["gateway"], "gateway")
         names = [str(n) for n in raw_routes] if isinstance(raw_routes, Mapping) else []
         for where, message in gateway.problems(names) if gateway is not None else ():
             problems.add(where, message)
     problems.raise_if_any()
+    assert layers is not None  # no problem was found, so every table validated
     return PipelineConfig(routes, router, layers, environment, secrets, gateway)
 
 
@@ -750,7 +758,7 @@ def _check_router_names(
 ) -> None:
     """Route names the router refers to must be routes (checked on the raw table, so they
     are reported even when other router settings are wrong; wrong types are reported by
-    the validation)."""
+    the validation). An unknown kind's table is checked for every kind's references."""
 
     def names(path: str, value: Any) -> None:
         if isinstance(value, str) or (
@@ -758,19 +766,27 @@ def _check_router_names(
         ):
             _names(problems, path, value, routes)
 
-    if "order" in router:
-        names("router.order", router["order"])
-    if "default" in router:
-        names("router.default", router["default"])
-    for table_name in ("fallback", "kinds", "profiles"):
-        table = router.get(table_name)
-        if not isinstance(table, Mapping):
+    kind = router.get("kind")
+    tables = (
+        [_ROUTER_KINDS[kind]]
+        if isinstance(kind, str) and kind in _ROUTER_KINDS
+        else list(_ROUTER_KINDS.values())
+    )
+    references = {key: how for table in tables for key, how in table.route_references.items()}
+    for key, how in references.items():
+        if key not in router:
             continue
-        for key, value in table.items():
-            if table_name != "kinds":
-                names(f"router.{table_name}.{key}", str(key))
-            if table_name != "profiles":
-                names(f"router.{table_name}.{key}", value)
+        value = router[key]
+        if how == "names":
+            names(f"router.{key}", value)
+            continue
+        if not isinstance(value, Mapping):
+            continue
+        for item, names_in in value.items():
+            if how in ("keys", "keys_and_values"):
+                names(f"router.{key}.{item}", str(item))
+            if how in ("values", "keys_and_values"):
+                names(f"router.{key}.{item}", names_in)
 
 
 def load_config(path: str | os.PathLike[str], environment: str | None = None) -> PipelineConfig:

@@ -4,6 +4,10 @@
 
     ChatPipelineError
     ├── ConfigError                    a configuration value is wrong; names the key path
+    ├── ToolArgumentsError             a tool call's arguments do not fit the tool
+    │                                  (also a ValueError)
+    ├── WireError                      the gateway answers a request with an HTTP error
+    │                                  (its status and OpenAI error body)
     ├── RoutingError                   a router could not pick a route
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
     │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
@@ -23,9 +27,10 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-`classify(exc)` maps any exception (ours, httpx2's, the old httpx's when the application
-already imported it, or unknown) to a `FailureKind`; `retry_after_of(exc)` reads the wait
-a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a response). The
+`classify(exc)` maps any exception (ours, httpx2's, the old httpx's or aiohttp's when the
+application already imported them, or unknown) to a `FailureKind`; `retry_after_of(exc)`
+reads the wait a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a
+response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
 `is_failover_eligible` (those, an open circuit, an invalid response and unknown failures):
 a malformed answer is that deployment's failure, another route may answer well, but the
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import math
 import re
 import sys
@@ -68,9 +74,11 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "ToolArgumentsError",
     "TransientProviderError",
     "UnsendableRequestError",
     "UnknownProviderError",
+    "WireError",
     "classify",
     "is_failover_eligible",
     "is_retryable",
@@ -127,6 +135,54 @@ class ConfigError(ChatPipelineError):
         return cls(path, message, problems=problems)
 
 
+class ToolArgumentsError(ChatPipelineError, ValueError):
+    """Arguments that do not fit the tool's signature. The message names the fields and
+    error types only, never the offending values (they may be user content)."""
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class WireError(ChatPipelineError):
+    """A request the gateway answers with an error: its HTTP status and OpenAI error.
+
+    `message` is ours, never the request's text; `retry_after` (seconds) becomes a
+    ``Retry-After`` header.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    @staticmethod
+    def error_body(message: str, type: str, code: str | None, param: str | None = None) -> bytes:
+        """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        error = {"message": message, "type": type, "param": param, "code": code}
+        return _dumps({"error": error}).encode()
+
+    def body(self) -> bytes:
+        return self.error_body(self.message, self.type, self.code, self.param)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self.retry_after is None:
+            return []
+        return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
+
+
 class RoutingError(ChatPipelineError):
     """A router could not choose a route (the selector returned nothing, or no route fits)."""
 
@@ -157,21 +213,32 @@ class ProviderError(ChatPipelineError):
 
     default_kind = FailureKind.UNKNOWN
 
-    def __new__(cls, *args: object, kind: FailureKind | None = None, **kwargs: object) -> Self:
-        if kind is not None and kind is not cls.default_kind:
-            if cls is not ProviderError:
-                raise TypeError(
-                    f"{cls.__name__} is a {cls.default_kind.value} error; kind={kind!s} "
-                    "contradicts it (provider_error(kind) picks the class for a kind)"
-                )
-            cls = _ERROR_CLASSES[FailureKind(kind)]  # type: ignore[assignment]
+    def __new__(
+        cls, *args: object, kind: FailureKind | str | None = None, **kwargs: object
+    ) -> Self:
+        if kind is not None:
+            # A kind's value ("rate_limited") is that kind: compared as a FailureKind.
+            try:
+                kind = FailureKind(kind)
+            except ValueError:
+                raise ValueError(
+                    f"unknown failure kind {kind!r}; expected one of "
+                    f"{[k.value for k in FailureKind]}"
+                ) from None
+            if kind is not cls.default_kind:
+                if cls is not ProviderError:
+                    raise TypeError(
+                        f"{cls.__name__} is a {cls.default_kind.value} error; kind={kind!s} "
+                        "contradicts it (provider_error(kind) picks the class for a kind)"
+                    )
+                cls = _ERROR_CLASSES[kind]  # type: ignore[assignment]
         return super().__new__(cls, *args)
 
     def __init__(
         self,
         message: str = "",
         *,
-        kind: FailureKind | None = None,
+        kind: FailureKind | str | None = None,
         status_code: int | None = None,
         retry_after: float | None = None,
         provider: str | None = None,
@@ -375,9 +442,12 @@ def classify(exc: BaseException) -> FailureKind:
     Our `ProviderError`s carry their kind; httpx2 status errors map by status; its
     transport errors (timeouts, refused or reset connections, broken HTTP) and any
     `TimeoutError`/`ConnectionError` are transient. When the application already imported
-    the old ``httpx`` (this module never imports it), its errors map the same way.
-    pybreaker's open-circuit error is `CIRCUIT_OPEN`; everything else (including a stray
-    `CancelledError` from a client) is `UNKNOWN`.
+    the old ``httpx`` or ``aiohttp`` (this module imports neither), their errors map the
+    same way: aiohttp's status errors (``ClientResponseError``) by status, its other
+    ``ClientError``s (timeouts, connection, TLS and DNS failures, a body cut short) are
+    transient, except an invalid URL (`UNKNOWN`, like httpx2's). pybreaker's open-circuit
+    error is `CIRCUIT_OPEN`; everything else (including a stray `CancelledError` from a
+    client) is `UNKNOWN`.
     """
     if isinstance(exc, ProviderError):
         return exc.kind
@@ -391,6 +461,13 @@ def classify(exc: BaseException) -> FailureKind:
             return kind_for_status(exc.response.status_code)
         if isinstance(exc, legacy.TransportError):
             return FailureKind.TRANSIENT
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return kind_for_status(exc.status)
+        if isinstance(exc, aiohttp.InvalidURL):
+            return FailureKind.UNKNOWN
+        return FailureKind.TRANSIENT
     if _is_breaker_open(exc):
         return FailureKind.CIRCUIT_OPEN
     return FailureKind.UNKNOWN
@@ -402,11 +479,14 @@ def retry_after_of(exc: BaseException) -> float | None:
     A `ProviderError`'s `retry_after`; otherwise the ``Retry-After`` header of the response
     an HTTP status error carries: httpx2's, the old httpx's (when the application already
     imported it), or any error whose ``response`` attribute is one of their responses (as
-    the official SDKs' status errors are); otherwise a non-negative number in the
-    exception's own ``retry_after`` attribute.
+    the official SDKs' status errors are), or an aiohttp ``ClientResponseError``'s headers;
+    otherwise a non-negative number in the exception's own ``retry_after`` attribute.
     """
     if isinstance(exc, ProviderError):
         return exc.retry_after
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError) and exc.headers:
+        return parse_retry_after(exc.headers.get("Retry-After"))
     response = getattr(exc, "response", None)
     if response is not None and _is_http_response(response):
         return parse_retry_after(response.headers.get("retry-after"))

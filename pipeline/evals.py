@@ -26,8 +26,14 @@ Promises:
   with at most `concurrency` requests in flight and each bounded by `request_timeout`;
 * a result says why a case failed, by error kind and type or by which expectation failed,
   never by quoting the answer; answers are kept only with ``include_text=True``;
-* a bad case file, an unknown route or validator name is a `ConfigError` naming every
-  problem (line numbers, case ids), raised before any request is sent;
+* a bad case file, an unknown route or validator name is a `ConfigError` naming the
+  problems (line numbers, case ids), raised before any request is sent: the first
+  `MAX_REPORTED_PROBLEMS`, then how many more there are;
+* a case file is read a line at a time: a line longer than `MAX_LINE_BYTES` or a file
+  larger than `MAX_CASES_BYTES` is a `ConfigError`, read no further (``/dev/zero`` is one);
+* a ``regex`` expectation is searched in a worker process, killed when the search takes
+  longer than `request_timeout`: a pattern that backtracks catastrophically fails its case
+  (the regex "did not finish") instead of hanging the run;
 * percentiles are nearest-rank: latency over the calls that answered, time to first
   update over the calls that produced an update;
 * routes built from a configuration are closed at the end; clients given in a mapping
@@ -40,15 +46,16 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import json
 import math
 import os
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 from pydantic import ConfigDict, Field
@@ -64,6 +71,9 @@ if TYPE_CHECKING:
     from pipeline.config import PipelineConfig
 
 __all__ = [
+    "MAX_CASES_BYTES",
+    "MAX_LINE_BYTES",
+    "MAX_REPORTED_PROBLEMS",
     "CaseResult",
     "EvalCase",
     "EvalReport",
@@ -76,6 +86,51 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int], None]
+
+MAX_LINE_BYTES = 4 * 1024 * 1024
+"""The longest case line read (a case this long already exceeds most context windows)."""
+MAX_CASES_BYTES = 128 * 1024 * 1024
+"""The largest case file read."""
+MAX_REPORTED_PROBLEMS = 20
+"""Problems listed in a `ConfigError` about cases; the rest are counted."""
+_MIB = 1024 * 1024
+
+
+class _Problems:
+    """Problems found: the first `MAX_REPORTED_PROBLEMS` kept, the rest only counted, so a
+    file of a million bad lines makes a short message (and a small list)."""
+
+    def __init__(self, source: str = "") -> None:
+        self.source = source
+        self.kept: list[tuple[str, str]] = []
+        self.count = 0
+
+    def add(self, where: str, what: str) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_REPORTED_PROBLEMS:
+            self.kept.append((where, what))
+
+    def extend(self, problems: Iterable[tuple[str, str]]) -> None:
+        for where, what in problems:
+            self.add(where, what)
+
+    def raise_if_any(self) -> None:
+        if self.count:
+            raise self.error()
+
+    def error(self) -> ConfigError:
+        """One error listing the kept problems and counting the others (at least one)."""
+        problems = list(self.kept)
+        if self.count > len(problems):
+            problems.append(
+                (
+                    self.source,
+                    f"... and {self.count - len(problems):,} more problems "
+                    f"(the first {len(problems)} are listed)",
+                )
+            )
+        return ConfigError.from_problems(problems)
+
 
 # -- cases ----------------------------------------------------------------------------------
 
@@ -185,9 +240,16 @@ def _expectation_problems(expect: Expectation) -> list[tuple[str, str]]:
 
 
 def parse_cases(lines: Iterable[str], source: str = "cases") -> list[EvalCase]:
-    """Cases from JSONL lines; a `ConfigError` lists every problem (``line N: key: what``)."""
+    """Cases from JSONL lines; a `ConfigError` lists the problems (``line N: key: what``;
+    the first `MAX_REPORTED_PROBLEMS`, then how many more)."""
+    problems = _Problems(source)
+    cases = _parse(lines, source, problems)
+    problems.raise_if_any()
+    return cases
+
+
+def _parse(lines: Iterable[str], source: str, problems: _Problems) -> list[EvalCase]:
     cases: list[EvalCase] = []
-    problems: list[tuple[str, str]] = []
     seen: dict[str, int] = {}
     for number, text in enumerate(lines, start=1):
         if not text.strip():
@@ -198,9 +260,9 @@ def parse_cases(lines: Iterable[str], source: str = "cases") -> list[EvalCase]:
         except pydantic.ValidationError as exc:
             top = [e["type"] for e in exc.errors(include_url=False) if not e["loc"]]
             if "json_invalid" in top:
-                problems.append((where, "not valid JSON"))
+                problems.add(where, "not valid JSON")
             elif top:
-                problems.append((where, "expected a JSON object"))
+                problems.add(where, "expected a JSON object")
             else:
                 problems.extend(
                     (f"{where}: {path}", message)
@@ -213,28 +275,64 @@ def parse_cases(lines: Iterable[str], source: str = "cases") -> list[EvalCase]:
             continue
         case = _case_from(line, messages)
         for path, message in _expectation_problems(case.expect):
-            problems.append((f"{where}: {path}", message))
+            problems.add(f"{where}: {path}", message)
         if case.id in seen:
-            problems.append((f"{where}: id", f"duplicates the id of line {seen[case.id]}"))
+            problems.add(f"{where}: id", f"duplicates the id of line {seen[case.id]}")
         seen.setdefault(case.id, number)
         cases.append(case)
-    if not cases and not problems:
-        problems.append((source, "holds no cases"))
-    if problems:
-        raise ConfigError.from_problems(problems)
+    if not cases and not problems.count:
+        problems.add(source, "holds no cases")
     return cases
 
 
+def _size(limit: int) -> str:
+    return f"{limit // _MIB} MiB" if limit % _MIB == 0 else f"{limit} bytes"
+
+
+def _read_lines(stream: IO[bytes], source: str, problems: _Problems) -> Iterator[str]:
+    """The lines of `stream`, at most `MAX_LINE_BYTES` each and `MAX_CASES_BYTES` in all:
+    past either limit the problem is recorded and reading stops. A line that is not UTF-8
+    is recorded and read as blank (so line numbers stay right)."""
+    line_limit, file_limit = MAX_LINE_BYTES, MAX_CASES_BYTES
+    total = 0
+    for number in range(1, file_limit + 2):  # a line holds at least its newline
+        raw = stream.readline(line_limit + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if total > file_limit:
+            problems.add(source, f"larger than {_size(file_limit)} (the limit of a case file)")
+            return
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+        elif len(raw) > line_limit:
+            problems.add(
+                f"{source} line {number}",
+                f"longer than {_size(line_limit)} (the limit of a case line)",
+            )
+            return
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.add(f"{source} line {number}", f"not UTF-8 text (byte {exc.start})")
+            yield ""
+
+
 def load_cases(path: str | os.PathLike[str]) -> list[EvalCase]:
-    """Read a JSONL case file (see the module docstring)."""
+    """Read a JSONL case file (see the module docstring for its limits)."""
     file = Path(path)
+    problems = _Problems(file.name)
     try:
-        text = file.read_bytes().decode("utf-8")
+        with file.open("rb") as stream:
+            size = os.fstat(stream.fileno()).st_size  # 0 for a pipe or a device
+            if size > MAX_CASES_BYTES:
+                limit = _size(MAX_CASES_BYTES)
+                raise ConfigError(file.name, f"larger than {limit} (the limit of a case file)")
+            cases = _parse(_read_lines(stream, file.name, problems), file.name, problems)
     except OSError as exc:
         raise ConfigError("", f"cannot read {file}: {exc.strerror or type(exc).__name__}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError("", f"{file} is not UTF-8 text (byte {exc.start})") from exc
-    return parse_cases(text.splitlines(), file.name)
+    problems.raise_if_any()
+    return cases
 
 
 def load_validators(spec: str) -> dict[str, Any]:
@@ -477,7 +575,94 @@ def _text_check(test: Callable[[str], bool], reason: str) -> _Check:
     return run
 
 
-def _checks(case: EvalCase, validators: Mapping[str, Any]) -> list[_Check]:
+_WORKER = Path(__file__).with_name("_regex_search.py")
+
+
+class _RegexSearches:
+    """``re.search`` in worker processes (`pipeline._regex_search`), each search bounded by
+    `limit` seconds: a worker still searching at the limit is killed, since a backtracking
+    search cannot be stopped in this process (``re`` holds the GIL while it matches).
+
+    Workers start on first use and are reused; there are never more than searches in
+    flight (at most the run's concurrency). `aclose` ends them all.
+    """
+
+    def __init__(self, limit: float | None) -> None:
+        self.limit = limit
+        self._idle: list[asyncio.subprocess.Process] = []
+        self._started: list[asyncio.subprocess.Process] = []
+
+    async def _worker(self) -> asyncio.subprocess.Process:
+        if self._idle:
+            return self._idle.pop()
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",  # no environment variables, user site or script folder on the path
+            "-S",  # nor site-packages: it needs the standard library only
+            str(_WORKER),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        self._started.append(worker)
+        return worker
+
+    async def search(self, pattern: str, text: str) -> str | None:
+        """None when `pattern` is found in `text`, else why the expectation failed."""
+        worker = await self._worker()
+        request = json.dumps({"pattern": pattern, "text": text}).encode() + b"\n"
+        assert worker.stdin is not None  # both are pipes (see _worker)
+        assert worker.stdout is not None
+        try:
+            async with asyncio.timeout(self.limit):
+                worker.stdin.write(request)
+                await worker.stdin.drain()
+                answer = await worker.stdout.readline()
+        except TimeoutError:
+            await self._end(worker)
+            return f"the expected regex did not finish within {self.limit:g} s"
+        except BaseException:
+            await self._end(worker)
+            raise
+        if answer not in (b"0\n", b"1\n"):  # the worker died (out of memory, killed)
+            await self._end(worker)
+            return "the expected regex could not be searched (the worker process failed)"
+        self._idle.append(worker)
+        return None if answer == b"1\n" else "does not match the expected regex"
+
+    async def _end(self, worker: asyncio.subprocess.Process) -> None:
+        if worker.returncode is None:
+            worker.kill()
+        # Reaping a killed process is prompt; shielded so a cancelled search still reaps.
+        await asyncio.shield(worker.wait())
+        self._started.remove(worker)
+
+    async def aclose(self) -> None:
+        """End every worker: idle ones finish when their input closes."""
+        for worker in self._idle:
+            assert worker.stdin is not None
+            worker.stdin.close()
+        for worker in list(self._started):
+            try:
+                async with asyncio.timeout(5):
+                    await worker.wait()
+            except TimeoutError:
+                worker.kill()
+                await worker.wait()
+        self._idle.clear()
+        self._started.clear()
+
+
+def _regex_check(pattern: str, searches: _RegexSearches) -> _Check:
+    async def run(response: ChatResponse) -> str | None:
+        return await searches.search(pattern, response.text)
+
+    return run
+
+
+def _checks(
+    case: EvalCase, validators: Mapping[str, Any], searches: _RegexSearches
+) -> list[_Check]:
     expect = case.expect
     checks: list[_Check] = []
     if expect.validator is not None:
@@ -492,39 +677,32 @@ def _checks(case: EvalCase, validators: Mapping[str, Any]) -> list[_Check]:
             _text_check(lambda text: needle in text, "does not contain the expected text")
         )
     if expect.regex is not None:
-        pattern = re.compile(expect.regex)
-        checks.append(
-            _text_check(
-                lambda text: pattern.search(text) is not None, "does not match the expected regex"
-            )
-        )
+        checks.append(_regex_check(expect.regex, searches))
     return checks
 
 
 def _resolve_validators(
-    cases: Sequence[EvalCase], validators: Mapping[str, Any]
+    cases: Sequence[EvalCase],
+    validators: Mapping[str, Any],
+    searches: _RegexSearches,
+    problems: _Problems,
 ) -> dict[str, list[_Check]]:
-    problems: list[tuple[str, str]] = []
     checks: dict[str, list[_Check]] = {}
     for case in cases:
         where = f"case {case.id!r}"
         name = case.expect.validator
         if name is not None and name not in validators:
             known = ", ".join(sorted(validators)) or "none were given"
-            problems.append(
-                (
-                    f"{where}: expect.validator",
-                    f"unknown validator {name!r}{suggest(name, validators)} (known: {known})",
-                )
+            problems.add(
+                f"{where}: expect.validator",
+                f"unknown validator {name!r}{suggest(name, validators)} (known: {known})",
             )
             continue
         problems.extend((f"{where}: {p}", m) for p, m in _expectation_problems(case.expect))
         try:
-            checks[case.id] = _checks(case, validators)
+            checks[case.id] = _checks(case, validators, searches)
         except (TypeError, ValueError, ImportError) as exc:
-            problems.append((f"{where}: expect.validator", str(exc)))
-    if problems:
-        raise ConfigError.from_problems(problems)
+            problems.add(f"{where}: expect.validator", str(exc))
     return checks
 
 
@@ -687,30 +865,27 @@ async def run_eval(
         raise ConfigError("cases", "case ids must be unique")
     # Every problem (cases, validators, configuration, route names) is reported at once,
     # before any client is built.
-    problems: list[tuple[str, str]] = []
-    checks: dict[str, list[_Check]] = {}
-    try:
-        checks = _resolve_validators(case_list, validators or {})
-    except ConfigError as exc:
-        problems.extend(exc.problems)
+    problems = _Problems()
+    searches = _RegexSearches(request_timeout)
+    checks = _resolve_validators(case_list, validators or {}, searches, problems)
     if isinstance(source, str | os.PathLike):
         from pipeline.config import load_config
 
         try:
             source = load_config(source, environment)
         except ConfigError as exc:
-            raise ConfigError.from_problems([*problems, *exc.problems]) from None
+            problems.extend(exc.problems)
+            raise problems.error() from None
     known = list(source) if isinstance(source, Mapping) else source.route_names
     wanted = list(routes) if routes is not None else known
     what = "given" if isinstance(source, Mapping) else "defined"
     problems.extend(_unknown_routes(wanted, known, what))
     if not wanted:
-        problems.append(("routes", "none to evaluate"))
+        problems.add("routes", "none to evaluate")
     twice = sorted({name for name in wanted if wanted.count(name) > 1})
     if twice:
-        problems.append(("routes", f"listed more than once: {', '.join(twice)}"))
-    if problems:
-        raise ConfigError.from_problems(problems)
+        problems.add("routes", f"listed more than once: {', '.join(twice)}")
+    problems.raise_if_any()
     owned = not isinstance(source, Mapping)
     if isinstance(source, Mapping):
         targets = _targets_from_mapping(source, wanted)
@@ -742,8 +917,11 @@ async def run_eval(
             for _ in range(min(concurrency, len(jobs))):
                 group.create_task(worker())
     finally:
-        if owned:
-            await close_all([target.client for target in targets], "routes")
+        try:
+            await searches.aclose()
+        finally:
+            if owned:
+                await close_all([target.client for target in targets], "routes")
     finished = [r for r in results if r is not None]
     order = {target.name: i for i, target in enumerate(targets)}
     finished.sort(key=lambda r: order[r.route])  # stable: cases stay in file order

@@ -7,12 +7,11 @@ so layers can treat both shapes alike.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = [
     "ChatMessage",
@@ -20,12 +19,15 @@ __all__ = [
     "ChatResponse",
     "ChatResponseUpdate",
     "ChatRole",
+    "ChatTool",
     "Content",
     "DataContent",
+    "FinishReason",
     "FunctionCallContent",
     "FunctionResultContent",
     "Messages",
     "TextContent",
+    "ToolDefinition",
     "UsageDetails",
     "as_messages",
 ]
@@ -38,6 +40,41 @@ class ChatRole(StrEnum):
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
+
+
+class FinishReason(StrEnum):
+    """Why a model stopped: the Chat Completions values, which every client reports.
+
+    A response's `finish_reason` is one of these when the provider's own value has a
+    meaning here (`FinishReason.of`), and the provider's string as it came otherwise. Being
+    a `StrEnum`, each compares equal to its string (``FinishReason.STOP == "stop"``).
+    """
+
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"
+
+    @classmethod
+    def of(cls, reason: str | None) -> FinishReason | None:
+        """The finish reason a provider's value stands for: a Chat Completions value
+        (``function_call`` is the legacy ``tool_calls``) or an Anthropic Messages stop
+        reason; None for None or a value of no known meaning."""
+        return None if reason is None else _FINISH_REASONS.get(reason)
+
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    **{reason.value: reason for reason in FinishReason},
+    "function_call": FinishReason.TOOL_CALLS,
+    # Anthropic Messages stop reasons.
+    "end_turn": FinishReason.STOP,
+    "stop_sequence": FinishReason.STOP,
+    "pause_turn": FinishReason.STOP,
+    "max_tokens": FinishReason.LENGTH,
+    "model_context_window_exceeded": FinishReason.LENGTH,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "refusal": FinishReason.CONTENT_FILTER,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +226,28 @@ class ChatMessage:
 Messages: TypeAlias = str | ChatMessage | Sequence[ChatMessage]
 
 
+@runtime_checkable
+class ToolDefinition(Protocol):
+    """A tool as a model is offered it: a name, a description and the JSON schema of its
+    arguments (`middleware.tools.Tool` is one; so is any object with these attributes)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str | None: ...
+
+    @property
+    def parameters(self) -> Mapping[str, Any]: ...
+
+
+ChatTool: TypeAlias = ToolDefinition | Mapping[str, Any]
+"""What `ChatOptions.tools` holds: tool definitions, which every provider writes in its own
+format, or tools already in a provider's format (a Chat Completions
+``{"type": "function", "function": {...}}`` or a Messages ``{"name", "input_schema"}``
+mapping), which that provider passes on as they are."""
+
+
 def as_messages(messages: Messages) -> list[ChatMessage]:
     """Normalize the accepted message shapes to a list of `ChatMessage`.
 
@@ -229,7 +288,7 @@ class ChatOptions:
     max_output_tokens: int | None = None
     stop: list[str] | None = None
     seed: int | None = None
-    tools: list[Any] | None = None
+    tools: list[ChatTool] | None = None
     tool_mode: str | None = None
     response_format: Any = None
     reasoning_effort: str | None = None
@@ -237,7 +296,14 @@ class ChatOptions:
     additional_properties: dict[str, Any] = field(default_factory=dict)
 
     def clone(self) -> ChatOptions:
-        """An independent copy: its lists and dicts are copies too."""
+        """An independent copy: its lists and dicts are copies too.
+
+        `stop` and `tools` are new lists of the same items (tool definitions are shared).
+        In `response_format` and `additional_properties` every dict and list is copied, at
+        any depth and without recursion, so no nesting is too deep to clone; a structure
+        referring to itself is copied with the same shape. Any other value (strings,
+        numbers, a model class, your own objects) is shared: treat those as immutable.
+        """
         return ChatOptions(
             model_id=self.model_id,
             temperature=self.temperature,
@@ -248,12 +314,12 @@ class ChatOptions:
             tools=None if self.tools is None else list(self.tools),
             tool_mode=self.tool_mode,
             response_format=(
-                None if self.response_format is None else copy.deepcopy(self.response_format)
+                None if self.response_format is None else _copy_json(self.response_format)
             ),
             reasoning_effort=self.reasoning_effort,
             session_id=self.session_id,
             additional_properties=(
-                copy.deepcopy(self.additional_properties) if self.additional_properties else {}
+                _copy_json(self.additional_properties) if self.additional_properties else {}
             ),
         )
 
@@ -276,6 +342,32 @@ class ChatOptions:
 
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ChatOptions))
+
+
+def _copy_json(value: Any) -> Any:
+    """`value` with every dict and list in it copied, at any depth. A loop over the copies
+    still to fill, not recursion: JSON nested thousands of levels deep is copied like any
+    other. A dict or list met twice is copied once (so self-reference keeps its shape);
+    everything else is shared."""
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return value
+    root = value.copy()
+    copies: dict[int, Any] = {id(value): root}
+    pending: list[Any] = [root]
+    while pending:
+        container = pending.pop()
+        # Each copy still holds the originals: replace each nested dict or list by its copy.
+        items = container.items() if type(container) is dict else enumerate(container)
+        for key, item in items:
+            kind = type(item)
+            if kind is dict or kind is list:
+                copied = copies.get(id(item))
+                if copied is None:
+                    copied = copies[id(item)] = item.copy()
+                    pending.append(copied)
+                container[key] = copied
+    return root
 
 
 @dataclass(frozen=True, slots=True)

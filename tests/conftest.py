@@ -1,12 +1,24 @@
-import shutil
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.otel import Otel, Receiver
+from tests.processes import require_binary
 from tests.redis_server import RedisServer
 
 _REDIS_FIXTURES = frozenset({"redis_url", "redis_server"})
+
+# Property tests take their example counts from a profile, never from the test: ``dev``
+# (the default) for quick local runs, ``ci`` for CI (./scripts/test selects it). No test
+# depends on wall-clock speed, so neither has a deadline; on a loaded CI machine a slow
+# draw is no failure either.
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile(
+    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -19,12 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _require_redis_server() -> None:
-    if shutil.which("redis-server") is None:
-        pytest.fail(
-            "redis-server is not installed: install it (apt-get install redis-server; "
-            ".ci/run does) or deselect the tests that need it with -m 'not redis'",
-            pytrace=False,
-        )
+    require_binary("redis-server", marker="redis")
 
 
 @pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])

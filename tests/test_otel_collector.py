@@ -182,7 +182,7 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "gen_ai_client_operation_duration_seconds",
         "gen_ai_client_token_usage",
         "gen_ai_client_operation_time_to_first_chunk_seconds",
-        "ai_route_attempts_total",
+        "ai_route_attempt_count_total",
         "ai_route_backup_calls_total",
         "ai_route_output_committed_failures_total",
         "ai_route_time_to_first_update_seconds",

@@ -16,19 +16,29 @@ SURFACES = {
         "ChatResponse",
         "ChatResponseUpdate",
         "ChatRole",
+        "ChatTool",
         "Content",
         "DataContent",
         "DelegatingChatClient",
         "EmbeddingGenerator",
+        "FinishReason",
         "FunctionCallContent",
         "FunctionResultContent",
         "Messages",
         "TextContent",
+        "ToolDefinition",
         "UsageDetails",
     },
     "middleware.routing": {
         "AffinitySettings",
         "AttemptOutcome",
+        "BalancedFailoverChatClient",
+        "BalancedSettings",
+        "HealthSettings",
+        "HealthStore",
+        "RedisHealthStore",
+        "RouteHealth",
+        "RouteStats",
         "FailoverAttempt",
         "FailoverChatClient",
         "FailoverSettings",
@@ -78,7 +88,13 @@ SURFACES = {
         "Collected",
         "EMBEDDINGS_PATH",
         "FakeAnthropicServer",
+        "FakeDeployment",
+        "FakeFleet",
         "FakeOpenAIServer",
+        "Fault",
+        "FleetCall",
+        "FleetCounts",
+        "Latency",
         "MESSAGES_PATH",
         "MODELS_PATH",
         "FakeResponse",
@@ -94,6 +110,9 @@ SURFACES = {
         "reply",
     },
     "pipeline.gateway": {"GatewaySettings", "PIPELINE_MODEL", "create_app", "serve"},
+    "pipeline.integrations": set(),
+    "pipeline.integrations.pydantic_ai": {"PipelineModel", "PipelineStreamedResponse"},
+    "pipeline.integrations.langchain": {"PipelineChatModel"},
     "pipeline.errors": {
         "AttemptTimeoutError",
         "AuthenticationError",
@@ -110,9 +129,11 @@ SURFACES = {
         "RequestTimeoutError",
         "ResponseValidationError",
         "RoutingError",
+        "ToolArgumentsError",
         "TransientProviderError",
         "UnknownProviderError",
         "UnsendableRequestError",
+        "WireError",
         "classify",
         "is_failover_eligible",
         "is_retryable",
@@ -210,3 +231,43 @@ def test_middleware_names_load_from_their_modules() -> None:
     assert middleware.RetryChatClient is RetryChatClient
     with pytest.raises(AttributeError):
         middleware.Nope  # noqa: B018
+
+
+def test_version_is_the_distributions() -> None:
+    from importlib.metadata import version
+
+    import pipeline
+
+    assert pipeline.__version__ == version("chat-pipeline")
+
+
+def test_private_modules_are_imported_only_by_their_package() -> None:
+    """A package's `_private` modules are its own: others use its public names (or the
+    core's private modules, which every layer may use). The telemetry layer and the CLI take
+    routing's telemetry names from `pipeline._semconv`."""
+    import ast
+    from pathlib import Path
+
+    import pipeline
+
+    root = Path(pipeline.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(
+        [*root.joinpath("pipeline").rglob("*.py"), *root.joinpath("middleware").rglob("*.py")]
+    ):
+        package = ".".join(path.relative_to(root).parent.parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                owner, _, last = name.rpartition(".")
+                if last.startswith("_") and owner != package and owner.startswith("middleware"):
+                    found.append(f"{path.relative_to(root)}: {name}")
+    # The config loader validates a semantic router's settings without numpy: they live
+    # apart from the router for that.
+    assert found == ["pipeline/config.py: middleware.routing._semantic_settings"]

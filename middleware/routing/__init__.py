@@ -1,20 +1,26 @@
 """Routers: choose a route per request, and fail over while it is still safe.
 
-`RoutingChatClient` calls one selected client per request; `FailoverChatClient` (the
-attempt engine, with `OrderedFailoverChatClient`, `TieredRoutingChatClient`) may select
-again after a failure before output; `SemanticRoutingChatClient` picks a route by embedding
-similarity. Every attempt is reported as a `FailoverAttempt` and traced as a span.
+`RoutingChatClient` calls one selected client per request; `FailoverChatClient` (with
+`OrderedFailoverChatClient`, `TieredRoutingChatClient`) may select again after a failure
+before output; `SemanticRoutingChatClient` picks a route by embedding similarity. Every
+router runs on one attempt engine: every attempt is reported as a `FailoverAttempt` and
+traced as a span.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from middleware.routing._health_redis import RedisHealthStore
 from middleware.routing.affinity import (
     AffinitySettings,
     MemoryAffinityStore,
     RedisAffinityStore,
     SessionAffinity,
+)
+from middleware.routing.balanced import (
+    BalancedFailoverChatClient,
+    BalancedSettings,
 )
 from middleware.routing.context import (
     AttemptOutcome,
@@ -29,6 +35,7 @@ from middleware.routing.failover import (
     FailoverSettings,
     OrderedFailoverChatClient,
 )
+from middleware.routing.health import HealthSettings, HealthStore, RouteHealth, RouteStats
 from middleware.routing.router import RoutingChatClient
 from middleware.routing.tiered import TieredRoutingChatClient
 
@@ -43,6 +50,12 @@ if TYPE_CHECKING:
 _SEMANTIC = frozenset({"RouteScore", "SemanticRoutingChatClient", "SemanticSettings"})
 
 __all__ = [
+    "BalancedFailoverChatClient",
+    "BalancedSettings",
+    "HealthSettings",
+    "HealthStore",
+    "RouteHealth",
+    "RouteStats",
     "AffinitySettings",
     "AttemptOutcome",
     "FailoverAttempt",
@@ -52,6 +65,7 @@ __all__ = [
     "OrderedFailoverChatClient",
     "Price",
     "RedisAffinityStore",
+    "RedisHealthStore",
     "Route",
     "RouteScore",
     "RoutingChatClient",

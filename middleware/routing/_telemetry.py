@@ -1,16 +1,15 @@
 """Attempt spans and routing metrics, emitted by every router's engine.
 
 Each attempt is a ``route_attempt {route}`` span, current while the route runs (so retry
-events, breaker events and provider HTTP spans nest under it). Attribute names are defined
-here once; nothing about messages, options or responses is recorded, and an exception is
-recorded by its type only.
+events, breaker events and provider HTTP spans nest under it). The names are
+`pipeline._semconv`'s; nothing about messages, options or responses is recorded, and an
+exception is recorded by its type only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import Span, SpanKind, TracerProvider
@@ -18,6 +17,26 @@ from opentelemetry.util.types import AttributeValue
 
 from pipeline._genai import ERROR_STATUS, client_attributes, provider_key
 from pipeline._metrics import duration_histogram
+from pipeline._semconv import (
+    BACKUP_CALLS_METRIC,
+    COMMITTED_FAILURES_METRIC,
+    COST_METRIC,
+    OPENINFERENCE_CHAIN,
+    OPENINFERENCE_SPAN_KIND,
+    ROUTE_ATTEMPT,
+    ROUTE_ATTEMPT_COUNT_METRIC,
+    ROUTE_ATTEMPT_SPAN,
+    ROUTE_DURATION,
+    ROUTE_NAME,
+    ROUTE_OUTCOME,
+    ROUTE_OUTPUT_COMMITTED,
+    ROUTE_TERMINAL,
+    ROUTE_TIME_TO_FIRST_UPDATE,
+    ROUTING_SCOPE,
+    TIME_TO_FIRST_UPDATE_METRIC,
+    meter,
+    tracer,
+)
 from pipeline.client import metadata_of
 
 if TYPE_CHECKING:
@@ -26,46 +45,7 @@ if TYPE_CHECKING:
     from middleware.routing.context import FailoverAttempt, Price
     from pipeline.types import UsageDetails
 
-__all__ = [
-    "ROUTE_ATTEMPTS",
-    "ROUTE_FALLBACK",
-    "ATTEMPTS_METRIC",
-    "BACKUP_CALLS_METRIC",
-    "COMMITTED_FAILURES_METRIC",
-    "COST_METRIC",
-    "TIME_TO_FIRST_UPDATE_METRIC",
-    "ROUTE_ATTEMPT",
-    "ROUTE_DURATION",
-    "ROUTE_NAME",
-    "ROUTE_OUTCOME",
-    "ROUTE_OUTPUT_COMMITTED",
-    "ROUTE_TERMINAL",
-    "ROUTE_TIME_TO_FIRST_UPDATE",
-    "RouteTelemetry",
-]
-
-INSTRUMENTATION_NAME = "chat_pipeline.routing"
-
-ROUTE_NAME = "ai.route.name"
-ROUTE_ATTEMPT = "ai.route.attempt"
-ROUTE_OUTCOME = "ai.route.outcome"
-ROUTE_OUTPUT_COMMITTED = "ai.route.output_committed"
-ROUTE_TIME_TO_FIRST_UPDATE = "ai.route.time_to_first_update"
-ROUTE_DURATION = "ai.route.duration"
-ROUTE_TERMINAL = "ai.route.terminal"
-# On the request's span above a router: how many attempts it took, and whether a route
-# after the first served it (with ROUTE_NAME: the route of the last attempt).
-ROUTE_ATTEMPTS = "ai.route.attempts"
-# Attempt spans are steps of a chain, not model calls: without this, OpenInference readers
-# (Arize Phoenix) infer "LLM" from the GenAI attributes and list 1 + N model calls a request.
-OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
-ROUTE_FALLBACK = "ai.route.fallback"
-
-ATTEMPTS_METRIC = "ai.route.attempts"
-BACKUP_CALLS_METRIC = "ai.route.backup_calls"
-COMMITTED_FAILURES_METRIC = "ai.route.output_committed_failures"
-COST_METRIC = "ai.route.cost"
-TIME_TO_FIRST_UPDATE_METRIC = "ai.route.time_to_first_update"
+__all__ = ["RouteTelemetry"]
 
 _FAILED = frozenset({"failed_before_output", "failed_after_output"})
 
@@ -78,29 +58,30 @@ class RouteTelemetry:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        from pipeline import __version__
-
-        self.tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
+        self.tracer = tracer(ROUTING_SCOPE, tracer_provider)
+        self.meter_provider = meter_provider  # for what a router makes beside it (health)
         self._provider_key = provider_key()
         self._clients: dict[int, tuple[object, dict[str, AttributeValue]]] = {}
-        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
-        self.attempts = meter.create_counter(
-            ATTEMPTS_METRIC, unit="{attempt}", description="Route attempts by route and outcome"
+        instruments = meter(ROUTING_SCOPE, meter_provider)
+        self.attempts = instruments.create_counter(
+            ROUTE_ATTEMPT_COUNT_METRIC,
+            unit="{attempt}",
+            description="Route attempts by route and outcome",
         )
-        self.backup_calls = meter.create_counter(
+        self.backup_calls = instruments.create_counter(
             BACKUP_CALLS_METRIC, unit="{call}", description="Attempts after the first of a request"
         )
-        self.committed_failures = meter.create_counter(
+        self.committed_failures = instruments.create_counter(
             COMMITTED_FAILURES_METRIC,
             unit="{failure}",
             description="Failures after output reached the caller (no failover possible)",
         )
         self.time_to_first_update = duration_histogram(
-            meter,
+            instruments,
             TIME_TO_FIRST_UPDATE_METRIC,
             "Time from an attempt's start to its first update reaching the caller",
         )
-        self.cost = meter.create_counter(
+        self.cost = instruments.create_counter(
             COST_METRIC, unit="{currency}", description="Cost of completed attempts by route"
         )
 
@@ -113,7 +94,7 @@ class RouteTelemetry:
             attributes = client_attributes(metadata, self._provider_key)
             if metadata.model_id:
                 attributes[gen_ai.GEN_AI_REQUEST_MODEL] = metadata.model_id
-            attributes[OPENINFERENCE_SPAN_KIND] = "CHAIN"
+            attributes[OPENINFERENCE_SPAN_KIND] = OPENINFERENCE_CHAIN
             if len(self._clients) < 1024:
                 self._clients[id(client)] = (client, attributes)
             return attributes
@@ -132,17 +113,18 @@ class RouteTelemetry:
         if model:
             attributes[gen_ai.GEN_AI_REQUEST_MODEL] = model
         return self.tracer.start_span(
-            f"route_attempt {route_name}", kind=SpanKind.INTERNAL, attributes=attributes
+            f"{ROUTE_ATTEMPT_SPAN} {route_name}", kind=SpanKind.INTERNAL, attributes=attributes
         )
 
     def finish(
         self,
         span: Span,
         attempt: FailoverAttempt,
-        terminal: bool,
         price: Price | None,
         usage: UsageDetails | None,
-        response_model: str | None = None,
+        response_model: str | None,
+        *,
+        terminal: bool,
     ) -> None:
         """End the attempt's span and count it. Only a failed attempt is an error (ERROR
         status and `error.type`); a canceled or abandoned one ends with UNSET status, its

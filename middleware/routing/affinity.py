@@ -12,22 +12,32 @@ Switching routes every turn discards a provider's prompt cache, so a failover ro
 
 Stores: `MemoryAffinityStore` (one process; bounded, least recently used first out, each
 entry expiring after `ttl` seconds) and `RedisAffinityStore` (shared by every replica;
-each entry expiring after `ttl`). A store that is slow or down never fails a request: the
-lookup gives up after the store's timeout (the request then routes as if the session
-were new) and a failed write is logged as a warning, without the session id's value.
+each entry expiring after `ttl`), or any object with async ``get(session_id)`` and
+``set(session_id, route_name)``.
+
+A store that is slow, down or broken never fails a request, and never delays it by more
+than the store's `timeout`, nor past the request's deadline when the router passes its
+budget (or has made it current): every store call is bounded and guarded. A lookup that
+fails or runs out of time routes the request as if the session were new; a record that
+does (after the answer) changes nothing for the request, whose answer stands. After a
+failure the store is skipped for `retry_interval` seconds (requests route without it
+meanwhile, instead of each paying the timeout), and a warning is logged when an outage
+starts, then at most once a minute: the error's type only, never the session id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Annotated, Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import Field
 
+from pipeline import _redis, _scope
 from pipeline._settings import Settings
 
 __all__ = [
@@ -39,6 +49,11 @@ __all__ = [
 ]
 
 _logger = logging.getLogger("chat_pipeline.routing.affinity")
+
+_T = TypeVar("_T")
+
+# What a request does while its store is unavailable (the end of each warning).
+_FALLBACK = "routing without it"
 
 
 @runtime_checkable
@@ -55,11 +70,13 @@ class AffinityStore(Protocol):
 class AffinitySettings(Settings):
     """`ttl`: seconds a session's route is kept after its last request; `max_sessions`:
     the memory store's bound; `timeout`: seconds a shared store may take before the
-    request goes on without it."""
+    request goes on without it; `retry_interval`: seconds a store that failed is skipped
+    before it is tried again."""
 
     ttl: Annotated[float, Field(gt=0)] = 3600.0
     max_sessions: Annotated[int, Field(ge=1)] = 10_000
     timeout: Annotated[float, Field(gt=0)] = 0.25
+    retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
 
 
 class MemoryAffinityStore:
@@ -99,10 +116,14 @@ class MemoryAffinityStore:
 
 
 class RedisAffinityStore:
-    """Sessions shared by every replica through Redis (``redis.asyncio``): one key per
-    session under `namespace`, expiring `ttl` seconds after its last record. Each call
-    gives up after `timeout` seconds; errors and timeouts are logged (rate-limited) and
-    treated as "no affinity", never raised."""
+    """Sessions shared by every replica through Redis (a URL or a ``redis.asyncio``
+    client; see `pipeline._redis` for the connection pool): one key per session under
+    `namespace`, expiring `ttl` seconds after its last record. The lookups of one turn of
+    the event loop are one ``MGET``, its records one pipelined round trip, so a thousand
+    requests at once cost Redis two calls, not two thousand. Each call gives up after
+    `timeout` seconds; errors and timeouts are logged (when an outage starts, then at most
+    once a minute) and treated as "no affinity", never raised; after one, Redis is skipped
+    for `retry_interval` seconds."""
 
     def __init__(
         self,
@@ -111,70 +132,134 @@ class RedisAffinityStore:
         *,
         namespace: str = "chat_pipeline:affinity",
         timeout: float = 0.25,
+        retry_interval: float = 1.0,
     ) -> None:
-        self.settings = AffinitySettings(ttl=ttl, timeout=timeout)
-        if isinstance(redis, str):
-            import redis.asyncio as redis_asyncio
-
-            try:
-                redis = redis_asyncio.Redis.from_url(
-                    redis, socket_timeout=timeout, socket_connect_timeout=timeout
-                )
-            except ValueError:
-                raise ValueError("RedisAffinityStore: the Redis URL is malformed") from None
-        self._redis = redis
+        self.settings = AffinitySettings(ttl=ttl, timeout=timeout, retry_interval=retry_interval)
+        try:
+            self._redis = _redis.RedisClient(redis, timeout=timeout)
+        except ValueError as exc:
+            raise ValueError(f"redis: {exc}") from None
         self.namespace = namespace
-        self._last_warning = -1e9
-
-    def _warn(self, what: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self._last_warning >= 10.0:  # at most one warning per 10 s
-            self._last_warning = now
-            _logger.warning(
-                "session affinity store unavailable (%s failed: %s); routing without it",
-                what,
-                type(exc).__name__,
-            )
+        self._outage = _redis.Outage(
+            _logger, "session affinity store: Redis", _FALLBACK, retry_interval
+        )
+        # The lookups and the records of one turn of the event loop: one call each.
+        self._lookups = _redis.Batched(self._look_up)
+        self._records = _redis.Batched(self._record)
 
     async def get(self, session_id: str) -> str | None:
-        try:
-            async with asyncio.timeout(self.settings.timeout):
-                raw = await self._redis.get(f"{self.namespace}:{session_id}")
-        except Exception as exc:  # a store that is down must not fail requests
-            self._warn("lookup", exc)
-            return None
+        routes, index, _ = await self._lookups.add(f"{self.namespace}:{session_id}")
+        raw = routes[index] if routes is not None else None
         if raw is None:
             return None
         return raw.decode() if isinstance(raw, bytes) else str(raw)
 
-    async def set(self, session_id: str, route_name: str) -> None:
+    async def _look_up(self, keys: list[str]) -> list[Any] | None:
         try:
-            async with asyncio.timeout(self.settings.timeout):
-                await self._redis.set(
-                    f"{self.namespace}:{session_id}",
-                    route_name,
-                    px=int(self.settings.ttl * 1000),
-                )
-        except Exception as exc:  # a store that is down must not fail requests
-            self._warn("record", exc)
+            return list(await self._redis.attempt(self._outage, lambda client: client.mget(keys)))
+        except _redis.Unavailable:
+            return None
+
+    async def set(self, session_id: str, route_name: str) -> None:
+        await self._records.add((f"{self.namespace}:{session_id}", route_name))
+
+    async def _record(self, records: list[tuple[str, str]]) -> None:
+        ttl_ms = max(1, round(self.settings.ttl * 1000))
+
+        async def write(client: Any) -> None:
+            async with client.pipeline(transaction=False) as pipe:
+                for key, route_name in records:
+                    pipe.set(key, route_name, px=ttl_ms)
+                await pipe.execute()
+
+        with contextlib.suppress(_redis.Unavailable):  # logged; the next record may land
+            await self._redis.attempt(self._outage, write)
 
     async def aclose(self) -> None:
+        """Close the client made from a URL (a client of your own stays open)."""
+        await self._lookups.aclose()
+        await self._records.aclose()
         await self._redis.aclose()
 
 
 class SessionAffinity:
-    """The affinity a failover router keeps (see the module docstring)."""
+    """The affinity a failover router keeps (see the module docstring).
 
-    def __init__(self, store: AffinityStore | None = None) -> None:
+    Every call into `store` is bounded and guarded. The built-in stores bring their own
+    bounds (the memory store never waits; the Redis store has its `timeout` and
+    `retry_interval`); any other store's calls are bounded by `timeout` seconds, and after
+    one fails (raises, or runs out of time) the store is skipped for `retry_interval`
+    seconds. Every call also ends by the request's deadline: the `budget` a router passes,
+    else the current one.
+    """
+
+    def __init__(
+        self,
+        store: AffinityStore | None = None,
+        *,
+        timeout: float = 0.25,
+        retry_interval: float = 1.0,
+    ) -> None:
         if store is not None and not isinstance(store, AffinityStore):
             raise TypeError("store must have async get(session_id) and set(session_id, route)")
+        self.settings = AffinitySettings(timeout=timeout, retry_interval=retry_interval)
         self.store: AffinityStore = store if store is not None else MemoryAffinityStore()
+        kind = type(self.store)
+        # The memory store never waits: a bound would only cost time.
+        self._direct = kind is MemoryAffinityStore
+        # The Redis store bounds and guards itself; only the request's deadline is added.
+        self._bounded: float | None = None if kind is RedisAffinityStore else timeout
+        self._outage = _redis.Outage(_logger, "session affinity store", _FALLBACK, retry_interval)
 
-    async def preferred(self, session_id: str) -> str | None:
-        return await self.store.get(session_id)
+    async def preferred(
+        self, session_id: str, budget: _scope.RequestBudget | None = None
+    ) -> str | None:
+        """The route recorded for the session, or ``None`` (unknown, or the store failed
+        or ran out of time). `budget`: the request's (default: the current one)."""
+        if self._direct:
+            return await self.store.get(session_id)
+        route = await self._guarded(lambda: self.store.get(session_id), budget)
+        return route if isinstance(route, str) else None
 
-    async def record(self, session_id: str, route_name: str) -> None:
-        await self.store.set(session_id, route_name)
+    async def record(
+        self, session_id: str, route_name: str, budget: _scope.RequestBudget | None = None
+    ) -> None:
+        """Record the route that served the session (a failure is logged, never raised)."""
+        if self._direct:
+            await self.store.set(session_id, route_name)
+            return
+        await self._guarded(lambda: self.store.set(session_id, route_name), budget)
+
+    async def _guarded(
+        self, call: Callable[[], Awaitable[_T]], budget: _scope.RequestBudget | None
+    ) -> _T | None:
+        """`call()` within the bound (store timeout, request deadline); ``None`` when the
+        store is being skipped, fails or runs out of time."""
+        outage = self._outage
+        if outage.skipping():
+            return None
+        bound = self._bounded
+        budget = budget if budget is not None else _scope.current_budget()
+        remaining = budget.remaining() if budget is not None else None
+        by_request = remaining is not None and (bound is None or remaining < bound)
+        if by_request:
+            bound = remaining
+        task = asyncio.current_task()
+        try:
+            async with asyncio.timeout(bound) as limit:
+                result = await call()
+        except asyncio.CancelledError as exc:
+            if task is None or task.cancelling():
+                raise  # the caller is cancelling
+            outage.failed(exc)  # the store's own stray cancellation
+            return None
+        except Exception as exc:  # a broken store must not fail the request
+            if not (by_request and limit.expired()):
+                # The store's failure; the request running out of time is not one.
+                outage.failed(exc)
+            return None
+        outage.succeeded()
+        return result
 
     async def aclose(self) -> None:
         close = getattr(self.store, "aclose", None)

@@ -71,6 +71,9 @@ class RouteFacts(Settings):
     capabilities: Annotated[frozenset[_Capability], Field(strict=False)] = frozenset()
     price: Price | None = None
     instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    rpm: Annotated[int, Field(ge=1)] | None = None
+    tpm: Annotated[int, Field(ge=1)] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -81,7 +84,9 @@ class Route:
     request; `price` feeds the cost metric; `instructions` are this route's system prompt:
     for an attempt on this route they replace the conversation's first system message (or
     come first when there is none), in a copy of the messages, so they never reach another
-    route's attempt nor the caller's list.
+    route's attempt nor the caller's list. `weight` is its share under a balanced router's
+    ``weighted`` strategy; `rpm` and `tpm` are the deployment's declared limits (requests
+    and tokens per minute), which a balanced router keeps under in each process.
     """
 
     name: str
@@ -90,6 +95,9 @@ class Route:
     capabilities: frozenset[str] = field(default=frozenset(), kw_only=True)
     price: Price | None = field(default=None, kw_only=True)
     instructions: str | None = field(default=None, kw_only=True)
+    weight: float = field(default=1.0, kw_only=True)
+    rpm: int | None = field(default=None, kw_only=True)
+    tpm: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -104,10 +112,14 @@ class Route:
                 capabilities=frozenset(capabilities),
                 price=self.price,
                 instructions=self.instructions,
+                weight=float(self.weight) if type(self.weight) is int else self.weight,
+                rpm=self.rpm,
+                tpm=self.tpm,
             )
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"Route {self.name!r}: {exc}") from None
         object.__setattr__(self, "capabilities", facts.capabilities)
+        object.__setattr__(self, "weight", facts.weight)
 
     def __repr__(self) -> str:
         return f"Route({self.name!r})"
@@ -124,12 +136,25 @@ def as_route(item: Route | ChatClient, what: str = "route") -> Route:
 @dataclass(frozen=True, slots=True)
 class RoutingSelection:
     """A selector's answer: the client (or route) for one attempt and, optionally, the
-    complete options for that attempt only, shaped on a clone of ``context.options``, and
-    span attributes describing the choice (for example a score; never request text)."""
+    complete options for that attempt only, shaped on a clone of ``context.options``, span
+    attributes describing the choice (for example a score; never request text), and
+    `attempt_timeout`: seconds this attempt may take before its first update (the shorter
+    of it and the router's own `attempt_timeout` applies; a cut attempt fails before output
+    with `AttemptTimeoutError`, so the router may fail over)."""
 
     client: ChatClient | Route
     options: ChatOptions | None = None
     attributes: Mapping[str, AttributeValue] | None = None
+    attempt_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        timeout = self.attempt_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < float("inf")
+        ):
+            raise ValueError("RoutingSelection.attempt_timeout must be a positive number or None")
 
 
 SelectionResult: TypeAlias = ChatClient | Route | RoutingSelection | None

@@ -1,80 +1,38 @@
-"""Failover routers and the attempt engine every router runs on.
+"""Failover routers: select again after a failure before output, while it is still safe.
 
-The engine owns the promise of this package: another attempt happens only while it is
-still safe. For `get_response` and `get_streaming_response` alike:
-
-* a failure before any output reached the caller may move to another route, unless the
-  caller is being cancelled, the attempt limit or the request budget is reached, or the
-  policy (`should_failover`) says no;
-* once a streamed update reached the caller the attempt is terminal: the caller keeps the
-  updates and gets the original exception, with a note naming the route;
-* caller cancellation is terminal (``canceled``) and propagates; a `CancelledError` raised by
-  a client while the caller's task is not being cancelled is an ordinary failure;
-* a caller that closes the stream early ends the attempt as ``abandoned``, and the inner
-  stream is closed;
-* the selector raising (or choosing nothing) ends the request with that error, and no
-  attempt is reported; `on_routing_update` raising on a terminal update replaces the
-  result, on a nonterminal one it stops routing with that exception.
-
-Every attempt is reported once, as a `FailoverAttempt`, to `on_routing_update`. Policy hooks
-(`select_client`, `on_routing_update`, `should_failover`) may be plain functions or
-coroutine functions: the engine awaits what needs awaiting. A failover router makes at most
+`FailoverChatClient` runs on the attempt engine every router shares
+(`middleware.routing._engine`, which holds the promise: another attempt happens only while
+no output reached the caller, the caller is not cancelling, and the limits and the policy
+allow it). Its policy hooks (`select_client`, `on_routing_update`, `should_failover`) may
+be plain functions or coroutine functions. A failover router makes at most
 `DEFAULT_MAX_ATTEMPTS` attempts per request unless told otherwise (``None`` explicitly means
 no limit), so a policy that keeps choosing a failing client ends with its last error.
+`OrderedFailoverChatClient` walks its routes in order.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-import inspect
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
-from types import CoroutineType
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Span
-from opentelemetry.util.types import AttributeValue
-from pydantic import Field
-
+from middleware.routing._engine import (
+    DEFAULT_MAX_ATTEMPTS,
+    FailoverPolicy,
+    FailoverSettings,
+    RequestState,
+    Watch,
+)
 from middleware.routing.context import (
-    AttemptOutcome,
     FailoverAttempt,
-    Price,
     Route,
     RoutingContext,
-    RoutingSelection,
     SelectionResult,
     as_route,
-    with_instructions,
 )
 from middleware.routing.router import RoutingChatClient, router_keywords
 from pipeline import _scope
-from pipeline._settings import Settings
-from pipeline._streams import caller_cancelling, close_stream, ending_of
-from pipeline.client import (
-    ChatClient,
-    circuit_open,
-    client_name,
-    ensure_chat_client,
-    metadata_of,
-)
-from pipeline.errors import (
-    AttemptTimeoutError,
-    RequestBudgetExceededError,
-    RequestTimeoutError,
-    RoutingError,
-    is_failover_eligible,
-)
-from pipeline.types import (
-    ChatMessage,
-    ChatOptions,
-    ChatResponse,
-    ChatResponseUpdate,
-    Messages,
-    UsageDetails,
-)
+from pipeline.client import ChatClient
 
 if TYPE_CHECKING:
     from middleware.routing.affinity import SessionAffinity
@@ -87,40 +45,6 @@ __all__ = [
     "FailoverSettings",
     "OrderedFailoverChatClient",
 ]
-
-DEFAULT_MAX_ATTEMPTS = 10
-"""Attempts per request a failover router makes unless told otherwise."""
-
-FailoverPolicy = Callable[[BaseException], bool | Awaitable[bool]]
-
-
-class FailoverSettings(Settings):
-    """The limits and policy of a failover router, each captured when a request starts.
-
-    * `max_attempts_per_request`: positive, or ``None`` (explicitly) for no limit;
-    * `request_timeout`: seconds for the whole request, every attempt and retry included;
-    * `min_attempt_budget`: no new attempt starts with less time than this left;
-    * `max_provider_calls_per_request`: attempts plus retries inside routes;
-    * `attempt_timeout`: seconds one attempt may take before the router cuts it (for a
-      stream: until its first update; once output reached the caller nothing can move to
-      a backup, so only the request deadline applies);
-    * `should_failover`: whether a failure before output may move on (code only).
-
-    With a `request_timeout` and a `min_attempt_budget`, an attempt that a backup could
-    still follow is cut when only `min_attempt_budget` is left, so the backup gets that
-    time. A cut attempt fails with `AttemptTimeoutError` (a transient failure: the route's
-    breaker counts it, the router may fail over); when the request's own deadline passes,
-    the request fails with `RequestTimeoutError`. Both are `TimeoutError`s.
-    """
-
-    code_only: ClassVar[frozenset[str]] = frozenset({"should_failover"})
-
-    max_attempts_per_request: Annotated[int, Field(gt=0)] | None = DEFAULT_MAX_ATTEMPTS
-    request_timeout: Annotated[float, Field(gt=0)] | None = None
-    min_attempt_budget: Annotated[float, Field(ge=0)] = 0.0
-    max_provider_calls_per_request: Annotated[int, Field(gt=0)] | None = None
-    attempt_timeout: Annotated[float, Field(gt=0)] | None = None
-    should_failover: Callable[[BaseException], Any] = is_failover_eligible
 
 
 class FailoverChatClient(RoutingChatClient):
@@ -139,6 +63,9 @@ class FailoverChatClient(RoutingChatClient):
     and tiered policies start on the preferred route.
     """
 
+    settings_class: ClassVar[type[FailoverSettings]] = FailoverSettings
+    """The class of `settings` (a router with more settings names a subclass)."""
+
     def __init__(
         self,
         settings: FailoverSettings | None = None,
@@ -147,7 +74,7 @@ class FailoverChatClient(RoutingChatClient):
         **options: Any,
     ) -> None:
         super().__init__(**router_keywords(options))
-        self.settings = FailoverSettings.from_options(settings, options)
+        self.settings = self.settings_class.from_options(settings, options)
         if affinity is not None and not callable(getattr(affinity, "preferred", None)):
             raise TypeError("affinity must be a SessionAffinity")
         self.affinity = affinity
@@ -199,547 +126,37 @@ class FailoverChatClient(RoutingChatClient):
         decision: bool | Awaitable[bool] = self.settings.should_failover(exception)
         return decision
 
-    # -- engine ----------------------------------------------------------------------------
+    # -- what the engine asks -------------------------------------------------------------
 
-    def _attempt_limit(self) -> int | None:
-        """Most attempts one request may make, captured when the request starts."""
-        return self.settings.max_attempts_per_request
-
-    def _new_budget(self) -> _scope.RequestBudget | None:
-        """The request's call and time budget, or `None` when no limit applies."""
+    def _new_request(self, context: RoutingContext) -> RequestState:
         settings = self.settings
-        outer = _scope.current_budget()
-        if settings.request_timeout is None and settings.max_provider_calls_per_request is None:
-            return outer
-        clock = self._clock
-        deadline = None if settings.request_timeout is None else clock() + settings.request_timeout
-        if outer is not None and outer.deadline is not None and outer.clock is clock:
-            deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
-        return _scope.RequestBudget(settings.max_provider_calls_per_request, deadline, clock)
-
-    async def _prefer(self, context: RoutingContext) -> None:
-        """Set ``context.preferred_route`` from the session's affinity, if it still holds."""
-        session = context.options.session_id
-        if session is None or self.affinity is None:
-            return
-        name = await self.affinity.preferred(session)
-        route = self.routes_by_name().get(name) if name is not None else None
-        if route is not None and not circuit_open(route.client):
-            context.preferred_route = name
-
-    async def _select(self, context: RoutingContext) -> _Attempt:
-        result = self.select_client(context)
-        if type(result) is CoroutineType or (
-            result is not None
-            and not isinstance(result, Route | RoutingSelection)
-            and inspect.isawaitable(result)
-        ):
-            result = await result
-        options: ChatOptions | None = None
-        attributes: Mapping[str, AttributeValue] | None = None
-        if isinstance(result, RoutingSelection):
-            options = result.options
-            attributes = result.attributes
-            result = result.client
-        if result is None:
-            raise RoutingError(f"{self._metadata.name}: the selector chose no client")
-        price = None
-        messages = context.messages
-        if isinstance(result, Route):
-            name, client, price = result.name, result.client, result.price
-            if result.instructions is not None:
-                messages = with_instructions(messages, result.instructions)
-        else:
-            client = ensure_chat_client(result, "the selected client")
-            name = client_name(client)
-        if options is None:
-            # Each attempt gets its own copy, so nothing one attempt's layers do to its
-            # options can reach the next attempt or the request baseline.
-            options = context.options.clone()
-        elif not isinstance(options, ChatOptions):
-            raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return _Attempt(name, client, messages, options, price, attributes)
-
-    async def _is_terminal(
-        self,
-        context: RoutingContext,
-        attempt: _Attempt,
-        error: BaseException,
-        outcome: AttemptOutcome,
-        limit: int | None,
-        budget: _scope.RequestBudget | None,
-    ) -> bool:
-        if outcome != "failed_before_output" or not isinstance(
-            error, Exception | asyncio.CancelledError
-        ):
-            return True
-        # The attempt being judged is not in context.attempts yet: it is number len + 1.
-        if limit is not None and len(context.attempts) + 1 >= limit:
-            return True
-        if budget is not None:
-            if budget.calls_left is not None and budget.calls_left <= 0:
-                return True
-            remaining = budget.remaining()
-            needed = 1e-9 if attempt.cut_for_backup else self.settings.min_attempt_budget
-            if remaining is not None and remaining < max(needed, 1e-9):
-                return True
-        decision = self.should_failover(context, error)
-        if inspect.isawaitable(decision):
-            decision = await decision
-        return not decision
-
-    def _begin(
-        self, context: RoutingContext, attempt: _Attempt, budget: _scope.RequestBudget | None
-    ) -> None:
-        if budget is not None and not budget.take_call():
-            raise RequestBudgetExceededError(
-                f"{self._metadata.name}: the request used every provider call it was allowed"
-            )
-        span = self._telemetry.start(
-            attempt.route_name,
-            len(context.attempts) + 1,
-            attempt.client,
-            attempt.options.model_id,
-        )
-        attempt.span = span
-        if attempt.attributes and span.is_recording():
-            span.set_attributes(attempt.attributes)
-        # A sampled-out span still carries a valid context its children must inherit (or
-        # they would start traces of their own); only the no-op API's span has none.
-        if span.get_span_context().is_valid:
-            attempt.span_context = trace.set_span_in_context(span)
-
-    def _deadline(
-        self,
-        budget: _scope.RequestBudget | None,
-        started: float,
-        number: int,
-        limit: int | None,
-        output: bool,
-    ) -> _Deadline | None:
-        """When the next step of an attempt must end (on the router's clock), and why:
-        ``attempt`` (its own limit), ``reserve`` (the time kept for a backup) or
-        ``request`` (the request's deadline)."""
-        settings = self.settings
-        end: float | None = None
-        why: Literal["attempt", "reserve"] = "attempt"
-        if settings.attempt_timeout is not None and not output:
-            end = started + settings.attempt_timeout
-        if budget is None or budget.deadline is None:
-            return None if end is None else (end, why)
-        request_end = budget.deadline
-        if not output and settings.min_attempt_budget > 0 and (limit is None or number < limit):
-            # Keep the backup's time: cut this attempt when only that is left (unless that
-            # leaves this attempt nothing at all).
-            reserve = request_end - settings.min_attempt_budget
-            if reserve > started and (end is None or reserve < end):
-                end, why = reserve, "reserve"
-        if end is not None and end < request_end:
-            return end, why
-        return request_end, "request"
-
-    def _timeout(self, deadline: _Deadline | None) -> asyncio.Timeout | None:
-        if deadline is None:
-            return None
-        return asyncio.timeout(max(0.0, deadline[0] - self._clock()))
-
-    def _timed_out(
-        self,
-        error: BaseException,
-        timeout: asyncio.Timeout | None,
-        deadline: _Deadline | None,
-        attempt: _Attempt,
-    ) -> BaseException:
-        """Our own timeout's `TimeoutError` as the error it stands for; anything else as is."""
-        if timeout is None or deadline is None or not timeout.expired():
-            return error
-        if not isinstance(error, TimeoutError):
-            return error
-        replaced: BaseException
-        if deadline[1] != "request":
-            # Cut to keep the backup's time: the backup may start with less than
-            # min_attempt_budget left (that time was kept for it).
-            attempt.cut_for_backup = deadline[1] == "reserve"
-            replaced = AttemptTimeoutError(
-                f"route {attempt.route_name!r} was cut at the router's attempt limit",
-                provider=attempt.route_name,
-            )
-        else:
-            replaced = RequestTimeoutError(
-                f"{self._metadata.name}: the request's deadline passed "
-                f"(request_timeout={self.settings.request_timeout:g} s)"
-                if self.settings.request_timeout is not None
-                else f"{self._metadata.name}: the request's deadline passed"
-            )
-        replaced.__cause__ = error
-        return replaced
-
-    @staticmethod
-    def _enter(
-        attempt: _Attempt, budget: _scope.RequestBudget | None, timeout: asyncio.Timeout | None
-    ) -> _Tokens:
-        """Make the attempt span, the request budget and the attempt's timeout current
-        while the route runs."""
-        return (
-            otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
-            _scope.enter_budget(budget) if budget is not None else None,
-            _scope.enter_attempt_timeout(timeout) if timeout is not None else None,
-        )
-
-    @staticmethod
-    def _exit(tokens: _Tokens) -> None:
-        span_token, budget_token, timeout_token = tokens
-        if timeout_token is not None:
-            _scope.exit_attempt_timeout(timeout_token)
-        if budget_token is not None:
-            _scope.exit_budget(budget_token)
-        if span_token is not None:
-            otel_context.detach(span_token)
-
-    def _finish(
-        self,
-        context: RoutingContext,
-        attempt: _Attempt,
-        *,
-        outcome: AttemptOutcome,
-        exception: BaseException | None,
-        duration: float,
-        time_to_first_update: float | None,
-        terminal: bool,
-        usage: UsageDetails | None = None,
-        response_model: str | None = None,
-        report: _scope.RouteReport | None = None,
-    ) -> Awaitable[Any] | None:
-        """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
-        report it to `on_routing_update`; returns what is left to await, if anything (the
-        caller awaits it: on the common path nothing is, and no coroutine is made)."""
-        record = FailoverAttempt(
-            route_name=attempt.route_name,
-            client=attempt.client,
-            number=len(context.attempts) + 1,
-            outcome=outcome,
-            exception=exception,
-            duration=duration,
-            time_to_first_update=time_to_first_update,
-            response_completed=outcome == "completed",
-            output_committed=time_to_first_update is not None,
-        )
-        context.attempts.append(record)
-        if attempt.span is not None:
-            self._telemetry.finish(
-                attempt.span, record, terminal, attempt.price, usage, response_model
-            )
-        if report is not None:
-            report.route_name = record.route_name
-            report.metadata = metadata_of(record.client)
-            report.attempts = record.number
-            report.fallback = record.number > 1
-        reported = self.on_routing_update(context, record, terminal)
-        if reported is not None and not inspect.isawaitable(reported):
-            reported = None
-        session = context.options.session_id
-        if outcome == "completed" and self.affinity is not None and session is not None:
-            return _in_turn(self.affinity.record(session, record.route_name), reported)
-        return reported
-
-    async def _failed(
-        self,
-        context: RoutingContext,
-        attempt: _Attempt,
-        error: BaseException,
-        *,
-        duration: float,
-        time_to_first_update: float | None,
-        limit: int | None,
-        budget: _scope.RequestBudget | None,
-        report: _scope.RouteReport | None,
-    ) -> None:
-        """Report a failed attempt; raise `error` when the request ends with it."""
-        outcome: AttemptOutcome
-        if ending_of(error) == "canceled":
-            outcome = "canceled"
-        elif time_to_first_update is not None:
-            outcome = "failed_after_output"
-            error.add_note(
-                f"chat-pipeline: route {attempt.route_name!r} failed after output was "
-                "committed to the caller; the streamed response is incomplete"
-            )
-        else:
-            outcome = "failed_before_output"
-        terminal = await self._is_terminal(context, attempt, error, outcome, limit, budget)
-        pending = self._finish(
+        return RequestState(
             context,
-            attempt,
-            outcome=outcome,
-            exception=error,
-            duration=duration,
-            time_to_first_update=time_to_first_update,
-            terminal=terminal,
-            report=report,
+            settings,
+            self._attempt_limit(settings),
+            self._new_budget(settings),
+            _scope.current_report(),
+            self.affinity,
+            self.on_routing_update,
+            self.should_failover,
+            self._alternatives,
+            self._watch_attempt,
         )
-        if pending is not None:
-            await pending
-        if terminal:
-            raise error
 
-    async def get_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> ChatResponse:
-        context = self._context(messages, options, streaming=False)
-        # Every route of this request shares one operation id, so a tool call that a route
-        # completed before failing is not repeated by the next one.
-        operation = (
-            _scope.set_operation(_scope.new_operation_id())
-            if _scope.current_operation() is None
-            else None
-        )
-        try:
-            limit = self._attempt_limit()
-            budget = self._new_budget()
-            clock = self._clock
-            # The telemetry layer above (if any) is told the routing story through this.
-            report = _scope.current_report()
-            if self.affinity is not None:
-                await self._prefer(context)
-            timed = budget is not None or self.settings.attempt_timeout is not None
-            deadline = timeout = None
-            while True:
-                attempt = await self._select(context)
-                self._begin(context, attempt, budget)
-                started = clock()
-                if timed:
-                    deadline = self._deadline(
-                        budget, started, len(context.attempts) + 1, limit, False
-                    )
-                    timeout = self._timeout(deadline)
-                tokens = self._enter(attempt, budget, timeout)
-                failure: BaseException | None = None
-                try:
-                    if timeout is None:
-                        response = await attempt.client.get_response(
-                            attempt.messages, attempt.options
-                        )
-                    else:
-                        async with timeout:
-                            response = await attempt.client.get_response(
-                                attempt.messages, attempt.options
-                            )
-                except BaseException as exc:
-                    failure = self._timed_out(exc, timeout, deadline, attempt)
-                finally:
-                    self._exit(tokens)
-                duration = clock() - started
-                if failure is not None:
-                    await self._failed(
-                        context,
-                        attempt,
-                        failure,
-                        duration=duration,
-                        time_to_first_update=None,
-                        limit=limit,
-                        budget=budget,
-                        report=report,
-                    )
-                    continue
-                pending = self._finish(
-                    context,
-                    attempt,
-                    outcome="completed",
-                    exception=None,
-                    duration=duration,
-                    time_to_first_update=duration,
-                    terminal=True,
-                    usage=response.usage,
-                    response_model=response.model_id,
-                    report=report,
-                )
-                if pending is not None:
-                    await pending
-                return response
-        finally:
-            if operation is not None:
-                _scope.reset_operation(operation)
+    def _alternatives(self, context: RoutingContext, running: str) -> bool:
+        """Whether a route other than `running` could take the request after a failure
+        (inside the limits, which the engine checks): by default, yes."""
+        return True
 
-    def get_streaming_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(self._context(messages, options, streaming=True))
+    # Routers that learn from their attempts (route health) make a watch per attempt.
+    _watch_attempt: Watch | None = None
 
-    async def _stream(self, context: RoutingContext) -> AsyncGenerator[ChatResponseUpdate, None]:
-        limit = self._attempt_limit()
-        budget = self._new_budget()
-        clock = self._clock
-        # Taken at the first read, inside the step of the telemetry layer above (if any).
-        report = _scope.current_report()
-        if self.affinity is not None:
-            await self._prefer(context)
-        while True:
-            attempt = await self._select(context)
-            self._begin(context, attempt, budget)
-            elapsed = 0.0  # time spent inside the route, not with the caller
-            first_update: float | None = None
-            usage: UsageDetails | None = None
-            response_model: str | None = None
-            error: BaseException | None = None
-            stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
-            started = clock()
-            number = len(context.attempts) + 1
-            tokens = self._enter(attempt, budget, None)
-            try:
-                stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
-            except BaseException as exc:
-                error = exc
-            finally:
-                self._exit(tokens)
-            elapsed += clock() - started
-            if stream is not None:
-                # Without a span context, a budget or an attempt limit there is nothing to
-                # make current or to time: skip the bookkeeping on every update.
-                plain = (
-                    attempt.span_context is None
-                    and budget is None
-                    and self.settings.attempt_timeout is None
-                )
-                while True:
-                    if plain:
-                        deadline = timeout = None
-                        tokens = _NO_TOKENS
-                    else:
-                        deadline = self._deadline(
-                            budget, started, number, limit, first_update is not None
-                        )
-                        timeout = self._timeout(deadline)
-                        tokens = self._enter(attempt, budget, timeout)
-                    mark = clock()
-                    try:
-                        if timeout is None:
-                            update = await stream.__anext__()
-                        else:
-                            async with timeout:
-                                update = await stream.__anext__()
-                    except StopAsyncIteration:
-                        break
-                    except BaseException as exc:
-                        error = self._timed_out(exc, timeout, deadline, attempt)
-                        break
-                    finally:
-                        elapsed += clock() - mark
-                        if not plain:
-                            self._exit(tokens)
-                    if first_update is None:
-                        first_update = elapsed
-                    if update.usage is not None:
-                        usage = update.usage if usage is None else usage + update.usage
-                    if update.model_id is not None:
-                        response_model = update.model_id
-                    try:
-                        yield update
-                    except BaseException:
-                        # The caller closed the stream (GeneratorExit) or threw into it.
-                        mark = clock()
-                        close_error = await close_stream(stream)
-                        elapsed += clock() - mark
-                        pending = self._finish(
-                            context,
-                            attempt,
-                            outcome="canceled" if caller_cancelling() else "abandoned",
-                            exception=close_error,
-                            duration=elapsed,
-                            time_to_first_update=first_update,
-                            terminal=True,
-                            report=report,
-                        )
-                        if pending is not None:
-                            await pending
-                        if close_error is not None:
-                            raise close_error from None
-                        raise
-                mark = clock()
-                close_error = await close_stream(stream)
-                elapsed += clock() - mark
-                if error is None:
-                    error = close_error
-                elif close_error is not None:
-                    error.add_note(
-                        f"closing the stream of route {attempt.route_name!r} also failed: "
-                        f"{type(close_error).__name__}"
-                    )
-            if error is not None:
-                await self._failed(
-                    context,
-                    attempt,
-                    error,
-                    duration=elapsed,
-                    time_to_first_update=first_update,
-                    limit=limit,
-                    budget=budget,
-                    report=report,
-                )
-                continue
-            pending = self._finish(
-                context,
-                attempt,
-                outcome="completed",
-                exception=None,
-                duration=elapsed,
-                time_to_first_update=first_update,
-                terminal=True,
-                usage=usage,
-                response_model=response_model,
-                report=report,
-            )
-            if pending is not None:
-                await pending
-            return
+    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
+        """Most attempts one request may make under `settings`."""
+        return settings.max_attempts_per_request
 
-
-_Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
-
-
-async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
-    await first
-    if then is not None:
-        await then
-
-
-# (OpenTelemetry context, request budget, attempt timeout) tokens, or None each.
-_Tokens = tuple[Any, Any, Any]
-_NO_TOKENS: _Tokens = (None, None, None)  # nothing was made current
-
-
-class _Attempt:
-    """What the engine knows about the attempt in progress."""
-
-    __slots__ = (
-        "attributes",
-        "client",
-        "cut_for_backup",
-        "messages",
-        "options",
-        "price",
-        "route_name",
-        "span",
-        "span_context",
-    )
-
-    def __init__(
-        self,
-        route_name: str,
-        client: ChatClient,
-        messages: list[ChatMessage],
-        options: ChatOptions,
-        price: Price | None,
-        attributes: Mapping[str, AttributeValue] | None,
-    ) -> None:
-        self.route_name = route_name
-        self.client = client
-        self.messages = messages
-        self.options = options
-        self.price = price
-        self.attributes = attributes
-        self.span: Span | None = None
-        self.span_context: otel_context.Context | None = None
-        self.cut_for_backup = False  # the router cut it to keep time for a backup
+    def _affinity_routes(self) -> Mapping[str, Route]:
+        return self.routes_by_name()
 
 
 _PLAN = "ordered.plan"
@@ -786,8 +203,8 @@ class OrderedFailoverChatClient(FailoverChatClient):
     def routes_by_name(self) -> Mapping[str, Route]:
         return self._by_name
 
-    def _attempt_limit(self) -> int | None:
-        limit = self.settings.max_attempts_per_request
+    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
+        limit = settings.max_attempts_per_request
         return len(self.routes) if limit is None else min(limit, len(self.routes))
 
     def owned_clients(self) -> Iterable[ChatClient]:
@@ -795,34 +212,3 @@ class OrderedFailoverChatClient(FailoverChatClient):
 
     def describe_layer(self) -> str:
         return f"OrderedFailoverChatClient({', '.join(r.name for r in self.routes)})"
-
-
-class _OneShot(FailoverChatClient):
-    """The engine of a plain `RoutingChatClient`: its selector, one attempt, no failover."""
-
-    def __init__(self, router: RoutingChatClient) -> None:
-        super().__init__(
-            leave_open=True,
-            name=router.metadata.name,
-            clock=router._clock,
-            max_attempts_per_request=1,
-        )
-        # One router, one set of instruments: attempt spans and metrics are the router's.
-        self._telemetry = router._telemetry
-        self._router = router
-
-    def select_client(
-        self, context: RoutingContext
-    ) -> SelectionResult | Awaitable[SelectionResult]:
-        return self._router.select_client(context)
-
-    def _new_budget(self) -> _scope.RequestBudget | None:
-        return _scope.current_budget()
-
-    def should_failover(self, context: RoutingContext, exception: BaseException) -> bool:
-        return False
-
-
-def one_shot_engine(router: RoutingChatClient) -> FailoverChatClient:
-    """The engine `RoutingChatClient` runs on: the same attempts, with a limit of one."""
-    return _OneShot(router)

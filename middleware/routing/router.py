@@ -1,34 +1,25 @@
 """`RoutingChatClient`: pick a client per request and call it once.
 
-A one-shot router runs on the same attempt engine as the failover routers
-(`middleware.routing.failover`), with an attempt limit of one: the selected client is
-invoked once, its attempt is recorded and traced like a failover attempt, and the stream
-boundaries (``completed``, ``failed_*``, ``abandoned``, ``canceled``) are the same.
+A one-shot router runs on the attempt engine every router shares
+(`middleware.routing._engine`) with its one-shot defaults: the selected client is invoked
+once, its attempt is recorded and traced like a failover attempt, and the stream boundaries
+(``completed``, ``failed_*``, ``abandoned``, ``canceled``) are the same.
 """
 
 from __future__ import annotations
 
 import abc
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from middleware.routing._telemetry import RouteTelemetry
+from middleware.routing._engine import AttemptEngine
 from middleware.routing.context import RoutingContext, SelectionResult
-from pipeline.client import (
-    AsyncClosing,
-    ChatClient,
-    ChatClientMetadata,
-    client_name,
-    close_all,
-)
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
+from pipeline.client import AsyncClosing, ChatClient, ChatClientMetadata, client_name, close_all
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
-
-    from middleware.routing.failover import FailoverChatClient
 
 __all__ = ["ROUTER_KEYWORDS", "RoutingChatClient", "Selector", "router_keywords"]
 
@@ -44,7 +35,7 @@ def router_keywords(options: dict[str, Any]) -> dict[str, Any]:
     return {key: options.pop(key) for key in ROUTER_KEYWORDS if key in options}
 
 
-class RoutingChatClient(AsyncClosing, abc.ABC):
+class RoutingChatClient(AsyncClosing, AttemptEngine):
     """A chat client that selects the client to call for each request.
 
     `select_client(context)` (sync or async) runs once per request and the selected client
@@ -63,14 +54,13 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        self.leave_open = leave_open
-        self._clock = clock
-        self._telemetry = RouteTelemetry(tracer_provider, meter_provider)
-        self._metadata = ChatClientMetadata(
-            provider_name="router", name=name or type(self).__name__
+        name = name or type(self).__name__
+        super().__init__(
+            name=name, clock=clock, tracer_provider=tracer_provider, meter_provider=meter_provider
         )
+        self.leave_open = leave_open
+        self._metadata = ChatClientMetadata(provider_name="router", name=name)
         self._closed = False
-        self._one_shot: FailoverChatClient | None = None
 
     @classmethod
     def create(
@@ -117,38 +107,6 @@ class RoutingChatClient(AsyncClosing, abc.ABC):
         if self.leave_open:
             return
         await close_all(self.owned_clients(), "routed clients")
-
-    # -- requests: the failover engine with one attempt --------------------------------------
-
-    def _context(
-        self, messages: Messages, options: ChatOptions | None, streaming: bool
-    ) -> RoutingContext:
-        if options is not None and not isinstance(options, ChatOptions):
-            raise TypeError(f"options must be ChatOptions or None, not {type(options).__name__}")
-        return RoutingContext(
-            as_messages(messages),
-            options.clone() if options is not None else ChatOptions(),
-            streaming=streaming,
-        )
-
-    def _engine(self) -> FailoverChatClient:
-        engine = self._one_shot
-        if engine is None:
-            # The engine lives with the failover routers, which import this module.
-            from middleware.routing.failover import one_shot_engine
-
-            engine = self._one_shot = one_shot_engine(self)
-        return engine
-
-    async def get_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> ChatResponse:
-        return await self._engine().get_response(messages, options)
-
-    def get_streaming_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._engine().get_streaming_response(messages, options)
 
 
 class _SelectorRoutingChatClient(RoutingChatClient):

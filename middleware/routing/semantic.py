@@ -26,12 +26,12 @@ import asyncio
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Self
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, model_validator
 
+from middleware.routing._semantic_settings import Aggregation, SemanticSettings
 from middleware.routing.context import (
     Route,
     RoutingContext,
@@ -40,7 +40,7 @@ from middleware.routing.context import (
     as_route,
 )
 from middleware.routing.router import RoutingChatClient, router_keywords
-from pipeline._settings import Settings
+from pipeline._semconv import SEMANTIC_REASON, SEMANTIC_SCORE
 from pipeline.client import ChatClient, EmbeddingGenerator
 from pipeline.errors import RoutingError
 from pipeline.types import ChatMessage, ChatRole
@@ -54,7 +54,6 @@ __all__ = [
     "SemanticSettings",
 ]
 
-Aggregation = Literal["mean", "sum", "max"]
 OFF_LOOP_ELEMENTS = 1 << 22
 """Above this many matrix elements (about 11,000 utterances of 384 dimensions) a query is
 scored in a worker thread instead of on the event loop."""
@@ -65,8 +64,6 @@ runs each one on the calling thread (its vector-matrix product fans out to its t
 BLOCK_UTTERANCES = 1 << 14
 """Utterances per block of the index: each block is scored by products over a slice of the
 dimensions, accumulated."""
-SEMANTIC_SCORE = "ai.route.semantic.score"
-SEMANTIC_REASON = "ai.route.semantic.reason"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,28 +125,6 @@ def _last_user_text(messages: Sequence[ChatMessage]) -> str:
         if message.role is ChatRole.USER:
             return message.text
     return ""
-
-
-class SemanticSettings(Settings):
-    """How a semantic router scores: `threshold` (below it the default route is chosen),
-    `top_k` utterances aggregated per route by `aggregation`, the query embedding's time
-    limit and what an embedding failure does (``default`` or ``raise``)."""
-
-    threshold: float = 0.3
-    top_k: Annotated[int, Field(ge=1)] = 1
-    aggregation: Aggregation = "mean"
-    embedding_timeout: Annotated[float, Field(gt=0)] | None = 10.0
-    on_embedding_error: Literal["default", "raise"] = "default"
-
-    @model_validator(mode="after")
-    def _reachable(self) -> Self:
-        reach = float(self.top_k) if self.aggregation == "sum" else 1.0
-        if not -reach <= self.threshold <= reach:
-            raise ValueError(
-                f"threshold {self.threshold} cannot be reached: {self.aggregation} of cosine "
-                f"scores lies in [{-reach:g}, {reach:g}]"
-            )
-        return self
 
 
 class SemanticRoutingChatClient(RoutingChatClient):

@@ -27,12 +27,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import propagate, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.http_attributes import (
     HTTP_REQUEST_METHOD,
-    HTTP_RESPONSE_HEADER_TEMPLATE,
     HTTP_RESPONSE_STATUS_CODE,
     HTTP_ROUTE,
 )
@@ -42,14 +41,21 @@ from opentelemetry.semconv.attributes.url_attributes import URL_PATH, URL_SCHEME
 from opentelemetry.semconv.metrics.http_metrics import HTTP_SERVER_REQUEST_DURATION
 from opentelemetry.trace import SpanKind
 
-from middleware.routing._telemetry import (
+from pipeline._genai import ERROR_STATUS
+from pipeline._metrics import duration_histogram
+from pipeline._semconv import (
+    CLIENT_DISCONNECTED,
+    GATEWAY_MODEL,
+    GATEWAY_REQUEST_ID,
+    GATEWAY_SCOPE,
+    OPENINFERENCE_CHAIN,
     OPENINFERENCE_SPAN_KIND,
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,
+    meter,
+    tracer,
 )
-from pipeline._genai import ERROR_STATUS
-from pipeline._metrics import duration_histogram
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway.wire import WireError
 
@@ -57,26 +63,8 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = [
-    "CLIENT_DISCONNECTED",
-    "GATEWAY_MODEL",
-    "REQUEST_ID",
-    "TelemetryMiddleware",
-]
+__all__ = ["TelemetryMiddleware"]
 
-INSTRUMENTATION_NAME = "chat_pipeline.gateway"
-
-GATEWAY_MODEL = "chat_pipeline.gateway.model"
-"""Span attribute: the model name the client asked for (one `/v1/models` lists)."""
-
-CLIENT_DISCONNECTED = "chat_pipeline.gateway.client_disconnected"
-"""Span attribute: the client went away before its answer was complete (the request was
-cancelled)."""
-
-REQUEST_ID = f"{HTTP_RESPONSE_HEADER_TEMPLATE}.x-request-id"
-"""Span attribute: the request id the response carries (the caller's, or a fresh one)."""
-
-_CHAIN = "CHAIN"
 _NO_KEY = -1
 
 _logger = logging.getLogger("chat_pipeline.gateway")
@@ -96,15 +84,14 @@ class TelemetryMiddleware:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        from pipeline import __version__
-
         self.app = app
         self._route = route
         self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._tracer = trace.get_tracer(INSTRUMENTATION_NAME, __version__, tracer_provider)
-        meter = metrics.get_meter(INSTRUMENTATION_NAME, __version__, meter_provider)
+        self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
         self._duration = duration_histogram(
-            meter, HTTP_SERVER_REQUEST_DURATION, "Duration of HTTP server requests."
+            meter(GATEWAY_SCOPE, meter_provider),
+            HTTP_SERVER_REQUEST_DURATION,
+            "Duration of HTTP server requests.",
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,7 +126,7 @@ class TelemetryMiddleware:
                 URL_PATH: self._route,
                 URL_SCHEME: scope.get("scheme", "http"),
                 NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-                OPENINFERENCE_SPAN_KIND: _CHAIN,
+                OPENINFERENCE_SPAN_KIND: OPENINFERENCE_CHAIN,
             }
             if server:
                 base[SERVER_ADDRESS] = server[0]
@@ -148,7 +135,7 @@ class TelemetryMiddleware:
             if len(self._bases) < 64:
                 self._bases[key] = base
         attributes = dict(base)
-        attributes[REQUEST_ID] = (request_id,)
+        attributes[GATEWAY_REQUEST_ID] = (request_id,)
         return attributes
 
     def _finish(self, span: trace.Span, exchange: Exchange, method: str) -> None:

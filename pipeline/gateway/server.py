@@ -78,6 +78,8 @@ PROMETHEUS_VARIABLE = "CHAT_PIPELINE_GATEWAY_PROMETHEUS"
 WORKERS_VARIABLE = "CHAT_PIPELINE_GATEWAY_WORKERS"
 """How many worker processes serve, for the worker processes."""
 
+_logger = logging.getLogger("chat_pipeline.gateway")
+
 SERVICE_NAME = "chat-pipeline-gateway"
 
 
@@ -148,7 +150,7 @@ class _RequestIdFilter(logging.Filter):
         request_id = current_request_id()
         record.request = (
             f" request_id={request_id}"
-            if request_id is not None and not record.name.startswith("chat_pipeline.gateway")
+            if request_id is not None and not record.name.startswith(_logger.name)
             else ""
         )
         return True
@@ -221,7 +223,7 @@ def _raise_file_limit(connections: int) -> None:
         wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
         if wanted < needed:
-            logging.getLogger("chat_pipeline.gateway").warning(
+            _logger.warning(
                 "the open-file limit (%d) is below max_connections + 256: connections past "
                 "it are refused by the system",
                 wanted,

@@ -32,6 +32,7 @@ from pipeline.errors import (
     ProviderError,
     RequestTimeoutError,
     RoutingError,
+    WireError,
     classify,
 )
 from pipeline.gateway._json import json_body
@@ -43,6 +44,7 @@ from pipeline.types import (
     ChatRole,
     Content,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
@@ -64,44 +66,8 @@ __all__ = [
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
-class WireError(Exception):
-    """A request the gateway answers with an error: its HTTP status and OpenAI error.
-
-    `message` is ours, never the request's text; `retry_after` (seconds) becomes a
-    ``Retry-After`` header.
-    """
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.retry_after = retry_after
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code, self.param)
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        if self.retry_after is None:
-            return []
-        return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
-
-
-def error_body(message: str, type: str, code: str | None, param: str | None = None) -> bytes:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    error = {"message": message, "type": type, "param": param, "code": code}
-    return _dumps({"error": error}).encode()
+error_body = WireError.error_body
+"""The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -400,25 +366,13 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
 
 # -- responses --------------------------------------------------------------------------------
 
-_FINISH = {
-    "stop": "stop",
-    "length": "length",
-    "tool_calls": "tool_calls",
-    "content_filter": "content_filter",
-    "function_call": "tool_calls",
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "tool_use": "tool_calls",
-    "refusal": "content_filter",
-}
-
 
 def finish_reason(reason: str | None, called_tools: bool) -> str:
-    """A Chat Completions finish reason for whatever the provider said."""
+    """A Chat Completions finish reason for whatever the provider said (`FinishReason.of`);
+    without one, ``tool_calls`` when the model called tools, else ``stop``."""
     if reason is None:
-        return "tool_calls" if called_tools else "stop"
-    return _FINISH.get(reason, "stop")
+        return FinishReason.TOOL_CALLS if called_tools else FinishReason.STOP
+    return FinishReason.of(reason) or FinishReason.STOP
 
 
 def new_id() -> str:

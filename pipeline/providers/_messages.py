@@ -29,6 +29,7 @@ from pipeline.types import (
     ChatRole,
     Content,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
@@ -37,7 +38,6 @@ from pipeline.types import (
 )
 
 __all__ = [
-    "FINISH_REASONS",
     "MessagesStreamReader",
     "build_request",
     "parse_response",
@@ -45,17 +45,6 @@ __all__ = [
 ]
 
 _ASSISTANT = ChatRole.ASSISTANT
-
-# The Messages API's stop reasons, as the finish reasons every other client reports.
-FINISH_REASONS = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "max_tokens": "length",
-    "model_context_window_exceeded": "length",
-    "tool_use": "tool_calls",
-    "refusal": "content_filter",
-    "pause_turn": "stop",
-}
 
 _DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
 
@@ -232,9 +221,11 @@ def parse_usage(value: Any) -> UsageDetails | None:
 
 
 def _finish_reason(value: Any) -> str | None:
+    """A stop reason as the finish reason every client reports (`FinishReason`); one of
+    no known meaning as it came."""
     if not isinstance(value, str):
         return None
-    return FINISH_REASONS.get(value, value)
+    return FinishReason.of(value) or value
 
 
 def _tool_call(block: Mapping[str, Any], arguments: Any, provider: str) -> FunctionCallContent:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-import selectors
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,7 +23,6 @@ from typing import Any
 
 import httpx2
 import pytest
-from opentelemetry import propagate
 
 from middleware.routing import FailoverAttempt, OrderedFailoverChatClient, Route, RoutingContext
 from pipeline import ChatOptions, ChatPipeline
@@ -34,34 +31,22 @@ from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 from tests.chaos.fault_server import TOKENS
 from tests.otel import Otel
+from tests.processes import ChildProcess
 
 pytestmark = pytest.mark.chaos
 
 REQUESTS = 1000
 CONCURRENCY = 100
 TOKEN = re.compile(r"\[(r\d-\d+):(\d+)\] ")
+READY = re.compile(r"^READY (\d+)$")  # the fault server's line once it listens
 
 
 @pytest.fixture(scope="module")
 def chaos_origin() -> Iterator[str]:
-    """The fault server, in a process of its own; its readiness read from its own line."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.chaos.fault_server", "--seed", "20261130"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert process.stdout is not None
-        selector = selectors.DefaultSelector()
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout=60):
-            raise RuntimeError("the chaos fault server did not start within 60 s")
-        line = process.stdout.readline()
-        assert line.startswith("READY "), line
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
-    finally:
-        process.kill()
-        process.wait(timeout=10)
+    """The fault server, in a process of its own, on the port it reports."""
+    argv = [sys.executable, "-m", "tests.chaos.fault_server", "--seed", "20261130"]
+    with ChildProcess("the chaos fault server", argv) as server:
+        yield f"http://127.0.0.1:{server.wait_for_port(READY, timeout=60)}"
 
 
 class Recorder(OrderedFailoverChatClient):
@@ -77,11 +62,6 @@ class Recorder(OrderedFailoverChatClient):
         request = context.options.session_id
         assert request is not None
         self.attempts.setdefault(request, []).append(attempt)
-
-
-async def inject_traceparent(request: httpx2.Request) -> None:
-    # The attempt span is current while its route runs: every upstream request names it.
-    propagate.inject(request.headers)
 
 
 @dataclass
@@ -138,17 +118,24 @@ def tokens(text: str) -> list[tuple[str, int]]:
 
 
 @pytest.mark.timeout(900)
-async def test_chaos(chaos_origin: str, otel: Otel) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx2"])
+async def test_chaos(chaos_origin: str, otel: Otel, transport: str) -> None:
     rng = random.Random(7)
     http = httpx2.AsyncClient(
         limits=httpx2.Limits(max_connections=400, max_keepalive_connections=400),
         timeout=httpx2.Timeout(10.0),
-        event_hooks={"request": [inject_traceparent]},
+    )
+    # The fault server lives for the module: this run's requests are those after `seen`.
+    seen = len((await http.get(f"{chaos_origin}/stats")).json())
+    # httpx2: one shared client; aiohttp: each route's own session. Either way the clients
+    # send the attempt span's traceparent, which the server records.
+    given: dict[str, Any] = (
+        {"http_client": http} if transport == "httpx2" else {"transport": transport}
     )
     routes = []
     for k in range(3):
         client = OpenAIChatClient(
-            "chaos", base_url=f"{chaos_origin}/r{k}/v1", api_key="k", http_client=http
+            "chaos", base_url=f"{chaos_origin}/r{k}/v1", api_key="k", timeout=10.0, **given
         )
         guarded = (
             ChatPipeline.builder(**otel.providers)
@@ -181,7 +168,7 @@ async def test_chaos(chaos_origin: str, otel: Otel) -> None:
         await asyncio.gather(*(run(o) for o in outcomes))
     elapsed = time.monotonic() - started
     await chat.aclose()
-    stats = (await http.get(f"{chaos_origin}/stats")).json()
+    stats = (await http.get(f"{chaos_origin}/stats")).json()[seen:]
     await http.aclose()
 
     # 1. Every request: a whole answer from one upstream request, a pipeline error, or

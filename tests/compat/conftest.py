@@ -28,12 +28,11 @@ from tests.compat.servers import (
     LlamaServer,
     Proxy,
     ThreadedFakeServer,
-    free_port,
     python_module_argv,
-    require_module,
     server_process,
 )
 from tests.compat.tiny_gguf import write_tiny_llama
+from tests.processes import require_module, uvicorn_log_config
 
 # Startup budgets: LiteLLM imports for tens of seconds on a 2-core machine.
 LITELLM_START_TIMEOUT = 240.0
@@ -80,7 +79,7 @@ def fake_upstream(fake_upstream_session: ThreadedFakeServer) -> ThreadedFakeServ
 def litellm_proxy(
     fake_upstream_session: ThreadedFakeServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
-    require_module("litellm", "the LiteLLM proxy (litellm[proxy])")
+    require_module("litellm", what="the LiteLLM proxy (litellm[proxy])", extra="compat")
     workdir = tmp_path_factory.mktemp("litellm")
     master_key = "sk-" + secrets.token_hex(16)
     models = [
@@ -119,7 +118,6 @@ def running_litellm_proxy(
     }
     config_path = workdir / "config.yaml"
     config_path.write_text(json.dumps(config, indent=2))  # JSON is YAML
-    port = free_port()
     argv = python_module_argv(
         "litellm.proxy.proxy_cli",
         "--config",
@@ -127,29 +125,30 @@ def running_litellm_proxy(
         "--host",
         "127.0.0.1",
         "--port",
-        str(port),
+        "0",
         "--num_workers",
         "1",
+        "--log_config",
+        str(uvicorn_log_config(workdir / "uvicorn-log.json")),
     )
     with server_process(
         "LiteLLM proxy",
         argv,
-        ready_url=f"http://127.0.0.1:{port}/health/liveliness",
-        log_path=workdir / "proxy.log",
         cwd=workdir,
         env=_child_env(_LITELLM_ENV),
         timeout=LITELLM_START_TIMEOUT,
-    ):
-        yield Proxy(base_url=f"http://127.0.0.1:{port}/v1", api_key=master_key)
+    ) as url:
+        yield Proxy(base_url=f"{url}/v1", api_key=master_key)
 
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
-    require_module("llama_cpp", "llama-cpp-python's server (llama-cpp-python[server])")
-    require_module("gguf", "gguf (gguf-py, to write the test model)")
+    require_module(
+        "llama_cpp", what="llama-cpp-python's server (llama-cpp-python[server])", extra="compat"
+    )
+    require_module("gguf", what="gguf (gguf-py, to write the test model)", extra="compat")
     workdir = tmp_path_factory.mktemp("llama")
     model_path = write_tiny_llama(workdir / "tiny-random-llama.gguf")
-    port = free_port()
     alias = "tiny-random-llama"
     argv = python_module_argv(
         "llama_cpp.server",
@@ -160,7 +159,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
         "--host",
         "127.0.0.1",
         "--port",
-        str(port),
+        "0",
         # Tool calls come from a grammar-constrained completion in this chat format.
         "--chat_format",
         "chatml-function-calling",
@@ -178,10 +177,8 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServ
     with server_process(
         "llama-cpp-python server",
         argv,
-        ready_url=f"http://127.0.0.1:{port}/v1/models",
-        log_path=workdir / "server.log",
         cwd=workdir,
         env=_child_env({}),
         timeout=LLAMA_START_TIMEOUT,
-    ):
-        yield LlamaServer(base_url=f"http://127.0.0.1:{port}/v1", model=alias)
+    ) as url:
+        yield LlamaServer(base_url=f"{url}/v1", model=alias)

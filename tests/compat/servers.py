@@ -1,11 +1,10 @@
 """The real third-party servers of the compatibility suite: what they serve, and how they
 are started and stopped on 127.0.0.1.
 
-Each server runs as a child process of the test session, on a free loopback port, with its
-output in a log file (never a pipe that could fill and stall it). Readiness is polled on
-the server's own HTTP endpoint with a bounded deadline, and the process is checked on every
-poll so a crash fails at once with the end of its log. Stopping terminates the process and
-kills it if it does not exit.
+Each server is a `tests.processes.ChildProcess` in a process group of its own (stopped
+together with any worker it forks), started on port 0: it is ready once uvicorn logs the
+port it got, after the application's startup. A crash or a missed deadline fails at once
+with the end of its output.
 """
 
 from __future__ import annotations
@@ -13,31 +12,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import importlib.util
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import pytest
-
 from pipeline.testing import CHAT_PATH, FakeOpenAIServer, FakeResponse, RecordedRequest
+from tests.processes import UVICORN_PORT, ChildProcess
 
 T = TypeVar("T")
-
-INSTALL_HINT = (
-    "install the compatibility suite's servers with: .venv/bin/pip install -e '.[compat]' "
-    "(.ci/run does this), or deselect the suite with: pytest -m 'not compat'"
-)
 
 
 # Mock models of the LiteLLM proxy. The strings LiteLLM's mock_response turns into errors
@@ -78,109 +63,15 @@ class LlamaServer:
     model: str
 
 
-def require_module(module: str, what: str) -> None:
-    """Fail the test session loudly (never skip) when a server's package is missing.
-
-    `module` is a top-level name: finding a submodule would import its package here, and
-    importing litellm in the test process starts its network fetches.
-    """
-    if importlib.util.find_spec(module) is None:
-        pytest.fail(
-            f"COMPAT SUITE CANNOT RUN: {what} is not installed (no module {module!r}); "
-            + INSTALL_HINT,
-            pytrace=False,
-        )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
 @contextlib.contextmanager
 def server_process(
-    name: str,
-    argv: Sequence[str],
-    *,
-    ready_url: str,
-    log_path: Path,
-    cwd: Path,
-    env: Mapping[str, str],
-    timeout: float,
-    headers: Mapping[str, str] | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `argv` until the block ends; ready once `ready_url` answers 200 within `timeout`."""
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            list(argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
-            env=dict(env),
-            start_new_session=True,  # its own process group: stopped together with its workers
-        )
-    try:
-        _wait_ready(name, process, ready_url, log_path, timeout, headers or {})
-        yield process
-    finally:
-        _stop(process)
-
-
-def _wait_ready(
-    name: str,
-    process: subprocess.Popen[bytes],
-    url: str,
-    log_path: Path,
-    timeout: float,
-    headers: Mapping[str, str],
-) -> None:
-    # Polling is bounded by `timeout` and ends early if the process dies.
-    deadline = time.monotonic() + timeout
-    last_error = "no answer yet"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(
-                f"COMPAT SUITE CANNOT RUN: {name} exited with status {process.returncode} "
-                f"before it was ready. Its log ends with:\n{_tail(log_path)}",
-                pytrace=False,
-            )
-        request = urllib.request.Request(url, headers=dict(headers))
-        try:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                if response.status == 200:
-                    return
-                last_error = f"HTTP {response.status}"
-        except (urllib.error.URLError, OSError) as exc:
-            last_error = str(exc)
-        time.sleep(0.25)
-    pytest.fail(
-        f"COMPAT SUITE CANNOT RUN: {name} was not ready within {timeout:g} s "
-        f"({url}: {last_error}). Its log ends with:\n{_tail(log_path)}",
-        pytrace=False,
-    )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=15)
+    name: str, argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout: float
+) -> Iterator[str]:
+    """Run `argv` (a uvicorn server told to listen on port 0) until the block ends; yields
+    its base URL once uvicorn reports the port it got, within `timeout` seconds."""
+    with ChildProcess(name, argv, env=env, cwd=cwd, own_group=True) as server:
+        port = server.wait_for_port(UVICORN_PORT, timeout)
+        yield f"http://127.0.0.1:{port}"
 
 
 def python_module_argv(module: str, *args: str) -> list[str]:

@@ -20,14 +20,8 @@ import pytest
 
 from pipeline.testing import FakeResponse
 from tests.compat.conftest import _child_env, running_litellm_proxy
-from tests.compat.servers import (
-    Proxy,
-    ThreadedFakeServer,
-    free_port,
-    require_module,
-    server_process,
-)
-from tests.e2e.servers import serve_argv
+from tests.compat.servers import Proxy, ThreadedFakeServer, server_process
+from tests.processes import require_module, serve_argv
 
 pytestmark = pytest.mark.compat
 
@@ -39,37 +33,28 @@ MODEL = "through-the-gateway"
 def litellm_in_front(
     fake_upstream_session: ThreadedFakeServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
-    require_module("litellm", "the LiteLLM proxy (litellm[proxy])")
+    require_module("litellm", what="the LiteLLM proxy (litellm[proxy])", extra="compat")
     workdir = tmp_path_factory.mktemp("litellm-in-front")
     config = workdir / "gateway.toml"
     config.write_text(
         f'[routes.primary]\nprovider = "openai"\nmodel = "fake-model"\n'
         f'base_url = "{fake_upstream_session.base_url}"\n'
     )
-    gateway_port = free_port()
-    models = [
-        {
-            "model_name": MODEL,
-            "litellm_params": {
-                "model": "openai/pipeline",
-                "api_key": "sk-unused",
-                "api_base": f"http://127.0.0.1:{gateway_port}/v1",
-            },
-        }
-    ]
-    with (
-        server_process(
-            "chat-pipeline serve",
-            serve_argv(config, gateway_port),
-            ready_url=f"http://127.0.0.1:{gateway_port}/readyz",
-            log_path=workdir / "gateway.log",
-            cwd=workdir,
-            env=_child_env({}),
-            timeout=60,
-        ),
-        running_litellm_proxy(models, workdir, "sk-in-front") as proxy,
-    ):
-        yield proxy
+    with server_process(
+        "chat-pipeline serve", serve_argv(config), cwd=workdir, env=_child_env({}), timeout=60
+    ) as gateway_url:
+        models = [
+            {
+                "model_name": MODEL,
+                "litellm_params": {
+                    "model": "openai/pipeline",
+                    "api_key": "sk-unused",
+                    "api_base": f"{gateway_url}/v1",
+                },
+            }
+        ]
+        with running_litellm_proxy(models, workdir, "sk-in-front") as proxy:
+            yield proxy
 
 
 @pytest.fixture

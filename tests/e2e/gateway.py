@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import openai
 
 from pipeline.testing import FakeOpenAIServer, FakeResponse
-from tests.e2e.servers import ServerProcess, free_port, serve_argv
+from tests.processes import UVICORN_PORT, ChildProcess, serve_argv
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class _Loop:
 @dataclass
 class GatewayRun:
     url: str
-    server: ServerProcess
+    server: ChildProcess
     primary: FakeOpenAIServer
     backup: FakeOpenAIServer
     _loop: _Loop
@@ -144,7 +144,7 @@ telemetry = true
 def running_gateway(
     workdir: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
 ) -> Iterator[GatewayRun]:
-    """``chat-pipeline serve`` (with `args`) on a free port, in front of two fake upstreams,
+    """``chat-pipeline serve`` (with `args`) on port 0, in front of two fake upstreams,
     until the block ends; ready once its startup is logged (it listens by then)."""
     loop = _Loop()
     primary, backup = FakeOpenAIServer(), FakeOpenAIServer()
@@ -152,17 +152,14 @@ def running_gateway(
         loop.run(primary.start())
         loop.run(backup.start())
         config = _config(workdir / "gateway.toml", primary, backup)
-        port = free_port()
-        server = ServerProcess(
-            "chat-pipeline serve",
-            serve_argv(config, port, *args),
-            env={**os.environ, **(env or {})},
-        )
-        try:
+        env = {**os.environ, **(env or {})}
+        # A group of its own: stopping it stops its workers too.
+        with ChildProcess(
+            "chat-pipeline serve", serve_argv(config, *args), env=env, own_group=True
+        ) as server:
+            port = server.wait_for_port(UVICORN_PORT, timeout)  # logged once bound
             server.wait_for_line("Application startup complete", timeout)
             yield GatewayRun(f"http://127.0.0.1:{port}", server, primary, backup, loop)
-        finally:
-            server.stop()
     finally:
         try:
             loop.run(primary.stop())

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from tests.e2e import gateway, scripted
 from tests.e2e.servers import Prometheus, poll, running_prometheus
+from tests.processes import require_module
 
 pytestmark = pytest.mark.e2e
 
@@ -68,7 +69,7 @@ def cases() -> list[Any]:
 
 
 def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
-    result = prometheus.query("sum(ai_route_attempts_total)")
+    result = prometheus.query("sum(ai_route_attempt_count_total)")
     return True if result and float(result[0]["value"][1]) == expected else None
 
 
@@ -86,6 +87,11 @@ def _scraped(prometheus: Prometheus, expected: int, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def library_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    require_module(
+        "opentelemetry.exporter.prometheus",
+        what="the Prometheus exporter (opentelemetry-exporter-prometheus)",
+        extra="e2e",
+    )
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, start_http_server
 

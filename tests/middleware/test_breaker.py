@@ -23,7 +23,8 @@ from pipeline.errors import (
     TransientProviderError,
 )
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
-from tests.middleware.breaker_replica import Burst, replica
+from tests.middleware.breaker_replica import Burst, Clock, replica
+from tests.middleware.remote_replica import remote
 from tests.otel import Otel
 from tests.redis_server import RedisServer, free_port
 
@@ -383,49 +384,21 @@ async def test_exactly_one_half_open_probe_across_two_processes(
     await tripper.aclose()
     later = T0 + timedelta(seconds=31)  # both replicas' clocks: past the reset timeout
     burst_size = 20
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.middleware.breaker_replica",
-        redis_url,
-        name,
-        later.isoformat(),
-        str(burst_size),
-        "1" if streaming else "0",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        cwd=REPO,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    stdin, stdout = process.stdin, process.stdout
-
-    async def said() -> list[str]:
-        return (await stdout.readline()).decode().split()
-
-    try:
-        # Bounds the other process; a working breaker never comes near it.
-        async with asyncio.timeout(60):
-            assert await said() == ["ready"]
-            client, inner = replica(redis_url, name, later)
-            stdin.write(b"go\n")
-            await stdin.drain()
-            burst = Burst(client, inner, burst_size, streaming)  # both bursts race
-            admitted_here, refused_here = await burst.settled()
-            word, admitted, word2, refused = await said()
-            assert (word, word2) == ("admitted", "refused")
-            # Exactly one probe between the two processes; every other call failed fast.
-            assert admitted_here + int(admitted) == 1
-            assert refused_here + int(refused) == 2 * burst_size - 1
-            stdin.write(b"release\n")
-            await stdin.drain()
-            served_here = await burst.finish()
-            word, served = await said()
-            assert served_here + int(served) == 1
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with remote("tests.middleware.breaker_replica", redis_url, name, "1") as other:
+        assert await other.ask(f"clock {later.isoformat()}") == ["ok"]
+        client, inner = replica(redis_url, name, later)
+        await other.send(f"burst {burst_size} ok {int(streaming)}")
+        burst = Burst(client, inner, burst_size, streaming)  # both bursts race
+        admitted_here, refused_here = await burst.settled()
+        word, admitted, word2, refused = await other.read()
+        assert (word, word2) == ("admitted", "refused")
+        # Exactly one probe between the two processes; every other call failed fast.
+        assert admitted_here + int(admitted) == 1
+        assert refused_here + int(refused) == 2 * burst_size - 1
+        await other.send("release")
+        served_here = await burst.finish()
+        word, served = await other.read()
+        assert served_here + int(served) == 1
     # The probe's success closed the shared circuit: a third replica is let through.
     third, third_inner = replica(redis_url, name, later)
     third_inner.gate.set()
@@ -433,6 +406,65 @@ async def test_exactly_one_half_open_probe_across_two_processes(
     assert third.state == "closed" and third_inner.calls == 1
     await client.aclose()
     await third.aclose()
+
+
+IN_FLIGHT = 1000  # calls in flight in each of two replicas (redis-py's default pool: 100)
+
+
+async def test_two_replicas_share_every_fact_with_1000_calls_in_flight_each(
+    redis_url: str,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    name = f"many-{request.node.name}"
+    fail_max = IN_FLIGHT * 3 // 2  # crossed only by the two replicas' failures together
+    clock = Clock(T0)
+    later = T0 + timedelta(seconds=31)
+    keys = redis_asyncio.Redis.from_url(redis_url)
+    prefix = f"chat_pipeline:breaker:{{{name}}}"
+    async with remote("tests.middleware.breaker_replica", redis_url, name, str(fail_max)) as other:
+        assert await other.ask(f"clock {T0.isoformat()}") == ["ok"]
+        client, inner = replica(redis_url, name, clock, fail_max)
+
+        async def both(outcome: str) -> tuple[int, int, int]:
+            """A burst in each replica at once; admitted, refused and served in total."""
+            await other.send(f"burst {IN_FLIGHT} {outcome} {int(streaming)}")
+            inner.failing = outcome == "fail"
+            burst = Burst(client, inner, IN_FLIGHT, streaming)
+            admitted, refused = await burst.settled()
+            word, admitted_there, word2, refused_there = await other.read()
+            assert (word, word2) == ("admitted", "refused")
+            await other.send("release")
+            served = await burst.finish()
+            word, served_there = await other.read()
+            return (
+                admitted + int(admitted_there),
+                refused + int(refused_there),
+                served + int(served_there),
+            )
+
+        # 1. Closed: every call of both replicas is let through, and every failure of
+        #    both counts in Redis (2,000 INCRs at once): the shared circuit opens once.
+        assert await both("fail") == (2 * IN_FLIGHT, 0, 0)
+        assert int(await keys.get(f"{prefix}:failures")) == 2 * IN_FLIGHT
+        assert await keys.get(f"{prefix}:opened") is not None
+        # 2. Past the reset timeout: exactly one half-open probe across both replicas for
+        #    2,000 calls in flight; it is served, every other call fails fast.
+        clock.now = later
+        assert await other.ask(f"clock {later.isoformat()}") == ["ok"]
+        assert await both("ok") == (1, 2 * IN_FLIGHT - 1, 1)
+        state, warnings_here = await other.ask("state"), len(breaker_warnings(caplog))
+    # The probe closed the shared circuit (and reset the count); Redis never looked down.
+    assert await keys.get(f"{prefix}:opened") is None
+    assert int(await keys.get(f"{prefix}:failures")) == 0
+    assert state[3] == "0" and warnings_here == 0, "a healthy Redis reported unavailable"
+    print(
+        f"\nbreaker: 2 replicas x {IN_FLIGHT} calls in flight: {2 * IN_FLIGHT} failures "
+        "counted, 1 probe, 0 Redis warnings"
+    )
+    await client.aclose()
+    await keys.aclose()
 
 
 async def test_a_cancelled_probe_gives_its_claim_back(

@@ -1,11 +1,14 @@
 import asyncio
+import logging
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
 
+from middleware import idempotency
 from middleware.function_invocation import FunctionInvokingChatClient, operation_scope, tool
 from middleware.idempotency import (
     Claim,
@@ -16,6 +19,9 @@ from middleware.idempotency import (
 )
 from pipeline import FunctionCallContent, FunctionResultContent
 from pipeline.testing import ScriptedChatClient, call_tools, collect, reply
+from tests.middleware.idempotency_replica import Charges, charges
+from tests.middleware.remote_replica import remote
+from tests.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,3 +166,126 @@ async def test_one_key_runs_once_across_two_processes(redis_url: str, streaming:
     assert tool_result.result == "charged here"
     await store.aclose()
     await redis.aclose()
+
+
+IN_FLIGHT = 1000  # tool calls in flight in each of two replicas (redis-py's default pool: 100)
+
+
+async def test_two_replicas_run_each_of_1000_concurrent_calls_once(
+    redis_url: str, streaming: bool
+) -> None:
+    namespace = f"idem-many-{uuid.uuid4().hex[:8]}"
+    here = charges(redis_url, namespace)
+    async with remote(
+        "tests.middleware.idempotency_replica", redis_url, namespace, "burst"
+    ) as other:
+        # The same 1,000 calls (one per operation) in both replicas at once.
+        await other.send(f"go {IN_FLIGHT} {int(streaming)}")
+        tasks = here.start(IN_FLIGHT, streaming)
+        started, waiting = await here.settled(IN_FLIGHT)
+        word, started_there, word2, waiting_there = await other.read()
+        assert (word, word2) == ("started", "waiting")
+        # Every call is in flight: each key is running in exactly one replica, and the
+        # other replica's call waits for that run.
+        assert started + int(started_there) == IN_FLIGHT
+        assert started + waiting == IN_FLIGHT == int(started_there) + int(waiting_there)
+        await other.send("release")
+        ok, failed = await here.finish(tasks)
+        answer = await other.read()
+    assert (ok, failed) == (IN_FLIGHT, 0)
+    assert answer[:4] == ["ok", str(IN_FLIGHT), "failed", "0"]
+    ran_there = [] if answer[5] == "-" else [int(a) for a in answer[5].split(",")]
+    assert sorted(here.ran + ran_there) == list(range(IN_FLIGHT)), "a call ran twice or never"
+    print(
+        f"\nidempotency: 2 replicas x {IN_FLIGHT} tool calls in flight: each ran once "
+        f"({started} here, {started_there} there), none failed"
+    )
+    await here.chat.aclose()
+    await here.store.aclose()
+
+
+async def test_claims_a_redis_stall_orphans_free_their_keys_after_the_lease(
+    redis_server: RedisServer, streaming: bool
+) -> None:
+    calls = 50
+    namespace = f"idem-stall-{uuid.uuid4().hex[:8]}"
+    # Connections opened and the claim script loaded first, so the claims below reach
+    # Redis's socket buffers during the stall: Redis takes them when it resumes, for
+    # callers long gone.
+    client = redis_asyncio.Redis.from_url(redis_server.url)
+    assert await asyncio.gather(*(client.ping() for _ in range(calls))) == [True] * calls
+    await client.script_load(idempotency._CLAIM)
+    store = RedisIdempotencyStore(client, namespace=namespace, timeout=0.3, lease=3.0)
+    charges = Charges(store)
+    charges.gate.set()  # the tool answers at once
+    redis_server.pause()
+    try:
+        ok, failed = await charges.finish(charges.start(calls, streaming))
+    finally:
+        redis_server.resume()
+    # Each call failed (its claim timed out: the tool did not run).
+    assert (ok, failed, charges.ran) == (0, calls, [])
+    keys = redis_asyncio.Redis.from_url(redis_server.url)
+    orphans = len(await keys.keys(f"{namespace}:*:claim"))
+    print(f"\nidempotency: {orphans} claims taken by Redis after their callers gave up")
+    assert orphans > 0, "the stall left no claim behind: nothing was tested"
+    # The same calls again (with a timeout a loaded machine cannot miss: the stall is over):
+    # each key is free within the lease, not after claim_ttl (300 s by default), and each
+    # call runs once.
+    after = RedisIdempotencyStore(redis_server.url, namespace=namespace, timeout=5)
+    again = Charges(after)
+    async with asyncio.timeout(30):
+        assert await again.finish(again.start(calls, streaming)) == (calls, 0)
+    assert sorted(again.ran) == list(range(calls))
+    for each in (charges, again):
+        await each.chat.aclose()
+        await each.store.aclose()
+    await keys.aclose()
+    await client.aclose()
+
+
+class TickingStore(RedisIdempotencyStore):
+    """Renews its claims when the test says so: each wait to renew is announced on
+    `waiting` (with its length), then lasts until a `tick`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting: asyncio.Queue[float] = asyncio.Queue()
+        self.ticks: asyncio.Queue[None] = asyncio.Queue()
+
+    async def _wait_to_renew(self, seconds: float) -> None:
+        self.waiting.put_nowait(seconds)
+        await self.ticks.get()
+
+
+async def test_a_redis_claim_is_a_lease_renewed_while_its_call_runs(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    namespace = f"idem-lease-{uuid.uuid4().hex[:8]}"
+    store = TickingStore(redis_url, namespace=namespace, lease=6)
+    keys = redis_asyncio.Redis.from_url(redis_url)
+    claim_key = f"{namespace}:k:claim"
+    claim = await store.claim("k", ttl=300)
+    assert 0 < await keys.pttl(claim_key) <= 6000  # the lease, not the claim's 300 s
+    assert await store.waiting.get() == pytest.approx(2)  # renewed every third of a lease
+    await keys.pexpire(claim_key, 500)  # nearly run out
+    store.ticks.put_nowait(None)
+    await store.waiting.get()  # renewed: waiting for the next renewal
+    assert 5000 < await keys.pttl(claim_key) <= 6000
+    # Completing stops the renewals and gives the claim up.
+    await store.complete(claim, "done")
+    assert await keys.exists(claim_key) == 0 and not store._renewals
+    # A claim that ran out (an outage longer than the lease) and was taken by another
+    # holder is not renewed over theirs; a warning says the call may run twice.
+    lost = await store.claim("k2", ttl=300)
+    await store.waiting.get()
+    await keys.set(f"{namespace}:k2:claim", "another holder")
+    with caplog.at_level(logging.WARNING, logger="chat_pipeline.tools"):
+        store.ticks.put_nowait(None)
+        await asyncio.gather(*store._renewals.values())
+    assert await keys.get(f"{namespace}:k2:claim") == b"another holder"
+    assert "claim ran out before the call finished" in caplog.text
+    await store.release(lost)  # not ours any more: left alone
+    assert await keys.get(f"{namespace}:k2:claim") == b"another holder"
+    await store.aclose()
+    await keys.aclose()

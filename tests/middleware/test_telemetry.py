@@ -1,6 +1,8 @@
 import contextlib
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 from opentelemetry import trace
@@ -199,3 +201,38 @@ async def test_no_content_reaches_spans_metrics_or_logs(
     assert len(otel.attempt_spans()) == 2
     assert [s for s in exported if CANARY in s] == []
     assert [r.getMessage() for r in caplog.records if CANARY in r.getMessage()] == []
+
+
+def test_importing_the_telemetry_layer_loads_no_router() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, middleware.telemetry;"
+            "print(sorted(m for m in sys.modules if m.startswith('middleware.routing')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
+
+
+async def test_scopes_carry_the_version_and_the_semconv_schema(otel: Otel) -> None:
+    from pipeline import __version__
+    from pipeline._semconv import SCHEMA_URL
+
+    await chat(otel, reply("ok")).get_response("hi")
+    (span,) = otel.finished()
+    scope = span.instrumentation_scope
+    assert scope is not None
+    expected = ("chat_pipeline", __version__, SCHEMA_URL)
+    assert (scope.name, scope.version, scope.schema_url) == expected
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    scopes = {
+        (s.scope.name, s.scope.version, s.scope.schema_url)
+        for resource in data.resource_metrics
+        for s in resource.scope_metrics
+    }
+    assert scopes == {expected}

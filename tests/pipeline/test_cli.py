@@ -46,7 +46,7 @@ def test_demo_exports_metrics_too(receiver: Receiver) -> None:
     metrics = receiver.metrics()
     attempts = {
         (a["ai.route.name"], a["ai.route.outcome"]): p.as_int
-        for p in metrics["ai.route.attempts"]
+        for p in metrics["ai.route.attempt.count"]
         for a in [_attributes(p)]
     }
     # Two requests (streamed, then whole), each failing over from primary to backup.

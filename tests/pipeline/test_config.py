@@ -1,13 +1,34 @@
+import inspect
+import os
 import textwrap
+import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from middleware.function_invocation import tool
+from middleware.retry import RetrySettings
 from pipeline import ChatOptions, ChatPipeline
-from pipeline.config import build_pipeline, merge
-from pipeline.errors import ConfigError
-from pipeline.testing import FakeOpenAIServer, collect
+from pipeline._semconv import BREAKER_NAME, BREAKER_TO, STATE_CHANGE_METRIC
+from pipeline.config import (
+    AffinityConfig,
+    AnthropicRouteConfig,
+    AzureOpenAIRouteConfig,
+    BreakerConfig,
+    LayersConfig,
+    OllamaRouteConfig,
+    OpenAIRouteConfig,
+    ScriptedRouteConfig,
+    TieredRouterConfig,
+    build_pipeline,
+    load_config,
+    merge,
+    parse_config,
+)
+from pipeline.errors import ConfigError, ProviderError
+from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+from tests.otel import Otel
 
 BASE = """
 [routes.small]
@@ -137,6 +158,33 @@ async def test_single_route_needs_no_router_and_real_http(
         ).text == "Hello from the fake server."
         assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
         await chat.aclose()
+
+
+async def test_the_breakers_of_config_built_routes_report_to_the_given_providers(
+    tmp_path: Path, otel: Otel
+) -> None:
+    async with FakeOpenAIServer() as server:
+        path = write(
+            tmp_path,
+            f"""
+            [routes.main]
+            provider = "openai"
+            model = "gpt-test"
+            base_url = "{server.base_url}"
+            breaker = {{ fail_max = 1 }}
+            """,
+        )
+        config = load_config(path)
+        for chat in (
+            config.build(**otel.providers),
+            config.build_route("main", **otel.providers).client,
+        ):
+            server.script(FakeResponse.error(503))
+            with pytest.raises(ProviderError):
+                await chat.get_response("hi")
+            await chat.aclose()
+    # Each breaker opened once, on the providers given, not the global ones.
+    assert otel.total(STATE_CHANGE_METRIC, **{BREAKER_NAME: "main", BREAKER_TO: "open"}) == 2
 
 
 async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None:
@@ -426,3 +474,251 @@ async def test_an_anthropic_route_and_max_tokens_field(
     bad = {"routes": {"a": {"provider": "anthropic", "model": "m", "max_tokens": 0}}}
     with pytest.raises(ConfigError, match=r"routes\.a\.max_tokens: expected at least 1"):
         build_pipeline(bad)
+
+
+# -- typed tables ----------------------------------------------------------------------------
+
+
+def semantic(embeddings: dict[str, Any]) -> dict[str, Any]:
+    """Two scripted routes under a semantic router with these `embeddings`."""
+    return {
+        "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+        "router": {
+            "kind": "semantic",
+            "default": "a",
+            "profiles": {"b": ["x"]},
+            "embeddings": embeddings,
+        },
+    }
+
+
+def test_routes_and_routers_are_typed_by_their_discriminator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BREAKER_REDIS", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AZURE_OPENAI_API_KEY", "azure-key")
+    config = parse_config(
+        {
+            "routes": {
+                "a": {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"},
+                "b": {
+                    "provider": "azure_openai",
+                    "endpoint": "https://x.openai.azure.com",
+                    "deployment": "d",
+                    "breaker": {"fail_max": 2, "redis_url_env": "BREAKER_REDIS"},
+                },
+                "c": {"provider": "ollama", "model": "llama"},
+                "d": {"provider": "anthropic", "model": "claude", "base_url": "http://127.0.0.1:9"},
+                "e": {"provider": "scripted", "reply": "hi", "retry": {"max_attempts": 2}},
+            },
+            "router": {"kind": "tiered", "default": "e", "affinity": {"ttl": 60}},
+        }
+    )
+    assert {name: type(table) for name, table in config.routes.items()} == {
+        "a": OpenAIRouteConfig,
+        "b": AzureOpenAIRouteConfig,
+        "c": OllamaRouteConfig,
+        "d": AnthropicRouteConfig,
+        "e": ScriptedRouteConfig,
+    }
+    b = config.routes["b"]
+    assert isinstance(b, AzureOpenAIRouteConfig) and isinstance(b.breaker, BreakerConfig)
+    assert (b.api_version, b.breaker.fail_max, b.breaker.redis_url_env) == (
+        "2024-10-21",
+        2,
+        "BREAKER_REDIS",
+    )
+    assert config.routes["e"].retry == RetrySettings(max_attempts=2)
+    assert isinstance(config.router, TieredRouterConfig)
+    assert isinstance(config.router.affinity, AffinityConfig) and config.router.affinity.ttl == 60
+    assert config.router.sticky_sessions is True
+    assert config.layers == LayersConfig()
+
+
+@pytest.mark.parametrize(
+    ("data", "problems"),
+    [
+        (
+            {"routes": {"a": {"model": "m"}}},
+            {
+                "routes.a.provider": "is required (one of "
+                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'])"
+            },
+        ),
+        (
+            {"routes": {"a": {"provider": "opnai", "model": "m"}}},
+            {
+                "routes.a.provider": "expected one of "
+                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], got 'opnai'; "
+                "did you mean 'openai'?"
+            },
+        ),
+        (
+            {"routes": {"a": {"provider": 7}}},
+            {
+                "routes.a.provider": "expected one of "
+                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], got int"
+            },
+        ),
+        (
+            {"routes": {"a": {"provider": "scripted", "breaker": {"fail_mx": 2}}}},
+            {"routes.a.breaker.fail_mx": "unknown setting; did you mean 'fail_max'?"},
+        ),
+        (
+            {"routes": {"a": {"provider": "scripted", "retry": {"max_atempts": 2}}}},
+            {"routes.a.retry.max_atempts": "unknown setting; did you mean 'max_attempts'?"},
+        ),
+        (
+            {
+                "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+                "router": {"kind": "ordred", "order": ["a", "b"]},
+            },
+            {
+                "router.kind": "expected one of ['ordered', 'balanced', 'tiered', 'semantic'], got "
+                "'ordred'; did you mean 'ordered'?"
+            },
+        ),
+        (
+            semantic({"provider": "hashing", "dimensions": 1, "dimensionz": 3}),
+            {
+                "router.embeddings.dimensions": "expected at least 2, got 1",
+                "router.embeddings.dimensionz": "unknown setting; did you mean 'dimensions'?",
+            },
+        ),
+        (
+            semantic({"provider": "hashin"}),
+            {
+                "router.embeddings.provider": "expected one of ['hashing', 'openai'], got "
+                "'hashin'; did you mean 'hashing'?"
+            },
+        ),
+        (
+            semantic({}),
+            {"router.embeddings.provider": "is required (one of ['hashing', 'openai'])"},
+        ),
+        (
+            {
+                "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+                "router": {"kind": "semantic", "default": "a", "fallback": {"a": ["zz"]}},
+            },
+            {
+                "router.fallback": "unknown setting",
+                "router.profiles": "is required",
+                "router.embeddings": "is required",
+            },
+        ),
+    ],
+)
+def test_tags_are_checked_and_never_part_of_a_key_path(
+    data: dict[str, Any], problems: dict[str, str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert dict(caught.value.problems) == problems
+
+
+def _default(function: Any, parameter: str) -> Any:
+    return inspect.signature(function).parameters[parameter].default
+
+
+def test_provider_settings_defaults_are_the_constructors() -> None:
+    from middleware.routing.tiered import TieredRoutingChatClient
+    from pipeline.providers import (
+        AnthropicChatClient,
+        AzureOpenAIChatClient,
+        HashingEmbeddingGenerator,
+        OllamaChatClient,
+        OpenAIChatClient,
+        OpenAIEmbeddingGenerator,
+    )
+    from pipeline.providers._chat_completions import MAX_TOKENS_FIELDS
+    from pipeline.providers._settings import (
+        AnthropicSettings,
+        AzureOpenAISettings,
+        ChatCompletionsSettings,
+        HashingEmbeddingsSettings,
+        HTTPProviderSettings,
+        OllamaSettings,
+        OpenAIEmbeddingsSettings,
+        OpenAISettings,
+        ScriptedSettings,
+    )
+    from pipeline.testing import ScriptedChatClient
+
+    def field(settings: type[Any], name: str) -> Any:
+        return settings.model_fields[name].default
+
+    pairs = [
+        (OpenAISettings, "base_url", OpenAIChatClient, "base_url"),
+        (OllamaSettings, "base_url", OllamaChatClient, "base_url"),
+        (AnthropicSettings, "base_url", AnthropicChatClient, "base_url"),
+        (AnthropicSettings, "max_tokens", AnthropicChatClient, "max_tokens"),
+        (AnthropicSettings, "anthropic_version", AnthropicChatClient, "anthropic_version"),
+        (AzureOpenAISettings, "api_version", AzureOpenAIChatClient, "api_version"),
+        (ScriptedSettings, "model", ScriptedChatClient, "model_id"),
+        (HashingEmbeddingsSettings, "dimensions", HashingEmbeddingGenerator, "dimensions"),
+        (OpenAIEmbeddingsSettings, "base_url", OpenAIEmbeddingGenerator, "base_url"),
+        (TieredRouterConfig, "sticky_sessions", TieredRoutingChatClient, "sticky_sessions"),
+    ]
+    for client in (OpenAIChatClient, AnthropicChatClient):
+        pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
+        pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
+    pairs.append(
+        (ChatCompletionsSettings, "max_tokens_field", OpenAIChatClient, "max_tokens_field")
+    )
+    for settings, name, constructor, parameter in pairs:
+        assert field(settings, name) == _default(constructor, parameter), (settings, name)
+    keyed = {
+        OpenAISettings: OpenAIChatClient,
+        AzureOpenAISettings: AzureOpenAIChatClient,
+        AnthropicSettings: AnthropicChatClient,
+        OpenAIEmbeddingsSettings: OpenAIChatClient,
+    }
+    for settings, client in keyed.items():
+        assert settings.default_key_variable == client.api_key_env
+    assert OllamaChatClient.api_key_env is None
+    assert OllamaSettings(model="m").key_variable() is None
+    allowed = typing.get_args(ChatCompletionsSettings.model_fields["max_tokens_field"].annotation)
+    assert typing.get_args(allowed[0]) == MAX_TOKENS_FIELDS
+
+
+async def test_an_unset_timeout_keeps_the_constructors_default() -> None:
+    from pipeline.providers import AnthropicChatClient, OpenAIChatClient
+
+    local = "http://127.0.0.1:9"
+    pairs = [
+        (OpenAIRouteConfig(model="m", base_url=local), OpenAIChatClient("m", api_key="k")),
+        (AnthropicRouteConfig(model="m", base_url=local), AnthropicChatClient("m", api_key="k")),
+    ]
+    slow = OpenAIRouteConfig(model="m", base_url=local, timeout=300).client("slow", None)
+    try:
+        for table, constructed in pairs:
+            client = table.client("a", None)
+            assert client._transport.timeout == constructed._transport.timeout  # type: ignore[attr-defined]
+            await client.aclose()
+        assert slow._transport.timeout.read == 300  # type: ignore[attr-defined]
+    finally:
+        for _, constructed in pairs:
+            await constructed.aclose()
+        await slow.aclose()
+
+
+def test_loading_without_a_semantic_router_does_not_import_numpy() -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
+    code = (
+        "import sys; from pipeline.config import load_config, parse_config;"
+        f"config = load_config({str(example)!r}); loaded = 'numpy' in sys.modules;"
+        "config.build(); built = 'numpy' in sys.modules;"
+        f"semantic = parse_config({semantic({'provider': 'hashing'})!r});"
+        "parsed = 'numpy' in sys.modules;"
+        "semantic.build(); print(loaded, built, parsed, 'numpy' in sys.modules)"
+    )
+    environment = {**os.environ, "OPENAI_API_KEY": "sk-test"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environment
+    )
+    # Only building a semantic router loads numpy.
+    assert done.stdout.split() == ["False", "False", "False", "True"]

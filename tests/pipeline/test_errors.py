@@ -1,4 +1,5 @@
 import asyncio
+import re
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -188,6 +189,65 @@ def test_an_error_class_is_its_kind() -> None:
     assert RateLimitedError(kind=FailureKind.RATE_LIMITED).kind is FailureKind.RATE_LIMITED
     with pytest.raises(AttributeError):
         chosen.kind = FailureKind.TRANSIENT  # type: ignore[misc]
+
+
+def test_a_kind_given_as_its_value_is_that_kind() -> None:
+    # A string equal to the kind's value names the kind: no contradiction.
+    error = RateLimitedError("slow down", kind="rate_limited", status_code=429)
+    assert type(error) is RateLimitedError and error.kind is FailureKind.RATE_LIMITED
+    chosen = ProviderError(kind="transient")
+    assert type(chosen) is TransientProviderError and chosen.kind is FailureKind.TRANSIENT
+    assert type(ProviderError(kind="unknown")) is ProviderError
+
+
+def test_a_contradicting_kind_still_raises_given_as_a_value_too() -> None:
+    with pytest.raises(TypeError, match="kind=transient contradicts it"):
+        RateLimitedError(kind="transient")
+    with pytest.raises(TypeError, match="kind=rate_limited contradicts it"):
+        ResponseValidationError(kind=FailureKind.RATE_LIMITED)
+
+
+def test_an_unknown_kind_is_a_value_error_naming_the_kinds() -> None:
+    with pytest.raises(ValueError, match=r"unknown failure kind 'slow'; expected one of \['rate_l"):
+        ProviderError(kind="slow")
+
+
+def test_every_error_class_lives_here_and_in_the_tree() -> None:
+    import pipeline.errors as errors
+
+    classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, BaseException)
+    ]
+    assert {c.__module__ for c in classes} == {"pipeline.errors"}
+    assert errors.__doc__ is not None
+    tree = set(re.findall(r"\w+", errors.__doc__.split("`classify(exc)`")[0]))
+    for cls in classes:
+        assert cls.__name__ in errors.__all__
+        assert issubclass(cls, ChatPipelineError)
+        assert cls.__name__ in tree
+
+
+def test_errors_defined_here_are_still_importable_where_they_were_public() -> None:
+    from middleware.function_invocation import ToolArgumentsError as from_loop
+    from middleware.tools import ToolArgumentsError as from_tools
+    from pipeline.errors import ToolArgumentsError, WireError
+    from pipeline.gateway.wire import WireError as from_wire
+
+    assert from_tools is from_loop is ToolArgumentsError and from_wire is WireError
+    assert issubclass(ToolArgumentsError, ValueError)
+
+
+def test_wire_error_is_the_openai_error_body_and_its_wait() -> None:
+    from pipeline.errors import WireError
+
+    error = WireError(429, "slow down", type="rate_limit_error", code="rate", retry_after=1.2)
+    assert error.body() == (
+        b'{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":"rate"}}'
+    )
+    assert error.headers() == [(b"retry-after", b"2")]
+    assert WireError(400, "bad", param="x").headers() == []
 
 
 @pytest.mark.parametrize(

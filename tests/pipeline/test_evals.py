@@ -18,7 +18,15 @@ from pipeline import ChatMessage, ChatOptions, ChatResponseUpdate, TextContent, 
 from pipeline.cli import main
 from pipeline.client import ChatClientMetadata
 from pipeline.errors import ConfigError, TransientProviderError
-from pipeline.evals import EvalCase, Expectation, parse_cases, run_eval
+from pipeline.evals import (
+    MAX_LINE_BYTES,
+    MAX_REPORTED_PROBLEMS,
+    EvalCase,
+    Expectation,
+    load_cases,
+    parse_cases,
+    run_eval,
+)
 from pipeline.testing import FakeOpenAIServer, FakeResponse, ScriptedChatClient, fail, hang, reply
 
 CANARY = "CANARY-eval-91c2"
@@ -312,6 +320,89 @@ async def test_bad_arguments_are_refused() -> None:
         await run_eval({"r": ScriptedChatClient()}, one, routes="r")
 
 
+# -- hostile inputs ------------------------------------------------------------------------
+
+
+def test_a_flood_of_bad_lines_gives_a_bounded_message() -> None:
+    lines = ["x" * 30] * 200_000
+    with pytest.raises(ConfigError) as caught:
+        parse_cases(lines, "cases.jsonl")
+    problems = caught.value.problems
+    assert len(problems) == MAX_REPORTED_PROBLEMS + 1
+    assert [path for path, _ in problems[:3]] == [
+        "cases.jsonl line 1",
+        "cases.jsonl line 2",
+        "cases.jsonl line 3",
+    ]
+    assert problems[-1] == (
+        "cases.jsonl",
+        f"... and {200_000 - MAX_REPORTED_PROBLEMS:,} more problems (the first "
+        f"{MAX_REPORTED_PROBLEMS} are listed)",
+    )
+    assert len(str(caught.value)) < 4_000
+
+
+async def test_a_flood_of_unknown_validators_gives_a_bounded_message() -> None:
+    cases = [
+        EvalCase(f"c{i}", [ChatMessage.user("x")], expect=Expectation("Nope")) for i in range(5_000)
+    ]
+    client = ScriptedChatClient(reply(GOOD))
+    with pytest.raises(ConfigError) as caught:
+        await run_eval({"r": client}, cases)
+    assert len(caught.value.problems) == MAX_REPORTED_PROBLEMS + 1
+    assert caught.value.problems[-1][1].startswith("... and 4,980 more problems")
+    assert client.call_count == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_catastrophic_regex_is_cut_at_the_request_timeout() -> None:
+    # ^(a+)+$ against "aaaa...b" backtracks exponentially: years for 64 letters.
+    route = ScriptedChatClient(reply("a" * 64 + "b"), name="r")
+    cases = [
+        EvalCase("hang", [ChatMessage.user("x")], expect=Expectation(regex="^(a+)+$")),
+        EvalCase("fine", [ChatMessage.user("x")], expect=Expectation(regex="a+b$")),
+        EvalCase("miss", [ChatMessage.user("x")], expect=Expectation(regex="^b")),
+    ]
+    report = await run_eval({"r": route}, cases, request_timeout=1.0, concurrency=1)
+    outcome = {r.case_id: (r.passed, r.failure, r.reason) for r in report.results}
+    assert outcome == {
+        "hang": (False, "expectation", "the expected regex did not finish within 1 s"),
+        "fine": (True, None, None),
+        "miss": (False, "expectation", "does not match the expected regex"),
+    }
+
+
+def test_an_endless_line_is_a_bounded_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_cases("/dev/zero")
+    assert str(caught.value) == (
+        f"zero line 1: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB (the limit of a case line)"
+    )
+
+
+def test_a_case_file_over_the_size_limit_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipeline.evals
+
+    monkeypatch.setattr(pipeline.evals, "MAX_CASES_BYTES", 1000)
+    path = tmp_path / "cases.jsonl"
+    path.write_text('{"id": "a", "messages": "hi"}\n' * 100)
+    with pytest.raises(ConfigError) as caught:
+        load_cases(path)
+    assert str(caught.value) == "cases.jsonl: larger than 1000 bytes (the limit of a case file)"
+    path.write_text('{"id": "a", "messages": "hi"}\n')
+    assert [case.id for case in load_cases(path)] == ["a"]
+
+
+def test_a_case_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "cases.jsonl"
+    path.write_bytes(b'{"id": "a", "messages": "hi"}\n{"id": "b", "messages": "\xff"}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_cases(path)
+    assert str(caught.value) == "cases.jsonl line 2: not UTF-8 text (byte 25)"
+
+
 # -- from configuration, over real HTTP ----------------------------------------------------
 
 
@@ -502,3 +593,34 @@ def test_progress_is_shown_on_a_terminal_only(
     assert run("--validators", "eval_models:MODELS") == 0
     err = capsys.readouterr().err
     assert err.count("\reval: ") == 4 and err.endswith("\reval: 4/4 requests\n")
+
+
+def test_an_unwritable_json_path_is_refused_before_any_case_runs(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (project / "out.json").write_text("previous results\n")
+    for target in ("no-such-folder/out.json", "cases.jsonl/out.json", "."):
+        assert run("--validators", "eval_models:MODELS", "--json", target) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""  # no case ran: the table is printed after the last one
+        assert captured.err.startswith(f"cannot write {target}: ")
+    # A run that fails leaves the previous results in place, and no file it created.
+    assert run("--json", "out.json") == 2
+    assert (project / "out.json").read_text() == "previous results\n"
+    assert run("--json", "new.json") == 2
+    assert not (project / "new.json").exists()
+    assert run("--validators", "eval_models:MODELS", "--json", "out.json") == 0
+    assert [r["route"] for r in json.loads((project / "out.json").read_text())["routes"]] == [
+        "json",
+        "prose",
+    ]
+
+
+def test_the_command_refuses_an_endless_case_file(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["eval", "--config", "pipeline.toml", "--cases", "/dev/zero"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "configuration error: zero line 1: longer than 4 MiB (the limit of a case line)\n"
+    )

@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from pipeline import (
@@ -7,6 +9,7 @@ from pipeline import (
     ChatResponseUpdate,
     ChatRole,
     DataContent,
+    FinishReason,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
@@ -18,6 +21,36 @@ from pipeline.types import as_messages
 def test_role_is_str_enum() -> None:
     assert ChatRole("user") is ChatRole.USER
     assert ChatRole.TOOL == "tool"
+
+
+def test_finish_reason_is_a_str_enum_of_the_chat_completions_values() -> None:
+    assert [r.value for r in FinishReason] == ["stop", "length", "tool_calls", "content_filter"]
+    assert FinishReason.STOP == "stop" and f"{FinishReason.LENGTH}" == "length"
+    response = ChatResponse(finish_reason=FinishReason.TOOL_CALLS)
+    assert response.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("reason", "expected"),
+    [
+        ("stop", FinishReason.STOP),
+        ("length", FinishReason.LENGTH),
+        ("tool_calls", FinishReason.TOOL_CALLS),
+        ("content_filter", FinishReason.CONTENT_FILTER),
+        ("function_call", FinishReason.TOOL_CALLS),
+        ("end_turn", FinishReason.STOP),
+        ("stop_sequence", FinishReason.STOP),
+        ("pause_turn", FinishReason.STOP),
+        ("max_tokens", FinishReason.LENGTH),
+        ("model_context_window_exceeded", FinishReason.LENGTH),
+        ("tool_use", FinishReason.TOOL_CALLS),
+        ("refusal", FinishReason.CONTENT_FILTER),
+        ("something_new", None),
+        (None, None),
+    ],
+)
+def test_finish_reason_of_a_providers_value(reason: str | None, expected: object) -> None:
+    assert FinishReason.of(reason) is expected
 
 
 def test_message_constructors_and_text() -> None:
@@ -99,6 +132,84 @@ def test_options_clone_is_independent() -> None:
     assert options.tools == ["t"]
     assert options.response_format["schema"]["a"] == 1
     assert options.additional_properties == {"nested": {"k": [1]}}
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """``{"a": [{"a": [... {} ...]}]}``: `depth` dicts, each holding the next in a list."""
+    root: dict[str, Any] = {}
+    current = root
+    for _ in range(depth - 1):
+        inner: dict[str, Any] = {}
+        current["a"] = [inner]
+        current = inner
+    return root
+
+
+def depth_of(value: dict[str, Any]) -> int:
+    depth = 1
+    while value:
+        value = value["a"][0]
+        depth += 1
+    return depth
+
+
+@pytest.mark.parametrize("depth", [800, 100_000])
+def test_clone_copies_json_nested_at_any_depth(depth: int) -> None:
+    # copy.deepcopy recursed once per level and failed from about 500 levels on.
+    deep = nested(depth)
+    options = ChatOptions(response_format=deep, additional_properties={"deep": deep})
+    clone = options.clone()
+    assert depth_of(clone.response_format) == depth
+    assert depth_of(clone.additional_properties["deep"]) == depth
+    inner = clone.response_format
+    while inner:
+        assert inner is not deep
+        inner, deep = inner["a"][0], deep["a"][0]
+    inner["changed"] = True
+    assert deep == {}
+
+
+def test_clone_keeps_shared_and_self_referring_structure_and_shares_other_values() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    schema["self"] = schema
+    model = object()
+    shared = [1]
+    options = ChatOptions(
+        response_format=schema, additional_properties={"x": shared, "y": shared, "m": model}
+    )
+    clone = options.clone()
+    assert (
+        clone.response_format is not schema
+        and clone.response_format["self"] is clone.response_format
+    )
+    copied = clone.additional_properties
+    assert copied["x"] is copied["y"] and copied["x"] is not shared and copied["x"] == [1]
+    assert copied["m"] is model
+
+
+def test_tool_definitions_are_the_core_tool_type() -> None:
+    from collections.abc import Mapping
+
+    from middleware.tools import tool
+    from pipeline import ChatTool, ToolDefinition
+
+    @tool
+    def lookup(query: str) -> str:
+        """Look it up."""
+        return query
+
+    class Described:
+        def __init__(self) -> None:
+            self.name = "described"
+            self.description = None
+            self.parameters = {"type": "object", "properties": {}}
+
+    openai_format = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    messages_format = {"name": "g", "input_schema": {"type": "object"}}
+    tools: list[ChatTool] = [lookup, Described(), openai_format, messages_format]
+    assert ChatOptions(tools=tools).clone().tools == tools
+    assert [isinstance(t, ToolDefinition) for t in tools] == [True, True, False, False]
+    assert [isinstance(t, Mapping) for t in tools] == [False, False, True, True]
 
 
 def test_options_with_replaces_fields_on_a_clone() -> None:

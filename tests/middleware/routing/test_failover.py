@@ -657,7 +657,8 @@ async def test_a_hanging_route_is_cut_by_the_attempt_timeout(streaming: bool) ->
     from pipeline.errors import AttemptTimeoutError
 
     primary, backup = routes(hang(), reply("backup"))
-    router = RecordingFailover([primary, backup], attempt_timeout=0.01)
+    # The backup's attempt has the same limit: wide enough that it always answers in time.
+    router = RecordingFailover([primary, backup], attempt_timeout=0.5)
     result = await collect(router, "hi", streaming=streaming)
     assert result.error is None and result.text == "backup"
     first = router.updates[0][0]
@@ -671,7 +672,8 @@ async def test_a_hanging_route_is_cut_by_the_attempt_timeout(streaming: bool) ->
 
 async def test_the_time_kept_for_the_backup_cuts_a_hanging_primary(streaming: bool) -> None:
     primary, backup = routes(hang(), reply("backup"))
-    router = RecordingFailover([primary, backup], request_timeout=0.5, min_attempt_budget=0.45)
+    # The primary is cut after 0.1 s; the backup keeps 4.9 s, far more than it needs.
+    router = RecordingFailover([primary, backup], request_timeout=5.0, min_attempt_budget=4.9)
     result = await collect(router, "hi", streaming=streaming)
     assert result.text == "backup"
     assert router.summary() == [
@@ -694,12 +696,19 @@ async def test_the_request_deadline_is_a_typed_timeout(streaming: bool) -> None:
 async def test_the_attempt_timeout_ends_at_the_first_update() -> None:
     from pipeline.errors import RequestTimeoutError
 
+    now = [0.0]
     primary, backup = routes(hang(after=["a"]), reply("backup"))
-    router = RecordingFailover([primary, backup], attempt_timeout=0.005, request_timeout=0.05)
+    # Deadlines are on the router's clock. The first update has 60 s to come; then the
+    # clock jumps past the attempt's limit, leaving the request 0.05 s: were the attempt
+    # limit still applied, it would cut the attempt at once, as an attempt timeout.
+    router = RecordingFailover(
+        [primary, backup], attempt_timeout=60.0, request_timeout=100.05, clock=lambda: now[0]
+    )
     received: list[str] = []
     with pytest.raises(RequestTimeoutError):
         async for update in router.get_streaming_response("hi"):
             received.append(update.text)
+            now[0] = 100.0
     # Once output is committed only the request deadline applies, and nothing fails over.
     assert received == ["a"]
     assert backup.call_count == 0
@@ -712,7 +721,8 @@ async def test_a_hanging_primary_opens_its_breaker_then_the_backup_serves_at_onc
     primary = ScriptedChatClient(hang(), name="primary")
     backup = ScriptedChatClient(reply("backup"), name="backup")
     guarded = ChatPipeline.builder().use_circuit_breaker(fail_max=2).build(primary, name="primary")
-    router = RecordingFailover([guarded, backup], attempt_timeout=0.01)
+    # The backup's attempt has the same limit: wide enough that it always answers in time.
+    router = RecordingFailover([guarded, backup], attempt_timeout=0.5)
     for _ in range(2):
         assert (await collect(router, "hi", streaming=streaming)).text == "backup"
     assert primary.call_count == 2
@@ -766,3 +776,37 @@ async def test_route_instructions_come_first_without_a_system_message(streaming:
 def test_route_instructions_are_validated() -> None:
     with pytest.raises(ValueError, match="instructions must be a non-empty string"):
         Route("r", ScriptedChatClient(), instructions="")
+
+
+@pytest.mark.parametrize(("depth", "sent"), [(600, True), (100_000, False)])
+async def test_deeply_nested_options_are_sent_or_refused_with_a_typed_error(
+    streaming: bool, depth: int, sent: bool
+) -> None:
+    """Options are cloned per request and per attempt without recursion: JSON the wire can
+    carry is sent; JSON too deep to encode is refused before sending, as the caller's
+    mistake (`UnsendableRequestError`), never a `RecursionError`, and not failed over."""
+    from pipeline.errors import UnsendableRequestError
+    from pipeline.providers import OpenAIChatClient
+    from pipeline.testing import FakeOpenAIServer
+
+    deep: dict[str, object] = {}
+    current = deep
+    for _ in range(depth - 1):
+        inner: dict[str, object] = {}
+        current["a"] = inner
+        current = inner
+    options = ChatOptions(additional_properties={"metadata": deep})
+    async with FakeOpenAIServer() as server:
+        backup = ScriptedChatClient(reply("backup"), name="backup")
+        primary = OpenAIChatClient("m", api_key="k", base_url=server.base_url, name="primary")
+        router = RecordingFailover([primary, backup])
+        result = await collect(router, "hi", options, streaming=streaming)
+        await primary.aclose()
+    if sent:
+        assert result.error is None and len(server.requests) == 1
+    else:
+        assert isinstance(result.error, UnsendableRequestError)
+        assert server.requests == []
+    assert backup.call_count == 0
+    outcome = "completed" if sent else "failed_before_output"
+    assert router.summary() == [("primary", outcome, True)]  # terminal: not failed over

@@ -4,7 +4,7 @@ terminal, and every stream a route opened is closed."""
 
 import contextlib
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import RequestInvalidError, TransientProviderError
@@ -32,7 +32,6 @@ def step(route: int, behaviour: tuple[str, object]) -> ScriptStep:
     return reply("".join(chunks), chunks=chunks).failing_on_close(TransientProviderError())
 
 
-@settings(max_examples=150, deadline=None)
 @given(
     routes=st.lists(behaviours, min_size=1, max_size=4),
     streaming=st.booleans(),

@@ -44,7 +44,7 @@ async def test_success_is_one_completed_attempt(otel: Otel, streaming: bool) -> 
     assert attributes["ai.route.duration"] >= 0
     assert attributes["ai.route.time_to_first_update"] >= 0
     assert "error.type" not in attributes
-    assert otel.total("ai.route.attempts", **{"ai.route.outcome": "completed"}) == 1
+    assert otel.total("ai.route.attempt.count", **{"ai.route.outcome": "completed"}) == 1
     assert otel.total("ai.route.backup_calls") == 0
 
 
@@ -58,7 +58,7 @@ async def test_failure_before_output_is_two_attempts(otel: Otel, streaming: bool
     first = otel.attempt_spans()[0]
     assert first.status.status_code is StatusCode.ERROR and not first.status.description
     assert (first.attributes or {})["error.type"] == "TransientProviderError"
-    assert otel.total("ai.route.attempts") == 2
+    assert otel.total("ai.route.attempt.count") == 2
     assert otel.total("ai.route.backup_calls", **{"ai.route.name": "r1"}) == 1
 
 

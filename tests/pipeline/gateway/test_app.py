@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 from middleware.routing._telemetry import ROUTE_OUTCOME
-from pipeline.gateway._telemetry import CLIENT_DISCONNECTED
+from pipeline._semconv import CLIENT_DISCONNECTED
 from pipeline.gateway.app import SESSION_HEADER
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel

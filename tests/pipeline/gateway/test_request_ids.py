@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from pipeline.gateway._telemetry import REQUEST_ID
+from pipeline._semconv import GATEWAY_REQUEST_ID
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import config, keyed, running
@@ -51,9 +51,9 @@ async def test_the_sdk_gets_a_request_id_for_answers_streams_and_errors(
         await client.close()
     # The server span carries both ids: the one the client holds finds its trace.
     answered, failed = [s for s in otel.finished() if s.name == "POST /v1/chat/completions"]
-    assert answered.attributes[REQUEST_ID] == (request_id,)
+    assert answered.attributes[GATEWAY_REQUEST_ID] == (request_id,)
     assert answered.attributes["gen_ai.response.id"] == response_id
-    assert failed.attributes[REQUEST_ID] == (error_id,)
+    assert failed.attributes[GATEWAY_REQUEST_ID] == (error_id,)
 
 
 async def test_a_valid_incoming_id_is_kept_and_an_invalid_one_replaced(

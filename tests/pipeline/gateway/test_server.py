@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
 from pipeline.testing import FakeOpenAIServer, FakeResponse
-from tests.e2e.servers import ServerProcess, serve_argv
 from tests.otel import Receiver
+from tests.processes import UVICORN_PORT, ChildProcess, StartError, serve_argv
 
 pytestmark = pytest.mark.gateway
 
@@ -30,21 +29,15 @@ MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 SERVER_SPAN_KIND = 2  # SPAN_KIND_SERVER in OTLP
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Serving:
-    def __init__(self, server: ServerProcess, port: int) -> None:
+    def __init__(self, server: ChildProcess, port: int) -> None:
         self.server = server
         self.process = server.process
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
 
     def log(self) -> str:
-        return "".join(self.server.lines)
+        return self.server.output()
 
     def client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -76,24 +69,37 @@ def serving(
     timeout: float = 90,
     ready: str = "Application startup complete",
 ) -> Iterator[Serving]:
-    """``chat-pipeline serve`` on a free port until the block ends; ready once every worker
+    """``chat-pipeline serve`` on port 0 until the block ends; ready once every worker
     logged `ready` (uvicorn's startup line, after the pipeline was built); a process that
-    exits fails at once."""
-    port = free_port()
+    exits fails at once. Its port is the one it logged once bound (before the workers
+    start), or, at a log level that leaves that line out, the one it listens on."""
     workers = int(args[args.index("--workers") + 1]) if "--workers" in args else 1
-    server = ServerProcess(
-        "chat-pipeline serve", serve_argv(config, port, *args), env={**os.environ, **(env or {})}
-    )
-    try:
+    env = {**os.environ, **(env or {})}
+    argv = serve_argv(config, *args)
+    # A group of its own: stopping it after a failed test stops its workers too.
+    with ChildProcess("chat-pipeline serve", argv, env=env, own_group=True) as server:
         try:
             server.wait_for_line(ready, timeout, count=workers)
-        except RuntimeError as exc:
+        except StartError as exc:
             pytest.fail(str(exc), pytrace=False)
-        yield Serving(server, port)
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-        server.stop()  # reaps the process and joins its output reader
+        logged = UVICORN_PORT.search(server.output())
+        yield Serving(server, int(logged.group(1)) if logged else listening_port(server.pid))
+
+
+def listening_port(pid: int) -> int:
+    """The TCP port process `pid` listens on, from /proc (its listening socket's inode)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                sockets.add(target[len("socket:[") : -1])
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        # local address (hex ip:port), state 0A = LISTEN, inode
+        if fields[3] == "0A" and fields[9] in sockets:
+            return int(fields[1].rsplit(":", 1)[1], 16)
+    raise AssertionError(f"process {pid} listens on no TCP port")
 
 
 def write_config(path: Path, upstream: FakeOpenAIServer, extra: str = "") -> Path:

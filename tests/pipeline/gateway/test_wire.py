@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import (
@@ -442,7 +442,6 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(payload=_json)
 def test_any_json_is_a_request_or_a_400(payload: Any) -> None:
     raw = json.dumps(payload).encode()

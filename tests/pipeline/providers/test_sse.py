@@ -4,7 +4,7 @@ ProviderError, never anything else."""
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import ProviderError
@@ -86,7 +86,6 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.text(max_size=30), max_size=10))
 def test_arbitrary_lines_yield_updates_or_provider_error(lines: list[str]) -> None:
     try:
@@ -96,7 +95,6 @@ def test_arbitrary_lines_yield_updates_or_provider_error(lines: list[str]) -> No
     assert all(isinstance(u, ChatResponseUpdate) for u in updates)
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(json_values, max_size=6))
 def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[object]) -> None:
     lines = [line for p in payloads for line in (f"data: {json.dumps(p)}", "")]
@@ -108,7 +106,7 @@ def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[ob
 
 
 async def _lines_of(chunks: list[bytes]) -> list[str]:
-    from pipeline.providers._http import Utf8Lines
+    from pipeline.providers._sse import Utf8Lines
 
     splitter = Utf8Lines("fuzz")
     return [line for chunk in chunks for line in splitter.feed(chunk)] + splitter.finish()
@@ -122,10 +120,9 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
     assert await _lines_of([text[:9], text[9:]]) == ["data: caf\u00e9 \u2028 ok"]
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=40), max_size=12))
 def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("fuzz")
     try:
@@ -137,7 +134,7 @@ def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None
 
 
 def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b'data: {"a"') == []
@@ -151,7 +148,7 @@ def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
 
 
 def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2") == [1]
@@ -159,7 +156,7 @@ def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
 
 
 def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> None:
-    from pipeline.providers._http import Utf8Lines
+    from pipeline.providers._sse import Utf8Lines
 
     text = "data: \u00e9\u20ac\U0001f600 ok\n".encode()
     for size in (1, 2, 3):
@@ -178,13 +175,13 @@ def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> No
 
 
 def test_event_data_decodes_as_json_loads_does() -> None:
-    from pipeline.providers._http import _loads
+    from pipeline.providers._sse import scan_json
 
     for data in ('{"a": 1}', ' {"a": 1} ', "[1, 2]\t", '"x"', "3", "NaN"):
-        assert _loads(data) == json.loads(data) or data == "NaN"
+        assert scan_json(data) == json.loads(data) or data == "NaN"
     for data in ('{"a": 1} x', "", " ", "{", "nope", '{"a": "\x01"}'):
         try:
-            _loads(data)
+            scan_json(data)
         except ValueError:
             pass
         else:
@@ -192,7 +189,7 @@ def test_event_data_decodes_as_json_loads_does() -> None:
 
 
 def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2\n\nnot sse\n\ndata: 3\n\n") == [1, 2]

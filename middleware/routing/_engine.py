@@ -1,0 +1,823 @@
+"""The attempt engine every router runs on.
+
+`AttemptEngine` is the base of `RoutingChatClient` (one attempt per request) and of
+`FailoverChatClient` (as many as its limits and policy allow). It owns the promise of this
+package: another attempt happens only while it is still safe. For `get_response` and
+`get_streaming_response` alike:
+
+* a failure before any output reached the caller may move to another route, unless the
+  caller is being cancelled, the attempt limit or the request budget is reached, or the
+  policy says no;
+* once a streamed update reached the caller the attempt is terminal: the caller keeps the
+  updates and gets the original exception, with a note naming the route;
+* caller cancellation is terminal (``canceled``) and propagates; a `CancelledError` raised by
+  a client while the caller's task is not being cancelled is an ordinary failure;
+* a caller that closes the stream early ends the attempt as ``abandoned``, and the inner
+  stream is closed;
+* the selector raising (or choosing nothing) ends the request with that error, and no
+  attempt is reported; the attempt report raising on a terminal attempt replaces the
+  result, on a nonterminal one it stops routing with that exception.
+
+Every attempt is traced (`RouteTelemetry`), told to the telemetry layer above (the request
+scope's `RouteReport`) and reported once, as a `FailoverAttempt`. Policy hooks may be plain
+functions or coroutine functions: the engine awaits what needs awaiting.
+
+A router tells the engine what a request runs under when it starts (`_new_request`: the
+limits, a `FailoverSettings`; the attempt limit; the budget; the session affinity; the hook
+each attempt is reported to and the one asked whether a failure may move on), with a
+one-shot router's answer as the default: one attempt, the enclosing request's budget, no
+affinity, no hooks. The pieces of a request (`_new_request`, `_prefer`, `_select`,
+`_begin`, `_deadline`, `_enter`/`_exit`, `_finish`, `_failed`) are separate, so that a
+router with another request loop (several attempts at once) reuses them.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import CoroutineType
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+from pydantic import Field
+
+from middleware.routing._telemetry import RouteTelemetry
+from middleware.routing.context import (
+    AttemptOutcome,
+    FailoverAttempt,
+    Price,
+    Route,
+    RoutingContext,
+    RoutingSelection,
+    SelectionResult,
+    with_instructions,
+)
+from pipeline import _scope
+from pipeline._settings import Settings
+from pipeline._streams import caller_cancelling, close_stream, ending_of
+from pipeline.client import ChatClient, circuit_open, client_name, ensure_chat_client, metadata_of
+from pipeline.errors import (
+    AttemptTimeoutError,
+    RequestBudgetExceededError,
+    RequestTimeoutError,
+    RoutingError,
+    is_failover_eligible,
+)
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    Messages,
+    UsageDetails,
+    as_messages,
+)
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+    from middleware.routing.affinity import SessionAffinity
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "ONE_ATTEMPT",
+    "AttemptEngine",
+    "AttemptState",
+    "FailoverPolicy",
+    "FailoverSettings",
+    "MayFailOver",
+    "OnAttempt",
+    "RequestState",
+]
+
+DEFAULT_MAX_ATTEMPTS = 10
+"""Attempts per request a failover router makes unless told otherwise."""
+
+FailoverPolicy = Callable[[BaseException], bool | Awaitable[bool]]
+
+
+class FailoverSettings(Settings):
+    """The limits and policy of a failover router, each captured when a request starts.
+
+    * `max_attempts_per_request`: positive, or ``None`` (explicitly) for no limit;
+    * `request_timeout`: seconds for the whole request, every attempt and retry included;
+    * `min_attempt_budget`: no new attempt starts with less time than this left;
+    * `max_provider_calls_per_request`: attempts plus retries inside routes;
+    * `attempt_timeout`: seconds one attempt may take before the router cuts it (for a
+      stream: until its first update; once output reached the caller nothing can move to
+      a backup, so only the request deadline applies);
+    * `should_failover`: whether a failure before output may move on (code only).
+
+    With a `request_timeout` and a `min_attempt_budget`, an attempt that a backup could
+    still follow is cut when only `min_attempt_budget` is left, so the backup gets that
+    time. A cut attempt fails with `AttemptTimeoutError` (a transient failure: the route's
+    breaker counts it, the router may fail over); when the request's own deadline passes,
+    the request fails with `RequestTimeoutError`. Both are `TimeoutError`s.
+    """
+
+    code_only: ClassVar[frozenset[str]] = frozenset({"should_failover"})
+
+    max_attempts_per_request: Annotated[int, Field(gt=0)] | None = DEFAULT_MAX_ATTEMPTS
+    request_timeout: Annotated[float, Field(gt=0)] | None = None
+    min_attempt_budget: Annotated[float, Field(ge=0)] = 0.0
+    max_provider_calls_per_request: Annotated[int, Field(gt=0)] | None = None
+    attempt_timeout: Annotated[float, Field(gt=0)] | None = None
+    should_failover: Callable[[BaseException], Any] = is_failover_eligible
+
+
+ONE_ATTEMPT = FailoverSettings(max_attempts_per_request=1)
+"""The limits of a one-shot router: one attempt, no time or call budget of its own (the
+enclosing request's budget, if any, still applies)."""
+
+
+_Deadline = tuple[float, Literal["attempt", "selection", "reserve", "request"]]
+
+# (OpenTelemetry context, request budget, attempt timeout, failover check) tokens, or None
+# each.
+_Tokens = tuple[Any, Any, Any, Any]
+_NO_TOKENS: _Tokens = (None, None, None, None)  # nothing was made current
+
+
+def _held_against(
+    timeout: asyncio.Timeout | None, deadline: _Deadline | None
+) -> asyncio.Timeout | None:
+    """The timeout layers beneath may hold against the route when it fires (a breaker
+    counts it): not a limit the selection set, tighter than the route's own (a probe's)."""
+    if deadline is not None and deadline[1] == "selection":
+        return None
+    return timeout
+
+
+async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
+    await first
+    if then is not None:
+        await then
+
+
+OnAttempt = Callable[[RoutingContext, FailoverAttempt, bool], Awaitable[None] | None]
+"""Told of every attempt: ``(context, attempt, is_terminal)``; may return an awaitable."""
+MayFailOver = Callable[[RoutingContext, BaseException], bool | Awaitable[bool]]
+"""Whether a failure before output, inside every limit, may move to another attempt."""
+Alternatives = Callable[[RoutingContext, str], bool]
+"""Whether a route other than the running one (named) could still take the request."""
+
+
+class AttemptWatch(Protocol):
+    """What a router learns from one attempt as it runs (see `RequestState.watch`)."""
+
+    def first_update(self) -> None:
+        """The attempt produced its first update (or, not streaming, its response)."""
+
+    def ended(
+        self, outcome: AttemptOutcome, error: BaseException | None, usage: UsageDetails | None
+    ) -> None:
+        """The attempt ended (called once, before the attempt is reported)."""
+
+
+Watch = Callable[["AttemptState"], AttemptWatch | None]
+"""Makes the watch of an attempt that is starting (or None: nothing to watch)."""
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    """One request's routing state: its context and what was captured when it started.
+
+    `report` is how the telemetry layer above (if any) is told the routing story.
+    """
+
+    context: RoutingContext
+    settings: FailoverSettings
+    limit: int | None
+    budget: _scope.RequestBudget | None
+    report: _scope.RouteReport | None
+    affinity: SessionAffinity | None = None
+    on_attempt: OnAttempt | None = None
+    may_fail_over: MayFailOver | None = None
+    alternatives: Alternatives | None = None
+    watch: Watch | None = None
+    running: str | None = None  # the route of the attempt in progress
+
+    def failover_possible(self, error: BaseException) -> bool:
+        """Whether the attempt in progress, failing now with `error` before any output,
+        could be followed by another (what the request scope answers the layers beneath).
+        A policy that can only answer asynchronously counts as no."""
+        alternatives = self.alternatives
+        running = self.running
+        if alternatives is None or running is None:
+            return False
+        context = self.context
+        if self.limit is not None and len(context.attempts) + 1 >= self.limit:
+            return False
+        budget = self.budget
+        if budget is not None:
+            if budget.calls_left is not None and budget.calls_left <= 0:
+                return False
+            remaining = budget.remaining()
+            if remaining is not None and remaining < max(self.settings.min_attempt_budget, 1e-9):
+                return False
+        if self.may_fail_over is not None:
+            decision = self.may_fail_over(context, error)
+            if inspect.isawaitable(decision):
+                if inspect.iscoroutine(decision):
+                    decision.close()
+                return False
+            if not decision:
+                return False
+        return alternatives(context, running)
+
+
+@dataclass(slots=True, eq=False)
+class AttemptState:
+    """What the engine knows about the attempt in progress."""
+
+    route_name: str
+    client: ChatClient
+    messages: list[ChatMessage]
+    options: ChatOptions
+    price: Price | None
+    attributes: Mapping[str, AttributeValue] | None
+    span: Span | None = None
+    span_context: otel_context.Context | None = None
+    cut_for_backup: bool = False  # the router cut it to keep time for a backup
+    timeout: float | None = None  # the selection's own limit before the first update
+    watch: AttemptWatch | None = None
+
+
+class AttemptEngine(abc.ABC):
+    """Runs each request of a router as attempts (see the module docstring).
+
+    Subclasses implement `select_client`; a router that may fail over overrides
+    `_new_request` (the default is a one-shot router's) and, with session affinity,
+    `_affinity_routes`.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        clock: Callable[[], float] = time.perf_counter,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self._router_name = name
+        self._clock = clock
+        self._telemetry = RouteTelemetry(tracer_provider, meter_provider)
+
+    @abc.abstractmethod
+    def select_client(
+        self, context: RoutingContext
+    ) -> SelectionResult | Awaitable[SelectionResult]:
+        """Choose the client (or `Route`, or `RoutingSelection`) for the next attempt."""
+
+    # -- what the router tells the engine ----------------------------------------------------
+
+    def _new_request(self, context: RoutingContext) -> RequestState:
+        """What a request starting now runs under (the caller then awaits `_prefer` when
+        there is an affinity): here a one-shot router's one attempt, within the enclosing
+        request's budget, if any."""
+        budget = _scope.current_budget()
+        return RequestState(context, ONE_ATTEMPT, 1, budget, _scope.current_report())
+
+    def _affinity_routes(self) -> Mapping[str, Route]:
+        """The routes a session's preferred route may name."""
+        return {}
+
+    # -- the pieces of a request -------------------------------------------------------------
+
+    def _context(
+        self, messages: Messages, options: ChatOptions | None, *, streaming: bool
+    ) -> RoutingContext:
+        if options is not None and not isinstance(options, ChatOptions):
+            raise TypeError(f"options must be ChatOptions or None, not {type(options).__name__}")
+        return RoutingContext(
+            as_messages(messages),
+            options.clone() if options is not None else ChatOptions(),
+            streaming=streaming,
+        )
+
+    def _new_budget(self, settings: FailoverSettings) -> _scope.RequestBudget | None:
+        """The request's call and time budget, or `None` when no limit applies."""
+        outer = _scope.current_budget()
+        if settings.request_timeout is None and settings.max_provider_calls_per_request is None:
+            return outer
+        clock = self._clock
+        deadline = None if settings.request_timeout is None else clock() + settings.request_timeout
+        if outer is not None and outer.deadline is not None and outer.clock is clock:
+            deadline = outer.deadline if deadline is None else min(deadline, outer.deadline)
+        return _scope.RequestBudget(settings.max_provider_calls_per_request, deadline, clock)
+
+    async def _prefer(self, request: RequestState, affinity: SessionAffinity) -> None:
+        """Set ``context.preferred_route`` from the session's affinity, if it still holds
+        (the store's call is bounded by the request's deadline too)."""
+        context = request.context
+        session = context.options.session_id
+        if session is None:
+            return
+        name = await affinity.preferred(session, request.budget)
+        route = self._affinity_routes().get(name) if name is not None else None
+        if route is not None and not circuit_open(route.client):
+            context.preferred_route = name
+
+    async def _select(self, context: RoutingContext) -> AttemptState:
+        result = self.select_client(context)
+        if type(result) is CoroutineType or (
+            result is not None
+            and not isinstance(result, Route | RoutingSelection)
+            and inspect.isawaitable(result)
+        ):
+            result = await result
+        options: ChatOptions | None = None
+        attributes: Mapping[str, AttributeValue] | None = None
+        timeout: float | None = None
+        if isinstance(result, RoutingSelection):
+            options = result.options
+            attributes = result.attributes
+            timeout = result.attempt_timeout
+            result = result.client
+        if result is None:
+            raise RoutingError(f"{self._router_name}: the selector chose no client")
+        price = None
+        messages = context.messages
+        if isinstance(result, Route):
+            name, client, price = result.name, result.client, result.price
+            if result.instructions is not None:
+                messages = with_instructions(messages, result.instructions)
+        else:
+            client = ensure_chat_client(result, "the selected client")
+            name = client_name(client)
+        if options is None:
+            # Each attempt gets its own copy, so nothing one attempt's layers do to its
+            # options can reach the next attempt or the request baseline.
+            options = context.options.clone()
+        elif not isinstance(options, ChatOptions):
+            raise TypeError("RoutingSelection.options must be ChatOptions or None")
+        return AttemptState(name, client, messages, options, price, attributes, timeout=timeout)
+
+    async def _is_terminal(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        error: BaseException,
+        outcome: AttemptOutcome,
+    ) -> bool:
+        if outcome != "failed_before_output" or not isinstance(
+            error, Exception | asyncio.CancelledError
+        ):
+            return True
+        context = request.context
+        # The attempt being judged is not in context.attempts yet: it is number len + 1.
+        if request.limit is not None and len(context.attempts) + 1 >= request.limit:
+            return True
+        budget = request.budget
+        if budget is not None:
+            if budget.calls_left is not None and budget.calls_left <= 0:
+                return True
+            remaining = budget.remaining()
+            needed = 1e-9 if attempt.cut_for_backup else request.settings.min_attempt_budget
+            if remaining is not None and remaining < max(needed, 1e-9):
+                return True
+        may_fail_over = request.may_fail_over
+        if may_fail_over is None:
+            return True
+        decision = may_fail_over(context, error)
+        if inspect.isawaitable(decision):
+            decision = await decision
+        return not decision
+
+    def _begin(self, request: RequestState, attempt: AttemptState) -> None:
+        """Spend the attempt's provider call and start its span."""
+        budget = request.budget
+        if budget is not None and not budget.take_call():
+            raise RequestBudgetExceededError(
+                f"{self._router_name}: the request used every provider call it was allowed"
+            )
+        span = self._telemetry.start(
+            attempt.route_name,
+            len(request.context.attempts) + 1,
+            attempt.client,
+            attempt.options.model_id,
+        )
+        attempt.span = span
+        if attempt.attributes and span.is_recording():
+            span.set_attributes(attempt.attributes)
+        # A sampled-out span still carries a valid context its children must inherit (or
+        # they would start traces of their own); only the no-op API's span has none.
+        if span.get_span_context().is_valid:
+            attempt.span_context = trace.set_span_in_context(span)
+        request.running = attempt.route_name
+        if request.watch is not None:
+            attempt.watch = request.watch(attempt)
+
+    def _deadline(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        started: float,
+        number: int,
+        *,
+        output: bool,
+    ) -> _Deadline | None:
+        """When the next step of an attempt must end (on the router's clock), and why:
+        ``attempt`` (its own limit), ``selection`` (the tighter limit its selection set),
+        ``reserve`` (the time kept for a backup) or ``request`` (the request's deadline).
+        Once `output` reached the caller, only the request's deadline applies."""
+        settings = request.settings
+        end: float | None = None
+        why: Literal["attempt", "selection", "reserve"] = "attempt"
+        if not output:
+            limit_of_attempt = settings.attempt_timeout
+            if attempt.timeout is not None and (
+                limit_of_attempt is None or attempt.timeout < limit_of_attempt
+            ):
+                limit_of_attempt, why = attempt.timeout, "selection"
+            if limit_of_attempt is not None:
+                end = started + limit_of_attempt
+        budget = request.budget
+        if budget is None or budget.deadline is None:
+            return None if end is None else (end, why)
+        request_end = budget.deadline
+        limit = request.limit
+        if not output and settings.min_attempt_budget > 0 and (limit is None or number < limit):
+            # Keep the backup's time: cut this attempt when only that is left (unless that
+            # leaves this attempt nothing at all).
+            reserve = request_end - settings.min_attempt_budget
+            if reserve > started and (end is None or reserve < end):
+                end, why = reserve, "reserve"
+        if end is not None and end < request_end:
+            return end, why
+        return request_end, "request"
+
+    def _timeout(self, deadline: _Deadline | None) -> asyncio.Timeout | None:
+        if deadline is None:
+            return None
+        return asyncio.timeout(max(0.0, deadline[0] - self._clock()))
+
+    def _timed_out(
+        self,
+        request: RequestState,
+        error: BaseException,
+        timeout: asyncio.Timeout | None,
+        deadline: _Deadline | None,
+        attempt: AttemptState,
+    ) -> BaseException:
+        """Our own timeout's `TimeoutError` as the error it stands for; anything else as is."""
+        if timeout is None or deadline is None or not timeout.expired():
+            return error
+        if not isinstance(error, TimeoutError):
+            return error
+        replaced: BaseException
+        if deadline[1] != "request":
+            # Cut to keep the backup's time: the backup may start with less than
+            # min_attempt_budget left (that time was kept for it).
+            attempt.cut_for_backup = deadline[1] == "reserve"
+            replaced = AttemptTimeoutError(
+                f"route {attempt.route_name!r} was cut at the router's attempt limit",
+                provider=attempt.route_name,
+            )
+        else:
+            request_timeout = request.settings.request_timeout
+            replaced = RequestTimeoutError(
+                f"{self._router_name}: the request's deadline passed "
+                f"(request_timeout={request_timeout:g} s)"
+                if request_timeout is not None
+                else f"{self._router_name}: the request's deadline passed"
+            )
+        replaced.__cause__ = error
+        return replaced
+
+    @staticmethod
+    def _enter(
+        attempt: AttemptState,
+        budget: _scope.RequestBudget | None,
+        timeout: asyncio.Timeout | None,
+        movable: RequestState | None = None,
+    ) -> _Tokens:
+        """Make the attempt span, the request budget, the attempt's timeout and (before
+        output, for a router that can move on) the failover check current while the route
+        runs."""
+        return (
+            otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
+            _scope.enter_budget(budget) if budget is not None else None,
+            _scope.enter_attempt_timeout(timeout) if timeout is not None else None,
+            _scope.enter_failover_check(movable) if movable is not None else None,
+        )
+
+    @staticmethod
+    def _exit(tokens: _Tokens) -> None:
+        span_token, budget_token, timeout_token, failover_token = tokens
+        if failover_token is not None:
+            _scope.exit_failover_check(failover_token)
+        if timeout_token is not None:
+            _scope.exit_attempt_timeout(timeout_token)
+        if budget_token is not None:
+            _scope.exit_budget(budget_token)
+        if span_token is not None:
+            otel_context.detach(span_token)
+
+    def _finish(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        *,
+        outcome: AttemptOutcome,
+        exception: BaseException | None,
+        duration: float,
+        time_to_first_update: float | None,
+        terminal: bool,
+        usage: UsageDetails | None = None,
+        response_model: str | None = None,
+    ) -> Awaitable[Any] | None:
+        """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
+        report it (``request.on_attempt``); returns what is left to await, if anything (the caller
+        awaits it: on the common path nothing is, and no coroutine is made)."""
+        context = request.context
+        watch = attempt.watch
+        if watch is not None:
+            watch.ended(outcome, exception, usage)
+        record = FailoverAttempt(
+            route_name=attempt.route_name,
+            client=attempt.client,
+            number=len(context.attempts) + 1,
+            outcome=outcome,
+            exception=exception,
+            duration=duration,
+            time_to_first_update=time_to_first_update,
+            response_completed=outcome == "completed",
+            output_committed=time_to_first_update is not None,
+        )
+        context.attempts.append(record)
+        if attempt.span is not None:
+            self._telemetry.finish(
+                attempt.span, record, attempt.price, usage, response_model, terminal=terminal
+            )
+        report = request.report
+        if report is not None:
+            report.route_name = record.route_name
+            report.metadata = metadata_of(record.client)
+            report.attempts = record.number
+            report.fallback = record.number > 1
+        on_attempt = request.on_attempt
+        reported = on_attempt(context, record, terminal) if on_attempt is not None else None
+        if reported is not None and not inspect.isawaitable(reported):
+            reported = None
+        affinity = request.affinity
+        session = context.options.session_id
+        if outcome == "completed" and affinity is not None and session is not None:
+            return _in_turn(affinity.record(session, record.route_name, request.budget), reported)
+        return reported
+
+    async def _failed(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        error: BaseException,
+        *,
+        duration: float,
+        time_to_first_update: float | None,
+    ) -> None:
+        """Report a failed attempt; raise `error` when the request ends with it."""
+        outcome: AttemptOutcome
+        if ending_of(error) == "canceled":
+            outcome = "canceled"
+        elif time_to_first_update is not None:
+            outcome = "failed_after_output"
+            error.add_note(
+                f"chat-pipeline: route {attempt.route_name!r} failed after output was "
+                "committed to the caller; the streamed response is incomplete"
+            )
+        else:
+            outcome = "failed_before_output"
+        terminal = await self._is_terminal(request, attempt, error, outcome)
+        pending = self._finish(
+            request,
+            attempt,
+            outcome=outcome,
+            exception=error,
+            duration=duration,
+            time_to_first_update=time_to_first_update,
+            terminal=terminal,
+        )
+        if pending is not None:
+            await pending
+        if terminal:
+            raise error
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def get_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> ChatResponse:
+        context = self._context(messages, options, streaming=False)
+        # Every route of this request shares one operation id, so a tool call that a route
+        # completed before failing is not repeated by the next one.
+        operation = (
+            _scope.set_operation(_scope.new_operation_id())
+            if _scope.current_operation() is None
+            else None
+        )
+        try:
+            request = self._new_request(context)
+            if request.affinity is not None:
+                await self._prefer(request, request.affinity)
+            budget = request.budget
+            clock = self._clock
+            timed = budget is not None or request.settings.attempt_timeout is not None
+            movable = request if request.alternatives is not None else None
+            deadline = timeout = None
+            while True:
+                attempt = await self._select(context)
+                self._begin(request, attempt)
+                started = clock()
+                if timed or attempt.timeout is not None:
+                    deadline = self._deadline(
+                        request, attempt, started, len(context.attempts) + 1, output=False
+                    )
+                    timeout = self._timeout(deadline)
+                else:
+                    deadline = timeout = None
+                tokens = self._enter(attempt, budget, _held_against(timeout, deadline), movable)
+                failure: BaseException | None = None
+                try:
+                    if timeout is None:
+                        response = await attempt.client.get_response(
+                            attempt.messages, attempt.options
+                        )
+                    else:
+                        async with timeout:
+                            response = await attempt.client.get_response(
+                                attempt.messages, attempt.options
+                            )
+                except BaseException as exc:
+                    failure = self._timed_out(request, exc, timeout, deadline, attempt)
+                finally:
+                    self._exit(tokens)
+                duration = clock() - started
+                if failure is not None:
+                    await self._failed(
+                        request,
+                        attempt,
+                        failure,
+                        duration=duration,
+                        time_to_first_update=None,
+                    )
+                    continue
+                pending = self._finish(
+                    request,
+                    attempt,
+                    outcome="completed",
+                    exception=None,
+                    duration=duration,
+                    time_to_first_update=duration,
+                    terminal=True,
+                    usage=response.usage,
+                    response_model=response.model_id,
+                )
+                if pending is not None:
+                    await pending
+                return response
+        finally:
+            if operation is not None:
+                _scope.reset_operation(operation)
+
+    def get_streaming_response(
+        self, messages: Messages, options: ChatOptions | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        return self._stream(self._context(messages, options, streaming=True))
+
+    async def _stream(self, context: RoutingContext) -> AsyncGenerator[ChatResponseUpdate, None]:
+        # Started at the first read, inside the step of the telemetry layer above (if any).
+        request = self._new_request(context)
+        if request.affinity is not None:
+            await self._prefer(request, request.affinity)
+        budget = request.budget
+        clock = self._clock
+        movable = request if request.alternatives is not None else None
+        while True:
+            attempt = await self._select(context)
+            self._begin(request, attempt)
+            elapsed = 0.0  # time spent inside the route, not with the caller
+            first_update: float | None = None
+            usage: UsageDetails | None = None
+            response_model: str | None = None
+            error: BaseException | None = None
+            stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
+            started = clock()
+            number = len(context.attempts) + 1
+            tokens = self._enter(attempt, budget, None, movable)
+            try:
+                stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
+            except BaseException as exc:
+                error = exc
+            finally:
+                self._exit(tokens)
+            elapsed += clock() - started
+            if stream is not None:
+                # Without a span context, a budget or an attempt limit there is nothing to
+                # make current or to time: skip the bookkeeping on every update.
+                plain = (
+                    attempt.span_context is None
+                    and budget is None
+                    and request.settings.attempt_timeout is None
+                    and attempt.timeout is None
+                )
+                watch = attempt.watch
+                while True:
+                    if plain and (movable is None or first_update is not None):
+                        deadline = timeout = None
+                        tokens = _NO_TOKENS
+                    else:
+                        output = first_update is not None
+                        deadline = self._deadline(request, attempt, started, number, output=output)
+                        timeout = self._timeout(deadline)
+                        tokens = self._enter(
+                            attempt,
+                            budget,
+                            _held_against(timeout, deadline),
+                            None if output else movable,
+                        )
+                    mark = clock()
+                    try:
+                        if timeout is None:
+                            update = await stream.__anext__()
+                        else:
+                            async with timeout:
+                                update = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except BaseException as exc:
+                        error = self._timed_out(request, exc, timeout, deadline, attempt)
+                        break
+                    finally:
+                        elapsed += clock() - mark
+                        if tokens is not _NO_TOKENS:
+                            self._exit(tokens)
+                    if first_update is None:
+                        first_update = elapsed
+                        if watch is not None:
+                            watch.first_update()
+                    if update.usage is not None:
+                        usage = update.usage if usage is None else usage + update.usage
+                    if update.model_id is not None:
+                        response_model = update.model_id
+                    try:
+                        yield update
+                    except BaseException:
+                        # The caller closed the stream (GeneratorExit) or threw into it.
+                        mark = clock()
+                        close_error = await close_stream(stream)
+                        elapsed += clock() - mark
+                        pending = self._finish(
+                            request,
+                            attempt,
+                            outcome="canceled" if caller_cancelling() else "abandoned",
+                            exception=close_error,
+                            duration=elapsed,
+                            time_to_first_update=first_update,
+                            terminal=True,
+                        )
+                        if pending is not None:
+                            await pending
+                        if close_error is not None:
+                            raise close_error from None
+                        raise
+                mark = clock()
+                close_error = await close_stream(stream)
+                elapsed += clock() - mark
+                if error is None:
+                    error = close_error
+                elif close_error is not None:
+                    error.add_note(
+                        f"closing the stream of route {attempt.route_name!r} also failed: "
+                        f"{type(close_error).__name__}"
+                    )
+            if error is not None:
+                await self._failed(
+                    request,
+                    attempt,
+                    error,
+                    duration=elapsed,
+                    time_to_first_update=first_update,
+                )
+                continue
+            pending = self._finish(
+                request,
+                attempt,
+                outcome="completed",
+                exception=None,
+                duration=elapsed,
+                time_to_first_update=first_update,
+                terminal=True,
+                usage=usage,
+                response_model=response_model,
+            )
+            if pending is not None:
+                await pending
+            return

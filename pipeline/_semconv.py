@@ -1,0 +1,193 @@
+"""Every span, event, metric and attribute name this project defines, and its tracers and meters.
+
+One namespace decision: the names this project adds to the OpenTelemetry conventions are
+``ai.route.*`` (what a router did: per attempt, and on the request's span above it) and
+``chat_pipeline.*`` (what one layer of this library did: retries, breaker changes, the
+request's end, the gateway). Where a semantic-convention constant exists
+(``opentelemetry-semantic-conventions``: GenAI, HTTP, server, error) the layers use it and
+never a hand-typed string; names are only defined here when the conventions have none.
+
+A span attribute and a metric never share a name: ``ai.route.attempts`` is the request
+span's attempt count, and ``ai.route.attempt.count`` the counter of attempts (by route and
+outcome; ``ai_route_attempt_count_total`` in Prometheus).
+
+`tracer` and `meter` give every instrumentation scope the library's version and the schema
+URL of the semantic conventions whose constants are in use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from opentelemetry import metrics, trace
+from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_HEADER_TEMPLATE
+from opentelemetry.semconv.schemas import Schemas
+
+from pipeline._version import __version__
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter, MeterProvider
+    from opentelemetry.trace import Tracer, TracerProvider
+
+__all__ = [
+    "BACKUP_CALLS_METRIC",
+    "BREAKER_FROM",
+    "BREAKER_NAME",
+    "BREAKER_SCOPE",
+    "BREAKER_TO",
+    "CLIENT_DISCONNECTED",
+    "COMMITTED_FAILURES_METRIC",
+    "COOLDOWNS_METRIC",
+    "COST_METRIC",
+    "GATEWAY_MODEL",
+    "GATEWAY_REQUEST_ID",
+    "GATEWAY_SCOPE",
+    "HEALTH_FAILURE_RATIO_METRIC",
+    "HEALTH_IN_FLIGHT_METRIC",
+    "HEALTH_LATENCY_METRIC",
+    "HEDGES_STARTED_METRIC",
+    "HEDGES_WON_METRIC",
+    "INVALID_ARGUMENTS",
+    "OPENINFERENCE_CHAIN",
+    "OPENINFERENCE_SPAN_KIND",
+    "PIPELINE_SCOPE",
+    "REQUEST_END",
+    "RETRY_ATTEMPT",
+    "RETRY_DELAY",
+    "RETRY_EVENT",
+    "ROUTE_ATTEMPT",
+    "ROUTE_ATTEMPTS",
+    "ROUTE_ATTEMPT_COUNT_METRIC",
+    "ROUTE_ATTEMPT_SPAN",
+    "ROUTE_DURATION",
+    "ROUTE_FALLBACK",
+    "ROUTE_HEDGE",
+    "ROUTE_NAME",
+    "ROUTE_OUTCOME",
+    "ROUTE_OUTPUT_COMMITTED",
+    "ROUTE_SELECTION",
+    "ROUTE_TERMINAL",
+    "ROUTE_TIME_TO_FIRST_UPDATE",
+    "ROUTING_SCOPE",
+    "SCHEMA_URL",
+    "SEMANTIC_REASON",
+    "SEMANTIC_SCORE",
+    "STATE_CHANGE_EVENT",
+    "STATE_CHANGE_METRIC",
+    "TIME_TO_FIRST_UPDATE_METRIC",
+    "TOOLS_SCOPE",
+    "TOOL_TYPE_FUNCTION",
+    "meter",
+    "tracer",
+]
+
+# -- instrumentation scopes -------------------------------------------------------------------
+
+PIPELINE_SCOPE: Final = "chat_pipeline"
+"""The telemetry layer's scope (``chat {model}`` spans, GenAI client metrics)."""
+ROUTING_SCOPE: Final = "chat_pipeline.routing"
+TOOLS_SCOPE: Final = "chat_pipeline.tools"
+BREAKER_SCOPE: Final = "chat_pipeline.breaker"
+GATEWAY_SCOPE: Final = "chat_pipeline.gateway"
+
+SCHEMA_URL: Final[str] = list(Schemas)[-1].value
+"""The newest schema of the installed ``opentelemetry-semantic-conventions``: the version
+whose constants every layer uses (the package adds a member per version it generates)."""
+
+# -- routing: one span per attempt, the routing story on the request's span -------------------
+
+ROUTE_ATTEMPT_SPAN: Final = "route_attempt"
+"""An attempt's span is ``route_attempt {route}``."""
+ROUTE_NAME: Final = "ai.route.name"
+ROUTE_ATTEMPT: Final = "ai.route.attempt"
+"""The attempt's number within its request (1 for the first)."""
+ROUTE_OUTCOME: Final = "ai.route.outcome"
+ROUTE_OUTPUT_COMMITTED: Final = "ai.route.output_committed"
+ROUTE_TIME_TO_FIRST_UPDATE: Final = "ai.route.time_to_first_update"
+ROUTE_DURATION: Final = "ai.route.duration"
+ROUTE_TERMINAL: Final = "ai.route.terminal"
+ROUTE_ATTEMPTS: Final = "ai.route.attempts"
+"""On the request's span above a router: how many attempts the request took (with
+`ROUTE_NAME`, the route of the last one)."""
+ROUTE_FALLBACK: Final = "ai.route.fallback"
+"""On the request's span above a router: whether a route after the first served it."""
+ROUTE_SELECTION: Final = "ai.route.selection"
+"""Why the attempt's route was chosen: ``strategy`` (the balancing strategy's pick),
+``preferred`` (the session's route), ``probe`` (a probe of an outlier route), ``failover``
+(the next route after a failure) or ``hedge`` (started beside a slow attempt)."""
+ROUTE_HEDGE: Final = "ai.route.hedge"
+"""Whether the attempt was a hedge (started while another attempt of the request ran)."""
+SEMANTIC_SCORE: Final = "ai.route.semantic.score"
+SEMANTIC_REASON: Final = "ai.route.semantic.reason"
+
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+"""Attempt spans are steps of a chain, not model calls: without this, OpenInference readers
+(Arize Phoenix) infer "LLM" from the GenAI attributes and list 1 + N model calls a request."""
+OPENINFERENCE_CHAIN: Final = "CHAIN"
+
+ROUTE_ATTEMPT_COUNT_METRIC: Final = "ai.route.attempt.count"
+"""Counter of attempts by route and outcome (not ``ai.route.attempts``: that name is the
+request span's attribute)."""
+BACKUP_CALLS_METRIC: Final = "ai.route.backup_calls"
+COMMITTED_FAILURES_METRIC: Final = "ai.route.output_committed_failures"
+COST_METRIC: Final = "ai.route.cost"
+TIME_TO_FIRST_UPDATE_METRIC: Final = "ai.route.time_to_first_update"
+HEDGES_STARTED_METRIC: Final = "ai.route.hedges.started"
+"""Counter of hedged attempts started, by route."""
+HEDGES_WON_METRIC: Final = "ai.route.hedges.won"
+"""Counter of hedged attempts whose answer reached the caller, by route."""
+COOLDOWNS_METRIC: Final = "ai.route.cooldowns"
+"""Counter of cooldowns a route went into (a ``Retry-After`` answer), by route."""
+HEALTH_LATENCY_METRIC: Final = "ai.route.health.latency"
+"""Gauge: a route's latency estimate (s): its peak-EWMA time to first update."""
+HEALTH_IN_FLIGHT_METRIC: Final = "ai.route.health.in_flight"
+"""Gauge: a route's attempts in flight in this process."""
+HEALTH_FAILURE_RATIO_METRIC: Final = "ai.route.health.failure_ratio"
+"""Gauge: a route's decaying failure ratio (0 to 1)."""
+
+# -- layers -----------------------------------------------------------------------------------
+
+REQUEST_END: Final = "chat_pipeline.request.end"
+"""On a request's span: ``canceled`` or ``abandoned`` when the caller ended it early."""
+
+RETRY_EVENT: Final = "chat_pipeline.retry"
+RETRY_ATTEMPT: Final = "chat_pipeline.retry.attempt"
+"""On a retry event: the number of the attempt about to start."""
+RETRY_DELAY: Final = "chat_pipeline.retry.delay"
+"""On a retry event: seconds waited before it."""
+
+STATE_CHANGE_EVENT: Final = "chat_pipeline.circuit_breaker.state_change"
+STATE_CHANGE_METRIC: Final = "chat_pipeline.circuit_breaker.state_changes"
+BREAKER_NAME: Final = "chat_pipeline.circuit_breaker.name"
+BREAKER_FROM: Final = "chat_pipeline.circuit_breaker.from"
+BREAKER_TO: Final = "chat_pipeline.circuit_breaker.to"
+
+TOOL_TYPE_FUNCTION: Final = "function"
+"""``gen_ai.tool.type`` of a tool that runs in this process (the conventions list the value
+but define no constant for it)."""
+INVALID_ARGUMENTS: Final = "invalid_arguments"
+"""``error.type`` of a tool call whose arguments do not fit the tool."""
+
+GATEWAY_MODEL: Final = "chat_pipeline.gateway.model"
+"""On the gateway's span: the model name the client asked for (one `/v1/models` lists)."""
+CLIENT_DISCONNECTED: Final = "chat_pipeline.gateway.client_disconnected"
+"""On the gateway's span: the client went away before its answer was complete (the request
+was cancelled)."""
+GATEWAY_REQUEST_ID: Final = f"{HTTP_RESPONSE_HEADER_TEMPLATE}.x-request-id"
+"""On the gateway's span: the request id the response carries (the caller's, or a fresh
+one), as the HTTP conventions name a response header."""
+
+
+# -- tracers and meters -----------------------------------------------------------------------
+
+
+def tracer(scope: str, provider: TracerProvider | None = None) -> Tracer:
+    """The tracer of `scope` (the global provider unless one is given), with the library's
+    version and `SCHEMA_URL`."""
+    return trace.get_tracer(scope, __version__, provider, schema_url=SCHEMA_URL)
+
+
+def meter(scope: str, provider: MeterProvider | None = None) -> Meter:
+    """The meter of `scope` (the global provider unless one is given), with the library's
+    version and `SCHEMA_URL`."""
+    return metrics.get_meter(scope, __version__, provider, schema_url=SCHEMA_URL)

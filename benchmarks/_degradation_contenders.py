@@ -33,7 +33,7 @@ REQUEST_TIMEOUT = 10.0  # seconds: the whole request
 ORACLE_LOOKAHEAD = 0.1  # seconds
 
 
-def _route(name: str) -> str:
+def _route(name: str, reset_timeout: float = 30) -> str:
     return (
         f"[routes.{name}]\n"
         'provider = "openai"\n'
@@ -41,11 +41,15 @@ def _route(name: str) -> str:
         f'base_url = "${name}"\n'
         f'api_key_env = "{API_KEY_ENV}"\n'
         "retry = { max_attempts = 2 }\n"
-        "breaker = { fail_max = 5, reset_timeout = 30 }\n"
+        f"breaker = {{ fail_max = 5, reset_timeout = {reset_timeout:g} }}\n"
     )
 
 
 ROUTES_TOML = "\n".join(_route(name) for name in ("a", "b", "c"))
+# Under a balanced router route health keeps a slow or failing route out and probes it
+# back in; the breaker is for a route that is down, and a short reset lets health decide
+# when it is back (the README's recommended balanced setup).
+BALANCED_ROUTES_TOML = "\n".join(_route(name, reset_timeout=10) for name in ("a", "b", "c"))
 
 # The README's recommended setup: ordered failover over three routes of one model, each
 # route retry + breaker; an attempt is cut after 3 s, the request after 10 s.
@@ -63,7 +67,7 @@ request_timeout = {REQUEST_TIMEOUT}
 
 # The balanced router over the same routes, by route health (peak-EWMA, power of two).
 BALANCED_TOML = (
-    ROUTES_TOML
+    BALANCED_ROUTES_TOML
     + f"""
 [router]
 kind = "balanced"

@@ -33,6 +33,7 @@ __all__ = [
     "BACKUP_CALLS_METRIC",
     "BREAKER_FROM",
     "BREAKER_NAME",
+    "BREAKER_REASON",
     "BREAKER_SCOPE",
     "BREAKER_TO",
     "CLIENT_DISCONNECTED",
@@ -161,6 +162,9 @@ STATE_CHANGE_METRIC: Final = "chat_pipeline.circuit_breaker.state_changes"
 BREAKER_NAME: Final = "chat_pipeline.circuit_breaker.name"
 BREAKER_FROM: Final = "chat_pipeline.circuit_breaker.from"
 BREAKER_TO: Final = "chat_pipeline.circuit_breaker.to"
+BREAKER_REASON: Final = "chat_pipeline.circuit_breaker.reason"
+"""On a state-change event to ``open`` that this process decided: why (``fail_max``,
+``failure_ratio``, ``slow_call_ratio``, ``probe``). Not on the metric."""
 
 TOOL_TYPE_FUNCTION: Final = "function"
 """``gen_ai.tool.type`` of a tool that runs in this process (the conventions list the value

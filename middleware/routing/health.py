@@ -19,7 +19,8 @@ A `RouteHealth` keeps, per route name, four signals fed by every attempt a route
   route out of rotation for that long (at most `max_cooldown`).
 
 A route is an **outlier** when its typical latency is over `outlier_latency_ratio` times the
-median of the other routes' (and `outlier_latency_gap` seconds over it), or its failure ratio over
+median of the other routes' (and `outlier_latency_gap` seconds over it; once an outlier, it
+stays one until it is under half that excess: 1.5x for the default 2x), or its failure ratio over
 theirs by `outlier_failure_gap` (with at least `min_failures` decayed failures). Balanced
 routers send an outlier no traffic but **probes**: the first `probe_interval` seconds after
 it became one, then after twice as long each time a probe does not answer in time (up to
@@ -92,6 +93,7 @@ def counts_against_route(exc: BaseException) -> bool:
 
 _Seconds = Annotated[float, Field(gt=0)]
 _RECENT = 5  # answers whose median is a route's typical latency
+_READMIT = 0.5  # an outlier is readmitted under 1 + (outlier_latency_ratio - 1) x this
 
 
 class HealthSettings(Settings):
@@ -108,7 +110,7 @@ class HealthSettings(Settings):
     min_failures: Annotated[float, Field(ge=0)] = 1.0
     probe_interval: _Seconds = 2.0
     max_probe_interval: _Seconds = 5.0
-    probe_timeout_ratio: _Seconds = 1.5
+    probe_timeout_ratio: _Seconds = 1.25
     recovery_probes: Annotated[int, Field(ge=1)] = 2
     counts: Callable[[BaseException], bool] = counts_against_route
 
@@ -511,9 +513,13 @@ class Judgement:
             latency = self.typical[name]
             if latency is not None and others_latency:
                 median = _median(others_latency)
-                if latency > max(
-                    median * settings.outlier_latency_ratio, median + settings.outlier_latency_gap
-                ):
+                ratio = settings.outlier_latency_ratio
+                if self.signals[name].outlier_since is not None:
+                    # An outlier stays one until it is clearly back (or good probes readmit
+                    # it): a route 3x slower must not drift in and out as the others'
+                    # estimates move.
+                    ratio = 1.0 + (ratio - 1.0) * _READMIT
+                if latency > max(median * ratio, median + settings.outlier_latency_gap):
                     self.outliers.add(name)
                     continue
             others_ratio = [value for other, value in self.ratio.items() if other != name]

@@ -17,9 +17,9 @@ fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1. ``chat-pipeline
 each deployment's URL (see `pipeline.testing.FakeFleet.from_scenario` and the commands it reads
 on stdin).
 
-``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]`` serves
-a pipeline built from TOML as an OpenAI-compatible API (`pipeline.gateway`; needs the
-``gateway`` extra).
+``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
+[--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
+OpenAI-compatible API (`pipeline.gateway`; needs the ``gateway`` extra).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -50,6 +51,9 @@ from pipeline._semconv import (
 from pipeline.builder import ChatPipeline
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, fail, reply
+
+if TYPE_CHECKING:
+    from pipeline.telemetry import TelemetryHandle
 
 __all__ = ["main"]
 
@@ -155,17 +159,34 @@ async def _demo(question: str, otlp: str | None) -> int:
     finally:
         if handle is not None:
             handle.shutdown()
-            signals = [
-                name
-                for name, provider in (
-                    ("spans", handle.tracer_provider),
-                    ("metrics", handle.meter_provider),
-                )
-                if provider is not None
-            ]
-            target = otlp or os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
-            print(f"{' and '.join(signals) or 'nothing'} exported to {target}")
+            print(_export_report(handle, otlp or os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]))
     return 0
+
+
+def _export_report(handle: TelemetryHandle, target: str) -> str:
+    """What reached `target` and what it refused, by signal (after the final flush)."""
+    exported: list[str] = []
+    refused: list[str] = []
+    for name, provider, tally in (
+        ("spans", handle.tracer_provider, handle.spans),
+        ("metrics", handle.meter_provider, handle.metrics),
+    ):
+        if provider is None:
+            continue  # turned off (OTEL_*_EXPORTER=none)
+        if tally.failed:
+            refused.append(f"{name} ({tally.failed} of {tally.accepted + tally.failed} exports)")
+        elif tally.accepted:
+            exported.append(name)
+    parts = []
+    if exported:
+        parts.append(f"{' and '.join(exported)} exported to {target}")
+    if refused:
+        parts.append(
+            f"{' and '.join(refused)} refused by {target} or lost on the way (see the "
+            "exporter's error above; a traces-only backend such as Arize Phoenix takes no "
+            "metrics: OTEL_METRICS_EXPORTER=none turns them off)"
+        )
+    return "; ".join(parts) or f"nothing exported to {target}"
 
 
 async def _ask(question: str, config: str, environment: str | None) -> int:
@@ -372,6 +393,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             log_level=args.log_level,
+            prometheus_metrics=args.prometheus_metrics,
         )
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
@@ -445,7 +467,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers", type=int, default=1, help="worker processes (each builds the pipeline)"
     )
     gateway.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's and the gateway's (info: one line per request)",
+    )
+    gateway.add_argument(
+        "--prometheus-metrics",
+        action="store_true",
+        help="serve GET /metrics in the Prometheus text format ([gateway] prometheus_metrics)",
     )
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -175,10 +175,21 @@ class _RouteTable(RouteFacts):
     retry: RetrySettings | None = None
     breaker: BreakerConfig | None = None
 
-    def route(self, name: str, client: ChatClient) -> Route:
-        """The route: `client` behind this table's breaker and retry, with its facts."""
+    def route(
+        self,
+        name: str,
+        client: ChatClient,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> Route:
+        """The route: `client` behind this table's breaker and retry, with its facts. The
+        telemetry providers reach the breaker (its state changes) as they reach the pipeline's
+        own layers."""
         if self.breaker is not None or self.retry is not None:
-            builder = ChatPipeline.builder()
+            builder = ChatPipeline.builder(
+                tracer_provider=tracer_provider, meter_provider=meter_provider
+            )
             if self.breaker is not None:
                 builder.use_circuit_breaker(self.breaker.breaker_settings(name))
             if self.retry is not None:
@@ -624,10 +635,10 @@ class PipelineConfig:
         layers = self.layers
         if layers.function_invocation and not tools:
             problems.add("layers.function_invocation", "is on, but no tools were given")
-        built = {name: self._route(name, problems) for name in self.routes}
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        built = {name: self._route(name, problems, providers) for name in self.routes}
         problems.raise_if_any()
         routes = {name: route for name, route in built.items() if route is not None}
-        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         for name, group in self.groups.items():
             # A group's members serve only through it: the router sees the group.
             members = [routes.pop(member) for member in group.routes]
@@ -635,9 +646,7 @@ class PipelineConfig:
                 routes[name] = group.route(name, members, providers)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"groups.{name}", str(exc)) from exc
-        builder = ChatPipeline.builder(
-            tracer_provider=tracer_provider, meter_provider=meter_provider
-        )
+        builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
@@ -650,20 +659,24 @@ class PipelineConfig:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
 
-    def build_route(self, name: str) -> Route:
+    def build_route(
+        self, name: str, *, tracer_provider: Any = None, meter_provider: Any = None
+    ) -> Route:
         """One route (a `middleware.routing.Route`) with its own layers."""
         if name not in self.routes:
             raise ConfigError(f"routes.{name}", f"is not defined{suggest(name, self.routes)}")
         problems = _Problems()
-        route = self._route(name, problems)
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        route = self._route(name, problems, providers)
         problems.raise_if_any()
         assert route is not None  # a route that could not be built is a problem, raised
         return route
 
-    def _route(self, name: str, problems: _Problems) -> Route | None:
+    def _route(self, name: str, problems: _Problems, providers: dict[str, Any]) -> Route | None:
         table = self.routes[name]
         try:
-            return table.route(name, table.client(name, self._secrets.get(name)))
+            client = table.client(name, self._secrets.get(name))
+            return table.route(name, client, **providers)
         except (TypeError, ValueError) as exc:
             problems.add(f"routes.{name}", f"rejected: {exc}")
             return None

@@ -10,6 +10,7 @@ import pytest
 from middleware.function_invocation import tool
 from middleware.retry import RetrySettings
 from pipeline import ChatOptions, ChatPipeline
+from pipeline._semconv import BREAKER_NAME, BREAKER_TO, STATE_CHANGE_METRIC
 from pipeline.config import (
     AffinityConfig,
     AnthropicRouteConfig,
@@ -25,8 +26,9 @@ from pipeline.config import (
     merge,
     parse_config,
 )
-from pipeline.errors import ConfigError
-from pipeline.testing import FakeOpenAIServer, collect
+from pipeline.errors import ConfigError, ProviderError
+from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+from tests.otel import Otel
 
 BASE = """
 [routes.small]
@@ -156,6 +158,33 @@ async def test_single_route_needs_no_router_and_real_http(
         ).text == "Hello from the fake server."
         assert server.requests[0].headers["authorization"] == "Bearer sk-from-env"
         await chat.aclose()
+
+
+async def test_the_breakers_of_config_built_routes_report_to_the_given_providers(
+    tmp_path: Path, otel: Otel
+) -> None:
+    async with FakeOpenAIServer() as server:
+        path = write(
+            tmp_path,
+            f"""
+            [routes.main]
+            provider = "openai"
+            model = "gpt-test"
+            base_url = "{server.base_url}"
+            breaker = {{ fail_max = 1 }}
+            """,
+        )
+        config = load_config(path)
+        for chat in (
+            config.build(**otel.providers),
+            config.build_route("main", **otel.providers).client,
+        ):
+            server.script(FakeResponse.error(503))
+            with pytest.raises(ProviderError):
+                await chat.get_response("hi")
+            await chat.aclose()
+    # Each breaker opened once, on the providers given, not the global ones.
+    assert otel.total(STATE_CHANGE_METRIC, **{BREAKER_NAME: "main", BREAKER_TO: "open"}) == 2
 
 
 async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None:

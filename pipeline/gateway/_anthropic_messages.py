@@ -38,8 +38,15 @@ from typing import Any
 
 from pipeline.gateway._chat_completions import _SSE
 from pipeline.gateway._handler import StreamEncoder
-from pipeline.gateway._json import json_body
-from pipeline.gateway.wire import ChatRequest, WireError, _integer, _invalid, _number
+from pipeline.gateway.wire import (
+    ChatRequest,
+    WireError,
+    _integer,
+    _invalid,
+    _number,
+    request_object,
+    unsupported_parameter,
+)
 from pipeline.providers._messages import STOP_REASONS, TOOL_CHOICE_TYPES, message_blocks
 from pipeline.providers._wire import ToolSpec
 from pipeline.types import (
@@ -138,18 +145,25 @@ def _text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def _system(value: Any) -> list[ChatMessage]:
+def _texts(value: Any, param: str) -> list[str]:
+    """A field that is a string or a list of text blocks (``system``, a tool result)."""
+    if value is None:
+        return []
     if isinstance(value, str):
-        return [ChatMessage(ChatRole.SYSTEM, value)] if value else []
+        return [value]
     if not isinstance(value, list):
-        raise _invalid("system", "expected a string or a list of text blocks")
+        raise _invalid(param, "expected a string or a list of text blocks")
     texts = []
     for index, block in enumerate(value):
-        where = f"system[{index}]"
+        where = f"{param}[{index}]"
         if _block_type(block, where) != "text":
             raise _unsupported(f"{where}.type", "expected a text block")
         texts.append(_text(block, where))
-    text = "\n\n".join(t for t in texts if t)
+    return texts
+
+
+def _system(value: Any) -> list[ChatMessage]:
+    text = "\n\n".join(t for t in _texts(value, "system") if t)
     return [ChatMessage(ChatRole.SYSTEM, text)] if text else []
 
 
@@ -157,19 +171,7 @@ def _tool_result(block: dict[str, Any], where: str) -> FunctionResultContent:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise _invalid(f"{where}.tool_use_id", "expected a non-empty string")
-    content = block.get("content")
-    if content is None or isinstance(content, str):
-        text = content or ""
-    elif isinstance(content, list):
-        parts = []
-        for index, part in enumerate(content):
-            part_where = f"{where}.content[{index}]"
-            if _block_type(part, part_where) != "text":
-                raise _unsupported(f"{part_where}.type", "expected a text block")
-            parts.append(_text(part, part_where))
-        text = "".join(parts)
-    else:
-        raise _invalid(f"{where}.content", "expected a string or a list of text blocks")
+    text = "".join(_texts(block.get("content"), f"{where}.content"))
     if not isinstance(block.get("is_error", False), bool):
         raise _invalid(f"{where}.is_error", "expected true or false")
     # An error result is its text: the model reads what went wrong from it.
@@ -275,22 +277,12 @@ def _tool_mode(value: Any, names: frozenset[str]) -> str:
 
 def parse_messages_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
     """The request a Messages body describes (see the module docstring)."""
-    try:
-        payload = json_body(body)
-    except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
-        raise WireError(400, str(exc), code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise WireError(400, "the request body must be a JSON object", code="invalid_json")
+    payload = request_object(body)
     for key in sorted(payload):
         if key in _SERVER_FEATURES:
             raise _unsupported(key, _SERVER_FEATURES[key])
         if key not in _KNOWN and key not in _DROPPED:
-            raise WireError(
-                400,
-                f"{key}: this parameter is not supported by this gateway",
-                param=key,
-                code="unsupported_parameter",
-            )
+            raise unsupported_parameter(key)
     thinking = payload.get("thinking")
     if thinking is not None and not (
         isinstance(thinking, dict) and thinking.get("type") == "disabled"
@@ -306,7 +298,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
     raw_messages = payload.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise _invalid("messages", "expected a non-empty list of messages", "missing_required")
-    messages = _system(payload["system"]) if payload.get("system") is not None else []
+    messages = _system(payload.get("system"))
     for index, raw in enumerate(raw_messages):
         messages += _turn(raw, index)
     stream = payload.get("stream")

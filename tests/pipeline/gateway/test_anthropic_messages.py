@@ -511,6 +511,28 @@ async def test_unknown_model_is_404(one_route: Running, primary: FakeOpenAIServe
     await sdk.close()
 
 
+async def test_the_shared_layers_refuse_in_anthropic_shape(primary: FakeOpenAIServer) -> None:
+    cfg = config({"primary": primary}, gateway={"max_body_bytes": 1024})
+    url = "/v1/messages"
+    async with running(cfg) as gateway, httpx.AsyncClient(base_url=gateway.url) as http:
+        refusals = [
+            (await http.get(url), 405, "invalid_request_error"),
+            (
+                await http.post(url, content=b"{}", headers={"content-type": "text/plain"}),
+                415,
+                "invalid_request_error",
+            ),
+            (await http.post(url, content=b"{" + b" " * 2000 + b"}"), 413, "request_too_large"),
+            (await http.post(url, content=b"{nope"), 400, "invalid_request_error"),
+        ]
+        for response, status, kind in refusals:
+            assert response.status_code == status
+            assert response.json()["type"] == "error"
+            assert response.json()["error"]["type"] == kind
+            assert response.headers["request-id"] == response.headers["x-request-id"]
+    assert primary.count() == 0
+
+
 SECRET = "secret words"
 
 

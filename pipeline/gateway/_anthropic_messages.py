@@ -31,7 +31,6 @@ The model served is the answer's ``model``; the answer's ``id`` is the gateway's
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any
@@ -41,6 +40,7 @@ from pipeline.gateway._handler import StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
     WireError,
+    _dumps,
     _integer,
     _invalid,
     _number,
@@ -68,10 +68,10 @@ __all__ = [
     "MessageEventEncoder",
     "MessagesFormat",
     "anthropic_error_type",
+    "new_message_id",
     "parse_messages_request",
+    "stop_reason",
 ]
-
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -220,7 +220,7 @@ def _turn(raw: Any, index: int) -> list[ChatMessage]:
             results.append(_tool_result(block, where))
         else:
             raise _unsupported(
-                f"{where}.type", f"this content block type is not supported in a {role} turn"
+                f"{where}.type", f"this content block type is not supported in {role} turns"
             )
     if role == "assistant":
         return [ChatMessage(ChatRole.ASSISTANT, contents)]

@@ -61,6 +61,14 @@ def query_of(title: str) -> str:
     return query
 
 
+def _by_route(prometheus: Prometheus, title: str) -> dict[str, float]:
+    """The value of each route's series of the panel `title`."""
+    return {
+        s["metric"]["ai_route_name"]: float(s["value"][1])
+        for s in prometheus.query(query_of(title))
+    }
+
+
 def gateway_only(query: str) -> bool:
     """The gateway's HTTP panels: a pipeline in a process of its own has no HTTP server."""
     return "http_server_" in query
@@ -200,10 +208,7 @@ def test_the_fallback_rate_counts_only_failures_that_moved_on(
 ) -> None:
     # The primary always fails and moves on; the backup, the last route, fails once too
     # but can fall back nowhere: before, the panel read that failure as a fallback rate.
-    rates = {
-        s["metric"]["ai_route_name"]: float(s["value"][1])
-        for s in scraped(request, source).query(query_of(FALLBACK_RATE))
-    }
+    rates = _by_route(scraped(request, source), FALLBACK_RATE)
     assert rates["primary"] == 1.0
     assert rates["backup"] == 0.0
 
@@ -214,10 +219,7 @@ def test_p95_time_to_first_update_is_in_the_right_order_of_magnitude(
     # With the SDK's default buckets (0, 5, 10, ...) this read about 4.75 s for a 50 ms
     # first update; with the advised boundaries it lands in the 40-80 ms bucket. An order
     # of magnitude is checked, not a timing.
-    query = query_of("p95 time to first update per route")
-    by_route = {
-        s["metric"]["ai_route_name"]: float(s["value"][1]) for s in library_prometheus.query(query)
-    }
+    by_route = _by_route(library_prometheus, "p95 time to first update per route")
     # The primary and west never produced output.
     assert set(by_route) == {"backup", "flaky", "east", "central"}
     delay = scripted.BACKUP_DELAY
@@ -236,13 +238,6 @@ def test_p95_gateway_duration_is_in_the_right_order_of_magnitude(
     }
     assert set(by_status) == {"200", "503"}
     assert by_status["200"] < 0.5, by_status
-
-
-def _by_route(prometheus: Prometheus, title: str) -> dict[str, float]:
-    return {
-        s["metric"]["ai_route_name"]: float(s["value"][1])
-        for s in prometheus.query(query_of(title))
-    }
 
 
 @pytest.mark.parametrize("source", SOURCES)

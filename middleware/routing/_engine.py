@@ -60,6 +60,7 @@ from middleware.routing.context import (
     with_instructions,
 )
 from pipeline import _scope
+from pipeline._semconv import ROUTE_SELECTION
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
 from pipeline.client import ChatClient, circuit_open, client_name, ensure_chat_client, metadata_of
@@ -554,7 +555,13 @@ class AttemptEngine(abc.ABC):
         context.attempts.append(record)
         if attempt.span is not None:
             self._telemetry.finish(
-                attempt.span, record, attempt.price, usage, response_model, terminal=terminal
+                attempt.span,
+                record,
+                attempt.price,
+                usage,
+                response_model,
+                terminal=terminal,
+                selection=attempt.attributes.get(ROUTE_SELECTION) if attempt.attributes else None,
             )
         report = request.report
         if report is not None:

@@ -362,13 +362,14 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     request = ResponsesRequest(model=model, messages=messages, options=options, stream=bool(stream))
     if payload.get("tools") is not None:
         request.tools, options.tools, request.tool_names = _tools(payload["tools"])
-    if payload.get("tool_choice") is not None:
-        request.tool_choice = payload["tool_choice"]
-        if not options.tools:
-            if payload["tool_choice"] != "none":
-                raise _invalid("tool_choice", "needs tools")
-        else:
-            options.tool_mode = _tool_mode(payload["tool_choice"], request.tool_names)
+    choice = payload.get("tool_choice")
+    if choice is not None:
+        request.tool_choice = choice
+        mode = _tool_mode(choice, request.tool_names)
+        if options.tools:
+            options.tool_mode = mode
+        elif mode != "none":
+            raise _invalid("tool_choice", "needs tools")
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):

@@ -242,7 +242,8 @@ def _conversation(source: Any) -> list[ChatMessage]:
         elif kind == "item_reference":
             raise _unsupported(
                 f"{where}.type",
-                "this gateway stores no items: send the item itself instead of a reference",
+                "this gateway stores no responses, so a reference finds nothing: send the "
+                "item itself (clients do with store: false)",
             )
         else:
             raise _invalid(

@@ -68,8 +68,11 @@ async def test_generate_stream_tools_and_a_failure_after_output(
     upstream.script(
         FakeResponse(text="Hello from the gateway.", usage=(9, 4)),
         FakeResponse(chunks=["Hello ", "from ", "the ", "stream."], usage=(9, 4)),
-        FakeResponse(text="", tool_calls=[("get_weather", '{"city": "Paris"}')], usage=(20, 5)),
+        FakeResponse(
+            text="Let me check.", tool_calls=[("get_weather", '{"city": "Paris"}')], usage=(20, 5)
+        ),
         FakeResponse(text="It is sunny in Paris.", usage=(30, 6)),
+        FakeResponse(text="Let me check.", tool_calls=[("get_weather", '{"city": "Paris"}')]),
         FakeResponse(
             chunks=["Hello ", "wor", "ld"],
             in_band_error={"type": "server_error", "code": "server_error"},
@@ -98,18 +101,24 @@ async def test_generate_stream_tools_and_a_failure_after_output(
     assert streamed["usage"] == {"inputTokens": 9, "outputTokens": 4, "totalTokens": 13}
 
     tools = result["tools"]
-    assert tools["calls"] == ["Paris"]  # the SDK ran the tool the model called
+    assert tools["calls"] == ["Paris", "Paris"]  # the SDK ran the tool the model called
     assert tools["steps"] == 2
-    assert tools["text"] == "It is sunny in Paris."
+    assert tools["text"] == "It is sunny in Paris."  # the last step's
     assert tools["usage"] == {"inputTokens": 50, "outputTokens": 11, "totalTokens": 61}
     # The second step carried the call and the tool's output back to the model.
-    sent = upstream.requests[3].json
-    assert sent["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert sent["messages"][2]["role"] == "tool"
-    assert sent["messages"][2]["content"] == "Sunny in Paris"
-    assert upstream.requests[3].path == "/v1/chat/completions"
+    sent = upstream.requests[3].json["messages"]
+    assert sent[1]["content"] == "Let me check."
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert sent[2] == {"role": "tool", "tool_call_id": "call_0", "content": "Sunny in Paris"}
+
+    # Without store: false, the second step refers to the first one's text by id: a 400
+    # naming the item and saying what to do, before any upstream call.
+    referenced = result["referenced"]
+    assert referenced["status"] == 400
+    assert referenced["message"].startswith("input[1].type: this gateway stores no responses")
+    assert "store: false" in referenced["message"]
 
     broken = result["broken"]
     assert "".join(broken["chunks"]) == "Hello wor"  # nothing repeated, nothing lost
     assert len(broken["errors"]) == 1  # the error event, not twice with response.failed
-    assert upstream.count() == 5
+    assert upstream.count() == 6

@@ -35,12 +35,26 @@ const weather = tool({
     return `Sunny in ${city}`;
   },
 });
+// The gateway stores no responses: with the SDK's default (store unset, so true) a step
+// after one with text refers to that text by id; with store: false it sends it again.
 const withTools = await generateText({
   model,
   prompt: "What is the weather in Paris?",
   tools: { get_weather: weather },
   stopWhen: stepCountIs(2),
+  providerOptions: { openai: { store: false } },
 });
+let referenced = null;
+try {
+  await generateText({
+    model,
+    prompt: "What is the weather in Paris?",
+    tools: { get_weather: weather },
+    stopWhen: stepCountIs(2),
+  });
+} catch (error) {
+  referenced = { status: error.statusCode ?? error.lastError?.statusCode, message: error.message };
+}
 
 const failed = [];
 const broken = streamText({
@@ -72,6 +86,7 @@ console.log(
       text: withTools.text,
       usage: usage(withTools.totalUsage),
     },
+    referenced,
     broken: { chunks: brokenChunks, errors: failed },
   }),
 );

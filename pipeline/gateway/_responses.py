@@ -435,7 +435,7 @@ def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
     return {
         "input_tokens": prompt,
         # The pipeline reports no cache or reasoning counts: none is known to have been used.
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": total,
@@ -466,6 +466,13 @@ def _call_item(
     }
 
 
+def _response_error(error: WireError) -> dict[str, Any]:
+    """A failed response's ``error``: its ``code`` is one of the API's (the SDKs validate
+    it against their list); the gateway's own code is in the ``error`` event before it."""
+    code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.type}
+
+
 def _response(
     request: ChatRequest,
     *,
@@ -491,7 +498,7 @@ def _response(
         "created_at": created,
         "status": status,
         "background": False,
-        "error": None if error is None else {"code": error.code, "message": error.message},
+        "error": None if error is None else _response_error(error),
         "incomplete_details": None if incomplete is None else {"reason": incomplete},
         "instructions": echo.instructions,
         "max_output_tokens": options.max_output_tokens,

@@ -30,6 +30,7 @@ from pipeline._semconv import (
     ROUTE_NAME,
     ROUTE_OUTCOME,
     ROUTE_OUTPUT_COMMITTED,
+    ROUTE_SELECTION,
     ROUTE_TERMINAL,
     ROUTE_TIME_TO_FIRST_UPDATE,
     ROUTING_SCOPE,
@@ -125,8 +126,10 @@ class RouteTelemetry:
         response_model: str | None,
         *,
         terminal: bool,
+        selection: AttributeValue | None = None,
     ) -> None:
-        """End the attempt's span and count it. Only a failed attempt is an error (ERROR
+        """End the attempt's span and count it (by route, outcome, terminal and, when the
+        router said why it chose the route, `selection`). Only a failed attempt is an error (ERROR
         status and `error.type`); a canceled or abandoned one ends with UNSET status, its
         outcome telling what happened."""
         failed = attempt.outcome in _FAILED
@@ -155,6 +158,8 @@ class RouteTelemetry:
             ROUTE_OUTCOME: attempt.outcome,
             ROUTE_TERMINAL: terminal,
         }
+        if selection is not None:
+            labels[ROUTE_SELECTION] = selection
         self.attempts.add(1, labels)
         if attempt.time_to_first_update is not None:
             self.time_to_first_update.record(

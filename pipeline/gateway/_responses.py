@@ -725,6 +725,7 @@ class Responses:
     path = "/v1/responses"
     x_api_key = False
     stream_headers = CHAT_COMPLETIONS.stream_headers
+    request_id_header: bytes | None = None  # OpenAI's SDKs read x-request-id
 
     parse = staticmethod(parse_responses)
     new_response_id = staticmethod(new_response_id)

@@ -19,7 +19,7 @@ from middleware.routing import (
     SessionAffinity,
 )
 from pipeline import ChatOptions, ChatPipeline
-from pipeline._semconv import ROUTE_SELECTION
+from pipeline._semconv import ROUTE_ATTEMPT_COUNT_METRIC, ROUTE_NAME, ROUTE_SELECTION
 from pipeline.errors import (
     AttemptTimeoutError,
     CircuitOpenError,
@@ -391,6 +391,13 @@ async def test_attempt_spans_say_why_the_route_was_chosen(otel, streaming: bool)
         ("route_attempt a", "strategy"),
         ("route_attempt b", "failover"),
     ]
+    # The attempt counter carries the reason too, so a dashboard can show the share of
+    # attempts that were probes or failovers.
+    counted = {
+        (labels[ROUTE_NAME], labels[ROUTE_SELECTION]): value
+        for labels, value in otel.points(ROUTE_ATTEMPT_COUNT_METRIC)
+    }
+    assert counted == {("a", "strategy"): 1, ("b", "failover"): 1}
 
 
 def test_configuration_is_checked() -> None:

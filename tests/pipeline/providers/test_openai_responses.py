@@ -2,13 +2,16 @@
 (the boundaries every HTTP client shares are in test_base.py)."""
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
 
+from middleware.routing import Route
 from pipeline import (
     ChatMessage,
     ChatOptions,
+    ChatPipeline,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
@@ -22,6 +25,7 @@ from pipeline.errors import (
 )
 from pipeline.providers import OpenAIResponsesChatClient
 from pipeline.testing import RESPONSES_PATH, FakeOpenAIServer, FakeResponse, collect
+from tests.otel import Otel
 
 # Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -303,3 +307,44 @@ async def test_stop_sequences_are_refused_before_anything_is_sent(
     assert isinstance(result.error, UnsendableRequestError)
     assert "stop sequences" in str(result.error)
     assert server.count() == 0
+
+
+async def test_no_prompt_answer_tool_argument_or_key_in_spans_or_logs(
+    server: FakeOpenAIServer,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+    streaming: bool,
+) -> None:
+    canary = "CANARY-9d2c"
+    caplog.set_level(logging.DEBUG)
+    server.script(
+        FakeResponse(text=f"answer {canary}", tool_calls=[("get_weather", f'{{"c": "{canary}"}}')]),
+        FakeResponse.error(400, code="invalid_request_error", message=f"echo {canary}"),
+        FakeResponse(chunks=[canary], in_band_error={"code": "server_error", "message": canary}),
+        FakeResponse(chunks=[canary, "x"], in_band_error={"message": canary}, error_after=5),
+    )
+    responses = OpenAIResponsesChatClient("m", api_key=f"sk-{canary}", base_url=server.base_url)
+    chat = (
+        ChatPipeline.builder(**otel.providers)
+        .use_telemetry()
+        .use_logging()
+        .use_ordered_failover([Route("responses", responses)])
+        .build()
+    )
+    turn = [
+        ChatMessage("user", f"my secret is {canary}"),
+        ChatMessage("assistant", [FunctionCallContent("c1", "get_weather", {"city": canary})]),
+        ChatMessage("tool", FunctionResultContent("c1", result=f"result {canary}")),
+    ]
+    options = ChatOptions(tools=[TOOL])
+    outcomes = [await collect(chat, turn, options, streaming=streaming) for _ in range(2)]
+    # In-band errors come only in streams.
+    outcomes += [await collect(chat, turn, options, streaming=True) for _ in range(2)]
+    assert outcomes[0].error is None
+    for outcome in outcomes[1:]:  # refused, failed in-band before and after output
+        assert outcome.error is not None and canary not in str(outcome.error)
+    assert canary in "".join(u.text for u in outcomes[3].updates)  # it did stream
+    await chat.aclose()
+    logged = [r.getMessage() for r in caplog.records] + [str(r.args) for r in caplog.records]
+    assert logged and not [line for line in logged if canary in line]
+    assert not [text for text in otel.everything_exported() if canary in text]

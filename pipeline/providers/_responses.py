@@ -155,11 +155,18 @@ def build_request(
         body["tools"] = [tool_definition(t) for t in options.tools]
         if options.tool_mode is not None:
             body["tool_choice"] = tool_choice(options.tool_mode)
+    text: dict[str, Any] = {}
     if options.response_format is not None:
-        body["text"] = {"format": text_format(chat_response_format(options.response_format))}
+        text["format"] = text_format(chat_response_format(options.response_format))
+    extra = dict(options.additional_properties)
+    if "verbosity" in extra:
+        # A Chat Completions field (top level) that this API takes under ``text``.
+        text["verbosity"] = extra.pop("verbosity")
+    if text:
+        body["text"] = text
     if options.reasoning_effort is not None:
         body["reasoning"] = {"effort": options.reasoning_effort}
-    for key, value in options.additional_properties.items():
+    for key, value in extra.items():
         body.setdefault(key, value)
     return body
 

@@ -96,7 +96,7 @@ async def test_options_reach_their_fields(
         tool_mode="get_weather",
         response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": {}}},
         reasoning_effort="low",
-        additional_properties={"parallel_tool_calls": False},
+        additional_properties={"parallel_tool_calls": False, "verbosity": "low"},
     )
     messages = [
         ChatMessage("system", "Be brief."),
@@ -119,7 +119,10 @@ async def test_options_reach_their_fields(
     assert "seed" not in body
     assert body["tools"] == [{"type": "function", **TOOL["function"]}]  # flat, as the API asks
     assert body["tool_choice"] == {"type": "function", "name": "get_weather"}
-    assert body["text"] == {"format": {"type": "json_schema", "name": "r", "schema": {}}}
+    assert body["text"] == {
+        "format": {"type": "json_schema", "name": "r", "schema": {}},
+        "verbosity": "low",  # where this API takes it
+    }
     assert body["reasoning"] == {"effort": "low"}
     assert body["parallel_tool_calls"] is False
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+from pipeline import _fake_responses
 from pipeline._counting import CountWaiters
 
 __all__ = [
     "CHAT_PATH",
     "EMBEDDINGS_PATH",
     "MODELS_PATH",
+    "RESPONSES_PATH",
     "FakeOpenAIServer",
     "FakeResponse",
     "FakeServer",
@@ -36,6 +38,7 @@ __all__ = [
 CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 MODELS_PATH = "/v1/models"
+RESPONSES_PATH = _fake_responses.RESPONSES_PATH
 
 _REASONS = {
     200: "OK",
@@ -58,21 +61,25 @@ _REASONS = {
 
 @dataclass(frozen=True, slots=True)
 class FakeResponse:
-    """What the server does with one request (the same script serves both formats).
+    """What the server does with one request (the same script serves every format).
 
     * `text` / `chunks`: the answer (streamed as `chunks`, default: word by word);
     * `tool_calls`: ``(name, arguments_json)`` pairs, streamed in `tool_call_pieces` pieces;
-    * `stop_reason`: the format's own finish/stop reason (default: the natural one);
+    * `stop_reason`: the format's own finish/stop reason (default: the natural one; in the
+      Responses API, ``max_output_tokens`` or ``content_filter`` answer ``incomplete``);
     * `status` with `error_type`, `error_code`, `error_message`: an error answered in the
       format's own error body (`body` replaces it verbatim); ``Retry-After`` goes in
       `headers`;
     * `latency` before the response starts, `first_chunk_delay`, `chunk_delay`;
     * `disconnect_after`: send that many SSE events, then drop the connection. The first
-      events carry no content: the role chunk (OpenAI); ``message_start``,
+      events carry no content: the role chunk (OpenAI); ``response.created``,
+      ``response.in_progress``, ``response.output_item.added`` and
+      ``response.content_part.added`` (Responses); ``message_start``,
       ``content_block_start`` and ``ping`` (Anthropic);
     * `in_band_error` (an ``error`` object) sent after `error_after` events on a 200 stream;
     * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done` leaves
-      out ``[DONE]`` (OpenAI) or ``message_stop`` (Anthropic);
+      out ``[DONE]`` (OpenAI), ``response.completed`` (Responses) or ``message_stop``
+      (Anthropic);
     * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
       events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
@@ -413,7 +420,9 @@ def _openai_error_type(status: int) -> str:
 
 class FakeOpenAIServer(FakeServer):
     """An OpenAI-compatible server: ``/v1/chat/completions`` (any ``.../chat/completions``,
-    so Azure-style deployment paths work too), ``/v1/embeddings`` and ``GET /v1/models``.
+    so Azure-style deployment paths work too), ``/v1/responses`` (the Responses API,
+    `pipeline._fake_responses`: requests checked as strictly as the API checks them,
+    answers streamed as its typed events), ``/v1/embeddings`` and ``GET /v1/models``.
 
     `base_url` is the ``/v1`` URL to give a client. `models` are the ids ``/v1/models``
     lists. Streams send the usage chunk only when ``stream_options.include_usage`` asks for
@@ -445,9 +454,10 @@ class FakeOpenAIServer(FakeServer):
     ) -> bool:
         is_chat = path.endswith("/chat/completions")
         is_embeddings = path.endswith("/embeddings")
+        is_responses = path == _fake_responses.RESPONSES_PATH
         if path == MODELS_PATH or path.startswith(MODELS_PATH + "/"):
             return await self._models(writer, method, path)
-        if method != "POST" or not (is_chat or is_embeddings):
+        if method != "POST" or not (is_chat or is_embeddings or is_responses):
             await self._send_json(writer, 404, self._error_body(404, "not found", None, None))
             return True
         if response.status >= 400:
@@ -467,6 +477,8 @@ class FakeOpenAIServer(FakeServer):
         if is_embeddings:
             await self._send_json(writer, 200, self._embeddings(payload, response))
             return True
+        if is_responses:
+            return await self._responses(writer, payload, response)
         if payload.get("stream"):
             events = [f"data: {data}\n\n" for data in self._chunk_payloads(payload, response)]
             error = "data: " + json.dumps({"error": dict(response.in_band_error or {})}) + "\n\n"
@@ -483,16 +495,45 @@ class FakeOpenAIServer(FakeServer):
 
     @staticmethod
     def _error_body(
-        status: int, message: str, type_: str | None, code: str | None
+        status: int,
+        message: str,
+        type_: str | None,
+        code: str | None,
+        param: str | None = None,
     ) -> dict[str, Any]:
         return {
             "error": {
                 "message": message,
                 "type": type_ or _openai_error_type(status),
-                "param": None,
+                "param": param,
                 "code": code,
             }
         }
+
+    async def _responses(
+        self, writer: asyncio.StreamWriter, payload: dict[str, Any], response: FakeResponse
+    ) -> bool:
+        """``POST /v1/responses`` (see `pipeline._fake_responses`)."""
+        refused = _fake_responses.problem(payload)
+        if refused is not None:
+            param, message = refused
+            body = self._error_body(400, message, None, "invalid_request_error", param)
+            await self._send_json(writer, 400, body)
+            return True
+        number = len(self.requests)
+        if not payload.get("stream"):
+            body = _fake_responses.response_body(payload, response, number)
+            await self._send_json(writer, 200, body)
+            return True
+        events, end, in_band, first_content = _fake_responses.events(payload, response, number)
+        return await self._send_events(
+            writer,
+            response,
+            events,
+            error_event=in_band,
+            done_event=end,
+            first_content=first_content,
+        )
 
     async def _models(self, writer: asyncio.StreamWriter, method: str, path: str) -> bool:
         if method != "GET":

@@ -3,7 +3,8 @@
 ::
 
     [routes.small]
-    provider = "openai"              # openai | azure_openai | ollama | anthropic | scripted
+    provider = "openai"              # openai | openai_responses | azure_openai | ollama
+                                     # | anthropic | scripted
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -30,14 +31,14 @@ merged over the base (tables key by key, other values replaced; a route whose pr
 environment changes is replaced whole).
 
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
-`RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `AzureOpenAIRouteConfig`,
-`OllamaRouteConfig`, `AnthropicRouteConfig`, `ScriptedRouteConfig`), each the provider's
-settings (`pipeline.providers._settings`) plus the route's facts (`RouteFacts`) and its own
-layers (`RetrySettings`, `BreakerConfig`); the router is a `RouterConfig`, one class per
-`kind` (`OrderedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`), built on the
-routers' own settings (`FailoverSettings`, `SemanticSettings`). A default or a check is
-written once, on those classes; a new provider or router kind is one class and one member
-of its union.
+`RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
+`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
+`ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
+the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
+router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
+`TieredRouterConfig`, `SemanticRouterConfig`), built on the routers' own settings
+(`FailoverSettings`, `SemanticSettings`). A default or a check is written once, on those
+classes; a new provider or router kind is one class and one member of its union.
 
 Every problem is reported at once, each with its key path, as one `ConfigError`; an
 unknown key is an error with a suggestion (``routes.a.modle: unknown setting; did you mean
@@ -96,6 +97,7 @@ from pipeline.providers._settings import (
     Name,
     OllamaSettings,
     OpenAIEmbeddingsSettings,
+    OpenAIResponsesSettings,
     OpenAISettings,
     ScriptedSettings,
 )
@@ -115,6 +117,7 @@ __all__ = [
     "HealthConfig",
     "LayersConfig",
     "OllamaRouteConfig",
+    "OpenAIResponsesRouteConfig",
     "OpenAIRouteConfig",
     "OrderedRouterConfig",
     "PipelineConfig",
@@ -212,6 +215,10 @@ class OpenAIRouteConfig(_RouteTable, OpenAISettings):
     """``provider = "openai"``: OpenAI or any Chat Completions server."""
 
 
+class OpenAIResponsesRouteConfig(_RouteTable, OpenAIResponsesSettings):
+    """``provider = "openai_responses"``: OpenAI's Responses API."""
+
+
 class AzureOpenAIRouteConfig(_RouteTable, AzureOpenAISettings):
     """``provider = "azure_openai"``: an Azure OpenAI deployment."""
 
@@ -230,6 +237,7 @@ class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
 
 RouteConfig: TypeAlias = Annotated[
     OpenAIRouteConfig
+    | OpenAIResponsesRouteConfig
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig

@@ -82,6 +82,7 @@ SURFACES = {
         "OllamaChatClient",
         "OpenAIChatClient",
         "OpenAIEmbeddingGenerator",
+        "OpenAIResponsesChatClient",
     },
     "pipeline.testing": {
         "CHAT_PATH",
@@ -98,6 +99,7 @@ SURFACES = {
         "MESSAGES_PATH",
         "MODELS_PATH",
         "FakeResponse",
+        "RESPONSES_PATH",
         "RecordedCall",
         "RecordedRequest",
         "ScriptStep",

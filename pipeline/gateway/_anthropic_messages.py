@@ -538,7 +538,6 @@ class MessagesFormat:
 
     parse = staticmethod(parse_messages_request)
     new_response_id = staticmethod(new_message_id)
-    stream_error = staticmethod(MessageEventEncoder.error)
 
     @staticmethod
     def error_body(error: WireError) -> bytes:

@@ -39,7 +39,6 @@ class ChatCompletions:
     # The wire's own functions where the signatures match: no call in between.
     parse = staticmethod(parse_request)
     new_response_id = staticmethod(new_id)
-    stream_error = staticmethod(ChunkEncoder.error)
 
     def error_body(self, error: WireError) -> bytes:
         return error.body()

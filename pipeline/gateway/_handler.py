@@ -1,8 +1,9 @@
 """The innermost layer of an inbound format's endpoint: the pipeline call itself.
 
 An inbound format (`InboundFormat`: Chat Completions, `pipeline.gateway._chat_completions`;
-Anthropic Messages, `pipeline.gateway._anthropic_messages`) says how a body becomes a
-`ChatRequest` and how an answer, a stream and an error are written. `FormatHandler` runs
+OpenAI Responses, `pipeline.gateway._responses`; Anthropic Messages,
+`pipeline.gateway._anthropic_messages`) says how a body becomes a `ChatRequest` and how an
+answer, a stream and an error are written. `FormatHandler` runs
 one request of any format on the configured pipeline, with the promises every format
 shares:
 
@@ -52,6 +53,9 @@ class StreamEncoder(Protocol):
     def end(self) -> str:
         """The events that end a complete stream."""
 
+    def error(self, error: WireError) -> str:
+        """The in-band error event that ends this stream when it failed after output."""
+
 
 class InboundFormat(Protocol):
     """An API the gateway serves (a path, a request body, its answers and errors)."""
@@ -86,9 +90,6 @@ class InboundFormat(Protocol):
     ) -> StreamEncoder:
         """The encoder of one streamed answer."""
 
-    def stream_error(self, error: WireError) -> str:
-        """The in-band error event that ends a stream which failed after output."""
-
 
 class _Disconnect:
     """Watches the connection while a request runs: a client that goes away cancels the
@@ -115,6 +116,16 @@ class _Disconnect:
         self._watch.cancel()
 
 
+class _Started:
+    """The encoder of a request's stream, once its status line went out: a failure after
+    that ends the stream with the encoder's own error event (it may number its events)."""
+
+    __slots__ = ("encoder",)
+
+    def __init__(self) -> None:
+        self.encoder: StreamEncoder | None = None
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -133,6 +144,7 @@ class FormatHandler:
         if task is None:  # pragma: no cover - ASGI servers run each request in a task
             raise RuntimeError("the gateway serves requests from inside an asyncio task")
         watch: _Disconnect | None = None
+        started = _Started()
         report = RouteReport()
         exchange.report = report
         token = _scope.enter_report(report)
@@ -151,7 +163,7 @@ class FormatHandler:
             exchange.route = target.route
             watch = _Disconnect(receive, task)
             if request.stream:
-                exchange.failure = await self._stream(exchange, request, target, watch)
+                exchange.failure = await self._stream(exchange, request, target, watch, started)
             else:
                 exchange.failure = await self._complete(exchange, request, target, watch)
         except WireError as exc:
@@ -164,7 +176,9 @@ class FormatHandler:
                 # A client's stray CancelledError, not this request being cancelled: a
                 # failure of the pipeline like any other.
                 exchange.failure = exc
-                await self._unfinished(exchange, error_for(exc, self.gateway.settings.retry_after))
+                await self._unfinished(
+                    exchange, error_for(exc, self.gateway.settings.retry_after), started
+                )
                 return
             if watch is not None and watch.disconnected:
                 # The client went away: the pipeline saw its caller cancelled (its attempt
@@ -184,7 +198,7 @@ class FormatHandler:
                 retry_after=self.gateway.settings.retry_after,
             )
             exchange.failure = error
-            await self._unfinished(exchange, error)
+            await self._unfinished(exchange, error, started)
         except Exception as exc:
             # A bug of ours (the pipeline's failures were mapped where they happened).
             exchange.failure = exc
@@ -197,19 +211,23 @@ class FormatHandler:
                 exc_info=exc,
             )
             await self._unfinished(
-                exchange, WireError(500, "internal error", type="server_error", code=None)
+                exchange,
+                WireError(500, "internal error", type="server_error", code=None),
+                started,
             )
         finally:
             _scope.exit_report(token)
             if watch is not None:
                 watch.close()
 
-    async def _unfinished(self, exchange: Exchange, error: WireError) -> None:
-        """End a response that could not complete: a status, or an in-band error."""
+    async def _unfinished(self, exchange: Exchange, error: WireError, started: _Started) -> None:
+        """End a response that could not complete: a status, or an in-band error (a body
+        cut short by its end when it is no stream)."""
         if not exchange.status:
             await exchange.error(error)
             return
-        await exchange.body_part(self.format.stream_error(error).encode(), False)
+        event = started.encoder.error(error) if started.encoder is not None else ""
+        await exchange.body_part(event.encode(), False)
 
     @staticmethod
     def _messages(request: ChatRequest, target: Target) -> list[ChatMessage]:
@@ -239,7 +257,12 @@ class FormatHandler:
         return None
 
     async def _stream(
-        self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
+        self,
+        exchange: Exchange,
+        request: ChatRequest,
+        target: Target,
+        watch: _Disconnect,
+        started: _Started,
     ) -> BaseException | None:
         stream = target.client.get_streaming_response(
             self._messages(request, target), request.options
@@ -263,6 +286,7 @@ class FormatHandler:
             encoder = self.format.encoder(
                 request, model=model or request.model, response_id=response_id, created=now()
             )
+            started.encoder = encoder
             await exchange.start(200, self.format.stream_headers)
             if first is not None:
                 data = encoder.update(first)
@@ -288,7 +312,7 @@ class FormatHandler:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": self.format.stream_error(error).encode(),
+                    "body": encoder.error(error).encode(),
                     "more_body": False,
                 }
             )

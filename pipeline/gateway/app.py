@@ -67,6 +67,7 @@ from pipeline.gateway._exchange import (
 )
 from pipeline.gateway._handler import FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
+from pipeline.gateway._responses import RESPONSES
 from pipeline.gateway._telemetry import TelemetryMiddleware
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys
 from pipeline.gateway.wire import now
@@ -84,7 +85,7 @@ CHAT_ROUTE = CHAT_COMPLETIONS.path
 SESSION_HEADER = "x-session-id"
 """The request header carrying the session id (session affinity keeps its route)."""
 
-FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, MESSAGES)
+FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 """The inbound formats the gateway serves, each on its own path."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")

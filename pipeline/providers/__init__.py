@@ -1,5 +1,5 @@
-"""Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible, Azure OpenAI, Ollama,
-Anthropic, and embeddings.
+"""Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible (Chat Completions and the
+Responses API), Azure OpenAI, Ollama, Anthropic, and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model.
@@ -13,6 +13,7 @@ from pipeline.providers.anthropic import AnthropicChatClient
 from pipeline.providers.azure import AzureOpenAIChatClient
 from pipeline.providers.ollama import OllamaChatClient
 from pipeline.providers.openai import OpenAIChatClient
+from pipeline.providers.openai_responses import OpenAIResponsesChatClient
 
 if TYPE_CHECKING:
     from pipeline.providers.embeddings import OpenAIEmbeddingGenerator
@@ -32,6 +33,7 @@ __all__ = [
     "OllamaChatClient",
     "OpenAIChatClient",
     "OpenAIEmbeddingGenerator",
+    "OpenAIResponsesChatClient",
 ]
 
 

@@ -66,8 +66,9 @@ class HTTPChatClient(AsyncClosing):
     provider_name: ClassVar[str] = ""
     api_key_env: ClassVar[str | None] = None
     default_base_url: ClassVar[str] = ""
-    # How a complete stream ends: its last payload's ``type`` (None: a ``[DONE]`` line).
-    stream_end_type: ClassVar[str | None] = None
+    # How a complete stream ends: its last payload's ``type`` is one of these (none: a
+    # ``[DONE]`` line).
+    stream_end_types: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -156,6 +157,11 @@ class HTTPChatClient(AsyncClosing):
     def _stream_reader(self) -> StreamReader:
         raise NotImplementedError
 
+    @classmethod
+    def stream_end(cls) -> str:
+        """What ends a complete stream, in words (for errors)."""
+        return " or ".join(sorted(cls.stream_end_types)) or "[DONE]"
+
     # -- calls --------------------------------------------------------------------------------
 
     def _prepare(self, messages: Messages, options: ChatOptions | None, stream: bool) -> bytes:
@@ -194,7 +200,7 @@ class HTTPChatClient(AsyncClosing):
         where = self._endpoint
         provider = self.provider_name
         headers = traced(await self._request_headers() if self._dynamic_headers else self._headers)
-        payloads = SSEPayloads(provider, end_type=self.stream_end_type)
+        payloads = SSEPayloads(provider, end_types=self.stream_end_types)
         stream: StreamBody | None = None
         try:
             try:
@@ -228,7 +234,7 @@ class HTTPChatClient(AsyncClosing):
             if not payloads.done:
                 raise provider_error(
                     FailureKind.TRANSIENT,
-                    f"the stream ended before {self.stream_end_type or '[DONE]'}",
+                    f"the stream ended before {self.stream_end()}",
                     provider=provider,
                     code="incomplete_stream",
                     url=where,

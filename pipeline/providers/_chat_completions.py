@@ -41,6 +41,8 @@ __all__ = [
     "MAX_TOKENS_FIELDS",
     "StreamAssembler",
     "build_request",
+    "chat_response_format",
+    "data_url",
     "parse_response",
     "parse_usage",
 ]
@@ -70,7 +72,7 @@ def _tool_choice(mode: str) -> Any:
     return {"type": "function", "function": {"name": mode}}  # one named tool
 
 
-def _data_url(content: DataContent) -> str:
+def data_url(content: DataContent) -> str:
     if content.uri is not None:
         return content.uri
     encoded = base64.b64encode(content.data or b"").decode("ascii")
@@ -91,7 +93,7 @@ def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
     payload: dict[str, Any] = {"role": role}
     if data and message.role is ChatRole.USER:
         parts: list[dict[str, Any]] = [{"type": "text", "text": t.text} for t in texts]
-        parts += [{"type": "image_url", "image_url": {"url": _data_url(d)}} for d in data]
+        parts += [{"type": "image_url", "image_url": {"url": data_url(d)}} for d in data]
         payload["content"] = parts
     else:
         text = "".join(t.text for t in texts)
@@ -143,7 +145,7 @@ def build_request(
         if options.tool_mode is not None:
             body["tool_choice"] = _tool_choice(options.tool_mode)
     if options.response_format is not None:
-        body["response_format"] = _response_format(options.response_format)
+        body["response_format"] = chat_response_format(options.response_format)
     if options.reasoning_effort is not None:
         body["reasoning_effort"] = options.reasoning_effort
     # The escape hatch for provider-specific fields; never overrides what the request needs.
@@ -152,7 +154,8 @@ def build_request(
     return body
 
 
-def _response_format(value: Any) -> Any:
+def chat_response_format(value: Any) -> Any:
+    """`ChatOptions.response_format` as a Chat Completions ``response_format``."""
     if value in ("json", "json_object"):
         return {"type": "json_object"}
     if value == "text":

@@ -40,6 +40,7 @@ __all__ = [
     "OllamaSettings",
     "OpenAIEmbeddingsSettings",
     "OpenAIEndpoint",
+    "OpenAIResponsesSettings",
     "OpenAISettings",
     "ProviderSettings",
     "ScriptedSettings",
@@ -178,6 +179,20 @@ class OpenAISettings(OpenAIEndpoint, ChatCompletionsSettings):
 
         return OpenAIChatClient(
             self.model, api_key=api_key, base_url=self.base_url, **self._chat_options(name)
+        )
+
+
+class OpenAIResponsesSettings(OpenAIEndpoint, HTTPProviderSettings):
+    """``provider = "openai_responses"``: OpenAI's Responses API, or a server speaking it
+    (`OpenAIResponsesChatClient`)."""
+
+    provider: Literal["openai_responses"] = "openai_responses"
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.openai_responses import OpenAIResponsesChatClient
+
+        return OpenAIResponsesChatClient(
+            self.model, api_key=api_key, base_url=self.base_url, **self._http_options(name)
         )
 
 

@@ -158,8 +158,10 @@ class SSEPayloads:
 
     `feed(chunk)` returns the payloads the chunk completes, and `finish()` those the body's
     end completes. Once the stream says it is complete, `done` is set and nothing more is
-    returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
-    `end_type` (``message_stop`` in the Messages API; that payload is not returned). An
+    returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is one of
+    `end_types` (``message_stop`` in the Messages API; ``response.completed`` or
+    ``response.incomplete`` in the Responses API, which carry the usage: that payload is
+    the last one returned). An
     ``error`` event is its `ProviderError`; malformed SSE, JSON or UTF-8 is one of kind
     `UNKNOWN` (code ``malformed``). A failure never costs the payloads before it: when a
     chunk completes some, they are returned and the failure is kept in `failure` (the
@@ -167,13 +169,13 @@ class SSEPayloads:
     it. Synchronous, so a stream reader pays no generator step per chunk for it.
     """
 
-    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done", "failure")
+    __slots__ = ("_decoder", "_end_types", "_lines", "_provider", "done", "failure")
 
-    def __init__(self, provider: str, *, end_type: str | None = None) -> None:
+    def __init__(self, provider: str, *, end_types: frozenset[str] = frozenset()) -> None:
         self._lines = Utf8Lines(provider)
         self._decoder = SSEDecoder()
         self._provider = provider
-        self._end_type = end_type
+        self._end_types = end_types
         self.done = False
         self.failure: ProviderError | None = None
 
@@ -188,7 +190,7 @@ class SSEPayloads:
         return self._payloads(self._lines.finish()) if not self.done else []
 
     def _payloads(self, lines: list[str]) -> list[Any]:
-        provider, end_type = self._provider, self._end_type
+        provider, end_types = self._provider, self._end_types
         events: list[tuple[str, str]] = []
         failure: ProviderError | None = None
         try:
@@ -211,8 +213,9 @@ class SSEPayloads:
                     provider,
                 )
                 break
-            if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
+            if end_types and type(payload) is dict and payload.get("type") in end_types:
                 self.done = True
+                payloads.append(payload)
                 return payloads
             payloads.append(payload)
         if failure is not None:

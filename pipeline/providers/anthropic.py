@@ -61,7 +61,7 @@ class AnthropicChatClient(HTTPChatClient):
     provider_name = "anthropic"
     api_key_env = "ANTHROPIC_API_KEY"
     default_base_url = DEFAULT_ANTHROPIC_URL
-    stream_end_type = "message_stop"
+    stream_end_types = frozenset({"message_stop"})
 
     def __init__(
         self,

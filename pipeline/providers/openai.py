@@ -53,13 +53,70 @@ class ClientOptions(TypedDict, total=False):
     name: str | None
 
 
-__all__ = ["DEFAULT_BASE_URL", "OpenAIChatClient"]
+__all__ = ["DEFAULT_BASE_URL", "OpenAIAPIClient", "OpenAIChatClient"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _DEFAULT_TIMEOUT = DEFAULT_TIMEOUT
 
 
-class OpenAIChatClient(HTTPChatClient):
+class OpenAIAPIClient(HTTPChatClient):
+    """What OpenAI's APIs share, whichever format a subclass speaks: the key (`api_key` or
+    ``OPENAI_API_KEY``, sent as a bearer token, required only for the default endpoint),
+    the organization header, and the model a request names."""
+
+    provider_name = "openai"
+    api_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        api_key: str | None = None,
+        base_url: str = DEFAULT_BASE_URL,
+        http_client: httpx2.AsyncClient | aiohttp.ClientSession | None = None,
+        transport: TransportName | None = None,
+        timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
+        organization: str | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        first_chunk_timeout: float | None = None,
+        stream_idle_timeout: float | None = None,
+        name: str | None = None,
+    ) -> None:
+        headers: dict[str, str] = dict(default_headers or {})
+        if organization:
+            headers["OpenAI-Organization"] = organization
+        super().__init__(
+            model,
+            api_key=api_key,
+            base_url=base_url,
+            http_client=http_client,
+            timeout=timeout,
+            headers=headers,
+            first_chunk_timeout=first_chunk_timeout,
+            stream_idle_timeout=stream_idle_timeout,
+            name=name,
+            transport=transport,
+        )
+
+    def _static_auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    def _body_model(self, options: ChatOptions | None) -> str | None:
+        return (options.model_id if options else None) or self.model
+
+    def _requires_model(self) -> bool:
+        return True
+
+    def _request_model(self, options: ChatOptions | None) -> str | None:
+        """The model a request names (`ValueError` when one is needed and none is set)."""
+        model = self._body_model(options)
+        if model is None and self._requires_model():
+            raise ValueError("no model: pass model= to the client or set ChatOptions.model_id")
+        return model
+
+
+class OpenAIChatClient(OpenAIAPIClient):
     """A Chat Completions client. See the module docstring for its failure boundaries.
 
     The API key comes from `api_key` or ``OPENAI_API_KEY``; it is required only for the
@@ -73,9 +130,6 @@ class OpenAIChatClient(HTTPChatClient):
     servers that ignore the newer field (llama.cpp, vLLM and others).
     """
 
-    provider_name = "openai"
-    api_key_env: ClassVar[str | None] = "OPENAI_API_KEY"
-    default_base_url = DEFAULT_BASE_URL
     max_tokens_field = "max_completion_tokens"
 
     def __init__(
@@ -101,49 +155,33 @@ class OpenAIChatClient(HTTPChatClient):
                     f", not {max_tokens_field!r}"
                 )
             self.max_tokens_field = max_tokens_field
-        headers: dict[str, str] = dict(default_headers or {})
-        if organization:
-            headers["OpenAI-Organization"] = organization
         super().__init__(
             model,
             api_key=api_key,
             base_url=base_url,
             http_client=http_client,
+            transport=transport,
             timeout=timeout,
-            headers=headers,
+            organization=organization,
+            default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
             name=name,
-            transport=transport,
         )
 
-    # -- what subclasses change -------------------------------------------------------------
+    # -- the format ---------------------------------------------------------------------------
 
     def _chat_url(self) -> httpx2.URL:
         return self._base_url.join("chat/completions")
-
-    def _static_auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    def _body_model(self, options: ChatOptions | None) -> str | None:
-        return (options.model_id if options else None) or self.model
-
-    def _requires_model(self) -> bool:
-        return True
-
-    # -- the format ---------------------------------------------------------------------------
 
     def _body(
         self, messages: Messages, options: ChatOptions | None, stream: bool
     ) -> dict[str, Any]:
         options = check_options(options)
-        model = self._body_model(options)
-        if model is None and self._requires_model():
-            raise ValueError("no model: pass model= to the client or set ChatOptions.model_id")
         return build_request(
             as_messages(messages),
             options,
-            model=model,
+            model=self._request_model(options),
             stream=stream,
             max_tokens_field=self.max_tokens_field,
         )

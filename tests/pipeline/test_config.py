@@ -362,8 +362,8 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
         "routes.b.retry.max_attempts": "expected at least 1, got 0",
         "routes.b.retry.jitter": "expected true or false, got str",
         "routes.c.provider": (
-            "expected one of ['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], "
-            "got 'gemnii'"
+            "expected one of ['openai', 'openai_responses', 'azure_openai', 'ollama', "
+            "'anthropic', 'scripted'], got 'gemnii'"
         ),
         "router.max_attempts_per_request": "expected positive, got 0",
         "router.order[1]": "names no route: 'bb'; did you mean 'b'?",
@@ -509,6 +509,49 @@ async def test_an_anthropic_route_and_max_tokens_field(
         build_pipeline(bad)
 
 
+async def test_an_openai_responses_route(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, streaming: bool
+) -> None:
+    from pipeline.providers import OpenAIResponsesChatClient
+    from pipeline.testing import RESPONSES_PATH
+
+    monkeypatch.setenv("RESPONSES_TEST_KEY", "sk-responses-test")
+    async with FakeOpenAIServer() as server:
+        path = tmp_path / "pipeline.toml"
+        path.write_text(
+            "[routes.main]\n"
+            'provider = "openai_responses"\n'
+            'model = "gpt-test"\n'
+            f'base_url = "{server.base_url}"\n'
+            'api_key_env = "RESPONSES_TEST_KEY"\n'
+            'transport = "httpx2"\n'
+            "first_chunk_timeout = 5\n"
+        )
+        config = load_config(path)
+        route = config.build_route("main")
+        assert isinstance(route.client, OpenAIResponsesChatClient)
+        assert route.client.transport == "httpx2" and route.client.first_chunk_timeout == 5
+        chat = config.build()
+        result = await collect(chat, "hi", streaming=streaming)
+        assert result.error is None and result.text == "Hello from the fake server."
+        assert server.count(RESPONSES_PATH) == 1
+        request = server.requests[-1]
+        assert request.json["model"] == "gpt-test"
+        assert request.headers["authorization"] == "Bearer sk-responses-test"
+        await chat.aclose()
+        await route.client.aclose()
+    bad = {
+        "routes": {
+            "a": {"provider": "openai_responses", "model": "", "max_tokens_field": "max_tokens"}
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        build_pipeline(bad)
+    problems = dict(caught.value.problems)
+    assert set(problems) == {"routes.a.model", "routes.a.max_tokens_field"}
+    assert problems["routes.a.max_tokens_field"].startswith("unknown setting")
+
+
 # -- typed tables ----------------------------------------------------------------------------
 
 
@@ -575,22 +618,24 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
             {"routes": {"a": {"model": "m"}}},
             {
                 "routes.a.provider": "is required (one of "
-                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'])"
+                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
+                "'scripted'])"
             },
         ),
         (
             {"routes": {"a": {"provider": "opnai", "model": "m"}}},
             {
                 "routes.a.provider": "expected one of "
-                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], got 'opnai'; "
-                "did you mean 'openai'?"
+                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
+                "'scripted'], got 'opnai'; did you mean 'openai'?"
             },
         ),
         (
             {"routes": {"a": {"provider": 7}}},
             {
                 "routes.a.provider": "expected one of "
-                "['openai', 'azure_openai', 'ollama', 'anthropic', 'scripted'], got int"
+                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
+                "'scripted'], got int"
             },
         ),
         (
@@ -663,6 +708,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OllamaChatClient,
         OpenAIChatClient,
         OpenAIEmbeddingGenerator,
+        OpenAIResponsesChatClient,
     )
     from pipeline.providers._chat_completions import MAX_TOKENS_FIELDS
     from pipeline.providers._settings import (
@@ -673,6 +719,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         HTTPProviderSettings,
         OllamaSettings,
         OpenAIEmbeddingsSettings,
+        OpenAIResponsesSettings,
         OpenAISettings,
         ScriptedSettings,
     )
@@ -683,6 +730,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
 
     pairs = [
         (OpenAISettings, "base_url", OpenAIChatClient, "base_url"),
+        (OpenAIResponsesSettings, "base_url", OpenAIResponsesChatClient, "base_url"),
         (OllamaSettings, "base_url", OllamaChatClient, "base_url"),
         (AnthropicSettings, "base_url", AnthropicChatClient, "base_url"),
         (AnthropicSettings, "max_tokens", AnthropicChatClient, "max_tokens"),
@@ -693,7 +741,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         (OpenAIEmbeddingsSettings, "base_url", OpenAIEmbeddingGenerator, "base_url"),
         (TieredRouterConfig, "sticky_sessions", TieredRoutingChatClient, "sticky_sessions"),
     ]
-    for client in (OpenAIChatClient, AnthropicChatClient):
+    for client in (OpenAIChatClient, OpenAIResponsesChatClient, AnthropicChatClient):
         pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
         pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
     pairs.append(
@@ -703,6 +751,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         assert field(settings, name) == _default(constructor, parameter), (settings, name)
     keyed = {
         OpenAISettings: OpenAIChatClient,
+        OpenAIResponsesSettings: OpenAIResponsesChatClient,
         AzureOpenAISettings: AzureOpenAIChatClient,
         AnthropicSettings: AnthropicChatClient,
         OpenAIEmbeddingsSettings: OpenAIChatClient,

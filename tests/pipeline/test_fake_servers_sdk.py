@@ -7,7 +7,7 @@ import anthropic
 import openai
 import pytest
 
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import RESPONSES_PATH, FakeAnthropicServer, FakeOpenAIServer, FakeResponse
 
 ARGUMENTS = '{"city": "Oslo", "days": 3}'
 
@@ -175,6 +175,77 @@ async def test_openai_in_band_error_is_an_sdk_api_error(
             received.append(chunk)
     assert len(received) == 2
     assert caught.value.message == "boom" and caught.value.code == "500"
+
+
+# -- OpenAI Responses -------------------------------------------------------------------------
+
+FUNCTION = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+
+
+async def test_responses_answer_and_stream_are_strictly_valid(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    server.script(
+        FakeResponse(text="one two", tool_calls=[("get_weather", ARGUMENTS)], usage=(3, 2)),
+        FakeResponse(text="one two", tool_calls=[("get_weather", ARGUMENTS)], usage=(3, 2)),
+        path=RESPONSES_PATH,
+    )
+    response = await sdk.responses.create(model="fake-model", input="hi", tools=[FUNCTION])
+    async with sdk.responses.stream(model="fake-model", input="hi", tools=[FUNCTION]) as stream:
+        events = [event.type async for event in stream]
+        streamed = await stream.get_final_response()
+    for final in (response, streamed):
+        assert final.status == "completed" and final.output_text == "one two"
+        assert [item.type for item in final.output] == ["message", "function_call"]
+        assert final.output[1].arguments == ARGUMENTS  # type: ignore[union-attr]
+        assert final.usage is not None and final.usage.total_tokens == 5
+    assert events[:2] == ["response.created", "response.in_progress"]
+    assert events[-1] == "response.completed"
+    assert events.count("response.function_call_arguments.delta") == 3
+    assert server.count(RESPONSES_PATH) == 2
+
+
+async def test_responses_stop_reasons_and_in_band_errors(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI],
+) -> None:
+    server, sdk = oai
+    server.script(
+        FakeResponse(text="cut", stop_reason="max_output_tokens"),
+        FakeResponse(in_band_error={"code": "server_error", "message": "boom"}, error_after=4),
+        path=RESPONSES_PATH,
+    )
+    response = await sdk.responses.create(model="fake-model", input="hi")
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    stream = await sdk.responses.create(model="fake-model", input="hi", stream=True)
+    events = [event async for event in stream]
+    assert [event.type for event in events][-1] == "error"
+    assert (events[-1].code, events[-1].message) == ("server_error", "boom")  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": HI}, "messages"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools[0].name"),
+        (
+            {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+            "input[0].call_id",
+        ),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"max_output_tokens": 5}, "max_output_tokens"),
+    ],
+)
+async def test_responses_refuses_what_the_api_refuses(
+    oai: tuple[FakeOpenAIServer, openai.AsyncOpenAI], body: dict[str, object], param: str
+) -> None:
+    server, sdk = oai
+    with pytest.raises(openai.BadRequestError) as caught:
+        await sdk.responses.create(model="fake-model", input="hi", extra_body=body)
+    assert caught.value.param == param
+    assert server.count(RESPONSES_PATH) == 1
 
 
 # -- Anthropic --------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The boundaries every HTTP chat client shares (they live in `_base`), once per wire
-format: Chat Completions against FakeOpenAIServer, Messages against FakeAnthropicServer."""
+format: Chat Completions and Responses against FakeOpenAIServer, Messages against
+FakeAnthropicServer."""
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
@@ -11,9 +12,15 @@ import pytest
 
 from middleware.routing import OrderedFailoverChatClient
 from pipeline.errors import ProviderError, TransientProviderError
-from pipeline.providers import AnthropicChatClient, OpenAIChatClient
+from pipeline.providers import AnthropicChatClient, OpenAIChatClient, OpenAIResponsesChatClient
 from pipeline.providers._base import HTTPChatClient
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
+from pipeline.testing import (
+    RESPONSES_PATH,
+    FakeAnthropicServer,
+    FakeOpenAIServer,
+    FakeResponse,
+    collect,
+)
 from tests.otel import Otel
 
 # Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
@@ -29,12 +36,23 @@ def _openai(url: str, **settings: object) -> HTTPChatClient:
     return OpenAIChatClient("m", api_key="k", base_url=url, **settings)  # type: ignore[arg-type]
 
 
+class _ResponsesServer(FakeOpenAIServer):
+    """The fake OpenAI server, scripted and counted on ``/v1/responses``."""
+
+    default_path = RESPONSES_PATH
+
+
+def _responses(url: str, **settings: object) -> HTTPChatClient:
+    return OpenAIResponsesChatClient("m", api_key="k", base_url=url, **settings)  # type: ignore[arg-type]
+
+
 def _anthropic(url: str, **settings: object) -> HTTPChatClient:
     return AnthropicChatClient("m", api_key="k", base_url=url, **settings)  # type: ignore[arg-type]
 
 
 WIRES: dict[str, tuple[type[Server], Factory]] = {
     "openai": (FakeOpenAIServer, _openai),
+    "openai_responses": (_ResponsesServer, _responses),
     "anthropic": (FakeAnthropicServer, _anthropic),
 }
 
@@ -165,7 +183,7 @@ async def test_a_stream_that_does_not_say_it_is_complete_is_transient(
     result = await collect(client, "hi", streaming=True)
     assert isinstance(result.error, TransientProviderError)
     assert result.error.code == "incomplete_stream"
-    assert f"ended before {client.stream_end_type or '[DONE]'}" in str(result.error)
+    assert f"ended before {client.stream_end()}" in str(result.error)
     assert "".join(u.text for u in result.updates) == "a b"
 
 

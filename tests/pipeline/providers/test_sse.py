@@ -142,9 +142,11 @@ def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
     assert payloads.feed(b"2]\n\ndata: [DONE]\n\ndata: 3\n\n") == [[1, 2]]
     assert payloads.done and payloads.feed(b"data: 4\n\n") == [] and payloads.finish() == []
 
-    messages = SSEPayloads("test", end_type="message_stop")
-    stream = b'data: {"type": "delta"}\n\ndata: {"type": "message_stop"}\n\n'
-    assert messages.feed(stream) == [{"type": "delta"}] and messages.done
+    messages = SSEPayloads("test", end_types=frozenset({"message_stop", "other_stop"}))
+    stream = b'data: {"type": "delta"}\n\ndata: {"type": "message_stop"}\n\ndata: 5\n\n'
+    # The payload that ends the stream is the last one returned (it may carry the usage).
+    assert messages.feed(stream) == [{"type": "delta"}, {"type": "message_stop"}]
+    assert messages.done and messages.feed(b"data: 6\n\n") == []
 
 
 def test_an_unterminated_body_leaves_the_stream_not_done() -> None:

@@ -1,0 +1,739 @@
+"""The OpenAI Responses format: ``POST /v1/responses``, on the same pipeline as Chat
+Completions (see `pipeline.gateway._handler.InboundFormat`).
+
+What is mapped: ``input`` as a string (one user message) or a list of items (messages with
+``input_text``/``input_image``/``output_text`` parts, ``function_call`` and
+``function_call_output`` items), ``instructions`` (a system message first), function
+``tools`` and ``tool_choice``, ``max_output_tokens``, ``temperature``, ``top_p``,
+``text.format`` (JSON modes), ``reasoning.effort``, ``parallel_tool_calls``, ``stream``.
+``metadata``, ``user``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and
+``stream_options`` describe the caller or the transport and are accepted and not passed
+on; ``store: false`` and ``truncation: "disabled"`` are what the gateway does anyway.
+
+What is refused with a 400 naming the parameter, since answering without it would change
+what the request means: conversation state (``previous_response_id``, ``conversation``,
+``store: true``, ``item_reference`` items: this gateway keeps none; send the whole
+conversation), built-in tools (``web_search``, ``file_search``...), ``background``,
+``prompt`` templates, ``include``, ``truncation: "auto"``, ``top_logprobs``, reasoning
+summaries, files and file ids, and any parameter it does not know.
+
+Answers are ``response`` objects: ``output`` holds a ``message`` item (one ``output_text``
+part) and a ``function_call`` item per tool call, in the order the model produced them;
+``status`` is ``completed``, or ``incomplete`` (``incomplete_details.reason``
+``max_output_tokens`` or ``content_filter``) when the model stopped short; ``usage`` has
+``input_tokens``, ``output_tokens`` and ``total_tokens``. Streams are the typed events the
+official SDKs read, each with its ``sequence_number``: ``response.created``,
+``response.in_progress``, then per item ``response.output_item.added``, for text
+``response.content_part.added``, ``response.output_text.delta``...,
+``response.output_text.done``, ``response.content_part.done``, for a call
+``response.function_call_arguments.delta`` and ``.done``, then
+``response.output_item.done``; last ``response.completed`` (or ``response.incomplete``)
+carrying the whole output and the usage. A failure after output is an ``error`` event, then
+``response.failed``; errors before output are HTTP statuses with OpenAI's error body, as
+for Chat Completions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
+from pipeline.gateway._json import json_body
+from pipeline.gateway.wire import (
+    ChatRequest,
+    WireError,
+    _dumps,
+    _integer,
+    _invalid,
+    _number,
+)
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    DataContent,
+    FinishReason,
+    FunctionCallContent,
+    FunctionResultContent,
+    TextContent,
+    UsageDetails,
+)
+
+__all__ = ["RESPONSES", "Responses", "ResponsesEncoder", "ResponsesRequest", "parse_responses"]
+
+# -- requests ---------------------------------------------------------------------------------
+
+_KNOWN = frozenset(
+    {
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "stream",
+        "text",
+        "reasoning",
+        "parallel_tool_calls",
+        "store",
+        "truncation",
+        "include",
+        "top_logprobs",
+    }
+)
+# Fields describing the caller, its billing or the transport: accepted, not passed on.
+_DROPPED = frozenset(
+    {
+        "metadata",
+        "user",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "stream_options",
+    }
+)
+# Fields whose meaning the gateway cannot keep, and why.
+_REFUSED = {
+    "previous_response_id": (
+        "this gateway keeps no conversation state: send the whole conversation in input"
+    ),
+    "conversation": (
+        "this gateway keeps no conversation state: send the whole conversation in input"
+    ),
+    "background": "background responses are not supported by this gateway",
+    "prompt": "prompt templates are not supported by this gateway",
+    "max_tool_calls": "built-in tools are not supported by this gateway",
+}
+_ROLES = {
+    "user": ChatRole.USER,
+    "system": ChatRole.SYSTEM,
+    "developer": ChatRole.SYSTEM,
+    "assistant": ChatRole.ASSISTANT,
+}
+
+
+@dataclass(slots=True)
+class ResponsesRequest(ChatRequest):
+    """A Responses request: what the pipeline is asked, and what the answer echoes back
+    (the request's own instructions, tools and settings, as the API does)."""
+
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _unsupported(param: str, why: str) -> WireError:
+    return WireError(400, f"{param}: {why}", param=param, code="unsupported_parameter")
+
+
+def _parts(content: Any, param: str, role: ChatRole) -> list[Content]:
+    """A message's ``content``: a string, or a list of content parts."""
+    if isinstance(content, str):
+        return [TextContent(content)] if content else []
+    if not isinstance(content, list):
+        raise _invalid(param, "expected a string or a list of content parts")
+    parts: list[Content] = []
+    for index, part in enumerate(content):
+        where = f"{param}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text"):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise _invalid(f"{where}.text", "expected a string")
+            parts.append(TextContent(text))
+        elif kind == "refusal" and role is ChatRole.ASSISTANT:
+            text = part.get("refusal")
+            if not isinstance(text, str):
+                raise _invalid(f"{where}.refusal", "expected a string")
+            parts.append(TextContent(text))
+        elif kind == "input_image" and role is ChatRole.USER:
+            url = part.get("image_url")
+            if part.get("file_id") is not None or not isinstance(url, str) or not url:
+                raise _unsupported(
+                    f"{where}.image_url", "images are taken as URLs (file ids are not supported)"
+                )
+            parts.append(DataContent(uri=url))
+        elif kind == "input_file":
+            raise _unsupported(f"{where}.type", "files are not supported by this gateway")
+        else:
+            raise _invalid(f"{where}.type", "this content part type is not supported here")
+    return parts
+
+
+def _arguments(raw: Any, param: str) -> dict[str, Any]:
+    if not isinstance(raw, str):
+        raise _invalid(param, "expected a JSON object in a string")
+    try:
+        # Bounded like the body: the arguments are JSON of their own, in a string.
+        arguments = json_body(raw.encode()) if raw.strip() else {}
+    except ValueError:
+        raise _invalid(param, "is not valid JSON") from None
+    if not isinstance(arguments, dict):
+        raise _invalid(param, "expected a JSON object")
+    return arguments
+
+
+def _string(item: Mapping[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise _invalid(f"{where}.{key}", "expected a non-empty string", "missing_required")
+    return value
+
+
+def _output_text(output: Any, param: str) -> str:
+    """A ``function_call_output``'s output: a string, or text parts."""
+    if isinstance(output, str):
+        return output
+    parts = _parts(output, param, ChatRole.TOOL)
+    return "".join(p.text for p in parts if isinstance(p, TextContent))
+
+
+def _conversation(source: Any) -> list[ChatMessage]:
+    """``input``: a string (one user message) or a list of items, in order. A model's
+    function calls join the assistant turn before them, as one Chat Completions message
+    carries its text and tool calls."""
+    if isinstance(source, str):
+        return [ChatMessage(ChatRole.USER, source)]
+    if not isinstance(source, list) or not source:
+        raise _invalid(
+            "input", "expected a string or a non-empty list of items", "missing_required"
+        )
+    messages: list[ChatMessage] = []
+    for index, item in enumerate(source):
+        where = f"input[{index}]"
+        if not isinstance(item, dict):
+            raise _invalid(where, "expected an input item object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role_name = item.get("role")
+            role = _ROLES.get(role_name) if isinstance(role_name, str) else None
+            if role is None:
+                raise _invalid(f"{where}.role", "expected user, system, developer or assistant")
+            messages.append(
+                ChatMessage(role, _parts(item.get("content"), f"{where}.content", role))
+            )
+        elif kind == "function_call":
+            call = FunctionCallContent(
+                call_id=_string(item, "call_id", where),
+                name=_string(item, "name", where),
+                arguments=_arguments(item.get("arguments"), f"{where}.arguments"),
+            )
+            last = messages[-1] if messages else None
+            if last is not None and last.role is ChatRole.ASSISTANT:
+                last.contents.append(call)
+            else:
+                messages.append(ChatMessage(ChatRole.ASSISTANT, [call]))
+        elif kind == "function_call_output":
+            call_id = _string(item, "call_id", where)
+            text = _output_text(item.get("output"), f"{where}.output")
+            messages.append(ChatMessage(ChatRole.TOOL, FunctionResultContent(call_id, result=text)))
+        elif kind == "item_reference":
+            raise _unsupported(
+                f"{where}.type",
+                "this gateway stores no responses, so a reference finds nothing: send the "
+                "item itself (clients do with store: false)",
+            )
+        else:
+            raise _invalid(
+                f"{where}.type", "expected message, function_call or function_call_output"
+            )
+    return messages
+
+
+def _tools(value: Any) -> tuple[list[dict[str, Any]], list[Any], frozenset[str]]:
+    """The tools as sent (echoed), as Chat Completions tool objects (for the pipeline), and
+    their names."""
+    if not isinstance(value, list):
+        raise _invalid("tools", "expected a list of tools")
+    chat_tools: list[Any] = []
+    names: set[str] = set()
+    for index, tool in enumerate(value):
+        where = f"tools[{index}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise _unsupported(
+                f"{where}.type",
+                "only function tools are supported by this gateway (no built-in tools)",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not (0 < len(name) <= 64) or not name.isascii():
+            raise _invalid(f"{where}.name", "expected a function name of 1-64 characters")
+        parameters = tool.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise _invalid(f"{where}.parameters", "expected a JSON schema object")
+        function = {k: v for k, v in tool.items() if k != "type" and v is not None}
+        chat_tools.append({"type": "function", "function": function})
+        names.add(name)
+    return list(value), chat_tools, frozenset(names)
+
+
+def _tool_mode(value: Any, names: frozenset[str]) -> str:
+    if value in ("auto", "none", "required"):
+        return str(value)
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind != "function":
+        raise _unsupported(
+            "tool_choice", "expected auto, none, required or a function (no built-in tools)"
+        )
+    name = value.get("name")
+    if not isinstance(name, str) or name not in names:
+        raise _invalid("tool_choice.name", "names a function that is not in tools")
+    return name
+
+
+def _text_format(value: Any) -> tuple[dict[str, Any], Any]:
+    """``text``: the format as sent (echoed) and as a Chat Completions response format."""
+    if not isinstance(value, dict):
+        raise _invalid("text", "expected an object")
+    for key in value:
+        if key not in ("format", "verbosity"):
+            raise _unsupported(f"text.{key}", "this parameter is not supported by this gateway")
+    text_format = value.get("format", {"type": "text"})
+    kind = text_format.get("type") if isinstance(text_format, dict) else None
+    if kind == "json_schema":
+        schema = {k: v for k, v in text_format.items() if k != "type"}
+        if not isinstance(schema.get("name"), str) or not isinstance(schema.get("schema"), dict):
+            raise _invalid("text.format", "a json_schema format needs a name and a schema")
+        return text_format, {"type": "json_schema", "json_schema": schema}
+    if kind not in ("text", "json_object"):
+        raise _invalid("text.format.type", "expected text, json_object or json_schema")
+    return text_format, text_format
+
+
+def _refuse_what_changes_meaning(payload: Mapping[str, Any]) -> None:
+    for key, why in _REFUSED.items():
+        if payload.get(key) is not None:
+            raise _unsupported(key, why)
+    store = payload.get("store")
+    if store is not None and store is not False:
+        raise _unsupported(
+            "store", "this gateway stores no responses: set store to false or leave it out"
+        )
+    if payload.get("truncation") not in (None, "disabled"):
+        raise _unsupported("truncation", "only truncation 'disabled' is supported")
+    if payload.get("include"):
+        raise _unsupported("include", "no additional output data is supported by this gateway")
+    if payload.get("top_logprobs"):
+        raise _unsupported("top_logprobs", "log probabilities are not supported")
+
+
+def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesRequest:
+    """The request a Responses body describes (see the module docstring)."""
+    try:
+        payload = json_body(body)
+    except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
+        raise WireError(400, str(exc), code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise WireError(400, "the request body must be a JSON object", code="invalid_json")
+    for key in sorted(payload):
+        if key not in _KNOWN and key not in _DROPPED and key not in _REFUSED:
+            raise _unsupported(key, "this parameter is not supported by this gateway")
+    _refuse_what_changes_meaning(payload)
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise _invalid("model", "is required (a model name from /v1/models)", "missing_required")
+    messages = _conversation(payload.get("input"))
+    instructions = payload.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise _invalid("instructions", "expected a string")
+        if instructions:
+            messages.insert(0, ChatMessage(ChatRole.SYSTEM, instructions))
+    stream = payload.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _invalid("stream", "expected true or false")
+    options = ChatOptions(
+        temperature=_number(payload, "temperature", 0.0, 2.0),
+        top_p=_number(payload, "top_p", 0.0, 1.0),
+        max_output_tokens=_integer(payload, "max_output_tokens", 1),
+        session_id=session_id,
+    )
+    request = ResponsesRequest(model=model, messages=messages, options=options, stream=bool(stream))
+    if payload.get("tools") is not None:
+        request.tools, options.tools, request.tool_names = _tools(payload["tools"])
+    choice = payload.get("tool_choice")
+    if choice is not None:
+        request.tool_choice = choice
+        mode = _tool_mode(choice, request.tool_names)
+        if options.tools:
+            options.tool_mode = mode
+        elif mode != "none":
+            raise _invalid("tool_choice", "needs tools")
+    parallel = payload.get("parallel_tool_calls")
+    if parallel is not None:
+        if not isinstance(parallel, bool):
+            raise _invalid("parallel_tool_calls", "expected true or false")
+        request.parallel_tool_calls = parallel
+        options.additional_properties["parallel_tool_calls"] = parallel
+    if payload.get("text") is not None:
+        request.text_format, options.response_format = _text_format(payload["text"])
+        if payload["text"].get("verbosity") is not None:
+            options.additional_properties["verbosity"] = payload["text"]["verbosity"]
+    reasoning = payload.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise _invalid("reasoning", "expected an object")
+        for key, value in reasoning.items():
+            if key != "effort" and value is not None:
+                raise _unsupported(f"reasoning.{key}", "only reasoning.effort is supported")
+        effort = reasoning.get("effort")
+        if effort is not None:
+            if not isinstance(effort, str):
+                raise _invalid("reasoning.effort", "expected a string")
+            options.reasoning_effort = effort
+    metadata = payload.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise _invalid("metadata", "expected an object")
+        request.metadata = metadata
+    request.instructions = instructions if isinstance(instructions, str) else None
+    return request
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+def new_response_id() -> str:
+    """A fresh ``resp_`` id: the gateway's own, since failover may change upstreams."""
+    return "resp_" + os.urandom(12).hex()
+
+
+def _item_id(prefix: str) -> str:
+    return prefix + os.urandom(8).hex()
+
+
+# Why a response stopped short, by the finish reason the pipeline reports.
+_INCOMPLETE = {
+    FinishReason.LENGTH: "max_output_tokens",
+    FinishReason.CONTENT_FILTER: "content_filter",
+}
+
+
+def _incomplete_reason(finish_reason: str | None) -> str | None:
+    reason = FinishReason.of(finish_reason)
+    return _INCOMPLETE.get(reason) if reason is not None else None
+
+
+def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    prompt = usage.input_tokens or 0
+    output = usage.output_tokens or 0
+    total = usage.total_tokens if usage.total_tokens is not None else prompt + output
+    return {
+        "input_tokens": prompt,
+        # The pipeline reports no cache or reasoning counts: none is known to have been used.
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": total,
+    }
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [part] if status != "in_progress" else [],
+    }
+
+
+def _call_item(
+    item_id: str, call: FunctionCallContent, arguments: str, status: str
+) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.call_id or "call_" + os.urandom(8).hex(),
+        "name": call.name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+def _response_error(error: WireError) -> dict[str, Any]:
+    """A failed response's ``error``: its ``code`` is one of the API's (the SDKs validate
+    it against their list); the gateway's own code is in the ``error`` event before it."""
+    code = "rate_limit_exceeded" if error.status == 429 else "server_error"
+    return {"code": code, "message": error.message, "param": error.param, "type": error.type}
+
+
+def _response(
+    request: ChatRequest,
+    *,
+    response_id: str,
+    created: int,
+    model: str,
+    status: str,
+    output: list[Any],
+    usage: dict[str, Any] | None = None,
+    incomplete: str | None = None,
+    error: WireError | None = None,
+) -> dict[str, Any]:
+    """A ``response`` object, echoing the request's settings as the API does."""
+    echo = (
+        request
+        if isinstance(request, ResponsesRequest)
+        else ResponsesRequest(request.model, request.messages, request.options)
+    )
+    options = request.options
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": False,
+        "error": None if error is None else _response_error(error),
+        "incomplete_details": None if incomplete is None else {"reason": incomplete},
+        "instructions": echo.instructions,
+        "max_output_tokens": options.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": echo.parallel_tool_calls,
+        "previous_response_id": None,
+        "reasoning": {"effort": options.reasoning_effort, "summary": None},
+        "store": False,
+        "temperature": options.temperature,
+        "text": {"format": echo.text_format},
+        "tool_choice": echo.tool_choice,
+        "tools": echo.tools,
+        "top_p": options.top_p,
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": echo.metadata,
+    }
+
+
+def _output(response: ChatResponse) -> list[Any]:
+    """The output items of a whole answer: text and calls, in the model's order."""
+    output: list[Any] = []
+    text: list[str] = []
+    for message in response.messages:
+        if message.role is not ChatRole.ASSISTANT:
+            continue
+        for content in message.contents:
+            if type(content) is TextContent:
+                text.append(content.text)
+            elif type(content) is FunctionCallContent:
+                if text:
+                    output.append(_message_item(_item_id("msg_"), "".join(text), "completed"))
+                    text = []
+                arguments = _dumps(dict(content.arguments))
+                output.append(_call_item(_item_id("fc_"), content, arguments, "completed"))
+    if text or not output:
+        output.append(_message_item(_item_id("msg_"), "".join(text), "completed"))
+    return output
+
+
+def completion(
+    response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
+) -> bytes:
+    """The body of a non-streaming answer."""
+    incomplete = _incomplete_reason(response.finish_reason)
+    body = _response(
+        request,
+        response_id=response_id,
+        created=created,
+        model=response.model_id or request.model,
+        status="completed" if incomplete is None else "incomplete",
+        output=_output(response),
+        usage=_usage(response.usage),
+        incomplete=incomplete,
+    )
+    return _dumps(body).encode()
+
+
+class ResponsesEncoder:
+    """The typed events of one streamed answer (see the module docstring), numbered.
+
+    Text is forwarded as it arrives (one delta per update); the text and calls sent are
+    also kept, since the ``.done`` events and the last event repeat them whole.
+    """
+
+    __slots__ = (
+        "_created",
+        "_finish",
+        "_message",
+        "_model",
+        "_output",
+        "_request",
+        "_response_id",
+        "_sequence",
+        "_started",
+        "_text",
+        "_usage",
+    )
+
+    def __init__(self, request: ChatRequest, *, model: str, response_id: str, created: int) -> None:
+        self._request = request
+        self._model = model
+        self._response_id = response_id
+        self._created = created
+        self._sequence = 0
+        self._started = False
+        self._output: list[Any] = []  # the items done
+        self._message: str | None = None  # the id of the message item open, if any
+        self._text: list[str] = []
+        self._finish: str | None = None
+        self._usage: UsageDetails | None = None
+
+    def _event(self, kind: str, fields: dict[str, Any]) -> str:
+        fields["sequence_number"] = self._sequence
+        self._sequence += 1
+        return f"event: {kind}\ndata: " + _dumps({"type": kind, **fields}) + "\n\n"
+
+    def _response(self, status: str, **fields: Any) -> dict[str, Any]:
+        return _response(
+            self._request,
+            response_id=self._response_id,
+            created=self._created,
+            model=self._model,
+            status=status,
+            **fields,
+        )
+
+    def _start(self) -> str:
+        if self._started:
+            return ""
+        self._started = True
+        start = self._response("in_progress", output=[])
+        return self._event("response.created", {"response": start}) + self._event(
+            "response.in_progress", {"response": start}
+        )
+
+    def _open_message(self) -> str:
+        self._message = item_id = _item_id("msg_")
+        self._text = []
+        item = _message_item(item_id, "", "in_progress")
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        index = len(self._output)
+        return self._event(
+            "response.output_item.added", {"output_index": index, "item": item}
+        ) + self._event(
+            "response.content_part.added",
+            {"item_id": item_id, "output_index": index, "content_index": 0, "part": part},
+        )
+
+    def _close_message(self) -> str:
+        item_id = self._message
+        if item_id is None:
+            return ""
+        self._message = None
+        text = "".join(self._text)
+        index = len(self._output)
+        item = _message_item(item_id, text, "completed")
+        self._output.append(item)
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return (
+            self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+            + self._event("response.content_part.done", {**where, "part": item["content"][0]})
+            + self._event("response.output_item.done", {"output_index": index, "item": item})
+        )
+
+    def _call(self, call: FunctionCallContent) -> str:
+        out = self._close_message()
+        item_id = _item_id("fc_")
+        arguments = _dumps(dict(call.arguments))
+        item = _call_item(item_id, call, arguments, "completed")
+        index = len(self._output)
+        self._output.append(item)
+        where = {"item_id": item_id, "output_index": index}
+        return (
+            out
+            + self._event(
+                "response.output_item.added",
+                {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+            )
+            + self._event("response.function_call_arguments.delta", {**where, "delta": arguments})
+            + self._event(
+                "response.function_call_arguments.done",
+                {**where, "name": call.name, "arguments": arguments},
+            )
+            + self._event("response.output_item.done", {"output_index": index, "item": item})
+        )
+
+    def update(self, update: ChatResponseUpdate) -> str:
+        out = self._start()
+        if update.finish_reason is not None:
+            self._finish = update.finish_reason
+        if update.usage is not None:
+            self._usage = update.usage if self._usage is None else self._usage + update.usage
+        for content in update.contents:
+            if isinstance(content, TextContent):
+                if not content.text:
+                    continue
+                if self._message is None:
+                    out += self._open_message()
+                self._text.append(content.text)
+                out += self._event(
+                    "response.output_text.delta",
+                    {
+                        "item_id": self._message,
+                        "output_index": len(self._output),
+                        "content_index": 0,
+                        "delta": content.text,
+                        "logprobs": [],
+                    },
+                )
+            elif isinstance(content, FunctionCallContent):
+                out += self._call(content)
+        return out
+
+    def end(self) -> str:
+        out = self._start()
+        if self._message is None and not self._output:
+            out += self._open_message()  # an empty answer is still one (empty) message
+        out += self._close_message()
+        incomplete = _incomplete_reason(self._finish)
+        status = "completed" if incomplete is None else "incomplete"
+        final = self._response(
+            status, output=self._output, usage=_usage(self._usage), incomplete=incomplete
+        )
+        return out + self._event(f"response.{status}", {"response": final})
+
+    def error(self, error: WireError) -> str:
+        out = self._start()
+        if self._message is not None:
+            # The text streamed so far, in the failed response's output, as cut short.
+            self._output.append(_message_item(self._message, "".join(self._text), "incomplete"))
+            self._message = None
+        out += self._event(
+            "error", {"code": error.code, "message": error.message, "param": error.param}
+        )
+        failed = self._response("failed", output=self._output, error=error)
+        return out + self._event("response.failed", {"response": failed})
+
+
+class Responses:
+    """`InboundFormat` of the Responses API."""
+
+    path = "/v1/responses"
+    x_api_key = False
+    stream_headers = CHAT_COMPLETIONS.stream_headers
+    request_id_header: bytes | None = None  # OpenAI's SDKs read x-request-id
+
+    parse = staticmethod(parse_responses)
+    new_response_id = staticmethod(new_response_id)
+    completion = staticmethod(completion)
+    encoder = ResponsesEncoder
+
+    def error_body(self, error: WireError) -> bytes:
+        return error.body()
+
+
+RESPONSES = Responses()

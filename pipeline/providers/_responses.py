@@ -1,0 +1,381 @@
+"""The OpenAI Responses wire format: requests out, responses and stream events in.
+
+Pure functions, no I/O, like `_chat_completions`. Anything the server sends that does not
+fit the format raises a `ProviderError` saying what was wrong, never a `KeyError`, and never
+quoting the payload. Output items and events this module does not know (``reasoning``,
+built-in tools, new ones) are skipped.
+
+Requests carry the whole conversation and ``store: false``: nothing is kept on the server
+between requests (a pipeline may send the next turn to another route).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipeline.errors import ProviderError
+from pipeline.providers._chat_completions import chat_response_format, data_url
+from pipeline.providers._wire import (
+    error_from_payload,
+    int_or_none,
+    malformed,
+    parse_arguments,
+    str_or_none,
+    tool_result_text,
+    tool_spec,
+)
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    DataContent,
+    FinishReason,
+    FunctionCallContent,
+    FunctionResultContent,
+    TextContent,
+    UsageDetails,
+    checked_text,
+)
+
+__all__ = [
+    "END_EVENTS",
+    "ResponsesStreamReader",
+    "build_request",
+    "parse_response",
+    "parse_usage",
+    "text_format",
+    "tool_choice",
+    "tool_definition",
+]
+
+END_EVENTS = frozenset({"response.completed", "response.incomplete"})
+"""The events that end a complete stream (both carry the response with its usage)."""
+
+_ASSISTANT = ChatRole.ASSISTANT
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def tool_definition(tool: Any) -> dict[str, Any]:
+    """A function tool as the Responses API takes it: flat, ``{"type": "function", "name",
+    "description", "parameters"}``. A Chat Completions tool dict (the function nested under
+    ``function``) is the same tool described the other way; other dicts go as they are."""
+    spec = tool_spec(tool)
+    if spec is not None:
+        definition: dict[str, Any] = {"type": "function", "name": spec.name}
+        if spec.description:
+            definition["description"] = spec.description
+        definition["parameters"] = spec.parameters
+        return definition
+    function = tool.get("function") if tool.get("type") == "function" else None
+    if isinstance(function, Mapping):
+        return {"type": "function", **function}
+    return dict(tool)
+
+
+def tool_choice(mode: str) -> Any:
+    """`ChatOptions.tool_mode` as a Responses ``tool_choice``."""
+    if mode in ("auto", "none", "required"):
+        return mode
+    return {"type": "function", "name": mode}  # one named tool
+
+
+def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = []
+    for content in message.contents:
+        if type(content) is TextContent:
+            parts.append({"type": "input_text", "text": content.text})
+        elif type(content) is DataContent:
+            parts.append({"type": "input_image", "image_url": data_url(content)})
+    if all(part["type"] == "input_text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+def _items(message: ChatMessage) -> list[dict[str, Any]]:
+    role = message.role
+    if role is ChatRole.TOOL:
+        return [
+            {"type": "function_call_output", "call_id": c.call_id, "output": tool_result_text(c)}
+            for c in message.contents
+            if isinstance(c, FunctionResultContent)
+        ]
+    if role is ChatRole.USER:
+        return [{"role": "user", "content": _user_content(message)}]
+    text = "".join(c.text for c in message.contents if isinstance(c, TextContent))
+    items: list[dict[str, Any]] = []
+    if text or role is not ChatRole.ASSISTANT:
+        items.append({"role": role.value, "content": text})
+    items += [
+        {
+            "type": "function_call",
+            "call_id": c.call_id,
+            "name": c.name,
+            "arguments": json.dumps(dict(c.arguments)),
+        }
+        for c in message.contents
+        if isinstance(c, FunctionCallContent)
+    ]
+    return items
+
+
+def build_request(
+    messages: Sequence[ChatMessage], options: ChatOptions | None, *, model: str, stream: bool
+) -> dict[str, Any]:
+    """The JSON body of a Responses request.
+
+    `ChatOptions.stop` has no Responses field: a request with stop sequences is refused
+    (`ValueError`) rather than answered without them. `seed` has none either and is not
+    sent. `additional_properties` are merged in (``parallel_tool_calls``, ``truncation``,
+    ``service_tier``...), never overriding what the request needs.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "input": [item for message in messages for item in _items(message)],
+        "store": False,
+    }
+    if stream:
+        body["stream"] = True
+    if options is None:
+        return body
+    if options.stop:
+        raise ValueError("the Responses API takes no stop sequences (ChatOptions.stop)")
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
+    if options.top_p is not None:
+        body["top_p"] = options.top_p
+    if options.max_output_tokens is not None:
+        body["max_output_tokens"] = options.max_output_tokens
+    if options.tools:
+        body["tools"] = [tool_definition(t) for t in options.tools]
+        if options.tool_mode is not None:
+            body["tool_choice"] = tool_choice(options.tool_mode)
+    text: dict[str, Any] = {}
+    if options.response_format is not None:
+        text["format"] = text_format(chat_response_format(options.response_format))
+    extra = dict(options.additional_properties)
+    if "verbosity" in extra:
+        # A Chat Completions field (top level) that this API takes under ``text``.
+        text["verbosity"] = extra.pop("verbosity")
+    if text:
+        body["text"] = text
+    if options.reasoning_effort is not None:
+        body["reasoning"] = {"effort": options.reasoning_effort}
+    for key, value in extra.items():
+        body.setdefault(key, value)
+    return body
+
+
+def text_format(chat_format: Any) -> Any:
+    """A Chat Completions ``response_format`` as a Responses ``text.format`` (the JSON
+    schema's fields move up a level)."""
+    if isinstance(chat_format, Mapping) and chat_format.get("type") == "json_schema":
+        schema = chat_format.get("json_schema")
+        if isinstance(schema, Mapping):
+            return {"type": "json_schema", **schema}
+    return chat_format
+
+
+# -- responses --------------------------------------------------------------------------------
+
+
+def parse_usage(value: Any) -> UsageDetails | None:
+    if not isinstance(value, Mapping):
+        return None
+    return UsageDetails(
+        input_tokens=int_or_none(value.get("input_tokens")),
+        output_tokens=int_or_none(value.get("output_tokens")),
+        total_tokens=int_or_none(value.get("total_tokens")),
+    )
+
+
+# Why an incomplete response stopped, as the finish reason every client reports.
+_INCOMPLETE = {
+    "max_output_tokens": FinishReason.LENGTH,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+
+
+def _finish_reason(response: Mapping[str, Any], called_tools: bool, refused: bool) -> str | None:
+    status = response.get("status")
+    if status == "incomplete":
+        details = response.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        if not isinstance(reason, str):
+            return FinishReason.LENGTH  # the usual cause; the API names no other default
+        return _INCOMPLETE.get(reason, reason)
+    if refused:
+        return FinishReason.CONTENT_FILTER
+    if status == "completed":
+        return FinishReason.TOOL_CALLS if called_tools else FinishReason.STOP
+    return str_or_none(status)
+
+
+def _function_call(item: Mapping[str, Any], arguments: Any, provider: str) -> FunctionCallContent:
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise malformed(provider, "a function_call item has no name")
+    return FunctionCallContent(
+        call_id=str_or_none(item.get("call_id")) or "",
+        name=name,
+        arguments=parse_arguments(arguments, provider),
+    )
+
+
+def _failed(response: Mapping[str, Any], provider: str) -> ProviderError:
+    return error_from_payload(response.get("error"), provider)
+
+
+def parse_response(payload: Any, provider: str) -> ChatResponse:
+    """A non-streaming Responses API response."""
+    if not isinstance(payload, Mapping):
+        raise malformed(provider, "the body is not a JSON object")
+    if payload.get("error") or payload.get("status") == "failed":
+        raise _failed(payload, provider)
+    output = payload.get("output")
+    if not isinstance(output, list):
+        raise malformed(provider, "the response has no output list")
+    contents: list[Content] = []
+    refused = False
+    for item in output:
+        if not isinstance(item, Mapping):
+            raise malformed(provider, "an output item is not an object")
+        kind = item.get("type")
+        if kind == "function_call":
+            contents.append(_function_call(item, item.get("arguments"), provider))
+        elif kind == "message":
+            parts = item.get("content")
+            if not isinstance(parts, list):
+                raise malformed(provider, "a message item has no content list")
+            for part in parts:
+                if not isinstance(part, Mapping):
+                    raise malformed(provider, "a content part is not an object")
+                text = part.get("refusal") if part.get("type") == "refusal" else part.get("text")
+                if part.get("type") not in ("output_text", "refusal"):
+                    continue
+                if not isinstance(text, str):
+                    raise malformed(provider, "an output text part has no text")
+                refused = refused or part.get("type") == "refusal"
+                last = contents[-1] if contents else None
+                if type(last) is TextContent:
+                    contents[-1] = TextContent(last.text + text)  # as a stream assembles it
+                elif text:
+                    contents.append(TextContent(text))
+    called = any(type(c) is FunctionCallContent for c in contents)
+    return ChatResponse(
+        messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
+        response_id=str_or_none(payload.get("id")),
+        model_id=str_or_none(payload.get("model")),
+        finish_reason=_finish_reason(payload, called, refused),
+        usage=parse_usage(payload.get("usage")),
+    )
+
+
+class _Call:
+    __slots__ = ("item", "parts")
+
+    def __init__(self, item: Mapping[str, Any]) -> None:
+        self.item = item
+        self.parts: list[str] = []
+
+
+class ResponsesStreamReader:
+    """Turns stream events into updates: text deltas as they come, a function call whole
+    when its item is done, and, from the event that ends the stream (``response.completed``
+    or ``response.incomplete``), one last update with the finish reason and the usage.
+    ``response.failed`` and an ``error`` event (one sent without an SSE event name) become
+    the `ProviderError` of their error's kind."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+        self._calls: dict[int, _Call] = {}
+        self._response_id: str | None = None
+        self._model_id: str | None = None
+        self._called = False
+        self._refused = False
+
+    def _update(
+        self,
+        contents: list[Content],
+        finish_reason: str | None = None,
+        usage: UsageDetails | None = None,
+    ) -> ChatResponseUpdate:
+        # Positional, and the role read once per module: this runs for every event.
+        return ChatResponseUpdate(
+            _ASSISTANT, contents, self._response_id, self._model_id, finish_reason, usage
+        )
+
+    def _response(self, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+        response = payload.get("response")
+        if type(response) is not dict:
+            raise malformed(self.provider, "a response event without a response object")
+        return response
+
+    def _call(self, payload: Mapping[str, Any]) -> _Call:
+        index = payload.get("output_index")
+        call = self._calls.get(index) if type(index) is int else None
+        if call is None:
+            raise malformed(self.provider, "a function call event for no open function call")
+        return call
+
+    def feed(self, payload: Any) -> ChatResponseUpdate | None:
+        if type(payload) is not dict:
+            raise malformed(self.provider, "a stream event is not a JSON object")
+        kind = payload.get("type")
+        if kind == "response.output_text.delta" or kind == "response.refusal.delta":
+            delta = payload.get("delta")
+            if type(delta) is not str:
+                raise malformed(self.provider, "a text delta that is not text")
+            if kind == "response.refusal.delta":
+                self._refused = True
+            return self._update([checked_text(delta)]) if delta else None
+        if kind == "response.function_call_arguments.delta":
+            delta = payload.get("delta")
+            if type(delta) is not str:
+                raise malformed(self.provider, "a function call arguments delta that is not text")
+            self._call(payload).parts.append(delta)
+            return None
+        if kind == "response.output_item.added" or kind == "response.output_item.done":
+            item = payload.get("item")
+            index = payload.get("output_index")
+            if type(item) is not dict or type(index) is not int:
+                raise malformed(self.provider, "an output item event without an item and index")
+            if item.get("type") != "function_call":
+                return None
+            if kind == "response.output_item.added":
+                self._calls[index] = _Call(item)
+                return None
+            call = self._calls.pop(index, None)
+            arguments = item.get("arguments")
+            if type(arguments) is not str and call is not None:
+                arguments = "".join(call.parts)
+            self._called = True
+            return self._update([_function_call(item, arguments, self.provider)])
+        if kind == "response.created" or kind == "response.in_progress":
+            response = self._response(payload)
+            self._response_id = str_or_none(response.get("id")) or self._response_id
+            self._model_id = str_or_none(response.get("model")) or self._model_id
+            return None
+        if kind in END_EVENTS:
+            response = self._response(payload)
+            if self._calls:
+                raise malformed(self.provider, "the response ended inside a function call")
+            self._model_id = str_or_none(response.get("model")) or self._model_id
+            return self._update(
+                [],
+                _finish_reason(response, self._called, self._refused),
+                parse_usage(response.get("usage")),
+            )
+        if kind == "response.failed":
+            raise _failed(self._response(payload), self.provider)
+        if kind == "error":
+            raise error_from_payload(payload.get("error", payload), self.provider)
+        return None  # content part and done events repeat what the deltas said; new types
+
+    def finish(self) -> ChatResponseUpdate | None:
+        return None  # the event that ended the stream said everything

@@ -1,0 +1,76 @@
+"""Node clients of the compatibility suite: the Vercel AI SDK (npm packages ``ai`` and
+``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them), installed from the
+npm registry into ``.servers/ai-sdk`` once and reused while that file stays the same.
+
+Node and npm are Debian's (``nodejs``, ``npm``; ``scripts/test`` installs them). A missing
+tool or a failed install fails the test loudly, with npm's own words: never a skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).parent / "ai_sdk"
+ROOT = Path(__file__).parents[2]
+INSTALL_DIR = ROOT / ".servers" / "ai-sdk"
+NPM_INSTALL_TIMEOUT = 600.0
+
+
+def _tool(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(
+            f"{name} is needed for the Node clients of the compatibility suite "
+            f"(the Debian package {package}; scripts/test installs it)",
+            pytrace=False,
+        )
+    return path
+
+
+def node() -> str:
+    """The ``node`` executable."""
+    return _tool("node", "nodejs")
+
+
+def ai_sdk() -> Path:
+    """The directory holding the installed Vercel AI SDK and the scripts that use it
+    (copied from ``tests/compat/ai_sdk``: Node resolves packages from a script's own
+    directory)."""
+    package = (SOURCE / "package.json").read_bytes()
+    wanted = hashlib.sha256(package).hexdigest()
+    stamp = INSTALL_DIR / ".installed"
+    installed = stamp.read_text() if stamp.exists() else ""
+    if installed != wanted or not (INSTALL_DIR / "node_modules").is_dir():
+        npm = _tool("npm", "npm")
+        node()
+        INSTALL_DIR.mkdir(parents=True, exist_ok=True)
+        stamp.unlink(missing_ok=True)
+        (INSTALL_DIR / "package.json").write_bytes(package)
+        command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+        try:
+            done = subprocess.run(
+                command,
+                cwd=INSTALL_DIR,
+                capture_output=True,
+                text=True,
+                timeout=NPM_INSTALL_TIMEOUT,
+                env={**os.environ, "npm_config_update_notifier": "false"},
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"npm install did not finish in {NPM_INSTALL_TIMEOUT:.0f} s", pytrace=False)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr)[-4000:]
+            pytest.fail(
+                f"npm install of the Vercel AI SDK failed (exit {done.returncode}):\n{output}",
+                pytrace=False,
+            )
+        stamp.write_text(wanted)
+    for script in SOURCE.glob("*.mjs"):
+        shutil.copyfile(script, INSTALL_DIR / script.name)
+    return INSTALL_DIR

@@ -188,24 +188,33 @@ class TelemetryMiddleware:
             outcome = "ok"
         if _logger.isEnabledFor(level):
             key = exchange.key
-            _logger.log(
+            # A record made directly: `Logger.log` would walk the stack for the caller's
+            # file and line on every request, which the line does not show.
+            record = _logger.makeRecord(
+                _logger.name,
                 level,
+                __file__,
+                0,
                 "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
                 "fallback=%s served_model=%s key=%s: %s",
-                method,
-                self._route,
-                status or "-",
-                duration * 1000,
-                exchange.request_id,
-                exchange.response_id or "-",
-                exchange.model or "-",
-                route or "-",
-                attempts if route is not None else "-",
-                str(fallback).lower() if route is not None else "-",
-                served or "-",
-                "-" if key is None or key == _NO_KEY else f"#{key}",
-                outcome,
+                (
+                    method,
+                    self._route,
+                    status or "-",
+                    duration * 1000,
+                    exchange.request_id,
+                    exchange.response_id or "-",
+                    exchange.model or "-",
+                    route or "-",
+                    attempts if route is not None else "-",
+                    str(fallback).lower() if route is not None else "-",
+                    served or "-",
+                    "-" if key is None or key == _NO_KEY else f"#{key}",
+                    outcome,
+                ),
+                None,
             )
+            _logger.handle(record)
 
 
 def _story(exchange: Exchange) -> tuple[str | None, int, bool, str | None]:

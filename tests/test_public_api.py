@@ -36,6 +36,8 @@ SURFACES = {
         "BalancedSettings",
         "HealthSettings",
         "HealthStore",
+        "HedgingChatClient",
+        "HedgingSettings",
         "RedisHealthStore",
         "RouteHealth",
         "RouteStats",

@@ -239,6 +239,9 @@ class AttemptState:
     cut_for_backup: bool = False  # the router cut it to keep time for a backup
     timeout: float | None = None  # the selection's own limit before the first update
     watch: AttemptWatch | None = None
+    # Its number within the request, by start: set by `_begin` unless the router set it (a
+    # router running attempts at once numbers them as they start, not as they end).
+    number: int = 0
 
 
 class AttemptEngine(abc.ABC):
@@ -389,9 +392,11 @@ class AttemptEngine(abc.ABC):
             raise RequestBudgetExceededError(
                 f"{self._router_name}: the request used every provider call it was allowed"
             )
+        if not attempt.number:
+            attempt.number = len(request.context.attempts) + 1
         span = self._telemetry.start(
             attempt.route_name,
-            len(request.context.attempts) + 1,
+            attempt.number,
             attempt.client,
             attempt.options.model_id,
         )
@@ -488,7 +493,7 @@ class AttemptEngine(abc.ABC):
         attempt: AttemptState,
         budget: _scope.RequestBudget | None,
         timeout: asyncio.Timeout | None,
-        movable: RequestState | None = None,
+        movable: _scope.FailoverCheck | None = None,
     ) -> _Tokens:
         """Make the attempt span, the request budget, the attempt's timeout and (before
         output, for a router that can move on) the failover check current while the route
@@ -535,7 +540,7 @@ class AttemptEngine(abc.ABC):
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
-            number=len(context.attempts) + 1,
+            number=attempt.number,
             outcome=outcome,
             exception=exception,
             duration=duration,

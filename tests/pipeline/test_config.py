@@ -544,8 +544,8 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
                 "router": {"kind": "ordred", "order": ["a", "b"]},
             },
             {
-                "router.kind": "expected one of ['ordered', 'balanced', 'tiered', 'semantic'], got "
-                "'ordred'; did you mean 'ordered'?"
+                "router.kind": "expected one of ['ordered', 'balanced', 'hedged', 'tiered', "
+                "'semantic'], got 'ordred'; did you mean 'ordered'?"
             },
         ),
         (

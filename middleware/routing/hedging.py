@@ -520,7 +520,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                 finished = [racer for racer in running if racer.task in done]
                 winner = next((racer for racer in finished if racer.won), None)
                 for racer in finished:
-                    if racer is not winner:
+                    if not racer.won:  # another that answered in the same turn loses below
                         await self._fell(race, racer, streaming=streaming)
                 race.waiting = True
                 if winner is not None:

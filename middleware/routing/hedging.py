@@ -226,9 +226,8 @@ class _Racer:
 
     @property
     def won(self) -> bool:
-        """Whether it answered: the task ran to its end without an error."""
-        task = self.task
-        return task is not None and task.done() and not task.cancelled() and self.error is None
+        """Whether it answered (its task ended without an error)."""
+        return self.settled_at is not None and self.error is None
 
 
 _RACE = "hedging.race"  # the request's `_Race`, in its context's state
@@ -237,7 +236,7 @@ _RACE = "hedging.race"  # the request's `_Race`, in its context's state
 class _Race:
     """One request's attempts: those still running (in start order) and how many started."""
 
-    __slots__ = ("request", "running", "settings", "started", "waiting")
+    __slots__ = ("request", "running", "settings", "started", "waiting", "wake")
 
     def __init__(self, request: RequestState, settings: HedgingSettings) -> None:
         self.request = request
@@ -245,6 +244,8 @@ class _Race:
         self.running: list[_Racer] = []
         self.started = 0
         self.waiting = True  # false once a hedge was refused, until an attempt ends
+        # What the request waits on: an attempt settling, or the next hedge coming due.
+        self.wake: asyncio.Future[None] | None = None
 
     def story(self) -> None:
         """The request's routing story counts every attempt started, hedges included (the
@@ -255,6 +256,11 @@ class _Race:
 
 
 _HEDGE: Mapping[str, AttributeValue] = {ROUTE_SELECTION: "hedge", ROUTE_HEDGE: True}
+
+
+def _wake_up(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
 
 
 class HedgingChatClient(BalancedFailoverChatClient):
@@ -502,22 +508,30 @@ class HedgingChatClient(BalancedFailoverChatClient):
     async def _race(self, race: _Race, *, streaming: bool) -> _Racer:
         """Run the request's attempts until one answers (returned; every other attempt is
         cancelled and reported), or the request ends with an error (raised)."""
+        loop = asyncio.get_running_loop()
         try:
             await self._launch(race, streaming=streaming)
             while True:
-                running = race.running
-                done, _ = await asyncio.wait(
-                    [racer.task for racer in running if racer.task is not None],
-                    timeout=self._until_hedge(race),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if not done:  # the attempt started last is past its delay
+                finished = [racer for racer in race.running if racer.settled_at is not None]
+                if not finished:
+                    # One future for "an attempt settled" and "a hedge is due", set by the
+                    # attempt itself (one turn of the loop less than waiting on its task).
+                    delay = self._until_hedge(race)
+                    wake = race.wake = loop.create_future()
+                    timer = None if delay is None else loop.call_later(delay, _wake_up, wake)
+                    try:
+                        await wake
+                    finally:
+                        race.wake = None
+                        if timer is not None:
+                            timer.cancel()
+                    finished = [racer for racer in race.running if racer.settled_at is not None]
+                if not finished:  # the attempt started last is past its delay
                     if self._may_hedge(race):
                         await self._launch(race, streaming=streaming)
                     else:
                         race.waiting = False
                     continue
-                finished = [racer for racer in running if racer.task in done]
                 winner = next((racer for racer in finished if racer.won), None)
                 for racer in finished:
                     if not racer.won:  # another that answered in the same turn loses below
@@ -637,11 +651,18 @@ class HedgingChatClient(BalancedFailoverChatClient):
         deadline = self._deadline(request, attempt, racer.started, attempt.number, output=False)
         return deadline, self._timeout(deadline)
 
-    def _answered(self, racer: _Racer) -> None:
+    def _settle(self, racer: _Racer) -> None:
+        """The attempt's task is done with it (the last thing it does): wake the request."""
         racer.settled_at = self._clock()
+        wake = racer.race.wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _answered(self, racer: _Racer) -> None:
         watch = racer.state.watch
         if watch is not None:
             watch.first_update()
+        self._settle(racer)
 
     async def _answer(self, racer: _Racer) -> None:
         """A non-streamed attempt, to its response (its task)."""
@@ -657,7 +678,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                     response = await attempt.client.get_response(attempt.messages, attempt.options)
         except BaseException as exc:  # the race reads it (this task is never awaited for it)
             racer.error = self._timed_out(request, exc, timeout, deadline, attempt)
-            racer.settled_at = self._clock()
+            self._settle(racer)
             return
         finally:
             self._exit(tokens)
@@ -675,7 +696,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
             stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
         except BaseException as exc:
             racer.error = exc
-            racer.settled_at = self._clock()
+            self._settle(racer)
             return
         finally:
             self._exit(tokens)
@@ -709,7 +730,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                 f"{type(close_error).__name__}"
             )
         racer.error = error
-        racer.settled_at = self._clock()
+        self._settle(racer)
 
     async def _dismiss(
         self, race: _Race, outcome: Literal["abandoned", "canceled"], *, terminal: bool
@@ -722,7 +743,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
         if not racers:
             return
         race.running = []
-        ended = {racer: racer.task is not None and racer.task.done() for racer in racers}
+        ended = {racer: racer.settled_at is not None for racer in racers}
         tasks = [racer.task for racer in racers if racer.task is not None]
         for task in tasks:
             task.cancel()

@@ -3,6 +3,7 @@
     python benchmarks/bench_gateway.py                       # both shapes, concurrency 1 and 16
     python benchmarks/bench_gateway.py --litellm-python /path/to/venv/bin/python
     python benchmarks/bench_gateway.py --no-litellm          # our gateway only
+    python benchmarks/bench_gateway.py --no-litellm --baseline /path/to/other/checkout
 
 Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
 (``chat-pipeline fake-server``), ``chat-pipeline serve`` (one worker, one route to the
@@ -23,6 +24,11 @@ compare figures from the same run.
 
 LiteLLM runs from the interpreter given by ``--litellm-python`` (default: this one), which
 needs ``pip install 'litellm[proxy]'``.
+
+``--baseline PATH`` runs the gateway of another checkout of this project too (its
+``pipeline`` and ``middleware`` imported from PATH, with this interpreter), its plain and
+its failover variants in the same rounds, and prints each of ours against it: a change is
+judged against the code before it, measured in the same run.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -63,6 +70,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # without a master key; the gateway checks its keys the same way).
 API_KEY = "sk-" + os.urandom(32).hex()
 KEYS_VARIABLE = "BENCH_GATEWAY_KEYS"
+BASELINE = "baseline: "  # the name prefix of the --baseline checkout's servers
 # The fake upstream's line once it listens, with the port it got.
 FAKE_SERVER_URL = re.compile(r"fake OpenAI-compatible server on (http://\S+)")
 
@@ -339,6 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["non-streaming", "streaming"],
     )
     parser.add_argument("--litellm-python", default=sys.executable)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="PATH",
+        help="also run the gateway of the checkout at PATH (e.g. `git archive main`)",
+    )
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument(
         "--scripted",
@@ -361,10 +375,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 True: " (failover+breaker+retry)",
                 None: " (scripted route, no upstream)",
             }
-            for full, suffix in variants.items():
-                if full is None and not args.scripted:
+            checkouts: list[tuple[str, dict[str, str]]] = [
+                ("", {**os.environ, KEYS_VARIABLE: API_KEY})
+            ]
+            if args.baseline is not None:
+                pythonpath = os.pathsep.join(
+                    filter(None, [str(args.baseline.resolve()), os.environ.get("PYTHONPATH")])
+                )
+                checkouts.append(
+                    (BASELINE, {**os.environ, KEYS_VARIABLE: API_KEY, "PYTHONPATH": pythonpath})
+                )
+            for (full, suffix), (prefix, env) in itertools.product(variants.items(), checkouts):
+                if full is None and (prefix or not args.scripted):
                     continue
-                name = "chat-pipeline serve" + suffix
+                name = prefix + "chat-pipeline serve" + suffix
                 servers.append(
                     stack.enter_context(
                         started(
@@ -385,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             ],
                             ready_path="/readyz",
                             workdir=workdir,
-                            env={**os.environ, KEYS_VARIABLE: API_KEY},
+                            env=env,
                         )
                     )
                 )
@@ -488,6 +512,14 @@ def report(key: str, rows: Mapping[str, Result]) -> None:
             f"  {name:44} {r.throughput:8.0f} {r.p50 * 1000:8.2f} {r.p99 * 1000:8.2f} "
             f"{r.cpu_per_request * 1000:11.3f} {r.per_core:10.0f}"
         )
+    for name, r in rows.items():
+        base = rows.get(BASELINE + name)
+        if base is not None:
+            print(
+                f"  {name} / baseline: {r.per_core / base.per_core:.2f}x throughput per "
+                f"core, {r.throughput / base.throughput:.2f}x throughput, "
+                f"p99 {r.p99 * 1000:.2f} vs {base.p99 * 1000:.2f} ms"
+            )
     litellm = rows.get("LiteLLM proxy")
     ours = rows.get("chat-pipeline serve")
     if litellm is not None and ours is not None:

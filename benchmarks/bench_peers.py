@@ -2,14 +2,15 @@
 
 The contenders, each a client of the same OpenAI-compatible fake server:
 
-* raw ``httpx2`` (the baseline: POST, decode the JSON body or each SSE data line, take the
-  text out);
+* raw ``aiohttp`` (the baseline: POST, decode the JSON body or each SSE data line, take the
+  text out) and raw ``httpx2`` (the same body and the same JSON parsing);
 * the official ``openai`` SDK (``AsyncOpenAI``);
 * a LiteLLM ``Router`` whose model list points at the fake server;
 * a Pydantic AI ``Agent`` over ``OpenAIChatModel`` with an ``OpenAIProvider`` pointed at it;
 * LangChain's ``ChatOpenAI`` (``langchain-openai``) with ``base_url``;
 * chat-pipeline's full pipeline: telemetry API (no SDK) + ordered failover of two routes,
-  each retry + circuit breaker over ``OpenAIChatClient``.
+  each retry + circuit breaker over ``OpenAIChatClient`` on its default transport (aiohttp),
+  and the same with ``transport="httpx2"``.
 
 The fake server (``pipeline.testing.FakeOpenAIServer``, answering 50 words: 50 content
 chunks when streamed) runs in its own process pinned to one core; each contender runs in a
@@ -36,11 +37,13 @@ Contenders whose library is not installed are skipped (said so in the output).
 CPU time on a shared machine moves from round to round; instruction counts hardly do
 (only through how many events one socket read brings back)::
 
-    python benchmarks/bench_peers.py --contenders httpx2 chat-pipeline --instructions 120 \
-        [--jobs streaming-32 non-streaming-32]
+    python benchmarks/bench_peers.py --contenders aiohttp httpx2 chat-pipeline \
+        chat-pipeline-httpx2 --instructions 120 [--jobs streaming-32 non-streaming-32]
 
 counts each contender's client instructions per request under valgrind's callgrind (each
-job in a fresh process with 120 and with 40 requests; the difference leaves out start-up).
+job in a fresh process with 120 and with 40 requests; the difference leaves out start-up;
+the start-up heap is frozen out of the garbage collector, whose full collections would walk
+it in one run and not the other).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -79,17 +83,28 @@ JOBS = [
     ("streaming", True, 1),
     ("streaming", True, 32),
 ]
-CONTENDERS = ["httpx2", "openai", "litellm", "pydantic-ai", "langchain", "chat-pipeline"]
+CONTENDERS = [
+    "aiohttp",
+    "httpx2",
+    "openai",
+    "litellm",
+    "pydantic-ai",
+    "langchain",
+    "chat-pipeline",
+    "chat-pipeline-httpx2",
+]
 LABELS = {
+    "aiohttp": "raw aiohttp",
     "httpx2": "raw httpx2",
     "openai": "openai SDK",
     "litellm": "LiteLLM Router",
     "pydantic-ai": "Pydantic AI",
     "langchain": "LangChain",
     "chat-pipeline": "chat-pipeline",
-    "chat-pipeline-keepalive": "chat-pipeline, 64 kept alive",
+    "chat-pipeline-httpx2": "chat-pipeline, httpx2",
 }
-BASELINE = "httpx2"
+BASELINE = "aiohttp"
+RAW = ("aiohttp", "httpx2")  # no failover of their own
 
 # On top of LiteLLM's settings (`_litellm_env`): LangChain's tracing off, and no other
 # credentials of the environment reach a contender.
@@ -257,6 +272,57 @@ class RawHttpx2(Contender):
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+
+class RawAiohttp(Contender):
+    """The least any client must do, with aiohttp: the same body and JSON parsing as raw
+    httpx2 (the session opens in the contender's event loop, at its first job)."""
+
+    def __init__(self, origin: str) -> None:
+        super().__init__(origin)
+        import aiohttp
+
+        self.version = f"aiohttp {aiohttp.__version__}"
+        self.session: Any = None
+        self.url = f"{self.base_url}/chat/completions"
+        self.body = {"model": MODEL, "messages": MESSAGES}
+        self.stream_body = {**self.body, "stream": True}
+        self.headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def call(self, streaming: bool) -> Call:
+        import aiohttp
+
+        if self.session is None:
+            # Enough connections for concurrency 32; aiohttp keeps every idle one alive.
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=60, sock_connect=60),
+            )
+        session, url, headers = self.session, self.url, self.headers
+        body, stream_body = self.body, self.stream_body
+        loads = json.loads
+
+        async def complete() -> str:
+            async with session.post(url, json=body, headers=headers) as response:
+                response.raise_for_status()
+                return str((await response.json())["choices"][0]["message"]["content"])
+
+        async def stream() -> str:
+            parts: list[str] = []
+            async with session.post(url, json=stream_body, headers=headers) as response:
+                response.raise_for_status()
+                async for line in response.content:
+                    if line.startswith(b"data: {"):
+                        choices = loads(line[6:])["choices"]
+                        if choices and (content := choices[0]["delta"].get("content")):
+                            parts.append(content)
+            return "".join(parts)
+
+        return stream if streaming else complete
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
 
 
 class OpenAISDK(Contender):
@@ -449,19 +515,20 @@ class LangChain(Contender):
 
 class ChatPipelineFull(Contender):
     """Telemetry API + ordered failover of two routes, each retry + breaker over the
-    OpenAI client: every layer at its defaults, the HTTP clients too."""
+    OpenAI client: every layer at its defaults, the HTTP transport too."""
+
+    transport: str | None = None  # the client's default
 
     def __init__(self, origin: str) -> None:
         super().__init__(origin)
         from importlib.metadata import version
 
-        self.version = f"chat-pipeline {version('chat-pipeline')}"
-        self.http_clients: list[Any] = []
+        from pipeline.providers import _http
+
+        transport = self.transport or _http.DEFAULT_TRANSPORT
+        self.version = f"chat-pipeline {version('chat-pipeline')}, {transport} transport"
         self.pipeline = self.build(self.base_url, self.base_url)
         self.failing: Any = None
-
-    def http_client(self) -> Any:
-        return None  # the client's own default
 
     def build(self, primary_url: str, backup_url: str) -> Any:
         from middleware.routing import Route
@@ -470,7 +537,7 @@ class ChatPipelineFull(Contender):
 
         def route(name: str, base_url: str) -> Route:
             client = OpenAIChatClient(
-                MODEL, api_key=API_KEY, base_url=base_url, http_client=self.http_client()
+                MODEL, api_key=API_KEY, base_url=base_url, transport=self.transport
             )
             built = (
                 ChatPipeline.builder().use_circuit_breaker().use_retry().build(client, name=name)
@@ -514,34 +581,23 @@ class ChatPipelineFull(Contender):
         await self.pipeline.aclose()
         if self.failing is not None:
             await self.failing.aclose()
-        for http in self.http_clients:  # given to a client, so not closed by it
-            await http.aclose()
 
 
-class ChatPipelineKeepAlive(ChatPipelineFull):
-    """The same pipeline, each OpenAI client given an ``httpx2.AsyncClient`` that keeps 64
-    connections alive, as the raw baseline does (the default keeps 20): not in the default
-    run; it tells how much of a difference at concurrency 32 is connection churn."""
+class ChatPipelineHttpx2(ChatPipelineFull):
+    """The same pipeline, its OpenAI clients on the httpx2 transport."""
 
-    def http_client(self) -> Any:
-        import httpx2
-
-        from pipeline.providers._http import DEFAULT_TIMEOUT
-
-        limits = httpx2.Limits(max_connections=100, max_keepalive_connections=64)
-        http = httpx2.AsyncClient(limits=limits, timeout=DEFAULT_TIMEOUT)
-        self.http_clients.append(http)
-        return http
+    transport = "httpx2"
 
 
 FACTORIES: dict[str, Callable[[str], Contender]] = {
+    "aiohttp": RawAiohttp,
     "httpx2": RawHttpx2,
     "openai": OpenAISDK,
     "litellm": LiteLLMRouter,
     "pydantic-ai": PydanticAI,
     "langchain": LangChain,
     "chat-pipeline": ChatPipelineFull,
-    "chat-pipeline-keepalive": ChatPipelineKeepAlive,
+    "chat-pipeline-httpx2": ChatPipelineHttpx2,
 }
 
 
@@ -668,6 +724,10 @@ def count_main(name: str, origin: str, job: str) -> None:
 
     async def one() -> None:
         contender = FACTORIES[name](origin)
+        # The start-up heap out of the collector's way: whether a full collection (which
+        # would walk it all) falls in the short run or the long one must not move the count.
+        gc.collect()
+        gc.freeze()
         try:
             result = await run_job(contender, streaming == "1", int(concurrency),
                                    int(requests), 0)  # fmt: skip
@@ -829,12 +889,12 @@ def print_tables(names: list[str], results: dict[str, dict[str, list[dict[str, A
 
     table(
         f"client CPU ms per request, min / median of {rounds} rounds "
-        "(ratio to raw httpx2: min / min, median / median)",
+        "(ratio to raw aiohttp: min / min, median / median)",
         cpu,
     )
     table(
         "latency ms: p50 (median of rounds) / p99 (min of rounds) / p99 (median of rounds) "
-        "(p99 median ratio to raw httpx2)",
+        "(p99 median ratio to raw aiohttp)",
         latency,
     )
     table("throughput, requests/s: best / median of rounds", throughput)
@@ -918,7 +978,7 @@ def main(args: argparse.Namespace) -> int:
         failover: dict[str, dict[str, Any]] = {}
         if args.failover_requests:
             for name in names:
-                if name == BASELINE:
+                if name in RAW:
                     continue
                 request = {"kind": "failover", "requests": args.failover_requests}
                 failover[name] = children[name].ask(request, JOB_TIMEOUT)
@@ -962,11 +1022,11 @@ if __name__ == "__main__":
     parser.add_argument("--failover-requests", type=int, default=12,
                         help="sequential requests in the failover case (0: skip it)")  # fmt: skip
     parser.add_argument("--contenders", nargs="+", choices=list(FACTORIES), default=CONTENDERS,
-                        help="default: all but chat-pipeline-keepalive (a diagnosis)")  # fmt: skip
+                        help="default: all")  # fmt: skip
     parser.add_argument("--json", metavar="OUT", help="write every figure as JSON to OUT")
     parser.add_argument("--instructions", type=int, metavar="N",
                         help="count client instructions per request under callgrind instead "
-                             "(N and N/3 requests per job; try --contenders httpx2 "
+                             "(N and N/3 requests per job; try --contenders aiohttp "
                              "chat-pipeline --instructions 120)")  # fmt: skip
     parser.add_argument("--jobs", nargs="+", default=[f"{j[0]}-{j[2]}" for j in JOBS],
                         choices=[f"{j[0]}-{j[2]}" for j in JOBS],

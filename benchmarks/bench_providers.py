@@ -1,12 +1,15 @@
-"""Our HTTP clients and a full pipeline vs raw httpx2, against loopback fake servers.
+"""Our HTTP clients and a full pipeline, on both transports, vs raw aiohttp and raw httpx2,
+against loopback fake servers.
 
 The baseline does the least any client must: POST, then decode the JSON body (or each SSE
-data payload), with a raw ``httpx2.AsyncClient``; it is measured per wire format (Chat
-Completions and Anthropic Messages) in the same run. The fake servers run in their own
-processes (``chat-pipeline fake-server [--format anthropic]``) so the client process's CPU
-time is the client's alone. For concurrency 1 and 32, non-streaming and streaming, prints
-requests per second and client CPU milliseconds per 1,000 requests, and both ratios to the
-baseline of the same format. The old ``httpx`` (a second baseline) and the official
+data payload), with a raw ``aiohttp.ClientSession``; raw ``httpx2.AsyncClient`` does the
+same. Both are measured per wire format (Chat Completions and Anthropic Messages) in the
+same run. Our clients and the full pipeline run once per transport (``transport="aiohttp"``,
+the default, and ``transport="httpx2"``), each with its own default pool. The fake servers
+run in their own processes (``chat-pipeline fake-server [--format anthropic]``) so the
+client process's CPU time is the client's alone. For concurrency 1 and 32, non-streaming and
+streaming, prints requests per second and client CPU milliseconds per 1,000 requests, and
+both ratios to the baseline of the same format. The old ``httpx`` and the official
 ``openai`` and ``anthropic`` SDKs are measured too when they are installed.
 
     python benchmarks/bench_providers.py [--requests 1000] [--rounds 3]
@@ -25,6 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import aiohttp
 import httpx2
 
 from middleware.routing import Route
@@ -74,6 +78,22 @@ def raw_calls(http: Any, url: str, body: dict[str, Any], stream_body: dict[str, 
                 async for line in response.aiter_lines()
                 if line.startswith("data: {")
             ]
+
+    return lambda streaming: stream if streaming else call
+
+
+def raw_aiohttp_calls(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+                      stream_body: dict[str, Any], headers: dict[str, str]) -> Maker:  # fmt: skip
+    """POST and decode, with a raw aiohttp session (the same body and JSON parsing)."""
+
+    async def call() -> object:
+        async with session.post(url, json=body, headers=headers) as response:
+            return await response.json()
+
+    async def stream() -> object:
+        async with session.post(url, json=stream_body, headers=headers) as response:
+            return [json.loads(line[6:]) async for line in response.content
+                    if line.startswith(b"data: {")]  # fmt: skip
 
     return lambda streaming: stream if streaming else call
 
@@ -154,49 +174,49 @@ def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker
     return found
 
 
+BASELINE = "raw aiohttp (baseline)"
+TRANSPORTS = ("aiohttp", "httpx2")
+
+
 async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: int) -> None:
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
-
-    def http() -> httpx2.AsyncClient:
-        return httpx2.AsyncClient(limits=limits, timeout=30)
-
-    raw = http()
-    openai_client = OpenAIChatClient("m", api_key="k", base_url=openai_url, http_client=http())
-    anthropic_client = AnthropicChatClient(
-        "m", api_key="k", base_url=anthropic_url, http_client=http()
-    )
-    openai_full = full_pipeline(
-        OpenAIChatClient("m", api_key="k", base_url=openai_url, http_client=http()),
-        OpenAIChatClient("m", api_key="k", base_url=openai_url),
-    )
-    anthropic_full = full_pipeline(
-        AnthropicChatClient("m", api_key="k", base_url=anthropic_url, http_client=http()),
-        AnthropicChatClient("m", api_key="k", base_url=anthropic_url),
-    )
+    raw = httpx2.AsyncClient(limits=limits, timeout=30)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
     chat_url = f"{openai_url}/chat/completions"
     messages_url = f"{anthropic_url}/v1/messages"
+    closables: list[Any] = [raw]
     # (wire format, label, calls); the first of each format is its baseline.
     contenders: list[tuple[str, str, Maker]] = [
-        ("openai", "raw httpx2 (baseline)",
-         raw_calls(raw, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
-        ("openai", "OpenAIChatClient", client_calls(openai_client)),
-        ("openai", "full pipeline", client_calls(openai_full)),
-        ("anthropic", "raw httpx2 (baseline)",
+        ("openai", BASELINE,
+         raw_aiohttp_calls(session, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        ("openai", "raw httpx2", raw_calls(raw, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        ("anthropic", BASELINE,
+         raw_aiohttp_calls(session, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM,
+                           ANTHROPIC_HEADERS)),
+        ("anthropic", "raw httpx2",
          raw_calls(raw, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM, ANTHROPIC_HEADERS)),
-        ("anthropic", "AnthropicChatClient", client_calls(anthropic_client)),
-        ("anthropic", "full pipeline", client_calls(anthropic_full)),
     ]  # fmt: skip
-    legacy = None
+    for transport in TRANSPORTS:
+        for fmt, make in (("openai", OpenAIChatClient), ("anthropic", AnthropicChatClient)):
+            url = openai_url if fmt == "openai" else anthropic_url
+            single = make("m", api_key="k", base_url=url, transport=transport)
+            full = full_pipeline(
+                make("m", api_key="k", base_url=url, transport=transport),
+                make("m", api_key="k", base_url=url, transport=transport),
+            )
+            closables += [single, full]
+            contenders.append((fmt, f"{make.__name__}, {transport}", client_calls(single)))
+            contenders.append((fmt, f"full pipeline, {transport}", client_calls(full)))
     try:
         import httpx
     except ImportError:
-        print("(old httpx not installed: its baseline skipped)")
+        print("(old httpx not installed: skipped)")
     else:
         legacy = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=30
         )
-        contenders.insert(
-            1,
+        closables.append(legacy)
+        contenders.append(
             ("openai", f"raw httpx {httpx.__version__}",
              raw_calls(legacy, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
         )  # fmt: skip
@@ -217,16 +237,15 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
                     if (fmt, label) not in best or rps > best[fmt, label][0]:
                         best[fmt, label] = (rps, cpu)
             for fmt, label, _ in calls:
-                base_rps, base_cpu = best[fmt, "raw httpx2 (baseline)"]
+                base_rps, base_cpu = best[fmt, BASELINE]
                 rps, cpu = best[fmt, label]
                 print(
-                    f"  {fmt:<9} {label:<22} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
+                    f"  {fmt:<9} {label:<30} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
                     f"throughput {rps / base_rps:5.2f}x  CPU {cpu / base_cpu:5.2f}x"
                 )
-    for closable in (raw, openai_client, anthropic_client, openai_full, anthropic_full):
+    for closable in closables:
         await closable.aclose()
-    if legacy is not None:
-        await legacy.aclose()
+    await session.close()
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 
-from pipeline.providers._http import SSEPayloads
+from pipeline.providers._sse import SSEPayloads
 
 
 def stream_body(events: int) -> list[bytes]:

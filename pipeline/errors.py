@@ -27,9 +27,10 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-`classify(exc)` maps any exception (ours, httpx2's, the old httpx's when the application
-already imported it, or unknown) to a `FailureKind`; `retry_after_of(exc)` reads the wait
-a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a response). The
+`classify(exc)` maps any exception (ours, httpx2's, the old httpx's or aiohttp's when the
+application already imported them, or unknown) to a `FailureKind`; `retry_after_of(exc)`
+reads the wait a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a
+response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
 `is_failover_eligible` (those, an open circuit, an invalid response and unknown failures):
 a malformed answer is that deployment's failure, another route may answer well, but the
@@ -441,9 +442,12 @@ def classify(exc: BaseException) -> FailureKind:
     Our `ProviderError`s carry their kind; httpx2 status errors map by status; its
     transport errors (timeouts, refused or reset connections, broken HTTP) and any
     `TimeoutError`/`ConnectionError` are transient. When the application already imported
-    the old ``httpx`` (this module never imports it), its errors map the same way.
-    pybreaker's open-circuit error is `CIRCUIT_OPEN`; everything else (including a stray
-    `CancelledError` from a client) is `UNKNOWN`.
+    the old ``httpx`` or ``aiohttp`` (this module imports neither), their errors map the
+    same way: aiohttp's status errors (``ClientResponseError``) by status, its other
+    ``ClientError``s (timeouts, connection, TLS and DNS failures, a body cut short) are
+    transient, except an invalid URL (`UNKNOWN`, like httpx2's). pybreaker's open-circuit
+    error is `CIRCUIT_OPEN`; everything else (including a stray `CancelledError` from a
+    client) is `UNKNOWN`.
     """
     if isinstance(exc, ProviderError):
         return exc.kind
@@ -457,6 +461,13 @@ def classify(exc: BaseException) -> FailureKind:
             return kind_for_status(exc.response.status_code)
         if isinstance(exc, legacy.TransportError):
             return FailureKind.TRANSIENT
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientError):
+        if isinstance(exc, aiohttp.ClientResponseError):
+            return kind_for_status(exc.status)
+        if isinstance(exc, aiohttp.InvalidURL):
+            return FailureKind.UNKNOWN
+        return FailureKind.TRANSIENT
     if _is_breaker_open(exc):
         return FailureKind.CIRCUIT_OPEN
     return FailureKind.UNKNOWN
@@ -468,11 +479,14 @@ def retry_after_of(exc: BaseException) -> float | None:
     A `ProviderError`'s `retry_after`; otherwise the ``Retry-After`` header of the response
     an HTTP status error carries: httpx2's, the old httpx's (when the application already
     imported it), or any error whose ``response`` attribute is one of their responses (as
-    the official SDKs' status errors are); otherwise a non-negative number in the
-    exception's own ``retry_after`` attribute.
+    the official SDKs' status errors are), or an aiohttp ``ClientResponseError``'s headers;
+    otherwise a non-negative number in the exception's own ``retry_after`` attribute.
     """
     if isinstance(exc, ProviderError):
         return exc.retry_after
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError) and exc.headers:
+        return parse_retry_after(exc.headers.get("Retry-After"))
     response = getattr(exc, "response", None)
     if response is not None and _is_http_response(response):
         return parse_retry_after(response.headers.get("retry-after"))

@@ -138,12 +138,22 @@ ONE_ATTEMPT = FailoverSettings(max_attempts_per_request=1)
 enclosing request's budget, if any, still applies)."""
 
 
-_Deadline = tuple[float, Literal["attempt", "reserve", "request"]]
+_Deadline = tuple[float, Literal["attempt", "selection", "reserve", "request"]]
 
 # (OpenTelemetry context, request budget, attempt timeout, failover check) tokens, or None
 # each.
 _Tokens = tuple[Any, Any, Any, Any]
 _NO_TOKENS: _Tokens = (None, None, None, None)  # nothing was made current
+
+
+def _held_against(
+    timeout: asyncio.Timeout | None, deadline: _Deadline | None
+) -> asyncio.Timeout | None:
+    """The timeout layers beneath may hold against the route when it fires (a breaker
+    counts it): not a limit the selection set, tighter than the route's own (a probe's)."""
+    if deadline is not None and deadline[1] == "selection":
+        return None
+    return timeout
 
 
 async def _in_turn(first: Awaitable[Any], then: Awaitable[Any] | None) -> None:
@@ -421,18 +431,18 @@ class AttemptEngine(abc.ABC):
         output: bool,
     ) -> _Deadline | None:
         """When the next step of an attempt must end (on the router's clock), and why:
-        ``attempt`` (its own limit), ``reserve`` (the time kept for a backup) or
-        ``request`` (the request's deadline). Once `output` reached the caller, only the
-        request's deadline applies."""
+        ``attempt`` (its own limit), ``selection`` (the tighter limit its selection set),
+        ``reserve`` (the time kept for a backup) or ``request`` (the request's deadline).
+        Once `output` reached the caller, only the request's deadline applies."""
         settings = request.settings
         end: float | None = None
-        why: Literal["attempt", "reserve"] = "attempt"
+        why: Literal["attempt", "selection", "reserve"] = "attempt"
         if not output:
             limit_of_attempt = settings.attempt_timeout
             if attempt.timeout is not None and (
                 limit_of_attempt is None or attempt.timeout < limit_of_attempt
             ):
-                limit_of_attempt = attempt.timeout
+                limit_of_attempt, why = attempt.timeout, "selection"
             if limit_of_attempt is not None:
                 end = started + limit_of_attempt
         budget = request.budget
@@ -638,7 +648,7 @@ class AttemptEngine(abc.ABC):
                     timeout = self._timeout(deadline)
                 else:
                     deadline = timeout = None
-                tokens = self._enter(attempt, budget, timeout, movable)
+                tokens = self._enter(attempt, budget, _held_against(timeout, deadline), movable)
                 failure: BaseException | None = None
                 try:
                     if timeout is None:
@@ -732,7 +742,12 @@ class AttemptEngine(abc.ABC):
                         output = first_update is not None
                         deadline = self._deadline(request, attempt, started, number, output=output)
                         timeout = self._timeout(deadline)
-                        tokens = self._enter(attempt, budget, timeout, None if output else movable)
+                        tokens = self._enter(
+                            attempt,
+                            budget,
+                            _held_against(timeout, deadline),
+                            None if output else movable,
+                        )
                     mark = clock()
                     try:
                         if timeout is None:

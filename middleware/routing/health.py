@@ -19,11 +19,19 @@ A `RouteHealth` keeps, per route name, four signals fed by every attempt a route
 A route is an **outlier** when its latency is over `outlier_latency_ratio` times the median
 of the other routes' (and `outlier_latency_gap` seconds over it), or its failure ratio over
 theirs by `outlier_failure_gap` (with at least `min_failures` decayed failures). Balanced
-routers send an outlier no traffic but one **probe** per `probe_interval`, bounded by
-`probe_timeout_ratio` times the others' median latency (a probe that misses it is cut and
-the request fails over), so a probe of a route that has not recovered costs its caller
-little. `recovery_probes` good probes in a row (answered within that bound) readmit a slow
-route: its latency estimate becomes theirs, instead of decaying from the peak it reached.
+routers send an outlier no traffic but **probes**: the first `probe_interval` seconds after
+it became one, then after twice as long each time a probe does not answer in time (up to
+`max_probe_interval`). A probe is bounded by `probe_timeout_ratio` times the other routes'
+median latency: a probe that misses it is cut and its request fails over, so probing a route
+that has not recovered costs its caller little (and the cut is not held against the
+route's breaker: the bound was the router's choice). `recovery_probes` good probes in a
+row (answered within that bound) readmit a slow route: its latency estimate becomes
+theirs, instead of decaying from the peak it reached.
+
+What counts as a failure (`counts`): the deployment's failures (rate limits, transient
+and unknown errors, invalid responses, failures after output), not the request's (invalid,
+too long, filtered, unauthenticated), and not an attempt the router cut for time: that
+says how slow the route is, and counts in its latency.
 
 Health is local by default; `RedisHealthStore` (in `middleware.routing`) shares cooldowns,
 failure ratios and latency across replicas without ever putting Redis on a request's path.
@@ -44,7 +52,7 @@ from pydantic import Field
 
 from pipeline import _semconv
 from pipeline._settings import Settings
-from pipeline.errors import FailureKind, classify, retry_after_of
+from pipeline.errors import AttemptTimeoutError, FailureKind, classify, retry_after_of
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
@@ -70,8 +78,13 @@ _COOLING_KINDS = frozenset({FailureKind.RATE_LIMITED, FailureKind.TRANSIENT})
 
 def counts_against_route(exc: BaseException) -> bool:
     """Default `counts`: rate limits, transient, invalid-response and unknown failures
-    (the failures that say something about the deployment, not about the request)."""
-    return isinstance(exc, Exception) and classify(exc) in _DEPLOYMENT_FAILURES
+    (the failures that say something about the deployment, not about the request); an
+    attempt the router cut for time is a latency sample instead."""
+    return (
+        isinstance(exc, Exception)
+        and not isinstance(exc, AttemptTimeoutError)
+        and classify(exc) in _DEPLOYMENT_FAILURES
+    )
 
 
 _Seconds = Annotated[float, Field(gt=0)]
@@ -88,9 +101,10 @@ class HealthSettings(Settings):
     outlier_latency_ratio: Annotated[float, Field(gt=1)] = 2.0
     outlier_latency_gap: Annotated[float, Field(ge=0)] = 0.1
     outlier_failure_gap: Annotated[float, Field(gt=0, le=1)] = 0.05
-    min_failures: Annotated[float, Field(ge=0)] = 2.0
-    probe_interval: _Seconds = 1.0
-    probe_timeout_ratio: _Seconds = 2.0
+    min_failures: Annotated[float, Field(ge=0)] = 1.0
+    probe_interval: _Seconds = 2.0
+    max_probe_interval: _Seconds = 5.0
+    probe_timeout_ratio: _Seconds = 1.0
     recovery_probes: Annotated[int, Field(ge=1)] = 2
     counts: Callable[[BaseException], bool] = counts_against_route
 
@@ -126,8 +140,10 @@ class _Signals:
         "good_probes",
         "in_flight",
         "next_token",
+        "outlier_since",
         "pending",
         "probe_at",
+        "probe_wait",
         "probing",
         "ratio_at",
         "shared",
@@ -144,6 +160,8 @@ class _Signals:
         self.ratio_at = 0.0
         self.cooldown_until = -math.inf
         self.probe_at = -math.inf  # when the last probe started
+        self.probe_wait = 0.0  # how long after it the next one is due (0: not an outlier)
+        self.outlier_since: float | None = None
         self.probing = False
         self.good_probes = 0  # probes in a row that answered within their bound
         self.good_probe_total = 0.0  # and their latencies, summed
@@ -193,13 +211,22 @@ class AttemptTicket:
         """The attempt ended with `outcome` (a `FailoverAttempt` outcome) and `error`."""
         health = self._health
         signals = self._signals
-        if self._probe:
-            signals.probing = False
         signals.in_flight -= 1
         now = health._clock()
-        if self._probe and outcome != "completed":
-            signals.good_probes = 0
-            signals.good_probe_total = 0.0
+        if self._probe:
+            signals.probing = False
+            signals.probe_at = now  # the next one is due an interval after this one ended
+            settings = health.settings
+            if self._waiting and outcome != "completed":
+                # Not answered in time: probe again later, up to the longest interval.
+                signals.good_probes = 0
+                signals.good_probe_total = 0.0
+                signals.probe_wait = min(
+                    max(signals.probe_wait, settings.probe_interval) * 2.0,
+                    settings.max_probe_interval,
+                )
+            elif outcome not in ("canceled", "abandoned"):
+                signals.probe_wait = settings.probe_interval
         if self._waiting:
             self._waiting = False
             signals.pending.pop(self._token, None)
@@ -454,6 +481,15 @@ class Judgement:
                 and self.ratio[name] - _median(others_ratio) > settings.outlier_failure_gap
             ):
                 self.outliers.add(name)
+        for name, signals in self.signals.items():
+            if name in self.outliers:
+                if signals.outlier_since is None:
+                    # Its first probe is due one interval after it became an outlier.
+                    signals.outlier_since = signals.probe_at = now
+                    signals.probe_wait = settings.probe_interval
+            elif signals.outlier_since is not None:
+                signals.outlier_since = None
+                signals.probe_wait = 0.0
         if known:
             healthy = [
                 value
@@ -467,9 +503,10 @@ class Judgement:
                 )
 
     def probe_due(self, health: RouteHealth, route: str) -> bool:
-        """Whether outlier `route` may have a probe now (none in flight, interval passed)."""
+        """Whether outlier `route` may have a probe now: none in flight, and its interval
+        (longer after each probe that did not answer in time) has passed."""
         signals = self.signals[route]
-        return not signals.probing and self.now - signals.probe_at >= health.settings.probe_interval
+        return not signals.probing and self.now - signals.probe_at >= signals.probe_wait
 
 
 class HealthStore:

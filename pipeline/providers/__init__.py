@@ -1,5 +1,5 @@
-"""Real providers over httpx2: OpenAI-compatible, Azure OpenAI, Ollama, Anthropic, and
-embeddings.
+"""Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible, Azure OpenAI, Ollama,
+Anthropic, and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model.

@@ -1,4 +1,4 @@
-"""What every HTTP chat client shares: keys, the HTTP client, deadlines and the stream loop.
+"""What every HTTP chat client shares: keys, the transport, deadlines and the stream loop.
 
 A format (Chat Completions, Anthropic Messages) supplies the URL, headers, request body,
 response parser and a stream reader; the failure boundaries are this class's, so they are
@@ -7,30 +7,32 @@ the same for every provider (see `pipeline.providers.openai`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import AsyncGenerator, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import httpx2
 
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
-    DEFAULT_LIMITS,
-    SSEPayloads,
-    deadline,
+    Deadline,
+    StreamBody,
+    TransportName,
     drain,
     encode_json,
     endpoint,
-    next_payloads,
+    make_transport,
     positive_or_none,
-    post_json,
     service_url,
-    status_error,
+    traced,
     transport_error,
 )
+from pipeline.providers._sse import SSEPayloads, next_payloads
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["HTTPChatClient", "StreamReader"]
 
@@ -50,8 +52,15 @@ class HTTPChatClient(AsyncClosing):
 
     The API key comes from `api_key` or the class's `api_key_env` variable; it is required
     only for the class's `default_base_url` and never appears in `repr`, errors, logs or
-    telemetry. A given `http_client` is used as is and left open; otherwise the client owns
-    one (closed by `aclose`, or by leaving ``async with client:``).
+    telemetry. `transport` picks the HTTP client library, ``"aiohttp"`` (the default) or
+    ``"httpx2"``; a given `http_client` (an ``httpx2.AsyncClient`` or an
+    ``aiohttp.ClientSession``) picks its own, and is used as is and left open; otherwise the
+    client owns one (closed by `aclose`, or by leaving ``async with client:``). Errors,
+    timeouts, limits and stream semantics are the same whichever transport runs.
+
+    Each request carries the current trace context (W3C ``traceparent``, through the
+    globally configured OpenTelemetry propagators), so the provider's spans join the trace
+    of the attempt that called it; nothing is added when no span is current.
     """
 
     provider_name: ClassVar[str] = ""
@@ -66,19 +75,16 @@ class HTTPChatClient(AsyncClosing):
         *,
         api_key: str | None,
         base_url: str,
-        http_client: httpx2.AsyncClient | None,
+        http_client: httpx2.AsyncClient | aiohttp.ClientSession | None,
         timeout: float | httpx2.Timeout,
         headers: Mapping[str, str],
         first_chunk_timeout: float | None,
         stream_idle_timeout: float | None,
         name: str | None,
+        transport: TransportName | None = None,
     ) -> None:
         if model is not None and (not isinstance(model, str) or not model):
             raise ValueError("model must be a non-empty string or None")
-        if http_client is not None and not isinstance(http_client, httpx2.AsyncClient):
-            raise TypeError(
-                f"http_client must be an httpx2.AsyncClient, not {type(http_client).__name__}"
-            )
         if self.api_key_env and api_key is None:
             api_key = os.environ.get(self.api_key_env) or None
         if api_key is None and base_url.rstrip("/") == self.default_base_url:
@@ -89,8 +95,6 @@ class HTTPChatClient(AsyncClosing):
         self.model = model
         self._api_key = api_key
         self._base_url, basic_auth = service_url(base_url)
-        self._owns_http_client = http_client is None
-        self._http = http_client or httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
         # Built once: a static key makes the same headers for every request. Credentials
         # written into the URL become a Basic header unless a key already authorizes.
         auth = self._static_auth_headers()
@@ -106,10 +110,18 @@ class HTTPChatClient(AsyncClosing):
             server_port=self._base_url.port or (443 if self._base_url.scheme == "https" else 80),
             name=name,
         )
+        self._transport = make_transport(transport, http_client, timeout, self._base_url)
+        self._dynamic_headers = type(self)._request_headers is not HTTPChatClient._request_headers
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.
         self._url = self._chat_url()
         self._endpoint = endpoint(self._url)
+        self._target = self._transport.target(self._url)
+
+    @property
+    def transport(self) -> TransportName:
+        """The HTTP client library the calls go through: ``"aiohttp"`` or ``"httpx2"``."""
+        return self._transport.name
 
     @property
     def metadata(self) -> ChatClientMetadata:
@@ -164,13 +176,10 @@ class HTTPChatClient(AsyncClosing):
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         body = self._prepare(messages, options, stream=False)
-        payload = await post_json(
-            self._http,
-            self._url,
-            body,
-            await self._request_headers(),
-            provider=self.provider_name,
-            where=self._endpoint,
+        # Static headers skip the coroutine: this is per request.
+        headers = await self._request_headers() if self._dynamic_headers else self._headers
+        payload = await self._transport.post_json(
+            self._target, body, traced(headers), self.provider_name, self._endpoint
         )
         return self._parse_response(payload)
 
@@ -180,23 +189,22 @@ class HTTPChatClient(AsyncClosing):
         return self._stream(self._prepare(messages, options, stream=True))
 
     async def _stream(self, body: bytes) -> AsyncGenerator[ChatResponseUpdate, None]:
-        url = self._url
+        transport = self._transport
+        errors = transport.errors
         where = self._endpoint
         provider = self.provider_name
-        headers = await self._request_headers()
+        headers = traced(await self._request_headers() if self._dynamic_headers else self._headers)
         payloads = SSEPayloads(provider, end_type=self.stream_end_type)
-        async with contextlib.AsyncExitStack() as stack:
+        stream: StreamBody | None = None
+        try:
             try:
-                async with deadline(self.first_chunk_timeout, provider, "first chunk"):
-                    response = await stack.enter_async_context(
-                        self._http.stream("POST", url, content=body, headers=headers)
+                async with Deadline(self.first_chunk_timeout, provider, "first chunk"):
+                    stream = await transport.open_stream(
+                        self._target, body, headers, provider, where
                     )
-                    if response.status_code >= 400:
-                        raise await status_error(response, provider, where)
-                    chunks = response.aiter_bytes()
-                    stack.push_async_callback(chunks.aclose)
-                    batch = await next_payloads(chunks, payloads)
-            except httpx2.HTTPError as exc:
+                    read = stream.read
+                    batch = await next_payloads(read, payloads)
+            except errors as exc:
                 raise transport_error(exc, provider, where) from exc
             reader = self._stream_reader()
             idle = self.stream_idle_timeout
@@ -211,11 +219,11 @@ class HTTPChatClient(AsyncClosing):
                     raise payloads.failure  # after the payloads its chunk completed before it
                 try:
                     if idle is None:
-                        batch = await next_payloads(chunks, payloads)
+                        batch = await next_payloads(read, payloads)
                     else:
-                        async with deadline(idle, provider, "next chunk"):
-                            batch = await next_payloads(chunks, payloads)
-                except httpx2.HTTPError as exc:
+                        async with Deadline(idle, provider, "next chunk"):
+                            batch = await next_payloads(read, payloads)
+                except errors as exc:
                     raise transport_error(exc, provider, where) from exc
             if not payloads.done:
                 raise provider_error(
@@ -226,17 +234,19 @@ class HTTPChatClient(AsyncClosing):
                     url=where,
                 )
             try:
-                async with deadline(idle, provider, "the end of the body"):
-                    await drain(chunks)
-            except httpx2.HTTPError as exc:
+                async with Deadline(idle, provider, "the end of the body"):
+                    await drain(read)
+            except errors as exc:
                 raise transport_error(exc, provider, where) from exc
             tail = reader.finish()
             if tail is not None:
                 yield tail
+        finally:
+            if stream is not None:
+                await stream.aclose()
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._owns_http_client:
-            await self._http.aclose()
+        await self._transport.aclose()

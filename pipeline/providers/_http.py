@@ -1,48 +1,76 @@
-"""HTTP plumbing shared by the providers: errors from statuses and transports, deadlines,
-and server-sent event streams decoded to JSON payloads."""
+"""HTTP plumbing shared by the providers: the transports, errors from statuses and
+transport failures, deadlines and URLs.
+
+A provider client talks HTTP through a `Transport`: `Httpx2Transport` (an
+``httpx2.AsyncClient``) or `AiohttpTransport` (an ``aiohttp.ClientSession``, in
+`pipeline.providers._aiohttp`), picked by `make_transport`. Either one gives the same
+answers to the client: JSON bodies, a stream's body chunk by chunk, `ProviderError`s for
+error statuses, and its own failures as `Transport.errors` (which `transport_error` turns
+into a transient `ProviderError`). Reading server-sent events is `pipeline.providers._sse`'s.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import codecs
 import contextlib
 import json
-import json.scanner
-import re
-from collections.abc import AsyncIterator
-from typing import Any, cast
+import sys
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Literal, Protocol, TypeAlias, get_args
 
 import httpx2
+from opentelemetry.propagate import inject
+from opentelemetry.trace import get_current_span
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
-from pipeline.providers._sse import MalformedSSE, SSEDecoder
+from pipeline.providers._sse import scan_json
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
-    "Utf8Lines",
-    "encode_json",
-    "service_url",
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
-    "deadline",
-    "endpoint",
-    "positive_or_none",
-    "post_json",
-    "SSEPayloads",
+    "DEFAULT_TRANSPORT",
+    "Httpx2Transport",
+    "StreamBody",
+    "Transport",
+    "TransportName",
+    "Deadline",
+    "basic_auth",
+    "bounded_body",
+    "decode_json",
     "drain",
-    "next_payloads",
+    "encode_json",
+    "endpoint",
+    "make_transport",
+    "positive_or_none",
+    "service_url",
     "status_error",
+    "traced",
     "transport_error",
 ]
+
+TransportName: TypeAlias = Literal["aiohttp", "httpx2"]
+TRANSPORTS: tuple[TransportName, ...] = get_args(TransportName)
+
+# aiohttp: in `bench_peers.py` a raw aiohttp call costs a fraction of a raw httpx2 call's
+# client CPU (see README's "Against the peers"), and the pipeline's calls cost that much.
+DEFAULT_TRANSPORT: TransportName = "aiohttp"
 
 DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=10.0)
 # Every connection the pool may open is kept alive when idle. httpx2's default keeps 20 of
 # its 100, so concurrency above 20 closes and reopens connections on every burst: at 32
 # concurrent streams that churn was most of the pipeline's extra CPU over a raw client.
+# (aiohttp's pool keeps every idle connection; its limit is the same 100.)
 DEFAULT_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_DRAINED_CHUNKS = 100
+
+Read: TypeAlias = Callable[[], Awaitable[bytes]]
+
+
+# -- URLs -------------------------------------------------------------------------------------
 
 
 def endpoint(url: httpx2.URL | str) -> str:
@@ -68,10 +96,14 @@ def service_url(base_url: object, what: str = "base_url") -> tuple[httpx2.URL, s
         raise ValueError(f"{what} must be an http(s) URL with a host")
     basic = None
     if url.username or url.password:
-        token = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
-        basic = f"Basic {token}"
+        basic = basic_auth(url.username, url.password)
         url = url.copy_with(username=None, password=None)
     return url, basic
+
+
+def basic_auth(username: str, password: str) -> str:
+    """The value of a Basic ``Authorization`` (or ``Proxy-Authorization``) header."""
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
 def positive_or_none(value: float | None, name: str) -> float | None:
@@ -82,8 +114,24 @@ def positive_or_none(value: float | None, name: str) -> float | None:
     return float(value)
 
 
-def transport_error(exc: httpx2.HTTPError, provider: str, url: str) -> ProviderError:
-    """Timeouts, refused or reset connections and broken HTTP are transient."""
+def traced(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` plus the current trace context (W3C ``traceparent``, through the globally
+    configured OpenTelemetry propagators) when a valid span is current; else `headers`."""
+    # The check alone costs a quarter of the propagators' work, which finds nothing to add.
+    if not get_current_span().get_span_context().is_valid:
+        return headers
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return {**headers, **carrier} if carrier else headers
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def transport_error(exc: BaseException, provider: str, url: str) -> ProviderError:
+    """Timeouts, refused or reset connections, TLS and DNS failures and broken HTTP are
+    transient (the exception, of the transport's own `Transport.errors`, is named by type
+    only: its message may quote the URL)."""
     return provider_error(
         FailureKind.TRANSIENT,
         f"transport failure: {type(exc).__name__}",
@@ -92,20 +140,14 @@ def transport_error(exc: httpx2.HTTPError, provider: str, url: str) -> ProviderE
     )
 
 
-async def status_error(response: httpx2.Response, provider: str, url: str) -> ProviderError:
+def status_error(
+    status: int, retry_after: str | None, body: bytes, provider: str, url: str
+) -> ProviderError:
     """The `ProviderError` for an HTTP error status, with `retry_after` and the error code.
 
-    The body is read (bounded) only for its machine-readable ``error.code``/``error.type``
-    (the shape of both the Chat Completions and the Anthropic Messages APIs).
+    The body is read only for its machine-readable ``error.code``/``error.type`` (the shape
+    of both the Chat Completions and the Anthropic Messages APIs).
     """
-    body = b""
-    try:
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) > _MAX_ERROR_BODY:
-                break
-    except httpx2.HTTPError:
-        pass  # the status alone still classifies the failure
     error: Any = None
     try:
         decoded = json.loads(body) if body else None
@@ -113,218 +155,266 @@ async def status_error(response: httpx2.Response, provider: str, url: str) -> Pr
         decoded = None
     if isinstance(decoded, dict):
         error = decoded.get("error")
-    result = error_from_payload(error, provider, status_code=response.status_code, url=url)
-    result.retry_after = parse_retry_after(response.headers.get("retry-after"))
+    result = error_from_payload(error, provider, status_code=status, url=url)
+    result.retry_after = parse_retry_after(retry_after)
     return result
+
+
+async def bounded_body(read: Read, errors: tuple[type[Exception], ...]) -> bytes:
+    """An error response's body, read up to a bound (a failure to read it leaves what was
+    read: the status alone still classifies the failure)."""
+    body = b""
+    with contextlib.suppress(*errors):
+        while len(body) <= _MAX_ERROR_BODY:
+            chunk = await read()
+            if not chunk:
+                break
+            body += chunk
+    return body
+
+
+def decode_json(body: bytes, provider: str) -> Any:
+    """A response body's JSON (UTF-8, or UTF-16/32 as `json.loads` detects them)."""
+    try:
+        try:
+            text = body.decode()
+        except UnicodeDecodeError:
+            return json.loads(body)
+        return scan_json(text)  # the C scanner, without json.loads's frames around it
+    except ValueError:
+        raise malformed(provider, "the body is not JSON") from None
+
+
+# One encoder for every request: json.dumps builds a new one per call for these settings.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def encode_json(body: Any) -> bytes:
     """`body` as compact UTF-8 JSON; `TypeError`/`ValueError` for what JSON cannot hold
     (other objects, NaN and infinities, lone surrogates)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(body).encode()
 
 
-async def post_json(
-    http: httpx2.AsyncClient,
-    url: httpx2.URL,
-    body: bytes,
-    headers: dict[str, str],
-    *,
-    provider: str,
-    where: str,
-) -> Any:
-    """POST `body` (JSON bytes; `headers` name the content type) and return the decoded JSON
-    answer; every failure is a `ProviderError`."""
-    try:
-        response = await http.post(url, content=body, headers=headers)
-        if response.status_code >= 400:
-            raise await status_error(response, provider, where)
-        try:
-            return response.json()
-        except ValueError:
-            raise malformed(provider, "the body is not JSON") from None
-    except httpx2.HTTPError as exc:
-        raise transport_error(exc, provider, where) from exc
+# -- deadlines --------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def deadline(seconds: float | None, provider: str, what: str) -> AsyncIterator[None]:
-    """Bound the block to `seconds` (None: unbounded); overrunning is a transient failure."""
-    if seconds is None:
-        yield
-        return
-    try:
-        async with asyncio.timeout(seconds):
-            yield
-    except TimeoutError:
-        raise provider_error(
-            FailureKind.TRANSIENT,
-            f"no {what} within {seconds:g} s",
-            provider=provider,
-            code="stream_timeout",
-        ) from None
+class Deadline:
+    """Bound the ``async with`` block to `seconds` (None: unbounded); overrunning is a
+    transient failure. A `TimeoutError` the block raises itself (a transport's own timeout)
+    is not ours and passes through. (A class, not a generator: it is entered on every
+    stream, and unbounded it costs two calls.)"""
 
+    __slots__ = ("_provider", "_seconds", "_timeout", "_what")
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-class Utf8Lines:
-    """Splits a byte stream into lines (``\r\n``, ``\n`` or ``\r``), decoded as UTF-8
-    whatever charset the response declared: server-sent events are UTF-8 by definition, and
-    a declared ``base64`` or ``utf-16`` must not pick our decoder. Bytes that are not UTF-8
-    are a `ProviderError` (``malformed``). Synchronous, so reading a stream costs no extra
-    generator step per line."""
-
-    __slots__ = ("_decoder", "_pending", "_provider", "_split_character")
-
-    def __init__(self, provider: str) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._split_character = False
-        self._pending = ""
+    def __init__(self, seconds: float | None, provider: str, what: str) -> None:
+        self._seconds = seconds
         self._provider = provider
+        self._what = what
+        self._timeout: asyncio.Timeout | None = None
 
-    def feed(self, chunk: bytes) -> list[str]:
-        """The lines `chunk` completes (the rest waits for the next chunk)."""
-        if self._split_character:
-            text = self._decode(chunk)
-        else:
-            try:
-                text = chunk.decode()
-            except UnicodeDecodeError:
-                # A character split across chunks (the incremental decoder keeps its first
-                # half for the next chunk), or bytes that are not UTF-8.
-                text = self._decode(chunk)
-        text = self._pending + text
-        carry = ""
-        if text.endswith("\r"):
-            # A CR may be the first half of a CRLF that the next chunk completes.
-            text, carry = text[:-1], "\r"
-        # str.split is several times cheaper than the regex, and servers send LF only.
-        lines = _LINE_END.split(text) if "\r" in text else text.split("\n")
-        self._pending = lines.pop() + carry
-        return lines
+    async def __aenter__(self) -> None:
+        if self._seconds is not None:
+            self._timeout = asyncio.timeout(self._seconds)
+            await self._timeout.__aenter__()
 
-    def _decode(self, chunk: bytes) -> str:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        timeout = self._timeout
+        if timeout is None:
+            return
         try:
-            text = self._decoder.decode(chunk)
-        except UnicodeDecodeError:
-            raise malformed(self._provider, "the stream is not UTF-8 text") from None
-        self._split_character = bool(self._decoder.getstate()[0])
-        return text
-
-    def finish(self) -> list[str]:
-        """The last, unterminated line (if any), once the stream ended."""
-        try:
-            tail = self._pending + self._decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise malformed(self._provider, "the stream is not UTF-8 text") from None
-        self._pending = ""
-        return [line for line in _LINE_END.split(tail) if line]
+            await timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+            raise provider_error(
+                FailureKind.TRANSIENT,
+                f"no {self._what} within {self._seconds:g} s",
+                provider=self._provider,
+                code="stream_timeout",
+            ) from None
 
 
-# The C scanner behind json.loads, called directly: json.loads spends three Python calls
-# and two regex matches around it, for every chunk of every stream.
-# (typeshed types the scanner's context as a scanner; any decoder's settings will do.)
-_scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
-
-
-def _loads(data: str) -> Any:
-    try:
-        value, end = _scan_json(data, 0)
-    except StopIteration:
-        return json.loads(data)  # leading whitespace, or not JSON: json.loads decides
-    if end != len(data) and data[end:].strip():
-        raise ValueError("extra data after the JSON value")
-    return value
-
-
-class SSEPayloads:
-    """The decoded JSON payloads of a server-sent event byte stream, fed chunk by chunk.
-
-    `feed(chunk)` returns the payloads the chunk completes, and `finish()` those the body's
-    end completes. Once the stream says it is complete, `done` is set and nothing more is
-    returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
-    `end_type` (``message_stop`` in the Messages API; that payload is not returned). An
-    ``error`` event is its `ProviderError`; malformed SSE, JSON or UTF-8 is one of kind
-    `UNKNOWN` (code ``malformed``). A failure never costs the payloads before it: when a
-    chunk completes some, they are returned and the failure is kept in `failure` (the
-    reader raises it once it has passed them on), and the next `feed` or `finish` raises
-    it. Synchronous, so a stream reader pays no generator step per chunk for it.
-    """
-
-    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done", "failure")
-
-    def __init__(self, provider: str, *, end_type: str | None = None) -> None:
-        self._lines = Utf8Lines(provider)
-        self._decoder = SSEDecoder()
-        self._provider = provider
-        self._end_type = end_type
-        self.done = False
-        self.failure: ProviderError | None = None
-
-    def feed(self, chunk: bytes) -> list[Any]:
-        if self.failure is not None:
-            raise self.failure
-        return self._payloads(self._lines.feed(chunk)) if not self.done else []
-
-    def finish(self) -> list[Any]:
-        if self.failure is not None:
-            raise self.failure
-        return self._payloads(self._lines.finish()) if not self.done else []
-
-    def _payloads(self, lines: list[str]) -> list[Any]:
-        provider, end_type = self._provider, self._end_type
-        events: list[tuple[str, str]] = []
-        failure: ProviderError | None = None
-        try:
-            self._decoder.events(lines, events)
-        except MalformedSSE:
-            failure = malformed(provider, "a line that is not server-sent events")
-        payloads: list[Any] = []
-        for event, data in events:
-            if data[:1] != "{" and data.strip() == "[DONE]":
-                self.done = True
-                return payloads  # what follows the end does not count, bad or not
-            try:
-                payload = _loads(data)
-            except ValueError:
-                failure = malformed(provider, "an event's data is not JSON")
-                break
-            if event == "error":
-                failure = error_from_payload(
-                    payload.get("error", payload) if isinstance(payload, dict) else None,
-                    provider,
-                )
-                break
-            if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
-                self.done = True
-                return payloads
-            payloads.append(payload)
-        if failure is not None:
-            if not payloads:
-                raise failure
-            self.failure = failure
-        return payloads
-
-
-async def next_payloads(chunks: AsyncIterator[bytes], payloads: SSEPayloads) -> list[Any] | None:
-    """The payloads of the next chunks that complete any (None once the body ended and
-    left none)."""
-    while True:
-        try:
-            chunk = await chunks.__anext__()
-        except StopAsyncIteration:
-            return payloads.finish() or None
-        batch = payloads.feed(chunk)
-        if batch:
-            return batch
-
-
-async def drain(chunks: AsyncIterator[bytes]) -> None:
+async def drain(read: Read) -> None:
     """Read a complete stream's body to its end (normally just the chunked terminator), so
     the connection goes back to the pool instead of being closed half-read (bounded)."""
-    drained = 0
-    async for _ in chunks:
-        drained += 1
-        if drained >= _MAX_DRAINED_CHUNKS:
-            break
+    for _ in range(_MAX_DRAINED_CHUNKS):
+        if not await read():
+            return
+
+
+# -- transports -------------------------------------------------------------------------------
+
+
+class StreamBody(Protocol):
+    """An open streamed response (status below 400)."""
+
+    async def read(self) -> bytes:
+        """The body's next chunk as it arrives; ``b""`` at its end."""
+
+    async def aclose(self) -> None:
+        """Release the response: its connection goes back to the pool if the body was read
+        to its end, and is closed otherwise."""
+
+
+class Transport(Protocol):
+    """How a provider client makes its HTTP calls. Every failure of the transport itself
+    is one of `errors`; error statuses are `ProviderError`s already."""
+
+    name: TransportName
+    errors: tuple[type[Exception], ...]
+
+    @property
+    def timeout(self) -> httpx2.Timeout:
+        """The timeouts of its calls, as httpx2 reads them."""
+
+    def target(self, url: httpx2.URL) -> Any:
+        """`url` in the form `post_json` and `open_stream` take (built once per client)."""
+
+    async def post_json(
+        self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str
+    ) -> Any:
+        """POST `body` (JSON bytes; `headers` name the content type) and return the decoded
+        JSON answer; an error status or a body that is not JSON is a `ProviderError`."""
+
+    async def open_stream(
+        self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str
+    ) -> StreamBody:
+        """POST `body` and return the response once its head arrived; an error status is a
+        `ProviderError` (the response released)."""
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if the transport made it (a given one is left open)."""
+
+
+class Httpx2Transport:
+    """Calls through an ``httpx2.AsyncClient``: the client's own (a pool of 100
+    connections, every one kept alive when idle) or one the caller gave."""
+
+    __slots__ = ("_owned", "http")
+
+    name: TransportName = "httpx2"
+    errors: tuple[type[Exception], ...] = (httpx2.HTTPError,)
+
+    def __init__(self, http: httpx2.AsyncClient, *, owned: bool) -> None:
+        self.http = http
+        self._owned = owned
+
+    @property
+    def timeout(self) -> httpx2.Timeout:
+        return self.http.timeout
+
+    def target(self, url: httpx2.URL) -> httpx2.URL:
+        return url
+
+    async def post_json(
+        self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str
+    ) -> Any:
+        try:
+            response = await self.http.post(target, content=body, headers=headers)
+        except httpx2.HTTPError as exc:
+            raise transport_error(exc, provider, where) from exc
+        status = response.status_code
+        if status >= 400:
+            raise status_error(
+                status,
+                response.headers.get("retry-after"),
+                response.content[:_MAX_ERROR_BODY],
+                provider,
+                where,
+            )
+        return decode_json(response.content, provider)
+
+    async def open_stream(
+        self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str
+    ) -> _Httpx2Stream:
+        manager = self.http.stream("POST", target, content=body, headers=headers)
+        response = await manager.__aenter__()
+        stream = _Httpx2Stream(manager, response)
+        if response.status_code >= 400:
+            try:
+                error_body = await bounded_body(stream.read, self.errors)
+            finally:
+                await stream.aclose()
+            raise status_error(
+                response.status_code, response.headers.get("retry-after"), error_body,
+                provider, where,
+            )  # fmt: skip
+        return stream
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self.http.aclose()
+
+
+class _Httpx2Stream:
+    __slots__ = ("_chunks", "_manager")
+
+    def __init__(
+        self,
+        manager: contextlib.AbstractAsyncContextManager[httpx2.Response],
+        response: httpx2.Response,
+    ) -> None:
+        self._manager = manager
+        self._chunks = response.aiter_bytes()
+
+    async def read(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()
+        finally:
+            await self._manager.__aexit__(None, None, None)
+
+
+def make_transport(
+    transport: object,
+    http_client: object,
+    timeout: float | httpx2.Timeout,
+    base_url: httpx2.URL,
+) -> Transport:
+    """The transport a client asked for: `transport` (``"aiohttp"`` or ``"httpx2"``; None:
+    the one `http_client` implies, else `DEFAULT_TRANSPORT`) over `http_client` (an
+    ``httpx2.AsyncClient`` or an ``aiohttp.ClientSession``, used as is and left open) or a
+    client of the transport's own with `timeout`, for the service at `base_url`.
+
+    Raises `ValueError` for an unknown transport or one that contradicts `http_client`, and
+    `TypeError` for an `http_client` of another kind.
+    """
+    if transport is not None and transport not in TRANSPORTS:
+        raise ValueError(
+            f"transport must be one of {', '.join(map(repr, TRANSPORTS))}, not {transport!r}"
+        )
+    if http_client is None:
+        name = transport or DEFAULT_TRANSPORT
+        if name == "httpx2":
+            return Httpx2Transport(
+                httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS), owned=True
+            )
+        from pipeline.providers._aiohttp import AiohttpTransport
+
+        return AiohttpTransport(None, timeout=timeout, base_url=base_url)
+    if isinstance(http_client, httpx2.AsyncClient):
+        if transport not in (None, "httpx2"):
+            raise ValueError(f"transport={transport!r} cannot call through an httpx2.AsyncClient")
+        return Httpx2Transport(http_client, owned=False)
+    # An aiohttp session is one only if aiohttp was imported to make it.
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(http_client, aiohttp.ClientSession):
+        if transport not in (None, "aiohttp"):
+            raise ValueError(f"transport={transport!r} cannot call through an aiohttp session")
+        from pipeline.providers._aiohttp import AiohttpTransport
+
+        return AiohttpTransport(http_client, timeout=timeout, base_url=base_url)
+    raise TypeError(
+        "http_client must be an httpx2.AsyncClient or an aiohttp.ClientSession, "
+        f"not {type(http_client).__name__}"
+    )

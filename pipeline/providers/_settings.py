@@ -111,6 +111,7 @@ class KeyedEndpoint(Credentials):
 
 
 class _HTTPOptions(TypedDict, total=False):
+    transport: Literal["aiohttp", "httpx2"] | None
     timeout: float
     first_chunk_timeout: float | None
     stream_idle_timeout: float | None
@@ -122,15 +123,18 @@ class _ChatCompletionsOptions(_HTTPOptions, total=False):
 
 
 class HTTPProviderSettings(ProviderSettings):
-    """A provider over HTTP: `timeout` (seconds per request; unset: the provider's default,
-    60 s with 10 s to connect), `first_chunk_timeout` and `stream_idle_timeout` (unset: none)."""
+    """A provider over HTTP: `transport` (``aiohttp`` or ``httpx2``; unset: the provider's
+    default), `timeout` (seconds per request; unset: the provider's default, 60 s with 10 s to
+    connect), `first_chunk_timeout` and `stream_idle_timeout` (unset: none)."""
 
+    transport: Literal["aiohttp", "httpx2"] | None = None
     timeout: Seconds | None = None
     first_chunk_timeout: Seconds | None = None
     stream_idle_timeout: Seconds | None = None
 
     def _http_options(self, name: str) -> _HTTPOptions:
         options: _HTTPOptions = {
+            "transport": self.transport,
             "first_chunk_timeout": self.first_chunk_timeout,
             "stream_idle_timeout": self.stream_idle_timeout,
             "name": name,

@@ -1,14 +1,37 @@
-"""Server-sent events: lines in, event data out (the subset the chat APIs use).
+"""Server-sent events, from bytes to JSON payloads: every part of reading a stream that does
+not depend on the HTTP transport.
 
-Measured against httpx2's built-in `EventSource` on the per-event path
-(``benchmarks/bench_sse.py``), this decoder is the faster one, so the providers use it.
+`SSEPayloads` is fed the body's network chunks and returns the JSON payloads they complete;
+`next_payloads` reads chunks from either transport until some payloads are complete. Lines
+are decoded by `Utf8Lines` and events by `SSEDecoder` (the subset of SSE the chat APIs use).
+Measured against httpx2's built-in `EventSource` and a hand-written ``aiter_lines()`` loop
+on the per-event path (``benchmarks/bench_sse.py``), this reader is the faster one, so the
+providers use it.
 """
 
 from __future__ import annotations
 
-__all__ = ["MalformedSSE", "SSEDecoder"]
+import codecs
+import json
+import json.scanner
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from pipeline.errors import ProviderError
+from pipeline.providers._wire import error_from_payload, malformed
+
+__all__ = [
+    "MalformedSSE",
+    "SSEDecoder",
+    "SSEPayloads",
+    "Utf8Lines",
+    "next_payloads",
+    "scan_json",
+]
 
 _KNOWN_FIELDS = frozenset({"data", "event", "id", "retry"})
+_LINE_END = re.compile(r"\r\n|\r|\n")
 
 
 class MalformedSSE(ValueError):
@@ -56,3 +79,158 @@ class SSEDecoder:
                     raise MalformedSSE(
                         "an unknown server-sent event field" if colon else "a line that is not SSE"
                     )
+
+
+class Utf8Lines:
+    """Splits a byte stream into lines (``\r\n``, ``\n`` or ``\r``), decoded as UTF-8
+    whatever charset the response declared: server-sent events are UTF-8 by definition, and
+    a declared ``base64`` or ``utf-16`` must not pick our decoder. Bytes that are not UTF-8
+    are a `ProviderError` (``malformed``). Synchronous, so reading a stream costs no extra
+    generator step per line."""
+
+    __slots__ = ("_decoder", "_pending", "_provider", "_split_character")
+
+    def __init__(self, provider: str) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._split_character = False
+        self._pending = ""
+        self._provider = provider
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """The lines `chunk` completes (the rest waits for the next chunk)."""
+        if self._split_character:
+            text = self._decode(chunk)
+        else:
+            try:
+                text = chunk.decode()
+            except UnicodeDecodeError:
+                # A character split across chunks (the incremental decoder keeps its first
+                # half for the next chunk), or bytes that are not UTF-8.
+                text = self._decode(chunk)
+        text = self._pending + text
+        carry = ""
+        if text.endswith("\r"):
+            # A CR may be the first half of a CRLF that the next chunk completes.
+            text, carry = text[:-1], "\r"
+        # str.split is several times cheaper than the regex, and servers send LF only.
+        lines = _LINE_END.split(text) if "\r" in text else text.split("\n")
+        self._pending = lines.pop() + carry
+        return lines
+
+    def _decode(self, chunk: bytes) -> str:
+        try:
+            text = self._decoder.decode(chunk)
+        except UnicodeDecodeError:
+            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        self._split_character = bool(self._decoder.getstate()[0])
+        return text
+
+    def finish(self) -> list[str]:
+        """The last, unterminated line (if any), once the stream ended."""
+        try:
+            tail = self._pending + self._decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        self._pending = ""
+        return [line for line in _LINE_END.split(tail) if line]
+
+
+# The C scanner behind json.loads, called directly: json.loads spends three Python calls
+# and two regex matches around it, for every chunk of every stream.
+# (typeshed types the scanner's context as a scanner; any decoder's settings will do.)
+_scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
+
+
+def scan_json(data: str) -> Any:
+    """`json.loads(data)`, with the C scanner called directly when `data` starts with a
+    JSON value (ValueError for what is not JSON)."""
+    try:
+        value, end = _scan_json(data, 0)
+    except StopIteration:
+        return json.loads(data)  # leading whitespace, or not JSON: json.loads decides
+    if end != len(data) and data[end:].strip():
+        raise ValueError("extra data after the JSON value")
+    return value
+
+
+class SSEPayloads:
+    """The decoded JSON payloads of a server-sent event byte stream, fed chunk by chunk.
+
+    `feed(chunk)` returns the payloads the chunk completes, and `finish()` those the body's
+    end completes. Once the stream says it is complete, `done` is set and nothing more is
+    returned: a ``[DONE]`` data line (Chat Completions) or a payload whose ``type`` is
+    `end_type` (``message_stop`` in the Messages API; that payload is not returned). An
+    ``error`` event is its `ProviderError`; malformed SSE, JSON or UTF-8 is one of kind
+    `UNKNOWN` (code ``malformed``). A failure never costs the payloads before it: when a
+    chunk completes some, they are returned and the failure is kept in `failure` (the
+    reader raises it once it has passed them on), and the next `feed` or `finish` raises
+    it. Synchronous, so a stream reader pays no generator step per chunk for it.
+    """
+
+    __slots__ = ("_decoder", "_end_type", "_lines", "_provider", "done", "failure")
+
+    def __init__(self, provider: str, *, end_type: str | None = None) -> None:
+        self._lines = Utf8Lines(provider)
+        self._decoder = SSEDecoder()
+        self._provider = provider
+        self._end_type = end_type
+        self.done = False
+        self.failure: ProviderError | None = None
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
+        return self._payloads(self._lines.feed(chunk)) if not self.done else []
+
+    def finish(self) -> list[Any]:
+        if self.failure is not None:
+            raise self.failure
+        return self._payloads(self._lines.finish()) if not self.done else []
+
+    def _payloads(self, lines: list[str]) -> list[Any]:
+        provider, end_type = self._provider, self._end_type
+        events: list[tuple[str, str]] = []
+        failure: ProviderError | None = None
+        try:
+            self._decoder.events(lines, events)
+        except MalformedSSE:
+            failure = malformed(provider, "a line that is not server-sent events")
+        payloads: list[Any] = []
+        for event, data in events:
+            if data[:1] != "{" and data.strip() == "[DONE]":
+                self.done = True
+                return payloads  # what follows the end does not count, bad or not
+            try:
+                payload = scan_json(data)
+            except ValueError:
+                failure = malformed(provider, "an event's data is not JSON")
+                break
+            if event == "error":
+                failure = error_from_payload(
+                    payload.get("error", payload) if isinstance(payload, dict) else None,
+                    provider,
+                )
+                break
+            if end_type is not None and type(payload) is dict and payload.get("type") == end_type:
+                self.done = True
+                return payloads
+            payloads.append(payload)
+        if failure is not None:
+            if not payloads:
+                raise failure
+            self.failure = failure
+        return payloads
+
+
+async def next_payloads(
+    read: Callable[[], Awaitable[bytes]], payloads: SSEPayloads
+) -> list[Any] | None:
+    """The payloads of the next chunks that complete any (None once the body ended and
+    left none). `read` returns the body's next chunk, and ``b""`` at its end."""
+    while True:
+        chunk = await read()
+        if not chunk:
+            return payloads.finish() or None
+        batch = payloads.feed(chunk)
+        if batch:
+            return batch

@@ -1,4 +1,4 @@
-"""`AnthropicChatClient`: the Anthropic Messages API over httpx2.
+"""`AnthropicChatClient`: the Anthropic Messages API over HTTP.
 
 Failure boundaries, for `get_response` and `get_streaming_response` alike, are those of
 every HTTP provider here (see `pipeline.providers.openai`), on this API's wire:
@@ -27,15 +27,18 @@ Stop reasons become the finish reasons other clients report: ``end_turn`` and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
-from pipeline.providers._http import DEFAULT_TIMEOUT
+from pipeline.providers._http import DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["DEFAULT_ANTHROPIC_URL", "AnthropicChatClient"]
 
@@ -47,8 +50,10 @@ class AnthropicChatClient(HTTPChatClient):
 
     The API key comes from `api_key` or ``ANTHROPIC_API_KEY``; it is required only for the
     default endpoint and never appears in `repr`, errors, logs or telemetry. `base_url` is
-    the server's root (requests go to ``{base_url}/v1/messages``). A given `http_client`
-    (an ``httpx2.AsyncClient``) is used as is and left open; otherwise the client owns one.
+    the server's root (requests go to ``{base_url}/v1/messages``). `transport` is the HTTP
+    client library: ``"aiohttp"`` (the default) or ``"httpx2"``. A given `http_client` (an
+    ``httpx2.AsyncClient`` or an ``aiohttp.ClientSession``) implies its own and is used as is
+    and left open; otherwise the client owns one, with `timeout`.
     `max_tokens` is sent when `ChatOptions.max_output_tokens` is not set: the API requires
     a limit on every request.
     """
@@ -64,7 +69,8 @@ class AnthropicChatClient(HTTPChatClient):
         *,
         api_key: str | None = None,
         base_url: str = DEFAULT_ANTHROPIC_URL,
-        http_client: httpx2.AsyncClient | None = None,
+        http_client: httpx2.AsyncClient | aiohttp.ClientSession | None = None,
+        transport: TransportName | None = None,
         timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
         max_tokens: int = 1024,
         anthropic_version: str = "2023-06-01",
@@ -92,6 +98,7 @@ class AnthropicChatClient(HTTPChatClient):
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
             name=name,
+            transport=transport,
         )
 
     def _chat_url(self) -> httpx2.URL:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import httpx2
 import numpy as np
 import numpy.typing as npt
 
 from pipeline.providers._http import (
-    DEFAULT_LIMITS,
+    TransportName,
     encode_json,
     endpoint,
-    post_json,
+    make_transport,
     service_url,
+    traced,
 )
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["OpenAIEmbeddingGenerator"]
 
@@ -28,7 +33,8 @@ class OpenAIEmbeddingGenerator:
     `generate(values)` returns a float32 array of shape ``(len(values), d)`` in input order,
     sending at most `batch_size` texts per request. A wrong count, ragged or non-numeric
     vectors, or a malformed body raise `ProviderError`; HTTP and transport failures map as
-    for `OpenAIChatClient`.
+    for `OpenAIChatClient`, and `transport`, `http_client` and `timeout` mean what they mean
+    there.
     """
 
     provider_name = "openai"
@@ -39,7 +45,8 @@ class OpenAIEmbeddingGenerator:
         *,
         api_key: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
-        http_client: httpx2.AsyncClient | None = None,
+        http_client: httpx2.AsyncClient | aiohttp.ClientSession | None = None,
+        transport: TransportName | None = None,
         timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         batch_size: int = 256,
         dimensions: int | None = None,
@@ -57,10 +64,10 @@ class OpenAIEmbeddingGenerator:
         self._api_key = api_key
         base, basic_auth = service_url(base_url)
         self._basic_auth = basic_auth
-        self._url = base.join("embeddings")
-        self._endpoint = endpoint(self._url)
-        self._owns_http_client = http_client is None
-        self._http = http_client or httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS)
+        url = base.join("embeddings")
+        self._endpoint = endpoint(url)
+        self._transport = make_transport(transport, http_client, timeout, base)
+        self._target = self._transport.target(url)
 
     def __repr__(self) -> str:
         return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={self._endpoint!r})"
@@ -87,13 +94,8 @@ class OpenAIEmbeddingGenerator:
             headers["Authorization"] = f"Bearer {self._api_key}"
         elif self._basic_auth is not None:
             headers["Authorization"] = self._basic_auth
-        payload = await post_json(
-            self._http,
-            self._url,
-            encode_json(body),
-            headers,
-            provider=self.provider_name,
-            where=self._endpoint,
+        payload = await self._transport.post_json(
+            self._target, encode_json(body), traced(headers), self.provider_name, self._endpoint
         )
         return self._parse(payload, len(values))
 
@@ -115,5 +117,4 @@ class OpenAIEmbeddingGenerator:
         return matrix
 
     async def aclose(self) -> None:
-        if self._owns_http_client:
-            await self._http.aclose()
+        await self._transport.aclose()

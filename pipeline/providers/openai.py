@@ -1,4 +1,4 @@
-"""`OpenAIChatClient`: the Chat Completions API over httpx2, for OpenAI and compatible servers.
+"""`OpenAIChatClient`: the Chat Completions API over HTTP, for OpenAI and compatible servers.
 
 Failure boundaries, for `get_response` and `get_streaming_response` alike (every HTTP
 provider of this package shares them):
@@ -20,7 +20,7 @@ provider of this package shares them):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import httpx2
 
@@ -32,15 +32,19 @@ from pipeline.providers._chat_completions import (
     build_request,
     parse_response,
 )
-from pipeline.providers._http import DEFAULT_TIMEOUT
+from pipeline.providers._http import DEFAULT_TIMEOUT, TransportName
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 class ClientOptions(TypedDict, total=False):
     """The keywords a Chat Completions client passes on to `OpenAIChatClient` (Azure and
     Ollama take them as they are: see `OpenAIChatClient` for their meaning and defaults)."""
 
-    http_client: httpx2.AsyncClient | None
+    http_client: httpx2.AsyncClient | aiohttp.ClientSession | None
+    transport: TransportName | None
     timeout: float | httpx2.Timeout
     default_headers: Mapping[str, str] | None
     first_chunk_timeout: float | None
@@ -59,9 +63,10 @@ class OpenAIChatClient(HTTPChatClient):
     """A Chat Completions client. See the module docstring for its failure boundaries.
 
     The API key comes from `api_key` or ``OPENAI_API_KEY``; it is required only for the
-    default OpenAI endpoint and never appears in `repr`, errors, logs or telemetry. A given
-    `http_client` (an ``httpx2.AsyncClient``) is used as is and left open; otherwise the
-    client owns one.
+    default OpenAI endpoint and never appears in `repr`, errors, logs or telemetry.
+    `transport` is the HTTP client library: ``"aiohttp"`` (the default) or ``"httpx2"``. A
+    given `http_client` (an ``httpx2.AsyncClient`` or an ``aiohttp.ClientSession``) implies
+    its own and is used as is and left open; otherwise the client owns one, with `timeout`.
 
     `max_tokens_field` names the body field that carries `ChatOptions.max_output_tokens`:
     ``"max_completion_tokens"`` (OpenAI's, the default) or ``"max_tokens"``, for compatible
@@ -79,7 +84,8 @@ class OpenAIChatClient(HTTPChatClient):
         *,
         api_key: str | None = None,
         base_url: str = DEFAULT_BASE_URL,
-        http_client: httpx2.AsyncClient | None = None,
+        http_client: httpx2.AsyncClient | aiohttp.ClientSession | None = None,
+        transport: TransportName | None = None,
         timeout: float | httpx2.Timeout = _DEFAULT_TIMEOUT,
         organization: str | None = None,
         default_headers: Mapping[str, str] | None = None,
@@ -108,6 +114,7 @@ class OpenAIChatClient(HTTPChatClient):
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
             name=name,
+            transport=transport,
         )
 
     # -- what subclasses change -------------------------------------------------------------

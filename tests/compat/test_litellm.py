@@ -28,6 +28,7 @@ from pipeline.errors import (
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeResponse, collect
 from pipeline.types import ChatOptions, FunctionCallContent, UsageDetails
+from tests import transports
 from tests.compat.helpers import (
     CountingClient,
     Sleeps,
@@ -39,7 +40,9 @@ from tests.compat.helpers import (
 from tests.compat.servers import MOCK_TEXT, UPSTREAM_MODEL, Proxy, ThreadedFakeServer
 from tests.otel import Otel
 
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(300)]
+transport = transports.transport  # the fixture
+# Every test runs over both HTTP transports of the clients.
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(300), pytest.mark.usefixtures("transport")]
 
 FAKE_TEXT = "Hello from the fake server."  # the fake upstream's default answer
 FAKE_USAGE = UsageDetails(input_tokens=5, output_tokens=7, total_tokens=12)

@@ -22,12 +22,15 @@ from pipeline import ChatPipeline
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import collect
 from pipeline.types import ChatOptions
+from tests import transports
 from tests.compat.helpers import CountingClient, Sleeps, function_calls, outcomes, resilient
 from tests.compat.servers import MOCK_TEXT, LlamaServer, Proxy
 from tests.compat.tiny_gguf import ANSWER_WORD
 from tests.otel import Otel
 
-pytestmark = [pytest.mark.compat, pytest.mark.timeout(300)]
+transport = transports.transport  # the fixture
+# Every test runs over both HTTP transports of the clients.
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(300), pytest.mark.usefixtures("transport")]
 
 CITY_TOOL = {
     "type": "function",

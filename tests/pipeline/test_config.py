@@ -664,9 +664,9 @@ async def test_an_unset_timeout_keeps_the_constructors_default() -> None:
     try:
         for table, constructed in pairs:
             client = table.client("a", None)
-            assert client._http.timeout == constructed._http.timeout  # type: ignore[attr-defined]
+            assert client._transport.timeout == constructed._transport.timeout  # type: ignore[attr-defined]
             await client.aclose()
-        assert slow._http.timeout.read == 300  # type: ignore[attr-defined]
+        assert slow._transport.timeout.read == 300  # type: ignore[attr-defined]
     finally:
         for _, constructed in pairs:
             await constructed.aclose()

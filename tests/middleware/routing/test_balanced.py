@@ -262,15 +262,22 @@ async def test_an_outlier_gets_one_probe_cut_early_and_the_request_fails_over(
     streaming: bool,
 ) -> None:
     clock = Clock()
-    health = RouteHealth(clock=clock, outlier_latency_gap=0.001, probe_interval=5.0)
+    health = RouteHealth(
+        clock=clock, outlier_latency_gap=0.001, probe_interval=5.0, max_probe_interval=5.0
+    )
     teach(health, clock, "a", 5.0)  # a hung a while ago: an outlier
     teach(health, clock, "b", 0.01, times=3)
     teach(health, clock, "c", 0.01, times=3)
     clients = fleet("a", "b", "c", a=hang())
     router = BalancedFailoverChatClient(routes(clients), health=health)
-    result = await collect(router, "hi", streaming=streaming)  # the probe: cut at 0.02 s
+    for _ in range(5):  # an outlier: no traffic, and no probe before the interval
+        assert (await collect(router, "hi", streaming=streaming)).error is None
+    assert served(clients)["a"] == 0
+    clock.advance(5.0)
+    result = await collect(router, "hi", streaming=streaming)  # the probe: cut at 0.01 s
     assert result.error is None and result.text in ("from b", "from c")
     assert served(clients)["a"] == 1
+    assert clients["a"].streams_closed == clients["a"].streams_opened  # nothing left open
     for _ in range(5):  # no probe again before the interval
         assert (await collect(router, "hi", streaming=streaming)).error is None
     assert served(clients)["a"] == 1
@@ -278,6 +285,24 @@ async def test_an_outlier_gets_one_probe_cut_early_and_the_request_fails_over(
     assert health.judge("abc").outliers == {"a"}  # the cut probe kept it slow
     await collect(router, "hi", streaming=streaming)
     assert served(clients)["a"] == 2
+
+
+async def test_a_cut_probe_is_not_held_against_the_routes_breaker(streaming: bool) -> None:
+    clock = Clock()
+    health = RouteHealth(clock=clock, outlier_latency_gap=0.001, probe_interval=1.0)
+    teach(health, clock, "a", 5.0)
+    teach(health, clock, "b", 0.01, times=3)
+    hung = ScriptedChatClient(hang(), name="a")
+    guarded = ChatPipeline.builder().use_circuit_breaker(fail_max=1).build(hung, name="a")
+    router = BalancedFailoverChatClient(
+        [Route("a", guarded), Route("b", ScriptedChatClient(reply("from b"), name="b"))],
+        health=health,
+    )
+    assert health.judge("ab").outliers == {"a"}
+    for _ in range(3):
+        clock.advance(5.0)
+        assert (await collect(router, "hi", streaming=streaming)).text == "from b"
+    assert hung.call_count == 3  # a breaker counting the cuts would have opened at the first
 
 
 async def test_a_recovered_outlier_earns_its_traffic_back(streaming: bool) -> None:
@@ -288,10 +313,11 @@ async def test_a_recovered_outlier_earns_its_traffic_back(streaming: bool) -> No
     teach(health, clock, "c", 0.01, times=3)
     clients = fleet("a", "b", "c")
     router = BalancedFailoverChatClient(routes(clients), health=health)
+    assert health.judge("abc").outliers == {"a"}
     for _ in range(2):  # two probes answer at once (on the fake clock: in 0 s)
-        assert health.judge("abc").outliers == {"a"}
         clock.advance(1.0)
         await collect(router, "hi", streaming=streaming)
+    assert served(clients)["a"] == 2
     assert health.judge("abc").outliers == set()  # two good probes in a row readmit it
     before = served(clients)["a"]
     for _ in range(60):
@@ -399,5 +425,7 @@ async def test_a_probe_cut_is_an_attempt_timeout_of_the_probed_route() -> None:
             outcomes[(attempt.route_name, type(attempt.exception).__name__)] += 1
 
     router = Recording(routes(clients), health=health)
+    assert health.judge("abc").outliers == {"a"}
+    clock.advance(health.settings.probe_interval)
     await router.get_response("hi")
     assert outcomes[("a", AttemptTimeoutError.__name__)] == 1

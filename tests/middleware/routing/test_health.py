@@ -138,7 +138,7 @@ def test_a_slow_route_is_an_outlier_against_the_others_median(clock: Clock) -> N
         answered(health, clock, route, latency)
     judgement = health.judge(["a", "b", "c"])
     assert judgement.outliers == {"a"}
-    assert judgement.probe_deadline == pytest.approx(0.45 * 2.0)
+    assert judgement.probe_deadline == pytest.approx(0.45)  # 1x the healthy median
     answered(health, clock, "a", 0.6)  # not enough to fall under 2x the median at once
     clock.advance(30.0)
     answered(health, clock, "a", 0.6)  # a long time later: the estimate decayed
@@ -146,14 +146,14 @@ def test_a_slow_route_is_an_outlier_against_the_others_median(clock: Clock) -> N
 
 
 def test_a_failing_route_is_an_outlier_only_with_enough_failures(clock: Clock) -> None:
-    health = RouteHealth(clock=clock)
+    health = RouteHealth(clock=clock, min_failures=2.0)
     for route in "bc":
         for _ in range(10):
             answered(health, clock, route, 0.1)
     for _ in range(9):
         answered(health, clock, "a", 0.1)
     failed(health, clock, "a", TransientProviderError())
-    assert health.judge("abc").outliers == set()  # one failure is not yet a pattern
+    assert health.judge("abc").outliers == set()  # one failure is not yet a pattern here
     failed(health, clock, "a", TransientProviderError())
     assert health.judge("abc").outliers == {"a"}
 
@@ -166,19 +166,57 @@ def test_no_route_is_an_outlier_alone_or_all_alike(clock: Clock) -> None:
     assert health.judge(["a", "b"]).outliers == set()
 
 
-def test_one_probe_at_a_time_and_one_per_interval(clock: Clock) -> None:
-    health = RouteHealth(clock=clock, probe_interval=1.0)
+def test_probes_start_one_interval_in_and_back_off_while_unanswered(clock: Clock) -> None:
+    health = RouteHealth(clock=clock, probe_interval=1.0, max_probe_interval=3.0)
+    answered(health, clock, "a", 5.0)
+    answered(health, clock, "b", 0.1)
     judgement = health.judge(["a", "b"])
-    assert judgement.probe_due(health, "a")
-    probe = health.attempt_started("a", probe=True)
-    assert not health.judge(["a", "b"]).probe_due(health, "a")
-    clock.advance(2.0)
-    assert not health.judge(["a", "b"]).probe_due(health, "a")  # still in flight
-    probe.ended("failed_before_output", AttemptTimeoutError())
+    assert judgement.outliers == {"a"} and not judgement.probe_due(health, "a")
+    clock.advance(1.0)
     assert health.judge(["a", "b"]).probe_due(health, "a")
-    health.attempt_started("a", probe=True).ended("completed")
-    clock.advance(0.5)
+    probe = health.attempt_started("a", probe=True)
+    clock.advance(5.0)
+    assert not health.judge(["a", "b"]).probe_due(health, "a")  # one at a time
+    probe.ended("failed_before_output", AttemptTimeoutError())  # not answered: wait 2 s
+    clock.advance(1.9)
     assert not health.judge(["a", "b"]).probe_due(health, "a")
+    clock.advance(0.1)
+    assert health.judge(["a", "b"]).probe_due(health, "a")
+    health.attempt_started("a", probe=True).ended("failed_before_output", AttemptTimeoutError())
+    clock.advance(2.9)  # doubled again, capped at 3 s
+    assert not health.judge(["a", "b"]).probe_due(health, "a")
+    clock.advance(0.1)
+    assert health.judge(["a", "b"]).probe_due(health, "a")
+    ticket = health.attempt_started("a", probe=True)  # answered in time: back to 1 s
+    ticket.first_update()
+    ticket.ended("completed")
+    clock.advance(1.0)
+    assert health.judge(["a", "b"]).probe_due(health, "a")
+
+
+def test_good_probes_in_a_row_readmit_a_slow_route(clock: Clock) -> None:
+    health = RouteHealth(clock=clock, probe_interval=1.0, recovery_probes=2)
+    answered(health, clock, "a", 5.0)
+    answered(health, clock, "b", 0.1)
+    answered(health, clock, "c", 0.1)
+    assert health.judge("abc").outliers == {"a"}
+    for _ in range(2):
+        clock.advance(1.0)
+        assert health.judge("abc").probe_due(health, "a")
+        ticket = health.attempt_started("a", probe=True)
+        clock.advance(0.08)
+        ticket.first_update()
+        ticket.ended("completed")
+    assert health.stats("a").latency == pytest.approx(0.08)
+    assert health.judge("abc").outliers == set()
+
+
+def test_an_attempt_cut_for_time_is_latency_not_a_failure(clock: Clock) -> None:
+    health = RouteHealth(clock=clock)
+    failed(health, clock, "a", AttemptTimeoutError(), wait=3.0)
+    stats = health.stats("a")
+    assert stats.latency == pytest.approx(3.0) and stats.failure_ratio == 0.0
+    assert not counts_against_route(AttemptTimeoutError())
 
 
 def test_settings_are_validated() -> None:

@@ -4,10 +4,13 @@ import pytest
 
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer
+from tests import transports
+
+transport = transports.transport  # the fixture, for this folder's tests
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeOpenAIServer]:
+async def server(transport: str) -> AsyncIterator[FakeOpenAIServer]:
     async with FakeOpenAIServer() as fake:
         yield fake
 

@@ -29,6 +29,9 @@ from pipeline.errors import (
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
 
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
+
 KEY = "sk-ant-CANARY-key"
 WEATHER = json.dumps({"city": "Oslo", "units": "metric"})
 

@@ -5,6 +5,9 @@ from pipeline.errors import ContentFilteredError
 from pipeline.providers import AzureOpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
+
 
 def _endpoint(server: FakeOpenAIServer) -> str:
     return server.base_url.removesuffix("/v1")

@@ -3,7 +3,9 @@ format: Chat Completions against FakeOpenAIServer, Messages against FakeAnthropi
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import aiohttp
 import httpx2
 import pytest
 
@@ -12,6 +14,10 @@ from pipeline.errors import ProviderError, TransientProviderError
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 from pipeline.providers._base import HTTPChatClient
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
+from tests.otel import Otel
+
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
 
 Server = FakeOpenAIServer | FakeAnthropicServer
 Factory = Callable[..., HTTPChatClient]
@@ -39,7 +45,7 @@ def wire(request: pytest.FixtureRequest) -> tuple[type[Server], Factory]:
 
 
 @pytest.fixture
-async def server(wire: tuple[type[Server], Factory]) -> AsyncIterator[Server]:
+async def server(wire: tuple[type[Server], Factory], transport: str) -> AsyncIterator[Server]:
     async with wire[0]() as fake:
         yield fake
 
@@ -61,8 +67,32 @@ async def test_connection_refused_is_transient(
     client = wire[1](url)
     result = await collect(client, "hi", streaming=streaming)
     assert isinstance(result.error, TransientProviderError)
-    assert isinstance(result.error.__cause__, httpx2.ConnectError)
+    refused = {"httpx2": httpx2.ConnectError, "aiohttp": aiohttp.ClientConnectorError}
+    assert isinstance(result.error.__cause__, refused[client.transport])
+    assert (
+        str(result.error)
+        == f"{client.provider_name}: transport failure: " + type(result.error.__cause__).__name__
+    )
     await client.aclose()
+
+
+@pytest.mark.parametrize("first_chunk_timeout", [None, 60.0])
+async def test_a_read_timeout_is_transient(
+    server: Server,
+    wire: tuple[type[Server], Factory],
+    streaming: bool,
+    first_chunk_timeout: float | None,
+) -> None:
+    # (aiohttp's timeouts are TimeoutErrors: one inside an armed first-chunk deadline is
+    # still the transport's, not the deadline's.)
+    server.script(FakeResponse(hang=True))  # never answers: the read timeout must end it
+    client = wire[1](server.base_url, timeout=0.2, first_chunk_timeout=first_chunk_timeout)
+    async with client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError)
+    timeouts = {"httpx2": httpx2.TimeoutException, "aiohttp": aiohttp.ServerTimeoutError}
+    assert isinstance(result.error.__cause__, timeouts[client.transport])
+    assert result.error.code is None  # the transport's timeout, not a stream deadline
 
 
 async def test_caller_cancellation_propagates(
@@ -93,8 +123,15 @@ async def test_given_http_client_is_used_and_left_open(
 ) -> None:
     async with httpx2.AsyncClient() as http:
         async with wire[1](server.base_url, http_client=http) as client:
+            assert client.transport == "httpx2"
             assert (await collect(client, "hi", streaming=streaming)).text == ANSWER
         assert not http.is_closed
+    async with aiohttp.ClientSession() as session:
+        async with wire[1](server.base_url, http_client=session) as client:
+            assert client.transport == "aiohttp"
+            assert (await collect(client, "hi", streaming=streaming)).text == ANSWER
+        assert not session.closed
+    assert server.count() == 2
 
 
 async def test_first_chunk_timeout_is_transient_and_fails_over(
@@ -132,9 +169,22 @@ async def test_a_stream_that_does_not_say_it_is_complete_is_transient(
     assert "".join(u.text for u in result.updates) == "a b"
 
 
-def test_only_an_httpx2_client_is_accepted(wire: tuple[type[Server], Factory]) -> None:
-    with pytest.raises(TypeError, match=r"httpx2\.AsyncClient"):
+async def test_the_transport_is_checked_against_the_http_client(
+    wire: tuple[type[Server], Factory],
+) -> None:
+    with pytest.raises(TypeError, match=r"httpx2\.AsyncClient or an aiohttp\.ClientSession"):
         wire[1]("http://127.0.0.1:1", http_client=object())
+    with pytest.raises(ValueError, match="transport must be one of 'aiohttp', 'httpx2'"):
+        wire[1]("http://127.0.0.1:1", transport="requests")
+    async with httpx2.AsyncClient() as http:
+        with pytest.raises(ValueError, match=r"cannot call through an httpx2\.AsyncClient"):
+            wire[1]("http://127.0.0.1:1", http_client=http, transport="aiohttp")
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(ValueError, match="cannot call through an aiohttp session"):
+            wire[1]("http://127.0.0.1:1", http_client=session, transport="httpx2")
+    for name in ("aiohttp", "httpx2"):
+        async with wire[1]("http://127.0.0.1:1", transport=name) as chosen:
+            assert chosen.transport == name
 
 
 @pytest.mark.parametrize(
@@ -176,15 +226,51 @@ async def test_a_declared_charset_never_picks_the_stream_decoder(charset: str) -
     assert isinstance(broken.error, ProviderError) and broken.error.code == "malformed"
 
 
+def _held(server_class: type[Server], burst: int) -> type[Server]:
+    """`server_class`, holding each request until `burst` of them arrived: every request of
+    a burst then holds a connection of its own (a response answered at once would free its
+    connection for the next one)."""
+
+    class Held(server_class):  # type: ignore[valid-type,misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = asyncio.Barrier(burst)
+
+        async def _handle(self, *args: Any) -> bool:
+            async with asyncio.timeout(60):  # bounded: a burst that never fills fails
+                await self.gate.wait()
+            return bool(await super()._handle(*args))
+
+    return Held
+
+
 async def test_the_default_pool_keeps_every_connection_of_a_burst_alive(
-    server: Server, client: HTTPChatClient
+    wire: tuple[type[Server], Factory], streaming: bool
 ) -> None:
-    # Each open stream holds its connection, so a burst of 32 opens 32. httpx2's default
-    # pool keeps only 20 of them alive and would open 12 more for the second burst.
-    for _burst in range(2):
-        streams = [client.get_streaming_response("hi") for _ in range(32)]
-        for stream in streams:
-            assert (await anext(stream)).text
-        for stream in streams:
-            assert "".join([u.text async for u in stream])
+    # A burst of 32 concurrent requests opens 32 connections. httpx2's default pool keeps
+    # only 20 of them alive and would open 12 more for the second burst.
+    async with _held(wire[0], 32)() as server, wire[1](server.base_url) as client:
+        for _burst in range(2):
+            calls = [collect(client, "hi", streaming=streaming) for _ in range(32)]
+            assert [r.text for r in await asyncio.gather(*calls)] == [ANSWER] * 32
     assert server.connections_accepted == 32
+
+
+async def test_requests_carry_the_attempt_spans_trace_context(
+    server: Server, wire: tuple[type[Server], Factory], streaming: bool, otel: Otel
+) -> None:
+    """The attempt span is current while its route runs: the upstream request names it as
+    its parent (W3C ``traceparent``), so the provider's own spans join the trace."""
+    client = wire[1](server.base_url, name="a")
+    async with OrderedFailoverChatClient([client], **otel.providers) as router:
+        assert (await collect(router, "hi", streaming=streaming)).text == ANSWER
+        # Without a current span, nothing is injected.
+        assert (await collect(client, "hi", streaming=streaming)).text == ANSWER
+    [attempt] = otel.attempt_spans()
+    assert attempt.context is not None
+    traced, untraced = server.requests
+    version, trace_id, span_id, flags = traced.headers["traceparent"].split("-")
+    assert version == "00" and int(flags, 16) & 1  # sampled
+    assert trace_id == format(attempt.context.trace_id, "032x")
+    assert span_id == format(attempt.context.span_id, "016x")
+    assert "traceparent" not in untraced.headers

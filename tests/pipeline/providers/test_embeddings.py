@@ -5,6 +5,10 @@ import pytest
 from pipeline.errors import ProviderError, RateLimitedError
 from pipeline.providers import OpenAIEmbeddingGenerator
 from pipeline.testing import EMBEDDINGS_PATH, FakeOpenAIServer, FakeResponse
+from tests.otel import Otel
+
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
 
 
 async def test_batches_and_keeps_order() -> None:
@@ -52,6 +56,23 @@ async def test_malformed_embeddings(body: object) -> None:
         with pytest.raises(ProviderError) as caught:
             await generator.generate(["a", "b"])
         assert caught.value.code == "malformed"
+
+
+async def test_requests_carry_the_current_trace_context(otel: Otel) -> None:
+    async with FakeOpenAIServer() as server:
+        generator = OpenAIEmbeddingGenerator("emb", base_url=server.base_url, api_key="k")
+        tracer = otel.tracer_provider.get_tracer("test")
+        with tracer.start_as_current_span("embed") as span:
+            await generator.generate(["x"])
+        await generator.generate(["y"])
+        await generator.aclose()
+    traced, untraced = server.requests
+    trace_id, span_id = traced.headers["traceparent"].split("-")[1:3]
+    assert (trace_id, span_id) == (
+        format(span.get_span_context().trace_id, "032x"),
+        format(span.get_span_context().span_id, "016x"),
+    )
+    assert "traceparent" not in untraced.headers
 
 
 def test_validation() -> None:

@@ -1,10 +1,15 @@
 """Ordered failover of two real HTTP clients against two fake servers."""
 
+import pytest
+
 from middleware.routing import FailoverAttempt, OrderedFailoverChatClient, Route, RoutingContext
 from pipeline import ChatPipeline
 from pipeline.errors import RateLimitedError
 from pipeline.providers import OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
 
 
 class Recording(OrderedFailoverChatClient):
@@ -86,7 +91,8 @@ async def test_rate_limit_exhausting_retries_fails_over(streaming: bool) -> None
         primary.script(*[FakeResponse.error(429, retry_after="1")] * 3)
         route = (
             ChatPipeline.builder()
-            .use_retry(max_attempts=2, sleep=fake_sleep)
+            # Retries first (by default a rate limit in a router moves to the backup at once).
+            .use_retry(max_attempts=2, sleep=fake_sleep, defer_to_failover=False)
             .build(OpenAIChatClient("m", api_key="k", base_url=primary.base_url))
         )
         router = Recording(

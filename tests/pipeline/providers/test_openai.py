@@ -1,3 +1,4 @@
+import asyncio
 import json
 
 import httpx2
@@ -24,6 +25,9 @@ from pipeline.errors import (
 )
 from pipeline.providers import AzureOpenAIChatClient, OllamaChatClient, OpenAIChatClient
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+
+# Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
+pytestmark = pytest.mark.usefixtures("transport")
 
 KEY = "sk-CANARY-key"
 
@@ -526,12 +530,27 @@ async def test_a_failure_in_the_same_network_chunk_keeps_the_words_before_it(
     words still reach the caller, once, before the failure."""
     body = b"".join(f"{_chunk({'content': word})}\n\n".encode() for word in ("a ", "b ")) + tail
 
-    def one_chunk(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    async def one_chunk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )  # fmt: skip
+        await reader.readexactly(length)
+        writer.write(  # the head and the whole body in one write
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        writer.close()
 
-    async with httpx2.AsyncClient(transport=httpx2.MockTransport(one_chunk)) as http:
-        chat = OpenAIChatClient("m", api_key="k", base_url="http://127.0.0.1:1", http_client=http)
+    server = await asyncio.start_server(one_chunk, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with OpenAIChatClient("m", api_key="k", base_url=f"http://127.0.0.1:{port}") as chat:
         result = await collect(chat, "hi", streaming=True)
+    server.close()
+    await server.wait_closed()
     assert [u.text for u in result.updates] == ["a ", "b "]
     assert isinstance(result.error, ProviderError)
     if code is not None:

@@ -106,7 +106,7 @@ def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[ob
 
 
 async def _lines_of(chunks: list[bytes]) -> list[str]:
-    from pipeline.providers._http import Utf8Lines
+    from pipeline.providers._sse import Utf8Lines
 
     splitter = Utf8Lines("fuzz")
     return [line for chunk in chunks for line in splitter.feed(chunk)] + splitter.finish()
@@ -122,7 +122,7 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
 
 @given(st.lists(st.binary(max_size=40), max_size=12))
 def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("fuzz")
     try:
@@ -134,7 +134,7 @@ def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None
 
 
 def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b'data: {"a"') == []
@@ -148,7 +148,7 @@ def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
 
 
 def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2") == [1]
@@ -156,7 +156,7 @@ def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
 
 
 def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> None:
-    from pipeline.providers._http import Utf8Lines
+    from pipeline.providers._sse import Utf8Lines
 
     text = "data: \u00e9\u20ac\U0001f600 ok\n".encode()
     for size in (1, 2, 3):
@@ -175,13 +175,13 @@ def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> No
 
 
 def test_event_data_decodes_as_json_loads_does() -> None:
-    from pipeline.providers._http import _loads
+    from pipeline.providers._sse import scan_json
 
     for data in ('{"a": 1}', ' {"a": 1} ', "[1, 2]\t", '"x"', "3", "NaN"):
-        assert _loads(data) == json.loads(data) or data == "NaN"
+        assert scan_json(data) == json.loads(data) or data == "NaN"
     for data in ('{"a": 1} x', "", " ", "{", "nope", '{"a": "\x01"}'):
         try:
-            _loads(data)
+            scan_json(data)
         except ValueError:
             pass
         else:
@@ -189,7 +189,7 @@ def test_event_data_decodes_as_json_loads_does() -> None:
 
 
 def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
-    from pipeline.providers._http import SSEPayloads
+    from pipeline.providers._sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2\n\nnot sse\n\ndata: 3\n\n") == [1, 2]

@@ -49,7 +49,7 @@ import functools
 import math
 import random
 import re
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from opentelemetry.util.types import AttributeValue
@@ -92,7 +92,8 @@ class HedgingSettings(BalancedSettings):
       starts too, or ``"pNN"`` (``"p90"``, ``"p99.9"``): that percentile of the route's
       recent times to first update, over its last `delay_window` attempts (an attempt that
       lost a race before its first update counts with its wait, the least it would have
-      taken); while a route has fewer than `min_delay_samples`, `fallback_delay` seconds;
+      taken); while a route has fewer than `min_delay_samples`, that percentile of every
+      route's samples together, and while they too have fewer, `fallback_delay` seconds;
     * `max_hedged_attempts`: extra attempts running at once beside the first (at least 1);
     * `budget`: the fraction of requests that may hedge: each request adds `budget` tokens
       to a bucket of `budget_burst` tokens at most (it starts full), each hedge takes one.
@@ -144,13 +145,20 @@ class _Latencies:
         recent.append(sample)
         bisect.insort(ordered, sample)
 
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._recent)
+
     def percentile(self, quantile: float) -> float:
-        """Linear interpolation between the closest ranks (numpy's default method)."""
-        ordered = self._sorted
-        position = quantile * (len(ordered) - 1)
-        low = int(position)
-        high = min(low + 1, len(ordered) - 1)
-        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+        return _percentile(self._sorted, quantile)
+
+
+def _percentile(ordered: list[float], quantile: float) -> float:
+    """The `quantile` of the sorted, non-empty `ordered`, interpolating linearly between
+    the closest ranks (numpy's default method)."""
+    position = quantile * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 class _Sampled:
@@ -313,10 +321,16 @@ class HedgingChatClient(BalancedFailoverChatClient):
         delay = settings.delay
         if not isinstance(delay, str):
             return delay
+        quantile = _quantile(delay)
         window = self._latencies.get(route)
-        if window is None or len(window) < settings.min_delay_samples:
+        if window is not None and len(window) >= settings.min_delay_samples:
+            return window.percentile(quantile)
+        # A route with too few samples yet: the routes' samples together (a hedging
+        # router's routes serve the same requests), else the fallback.
+        pooled = sorted(sample for each in self._latencies.values() for sample in each)
+        if len(pooled) < settings.min_delay_samples:
             return settings.fallback_delay
-        return window.percentile(_quantile(delay))
+        return _percentile(pooled, quantile)
 
     # -- what the balanced router asks -------------------------------------------------------
 

@@ -513,8 +513,12 @@ async def test_a_percentile_delay_follows_the_routes_recent_times_to_first_updat
     clock = Clock()
     delays = [0.1 * (i + 1) for i in range(10)]  # 0.1 .. 1.0 s
     a = ScriptedChatClient([reply("a", delay=d) for d in delays], name="a", sleep=clock.sleep)
+    b = ScriptedChatClient(reply("b", delay=0.5), name="b", sleep=clock.sleep)
     router = HedgingChatClient(
-        [Route("a", a)],
+        [Route("a", a), Route("b", b, weight=1e-9)],  # every request on a: b has no samples
+        strategy="weighted",
+        random_source=random.Random(3),
+        health=calm_health(),
         delay="p90",
         min_delay_samples=10,
         delay_window=10,
@@ -522,10 +526,11 @@ async def test_a_percentile_delay_follows_the_routes_recent_times_to_first_updat
         clock=clock,
     )
     for _ in range(10):
-        assert router.hedge_delay("a") == 7.0  # too few samples: the fallback
+        assert router.hedge_delay("a") == 7.0  # too few samples anywhere: the fallback
         await router.get_response("hi")
     assert router.hedge_delay("a") == pytest.approx(0.91)  # between the 9th and 10th
-    assert router.hedge_delay("unknown") == 7.0
+    # b has no samples of its own yet: every route's samples together.
+    assert router.hedge_delay("b") == pytest.approx(0.91)
     for _ in range(10):  # the window keeps the last ten: all of 1.0 s now
         await router.get_response("hi")
     assert router.hedge_delay("a") == pytest.approx(1.0)

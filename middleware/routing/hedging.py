@@ -102,7 +102,7 @@ class HedgingSettings(BalancedSettings):
     delay: float | str = "p90"
     max_hedged_attempts: Annotated[int, Field(ge=1)] = 1
     budget: Annotated[float, Field(ge=0, le=1)] = 0.1
-    budget_burst: Annotated[float, Field(ge=1)] = 3.0
+    budget_burst: Annotated[float, Field(ge=1)] = 10.0
     delay_window: Annotated[int, Field(ge=1)] = 200
     min_delay_samples: Annotated[int, Field(ge=1)] = 20
     fallback_delay: Annotated[float, Field(gt=0)] = 1.0

@@ -294,7 +294,12 @@ class HedgingChatClient(BalancedFailoverChatClient):
         if settings is not None and not isinstance(settings, HedgingSettings):
             raise TypeError(f"settings must be HedgingSettings, not {type(settings).__name__}")
         super().__init__(routes, settings, health=health, random_source=random_source, **options)
-        self._latencies = {route.name: _Latencies() for route in self.routes}
+        # Per route and call shape: a non-streamed "first update" is the whole response.
+        self._latencies = {
+            (route.name, streaming): _Latencies()
+            for route in self.routes
+            for streaming in (False, True)
+        }
         self._tokens = self.settings.budget_burst
         instruments = meter(ROUTING_SCOPE, self._telemetry.meter_provider)
         self._hedges_started = instruments.create_counter(
@@ -314,20 +319,26 @@ class HedgingChatClient(BalancedFailoverChatClient):
             f"budget {settings.budget:g})"
         )
 
-    def hedge_delay(self, route: str) -> float:
-        """Seconds an attempt on `route` may go without a first update before the next
-        route starts too (the `delay` setting, read for that route now)."""
+    def hedge_delay(self, route: str, *, streaming: bool = True) -> float:
+        """Seconds an attempt on `route` may go without a first update (not streaming: its
+        response) before the next route starts too: the `delay` setting, read for that
+        route and call shape now."""
         settings = self.settings
         delay = settings.delay
         if not isinstance(delay, str):
             return delay
         quantile = _quantile(delay)
-        window = self._latencies.get(route)
+        window = self._latencies.get((route, streaming))
         if window is not None and len(window) >= settings.min_delay_samples:
             return window.percentile(quantile)
         # A route with too few samples yet: the routes' samples together (a hedging
         # router's routes serve the same requests), else the fallback.
-        pooled = sorted(sample for each in self._latencies.values() for sample in each)
+        pooled = sorted(
+            sample
+            for (_, shape), each in self._latencies.items()
+            if shape == streaming
+            for sample in each
+        )
         if len(pooled) < settings.min_delay_samples:
             return settings.fallback_delay
         return _percentile(pooled, quantile)
@@ -349,11 +360,6 @@ class HedgingChatClient(BalancedFailoverChatClient):
             # a route running, the balanced choice is a failover's).
             return RoutingSelection(selection.client, attributes=_HEDGE)
         return selection
-
-    def _watch_attempt(self, attempt: AttemptState) -> AttemptWatch:
-        inner = super()._watch_attempt(attempt)
-        window = self._latencies.get(attempt.route_name)
-        return inner if window is None else _Sampled(self, inner, window)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -643,8 +649,12 @@ class HedgingChatClient(BalancedFailoverChatClient):
         span = attempt.span
         if not hedge and span is not None and span.is_recording():
             span.set_attribute(ROUTE_HEDGE, False)
+        window = self._latencies.get((attempt.route_name, streaming))
+        if window is not None and attempt.watch is not None:
+            # Its time to a first update (or response) feeds the route's percentile delay.
+            attempt.watch = _Sampled(self, attempt.watch, window)
         racer = _Racer(race, attempt, self._clock(), hedge)
-        racer.hedge_at = racer.started + self.hedge_delay(attempt.route_name)
+        racer.hedge_at = racer.started + self.hedge_delay(attempt.route_name, streaming=streaming)
         race.running.append(racer)
         racer.task = asyncio.create_task(
             self._first_update(racer) if streaming else self._answer(racer)

@@ -526,14 +526,16 @@ async def test_a_percentile_delay_follows_the_routes_recent_times_to_first_updat
         clock=clock,
     )
     for _ in range(10):
-        assert router.hedge_delay("a") == 7.0  # too few samples anywhere: the fallback
+        assert router.hedge_delay("a", streaming=False) == 7.0  # too few samples anywhere
         await router.get_response("hi")
-    assert router.hedge_delay("a") == pytest.approx(0.91)  # between the 9th and 10th
+    assert router.hedge_delay("a", streaming=False) == pytest.approx(0.91)  # 9th to 10th
     # b has no samples of its own yet: every route's samples together.
-    assert router.hedge_delay("b") == pytest.approx(0.91)
+    assert router.hedge_delay("b", streaming=False) == pytest.approx(0.91)
+    # Streamed requests wait for a first update, not a whole response: samples of their own.
+    assert router.hedge_delay("a", streaming=True) == 7.0
     for _ in range(10):  # the window keeps the last ten: all of 1.0 s now
         await router.get_response("hi")
-    assert router.hedge_delay("a") == pytest.approx(1.0)
+    assert router.hedge_delay("a", streaming=False) == pytest.approx(1.0)
     fixed = HedgingChatClient([Route("a", a)], delay=0.25)
     assert fixed.hedge_delay("a") == 0.25
 

@@ -579,6 +579,56 @@ class AttemptEngine(abc.ABC):
             return _in_turn(affinity.record(session, record.route_name, request.budget), reported)
         return reported
 
+    async def _caller_left(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        stream: AsyncGenerator[ChatResponseUpdate, None],
+        elapsed: float,
+        time_to_first_update: float | None,
+    ) -> BaseException | None:
+        """The caller closed a stream it had updates of (or threw into it): close the
+        route's stream and report the attempt, terminal: ``canceled`` while the caller is
+        being cancelled, else ``abandoned``. Returns what closing raised (it replaces the
+        caller's exception)."""
+        clock = self._clock
+        mark = clock()
+        close_error = await close_stream(stream)
+        pending = self._finish(
+            request,
+            attempt,
+            outcome="canceled" if caller_cancelling() else "abandoned",
+            exception=close_error,
+            duration=elapsed + clock() - mark,
+            time_to_first_update=time_to_first_update,
+            terminal=True,
+        )
+        if pending is not None:
+            await pending
+        return close_error
+
+    async def _close_route_stream(
+        self,
+        attempt: AttemptState,
+        stream: AsyncGenerator[ChatResponseUpdate, None],
+        error: BaseException | None,
+    ) -> tuple[BaseException | None, float]:
+        """Close a route's stream that ran out, or failed with `error`: returns the error the
+        attempt ends with (what closing raised, or `error` with a note when closing failed
+        too) and the seconds closing took."""
+        clock = self._clock
+        mark = clock()
+        close_error = await close_stream(stream)
+        closing = clock() - mark
+        if error is None:
+            return close_error, closing
+        if close_error is not None:
+            error.add_note(
+                f"closing the stream of route {attempt.route_name!r} also failed: "
+                f"{type(close_error).__name__}"
+            )
+        return error, closing
+
     async def _failed(
         self,
         request: RequestState,
@@ -776,33 +826,14 @@ class AttemptEngine(abc.ABC):
                         yield update
                     except BaseException:
                         # The caller closed the stream (GeneratorExit) or threw into it.
-                        mark = clock()
-                        close_error = await close_stream(stream)
-                        elapsed += clock() - mark
-                        pending = self._finish(
-                            request,
-                            attempt,
-                            outcome="canceled" if caller_cancelling() else "abandoned",
-                            exception=close_error,
-                            duration=elapsed,
-                            time_to_first_update=first_update,
-                            terminal=True,
+                        close_error = await self._caller_left(
+                            request, attempt, stream, elapsed, first_update
                         )
-                        if pending is not None:
-                            await pending
                         if close_error is not None:
                             raise close_error from None
                         raise
-                mark = clock()
-                close_error = await close_stream(stream)
-                elapsed += clock() - mark
-                if error is None:
-                    error = close_error
-                elif close_error is not None:
-                    error.add_note(
-                        f"closing the stream of route {attempt.route_name!r} also failed: "
-                        f"{type(close_error).__name__}"
-                    )
+                error, closing = await self._close_route_stream(attempt, stream, error)
+                elapsed += closing
             if error is not None:
                 await self._failed(
                     request,

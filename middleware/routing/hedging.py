@@ -55,7 +55,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from opentelemetry.util.types import AttributeValue
 from pydantic import Field, field_validator
 
-from middleware.routing._engine import AttemptState, AttemptWatch, FailoverSettings, RequestState
+from middleware.routing._engine import (
+    AttemptState,
+    AttemptWatch,
+    FailoverSettings,
+    RequestState,
+    _held_against,
+)
 from middleware.routing.balanced import BalancedFailoverChatClient, BalancedSettings
 from middleware.routing.context import AttemptOutcome, Route, RoutingContext, RoutingSelection
 from middleware.routing.health import HealthStore, RouteHealth
@@ -413,86 +419,57 @@ class HedgingChatClient(BalancedFailoverChatClient):
             answered = winner.settled_at if winner.settled_at is not None else winner.started
             elapsed = answered - winner.started  # time spent inside the route
             stream, update = winner.stream, winner.first
-            if stream is None or update is None:  # an empty stream completed first
-                pending = self._finish(
-                    request,
-                    attempt,
-                    outcome="completed",
-                    exception=None,
-                    duration=elapsed,
-                    time_to_first_update=None,
-                    terminal=True,
-                )
-                if pending is not None:
-                    await pending
-                return
-            first_update = elapsed
-            usage = update.usage
-            response_model = update.model_id
-            budget = request.budget
-            plain = attempt.span_context is None and budget is None
+            first_update: float | None = None
+            usage: UsageDetails | None = None
+            response_model: str | None = None
             error: BaseException | None = None
-            while True:
-                try:
-                    yield update
-                except BaseException:
-                    # The caller closed the stream (GeneratorExit) or threw into it.
+            if stream is not None and update is not None:  # else an empty stream won
+                first_update = elapsed
+                usage, response_model = update.usage, update.model_id
+                budget = request.budget
+                plain = attempt.span_context is None and budget is None
+                while True:
+                    try:
+                        yield update
+                    except BaseException:
+                        # The caller closed the stream (GeneratorExit) or threw into it.
+                        close_error = await self._caller_left(
+                            request, attempt, stream, elapsed, first_update
+                        )
+                        if close_error is not None:
+                            raise close_error from None
+                        raise
+                    # Output reached the caller: only the request's deadline applies now.
+                    deadline = timeout = None
+                    tokens: Any = None
+                    if not plain:
+                        deadline = self._deadline(
+                            request, attempt, winner.started, attempt.number, output=True
+                        )
+                        timeout = self._timeout(deadline)
+                        tokens = self._enter(attempt, budget, timeout)
                     mark = clock()
-                    close_error = await close_stream(stream)
-                    elapsed += clock() - mark
-                    pending = self._finish(
-                        request,
-                        attempt,
-                        outcome="canceled" if caller_cancelling() else "abandoned",
-                        exception=close_error,
-                        duration=elapsed,
-                        time_to_first_update=first_update,
-                        terminal=True,
-                    )
-                    if pending is not None:
-                        await pending
-                    if close_error is not None:
-                        raise close_error from None
-                    raise
-                # Output reached the caller: only the request's deadline applies now.
-                deadline = timeout = None
-                tokens: Any = None
-                if not plain:
-                    deadline = self._deadline(
-                        request, attempt, winner.started, attempt.number, output=True
-                    )
-                    timeout = self._timeout(deadline)
-                    tokens = self._enter(attempt, budget, timeout)
-                mark = clock()
-                try:
-                    if timeout is None:
-                        update = await stream.__anext__()
-                    else:
-                        async with timeout:
+                    try:
+                        if timeout is None:
                             update = await stream.__anext__()
-                except StopAsyncIteration:
-                    break
-                except BaseException as exc:
-                    error = self._timed_out(request, exc, timeout, deadline, attempt)
-                    break
-                finally:
-                    elapsed += clock() - mark
-                    if tokens is not None:
-                        self._exit(tokens)
-                if update.usage is not None:
-                    usage = update.usage if usage is None else usage + update.usage
-                if update.model_id is not None:
-                    response_model = update.model_id
-            mark = clock()
-            close_error = await close_stream(stream)
-            elapsed += clock() - mark
-            if error is None:
-                error = close_error
-            elif close_error is not None:
-                error.add_note(
-                    f"closing the stream of route {attempt.route_name!r} also failed: "
-                    f"{type(close_error).__name__}"
-                )
+                        else:
+                            async with timeout:
+                                update = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    except BaseException as exc:
+                        error = self._timed_out(request, exc, timeout, deadline, attempt)
+                        break
+                    finally:
+                        elapsed += clock() - mark
+                        if tokens is not None:
+                            self._exit(tokens)
+                    if update.usage is not None:
+                        usage = update.usage if usage is None else usage + update.usage
+                    if update.model_id is not None:
+                        response_model = update.model_id
+                error, closing = await self._close_route_stream(attempt, stream, error)
+                elapsed += closing
             if error is not None:
                 await self._failed(
                     request, attempt, error, duration=elapsed, time_to_first_update=first_update
@@ -693,7 +670,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
         request = racer.race.request
         attempt = racer.state
         deadline, timeout = self._limits(racer)
-        tokens = self._enter(attempt, request.budget, timeout, racer)
+        tokens = self._enter(attempt, request.budget, _held_against(timeout, deadline), racer)
         try:
             if timeout is None:
                 response = await attempt.client.get_response(attempt.messages, attempt.options)
@@ -725,7 +702,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
         finally:
             self._exit(tokens)
         deadline, timeout = self._limits(racer)
-        tokens = self._enter(attempt, budget, timeout, racer)
+        tokens = self._enter(attempt, budget, _held_against(timeout, deadline), racer)
         update: ChatResponseUpdate | None = None
         error: BaseException | None = None
         try:
@@ -745,15 +722,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
             racer.first = update
             self._answered(racer)
             return
-        close_error = await close_stream(stream)
-        if error is None:
-            error = close_error
-        elif close_error is not None:
-            error.add_note(
-                f"closing the stream of route {attempt.route_name!r} also failed: "
-                f"{type(close_error).__name__}"
-            )
-        racer.error = error
+        racer.error, _ = await self._close_route_stream(attempt, stream, error)
         self._settle(racer)
 
     async def _dismiss(

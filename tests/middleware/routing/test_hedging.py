@@ -183,6 +183,18 @@ async def test_no_output_of_a_loser_ever_reaches_the_caller(streaming: bool) -> 
     nothing_left_running()
 
 
+async def test_an_empty_answer_can_win(streaming: bool) -> None:
+    a, b = scripted("a", hang()), scripted("b", reply(""))
+    router = hedger(Route("a", a), Route("b", b))
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is None and result.text == ""
+    if streaming:
+        assert result.updates == [] and b.streams_opened == 1  # a stream that ran out
+    assert router.updates == [("a", 1, "abandoned", False), ("b", 2, "completed", True)]
+    closed_every_stream(a, b)
+    nothing_left_running()
+
+
 async def test_a_loser_that_would_answer_after_the_winner_is_never_seen() -> None:
     late = Gate()
     a = scripted("a", reply("a1", delay=1.0), late)

@@ -25,7 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_per_op, report
 
 from middleware.function_invocation import tool
-from middleware.routing import HedgingChatClient, OrderedFailoverChatClient
+from middleware.routing import (
+    BalancedFailoverChatClient,
+    HedgingChatClient,
+    OrderedFailoverChatClient,
+)
 from pipeline import ChatClient, ChatMessage, ChatPipeline
 from pipeline.testing import ScriptedChatClient, reply
 
@@ -143,7 +147,7 @@ async def main(calls: int, updates: int) -> None:
     print(f"hedging / ordered failover: {hedge / ordered:.2f}x per stream")
 
 
-ROUTERS = ("bare", "ordered", "hedging")
+ROUTERS = ("bare", "ordered", "balanced", "hedging")
 SHAPES = ("get_response", "stream10")
 
 
@@ -160,6 +164,10 @@ async def run_router(router: str, shape: str, calls: int) -> None:
         client = scripted()
     elif router == "ordered":
         client = OrderedFailoverChatClient([scripted(), scripted("backup")])
+    elif router == "balanced":  # what hedging builds on: the same choice, no race
+        client = BalancedFailoverChatClient(
+            [scripted(), scripted("backup")], strategy="round_robin"
+        )
     else:
         client = hedging(scripted(), scripted("backup"))
     for _ in range(calls):
@@ -197,9 +205,9 @@ def instruction_counts(calls: int) -> None:
             for router in ROUTERS
         }
         print(
-            f"  {shape:<13} bare {per['bare']:9.0f}  ordered failover {per['ordered']:9.0f}"
-            f"  hedging (no hedge) {per['hedging']:9.0f}"
-            f"  hedging / ordered {per['hedging'] / per['ordered']:5.2f}x"
+            f"  {shape:<13} bare {per['bare']:8.0f}  ordered {per['ordered']:8.0f}"
+            f"  balanced {per['balanced']:8.0f}  hedging (no hedge) {per['hedging']:8.0f}"
+            f"  hedging / ordered {per['hedging'] / per['ordered']:4.2f}x"
         )
 
 

@@ -165,6 +165,7 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "middleware.routing.failover",
         "middleware.routing.semantic",
         "middleware.routing.tiered",
+        "middleware.routing.hedging",
         "middleware.retry",
         "middleware.breaker",
         "middleware.telemetry",

@@ -16,18 +16,40 @@ steps:
   a process that dies mid-probe does not keep the circuit open for ever; a probe the
   caller cancels gives it back at once.
 
+With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
+
+* ``:window``: a hash of ten fields, one per slot of the window's ring of buckets
+  (`middleware._breaker_window`: buckets of a tenth of the window, aligned on the epoch,
+  numbered from the breaker's clock, bucket ``b`` in slot ``b % 10``), each
+  ``"<bucket> <calls> <failures> <slow>"``: the calls that ended in that bucket, added up
+  by every process, how many failed and how many were slow. A write to a slot holding an
+  older bucket starts it afresh, and only the buckets of the current window are read, so
+  the hash never holds more than ten fields; it expires two windows after its last write.
+  Outcomes are added only while the circuit is closed, and closing it deletes the hash: the
+  window starts empty, as each process's own view does. (One key rather than one per
+  bucket: redis-py's cost per key and per value is most of a call's.)
+
 Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
 is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
 writes only on a counted failure (the failures of one turn of the event loop with one
-``INCRBY``), a transition or a reset. Every method is bounded by
+``INCRBY``), a transition or a reset. With a window, the read and the failures' write are
+one script each instead (``_SYNC``: the same round trips), which also adds the outcomes
+this process saw since its last one and returns the window's buckets: a process's view of
+the window is what Redis last returned plus its outcomes not sent yet (`SharedWindow`).
+Successes and slow calls thus reach Redis with the process's next call, failures at once;
+an outcome on the wire is in neither part until its answer (the view errs late by one
+round trip rather than count an outcome twice), and an answer older than the one the view
+holds is dropped. Every method is bounded by
 `redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
 nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
 state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
 warns when an outage starts, then at most once a minute).
 
-A policy that needs more shared facts (outcomes in a sliding window, slow calls) adds its
-keys to `read` (fields of `Facts`) and its own counting beside `count_failure`, in one
-script; admission, probes and transitions stay as they are.
+While Redis is unavailable, outcomes stay unsent (those still in the window are sent when
+it answers again) and the buckets last returned slide out of the window, so the view
+becomes this process's own outcomes: the window fails open on local state too. (Outcomes
+sent with a call that timed out are sent again: Redis may have added them already, so
+around an outage a few may count twice.)
 """
 
 from __future__ import annotations
@@ -41,9 +63,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import pybreaker
 
+from middleware._breaker_window import BUCKETS, Counts, SlidingWindow
 from pipeline import _redis
 
-__all__ = ["Facts", "LocalStorage", "RedisBreakerState", "from_ms", "to_ms"]
+__all__ = ["Facts", "LocalStorage", "RedisBreakerState", "SharedWindow", "from_ms", "to_ms"]
 
 _logger = logging.getLogger("chat_pipeline.breaker")
 
@@ -76,20 +99,125 @@ def from_ms(value: str) -> datetime:
     return datetime.fromtimestamp(float(value) / 1000, UTC)
 
 
-# Compare-and-set of the opening: KEYS = opened, failures; ARGV = the opening expected
-# ('' for closed), the new one ('' to close, which also resets the failures). Returns
-# what is stored afterwards ('' for closed).
+# Compare-and-set of the opening: KEYS = opened, failures, the window (if any); ARGV = the
+# opening expected ('' for closed), the new one ('' to close, which also resets the
+# failures and empties the window). Returns what is stored afterwards ('' for closed).
 _TRANSITION = """
 local current = redis.call('GET', KEYS[1]) or ''
 if current ~= ARGV[1] then return current end
 if ARGV[2] == '' then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '0')
+  if KEYS[3] then redis.call('DEL', KEYS[3]) end
 else
   redis.call('SET', KEYS[1], ARGV[2])
 end
 return ARGV[2]
 """
+
+# The read (and a failure's write) of a breaker with a window: KEYS = opened, failures, the
+# window; ARGV = failures to add (INCRBY), the window's expiry (ms), the current bucket, the
+# buckets in a window, and "<bucket> <calls> <failures> <slow> ..." for the buckets this
+# process adds outcomes to (only while closed). Returns the opening (nil while closed), the
+# failures, and "<bucket> <calls> <failures> <slow> ..." of the buckets in the window. (A
+# few strings rather than many numbers each way: redis-py's cost is per argument and per
+# reply element, and is most of a call's.)
+_SYNC = """
+local opened = redis.call('GET', KEYS[1])
+local failures
+if ARGV[1] ~= '0' then
+  failures = redis.call('INCRBY', KEYS[2], ARGV[1])
+else
+  failures = redis.call('GET', KEYS[2])
+end
+local current = tonumber(ARGV[3])
+local size = tonumber(ARGV[4])
+local first = current - size + 1
+if not opened and ARGV[5] ~= '' then
+  for b, c, f, s in string.gmatch(ARGV[5], '(%d+) (%d+) (%d+) (%d+)') do
+    local bucket = tonumber(b)
+    if bucket >= first and bucket <= current then
+      local slot = bucket % size
+      local calls, failed, slow = tonumber(c), tonumber(f), tonumber(s)
+      local held = redis.call('HGET', KEYS[3], slot)
+      if held then
+        local hb, hc, hf, hs = string.match(held, '^(%d+) (%d+) (%d+) (%d+)$')
+        if tonumber(hb) == bucket then
+          calls, failed, slow = calls + tonumber(hc), failed + tonumber(hf), slow + tonumber(hs)
+        end
+      end
+      redis.call('HSET', KEYS[3], slot, string.format('%s %d %d %d', b, calls, failed, slow))
+    end
+  end
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+end
+local counts = {}
+for _, held in ipairs(redis.call('HVALS', KEYS[3])) do
+  local bucket = tonumber(string.match(held, '^(%d+)'))
+  if bucket and bucket >= first and bucket <= current then counts[#counts + 1] = held end
+end
+return {opened, failures, table.concat(counts, ' ')}
+"""
+
+
+class SharedWindow:
+    """A process's view of the shared window: the buckets Redis last returned (which hold
+    the outcomes this process sent) plus the outcomes it has not sent yet. `clear` (the
+    circuit changed state) also makes answers to calls sent before it void."""
+
+    __slots__ = ("_loaded", "_sent", "generation", "seen", "unsent")
+
+    def __init__(self) -> None:
+        self.seen = SlidingWindow()
+        self.unsent = SlidingWindow()
+        self.generation = 0
+        self._sent = 0  # calls sent to Redis, numbered
+        self._loaded = 0  # the number of the call whose answer `seen` is
+
+    def add(self, bucket: int, calls: int, failures: int, slow: int) -> None:
+        self.unsent.add(bucket, calls, failures, slow)
+
+    def counts(self, bucket: int) -> Counts:
+        seen, unsent = self.seen, self.unsent
+        seen.slide(bucket)
+        unsent.slide(bucket)
+        return Counts(
+            seen.calls + unsent.calls, seen.failures + unsent.failures, seen.slow + unsent.slow
+        )
+
+    def clear(self) -> None:
+        self.seen.clear()
+        self.unsent.clear()
+        self.generation += 1
+
+    def take(self, bucket: int) -> tuple[int, list[tuple[int, int, int, int]]]:
+        """A number for a call about to be sent, and the unsent outcomes still in the window
+        ending with `bucket`, now on their way with it."""
+        self._sent += 1
+        self.unsent.slide(bucket)
+        taken = self.unsent.buckets()
+        if taken:
+            self.unsent.clear()
+        return self._sent, taken
+
+    def give_back(self, taken: list[tuple[int, int, int, int]], generation: int) -> None:
+        """Outcomes that did not reach Redis: to be sent with the next call."""
+        if generation == self.generation:
+            for outcome in taken:
+                self.add(*outcome)
+
+    def load(self, values: list[int], generation: int, sent: int) -> None:
+        """What Redis answered call number `sent`: bucket, calls, failures and slow of each
+        bucket in the window. An answer to a call sent before the one `seen` holds is older
+        news (calls share a pool of connections, so answers may cross): dropped."""
+        if generation != self.generation or sent < self._loaded:
+            return
+        self._loaded = sent
+        seen = self.seen
+        seen.clear()
+        for index in range(0, len(values) - 3, 4):
+            seen.add(values[index], values[index + 1], values[index + 2], values[index + 3])
+
 
 # Give back a claim only if it is still ours (it may have expired and been re-taken).
 _RELEASE = """
@@ -110,7 +238,11 @@ class RedisBreakerState:
         timeout: float,
         retry_interval: float,
         probe_claim_ttl: float,
+        window: float | None = None,
+        bucket: Callable[[], int] | None = None,
     ) -> None:
+        """`window` (seconds) and `bucket` (the current bucket, from the breaker's clock)
+        when the breaker has a ratio policy."""
         self.name = name
         self.redis = _redis.RedisClient(redis, timeout=timeout)
         self.outage = _redis.Outage(
@@ -125,6 +257,17 @@ class RedisBreakerState:
         self.probe_prefix = f"{prefix}:probe:"
         self.claim_ms = max(1, round(probe_claim_ttl * 1000))
         self.local = LocalStorage(pybreaker.STATE_CLOSED)
+        self.window_key = f"{prefix}:window"
+        self.window: SharedWindow | None = None
+        self._bucket = bucket
+        self._expiry_ms = 0
+        if window is not None and bucket is not None:
+            self.window = SharedWindow()
+            self._expiry_ms = max(1, round(2 * window * 1000))
+        # Encoded once: redis-py sends bytes as they are.
+        self._sync_keys = [
+            key.encode() for key in (self.opened_key, self.failures_key, self.window_key)
+        ]
         # Calls that share one Redis call: the read on the wire, the failures and the
         # successes of this turn of the event loop.
         self._reading: asyncio.Task[Facts | None] | None = None
@@ -152,6 +295,10 @@ class RedisBreakerState:
             self._reading = None
 
     async def _read(self) -> Facts | None:
+        if self.window is not None:
+            synced = await self._sync(0)
+            return None if synced is None else Facts(synced[0], synced[1])
+
         async def fetch(client: Any) -> Facts:
             opened, failures = await client.mget(self.opened_key, self.failures_key)
             opening = _text(opened)
@@ -197,6 +344,10 @@ class RedisBreakerState:
         return None if total is None else total - size + index + 1
 
     async def _count_failures(self, failures: list[None]) -> int | None:
+        if self.window is not None:
+            synced = await self._sync(len(failures))
+            return None if synced is None else synced[1]
+
         async def increment(client: Any) -> int:
             return int(await client.incrby(self.failures_key, len(failures)))
 
@@ -204,6 +355,37 @@ class RedisBreakerState:
             return await self._attempt(increment)
         except _redis.Unavailable:
             return None
+
+    async def _sync(self, failures: int) -> tuple[str | None, int] | None:
+        """`_SYNC`: add `failures` and this process's unsent outcomes, and read the facts
+        and the window (loaded into `window`); ``None`` when Redis is unavailable."""
+        window, current = self.window, self._bucket
+        assert window is not None
+        assert current is not None
+        bucket = current()
+        generation = window.generation
+        sent, taken = window.take(bucket)
+        outcomes = " ".join(str(number) for outcome in taken for number in outcome)
+        args = [failures, self._expiry_ms, bucket, BUCKETS, outcomes]
+        keys = self._sync_keys
+
+        async def sync(client: Any) -> tuple[str | None, int, list[int]]:
+            opened, failures_now, held = await self.redis.evaluate(client, _SYNC, keys, args)
+            opening = _text(opened)
+            if opening is not None:
+                from_ms(opening)  # nonsense fails here, as an unavailable Redis
+            counts = [int(value) for value in (_text(held) or "").split()]
+            if len(counts) % 4:
+                raise ValueError("the window's buckets came back malformed")
+            return opening, int(_text(failures_now) or 0), counts
+
+        try:
+            opening, failures_now, counts = await self._attempt(sync)
+        except _redis.Unavailable:
+            window.give_back(taken, generation)
+            return None
+        window.load(counts, generation, sent)
+        return opening, failures_now
 
     async def count_success(self) -> None:
         """A success ends the run of consecutive failures (the successes of one turn of
@@ -230,12 +412,13 @@ class RedisBreakerState:
         `expected`. Returns ``(True, what is stored afterwards)``, or ``(False, None)``
         when Redis is unavailable."""
 
+        keys = [self.opened_key, self.failures_key]
+        if new is None and self.window is not None:
+            keys.append(self.window_key)
+
         async def move(client: Any) -> str | None:
             stored = await self.redis.evaluate(
-                client,
-                _TRANSITION,
-                [self.opened_key, self.failures_key],
-                [expected or "", new or ""],
+                client, _TRANSITION, keys, [expected or "", new or ""]
             )
             opening = _text(stored) or None
             if opening is not None:

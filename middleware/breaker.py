@@ -19,29 +19,48 @@ Promises, for `get_response` and `get_streaming_response` alike:
 * after `reset_timeout` one probe is let through (half-open); its success closes the
   circuit, its failure opens it again. Other calls meanwhile fail fast;
 * a stream that fails after output still counts as a failure of the deployment;
+* besides the consecutive count, ratio policies over a sliding window of `window` seconds
+  (off unless set): with `failure_ratio`, the circuit opens once the calls that ended in
+  the window number at least `minimum_calls` and the counted failures among them reach
+  that ratio; with `slow_call_duration`, likewise once the calls slower than that reach
+  `slow_call_ratio` (a slow call that succeeded is still slow; a failure may be slow too).
+  A call's duration is, for `get_response`, the call's; for a stream, the time to its
+  first update (or to its end, if it ended before one): a stream that takes long to start
+  is slow, one that takes long to finish is not. Outcomes count as for `fail_max`:
+  request errors are calls that did not fail, cancellations and abandoned streams are not
+  calls. Each outcome is checked as it is recorded (resilience4j's rule: the outcome that
+  brings the window to `minimum_calls` may open it, success or not). The window counts
+  only while the circuit is closed and starts empty each time it closes; it slides in
+  tenths (`middleware._breaker_window`). A half-open probe that is slow opens the circuit
+  again, as a failed one does;
 * state changes go to `on_state_change(name, old, new)`, become events
   (`chat_pipeline.circuit_breaker.state_change`) on the current span and count in the
-  `chat_pipeline.circuit_breaker.state_changes` metric.
+  `chat_pipeline.circuit_breaker.state_changes` metric. An opening this process decided
+  says why on the event (`chat_pipeline.circuit_breaker.reason`: ``fail_max``,
+  ``failure_ratio``, ``slow_call_ratio`` or ``probe``).
 
 Shared state (``redis=``, a URL or a ``redis.asyncio`` client): every process using the
 same breaker `name` and Redis shares one breaker. pybreaker still runs the state machine in
 each process; the facts that must agree (consecutive failures, when the circuit opened, the
-half-open probe's claim) live in Redis, kept by `middleware._breaker_redis` (its docstring
-has the keys and the scripts). Each call reads them once and writes only on a counted
-failure, a transition or a reset. Redis calls never block the event loop and each is
-bounded by `redis_timeout`. When Redis is unreachable, slow, or answers nonsense, the
-breaker fails open: the call proceeds on this process's own breaker state (what it last saw
-of the shared state plus its own outcomes), a warning without request content is logged
-(when an outage starts, then at most once a minute), and Redis is tried again after
-`redis_retry_interval` seconds; a Redis error never reaches the caller. Building a pipeline
-never contacts Redis (a server that is down then is fine); a malformed URL is a
-`ValueError` at construction. When Redis answers again, its state wins over what this
-process decided alone.
+half-open probe's claim, and with a ratio policy the window's counts) live in Redis, kept
+by `middleware._breaker_redis` (its docstring has the keys and the scripts). Each call
+reads them once and writes only on a counted failure, a transition or a reset; with a
+ratio policy, the outcomes a process saw since its last read ride on its next read (or on
+its next failure's write), so the window costs no extra round trip. Redis calls never
+block the event loop and each is bounded by `redis_timeout`. When Redis is unreachable,
+slow, or answers nonsense, the breaker fails open: the call proceeds on this process's own
+breaker state (what it last saw of the shared state plus its own outcomes, the window's
+too), a warning without request content is logged (when an outage starts, then at most
+once a minute), and Redis is tried again after `redis_retry_interval` seconds; a Redis
+error never reaches the caller. Building a pipeline never contacts Redis (a server that is
+down then is fine); a malformed URL is a `ValueError` at construction. When Redis answers
+again, its state wins over what this process decided alone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -49,13 +68,15 @@ from typing import Annotated, Any, ClassVar
 
 import pybreaker
 from opentelemetry import trace
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field, StringConstraints, ValidationInfo, field_validator
 
-from middleware._breaker_redis import RedisBreakerState, from_ms, to_ms
+from middleware._breaker_redis import RedisBreakerState, SharedWindow, from_ms, to_ms
+from middleware._breaker_window import RatioPolicy, SlidingWindow
 from pipeline import _redis, _scope
 from pipeline._semconv import (
     BREAKER_FROM,
     BREAKER_NAME,
+    BREAKER_REASON,
     BREAKER_SCOPE,
     BREAKER_TO,
     STATE_CHANGE_EVENT,
@@ -120,22 +141,43 @@ class _StateChangeAdapter(pybreaker.CircuitBreakerListener):
             BREAKER_FROM: old_name,
             BREAKER_TO: new.name,
         }
-        trace.get_current_span().add_event(STATE_CHANGE_EVENT, attributes)
         self._changes.add(1, attributes)
+        reason = getattr(cb, "opening_reason", None)
+        event = attributes if reason is None else {**attributes, BREAKER_REASON: reason}
+        trace.get_current_span().add_event(STATE_CHANGE_EVENT, event)
         if self._listener is not None:
             self._listener(cb.name or "", old_name, new.name)
 
 
+class _WindowReset(pybreaker.CircuitBreakerListener):
+    """Empties the window at every state change: it counts while closed, afresh."""
+
+    def __init__(self, window: SlidingWindow | SharedWindow) -> None:
+        self.window = window
+
+    def state_change(self, cb: pybreaker.CircuitBreaker, old: Any, new: Any) -> None:
+        self.window.clear()
+
+
 class _Breaker(pybreaker.CircuitBreaker):
-    """pybreaker's breaker with an injectable clock for `opened_at`, so timing is testable."""
+    """pybreaker's breaker with an injectable clock for `opened_at`, so timing is testable,
+    and the reason of an opening (for the state-change event)."""
 
     def __init__(self, now: Callable[[], datetime], **options: Any) -> None:
         self._now = now
+        self.opening_reason: str | None = None
         super().__init__(**options)
 
-    def open(self) -> bool:
+    def open(self, reason: str | None = None) -> bool:
         with self._lock:
-            throw_new_error = bool(super().open())
+            # pybreaker opens on its own for `fail_max` (closed) and a failed probe.
+            if reason is None:
+                reason = "probe" if self._state.name == _HALF_OPEN else "fail_max"
+            self.opening_reason = reason
+            try:
+                throw_new_error = bool(super().open())
+            finally:
+                self.opening_reason = None
             self._state_storage.opened_at = self._now()
             return throw_new_error
 
@@ -144,6 +186,13 @@ class BreakerSettings(Settings):
     """One breaker: `fail_max` consecutive counted failures open it for `reset_timeout`
     seconds; `counts` decides what counts (code only); `on_state_change(name, old, new)`
     hears every state change (code only).
+
+    Ratio policies (off unless set), over the calls that ended in the last `window`
+    seconds, once there are at least `minimum_calls` of them: `failure_ratio` opens the
+    circuit when that share of them failed, and `slow_call_duration` (seconds) with
+    `slow_call_ratio` when that share took longer than `slow_call_duration` (see the
+    module docstring for what a call's duration is). Ratios are in (0, 1];
+    `slow_call_ratio` given without `slow_call_duration` is an error (it would do nothing).
 
     `redis` (a ``redis://``, ``rediss://`` or ``unix://`` URL, or a ``redis.asyncio``
     client) shares the state between processes under `name`; each Redis call is bounded
@@ -164,11 +213,37 @@ class BreakerSettings(Settings):
     redis_retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
     probe_claim_ttl: Annotated[float, Field(ge=0.001, le=86_400)] = 60.0
     on_state_change: Callable[[str, str, str], None] | None = None
+    failure_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    minimum_calls: Annotated[int, Field(ge=1)] = 20
+    window: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    slow_call_duration: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    slow_call_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
 
     @field_validator("redis")
     @classmethod
     def _redis_url_or_async_client(cls, value: Any) -> Any:
         return None if value is None else _redis.check(value)
+
+    @field_validator("slow_call_ratio")
+    @classmethod
+    def _slow_call_ratio_needs_a_duration(cls, value: float, info: ValidationInfo) -> float:
+        # Checked only when the ratio is given (a default is not validated); a duration
+        # that failed its own check is not in `data` and is reported on its own.
+        if "slow_call_duration" in info.data and info.data["slow_call_duration"] is None:
+            raise ValueError("needs slow_call_duration (the time after which a call is slow)")
+        return value
+
+
+def _ratio_policy(settings: BreakerSettings) -> RatioPolicy | None:
+    """The window's policy, or ``None`` when neither ratio is set."""
+    if settings.failure_ratio is None and settings.slow_call_duration is None:
+        return None
+    return RatioPolicy(
+        window=settings.window,
+        minimum_calls=settings.minimum_calls,
+        failure_ratio=settings.failure_ratio,
+        slow_call_ratio=None if settings.slow_call_duration is None else settings.slow_call_ratio,
+    )
 
 
 class _Ticket:
@@ -187,7 +262,9 @@ class _Ticket:
 class CircuitBreakerChatClient(DelegatingChatClient):
     """Fails fast with `CircuitOpenError` while the inner client's deployment is failing.
 
-    Keyword `options` are the fields of `BreakerSettings`.
+    Keyword `options` are the fields of `BreakerSettings`. `now` is the breaker's clock
+    (``datetime.now(UTC)`` unless given): when it opened, when a probe is due, the window's
+    buckets and how long a call took all read it, so a test can drive them all.
     """
 
     def __init__(
@@ -204,25 +281,44 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         self.settings = BreakerSettings.from_options(settings, options)
         self.name = self.settings.name or client_name(inner)
         self._now = now or (lambda: datetime.now(UTC))
+        clock = now
+        self._seconds: Callable[[], float] = (
+            time.time if clock is None else (lambda: clock().timestamp())
+        )
         self._reset_after = timedelta(seconds=self.settings.reset_timeout)
+        self._policy = _ratio_policy(self.settings)
+        self._slow_after = self.settings.slow_call_duration
         self._shared: RedisBreakerState | None = None
         storage = None
+        window: SlidingWindow | SharedWindow | None = None
         if self.settings.redis is not None:
+            policy = self._policy
             self._shared = RedisBreakerState(
                 self.settings.redis,
                 self.name,
                 timeout=self.settings.redis_timeout,
                 retry_interval=self.settings.redis_retry_interval,
                 probe_claim_ttl=self.settings.probe_claim_ttl,
+                window=None if policy is None else self.settings.window,
+                bucket=None if policy is None else (lambda: policy.bucket(self._seconds())),
             )
             storage = self._shared.local
+            window = self._shared.window
+        elif self._policy is not None:
+            window = SlidingWindow()
+        self._window = window
         counts = self.settings.counts
+        listeners: list[pybreaker.CircuitBreakerListener] = [
+            _StateChangeAdapter(self.settings.on_state_change, meter_provider)
+        ]
+        if window is not None:
+            listeners.append(_WindowReset(window))
         self.breaker = _Breaker(
             self._now,
             fail_max=self.settings.fail_max,
             reset_timeout=self.settings.reset_timeout,
             exclude=[lambda exc: not counts(exc)],
-            listeners=[_StateChangeAdapter(self.settings.on_state_change, meter_provider)],
+            listeners=listeners,
             state_storage=storage,
             name=self.name,
             throw_new_error_on_trip=False,
@@ -281,30 +377,83 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                 return True
             return False
 
-    def _record(self, probe: bool, error: BaseException | None) -> None:
+    def _started(self) -> float:
+        """When a call started, for telling whether it was slow (0 when nothing is)."""
+        return self._seconds() if self._slow_after is not None else 0.0
+
+    def _slow_since(self, started: float) -> bool:
+        slow_after = self._slow_after
+        return slow_after is not None and self._seconds() - started > slow_after
+
+    def _slow_stream(self, started: float, first: float | None) -> bool:
+        """Whether a stream was slow: by the time to its first update (`first`), or to
+        now if it ended before one."""
+        if first is None:
+            return self._slow_since(started)
+        slow_after = self._slow_after
+        return slow_after is not None and first - started > slow_after
+
+    def _record(
+        self, probe: bool, error: BaseException | None, slow: bool = False, windowed: bool = False
+    ) -> None:
+        """Record how an admitted call ended (`slow`: it took longer than
+        `slow_call_duration`; `windowed`: it is already in the window)."""
         if isinstance(error, UnsendableRequestError):
             self._release(probe)  # never sent: the deployment was not asked
             return
         breaker = self.breaker
         with breaker._lock:
+            closed = self._window is not None and breaker._state.name == _CLOSED
             if probe:
                 self._probe_in_flight = False
+                if slow and breaker._state.name == _HALF_OPEN:
+                    breaker.open("probe")  # still slow: as a failed probe
+                    return
             if error is None:
                 breaker.state._handle_success()
-                return
-            try:
-                breaker.state._handle_error(error, reraise=False)
-            except BaseException as raised:
-                # pybreaker re-raises the failure from on_failure when it trips the
-                # circuit; the caller raises it anyway, so only a different error escapes.
-                if raised is not error:
-                    raise
+            else:
+                try:
+                    breaker.state._handle_error(error, reraise=False)
+                except BaseException as raised:
+                    # pybreaker re-raises the failure from on_failure when it trips the
+                    # circuit; the caller raises it anyway, so only a different error
+                    # escapes.
+                    if raised is not error:
+                        raise
+            # The window counts the calls that ended while it was closed, and stays so.
+            if closed and breaker._state.name == _CLOSED:
+                self._check_window(None if windowed else (error, slow))
 
-    def _cancelled(self, probe: bool) -> None:
+    def _count(self, error: BaseException | None, slow: bool, bucket: int | None = None) -> None:
+        """Count an outcome in the window (under the lock, while closed)."""
+        assert self._policy is not None
+        assert self._window is not None
+        if bucket is None:
+            bucket = self._policy.bucket(self._seconds())
+        failed = error is not None and self.breaker.is_system_error(error)
+        self._window.add(bucket, 1, int(failed), int(slow))
+
+    def _check_window(self, outcome: tuple[BaseException | None, bool] | None = None) -> bool:
+        """Count `outcome` (how a call ended, and whether it was slow) if given, then open
+        the circuit if the window passes a threshold (under the lock, while closed);
+        whether it did."""
+        assert self._window is not None
+        policy = self._policy
+        assert policy is not None
+        bucket = policy.bucket(self._seconds())
+        if outcome is not None:
+            self._count(*outcome, bucket)
+        reason = policy.passed(self._window.counts(bucket))
+        if reason is None:
+            return False
+        self.breaker.open(reason)
+        return True
+
+    def _cancelled(self, probe: bool, slow: bool) -> None:
         """A call cancelled under way: the router cutting it for time is a failure of the
         deployment (it did not answer in time); the caller cancelling is neither."""
         if _scope.attempt_timed_out():
-            self._record(probe, self._timed_out())
+            self._record(probe, self._timed_out(), slow)
         else:
             self._release(probe)
 
@@ -322,23 +471,29 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         if self._shared is not None:
             return await self._get_response_shared(messages, options)
         probe = self._admit()
+        slow_after = self._slow_after
+        started = 0.0 if slow_after is None else self._seconds()
         try:
             response = await self.inner.get_response(messages, options)
         except asyncio.CancelledError:
-            self._cancelled(probe)
+            self._cancelled(probe, self._slow_since(started))
             raise
         except BaseException as exc:
-            self._record(probe, exc)
+            self._record(probe, exc, self._slow_since(started))
             raise
-        self._record(probe, None)
+        self._record(probe, None, slow_after is not None and self._seconds() - started > slow_after)
         return response
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        watcher: StreamWatcher = (
-            _BreakerWatch(self) if self._shared is None else _SharedBreakerWatch(self)
-        )
+        watcher: StreamWatcher
+        if self._slow_after is None:
+            watcher = _BreakerWatch(self) if self._shared is None else _SharedBreakerWatch(self)
+        else:
+            watcher = (
+                _TimedBreakerWatch(self) if self._shared is None else _TimedSharedBreakerWatch(self)
+            )
         return forward(lambda: self.inner.get_streaming_response(messages, options), watcher)
 
     # -- the shared breaker: the same steps, with the shared facts read and written around
@@ -348,15 +503,16 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None
     ) -> ChatResponse:
         ticket = await self._admit_shared()
+        started = self._started()
         try:
             response = await self.inner.get_response(messages, options)
         except asyncio.CancelledError:
-            await self._cancelled_shared(ticket)
+            await self._cancelled_shared(ticket, self._slow_since(started))
             raise
         except BaseException as exc:
-            await self._record_shared(ticket, exc)
+            await self._record_shared(ticket, exc, self._slow_since(started))
             raise
-        await self._record_shared(ticket, None)
+        await self._record_shared(ticket, None, self._slow_since(started))
         return response
 
     def _adopt(self, opened: str | None, failures: int) -> None:
@@ -382,11 +538,26 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         shared = self._shared
         assert shared is not None
         facts = await shared.read()
-        with self.breaker._lock:
+        breaker = self.breaker
+        with breaker._lock:
             if facts is not None:
                 self._adopt(*facts)
-            ticket = _Ticket(self._admit(), facts is not None and facts.failures > 0)
-            opening = self._opening if ticket.probe and facts is not None else None
+            # The read brought the other processes' outcomes: together they may pass a
+            # threshold that none of them passed alone.
+            if (
+                facts is not None
+                and self._window is not None
+                and breaker._state.name == _CLOSED
+                and self._check_window()
+            ):
+                tripped_at = breaker._state_storage.opened_at
+            else:
+                tripped_at = None
+                ticket = _Ticket(self._admit(), facts is not None and facts.failures > 0)
+                opening = self._opening if ticket.probe and facts is not None else None
+        if tripped_at is not None:
+            await self._publish(None, _OPEN, tripped_at)
+            raise self._open_error()
         if opening is None:
             return ticket
         ticket.token = uuid.uuid4().hex
@@ -404,7 +575,9 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             ticket.claim = opening
         return ticket
 
-    async def _record_shared(self, ticket: _Ticket, error: BaseException | None) -> None:
+    async def _record_shared(
+        self, ticket: _Ticket, error: BaseException | None, slow: bool = False
+    ) -> None:
         if isinstance(error, UnsendableRequestError):
             await self._release_shared(ticket)  # never sent: the deployment was not asked
             return
@@ -412,6 +585,13 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         assert shared is not None
         breaker = self.breaker
         counted = error is not None and breaker.is_system_error(error)
+        windowed = False
+        if self._window is not None:
+            # In the window before any write, so the write carries it to Redis.
+            with breaker._lock:
+                if breaker._state.name == _CLOSED:
+                    self._count(error, slow)
+                    windowed = True
         count = None
         if counted and breaker._state.name == _CLOSED:
             count = await shared.count_failure()
@@ -419,7 +599,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             before = breaker._state.name
             if count is not None and before == _CLOSED:
                 shared.local.set_counter(count - 1)  # pybreaker adds this one
-            self._record(ticket.probe, error)
+            self._record(ticket.probe, error, slow, windowed)
             after = breaker._state.name
             opened_at = breaker._state_storage.opened_at
             expected = None if before == _CLOSED else self._opening
@@ -429,8 +609,16 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             elif ticket.claim is not None:
                 await shared.release_probe(ticket.claim, ticket.token)
             return
+        await self._publish(expected, after, opened_at)
+
+    async def _publish(self, expected: str | None, after: str, opened_at: datetime | None) -> None:
+        """Tell Redis of this process's transition from the opening `expected` (``None``:
+        closed) to `after`; when another process's transition came first, take its view."""
+        shared = self._shared
+        assert shared is not None
         new = None if after == _CLOSED else to_ms(opened_at or self._now())
         available, stored = await shared.transition(expected, new)
+        breaker = self.breaker
         with breaker._lock:
             if not available or stored == new:
                 self._opening = new
@@ -439,10 +627,10 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                 # or re-opened it after a newer probe): take its view.
                 self._adopt(stored, shared.local.counter)
 
-    async def _cancelled_shared(self, ticket: _Ticket) -> None:
+    async def _cancelled_shared(self, ticket: _Ticket, slow: bool) -> None:
         """`_cancelled` for a shared breaker (decided when awaited, before any await)."""
         if _scope.attempt_timed_out():
-            await self._record_shared(ticket, self._timed_out())
+            await self._record_shared(ticket, self._timed_out(), slow)
         else:
             await self._release_shared(ticket)
 
@@ -467,13 +655,16 @@ class _BreakerWatch(StreamWatcher):
     def start(self) -> None:
         self.probe = self.layer._admit()
 
+    def slow(self) -> bool:
+        return False
+
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
         if how == "completed":
-            self.layer._record(self.probe, None)
+            self.layer._record(self.probe, None, self.slow())
         elif how == "failed":
-            self.layer._record(self.probe, error)
+            self.layer._record(self.probe, error, self.slow())
         elif how == "canceled":
-            self.layer._cancelled(self.probe)
+            self.layer._cancelled(self.probe, self.slow())
         else:
             self.layer._release(self.probe)
 
@@ -494,11 +685,52 @@ class _SharedBreakerWatch(StreamWatcher):
     async def _start(self) -> None:
         self.ticket = await self.layer._admit_shared()
 
+    def slow(self) -> bool:
+        return False
+
     def end(self, how: StreamEnd, error: BaseException | None) -> Awaitable[None]:
         if how == "completed":
-            return self.layer._record_shared(self.ticket, None)
+            return self.layer._record_shared(self.ticket, None, self.slow())
         if how == "failed":
-            return self.layer._record_shared(self.ticket, error)
+            return self.layer._record_shared(self.ticket, error, self.slow())
         if how == "canceled":
-            return self.layer._cancelled_shared(self.ticket)
+            return self.layer._cancelled_shared(self.ticket, self.slow())
         return self.layer._release_shared(self.ticket)
+
+
+# With `slow_call_duration`, a stream's watcher times it from admission to its first update
+# (`forward` calls `update` only on a watcher that overrides it: the others pay nothing
+# per update, nor for reading the clock).
+
+
+class _TimesFirstUpdate:
+    """What a timed watcher adds: when its first update came, and whether it was slow."""
+
+    layer: CircuitBreakerChatClient
+    started: float
+    first: float | None
+
+    def update(self, update: ChatResponseUpdate) -> None:
+        if self.first is None:
+            self.first = self.layer._seconds()
+
+    def slow(self) -> bool:
+        return self.layer._slow_stream(self.started, self.first)
+
+
+class _TimedBreakerWatch(_TimesFirstUpdate, _BreakerWatch):
+    __slots__ = ("first", "started")
+
+    def start(self) -> None:
+        super().start()
+        self.started = self.layer._seconds()
+        self.first = None
+
+
+class _TimedSharedBreakerWatch(_TimesFirstUpdate, _SharedBreakerWatch):
+    __slots__ = ("first", "started")
+
+    async def _start(self) -> None:
+        await super()._start()
+        self.started = self.layer._seconds()
+        self.first = None

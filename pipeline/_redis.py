@@ -263,7 +263,7 @@ class RedisClient:
                 return await operation(client)
 
     async def evaluate(
-        self, client: Any, source: str, keys: Sequence[str], args: Sequence[Any]
+        self, client: Any, source: str, keys: Sequence[str | bytes], args: Sequence[Any]
     ) -> Any:
         """Run the Lua script `source` on `client` (``EVALSHA``; registered once per
         client, loaded again on ``NOSCRIPT``): an operation for `call` or `attempt`."""
@@ -272,7 +272,7 @@ class RedisClient:
             script = self._scripts[source] = client.register_script(source)
         return await script(keys=list(keys), args=list(args), client=client)
 
-    async def script(self, source: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def script(self, source: str, keys: Sequence[str | bytes], args: Sequence[Any]) -> Any:
         """`evaluate` within the timeout."""
         return await self.call(lambda client: self.evaluate(client, source, keys, args))
 

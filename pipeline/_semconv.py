@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, trace
+from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_HEADER_TEMPLATE
 from opentelemetry.semconv.schemas import Schemas
 
 from pipeline._version import __version__
@@ -32,6 +33,7 @@ __all__ = [
     "BACKUP_CALLS_METRIC",
     "BREAKER_FROM",
     "BREAKER_NAME",
+    "BREAKER_REASON",
     "BREAKER_SCOPE",
     "BREAKER_TO",
     "CLIENT_DISCONNECTED",
@@ -39,6 +41,7 @@ __all__ = [
     "COOLDOWNS_METRIC",
     "COST_METRIC",
     "GATEWAY_MODEL",
+    "GATEWAY_REQUEST_ID",
     "GATEWAY_SCOPE",
     "HEALTH_FAILURE_RATIO_METRIC",
     "HEALTH_IN_FLIGHT_METRIC",
@@ -159,6 +162,9 @@ STATE_CHANGE_METRIC: Final = "chat_pipeline.circuit_breaker.state_changes"
 BREAKER_NAME: Final = "chat_pipeline.circuit_breaker.name"
 BREAKER_FROM: Final = "chat_pipeline.circuit_breaker.from"
 BREAKER_TO: Final = "chat_pipeline.circuit_breaker.to"
+BREAKER_REASON: Final = "chat_pipeline.circuit_breaker.reason"
+"""On a state-change event to ``open`` that this process decided: why (``fail_max``,
+``failure_ratio``, ``slow_call_ratio``, ``probe``). Not on the metric."""
 
 TOOL_TYPE_FUNCTION: Final = "function"
 """``gen_ai.tool.type`` of a tool that runs in this process (the conventions list the value
@@ -171,6 +177,9 @@ GATEWAY_MODEL: Final = "chat_pipeline.gateway.model"
 CLIENT_DISCONNECTED: Final = "chat_pipeline.gateway.client_disconnected"
 """On the gateway's span: the client went away before its answer was complete (the request
 was cancelled)."""
+GATEWAY_REQUEST_ID: Final = f"{HTTP_RESPONSE_HEADER_TEMPLATE}.x-request-id"
+"""On the gateway's span: the request id the response carries (the caller's, or a fresh
+one), as the HTTP conventions name a response header."""
 
 
 # -- tracers and meters -----------------------------------------------------------------------

@@ -115,12 +115,17 @@ class Settings(pydantic.BaseModel):
             raise TypeError(f"settings must be {cls.__name__}, not {type(settings).__name__}")
         if not options:
             return settings if settings is not None else cls()
-        base = dict(settings) if settings is not None else {}
+        base = settings.given() if settings is not None else {}
         return cls(**{**base, **options})
 
     def replace(self, **changes: Any) -> Self:
         """A copy with `changes` applied, validated like a new instance."""
-        return type(self)(**{**dict(self), **changes})
+        return type(self)(**{**self.given(), **changes})
+
+    def given(self) -> dict[str, Any]:
+        """The values that were given (not defaulted): what a copy passes on, so a check
+        about a setting given without another holds for copies too."""
+        return {key: getattr(self, key) for key in self.model_fields_set}
 
 
 def suggest(name: str, known: Iterable[str]) -> str:

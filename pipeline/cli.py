@@ -12,11 +12,14 @@ pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl
 case set to each route of a TOML file directly and prints a per-route table (see
 `pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
 configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
-fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1.
+fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1. ``chat-pipeline fake-fleet
+--scenario FILE`` serves a `pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints
+each deployment's URL (see `pipeline.testing.FakeFleet.from_scenario` and the commands it reads
+on stdin).
 
-``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]`` serves
-a pipeline built from TOML as an OpenAI-compatible API (`pipeline.gateway`; needs the
-``gateway`` extra).
+``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
+[--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
+OpenAI-compatible API (`pipeline.gateway`; needs the ``gateway`` extra).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -47,6 +51,9 @@ from pipeline._semconv import (
 from pipeline.builder import ChatPipeline
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, fail, reply
+
+if TYPE_CHECKING:
+    from pipeline.telemetry import TelemetryHandle
 
 __all__ = ["main"]
 
@@ -152,17 +159,34 @@ async def _demo(question: str, otlp: str | None) -> int:
     finally:
         if handle is not None:
             handle.shutdown()
-            signals = [
-                name
-                for name, provider in (
-                    ("spans", handle.tracer_provider),
-                    ("metrics", handle.meter_provider),
-                )
-                if provider is not None
-            ]
-            target = otlp or os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
-            print(f"{' and '.join(signals) or 'nothing'} exported to {target}")
+            print(_export_report(handle, otlp or os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]))
     return 0
+
+
+def _export_report(handle: TelemetryHandle, target: str) -> str:
+    """What reached `target` and what it refused, by signal (after the final flush)."""
+    exported: list[str] = []
+    refused: list[str] = []
+    for name, provider, tally in (
+        ("spans", handle.tracer_provider, handle.spans),
+        ("metrics", handle.meter_provider, handle.metrics),
+    ):
+        if provider is None:
+            continue  # turned off (OTEL_*_EXPORTER=none)
+        if tally.failed:
+            refused.append(f"{name} ({tally.failed} of {tally.accepted + tally.failed} exports)")
+        elif tally.accepted:
+            exported.append(name)
+    parts = []
+    if exported:
+        parts.append(f"{' and '.join(exported)} exported to {target}")
+    if refused:
+        parts.append(
+            f"{' and '.join(refused)} refused by {target} or lost on the way (see the "
+            "exporter's error above; a traces-only backend such as Arize Phoenix takes no "
+            "metrics: OTEL_METRICS_EXPORTER=none turns them off)"
+        )
+    return "; ".join(parts) or f"nothing exported to {target}"
 
 
 async def _ask(question: str, config: str, environment: str | None) -> int:
@@ -327,6 +351,28 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
     return 0
 
 
+def _fake_fleet(args: argparse.Namespace) -> int:
+    from pipeline._fake_fleet import serve_fleet
+
+    async def run() -> int:
+        # Stop on Ctrl-C or SIGTERM as the fake server does.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await serve_fleet(
+            args.scenario, seed=args.seed, manual_start=args.manual_start, stop=stop
+        )
+
+    try:
+        return asyncio.run(run())
+    except (ValueError, TypeError) as exc:
+        print(f"scenario error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
 
@@ -347,6 +393,7 @@ def _serve(args: argparse.Namespace) -> int:
             port=args.port,
             workers=args.workers,
             log_level=args.log_level,
+            prometheus_metrics=args.prometheus_metrics,
         )
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
@@ -399,6 +446,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="the wire format to speak (default: openai)",
     )
+    fleet = commands.add_parser(
+        "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
+    )
+    fleet.add_argument("--scenario", required=True, metavar="FILE", help="the fleet's scenario")
+    fleet.add_argument("--seed", type=int, help="replaces the scenario's seed")
+    fleet.add_argument(
+        "--manual-start", action="store_true", help="no fault until a 'start' line on stdin"
+    )
     gateway = commands.add_parser(
         "serve", help="serve a pipeline built from a TOML file as an OpenAI-compatible API"
     )
@@ -412,7 +467,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers", type=int, default=1, help="worker processes (each builds the pipeline)"
     )
     gateway.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's and the gateway's (info: one line per request)",
+    )
+    gateway.add_argument(
+        "--prometheus-metrics",
+        action="store_true",
+        help="serve GET /metrics in the Prometheus text format ([gateway] prometheus_metrics)",
     )
     args = parser.parse_args(argv)
     if args.command == "demo":
@@ -426,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_fake_server(args.port, args.format))
         except KeyboardInterrupt:
             return 0
+    if args.command == "fake-fleet":
+        return _fake_fleet(args)
     if args.command == "serve":
         return _serve(args)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse exits

@@ -112,6 +112,7 @@ __all__ = [
     "AzureOpenAIRouteConfig",
     "BreakerConfig",
     "EmbeddingsConfig",
+    "GroupConfig",
     "HealthConfig",
     "HedgedRouterConfig",
     "LayersConfig",
@@ -139,7 +140,7 @@ _S = TypeVar("_S", bound=Settings)
 def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
     """The layer's `settings` from a table built on them (a table adds keys only a file
     needs, such as ``kind`` or ``redis_url_env``), with `changes`."""
-    values = {key: getattr(table, key) for key in settings.model_fields}
+    values = {key: value for key, value in table.given().items() if key in settings.model_fields}
     return settings(**{**values, **changes})
 
 
@@ -176,10 +177,21 @@ class _RouteTable(RouteFacts):
     retry: RetrySettings | None = None
     breaker: BreakerConfig | None = None
 
-    def route(self, name: str, client: ChatClient) -> Route:
-        """The route: `client` behind this table's breaker and retry, with its facts."""
+    def route(
+        self,
+        name: str,
+        client: ChatClient,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> Route:
+        """The route: `client` behind this table's breaker and retry, with its facts. The
+        telemetry providers reach the breaker (its state changes) as they reach the pipeline's
+        own layers."""
         if self.breaker is not None or self.retry is not None:
-            builder = ChatPipeline.builder()
+            builder = ChatPipeline.builder(
+                tracer_provider=tracer_provider, meter_provider=meter_provider
+            )
             if self.breaker is not None:
                 builder.use_circuit_breaker(self.breaker.breaker_settings(name))
             if self.retry is not None:
@@ -392,6 +404,39 @@ class HedgedRouterConfig(HedgingSettings, _BalancedTable):
         builder.use_hedging(routes, _settings_of(HedgingSettings, self), **keywords)
 
 
+class GroupConfig(BalancedSettings):
+    """``[groups.NAME]``: routes that serve as one (``kind = "balanced"``: each attempt on a
+    healthy member by `strategy`, as `BalancedFailoverChatClient`), which a router names
+    like a route (a tier may be a group). Its context window is its members' smallest and
+    its capabilities those every member has, unless the table says."""
+
+    kind: Literal["balanced"] = "balanced"
+    routes: Annotated[list[Name], Field(min_length=1)]
+    health: HealthConfig | None = None
+    max_input_tokens: Annotated[int, Field(ge=1)] | None = None
+    capabilities: Annotated[frozenset[Name], Field(strict=False)] | None = None
+
+    def route(self, name: str, members: Sequence[Route], providers: Mapping[str, Any]) -> Route:
+        """The group as one route over `members` (built routes, each with its layers)."""
+        windows = [m.max_input_tokens for m in members]
+        window = self.max_input_tokens
+        if window is None and all(w is not None for w in windows):
+            window = min(w for w in windows if w is not None)
+        capabilities = self.capabilities
+        if capabilities is None:
+            capabilities = frozenset.intersection(*(m.capabilities for m in members))
+        client = (
+            ChatPipeline.builder(**providers)
+            .use_balanced_failover(
+                list(members),
+                _settings_of(BalancedSettings, self),
+                health=self.health.route_health() if self.health is not None else None,
+            )
+            .build(name=name)
+        )
+        return Route(name, client, max_input_tokens=window, capabilities=capabilities)
+
+
 class TieredRouterConfig(_FailoverRouterTable):
     """``kind = "tiered"``: start on `default` (or the route of the request's kind, a pin,
     the session's route) and escalate along `fallback` (`TieredRoutingChatClient`)."""
@@ -529,6 +574,7 @@ class _Schema(Generic[_T]):
 
 
 _ROUTE: _Schema[RouteConfig] = _Schema(RouteConfig)
+_GROUP: _Schema[GroupConfig] = _Schema(GroupConfig)
 _ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
 _LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
 _ROUTER_KINDS: dict[str, type[_RouterTable]] = {
@@ -573,16 +619,22 @@ def _names(
     problems: _Problems, path: str, names: str | Sequence[str], routes: Mapping[str, Any]
 ) -> None:
     """Each name must be a defined route; a single name is reported without an index."""
-    if isinstance(names, str):
-        if names not in routes:
-            problems.add(path, f"names no route: {names!r}{suggest(names, routes)}")
-        return
-    for index, name in enumerate(names):
-        if name not in routes:
-            problems.add(f"{path}[{index}]", f"names no route: {name!r}{suggest(name, routes)}")
+    items = (
+        [(path, names)]
+        if isinstance(names, str)
+        else [(f"{path}[{index}]", name) for index, name in enumerate(names)]
+    )
+    for where, name in items:
+        if name in routes:
+            continue
+        group = getattr(routes, "group_of", {}).get(name)
+        if group is not None:
+            problems.add(where, f"{name!r} serves in group {group!r}: name the group")
+        else:
+            problems.add(where, f"names no route: {name!r}{suggest(name, routes)}")
 
 
-_SECTIONS = ("routes", "router", "layers", "gateway", "environments")
+_SECTIONS = ("routes", "groups", "router", "layers", "gateway", "environments")
 
 
 @dataclass(frozen=True)
@@ -601,6 +653,8 @@ class PipelineConfig:
     _secrets: Mapping[str, str | None] = field(repr=False, default_factory=dict)
     gateway: GatewaySettings | None = None
     """The ``[gateway]`` table (`pipeline.gateway.settings.GatewaySettings`), if any."""
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    """The ``[groups.NAME]`` tables: routes a router names as one."""
 
     @property
     def route_names(self) -> list[str]:
@@ -619,12 +673,18 @@ class PipelineConfig:
         layers = self.layers
         if layers.function_invocation and not tools:
             problems.add("layers.function_invocation", "is on, but no tools were given")
-        built = {name: self._route(name, problems) for name in self.routes}
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        built = {name: self._route(name, problems, providers) for name in self.routes}
         problems.raise_if_any()
         routes = {name: route for name, route in built.items() if route is not None}
-        builder = ChatPipeline.builder(
-            tracer_provider=tracer_provider, meter_provider=meter_provider
-        )
+        for name, group in self.groups.items():
+            # A group's members serve only through it: the router sees the group.
+            members = [routes.pop(member) for member in group.routes]
+            try:
+                routes[name] = group.route(name, members, providers)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"groups.{name}", str(exc)) from exc
+        builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
@@ -637,20 +697,24 @@ class PipelineConfig:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
 
-    def build_route(self, name: str) -> Route:
+    def build_route(
+        self, name: str, *, tracer_provider: Any = None, meter_provider: Any = None
+    ) -> Route:
         """One route (a `middleware.routing.Route`) with its own layers."""
         if name not in self.routes:
             raise ConfigError(f"routes.{name}", f"is not defined{suggest(name, self.routes)}")
         problems = _Problems()
-        route = self._route(name, problems)
+        providers = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        route = self._route(name, problems, providers)
         problems.raise_if_any()
         assert route is not None  # a route that could not be built is a problem, raised
         return route
 
-    def _route(self, name: str, problems: _Problems) -> Route | None:
+    def _route(self, name: str, problems: _Problems, providers: dict[str, Any]) -> Route | None:
         table = self.routes[name]
         try:
-            return table.route(name, table.client(name, self._secrets.get(name)))
+            client = table.client(name, self._secrets.get(name))
+            return table.route(name, client, **providers)
         except (TypeError, ValueError) as exc:
             problems.add(f"routes.{name}", f"rejected: {exc}")
             return None
@@ -712,7 +776,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             )
         base = _overlay(base, overlay)
     for key in base:
-        if key not in ("routes", "router", "layers", "gateway"):
+        if key not in ("routes", "groups", "router", "layers", "gateway"):
             problems.add(
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
@@ -745,17 +809,19 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             secrets[str(name)] = _secret(problems, validated, path)
             if validated.breaker is not None:
                 _variable_set(problems, f"{path}.breaker", validated.breaker.redis_url_env)
+    groups, members = _groups(problems, base.get("groups"), raw_routes)
     layers = problems.validate(_LAYERS, base.get("layers", {}), "layers")
     raw_router = base.get("router")
     router: RouterConfig | None = None
     if raw_router is None:
-        if isinstance(raw_routes, Mapping) and len(raw_routes) > 1:
+        grouped = sum(map(len, members.values()))
+        if isinstance(raw_routes, Mapping) and len(raw_routes) - grouped + len(members) > 1:
             problems.add("router", "is required when there is more than one route")
     elif not isinstance(raw_router, Mapping):
         problems.add("router", f"expected a table, got {type(raw_router).__name__}")
     else:
         if isinstance(raw_routes, Mapping):
-            _check_router_names(problems, raw_router, raw_routes)
+            _check_router_names(problems, raw_router, _served(raw_routes, members))
         router = problems.validate(_ROUTER, raw_router, "router")
         if router is not None and router.affinity is not None:
             _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
@@ -774,7 +840,64 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             problems.add(where, message)
     problems.raise_if_any()
     assert layers is not None  # no problem was found, so every table validated
-    return PipelineConfig(routes, router, layers, environment, secrets, gateway)
+    return PipelineConfig(routes, router, layers, environment, secrets, gateway, groups)
+
+
+def _groups(
+    problems: _Problems, raw: Any, raw_routes: Any
+) -> tuple[dict[str, GroupConfig], dict[str, list[str]]]:
+    """The ``[groups]`` tables, validated: each names routes (at least one, none in two
+    groups), and no group is named like a route. Also the members each group's table
+    names, read from the raw table (so a router naming a group whose other settings are
+    wrong, or a member, is told the right thing)."""
+    groups: dict[str, GroupConfig] = {}
+    members: dict[str, list[str]] = {}
+    if raw is None:
+        return groups, members
+    if not isinstance(raw, Mapping):
+        problems.add("groups", f"expected a table, got {type(raw).__name__}")
+        return groups, members
+    names = raw_routes if isinstance(raw_routes, Mapping) else {}
+    owner: dict[str, str] = {}
+    for name, table in raw.items():
+        path = f"groups.{name}"
+        if name in names:
+            problems.add(path, f"a route is named {name!r} too: a group needs a name of its own")
+            continue
+        listed = table.get("routes") if isinstance(table, Mapping) else None
+        members[str(name)] = []
+        if isinstance(listed, list) and all(isinstance(member, str) for member in listed):
+            for index, member in enumerate(listed):
+                where = f"{path}.routes[{index}]"
+                if member not in names:
+                    problems.add(where, f"names no route: {member!r}{suggest(member, names)}")
+                elif member in owner:
+                    problems.add(where, f"{member!r} is in group {owner[member]!r} already")
+                else:
+                    owner[member] = str(name)
+                    members[str(name)].append(member)
+        group = problems.validate(_GROUP, table, path)
+        if group is None:
+            continue
+        if group.health is not None:
+            _variable_set(problems, f"{path}.health", group.health.redis_url_env)
+        groups[str(name)] = group
+    return groups, members
+
+
+class _Served(dict[str, Any]):
+    """What a router may name: the groups, and the routes in no group (`group_of`: the
+    group each other route serves in, for the message)."""
+
+    group_of: dict[str, str]
+
+
+def _served(raw_routes: Mapping[str, Any], members: Mapping[str, list[str]]) -> _Served:
+    group_of = {member: name for name, listed in members.items() for member in listed}
+    served = _Served((name, table) for name, table in raw_routes.items() if name not in group_of)
+    served.update(dict.fromkeys(members))
+    served.group_of = group_of
+    return served
 
 
 def _check_router_names(

@@ -20,6 +20,12 @@ of (messages, options) returning a step, for replies that depend on the request.
 `FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
 request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
 in-band errors, hangs), for testing real provider clients end to end.
+
+`FakeFleet` is several such deployments of one model, with latency drawn from seeded
+distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s, brownout,
+hang then recovery, cuts after output, down), for rehearsing a routing configuration
+against partial degradation; it counts what each deployment did (`FleetCounts`,
+`FleetCall`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ import contextlib
 from dataclasses import dataclass
 
 from pipeline._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
+from pipeline._fake_fleet import (
+    FakeDeployment,
+    FakeFleet,
+    Fault,
+    FleetCall,
+    FleetCounts,
+    Latency,
+)
 from pipeline._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
@@ -56,8 +70,14 @@ __all__ = [
     "MODELS_PATH",
     "Collected",
     "FakeAnthropicServer",
+    "FakeDeployment",
+    "FakeFleet",
     "FakeOpenAIServer",
     "FakeResponse",
+    "Fault",
+    "FleetCall",
+    "FleetCounts",
+    "Latency",
     "RecordedRequest",
     "RecordedCall",
     "ScriptStep",

@@ -31,6 +31,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,13 @@ INSTALL_HINT = "run ./scripts/test, which installs everything the suites need"
 
 # The line uvicorn logs once it listens, with the port it got (also for port 0).
 UVICORN_PORT = re.compile(r"Uvicorn running on https?://\S+:(\d+)")
+
+
+def serve_argv(config: Path, *args: str) -> list[str]:
+    """The command line of ``chat-pipeline serve`` for `config` on 127.0.0.1, port 0 (it
+    logs the port it got: `UVICORN_PORT`, at log level ``info``), with `args`."""
+    argv = [sys.executable, "-m", "pipeline", "serve", "--config", str(config), "--port", "0"]
+    return [*argv, *args]
 
 
 def uvicorn_log_config(path: Path) -> Path:

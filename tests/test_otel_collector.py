@@ -121,11 +121,29 @@ def _prometheus_name(name: str, unit: str, kind: str) -> str:
     return f"{base}_total" if kind == "counter" else base
 
 
+def _gateway_request(providers: dict[str, Any]) -> None:
+    """One request through the gateway's app (in process): its HTTP metric."""
+    from starlette.testclient import TestClient
+
+    from pipeline.config import parse_config
+    from pipeline.gateway import create_app
+
+    config = parse_config({"routes": {"scripted": {"provider": "scripted"}}})
+    with TestClient(create_app(config, **providers)) as client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={"model": "pipeline", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert response.status_code == 200, response.text
+
+
 @functools.cache
 def emitted() -> dict[str, tuple[str, set[str]]]:
-    """Prometheus name -> (kind, label names) of every metric a scripted failover run emits."""
+    """Prometheus name -> (kind, label names) of every metric a scripted failover run (and
+    a request through the gateway) emits."""
     otel = make_otel()
     asyncio.run(run_phase(**otel.providers))
+    _gateway_request(otel.providers)
     data = otel.reader.get_metrics_data()
     emitted: dict[str, tuple[str, set[str]]] = {}
     for resource in data.resource_metrics if data else []:
@@ -170,6 +188,7 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "ai_route_time_to_first_update_seconds",
         "ai_route_cost_total",
         "chat_pipeline_circuit_breaker_state_changes_total",
+        "http_server_request_duration_seconds",
     }
 
 

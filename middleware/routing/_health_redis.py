@@ -4,10 +4,10 @@ Each process keeps its own `RouteHealth` and, every `sync_interval` seconds whil
 traffic (the sync is started by an attempt and runs beside it, bounded by `timeout`),
 publishes what it learnt and reads what the others did:
 
-* ``<namespace>:{<route>}`` is a hash with one field per replica: its latency estimate
-  (the effective one: an attempt hanging there counts with its age), its decayed failures
-  and attempts, and when it wrote them (milliseconds since the epoch). Fields older than
-  `ttl` are ignored, and the hash expires after `ttl` without writes;
+* ``<namespace>:{<route>}`` is a hash with one field per replica: its latency estimates
+  (peak and typical, effective: an attempt hanging there counts with its age), its decayed
+  failures and attempts, and when it wrote them (milliseconds since the epoch). Fields
+  older than `ttl` are ignored, and the hash expires after `ttl` without writes;
 * ``<namespace>:{<route>}:cooldown`` holds the end of the route's cooldown (milliseconds
   since the epoch), written at once when a replica starts one (the longer one wins) and
   expiring with it.
@@ -174,12 +174,20 @@ class RedisHealthStore(HealthStore):
         writes: list[tuple[str, str]] = []
         for name, signals in routes:
             health._decay_outcomes(signals, now)
-            latency = health._own_latency(signals, now)
+            peak = health._own_latency(signals, now)
+            typical = health._own_latency(signals, now, typical=True)
             writes.append(
                 (
                     name,
-                    f"{'' if latency is None else repr(latency)},"
-                    f"{signals.failures!r},{signals.attempts!r},{wall_ms}",
+                    ",".join(
+                        (
+                            "" if peak is None else repr(peak),
+                            "" if typical is None else repr(typical),
+                            repr(signals.failures),
+                            repr(signals.attempts),
+                            str(wall_ms),
+                        )
+                    ),
                 )
             )
 
@@ -214,27 +222,28 @@ class RedisHealthStore(HealthStore):
         now: float,
         wall: float,
     ) -> None:
-        latency: float | None = None
+        peak: float | None = None
+        typical: float | None = None
         failures = attempts = 0.0
         decay = health.settings.failure_decay
         for replica, value in (fields or {}).items():
             if _text(replica) == self.replica:
                 continue
             try:
-                their_latency, their_failures, their_attempts, stamp = _text(value).split(",")
+                their_peak, their_typical, their_failures, their_attempts, stamp = _text(
+                    value
+                ).split(",")
                 age = wall - int(stamp) / 1000
                 if age > self.ttl:
                     continue
                 weight = math.exp(-max(0.0, age) / decay)
                 failures += max(0.0, float(their_failures)) * weight
                 attempts += max(0.0, float(their_attempts)) * weight
-                if their_latency:
-                    value_latency = float(their_latency)
-                    if math.isfinite(value_latency) and value_latency >= 0:
-                        latency = value_latency if latency is None else max(latency, value_latency)
+                peak = _slowest(peak, their_peak)
+                typical = _slowest(typical, their_typical)
             except (ValueError, TypeError, UnicodeDecodeError):
                 continue  # another version's or a damaged field: not ours to trust
-        signals.shared = (latency, failures, attempts) if (latency or attempts) else None
+        signals.shared = (peak, typical, failures, attempts) if (peak or attempts) else None
         if cooldown is not None:
             try:
                 end = int(_text(cooldown)) / 1000
@@ -243,6 +252,16 @@ class RedisHealthStore(HealthStore):
             left = min(end - wall, health.settings.max_cooldown)
             if left > 0 and now + left > signals.cooldown_until:
                 signals.cooldown_until = now + left
+
+
+def _slowest(known: float | None, text: str) -> float | None:
+    """The slower of `known` and the latency `text` (empty: none); `ValueError` if bad."""
+    if not text:
+        return known
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("not a latency")
+    return value if known is None else max(known, value)
 
 
 def _text(value: Any) -> str:

@@ -148,7 +148,13 @@ class RouteTelemetry:
                 # No description: exception messages may quote provider bodies or prompts.
                 span.set_status(ERROR_STATUS)
         span.end()
-        labels = {ROUTE_NAME: attempt.route_name, ROUTE_OUTCOME: attempt.outcome}
+        # Terminal or not tells a failure that moved on to another route (a fallback) from
+        # one that ended the request (nowhere left to go).
+        labels: dict[str, AttributeValue] = {
+            ROUTE_NAME: attempt.route_name,
+            ROUTE_OUTCOME: attempt.outcome,
+            ROUTE_TERMINAL: terminal,
+        }
         self.attempts.add(1, labels)
         if attempt.time_to_first_update is not None:
             self.time_to_first_update.record(

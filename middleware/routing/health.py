@@ -4,20 +4,23 @@ A `RouteHealth` keeps, per route name, four signals fed by every attempt a route
 
 * **in flight**: attempts started and not yet ended (local to this process);
 * **latency**: a peak-EWMA of the time to first update (Finagle's and Linkerd's load
-  balancer estimate): a slower sample raises the estimate at once, a faster one lowers it
-  with a decay of `latency_decay` seconds, so a route that slows down is seen at the first
-  slow answer and a route that recovers earns its way back. An attempt still waiting for
-  its first update counts with its age, so a route that hangs is seen while it hangs, not
-  only when its attempts are cut; an attempt that failed before output after waiting
-  raises the estimate to its wait (it learnt nothing faster);
+  balancer estimate), which weighs the choice among routes: a slower sample raises it at
+  once, a faster one lowers it with a decay of `latency_decay` seconds; and the **typical**
+  latency, the median of the last five answers, which tells an outlier (one answer in a
+  route's tail does not make one; a route whose answers all slowed down is one within a
+  few answers). A route that has answered nothing since its oldest waiting attempt started
+  counts as at least that slow, so a hang is seen while it hangs, not only when its
+  attempts are cut; an attempt that failed before output after waiting counts its wait (it
+  learnt nothing faster);
 * **failure ratio**: deployment failures (the breaker's kind of failure, failures after
   output included) over attempts, both decayed with `failure_decay` seconds, so old
   failures fade;
 * **cooldown**: a rate-limited or unavailable answer carrying ``Retry-After`` takes the
   route out of rotation for that long (at most `max_cooldown`).
 
-A route is an **outlier** when its latency is over `outlier_latency_ratio` times the median
-of the other routes' (and `outlier_latency_gap` seconds over it), or its failure ratio over
+A route is an **outlier** when its typical latency is over `outlier_latency_ratio` times the
+median of the other routes' (and `outlier_latency_gap` seconds over it; once an outlier, it
+stays one until it is under half that excess: 1.5x for the default 2x), or its failure ratio over
 theirs by `outlier_failure_gap` (with at least `min_failures` decayed failures). Balanced
 routers send an outlier no traffic but **probes**: the first `probe_interval` seconds after
 it became one, then after twice as long each time a probe does not answer in time (up to
@@ -40,6 +43,7 @@ Nothing about a request's content is kept: only route names, times and error kin
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 import weakref
@@ -88,6 +92,8 @@ def counts_against_route(exc: BaseException) -> bool:
 
 
 _Seconds = Annotated[float, Field(gt=0)]
+_RECENT = 5  # answers whose median is a route's typical latency
+_READMIT = 0.5  # an outlier is readmitted under 1 + (outlier_latency_ratio - 1) x this
 
 
 class HealthSettings(Settings):
@@ -104,7 +110,7 @@ class HealthSettings(Settings):
     min_failures: Annotated[float, Field(ge=0)] = 1.0
     probe_interval: _Seconds = 2.0
     max_probe_interval: _Seconds = 5.0
-    probe_timeout_ratio: _Seconds = 1.0
+    probe_timeout_ratio: _Seconds = 1.25
     recovery_probes: Annotated[int, Field(ge=1)] = 2
     counts: Callable[[BaseException], bool] = counts_against_route
 
@@ -114,7 +120,9 @@ class RouteStats:
     """One route's health as of now.
 
     `latency` is the estimate of its time to first update in seconds (``None`` before any
-    sample), counting an attempt still waiting with its age; `failure_ratio` is between 0
+    sample): the peak-EWMA; `typical_latency` the median of its last answers, which tells
+    an outlier; both count a route that has answered nothing for a while with how long it
+    has been waiting; `failure_ratio` is between 0
     and 1; `cooldown` is the seconds of cooldown left (0 when none); `samples` is the decayed
     number of attempts behind `failure_ratio`.
     """
@@ -122,6 +130,7 @@ class RouteStats:
     name: str
     in_flight: int
     latency: float | None
+    typical_latency: float | None
     failure_ratio: float
     cooldown: float
     samples: float
@@ -139,6 +148,7 @@ class _Signals:
         "good_probe_total",
         "good_probes",
         "in_flight",
+        "last_answer",
         "next_token",
         "outlier_since",
         "pending",
@@ -146,6 +156,7 @@ class _Signals:
         "probe_wait",
         "probing",
         "ratio_at",
+        "recent",
         "shared",
     )
 
@@ -153,8 +164,12 @@ class _Signals:
         self.in_flight = 0
         self.pending: dict[int, float] = {}  # token -> start, until the first update
         self.next_token = 0
-        self.ewma: float | None = None
+        self.ewma: float | None = None  # the peak-EWMA: what choosing among routes weighs
         self.ewma_at = 0.0
+        # The last answers' latencies: their median tells an outlier (one answer in a
+        # route's tail does not; a route whose answers all slowed down does, within a few).
+        self.recent: collections.deque[float] = collections.deque(maxlen=_RECENT)
+        self.last_answer = -math.inf  # when the route last produced a first update
         self.failures = 0.0
         self.attempts = 0.0
         self.ratio_at = 0.0
@@ -165,8 +180,9 @@ class _Signals:
         self.probing = False
         self.good_probes = 0  # probes in a row that answered within their bound
         self.good_probe_total = 0.0  # and their latencies, summed
-        # What other replicas said (see RedisHealthStore): (latency, failures, attempts).
-        self.shared: tuple[float | None, float, float] | None = None
+        # What other replicas said (see RedisHealthStore): (peak latency, typical latency,
+        # failures, attempts).
+        self.shared: tuple[float | None, float | None, float, float] | None = None
 
 
 class AttemptTicket:
@@ -323,13 +339,23 @@ class RouteHealth:
     def _observe_latency(
         self, signals: _Signals, sample: float, now: float, *, censored: bool
     ) -> None:
+        decay = self.settings.latency_decay
+        recent = signals.recent
+        if censored:
+            # A wait cut short says "at least this slow": it never lowers the median.
+            if recent:
+                sample = max(sample, _median(list(recent)))
+            recent.append(sample)
+        else:
+            recent.append(sample)
+            signals.last_answer = now
         estimate = signals.ewma
         if estimate is None or sample >= estimate:
             signals.ewma = sample  # the peak: a slower answer counts at once
         elif censored:
-            return  # a wait cut short says "at least this slow": it never lowers
+            return
         else:
-            weight = math.exp(-max(0.0, now - signals.ewma_at) / self.settings.latency_decay)
+            weight = math.exp(-max(0.0, now - signals.ewma_at) / decay)
             signals.ewma = estimate * weight + sample * (1.0 - weight)
         signals.ewma_at = now
 
@@ -343,6 +369,8 @@ class RouteHealth:
         if signals.good_probes >= self.settings.recovery_probes:
             signals.ewma = signals.good_probe_total / signals.good_probes
             signals.ewma_at = now
+            signals.recent.clear()
+            signals.recent.append(signals.ewma)
             signals.good_probes = 0
             signals.good_probe_total = 0.0
 
@@ -372,22 +400,32 @@ class RouteHealth:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _latency(self, signals: _Signals, now: float) -> float | None:
-        """The effective estimate: this process's, or what a replica saw if slower."""
-        estimate = self._own_latency(signals, now)
+    def _latency(self, signals: _Signals, now: float, *, typical: bool = False) -> float | None:
+        """The effective estimate (the peak, or with `typical` the median of the last
+        answers): this process's,
+        or what a replica saw if slower."""
+        estimate = self._own_latency(signals, now, typical=typical)
         shared = signals.shared
-        if shared is not None and shared[0] is not None:
-            return shared[0] if estimate is None else max(estimate, shared[0])
+        if shared is not None:
+            theirs = shared[1] if typical else shared[0]
+            if theirs is not None:
+                return theirs if estimate is None else max(estimate, theirs)
         return estimate
 
-    def _own_latency(self, signals: _Signals, now: float) -> float | None:
-        estimate = signals.ewma
+    def _own_latency(self, signals: _Signals, now: float, *, typical: bool = False) -> float | None:
+        if typical:
+            recent = signals.recent
+            estimate = _median(list(recent)) if recent else None
+        else:
+            estimate = signals.ewma
         if signals.pending:
-            # The oldest attempt still waiting (tokens grow with start times).
-            oldest = signals.pending[next(iter(signals.pending))]
-            age = now - oldest
-            if estimate is None or age > estimate:
-                return age
+            # A route that has answered nothing since its oldest waiting attempt started is
+            # at least that slow: a hang is seen while it hangs. (One slow answer among
+            # others does not count: the others answered meanwhile.)
+            oldest = signals.pending[next(iter(signals.pending))]  # tokens grow with time
+            stalled = now - max(oldest, signals.last_answer)
+            if estimate is None or stalled > estimate:
+                return stalled
         return estimate
 
     def _ratio(self, signals: _Signals, now: float) -> tuple[float, float, float]:
@@ -395,8 +433,8 @@ class RouteHealth:
         self._decay_outcomes(signals, now)
         failures, attempts = signals.failures, signals.attempts
         if signals.shared is not None:
-            failures += signals.shared[1]
-            attempts += signals.shared[2]
+            failures += signals.shared[2]
+            attempts += signals.shared[3]
         # One attempt more in the denominator: a single failure is not yet a 100% ratio.
         return failures / (attempts + 1.0), failures, attempts
 
@@ -409,6 +447,7 @@ class RouteHealth:
             name=route,
             in_flight=signals.in_flight,
             latency=self._latency(signals, now),
+            typical_latency=self._latency(signals, now, typical=True),
             failure_ratio=ratio,
             cooldown=max(0.0, signals.cooldown_until - now),
             samples=attempts,
@@ -443,6 +482,7 @@ class Judgement:
         "probe_deadline",
         "ratio",
         "signals",
+        "typical",
         "typical_latency",
     )
 
@@ -451,10 +491,12 @@ class Judgement:
         self.now = now
         self.signals = {name: health._signals(name) for name in routes}
         self.latency: dict[str, float | None] = {}
+        self.typical: dict[str, float | None] = {}
         self.ratio: dict[str, float] = {}
         failures: dict[str, float] = {}
         for name, signals in self.signals.items():
             self.latency[name] = health._latency(signals, now)
+            self.typical[name] = health._latency(signals, now, typical=True)
             self.ratio[name], failures[name], _ = health._ratio(signals, now)
         self.outliers: set[str] = set()
         self.probe_deadline: float | None = None
@@ -463,16 +505,25 @@ class Judgement:
         self.typical_latency = _median(known) if known else 1.0
         if len(routes) < 2:
             return
+        # Outliers are told by the typical latency: the peak would call a route an outlier
+        # for one answer in its tail.
         for name in routes:
+            # A route answering in no measurable time is the fastest, not an unknown one.
             others_latency = [
-                value for other, value in self.latency.items() if other != name and value
+                value
+                for other, value in self.typical.items()
+                if other != name and value is not None
             ]
-            latency = self.latency[name]
+            latency = self.typical[name]
             if latency is not None and others_latency:
                 median = _median(others_latency)
-                if latency > max(
-                    median * settings.outlier_latency_ratio, median + settings.outlier_latency_gap
-                ):
+                ratio = settings.outlier_latency_ratio
+                if self.signals[name].outlier_since is not None:
+                    # An outlier stays one until it is clearly back (or good probes readmit
+                    # it): a route 3x slower must not drift in and out as the others'
+                    # estimates move.
+                    ratio = 1.0 + (ratio - 1.0) * _READMIT
+                if latency > max(median * ratio, median + settings.outlier_latency_gap):
                     self.outliers.add(name)
                     continue
             others_ratio = [value for other, value in self.ratio.items() if other != name]
@@ -493,7 +544,7 @@ class Judgement:
         if known:
             healthy = [
                 value
-                for name, value in self.latency.items()
+                for name, value in self.typical.items()
                 if value is not None and name not in self.outliers
             ]
             if healthy:

@@ -2,9 +2,13 @@
 
 * `pipeline.gateway.settings`: the ``[gateway]`` table (`GatewaySettings`); importable
   without the ``gateway`` extra;
-* `pipeline.gateway.wire`: the Chat Completions wire, requests in and responses out;
-* `pipeline.gateway.app`: the ASGI app (`create_app`), Starlette;
-* `pipeline.gateway.server`: running it on uvicorn, one or more worker processes (`serve`).
+* `pipeline.gateway.wire`: the Chat Completions wire, requests in and responses out, and
+  the HTTP status and error every failure becomes;
+* `pipeline.gateway.app`: the ASGI app (`create_app`): for each inbound format a stack of
+  layers, one private module each (request ids, telemetry, auth, body, limits, the
+  format's handler), and the plain endpoints (models, health, readiness, metrics);
+* `pipeline.gateway.server`: running it on uvicorn, one or more worker processes (`serve`),
+  with deadlines and a bound on connections (`pipeline.gateway._protocol`).
 
 Install the extra: ``pip install 'chat-pipeline[gateway]'``.
 """

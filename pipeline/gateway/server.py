@@ -11,14 +11,35 @@ flight get ``[gateway] drain_timeout`` seconds to finish, then they are cancelle
 cancelled stream ends with an in-band error event, see `pipeline.gateway.app`), and the
 pipeline's clients are closed.
 
+Connections (`pipeline.gateway._protocol`): uvicorn's httptools protocol with a deadline
+for each request head (``header_timeout``) and body (``body_timeout``), a cap on the head's
+size, idle connections kept ``keep_alive_timeout`` seconds (longer than the clients' own
+idle expiry), and at most ``max_connections`` connections per worker (beyond it the
+connection idle the longest is closed; with none idle the new one gets 503).
+
 Telemetry: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)
 set, each worker exports its spans and metrics over OTLP (`pipeline.telemetry.configure`,
 service name ``OTEL_SERVICE_NAME`` or ``chat-pipeline-gateway``), flushed at shutdown.
+With ``prometheus_metrics`` (or ``--prometheus-metrics``) each worker also serves its meters
+at ``GET /metrics``. With several workers, a scrape is answered by the one worker that
+accepts its connection, and each worker's series carry its ``service_instance_id`` (the
+answer ends with ``connection: close``, so successive scrapes reach other workers): sum
+across instances, and use a rate window of several scrape intervals per worker, or run one
+worker per replica and scrape each.
+
+Logs: ``--log-level`` sets uvicorn's level and the gateway's (the ``chat_pipeline``
+loggers, on stderr): a startup line per worker (configuration, environment, models, how
+callers authenticate; a warning without API keys) and one line per request at ``info``
+(``warning`` for failures of the service). Lines logged while a request is served carry
+its request id.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import inspect
+import logging
 import math
 import os
 import socket
@@ -27,52 +48,136 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+import uvicorn.config
 
 from pipeline.config import ENVIRONMENT_VARIABLE, load_config
+from pipeline.gateway._exchange import current_request_id
+from pipeline.gateway._protocol import ConnectionLimits, protocol_factory
 from pipeline.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
     from starlette.applications import Starlette
 
     _Telemetry = tuple[TracerProvider | None, MeterProvider | None, Callable[[], None] | None]
 
-__all__ = ["CONFIG_VARIABLE", "app_from_environment", "serve", "uvicorn_options"]
+__all__ = [
+    "CONFIG_VARIABLE",
+    "app_from_environment",
+    "log_config",
+    "serve",
+    "uvicorn_options",
+]
 
 CONFIG_VARIABLE = "CHAT_PIPELINE_GATEWAY_CONFIG"
 """The configuration file's path, handed to the worker processes."""
+PROMETHEUS_VARIABLE = "CHAT_PIPELINE_GATEWAY_PROMETHEUS"
+"""``1`` when ``--prometheus-metrics`` turned ``/metrics`` on, for the worker processes."""
+WORKERS_VARIABLE = "CHAT_PIPELINE_GATEWAY_WORKERS"
+"""How many worker processes serve, for the worker processes."""
+
+_logger = logging.getLogger("chat_pipeline.gateway")
 
 SERVICE_NAME = "chat-pipeline-gateway"
 
 
-def _telemetry() -> _Telemetry:
-    """(tracer provider, meter provider, shutdown) when OTLP export is configured."""
-    if not (
+def _telemetry(prometheus: bool, workers: int) -> tuple[_Telemetry, CollectorRegistry | None]:
+    """(tracer provider, meter provider, shutdown) for OTLP export and ``/metrics``, and the
+    registry ``/metrics`` serves."""
+    otlp = bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    ):
-        return None, None, None
+    )
+    if not otlp and not prometheus:
+        return (None, None, None), None
     from pipeline.telemetry import configure
 
+    readers: list[Any] = []
+    registry = None
+    attributes: dict[str, str] = {}
+    if prometheus:
+        from opentelemetry.semconv.attributes.service_attributes import SERVICE_INSTANCE_ID
+
+        from pipeline.gateway._endpoints import prometheus_reader
+
+        reader, registry = prometheus_reader(per_instance=workers > 1)
+        readers.append(reader)
+        if workers > 1:
+            attributes[SERVICE_INSTANCE_ID] = f"{socket.gethostname()}-{os.getpid()}"
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     handle = configure(
         None if os.environ.get("OTEL_SERVICE_NAME") else SERVICE_NAME,
         protocol="grpc" if protocol == "grpc" else "http/protobuf",
         set_global=False,
+        traces=otlp,
+        metrics=otlp,
+        metric_readers=readers,
+        resource_attributes=attributes,
     )
-    return handle.tracer_provider, handle.meter_provider, handle.shutdown
+    return (handle.tracer_provider, handle.meter_provider, handle.shutdown), registry
 
 
 def uvicorn_options(settings: GatewaySettings | None) -> dict[str, Any]:
-    """The uvicorn settings the gateway runs with (`serve` and embedders alike)."""
+    """The uvicorn settings the gateway runs with (`serve` and embedders alike): its
+    connection protocol (deadlines, bounds), keep-alive and shutdown."""
     settings = settings or GatewaySettings()
+    limits = ConnectionLimits(
+        header_timeout=settings.header_timeout,
+        body_timeout=settings.body_timeout,
+        max_connections=settings.max_connections,
+        retry_after=settings.retry_after,
+    )
     return {
+        "http": protocol_factory(limits),
+        "ws": "none",
+        # Longer than the clients' own idle expiry: the client, not the gateway, ends an
+        # idle connection, so no request is ever sent on one the gateway is closing.
+        "timeout_keep_alive": settings.keep_alive_timeout,
         # uvicorn stops accepting, waits this long for requests in flight, then cancels them.
         "timeout_graceful_shutdown": math.ceil(settings.drain_timeout),
-        "access_log": False,  # a line per request costs CPU; the gateway logs failures
+        "access_log": False,  # the gateway logs its own line per request, with its id
         "server_header": False,
     }
+
+
+class _RequestIdFilter(logging.Filter):
+    """Adds the request id to the lines the pipeline's layers log while a gateway request
+    is served (the gateway's own lines carry it already)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = current_request_id()
+        record.request = (
+            f" request_id={request_id}"
+            if request_id is not None and not record.name.startswith(_logger.name)
+            else ""
+        )
+        return True
+
+
+def log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration, with the ``chat_pipeline`` loggers (the gateway's
+    and the pipeline's layers') on stderr at `log_level`."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["filters"] = {"request_id": {"()": _RequestIdFilter}}
+    config["formatters"]["chat_pipeline"] = {
+        "()": "uvicorn.logging.DefaultFormatter",
+        "fmt": "%(levelprefix)s %(message)s%(request)s",
+        "use_colors": None,
+    }
+    config["handlers"]["chat_pipeline"] = {
+        "formatter": "chat_pipeline",
+        "class": "logging.StreamHandler",
+        "stream": "ext://sys.stderr",
+        "filters": ["request_id"],
+    }
+    config["loggers"]["chat_pipeline"] = {
+        "handlers": ["chat_pipeline"],
+        "level": log_level.upper(),
+        "propagate": False,
+    }
+    return config
 
 
 def app_from_environment() -> Starlette:
@@ -84,13 +189,45 @@ def app_from_environment() -> Starlette:
     if not path:
         raise RuntimeError(f"{CONFIG_VARIABLE} names no configuration file")
     config = load_config(path)
-    tracer_provider, meter_provider, shutdown = _telemetry()
+    if os.environ.get(PROMETHEUS_VARIABLE) == "1":
+        settings = (config.gateway or GatewaySettings()).model_copy(
+            update={"prometheus_metrics": True}
+        )
+        config = dataclasses.replace(config, gateway=settings)
+    settings = config.gateway or GatewaySettings()
+    workers = int(os.environ.get(WORKERS_VARIABLE, "1"))
+    (tracer_provider, meter_provider, shutdown), registry = _telemetry(
+        settings.prometheus_metrics, workers
+    )
     return create_app(
         config,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
         on_shutdown=shutdown,
+        prometheus_registry=registry,
+        prometheus_close=workers > 1,
+        source=path,
     )
+
+
+def _raise_file_limit(connections: int) -> None:
+    """Let the process open a file per connection and some more (upstream connections,
+    Redis, logs): raise the soft limit on open files towards the hard one."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return
+    needed = connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        if wanted < needed:
+            _logger.warning(
+                "the open-file limit (%d) is below max_connections + 256: connections past "
+                "it are refused by the system",
+                wanted,
+            )
 
 
 def serve(
@@ -101,18 +238,29 @@ def serve(
     port: int = 8080,
     workers: int = 1,
     log_level: str = "info",
+    prometheus_metrics: bool = False,
 ) -> None:
     """Serve the pipeline `config_path` describes until SIGTERM/SIGINT (see the module
-    docstring). Raises `ConfigError` for a wrong file before anything listens."""
+    docstring). Raises `ConfigError` for a wrong file before anything listens.
+    `prometheus_metrics` serves ``GET /metrics`` whatever ``[gateway]`` says."""
     from pipeline.gateway.app import Gateway
 
     if workers < 1:
         raise ValueError("workers must be at least 1")
     config = load_config(config_path, environment)
     Gateway(config)  # refuses what a gateway cannot serve, before any worker starts
+    settings = config.gateway or GatewaySettings()
+    if prometheus_metrics or settings.prometheus_metrics:
+        from pipeline.gateway._endpoints import prometheus_reader
+
+        prometheus_reader()  # the exporter is installed, before any worker starts
     os.environ[CONFIG_VARIABLE] = str(Path(config_path).resolve())
+    os.environ[WORKERS_VARIABLE] = str(workers)
+    if prometheus_metrics:
+        os.environ[PROMETHEUS_VARIABLE] = "1"
     if environment is not None:
         os.environ[ENVIRONMENT_VARIABLE] = environment
+    _raise_file_limit(settings.max_connections)
     server_config = uvicorn.Config(
         "pipeline.gateway.server:app_from_environment",
         factory=True,
@@ -120,6 +268,7 @@ def serve(
         port=port,
         workers=workers,
         log_level=log_level,
+        log_config=log_config(log_level),
         **uvicorn_options(config.gateway),
     )
     server = uvicorn.Server(server_config)
@@ -143,7 +292,12 @@ def serve(
 def listening_socket(config: uvicorn.Config) -> socket.socket:
     """uvicorn's listening socket, with ``TCP_NODELAY``: connections accepted from it
     inherit the option (asyncio sets it only on sockets it made itself). Without it, a
-    keep-alive client waits for a delayed ACK (about 40 ms) between writes."""
+    keep-alive client waits for a delayed ACK (about 40 ms) between writes.
+
+    It listens from the start: uvicorn runs the app's startup (building the pipeline)
+    before it listens, so a client connecting in between (as soon as the startup is
+    logged) would be refused; now it waits in the backlog and is served."""
     sock = config.bind_socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.listen(config.backlog)
     return sock

@@ -57,15 +57,39 @@ class GatewaySettings(Settings):
       send one as ``Authorization: Bearer KEY``. Without it the gateway accepts any caller
       (for a private network or a load balancer that authenticates);
     * `max_body_bytes`: larger request bodies get 413;
-    * `max_concurrent_per_key`: requests one key may have in flight in one worker process
-      (``None``: no limit); one more gets 429 with ``Retry-After: retry_after``;
+    * `max_concurrent_per_key`: requests one key (without keys: one client address) may
+      have in flight in one worker process (``None``: no limit); one more gets 429 with
+      ``Retry-After: retry_after``;
     * `retry_after`: seconds a 429 (or a 503 without the provider's own hint) asks to wait;
     * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
       before they are cancelled (a stream cancelled this way ends with an in-band error);
     * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``
       (default: ``pipeline`` and every route by its own name);
     * `redis_url_env`: a Redis that `/readyz` checks (the Redis of shared breakers and
-      session affinity is checked too); `readiness_timeout` bounds each check.
+      session affinity is checked too); `readiness_timeout` bounds each check;
+    * `prometheus_metrics`: serve ``GET /metrics`` in the Prometheus text format, from the
+      meters the spans' metrics come from (``chat-pipeline serve --prometheus-metrics``
+      turns it on too).
+
+    Slow and idle clients (what `chat-pipeline serve` enforces on each connection, see
+    `pipeline.gateway.server`):
+
+    * `header_timeout`: seconds a connection has to send a whole request head, from its
+      first byte (or from the connection's opening); past it: 408 and the connection closed
+      (a connection that sent nothing is closed silently);
+    * `body_timeout`: seconds a request has to send its whole body once its head arrived;
+      past it: 408 and the connection closed;
+    * `keep_alive_timeout`: seconds an idle connection stays open between requests. Longer
+      than the clients' own idle expiry (5 s for httpx and the openai SDK, 4-5 s for Node),
+      so the client, not the gateway, ends an idle connection, and no request is sent on a
+      connection the gateway is closing;
+    * `max_connections`: open connections per worker process. A connection beyond it closes
+      the connection idle the longest; with none idle, the new connection is answered 503
+      with ``Retry-After`` and closed.
+
+    A request takes its `max_concurrent_per_key` slot once its body has arrived: a slow body
+    holds a connection (until `body_timeout`), never a slot; and without keys each client
+    address has slots of its own, so one client cannot take every other client's.
     """
 
     api_keys_env: _EnvName | None = None
@@ -76,6 +100,11 @@ class GatewaySettings(Settings):
     models: Annotated[dict[str, _Target], AfterValidator(_model_names)] | None = None
     redis_url_env: _EnvName | None = None
     readiness_timeout: Annotated[float, Field(gt=0, le=60)] = 0.5
+    prometheus_metrics: bool = False
+    header_timeout: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    keep_alive_timeout: Annotated[int, Field(ge=1, le=3600)] = 75
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
 
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
         """Model name -> route name or ``"pipeline"``: what clients may ask for."""

@@ -35,6 +35,7 @@ from pipeline.errors import (
     WireError,
     classify,
 )
+from pipeline.gateway._json import json_body
 from pipeline.types import (
     ChatMessage,
     ChatOptions,
@@ -51,6 +52,7 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "NOT_RETRYABLE",
     "ChatRequest",
     "ChunkEncoder",
     "WireError",
@@ -184,7 +186,8 @@ def _tool_calls(value: Any, param: str) -> list[Content]:
             raise _invalid(f"{where}.function.name", "expected a non-empty string")
         raw = function.get("arguments")
         try:
-            arguments = json.loads(raw) if isinstance(raw, str) and raw.strip() else {}
+            # Bounded like the body: the arguments are JSON of their own, in a string.
+            arguments = json_body(raw.encode()) if isinstance(raw, str) and raw.strip() else {}
         except ValueError:
             raise _invalid(f"{where}.function.arguments", "is not valid JSON") from None
         if not isinstance(arguments, dict):
@@ -273,9 +276,9 @@ def _tool_mode(value: Any, names: frozenset[str]) -> str:
 def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
     """The request a Chat Completions body describes (see the module docstring)."""
     try:
-        payload = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
-        raise WireError(400, "the request body is not valid JSON", code="invalid_json") from None
+        payload = json_body(body)
+    except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
+        raise WireError(400, str(exc), code="invalid_json") from None
     if not isinstance(payload, dict):
         raise WireError(400, "the request body must be a JSON object", code="invalid_json")
     unknown = [key for key in payload if key not in _ACCEPTED]
@@ -532,11 +535,15 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
         None,
         "the model provider refused the request as invalid",
     ),
+    # OpenAI's own words ("This model's maximum context length is N tokens. ..."): the
+    # phrase LiteLLM, the SDKs' users and agent frameworks look for to tell a context
+    # overflow (LiteLLM's ContextWindowExceededError) from any other 400.
     FailureKind.CONTEXT_LENGTH_EXCEEDED: (
         400,
         "invalid_request_error",
         "context_length_exceeded",
-        "the conversation is longer than the model's context window",
+        "This model's maximum context length is exceeded by the request. "
+        "Please reduce the length of the messages.",
     ),
     FailureKind.CONTENT_FILTERED: (
         400,
@@ -544,11 +551,15 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
         "content_filter",
         "the model provider's content filter refused the request",
     ),
+    # The provider refusing the gateway's own credentials is the gateway's fault, not the
+    # caller's: 502 (an upstream answered badly), never the 401 that tells a client its
+    # key is wrong; retrying cannot help (`NOT_RETRYABLE`).
     FailureKind.AUTHENTICATION: (
-        401,
-        "authentication_error",
+        502,
+        "server_error",
         "upstream_authentication_failed",
-        "the model provider refused the gateway's credentials",
+        "the model provider refused the gateway's own credentials; your key for this "
+        "gateway was accepted: the gateway's configuration must be fixed",
     ),
     FailureKind.TRANSIENT: (
         503,
@@ -571,14 +582,20 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
 }
 
 
+NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
+"""Error codes answered with ``x-should-retry: false``: the official SDKs (which retry
+5xx) do not retry them."""
+
+
 def error_for(exc: BaseException, retry_after: float) -> WireError:
     """The HTTP status and OpenAI error a failure of the pipeline becomes.
 
     Timeouts (the request's deadline, or an attempt cut short with nothing left to try)
     are 504; the other kinds map as in `pipeline.errors`: rate limits 429 (with the
-    provider's ``Retry-After``, else `retry_after`), request errors 400 with their code,
-    the provider refusing our credentials 401, everything else 503. The message is ours:
-    a kind and, for a provider error, which provider and what status it answered.
+    provider's ``Retry-After``, else `retry_after`), request errors 400 with their code
+    (a context overflow in OpenAI's words, ``param: messages``), the provider refusing
+    our credentials 502, everything else 503. The message is ours: a kind and, for a
+    provider error, which provider and what status it answered.
     """
     if isinstance(exc, WireError):
         return exc
@@ -614,7 +631,8 @@ def error_for(exc: BaseException, retry_after: float) -> WireError:
     wait = None
     if status in (429, 503):
         wait = provider_retry if provider_retry is not None else retry_after
-    return WireError(status, message, type=type_, code=code, retry_after=wait)
+    param = "messages" if kind is FailureKind.CONTEXT_LENGTH_EXCEEDED else None
+    return WireError(status, message, type=type_, code=code, param=param, retry_after=wait)
 
 
 def now() -> int:

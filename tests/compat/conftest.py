@@ -12,10 +12,13 @@ deselected, not skipped, with ``-m "not compat"``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,6 +99,15 @@ def litellm_proxy(
             },
         }
     )
+    with running_litellm_proxy(models, workdir, master_key) as proxy:
+        yield proxy
+
+
+@contextlib.contextmanager
+def running_litellm_proxy(
+    models: list[dict[str, Any]], workdir: Path, master_key: str
+) -> Iterator[Proxy]:
+    """The LiteLLM proxy serving `models` (its ``model_list``) until the block ends."""
     config = {
         "model_list": models,
         # No retries or cooldowns inside LiteLLM (by default it retries a 429/5xx twice),

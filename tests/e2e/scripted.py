@@ -1,10 +1,11 @@
 """A scripted run that makes every metric of the library move, for the dashboard checks.
 
 Primary fails behind a circuit breaker (which opens on the first failure: a state change),
-backup answers after `BACKUP_DELAY` with token usage and a price (cost), and a third route
-fails after its first chunk (a committed failure). Half the routed requests are streamed
-(time to first chunk). Each call of `run_phase` builds fresh pipelines (a fresh breaker)
-on the given providers, so two phases move every counter twice.
+backup answers after `BACKUP_DELAY` with token usage and a price (cost), then fails one
+request before output (the last route: a terminal failure, which is no fallback), and a
+third route fails after its first chunk (a committed failure). Half the routed requests
+are streamed (time to first chunk). Each call of `run_phase` builds fresh pipelines (a
+fresh breaker) on the given providers, so two phases move every counter twice.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pipeline.types import UsageDetails
 
 BACKUP_DELAY = 0.05  # the backup's scripted time to first update, in seconds
 ROUTED_REQUESTS = 4  # per phase, through primary -> backup
-ATTEMPTS_PER_PHASE = ROUTED_REQUESTS * 2 + 1  # + the committed failure's single attempt
+# + the terminal failure (primary, then backup) + the committed failure's single attempt
+ATTEMPTS_PER_PHASE = ROUTED_REQUESTS * 2 + 2 + 1
 
 
 def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
@@ -34,13 +36,14 @@ def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
         )
         .build(ScriptedChatClient(fail(TransientProviderError()), name="primary"))
     )
+    answer = reply(
+        "an answer",
+        chunks=["an ", "answer"],
+        delay=BACKUP_DELAY,
+        usage=UsageDetails(input_tokens=12, output_tokens=40, total_tokens=52),
+    )
     backup = ScriptedChatClient(
-        reply(
-            "an answer",
-            chunks=["an ", "answer"],
-            delay=BACKUP_DELAY,
-            usage=UsageDetails(input_tokens=12, output_tokens=40, total_tokens=52),
-        ),
+        [*[answer] * ROUTED_REQUESTS, fail(TransientProviderError())],
         name="backup",
         model_id="small-model",
     )
@@ -76,6 +79,9 @@ async def run_phase(*, meter_provider: Any, tracer_provider: Any) -> None:
         for index in range(ROUTED_REQUESTS):
             result = await collect(routed, "question", streaming=index % 2 == 0)
             assert result.error is None and result.text == "an answer", result
+        # The last route fails too: nowhere left to fall back to.
+        failed = await collect(routed, "question", streaming=False)
+        assert isinstance(failed.error, TransientProviderError), failed
         # Output reached the caller before the failure: no failover, a committed failure.
         failed = await collect(flaky, "question", streaming=True)
         assert isinstance(failed.error, TransientProviderError), failed

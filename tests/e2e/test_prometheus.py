@@ -1,9 +1,15 @@
 """A real Prometheus scrapes the pipeline's metrics; the shipped dashboard's queries answer.
 
-The pipeline's meter provider has a `PrometheusMetricReader` (opentelemetry-exporter-
-prometheus) served on 127.0.0.1; Debian's Prometheus scrapes it every second. The scripted
-run with failovers of `tests.e2e.scripted` goes through twice, so every rate() and
-increase() of the dashboard has two different samples in its window.
+Two sources, each scraped every second by Debian's Prometheus:
+
+* ``library``: an in-process pipeline whose meter provider has a `PrometheusMetricReader`
+  (opentelemetry-exporter-prometheus) served on 127.0.0.1, running the scripted failovers
+  of `tests.e2e.scripted`;
+* ``gateway``: ``chat-pipeline serve --prometheus-metrics`` in front of fake upstreams,
+  scraped at its own ``GET /metrics``, running the requests of `tests.e2e.gateway`.
+
+Each run goes through twice, so every rate() and increase() of the dashboard has two
+different samples in its window.
 """
 
 from __future__ import annotations
@@ -11,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 
-from tests.e2e.scripted import ATTEMPTS_PER_PHASE, BACKUP_DELAY, run_phase
+from tests.e2e import gateway, scripted
 from tests.e2e.servers import Prometheus, poll, running_prometheus
 from tests.processes import require_module
 
@@ -26,11 +35,37 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "examples/observability/grafana/dashboards/chat-pipeline.json"
+SOURCES = ("library", "gateway")
+FALLBACK_RATE = "Fallback rate per route (attempts that failed before output and moved on)"
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
+def dashboard_panels() -> list[tuple[str, str, str]]:
+    """(title, query, legend format) of every panel's target."""
     dashboard = json.loads(DASHBOARD.read_text())
-    return [(p["title"], t["expr"]) for p in dashboard["panels"] for t in p["targets"]]
+    return [
+        (p["title"], t["expr"], t.get("legendFormat", ""))
+        for p in dashboard["panels"]
+        for t in p["targets"]
+    ]
+
+
+def query_of(title: str) -> str:
+    (query,) = [q for t, q, _ in dashboard_panels() if t == title]
+    return query
+
+
+def gateway_only(query: str) -> bool:
+    """The gateway's HTTP panels: a pipeline in a process of its own has no HTTP server."""
+    return "http_server_" in query
+
+
+def cases() -> list[Any]:
+    return [
+        pytest.param(source, title, query, legend, id=f"{source}-{title[:40]}")
+        for source in SOURCES
+        for title, query, legend in dashboard_panels()
+        if source == "gateway" or not gateway_only(query)
+    ]
 
 
 def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
@@ -38,8 +73,20 @@ def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
     return True if result and float(result[0]["value"][1]) == expected else None
 
 
+def _scraped(prometheus: Prometheus, expected: int, what: str) -> None:
+    try:
+        poll(
+            lambda: _attempts_seen(prometheus, expected),
+            timeout=60,
+            interval=0.25,
+            what=f"Prometheus to scrape {what}",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{prometheus.server.log_tail()}") from None
+
+
 @pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+def library_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     require_module(
         "opentelemetry.exporter.prometheus",
         what="the Prometheus exporter (opentelemetry-exporter-prometheus)",
@@ -56,17 +103,11 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         with running_prometheus([target], tmp_path_factory.mktemp("prometheus")) as server:
             for phase in (1, 2):
                 asyncio.run(
-                    run_phase(meter_provider=meter_provider, tracer_provider=TracerProvider())
-                )
-                try:
-                    poll(
-                        lambda n=phase: _attempts_seen(server, ATTEMPTS_PER_PHASE * n),
-                        timeout=60,
-                        interval=0.25,
-                        what=f"Prometheus to scrape phase {phase}",
+                    scripted.run_phase(
+                        meter_provider=meter_provider, tracer_provider=TracerProvider()
                     )
-                except AssertionError as exc:
-                    raise AssertionError(f"{exc}\n{server.server.log_tail()}") from None
+                )
+                _scraped(server, scripted.ATTEMPTS_PER_PHASE * phase, f"phase {phase}")
             yield server
     finally:
         httpd.shutdown()
@@ -75,44 +116,101 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]
         meter_provider.shutdown()
 
 
-@pytest.mark.parametrize(("title", "query"), dashboard_queries(), ids=lambda v: str(v)[:40])
-def test_every_dashboard_query_returns_data(prometheus: Prometheus, title: str, query: str) -> None:
-    result = prometheus.query(query)
+@pytest.fixture(scope="module")
+def gateway_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    workdir = tmp_path_factory.mktemp("gateway")
+    with gateway.running_gateway(workdir, "--prometheus-metrics") as run:
+        target = run.url.removeprefix("http://")
+        with running_prometheus([target], tmp_path_factory.mktemp("prometheus")) as server:
+            for phase in (1, 2):
+                run.phase()
+                _scraped(server, gateway.ATTEMPTS_PER_PHASE * phase, f"phase {phase}")
+            yield server
+
+
+def scraped(request: pytest.FixtureRequest, source: str) -> Prometheus:
+    prometheus: Prometheus = request.getfixturevalue(f"{source}_prometheus")
+    return prometheus
+
+
+def _legend_labels(legend: str) -> list[str]:
+    return re.findall(r"{{\s*(\w+)\s*}}", legend)
+
+
+@pytest.mark.parametrize(("source", "title", "query", "legend"), cases())
+def test_every_dashboard_query_returns_labeled_data(
+    request: pytest.FixtureRequest, source: str, title: str, query: str, legend: str
+) -> None:
+    result = scraped(request, source).query(query)
     assert result, f"{title!r}: no series for {query}"
     values = [float(sample["value"][1]) for sample in result]
     assert any(math.isfinite(v) for v in values), f"{title!r}: {result}"
+    # Every series names what its legend shows (a p95 panel once had an unlabeled series:
+    # the failed requests, which have no served model).
+    for sample in result:
+        for label in _legend_labels(legend):
+            assert sample["metric"].get(label), f"{title!r}: a series without {label}: {sample}"
 
 
-def test_the_dashboard_covers_every_metric_the_library_emits(prometheus: Prometheus) -> None:
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_dashboard_covers_every_metric_emitted(
+    request: pytest.FixtureRequest, source: str
+) -> None:
+    prometheus = scraped(request, source)
+    response = httpx.get(f"{prometheus.url}/api/v1/label/__name__/values", timeout=10)
     names = {
         name
-        for name in _metric_names(prometheus)
-        if name.startswith(("ai_route_", "gen_ai_", "chat_pipeline_"))
+        for name in response.json()["data"]
+        if name.startswith(("ai_route_", "gen_ai_", "chat_pipeline_", "http_server_"))
     }
-    queries = " ".join(query for _, query in dashboard_queries())
+    queries = " ".join(query for _, query, _ in dashboard_panels())
     # A histogram is queried through its buckets (quantiles) or its sum (rates).
     families = {
         n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in names
     }
     missing = {f for f in families if f not in queries}
     assert not missing, f"metrics no panel shows: {sorted(missing)}"
+    assert (source == "gateway") == any(n.startswith("http_server_") for n in names)
 
 
-def _metric_names(prometheus: Prometheus) -> list[str]:
-    import httpx
-
-    response = httpx.get(f"{prometheus.url}/api/v1/label/__name__/values", timeout=10)
-    names: list[str] = response.json()["data"]
-    return names
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_fallback_rate_counts_only_failures_that_moved_on(
+    request: pytest.FixtureRequest, source: str
+) -> None:
+    # The primary always fails and moves on; the backup, the last route, fails once too
+    # but can fall back nowhere: before, the panel read that failure as a fallback rate.
+    rates = {
+        s["metric"]["ai_route_name"]: float(s["value"][1])
+        for s in scraped(request, source).query(query_of(FALLBACK_RATE))
+    }
+    assert rates["primary"] == 1.0
+    assert rates["backup"] == 0.0
 
 
 def test_p95_time_to_first_update_is_in_the_right_order_of_magnitude(
-    prometheus: Prometheus,
+    library_prometheus: Prometheus,
 ) -> None:
     # With the SDK's default buckets (0, 5, 10, ...) this read about 4.75 s for a 50 ms
     # first update; with the advised boundaries it lands in the 40-80 ms bucket. An order
     # of magnitude is checked, not a timing.
-    (query,) = [q for title, q in dashboard_queries() if "time to first update" in title]
-    by_route = {s["metric"]["ai_route_name"]: float(s["value"][1]) for s in prometheus.query(query)}
+    query = query_of("p95 time to first update per route")
+    by_route = {
+        s["metric"]["ai_route_name"]: float(s["value"][1]) for s in library_prometheus.query(query)
+    }
     assert set(by_route) == {"backup", "flaky"}  # the primary never produced output
-    assert BACKUP_DELAY / 5 < by_route["backup"] < BACKUP_DELAY * 5, by_route
+    delay = scripted.BACKUP_DELAY
+    assert delay / 5 < by_route["backup"] < delay * 5, by_route
+
+
+def test_p95_gateway_duration_is_in_the_right_order_of_magnitude(
+    gateway_prometheus: Prometheus,
+) -> None:
+    # The fake upstreams answer in milliseconds. With the SDK's default HTTP buckets
+    # (0, 5, 10 ... 10000 s) every request fell in le=5 and the p95 read 4.75 s.
+    query = query_of("Gateway p95 HTTP duration by status")
+    by_status = {
+        s["metric"]["http_response_status_code"]: float(s["value"][1])
+        for s in gateway_prometheus.query(query)
+    }
+    assert set(by_status) == {"200", "503"}
+    assert by_status["200"] < 0.5, by_status

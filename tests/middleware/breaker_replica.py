@@ -1,14 +1,16 @@
 """Another replica: a process sharing a Redis breaker with the test process.
 
-    python -m tests.middleware.breaker_replica URL NAME FAIL_MAX
+    python -m tests.middleware.breaker_replica URL NAME FAIL_MAX [FAILURE_RATIO MINIMUM_CALLS]
 
-Builds a breaker (`fail_max` FAIL_MAX, reset_timeout=30) named NAME on URL around a
-`GatedClient`, whose clock stands still until told otherwise; prints ``ready``. Then it
-reads one command a line from stdin and answers each with one line:
+Builds a breaker (`fail_max` FAIL_MAX, reset_timeout=30, and the failure-ratio policy when
+given) named NAME on URL around a `GatedClient`, whose clock stands still until told
+otherwise; prints ``ready``. Then it reads one command a line from stdin and answers each
+with one line:
 
 * ``clock ISO`` sets the clock (ISO 8601): ``ok``;
-* ``burst N OUTCOME STREAMING`` starts N requests at once (OUTCOME ``ok`` or ``fail``:
-  how the admitted calls will end; STREAMING ``1`` or ``0``) and answers
+* ``burst N OUTCOME STREAMING`` starts N requests at once (OUTCOME ``ok``, ``fail``, or
+  ``mixK``: K of every ten calls fail; how the admitted calls will end; STREAMING ``1`` or
+  ``0``) and answers
   ``admitted A refused R`` once each has either reached the client (A) or failed with
   `CircuitOpenError` (R);
 * ``release`` lets the admitted calls end, waits for every request: ``served S``;
@@ -24,6 +26,7 @@ import logging
 import sys
 from collections.abc import AsyncGenerator
 from datetime import datetime
+from typing import Any
 
 from middleware.breaker import CircuitBreakerChatClient
 from pipeline import ChatResponse, ChatResponseUpdate, ChatRole
@@ -35,7 +38,8 @@ from pipeline.types import ChatMessage, ChatOptions, Messages, TextContent
 
 class GatedClient:
     """A client whose calls wait for `gate`, counting the calls that reached it; they then
-    answer, or fail with a transient error when `failing`."""
+    answer, or fail with a transient error when `failing` (or, with `fail_tenths` K, when
+    they are among the first K of each ten calls to arrive)."""
 
     def __init__(self) -> None:
         self.metadata = ChatClientMetadata(name="gated")
@@ -43,12 +47,19 @@ class GatedClient:
         self.calls = 0
         self.changed = asyncio.Event()
         self.failing = False
+        self.fail_tenths = 0
+
+    def expect(self, outcome: str) -> None:
+        """How the next calls end: ``ok``, ``fail`` or ``mixK``."""
+        self.failing = outcome == "fail"
+        self.fail_tenths = int(outcome[3:]) if outcome.startswith("mix") else 0
 
     async def _arrive(self) -> None:
+        index = self.calls
         self.calls += 1
         self.changed.set()
         await self.gate.wait()
-        if self.failing:
+        if self.failing or index % 10 < self.fail_tenths:
             raise TransientProviderError("gated failure")
 
     async def get_response(
@@ -122,7 +133,7 @@ class Clock:
 
 
 def replica(
-    url: str, name: str, clock: datetime | Clock, fail_max: int = 1
+    url: str, name: str, clock: datetime | Clock, fail_max: int = 1, **options: Any
 ) -> tuple[CircuitBreakerChatClient, GatedClient]:
     inner = GatedClient()
     now = clock if isinstance(clock, Clock) else Clock(clock)
@@ -136,16 +147,17 @@ def replica(
         redis=url,
         redis_timeout=5,
         now=now,
+        **options,
     )
     return client, inner
 
 
-async def main(url: str, name: str, fail_max: int) -> None:
+async def main(url: str, name: str, fail_max: int, options: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     warnings = WarningCounter()
     logging.getLogger("chat_pipeline.breaker").addHandler(warnings)
     clock = Clock(datetime.fromisoformat("2026-01-01T00:00:00+00:00"))
-    client, inner = replica(url, name, clock, fail_max)
+    client, inner = replica(url, name, clock, fail_max, **options)
     burst: Burst | None = None
 
     async def line() -> list[str]:
@@ -163,7 +175,7 @@ async def main(url: str, name: str, fail_max: int) -> None:
             clock.now = datetime.fromisoformat(command[1])
             say("ok")
         elif command[0] == "burst":
-            inner.failing = command[2] == "fail"
+            inner.expect(command[2])
             burst = Burst(client, inner, int(command[1]), command[3] == "1")
             admitted, refused = await burst.settled()
             say(f"admitted {admitted} refused {refused}")
@@ -178,5 +190,8 @@ async def main(url: str, name: str, fail_max: int) -> None:
 
 
 if __name__ == "__main__":
-    url, name, fail_max = sys.argv[1:]
-    asyncio.run(main(url, name, int(fail_max)))
+    url, name, fail_max, *ratio = sys.argv[1:]
+    policy: dict[str, Any] = {}
+    if ratio:
+        policy = {"failure_ratio": float(ratio[0]), "minimum_calls": int(ratio[1])}
+    asyncio.run(main(url, name, int(fail_max), policy))

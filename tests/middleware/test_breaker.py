@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,7 +14,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from middleware.breaker import STATE_CHANGE_EVENT, STATE_CHANGE_METRIC, CircuitBreakerChatClient
+from middleware.breaker import (
+    STATE_CHANGE_EVENT,
+    STATE_CHANGE_METRIC,
+    BreakerSettings,
+    CircuitBreakerChatClient,
+)
 from middleware.routing import OrderedFailoverChatClient, Route
 from pipeline import ChatPipeline
 from pipeline.errors import (
@@ -22,7 +28,15 @@ from pipeline.errors import (
     RequestInvalidError,
     TransientProviderError,
 )
-from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from pipeline.testing import (
+    ScriptedChatClient,
+    ScriptStep,
+    collect,
+    fail,
+    fail_after,
+    hang,
+    reply,
+)
 from tests.middleware.breaker_replica import Burst, Clock, replica
 from tests.middleware.remote_replica import remote
 from tests.otel import Otel
@@ -208,6 +222,7 @@ async def test_state_changes_are_span_events() -> None:
                 "chat_pipeline.circuit_breaker.name": "p",
                 "chat_pipeline.circuit_breaker.from": "closed",
                 "chat_pipeline.circuit_breaker.to": "open",
+                "chat_pipeline.circuit_breaker.reason": "fail_max",
             },
         )
     ]
@@ -220,6 +235,273 @@ def test_options_are_validated_where_written() -> None:
         ChatPipeline.builder().use_circuit_breaker(reset_timeout=0)
     with pytest.raises(TypeError, match="counts"):
         CircuitBreakerChatClient(ScriptedChatClient(), counts=3)  # type: ignore[arg-type]
+
+
+# -- ratio policies ------------------------------------------------------------------------
+
+
+def sleeping_on(now: FakeNow) -> Callable[[float], Awaitable[None]]:
+    """A `sleep` for `ScriptedChatClient` that moves the fake clock instead of waiting, so a
+    scripted delay is a call's duration as the breaker sees it."""
+
+    async def sleep(seconds: float) -> None:
+        now.advance(seconds)
+
+    return sleep
+
+
+def ratio_breaker(
+    steps: list[ScriptStep], now: FakeNow, **options: object
+) -> tuple[CircuitBreakerChatClient, ScriptedChatClient]:
+    inner = ScriptedChatClient(steps, name="p", repeat_last=False, sleep=sleeping_on(now))
+    options.setdefault("fail_max", 1000)  # the consecutive count never opens it here
+    return breaker(inner, now, name="p", **options), inner
+
+
+F = fail(TransientProviderError())
+OK = reply("ok")
+
+
+async def run(client: CircuitBreakerChatClient, calls: int, streaming: bool) -> list[str]:
+    """`calls` requests in a row; each one's error type, or its text."""
+    results = []
+    for _ in range(calls):
+        result = await collect(client, "hi", streaming=streaming)
+        results.append(type(result.error).__name__ if result.error else result.text)
+    return results
+
+
+async def test_failure_ratio_opens_at_minimum_calls_not_one_call_earlier(
+    streaming: bool,
+) -> None:
+    now = FakeNow()
+    # 5 failures in 9 calls (never 2 in a row): above the ratio, below minimum_calls.
+    steps = [F, OK, F, OK, F, OK, F, OK, F, OK]
+    client, inner = ratio_breaker(steps, now, failure_ratio=0.5, minimum_calls=10)
+    await run(client, 9, streaming)
+    assert client.state == "closed"
+    # The tenth call succeeds, and brings the window to minimum_calls at exactly the
+    # ratio (5 of 10): it opens the circuit.
+    assert await run(client, 1, streaming) == ["ok"]
+    assert client.state == "open"
+    assert await run(client, 1, streaming) == ["CircuitOpenError"]
+    assert inner.call_count == 10
+    assert client.changes == [("p", "closed", "open")]  # type: ignore[attr-defined]
+
+
+async def test_below_the_failure_ratio_the_circuit_stays_closed(streaming: bool) -> None:
+    now = FakeNow()
+    steps = [OK, OK, F, OK, F] * 10  # 2 failures in every 5 calls: never 0.45 or more
+    client, inner = ratio_breaker(steps, now, failure_ratio=0.5, minimum_calls=5)
+    results = await run(client, 50, streaming)
+    assert results.count("TransientProviderError") == 20 and results.count("ok") == 30
+    assert client.state == "closed" and inner.call_count == 50
+
+
+@pytest.mark.parametrize(("later", "opens"), [(9.5, True), (10.0, False)])
+async def test_the_window_slides(streaming: bool, later: float, opens: bool) -> None:
+    now = FakeNow()  # on a whole second: a bucket (of window / 10) starts now
+    client, inner = ratio_breaker([F] * 7, now, failure_ratio=0.5, minimum_calls=4, window=10)
+    await run(client, 3, streaming)
+    now.advance(later)
+    await run(client, 1, streaming)
+    # Still in the window, the three earlier failures make four: open. A window later,
+    # they have left it: one call, closed.
+    assert client.state == ("open" if opens else "closed")
+    if not opens:
+        now.advance(0.5)
+        await run(client, 2, streaming)
+        assert client.state == "closed"  # three calls in the window
+        await run(client, 1, streaming)
+        assert client.state == "open"  # the fourth
+        assert inner.call_count == 7
+
+
+def slow(seconds: float) -> ScriptStep:
+    return reply("slow", delay=seconds)
+
+
+async def test_slow_calls_open_the_circuit(streaming: bool) -> None:
+    now = FakeNow()
+    # Slow means slower than slow_call_duration: 2.0 s exactly is not.
+    steps = [OK, slow(2.0), slow(2.5), OK, slow(3.0), OK]
+    client, inner = ratio_breaker(
+        steps, now, slow_call_duration=2.0, slow_call_ratio=0.4, minimum_calls=5
+    )
+    # Every call succeeds; two of the first four are slow (below minimum_calls).
+    assert await run(client, 4, streaming) == ["ok", "slow", "slow", "ok"]
+    assert client.state == "closed"
+    # The fifth is slow too: 3 of 5 >= 0.4 (2 of 5 would have been enough).
+    assert await run(client, 1, streaming) == ["slow"]
+    assert client.state == "open"
+    assert await run(client, 1, streaming) == ["CircuitOpenError"]
+    assert inner.call_count == 5
+
+
+async def test_a_slow_failure_is_slow_and_failed(streaming: bool) -> None:
+    now = FakeNow()
+    slow_failure = fail(TransientProviderError(), delay=5)
+    client, _ = ratio_breaker(
+        [OK, slow_failure], now, slow_call_duration=1.0, slow_call_ratio=0.5, minimum_calls=2
+    )
+    await run(client, 2, streaming)
+    assert client.state == "open"  # 1 of 2 slow (and 1 of 2 failed: no failure_ratio set)
+
+
+async def test_a_stream_is_slow_to_start_not_slow_to_finish(streaming: bool) -> None:
+    now = FakeNow()
+    # First update at once, then 5 s to the second: get_response takes 5 s (slow); the
+    # stream's first update took no time (not slow).
+    long_to_finish = reply("ab", chunks=["a", "b"], chunk_delay=5)
+    client, _ = ratio_breaker(
+        [long_to_finish] * 3, now, slow_call_duration=1.0, slow_call_ratio=0.5, minimum_calls=3
+    )
+    assert await run(client, 3, streaming) == ["ab"] * 3
+    assert client.state == ("closed" if streaming else "open")
+    # Long to start is slow either way, and so is a stream that ends without an update.
+    for step in (reply("late", chunks=["la", "te"], delay=5), fail(RequestInvalidError(), delay=5)):
+        client, _ = ratio_breaker(
+            [step] * 3, now, slow_call_duration=1.0, slow_call_ratio=0.5, minimum_calls=3
+        )
+        await run(client, 3, streaming)
+        assert client.state == "open"
+
+
+async def test_request_errors_are_calls_that_did_not_fail(streaming: bool) -> None:
+    now = FakeNow()
+    invalid = fail(RequestInvalidError(status_code=400))
+    client, _ = ratio_breaker([invalid] * 10, now, failure_ratio=0.1, minimum_calls=2)
+    assert await run(client, 10, streaming) == ["RequestInvalidError"] * 10
+    assert client.state == "closed"
+    # They are calls: one failure among the ten is below 0.1 of eleven.
+    client, _ = ratio_breaker([*[invalid] * 10, F], now, failure_ratio=0.1, minimum_calls=2)
+    await run(client, 11, streaming)
+    assert client.state == "closed"
+
+
+async def test_cancelled_calls_are_not_calls(streaming: bool) -> None:
+    now = FakeNow()
+    client, inner = ratio_breaker([F, hang(), F], now, failure_ratio=0.5, minimum_calls=2)
+    await run(client, 1, streaming)
+    task = asyncio.create_task(collect(client, "hi", streaming=streaming))
+    await inner.wait_for_calls(2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Had the cancelled call counted as a success, 1 failure in 2 calls would have opened.
+    assert client.state == "closed"
+    await run(client, 1, streaming)
+    assert client.state == "open"
+
+
+async def test_abandoned_streams_are_not_calls() -> None:
+    now = FakeNow()
+    two = reply("ab", chunks=["a", "b"])
+    client, _ = ratio_breaker([F, two, F], now, failure_ratio=0.5, minimum_calls=2)
+    await run(client, 1, streaming=True)
+    stream = client.get_streaming_response("hi")
+    await anext(stream)
+    await stream.aclose()
+    assert client.state == "closed"
+    await run(client, 1, streaming=True)
+    assert client.state == "open"
+
+
+async def test_after_a_ratio_opening_the_probe_closes_and_the_window_starts_empty(
+    streaming: bool,
+) -> None:
+    now = FakeNow()
+    steps = [F, F, F, OK, F, OK, F]
+    client, inner = ratio_breaker(steps, now, failure_ratio=0.5, minimum_calls=3, reset_timeout=30)
+    await run(client, 3, streaming)
+    assert client.state == "open"
+    now.advance(29)
+    assert await run(client, 1, streaming) == ["CircuitOpenError"]
+    now.advance(2)
+    assert await run(client, 1, streaming) == ["ok"]  # the probe
+    assert client.state == "closed"
+    # The three failures from before are gone, and the probe is not in the new window:
+    # 2 failures in 3 calls only now reach minimum_calls.
+    await run(client, 2, streaming)
+    assert client.state == "closed"
+    await run(client, 1, streaming)
+    assert client.state == "open"
+    assert inner.call_count == 7
+    assert client.changes == [  # type: ignore[attr-defined]
+        ("p", "closed", "open"),
+        ("p", "open", "half-open"),
+        ("p", "half-open", "closed"),
+        ("p", "closed", "open"),
+    ]
+
+
+async def test_a_failed_or_slow_probe_opens_again(streaming: bool) -> None:
+    now = FakeNow()
+    steps = [slow(5), slow(5), F, slow(5), OK]
+    client, inner = ratio_breaker(
+        steps, now, slow_call_duration=1.0, minimum_calls=2, reset_timeout=30
+    )
+    await run(client, 2, streaming)
+    assert client.state == "open"
+    now.advance(31)
+    await run(client, 1, streaming)  # the probe fails
+    assert client.state == "open"
+    now.advance(31)
+    assert await run(client, 1, streaming) == ["slow"]  # succeeds, but slowly
+    assert client.state == "open"
+    assert await run(client, 1, streaming) == ["CircuitOpenError"]
+    now.advance(31)
+    assert await run(client, 1, streaming) == ["ok"]
+    assert client.state == "closed" and inner.call_count == 5
+
+
+async def test_the_opening_event_says_why(streaming: bool) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    now = FakeNow()
+    client, _ = ratio_breaker(
+        [F, OK, slow(3), slow(3)], now, failure_ratio=0.5, minimum_calls=2, reset_timeout=1,
+        slow_call_duration=1.0,
+    )  # fmt: skip
+    with provider.get_tracer("t").start_as_current_span("request"):
+        await run(client, 2, streaming)
+        now.advance(2)
+        await run(client, 1, streaming)  # a slow probe
+    (span,) = exporter.get_finished_spans()
+    opened = [
+        (e.attributes or {}).get("chat_pipeline.circuit_breaker.reason")
+        for e in span.events
+        if (e.attributes or {}).get("chat_pipeline.circuit_breaker.to") == "open"
+    ]
+    assert opened == ["failure_ratio", "probe"]
+
+
+def test_ratio_settings_are_validated() -> None:
+    use = ChatPipeline.builder().use_circuit_breaker
+    for name in ("failure_ratio", "slow_call_ratio"):
+        with pytest.raises(ValueError, match=f"{name} must be positive"):
+            use(**{name: 0, "slow_call_duration": 1.0})
+        with pytest.raises(ValueError, match=f"{name} must be at most 1"):
+            use(**{name: 1.5, "slow_call_duration": 1.0})
+    with pytest.raises(ValueError, match="window must be positive"):
+        use(failure_ratio=0.5, window=0)
+    with pytest.raises(ValueError, match="slow_call_duration must be positive"):
+        use(slow_call_duration=-1)
+    with pytest.raises(ValueError, match="minimum_calls must be at least 1"):
+        use(failure_ratio=0.5, minimum_calls=0)
+    with pytest.raises(TypeError, match="minimum_calls must be an integer"):
+        use(failure_ratio=0.5, minimum_calls=2.5)
+    # A slow-call ratio without what makes a call slow would do nothing: an error.
+    with pytest.raises(ValueError, match="slow_call_ratio: needs slow_call_duration"):
+        use(slow_call_ratio=0.2)
+    settings = BreakerSettings(slow_call_duration=2.0, slow_call_ratio=0.2)
+    with pytest.raises(ValueError, match="slow_call_ratio: needs slow_call_duration"):
+        settings.replace(slow_call_duration=None)
+    # Copies carry what was given, not the defaults: these are fine.
+    assert BreakerSettings.from_options(BreakerSettings(), {"fail_max": 3}).fail_max == 3
+    use(settings, fail_max=3)
+    assert settings.replace(failure_ratio=1.0).slow_call_ratio == 0.2
 
 
 SCRIPT = textwrap.dedent(
@@ -430,7 +712,7 @@ async def test_two_replicas_share_every_fact_with_1000_calls_in_flight_each(
         async def both(outcome: str) -> tuple[int, int, int]:
             """A burst in each replica at once; admitted, refused and served in total."""
             await other.send(f"burst {IN_FLIGHT} {outcome} {int(streaming)}")
-            inner.failing = outcome == "fail"
+            inner.expect(outcome)
             burst = Burst(client, inner, IN_FLIGHT, streaming)
             admitted, refused = await burst.settled()
             word, admitted_there, word2, refused_there = await other.read()
@@ -650,3 +932,135 @@ def test_a_synchronous_redis_client_is_refused() -> None:
         CircuitBreakerChatClient(ScriptedChatClient(), redis=redis.Redis())
     with pytest.raises(TypeError, match=r"redis must be a URL or a redis\.asyncio client"):
         CircuitBreakerChatClient(ScriptedChatClient(), redis=3)
+
+
+# -- ratio policies, shared through Redis ---------------------------------------------------
+
+
+async def test_replicas_share_one_window(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    name = f"window-{request.node.name}"
+    now = fake_now()
+    options: dict[str, object] = {
+        "failure_ratio": 0.5, "minimum_calls": 4, "window": 10, "fail_max": 1000,
+        "reset_timeout": 30, "name": name, "redis": redis_url,
+    }  # fmt: skip
+    failing = ScriptedChatClient(lambda m, o: fail(TransientProviderError()))
+    healthy = ScriptedChatClient(lambda m, o: reply("ok"))
+    a = breaker(failing, now, **options)
+    b = breaker(healthy, now, **options)
+    for each in (a, b, a):
+        await collect(each, "hi", streaming=streaming)
+    assert a.state == b.state == "closed"  # 3 calls in the shared window
+    # The fourth call, a success on the replica that never saw a failure, brings the
+    # shared window to minimum_calls with 2 of 4 failed: it opens, for both.
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    assert b.state == "open"
+    assert isinstance((await collect(a, "hi", streaming=streaming)).error, CircuitOpenError)
+    assert (failing.call_count, healthy.call_count) == (2, 2)
+    assert b.changes == [(name, "closed", "open")]  # type: ignore[attr-defined]
+    # The probe closes it, and the shared window starts empty.
+    now.advance(31)
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"
+    redis = redis_asyncio.Redis.from_url(redis_url)
+    assert await redis.exists(f"chat_pipeline:breaker:{{{name}}}:window") == 0
+    for _ in range(3):
+        await collect(a, "hi", streaming=streaming)
+    assert a.state == "closed"  # 3 failures: below minimum_calls
+    # A window later they are gone: three more failures are not enough either.
+    now.advance(10)
+    for _ in range(3):
+        await collect(a, "hi", streaming=streaming)
+    assert a.state == "closed"
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"  # 3 of 4 failed
+    assert b.state == "open"
+    assert isinstance((await collect(a, "hi", streaming=streaming)).error, CircuitOpenError)
+    await redis.aclose()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_two_replicas_open_one_window_together_with_1000_calls_in_flight_each(
+    redis_url: str,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    name = f"window-many-{request.node.name}"
+    # More calls than one replica makes: neither can open it alone.
+    minimum_calls = IN_FLIGHT * 3 // 2
+    fail_max = 10 * IN_FLIGHT  # the consecutive count stays out of it
+    keys = redis_asyncio.Redis.from_url(redis_url)
+    prefix = f"chat_pipeline:breaker:{{{name}}}"
+    policy = ("0.5", str(minimum_calls))
+    async with remote(
+        "tests.middleware.breaker_replica", redis_url, name, str(fail_max), *policy
+    ) as other:
+        assert await other.ask(f"clock {T0.isoformat()}") == ["ok"]
+        client, inner = replica(
+            redis_url, name, T0, fail_max, failure_ratio=0.5, minimum_calls=minimum_calls
+        )
+        # In each replica 1,000 calls in flight at once, 6 of every 10 failing.
+        await other.send(f"burst {IN_FLIGHT} mix6 {int(streaming)}")
+        inner.expect("mix6")
+        burst = Burst(client, inner, IN_FLIGHT, streaming)
+        admitted, refused = await burst.settled()
+        word, admitted_there, word2, refused_there = await other.read()
+        assert (word, word2) == ("admitted", "refused")
+        assert (admitted + int(admitted_there), refused + int(refused_there)) == (2000, 0)
+        await other.send("release")
+        served = await burst.finish()
+        word, served_there = await other.read()
+        assert served + int(served_there) == 2 * IN_FLIGHT * 4 // 10
+        # 2,000 calls, 1,200 failed: open in both (the next call of each fails fast).
+        inner.expect("ok")
+        burst = Burst(client, inner, 1, streaming)
+        assert await burst.settled() == (0, 1)
+        await burst.finish()
+        assert await other.ask(f"burst 1 ok {int(streaming)}") == [
+            "admitted", "0", "refused", "1"
+        ]  # fmt: skip
+        await other.ask("release")
+        state = await other.ask("state")
+    assert await keys.get(f"{prefix}:opened") is not None
+    assert client.state == "open" and state[1] == "open"
+    assert state[3] == "0" and breaker_warnings(caplog) == [], "Redis reported unavailable"
+    print(
+        f"\nbreaker window: 2 replicas x {IN_FLIGHT} calls in flight, 60% failing, "
+        f"minimum_calls {minimum_calls}: opened together"
+    )
+    await client.aclose()
+    await keys.aclose()
+
+
+async def test_a_paused_redis_leaves_the_window_to_local_state(
+    redis_server: RedisServer,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    request: pytest.FixtureRequest,
+) -> None:
+    now = fake_now()
+    inner = ScriptedChatClient([OK, F, OK, F, OK])
+    client = breaker(
+        inner, now, name=f"paused-window-{request.node.name}", redis=redis_server.url,
+        redis_timeout=0.2, redis_retry_interval=60, failure_ratio=0.5, minimum_calls=4,
+        fail_max=1000,
+    )  # fmt: skip
+    assert (await collect(client, "hi", streaming=streaming)).text == "ok"  # connected
+    redis_server.pause()
+    try:
+        # The first call waits out redis_timeout once; then Redis is skipped.
+        for _ in range(2):
+            await collect(client, "hi", streaming=streaming)
+        assert client.state == "closed"  # 3 calls
+        await collect(client, "hi", streaming=streaming)
+        assert client.state == "open"  # the fourth: 2 of 4 failed, counted here alone
+        result = await collect(client, "hi", streaming=streaming)
+        assert redis_server.paused
+    finally:
+        redis_server.resume()
+    assert isinstance(result.error, CircuitOpenError) and inner.call_count == 4
+    (warning,) = breaker_warnings(caplog)
+    assert "TimeoutError" in warning.getMessage()
+    await client.aclose()

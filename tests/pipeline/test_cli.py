@@ -70,6 +70,15 @@ def test_demo_to_a_traces_only_backend(
     assert len(phoenix_like.spans()) == 6
 
 
+def test_the_demo_says_what_the_backend_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # A traces-only backend answers 405 to metrics: never "spans and metrics exported".
+    with Receiver(reject_metrics=True) as phoenix_like:
+        assert main(["demo", "--otlp", phoenix_like.url]) == 0
+    (report,) = [line for line in capsys.readouterr().out.splitlines() if "exported" in line]
+    assert report.startswith(f"spans exported to {phoenix_like.url}; metrics (1 of 1 exports)")
+    assert f"refused by {phoenix_like.url}" in report
+
+
 def test_module_entry_point_runs_the_demo() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "demo"], capture_output=True, text=True, timeout=60

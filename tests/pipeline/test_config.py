@@ -10,6 +10,7 @@ import pytest
 from middleware.function_invocation import tool
 from middleware.retry import RetrySettings
 from pipeline import ChatOptions, ChatPipeline
+from pipeline._semconv import BREAKER_NAME, BREAKER_TO, STATE_CHANGE_METRIC
 from pipeline.config import (
     AffinityConfig,
     AnthropicRouteConfig,
@@ -21,11 +22,13 @@ from pipeline.config import (
     ScriptedRouteConfig,
     TieredRouterConfig,
     build_pipeline,
+    load_config,
     merge,
     parse_config,
 )
-from pipeline.errors import ConfigError
-from pipeline.testing import FakeOpenAIServer, collect
+from pipeline.errors import ConfigError, ProviderError
+from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+from tests.otel import Otel
 
 BASE = """
 [routes.small]
@@ -157,6 +160,33 @@ async def test_single_route_needs_no_router_and_real_http(
         await chat.aclose()
 
 
+async def test_the_breakers_of_config_built_routes_report_to_the_given_providers(
+    tmp_path: Path, otel: Otel
+) -> None:
+    async with FakeOpenAIServer() as server:
+        path = write(
+            tmp_path,
+            f"""
+            [routes.main]
+            provider = "openai"
+            model = "gpt-test"
+            base_url = "{server.base_url}"
+            breaker = {{ fail_max = 1 }}
+            """,
+        )
+        config = load_config(path)
+        for chat in (
+            config.build(**otel.providers),
+            config.build_route("main", **otel.providers).client,
+        ):
+            server.script(FakeResponse.error(503))
+            with pytest.raises(ProviderError):
+                await chat.get_response("hi")
+            await chat.aclose()
+    # Each breaker opened once, on the providers given, not the global ones.
+    assert otel.total(STATE_CHANGE_METRIC, **{BREAKER_NAME: "main", BREAKER_TO: "open"}) == 2
+
+
 async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None:
     @tool
     def noop() -> str:
@@ -198,6 +228,14 @@ async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None
             "routes.small.breaker.fail_max",
         ),
         (
+            ("reset_timeout = 10 }", "failure_ratio = 1.5 }"),
+            "routes.small.breaker.failure_ratio: expected at most 1.0, got 1.5",
+        ),
+        (
+            ("reset_timeout = 10 }", "slow_call_ratio = 0.2 }"),
+            "routes.small.breaker.slow_call_ratio: needs slow_call_duration",
+        ),
+        (
             ('order = ["small", "offline"]', 'order = ["small", "missing"]'),
             "router.order[1]: names no route: 'missing'",
         ),
@@ -218,6 +256,25 @@ def test_errors_name_the_key_path(tmp_path: Path, change: tuple[str, str], messa
     with pytest.raises(ConfigError) as caught:
         ChatPipeline.from_config(write(tmp_path, BASE.replace(old, new, 1)))
     assert message in str(caught.value)
+
+
+def test_a_route_breaker_takes_the_ratio_policies(tmp_path: Path) -> None:
+    text = BASE.replace(
+        "reset_timeout = 10 }",
+        "failure_ratio = 0.25, minimum_calls = 50, window = 60.0, slow_call_duration = 2.5, "
+        "slow_call_ratio = 0.4 }",
+    )
+    table = load_config(write(tmp_path, text)).routes["small"].breaker
+    assert table is not None
+    settings = table.breaker_settings("small")
+    assert (
+        settings.failure_ratio,
+        settings.minimum_calls,
+        settings.window,
+        settings.slow_call_duration,
+        settings.slow_call_ratio,
+    ) == (0.25, 50, 60.0, 2.5, 0.4)
+    ChatPipeline.from_config(write(tmp_path, text))  # builds
 
 
 def test_secrets_only_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -692,3 +749,70 @@ def test_loading_without_a_semantic_router_does_not_import_numpy() -> None:
     )
     # Only building a semantic router loads numpy.
     assert done.stdout.split() == ["False", "False", "False", "True"]
+
+
+# -- groups: routes that serve as one ---------------------------------------------------------
+
+GROUPS = """
+[routes.a]
+provider = "scripted"
+reply = "from a"
+max_input_tokens = 8000
+capabilities = ["tools", "json"]
+
+[routes.b]
+provider = "scripted"
+reply = "from b"
+max_input_tokens = 4000
+capabilities = ["tools"]
+
+[routes.large]
+provider = "scripted"
+reply = "from large"
+
+[groups.standard]
+routes = ["a", "b"]
+strategy = "round_robin"
+
+[router]
+kind = "tiered"
+default = "standard"
+fallback = { standard = ["large"] }
+"""
+
+
+async def test_a_tier_may_be_a_balanced_group(tmp_path: Path, streaming: bool) -> None:
+    config = load_config(write(tmp_path, GROUPS))
+    assert list(config.groups) == ["standard"] and config.route_names == ["a", "b", "large"]
+    chat = config.build()
+    assert "standard" in chat.describe()[0] and "large" in chat.describe()[0]
+    async with chat:
+        texts = [(await collect(chat, "hi", streaming=streaming)).text for _ in range(4)]
+    assert texts == ["from a", "from b", "from a", "from b"]
+
+
+async def test_a_group_has_its_members_smallest_window_and_shared_capabilities(
+    tmp_path: Path, streaming: bool
+) -> None:
+    chat = load_config(write(tmp_path, GROUPS)).build()
+    async with chat:
+        # ~5,000 input tokens: over b's 4,000, so over the group's window: the next tier.
+        long = "word " * 20_000
+        assert (await collect(chat, long, streaming=streaming)).text == "from large"
+
+
+def test_group_problems_are_reported_with_their_key_paths(tmp_path: Path) -> None:
+    text = (
+        GROUPS.replace('routes = ["a", "b"]', 'routes = ["a", "b", "zz", "a"]')
+        .replace('default = "standard"', 'default = "a"')
+        .replace('strategy = "round_robin"', 'strategy = "fastest"')
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    problems = dict(caught.value.problems)
+    assert problems["groups.standard.routes[2]"].startswith("names no route: 'zz'")
+    assert problems["groups.standard.routes[3]"] == "'a' is in group 'standard' already"
+    assert problems["router.default"] == "'a' serves in group 'standard': name the group"
+    assert "groups.standard.strategy" in problems
+    with pytest.raises(ConfigError, match=r"groups\.a: a route is named 'a' too"):
+        load_config(write(tmp_path, GROUPS.replace("[groups.standard]", "[groups.a]")))

@@ -18,8 +18,14 @@ from tests.otel import Otel
 ROOT = Path(pipeline.__file__).resolve().parents[1]
 # A name this project defines in OpenTelemetry's namespaces or its own.
 TELEMETRY_NAME = re.compile(r"(ai\.route|chat_pipeline|gen_ai|openinference)\.[a-z_.]+")
-# Strings of that shape that are no telemetry name: the tiered router's request hints.
-NOT_TELEMETRY = {"chat_pipeline.route", "chat_pipeline.kind"}
+# Strings of that shape that are no telemetry name: the tiered router's request hints and
+# the gateway's ASGI scope keys.
+NOT_TELEMETRY = {
+    "chat_pipeline.route",
+    "chat_pipeline.kind",
+    "chat_pipeline.exchange",
+    "chat_pipeline.read_timed_out",
+}
 
 
 def test_the_schema_url_is_that_of_the_installed_conventions() -> None:

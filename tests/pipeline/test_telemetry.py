@@ -133,6 +133,42 @@ def test_a_traces_only_backend_rejects_metrics_with_an_error_log(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR and "405" in r.getMessage()]
 
 
+def test_the_handle_tallies_what_each_backend_took(receiver: Receiver) -> None:
+    with Receiver(reject_metrics=True) as phoenix_like:
+        handle = configure("x", endpoint=phoenix_like.url, set_global=False)
+        _one_span_and_one_record(handle)
+        handle.shutdown()
+    assert (handle.spans.accepted, handle.spans.failed) == (1, 0)
+    assert handle.metrics.accepted == 0 and handle.metrics.failed >= 1
+    handle = configure("x", endpoint=receiver.url, set_global=False)
+    _one_span_and_one_record(handle)
+    handle.shutdown()
+    assert handle.spans.failed == handle.metrics.failed == 0
+    assert handle.spans.accepted >= 1 and handle.metrics.accepted >= 1
+
+
+def test_extra_metric_readers_get_a_meter_provider_without_an_exporter() -> None:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    handle = configure(
+        "x",
+        set_global=False,
+        traces=False,
+        metrics=False,
+        metric_readers=[reader],
+        resource_attributes={"service.instance.id": "worker-1"},
+    )
+    assert handle.tracer_provider is None and handle.meter_provider is not None
+    handle.meter_provider.get_meter("m").create_counter("c").add(1)
+    data = reader.get_metrics_data()
+    assert data is not None
+    (resource,) = data.resource_metrics
+    assert resource.resource.attributes["service.instance.id"] == "worker-1"
+    assert resource.resource.attributes["service.name"] == "x"
+    handle.shutdown()
+
+
 @pytest.mark.parametrize("how", ["argument", "environment"])
 def test_metrics_only(how: str, monkeypatch: pytest.MonkeyPatch, receiver: Receiver) -> None:
     if how == "environment":

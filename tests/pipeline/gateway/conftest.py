@@ -115,6 +115,13 @@ def config(
     return parse_config(data)
 
 
+def keyed(monkeypatch: pytest.MonkeyPatch, keys: str) -> dict[str, Any]:
+    """``[gateway]`` settings that require one of `keys` (comma-separated), which are put
+    in the environment variable they name."""
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", keys)
+    return {"api_keys_env": "GATEWAY_TEST_KEYS"}
+
+
 @pytest.fixture
 async def primary() -> AsyncIterator[FakeOpenAIServer]:
     async with FakeOpenAIServer() as server:

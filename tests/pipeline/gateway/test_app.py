@@ -18,10 +18,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
 
 from middleware.routing._telemetry import ROUTE_OUTCOME
-from pipeline.gateway.app import CLIENT_DISCONNECTED, SESSION_HEADER
+from pipeline._semconv import CLIENT_DISCONNECTED
+from pipeline.gateway.app import SESSION_HEADER
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
-from tests.pipeline.gateway.conftest import Running, config, running
+from tests.pipeline.gateway.conftest import Running, config, keyed, running
 
 pytestmark = pytest.mark.gateway
 
@@ -366,9 +367,11 @@ async def test_client_disconnect_cancels_the_request_and_upstream(
             "content_filter",
         ),
         (
+            # The provider refusing the gateway's credentials is no fault of the caller's
+            # key: a 502 the SDK does not retry, never the 401 of a wrong key.
             FakeResponse.error(401),
-            401,
-            openai.AuthenticationError,
+            502,
+            openai.InternalServerError,
             "upstream_authentication_failed",
         ),
         (FakeResponse.error(503), 503, openai.InternalServerError, "upstream_unavailable"),
@@ -400,6 +403,14 @@ async def test_provider_failures_become_their_http_status(
         assert raised.value.response.headers["retry-after"] == "7"
     if status == 503:
         assert raised.value.response.headers["retry-after"] == "1"
+    if status == 502:
+        assert raised.value.response.headers["x-should-retry"] == "false"
+        assert "your key for this gateway was accepted" in raised.value.message
+    if code == "context_length_exceeded":
+        # OpenAI's wording, the phrase LiteLLM (and others) recognise a context overflow by.
+        assert raised.value.body["message"].startswith("This model's maximum context length is")
+        assert raised.value.param == "messages"
+    assert raised.value.request_id == raised.value.response.headers["x-request-id"]
     assert primary.count() == 1
     await client.close()
 
@@ -708,7 +719,7 @@ async def test_no_prompt_response_tool_argument_or_key_in_logs_or_spans(
         await client.close()
         await bad.close()
     logged = [r.getMessage() for r in caplog.records] + [str(r.args) for r in caplog.records]
-    assert any("POST /v1/chat/completions -> 503" in line for line in logged)
+    assert any("POST /v1/chat/completions 503" in line for line in logged)
     assert not [line for line in logged if canary in line]
     assert not [text for text in otel.everything_exported() if canary in text]
 
@@ -779,12 +790,12 @@ async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    import pipeline.gateway.app as app_module
+    import pipeline.gateway._chat_completions as chat_completions
 
     def broken(*args: object, **kwargs: object) -> bytes:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(app_module, "completion", broken)
+    monkeypatch.setattr(chat_completions, "completion", broken)
     client = one_route.client()
     with pytest.raises(openai.InternalServerError) as raised:
         await ask(client, False)
@@ -803,14 +814,42 @@ async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
 async def test_a_clients_stray_cancelled_error_is_a_failure_not_a_cancellation(
     one_route: Running, streaming: bool
 ) -> None:
-    from pipeline.gateway.app import _Target
+    from pipeline.gateway.app import Target
     from pipeline.testing import ScriptedChatClient, fail, reply
 
     scripted = ScriptedChatClient([fail(asyncio.CancelledError()), reply("fine")])
-    one_route.gateway._targets["pipeline"] = _Target(scripted)
+    one_route.gateway.targets["pipeline"] = Target(scripted)
     client = one_route.client()
     with pytest.raises(openai.InternalServerError) as raised:
         await ask(client, streaming)
     assert (raised.value.status_code, raised.value.code) == (503, "upstream_error")
     assert (await ask(client, streaming)).text == "fine"  # the server serves on
     await client.close()
+
+
+async def test_a_model_is_found_by_its_id_slashes_included(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = config(
+        {"primary": primary},
+        gateway={
+            **keyed(monkeypatch, "key-1"),
+            "models": {"openai/gpt-4o-mini": "primary", "smart": "pipeline"},
+        },
+    )
+    async with running(cfg) as gateway:
+        client = gateway.client("key-1")
+        model = await client.models.retrieve("openai/gpt-4o-mini")
+        assert (model.id, model.object, model.owned_by) == (
+            "openai/gpt-4o-mini",
+            "model",
+            "chat-pipeline",
+        )
+        assert (await client.models.retrieve("smart")).id == "smart"
+        with pytest.raises(openai.NotFoundError) as raised:
+            await client.models.retrieve("openai/gpt-5")
+        assert raised.value.code == "model_not_found"
+        await client.close()
+        async with gateway.client("wrong") as wrong:
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.models.retrieve("smart")

@@ -155,3 +155,38 @@ def test_the_settings_need_neither_starlette_nor_uvicorn() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_connection_settings_and_their_bounds() -> None:
+    settings = load(
+        {
+            "header_timeout": 2.5,
+            "body_timeout": 60,
+            "keep_alive_timeout": 120,
+            "max_connections": 4096,
+            "prometheus_metrics": True,
+        }
+    ).gateway
+    assert (settings.header_timeout, settings.body_timeout) == (2.5, 60)
+    assert (settings.keep_alive_timeout, settings.max_connections) == (120, 4096)
+    assert settings.prometheus_metrics is True
+    found = dict(problems({"header_timeout": 0, "keep_alive_timeout": 0.5, "max_connections": 0}))
+    assert set(found) == {
+        "gateway.header_timeout",
+        "gateway.keep_alive_timeout",
+        "gateway.max_connections",
+    }
+
+
+def test_idle_connections_are_kept_longer_than_the_sdks_pool_keeps_them() -> None:
+    # uvicorn's default keep-alive (5 s) equals the openai SDK's (httpx) pool expiry: a
+    # request sent on a connection idle just under 5 s could meet the server closing it.
+    import openai
+
+    from pipeline.gateway.server import uvicorn_options
+
+    client = openai.OpenAI(api_key="unused")
+    expiry = client._client._transport._pool._keepalive_expiry  # type: ignore[attr-defined]
+    client.close()
+    options = uvicorn_options(GatewaySettings())
+    assert options["timeout_keep_alive"] >= 2 * expiry

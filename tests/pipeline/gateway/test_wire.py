@@ -22,6 +22,7 @@ from pipeline.errors import (
     TransientProviderError,
     UnknownProviderError,
 )
+from pipeline.gateway._json import MAX_JSON_DEPTH, json_body, too_deep
 from pipeline.gateway.wire import (
     ChunkEncoder,
     WireError,
@@ -367,9 +368,10 @@ def test_finish_reasons(reason: str | None, called: bool, expected: str) -> None
         (ContextLengthExceededError(), 400, "invalid_request_error", "context_length_exceeded"),
         (ContentFilteredError(), 400, "invalid_request_error", "content_filter"),
         (
+            # The gateway's own credentials, refused upstream: never the caller's 401.
             AuthenticationError(status_code=403),
-            401,
-            "authentication_error",
+            502,
+            "server_error",
             "upstream_authentication_failed",
         ),
         (TransientProviderError(status_code=502), 503, "server_error", "upstream_unavailable"),
@@ -452,3 +454,71 @@ def test_any_json_is_a_request_or_a_400(payload: Any) -> None:
         assert refused.status == 400 and refused.code is not None
     else:
         assert request.messages and request.model
+
+
+# -- JSON bodies ---------------------------------------------------------------------------
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize(
+    ("body", "deep"),
+    [
+        (_nested(128), False),
+        (_nested(129), True),
+        (b'{"a": "' + b"[" * 1000 + b'"}', False),  # brackets in a string nest nothing
+        (b'{"a": "\\"[[[[", "b": ' + _nested(129) + b"}", True),  # escaped quotes
+        (b"[" + b"[]," * 5000 + b"[]]", False),  # many siblings, two levels
+        (b'{"a": ' * 130 + b"1" + b"}" * 130, True),
+    ],
+)
+def test_nesting_is_bounded_outside_strings(body: bytes, deep: bool) -> None:
+    assert too_deep(body, MAX_JSON_DEPTH) is deep
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('{"model": "m"}'.encode("utf-16"), "not valid JSON in UTF-8"),
+        ('{"model": "m"}'.encode("utf-32-le"), "not valid JSON"),  # valid UTF-8: NULs
+        ("\ufeff{}".encode(), "not valid JSON"),  # a byte order mark
+        (_nested(600), f"more than {MAX_JSON_DEPTH} levels deep"),
+        (b"{nope", "not valid JSON"),
+    ],
+)
+def test_json_bodies_are_utf8_and_bounded(body: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        json_body(body)
+    with pytest.raises(WireError) as raised:
+        parse_request(body)
+    assert (raised.value.status, raised.value.code) == (400, "invalid_json")
+
+
+def test_tool_call_arguments_are_bounded_like_the_body() -> None:
+    arguments = json.dumps(json.loads(_nested(200)))
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": arguments}}],
+            }
+        ],
+    }
+    with pytest.raises(WireError) as raised:
+        parse_request(json.dumps(body).encode())
+    assert raised.value.param == "messages[0].tool_calls[0].function.arguments"
+
+
+def test_a_context_overflow_speaks_openais_words() -> None:
+    from pipeline.errors import ContextLengthExceededError
+
+    mapped = error_for(ContextLengthExceededError(provider="openai", status_code=400), 1.0)
+    assert mapped.message.startswith("This model's maximum context length is ")
+    assert (mapped.status, mapped.code, mapped.param) == (
+        400,
+        "context_length_exceeded",
+        "messages",
+    )

@@ -1,0 +1,140 @@
+"""The request-body layer: an inbound format's endpoint takes a JSON body by POST, read
+whole and parsed by the format (a 400 naming what is wrong) before a slot is taken.
+
+* Another method is 405; a ``Content-Type`` other than JSON (``application/json`` or
+  ``application/*+json``, UTF-8: no other ``charset``) is 415, as OpenAI answers a form or
+  ``text/plain``; without a ``Content-Type`` the body is taken as JSON.
+* A body over ``max_body_bytes`` is 413, refused from ``Content-Length`` before it is read,
+  or as soon as it grows past the limit (the connection then reads the rest for nothing,
+  within ``body_timeout``, and closes: see `pipeline.gateway._protocol`).
+* The body is read whole before the layers beneath run, so the limits layer takes a slot
+  only for a request that has arrived. How long the body may take is the connection's
+  business (``body_timeout``, enforced by `pipeline.gateway._protocol`): when it runs
+  out, the connection answers 408 and ends, and this layer's read sees the client gone
+  with the scope marked `READ_TIMED_OUT`: the request ends as a 408 (for the span, the
+  metric and the log line), not as a client that left.
+"""
+
+from __future__ import annotations
+
+from pipeline.gateway._exchange import (
+    EXCHANGE,
+    ASGIApp,
+    Exchange,
+    Message,
+    Receive,
+    Scope,
+    Send,
+)
+from pipeline.gateway.wire import WireError
+
+__all__ = ["READ_TIMED_OUT", "BodyMiddleware"]
+
+READ_TIMED_OUT = "chat_pipeline.read_timed_out"
+"""Scope key the connection sets when the request's body did not arrive in time."""
+
+_METHOD = WireError(405, "use POST", code="method_not_allowed")
+_MEDIA_TYPE = WireError(
+    415,
+    "unsupported content type: this endpoint accepts only 'application/json' request "
+    "bodies, in UTF-8",
+    code="unsupported_content_type",
+)
+_TIMED_OUT = WireError(408, "the request body did not arrive in time", code="request_timeout")
+
+
+class BodyMiddleware:
+    """Reads and parses the request's body into its `Exchange` (`Exchange.request`), or
+    answers 400/405/408/413/415 (see the module docstring)."""
+
+    __slots__ = ("_limit", "app")
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self._limit = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange: Exchange = scope[EXCHANGE]
+        try:
+            if scope["method"] != "POST":
+                raise _METHOD
+            content_type = exchange.content_type
+            if (
+                content_type is not None
+                and content_type != b"application/json"
+                and not _is_json(content_type)
+            ):
+                raise _MEDIA_TYPE
+            limit = self._limit
+            length = exchange.content_length
+            if length is not None:
+                try:
+                    declared = int(length)
+                except ValueError:
+                    raise WireError(400, "invalid Content-Length", code="invalid_request") from None
+                if declared > limit:
+                    raise _too_large(limit)  # before reading any of it
+            message = await receive()
+            body: bytes | None
+            if not message.get("more_body", False) and message["type"] == "http.request":
+                body = message.get("body", b"")  # the whole body in one message: most
+                if len(body) > limit:
+                    raise _too_large(limit)
+            else:
+                body = await self._read(message, receive)
+            if body is None:
+                if READ_TIMED_OUT in scope:
+                    exchange.status = 408  # answered by the connection
+                    exchange.failure = _TIMED_OUT
+                else:
+                    exchange.disconnected = True  # the client left before its request
+                return
+            request = exchange.format.parse(body, session_id=exchange.session)
+        except WireError as error:
+            exchange.failure = error
+            await exchange.error(error)
+            return
+        exchange.request = request
+        exchange.model = request.model
+        await self.app(scope, receive, send)
+
+    async def _read(self, message: Message, receive: Receive) -> bytes | None:
+        """A body that did not come in one message, from its first (None when the client
+        left), refused as soon as it grows past the limit."""
+        limit = self._limit
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+            message = await receive()
+
+
+def _is_json(content_type: bytes) -> bool:
+    media, _, parameters = content_type.partition(b";")
+    media = media.strip().lower()
+    if media != b"application/json" and not (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    ):
+        return False
+    for parameter in parameters.split(b";"):
+        name, _, value = parameter.partition(b"=")
+        if name.strip().lower() == b"charset" and value.strip(b' "').lower() not in (
+            b"utf-8",
+            b"utf8",
+        ):
+            return False
+    return True
+
+
+def _too_large(limit: int) -> WireError:
+    return WireError(
+        413, f"the request body is larger than {limit} bytes", code="request_too_large"
+    )

@@ -1,0 +1,62 @@
+"""The OpenAI Chat Completions format: ``POST /v1/chat/completions``.
+
+The wire itself (parsing a body, writing answers, chunks and errors) is
+`pipeline.gateway.wire`; this module is what the gateway's shared layers need of it (see
+`pipeline.gateway._handler.InboundFormat`).
+"""
+
+from __future__ import annotations
+
+from pipeline.gateway._handler import StreamEncoder
+from pipeline.gateway.wire import (
+    ChatRequest,
+    ChunkEncoder,
+    WireError,
+    completion,
+    new_id,
+    parse_request,
+)
+from pipeline.types import ChatResponse
+
+__all__ = ["CHAT_COMPLETIONS", "ChatCompletions"]
+
+_SSE = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # Proxies (nginx) must pass each event on as it comes, not buffer the stream.
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class ChatCompletions:
+    """`InboundFormat` of the Chat Completions API."""
+
+    path = "/v1/chat/completions"
+    x_api_key = False
+    stream_headers = _SSE
+
+    # The wire's own functions where the signatures match: no call in between.
+    parse = staticmethod(parse_request)
+    new_response_id = staticmethod(new_id)
+    stream_error = staticmethod(ChunkEncoder.error)
+
+    def error_body(self, error: WireError) -> bytes:
+        return error.body()
+
+    def completion(
+        self, response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
+    ) -> bytes:
+        return completion(response, model=request.model, response_id=response_id, created=created)
+
+    def encoder(
+        self, request: ChatRequest, *, model: str, response_id: str, created: int
+    ) -> StreamEncoder:
+        return ChunkEncoder(
+            model=model,
+            response_id=response_id,
+            created=created,
+            include_usage=request.include_usage,
+        )
+
+
+CHAT_COMPLETIONS = ChatCompletions()

@@ -1,0 +1,225 @@
+"""One request through the gateway: its id, what its head says, and the response sent.
+
+Every layer of the gateway's stack (`pipeline.gateway.app`) works on the same `Exchange`,
+kept in the ASGI scope under `EXCHANGE`: the request id, the headers the layers need (read
+in one pass), the caller's key and limit, the body once read, and what happened (status,
+failure, the routing story for the server span). Responses go through it too, so each
+one carries ``x-request-id`` and the status is known to the telemetry layer without
+wrapping ``send``.
+
+Request ids: an incoming ``x-request-id`` of 1 to 256 printable ASCII characters is kept;
+anything else (absent, longer, unprintable) is replaced by a fresh id. Fresh ids are a
+random per-process prefix and a counter (unique across replicas in practice, and cheaper
+than a random number per request).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from pipeline._scope import RouteReport
+from pipeline.gateway.wire import NOT_RETRYABLE, ChatRequest, WireError
+
+if TYPE_CHECKING:
+    from pipeline.gateway._handler import InboundFormat
+
+__all__ = [
+    "EXCHANGE",
+    "ASGIApp",
+    "JSON",
+    "REQUEST_ID_HEADER",
+    "Exchange",
+    "Message",
+    "Receive",
+    "RequestIdMiddleware",
+    "Scope",
+    "Send",
+    "current_request_id",
+    "request_id_of",
+]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+EXCHANGE = "chat_pipeline.exchange"
+"""The ASGI scope key of a request's `Exchange`."""
+
+REQUEST_ID_HEADER = b"x-request-id"
+JSON = [(b"content-type", b"application/json")]
+
+_VALID_ID = re.compile(rb"[\x20-\x7e]{1,256}")
+_PREFIX = "req_" + os.urandom(6).hex()
+_counter = itertools.count(1)
+
+_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "chat_pipeline_gateway_request_id", default=None
+)
+current_request_id = _request_id.get
+"""The id of the gateway request being served in this context (for log lines), if any."""
+
+
+def request_id_of(value: bytes | None) -> str:
+    """The request's id: the caller's ``x-request-id`` when it is valid, else a fresh one."""
+    if value is not None and _VALID_ID.fullmatch(value):
+        return value.decode("ascii")
+    return f"{_PREFIX}{next(_counter):x}"
+
+
+class Exchange:
+    """One request and its response (see the module docstring).
+
+    The head fields are raw header values (``None`` when absent); `key` is the position of
+    the caller's API key (set by the auth layer, `NO_KEY` without keys); `request` is the
+    parsed body (set by the body layer); `status`, `failure` and `disconnected` say how the
+    request ended;
+    `report`, `route`, `model`, `response_model` and `response_id` are the routing story
+    the server span and the log line tell.
+    """
+
+    __slots__ = (
+        "authorization",
+        "carrier",
+        "content_length",
+        "content_type",
+        "disconnected",
+        "failure",
+        "format",
+        "key",
+        "model",
+        "report",
+        "request",
+        "request_id",
+        "response_id",
+        "response_model",
+        "route",
+        "scope",
+        "send",
+        "session",
+        "started",
+        "status",
+        "x_api_key",
+    )
+
+    def __init__(self, scope: Scope, send: Send, format: InboundFormat) -> None:
+        self.started = time.perf_counter()
+        self.scope = scope
+        self.send = send
+        self.format = format
+        request_id = authorization = x_api_key = length = content_type = session = None
+        carrier: dict[str, str] | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == REQUEST_ID_HEADER:
+                request_id = value
+            elif name == b"x-session-id":
+                session = value.decode("latin-1")
+            elif name == b"x-api-key":
+                x_api_key = value
+            elif name in (b"traceparent", b"tracestate", b"baggage"):
+                if carrier is None:
+                    carrier = {}
+                carrier[name.decode()] = value.decode("latin-1")
+        # Most requests bring no id: a fresh one without a call.
+        self.request_id = (
+            f"{_PREFIX}{next(_counter):x}" if request_id is None else request_id_of(request_id)
+        )
+        self.authorization: bytes | None = authorization
+        self.x_api_key: bytes | None = x_api_key
+        self.content_length: bytes | None = length
+        self.content_type: bytes | None = content_type
+        self.session: str | None = session
+        self.carrier = carrier
+        self.key: int | None = None
+        self.request: ChatRequest | None = None
+        self.status = 0
+        self.failure: BaseException | None = None
+        self.disconnected = False
+        self.report: RouteReport | None = None
+        self.route: str | None = None
+        self.model: str | None = None
+        self.response_model: str | None = None
+        self.response_id: str | None = None
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Send the status line and headers (with the request id)."""
+        self.status = status
+        headers = [*headers, (REQUEST_ID_HEADER, self.request_id.encode())]
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body_part(self, data: bytes, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def whole(
+        self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = JSON
+    ) -> None:
+        """A complete response with a body."""
+        self.status = status
+        headers = [
+            *headers,
+            (b"content-length", str(len(body)).encode()),
+            (REQUEST_ID_HEADER, self.request_id.encode()),
+        ]
+        send = self.send
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def error(self, error: WireError) -> None:
+        """An error response, in the inbound format's own error body."""
+        headers = [*JSON, *error.headers()]
+        if error.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        elif error.code in NOT_RETRYABLE:
+            headers.append((b"x-should-retry", b"false"))
+        await self.whole(error.status, self.format.error_body(error), headers)
+
+
+class RequestIdMiddleware:
+    """``x-request-id`` on every response of the endpoints the inbound formats do not
+    serve (models, health, readiness, metrics, unknown paths). The formats' own endpoints
+    answer through their `Exchange`, which adds it."""
+
+    __slots__ = ("app",)
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        value = None
+        for name, header in scope["headers"]:
+            if name == REQUEST_ID_HEADER:
+                value = header
+                break
+        header_value = request_id_of(value).encode()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", ())
+                message["headers"] = [*headers, (REQUEST_ID_HEADER, header_value)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def enter_request_id(request_id: str) -> contextvars.Token[str | None]:
+    """Make `request_id` the current request's (for log lines)."""
+    return _request_id.set(request_id)
+
+
+exit_request_id = _request_id.reset

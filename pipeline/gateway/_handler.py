@@ -1,0 +1,293 @@
+"""The innermost layer of an inbound format's endpoint: the pipeline call itself.
+
+An inbound format (`InboundFormat`: Chat Completions today, see
+`pipeline.gateway._chat_completions`) says how a body becomes a `ChatRequest` and how an
+answer, a stream and an error are written. `FormatHandler` runs one request of any format
+on the configured pipeline, with the promises every format shares:
+
+* a stream's status line is sent only once the pipeline produced its first update, so
+  whatever the router did before that (failover included) is invisible to the client, and
+  a failure before output is a real HTTP status;
+* a failure after output reached the client is the format's in-band error event, then the
+  end of the stream: never a silent truncation;
+* a client that disconnects cancels its request: the pipeline's attempt ends ``canceled``
+  (never failed over), the upstream stream is closed;
+* a request cancelled by the server (shutdown past ``drain_timeout``) ends with a 503, or
+  with an in-band error when its stream had started;
+* the routing story (served route, attempts, fallback, served model, response id) is left
+  on the `Exchange` for the server span and the log line.
+
+Authentication, the body, limits, request ids and telemetry are the layers around it
+(`pipeline.gateway.app` assembles them): a new format adds a module with its
+`InboundFormat` and is listed in `pipeline.gateway.app.FORMATS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pipeline import _scope
+from pipeline._scope import RouteReport
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
+from pipeline.types import ChatMessage, ChatResponse, ChatResponseUpdate
+
+if TYPE_CHECKING:
+    from pipeline.gateway.app import Gateway, Target
+
+__all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
+
+_logger = logging.getLogger("chat_pipeline.gateway")
+
+
+class StreamEncoder(Protocol):
+    """The events of one streamed answer in an inbound format."""
+
+    def update(self, update: ChatResponseUpdate) -> str:
+        """The events for one update ("" when it carries nothing to send)."""
+
+    def end(self) -> str:
+        """The events that end a complete stream."""
+
+
+class InboundFormat(Protocol):
+    """An API the gateway serves (a path, a request body, its answers and errors)."""
+
+    path: str
+    """The endpoint, e.g. ``/v1/chat/completions``."""
+    x_api_key: bool
+    """Whether the key may come in ``x-api-key`` (Anthropic clients) besides
+    ``Authorization: Bearer``."""
+    stream_headers: list[tuple[bytes, bytes]]
+    """The response headers of a stream."""
+
+    def parse(self, body: bytes, *, session_id: str | None) -> ChatRequest:
+        """The request a body describes; `WireError` (a 4xx) naming what is wrong."""
+
+    def error_body(self, error: WireError) -> bytes:
+        """The format's error body."""
+
+    def new_response_id(self) -> str:
+        """A fresh id for a response (the gateway's own: failover may change upstreams)."""
+
+    def completion(
+        self, response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
+    ) -> bytes:
+        """The body of a non-streaming answer."""
+
+    def encoder(
+        self, request: ChatRequest, *, model: str, response_id: str, created: int
+    ) -> StreamEncoder:
+        """The encoder of one streamed answer."""
+
+    def stream_error(self, error: WireError) -> str:
+        """The in-band error event that ends a stream which failed after output."""
+
+
+class _Disconnect:
+    """Watches the connection while a request runs: a client that goes away cancels the
+    task serving it (so the pipeline sees its caller cancelled, never a failure)."""
+
+    __slots__ = ("_watch", "disconnected", "done")
+
+    def __init__(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        self.disconnected = False
+        self.done = False  # set before the last write: the end of a response is no disconnect
+        self._watch = asyncio.ensure_future(self._run(receive, task))
+
+    async def _run(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.done:
+                    self.disconnected = True
+                    task.cancel()
+                return
+
+    def close(self) -> None:
+        self.done = True
+        self._watch.cancel()
+
+
+class FormatHandler:
+    """Runs the request of one inbound format on the pipeline (see the module docstring).
+
+    The layers outside it read and parsed the body (`Exchange.request`) and took the
+    caller's slot."""
+
+    __slots__ = ("format", "gateway")
+
+    def __init__(self, gateway: Gateway, format: InboundFormat) -> None:
+        self.gateway = gateway
+        self.format = format
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange: Exchange = scope[EXCHANGE]
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - ASGI servers run each request in a task
+            raise RuntimeError("the gateway serves requests from inside an asyncio task")
+        watch: _Disconnect | None = None
+        report = RouteReport()
+        exchange.report = report
+        token = _scope.enter_report(report)
+        request = exchange.request
+        if request is None:  # pragma: no cover - the body layer runs first
+            raise RuntimeError("the request's body was not read")
+        try:
+            target = self.gateway.targets.get(request.model)
+            if target is None:
+                raise WireError(
+                    404,
+                    "the model does not exist here; GET /v1/models lists the models",
+                    param="model",
+                    code="model_not_found",
+                )
+            exchange.route = target.route
+            watch = _Disconnect(receive, task)
+            if request.stream:
+                exchange.failure = await self._stream(exchange, request, target, watch)
+            else:
+                exchange.failure = await self._complete(exchange, request, target, watch)
+        except WireError as exc:
+            exchange.failure = exc
+            if exchange.status:
+                raise  # pragma: no cover - every WireError is raised before the response
+            await exchange.error(exc)
+        except asyncio.CancelledError as exc:
+            if task.cancelling() == 0:
+                # A client's stray CancelledError, not this request being cancelled: a
+                # failure of the pipeline like any other.
+                exchange.failure = exc
+                await self._unfinished(exchange, error_for(exc, self.gateway.settings.retry_after))
+                return
+            if watch is not None and watch.disconnected:
+                # The client went away: the pipeline saw its caller cancelled (its attempt
+                # ended `canceled`, the upstream stream closed). Nothing is left to answer.
+                exchange.disconnected = True
+                if task.uncancel() == 0:
+                    return
+                raise
+            # The server cancelled the request (shutdown past the drain timeout): say so.
+            if task.uncancel() != 0:
+                raise
+            error = WireError(
+                503,
+                "the gateway is shutting down; retry",
+                type="server_error",
+                code="shutting_down",
+                retry_after=self.gateway.settings.retry_after,
+            )
+            exchange.failure = error
+            await self._unfinished(exchange, error)
+        except Exception as exc:
+            # A bug of ours (the pipeline's failures were mapped where they happened).
+            exchange.failure = exc
+            _logger.error(
+                "%s %s failed: %s (request %s)",
+                exchange.scope["method"],
+                self.format.path,
+                type(exc).__name__,
+                exchange.request_id,
+                exc_info=exc,
+            )
+            await self._unfinished(
+                exchange, WireError(500, "internal error", type="server_error", code=None)
+            )
+        finally:
+            _scope.exit_report(token)
+            if watch is not None:
+                watch.close()
+
+    async def _unfinished(self, exchange: Exchange, error: WireError) -> None:
+        """End a response that could not complete: a status, or an in-band error."""
+        if not exchange.status:
+            await exchange.error(error)
+            return
+        await exchange.body_part(self.format.stream_error(error).encode(), False)
+
+    @staticmethod
+    def _messages(request: ChatRequest, target: Target) -> list[ChatMessage]:
+        if target.instructions is None:
+            return request.messages
+        from middleware.routing.context import with_instructions
+
+        return with_instructions(request.messages, target.instructions)
+
+    async def _complete(
+        self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
+    ) -> BaseException | None:
+        try:
+            response = await target.client.get_response(
+                self._messages(request, target), request.options
+            )
+        except Exception as exc:
+            error = error_for(exc, self.gateway.settings.retry_after)
+            watch.done = True
+            await exchange.error(error)
+            return exc
+        response_id = exchange.response_id = self.format.new_response_id()
+        exchange.response_model = response.model_id
+        body = self.format.completion(response, request, response_id=response_id, created=now())
+        watch.done = True
+        await exchange.whole(200, body)
+        return None
+
+    async def _stream(
+        self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
+    ) -> BaseException | None:
+        stream = target.client.get_streaming_response(
+            self._messages(request, target), request.options
+        )
+        send = exchange.send
+        try:
+            # The status line waits for the first update: until then the router may still
+            # fail over, and a failure is a real HTTP status.
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                first = None
+            except Exception as exc:
+                error = error_for(exc, self.gateway.settings.retry_after)
+                watch.done = True
+                await exchange.error(error)
+                return exc
+            model = first.model_id if first is not None else None
+            exchange.response_model = model
+            response_id = exchange.response_id = self.format.new_response_id()
+            encoder = self.format.encoder(
+                request, model=model or request.model, response_id=response_id, created=now()
+            )
+            await exchange.start(200, self.format.stream_headers)
+            if first is not None:
+                data = encoder.update(first)
+                if data:
+                    await send(
+                        {"type": "http.response.body", "body": data.encode(), "more_body": True}
+                    )
+                async for update in stream:
+                    data = encoder.update(update)
+                    if data:
+                        await send(
+                            {"type": "http.response.body", "body": data.encode(), "more_body": True}
+                        )
+            watch.done = True
+            await send(
+                {"type": "http.response.body", "body": encoder.end().encode(), "more_body": False}
+            )
+            return None
+        except Exception as exc:
+            # Output reached the client: the failure is told in-band, then the stream ends.
+            error = error_for(exc, self.gateway.settings.retry_after)
+            watch.done = True
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": self.format.stream_error(error).encode(),
+                    "more_body": False,
+                }
+            )
+            return exc
+        finally:
+            await stream.aclose()

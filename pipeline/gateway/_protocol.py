@@ -1,0 +1,321 @@
+"""The gateway's HTTP/1.1 connections: uvicorn's httptools protocol, with deadlines and a
+bound on connections.
+
+uvicorn (httptools) gives a connection no deadline until its first response: a client
+that opens connections and sends nothing, or trickles a request head or body a byte at a
+time, holds the connection (and, before this layer, a request slot) for ever. Here each
+connection of a worker has:
+
+* a head deadline (`ConnectionLimits.header_timeout`): from the connection's opening, or
+  from the first read of a request after an idle keep-alive period, to the end of the
+  request head. Past it: ``408`` (a connection that sent nothing is closed silently). A
+  head larger than `ConnectionLimits.max_head_bytes` is ``431``;
+* a body deadline (`ConnectionLimits.body_timeout`), armed only when a body did not
+  arrive with its head: past it, ``408``. The app sees its client gone (its read returns
+  ``http.disconnect``) and the scope marked `READ_TIMED_OUT`, so it logs a 408, not a
+  client that left (see `pipeline.gateway._body`);
+* keep-alive: an idle connection stays open ``timeout_keep_alive`` seconds (uvicorn's own
+  timer, set from ``[gateway] keep_alive_timeout``);
+* a response sent before its request's body was all read (a refusal: 401, 413, 429 ...)
+  ends the connection once the rest of the body arrived, read for nothing, or once the
+  body deadline passed;
+* a bound (`ConnectionLimits.max_connections`): a connection beyond it closes the
+  connection idle the longest (between requests, or opened and silent), as nginx reuses
+  its idle keep-alive connections; when none is idle, the new connection is answered
+  ``503`` with ``Retry-After`` (which the SDKs retry).
+
+An answer given here (408, 431, 503) carries an OpenAI error body, an ``x-request-id`` and
+``connection: close``; then the connection shuts its sending side and reads what the
+client still sends, for nothing, `LINGER` seconds at most, before it closes: closed at
+once, it would reset the connection under a client still sending, and the client could
+lose the answer. At most ``max_connections`` connections linger at once (each holds a
+file descriptor); past that, one is closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from pipeline.gateway._body import READ_TIMED_OUT
+from pipeline.gateway._exchange import EXCHANGE, REQUEST_ID_HEADER, request_id_of
+
+__all__ = ["LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
+
+LINGER = 2.0
+"""Seconds a connection that answered and ends reads what its client still sends."""
+
+_logger = logging.getLogger("chat_pipeline.gateway")
+_lingering = 0  # connections lingering in this process
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one worker allows its connections (see the module docstring)."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_connections: int = 1024
+    max_head_bytes: int = 64 * 1024
+    retry_after: float = 1.0
+
+
+def _answer(
+    status: int, reason: bytes, message: str, code: str, extra: bytes = b""
+) -> tuple[bytes, bytes]:
+    """A response that ends the connection, with an OpenAI error body: its head up to the
+    request id's value, and its body."""
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    body = json.dumps(
+        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    ).encode()
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+        b"connection: close\r\n%s%s: " % (status, reason, len(body), extra, REQUEST_ID_HEADER)
+    ), body
+
+
+_HEAD_LATE = _answer(
+    408, b"Request Timeout", "the request head did not arrive in time", "request_timeout"
+)
+_BODY_LATE = _answer(
+    408, b"Request Timeout", "the request body did not arrive in time", "request_timeout"
+)
+_HEAD_TOO_LARGE = _answer(
+    431,
+    b"Request Header Fields Too Large",
+    "the request head is too large",
+    "request_header_fields_too_large",
+)
+
+
+def _too_many(limits: ConnectionLimits) -> tuple[bytes, bytes]:
+    return _answer(
+        503,
+        b"Service Unavailable",
+        "the gateway has too many connections open; retry later",
+        "too_many_connections",
+        b"retry-after: %d\r\n" % max(1, math.ceil(limits.retry_after)),
+    )
+
+
+class GatewayProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the deadlines and the bound of the module
+    docstring. uvicorn makes one per connection (through `protocol_factory`)."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        limits: ConnectionLimits,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._limits = limits
+        self._deadline: asyncio.TimerHandle | None = None
+        self._in_head = False  # bytes of a request head arrived, the head is not complete
+        self._head_bytes = 0
+        self._in_body = False  # the head is complete, the body is not
+        self._answered_early = False  # the response went out before the body was all read
+        self._ended = False  # answered here: what comes in is read for nothing
+        self._lingers = False  # counted in `_lingering`
+        # When the connection became idle (opened, or its last response sent): the
+        # connection idle the longest is the one a new connection closes at the bound.
+        self._idle_since: float | None = None
+
+    # -- connections -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._limits.max_connections and not self._make_room():
+            self.connections.discard(self)  # it serves nothing: the bound counts the others
+            _warn_refusal(len(self.connections))
+            self._answer_and_end(*_too_many(self._limits))
+            return
+        self._idle_since = time.monotonic()
+        self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
+
+    def _make_room(self) -> bool:
+        """Close the connection idle the longest; False when none is idle."""
+        oldest: GatewayProtocol | None = None
+        since = math.inf
+        for connection in self.connections:
+            if (
+                connection is not self
+                and isinstance(connection, GatewayProtocol)
+                and connection._idle_since is not None
+                and connection._idle_since < since
+                and not connection.transport.is_closing()
+            ):
+                oldest, since = connection, connection._idle_since
+        if oldest is None:
+            return False
+        _logger.debug("closing the connection idle the longest to accept a new one")
+        oldest.transport.close()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        global _lingering
+        self._cancel_deadline()
+        self._idle_since = None
+        if self._lingers:
+            self._lingers = False
+            _lingering -= 1
+        super().connection_lost(exc)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _answer_and_end(self, head: bytes, body: bytes, request_id: str | None = None) -> None:
+        """Send an answer of this layer's, then end the connection (see the module
+        docstring: it lingers, reading for nothing, when it may)."""
+        global _lingering
+        transport = self.transport
+        if transport.is_closing():
+            return
+        self._ended = True
+        self._in_head = self._in_body = False
+        self._idle_since = None
+        self._cancel_deadline()
+        request_id = request_id or request_id_of(None)
+        transport.write(head + request_id.encode() + b"\r\n\r\n" + body)
+        if _lingering < self._limits.max_connections and transport.can_write_eof():
+            _lingering += 1
+            self._lingers = True
+            transport.write_eof()
+            self._deadline = self.loop.call_later(LINGER, self._abort)
+        else:
+            transport.close()
+
+    def _abort(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return  # read for nothing while the answer reaches the client
+        super().data_received(data)
+        # Deadlines are armed only for what this chunk left incomplete: a request whose
+        # head and body come in one read (most) arms none.
+        if self._in_head:
+            # Only chunks that left the head incomplete are counted: the chunk that
+            # completes it is at most one read.
+            self._head_bytes += len(data)
+            if self._head_bytes > self._limits.max_head_bytes:
+                self._answer_and_end(*_HEAD_TOO_LARGE)
+            elif self._deadline is None:  # a head begun after an idle keep-alive period
+                self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
+        elif self._in_body and self._deadline is None:
+            # The body did not come with its head: from now on it has a deadline.
+            self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
+
+    def eof_received(self) -> None:
+        if self._ended:
+            self._abort()  # the client is done sending: the linger is over
+        super().eof_received()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._idle_since = None
+        self._answered_early = False
+        self._in_head = True
+        self._head_bytes = 0
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._in_body = True
+        if self._deadline is not None:
+            self._cancel_deadline()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        if self._deadline is not None:
+            self._cancel_deadline()
+        super().on_message_complete()
+        if self._answered_early:
+            self.transport.close()  # the rest of the body came in: the client has read it all
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.transport.is_closing() or self._ended:
+            return
+        if self._in_body:
+            # Answered before its body was all read (a refusal): the rest is read for
+            # nothing (uvicorn drops it), then the connection ends, at the latest at the
+            # body deadline.
+            self._answered_early = True
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(self._limits.body_timeout, self._abort)
+            return
+        self._idle_since = time.monotonic()
+
+    # -- deadlines ---------------------------------------------------------------------------
+
+    def _head_late(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if not self._in_head:
+            # Opened and silent (the head of a request that began arrives with its bytes).
+            _logger.debug("closing a connection that sent no request in time")
+            self.transport.close()
+            return
+        _logger.debug("a request head did not arrive in time: 408")
+        self._answer_and_end(*_HEAD_LATE)
+
+    def _body_late(self) -> None:
+        self._deadline = None
+        cycle = self.cycle
+        if self.transport.is_closing() or not self._in_body or cycle is None:
+            return
+        if self._answered_early or cycle.response_started:
+            self._abort()  # answered already: the rest of the body is not waited for
+            return
+        _logger.debug("a request body did not arrive in time: 408")
+        # The app's read returns http.disconnect (its sends are dropped from now on), and
+        # the mark tells it why; the 408 is this layer's.
+        scope: Any = cycle.scope
+        scope[READ_TIMED_OUT] = True
+        cycle.disconnected = True
+        cycle.message_event.set()
+        exchange = scope.get(EXCHANGE)
+        self._answer_and_end(*_BODY_LATE, getattr(exchange, "request_id", None))
+
+
+def protocol_factory(limits: ConnectionLimits) -> Any:
+    """What uvicorn's ``http`` setting takes to make a `GatewayProtocol` per connection (a
+    picklable callable, so worker processes get it too)."""
+    return functools.partial(GatewayProtocol, limits=limits)
+
+
+_last_refusal_warning = -math.inf
+
+
+def _warn_refusal(open_connections: int) -> None:
+    global _last_refusal_warning
+    # One warning a minute at most: a flood would otherwise log a line per connection.
+    now = time.monotonic()
+    if now - _last_refusal_warning >= 60:
+        _last_refusal_warning = now
+        _logger.warning(
+            "%d connections open, none idle: new connections are answered 503",
+            open_connections,
+        )

@@ -1,0 +1,224 @@
+"""The telemetry layer of an inbound format's endpoint: the SERVER span, the HTTP duration
+histogram and the request's log line.
+
+* The span (``POST /v1/chat/completions``, HTTP semantic conventions) continues an incoming
+  ``traceparent``/``tracestate`` and is the parent of the pipeline's spans; without one it
+  is the trace's root. It carries the request id (``http.response.header.x-request-id``),
+  the model asked for, and, once the request ended, the routing story a trace list shows:
+  ``ai.route.name`` (the route that served, or the last one tried), ``ai.route.attempts``,
+  ``ai.route.fallback``, the served model as ``gen_ai.response.model``, the response id as
+  ``gen_ai.response.id``, and OpenInference's span kind (``CHAIN``: the request runs a chain
+  of attempts; the chat span beneath, when the telemetry layer is on, is the ``LLM`` one).
+* ``http.server.request.duration`` uses the duration buckets the GenAI conventions advise
+  (10 ms to 82 s), never the SDK's default ones (0, 5, 10 ... s), so an LLM request's p95
+  means something.
+* One log line per request (``chat_pipeline.gateway``): request id and response id,
+  status, duration, model, route, attempts, fallback, served model, the key's position,
+  and for a failure its class (never its message). A request refused or answered
+  (2xx-4xx) is INFO; a failure of the service (5xx, or a stream cut after output) is
+  WARNING; a client that left is INFO.
+* Nothing from the body, the answer or a key reaches the span, the metric or the line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.http_attributes import (
+    HTTP_REQUEST_METHOD,
+    HTTP_RESPONSE_STATUS_CODE,
+    HTTP_ROUTE,
+)
+from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL_VERSION
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
+from opentelemetry.semconv.attributes.url_attributes import URL_PATH, URL_SCHEME
+from opentelemetry.semconv.metrics.http_metrics import HTTP_SERVER_REQUEST_DURATION
+from opentelemetry.trace import SpanKind
+
+from pipeline._genai import ERROR_STATUS
+from pipeline._metrics import duration_histogram
+from pipeline._semconv import (
+    CLIENT_DISCONNECTED,
+    GATEWAY_MODEL,
+    GATEWAY_REQUEST_ID,
+    GATEWAY_SCOPE,
+    OPENINFERENCE_CHAIN,
+    OPENINFERENCE_SPAN_KIND,
+    ROUTE_ATTEMPTS,
+    ROUTE_FALLBACK,
+    ROUTE_NAME,
+    meter,
+    tracer,
+)
+from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway.wire import WireError
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["TelemetryMiddleware"]
+
+_NO_KEY = -1
+
+_logger = logging.getLogger("chat_pipeline.gateway")
+
+
+class TelemetryMiddleware:
+    """Traces, measures and logs each request of one inbound format's endpoint (see the
+    module docstring)."""
+
+    __slots__ = ("_bases", "_duration", "_route", "_tracer", "app")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        route: str,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        self.app = app
+        self._route = route
+        self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
+        self._duration = duration_histogram(
+            meter(GATEWAY_SCOPE, meter_provider),
+            HTTP_SERVER_REQUEST_DURATION,
+            "Duration of HTTP server requests.",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange: Exchange = scope[EXCHANGE]
+        method = scope["method"]
+        carrier = exchange.carrier
+        parent = propagate.extract(carrier) if carrier else None
+        span = self._tracer.start_span(
+            f"{method} {self._route}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=self._start_attributes(scope, method, exchange.request_id),
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)
+            self._finish(span, exchange, method)
+
+    def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
+        # What a connection's requests share is built once (a worker has few listeners).
+        server = scope.get("server")
+        if server is not None and type(server) is not tuple:
+            server = tuple(server)  # a list, from some servers: the cache key must hash
+        key = (method, scope.get("scheme"), scope.get("http_version"), server)
+        base = self._bases.get(key)
+        if base is None:
+            base = {
+                HTTP_REQUEST_METHOD: method,
+                HTTP_ROUTE: self._route,
+                URL_PATH: self._route,
+                URL_SCHEME: scope.get("scheme", "http"),
+                NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+                OPENINFERENCE_SPAN_KIND: OPENINFERENCE_CHAIN,
+            }
+            if server:
+                base[SERVER_ADDRESS] = server[0]
+                if server[1] is not None:
+                    base[SERVER_PORT] = server[1]
+            if len(self._bases) < 64:
+                self._bases[key] = base
+        attributes = dict(base)
+        attributes[GATEWAY_REQUEST_ID] = (request_id,)
+        return attributes
+
+    def _finish(self, span: trace.Span, exchange: Exchange, method: str) -> None:
+        status = exchange.status
+        failure = exchange.failure
+        duration = time.perf_counter() - exchange.started
+        attributes: dict[str, Any] = {HTTP_REQUEST_METHOD: method, HTTP_ROUTE: self._route}
+        if status:
+            attributes[HTTP_RESPONSE_STATUS_CODE] = status
+        error_type = None
+        if status >= 500 or (status == 200 and failure is not None):
+            error_type = type(failure).__name__ if failure is not None else str(status)
+        if error_type is not None:
+            attributes[ERROR_TYPE] = error_type
+        self._duration.record(duration, attributes)
+        route, attempts, fallback, served = _story(exchange)
+        if span.is_recording():
+            ending: dict[str, Any] = {}
+            if status:
+                ending[HTTP_RESPONSE_STATUS_CODE] = status
+            if exchange.model is not None:
+                ending[GATEWAY_MODEL] = exchange.model
+            if route is not None:
+                ending[ROUTE_NAME] = route
+                ending[ROUTE_ATTEMPTS] = attempts
+                ending[ROUTE_FALLBACK] = fallback
+            if served:
+                ending[gen_ai.GEN_AI_RESPONSE_MODEL] = served
+            if exchange.response_id is not None:
+                ending[gen_ai.GEN_AI_RESPONSE_ID] = exchange.response_id
+            if exchange.disconnected:
+                # The client's choice, never an error: the request was cancelled.
+                ending[CLIENT_DISCONNECTED] = True
+            if error_type is not None:
+                ending[ERROR_TYPE] = error_type
+                span.set_status(ERROR_STATUS)
+            span.set_attributes(ending)
+        span.end()
+        level = logging.INFO
+        if exchange.disconnected:
+            outcome = "client disconnected"
+        elif failure is not None:
+            # A failure of the service (5xx, or a stream cut after output) is a warning; a
+            # request refused for what it asked (4xx) is information.
+            if status >= 500 or status == 200:
+                level = logging.WARNING
+            code = failure.code if isinstance(failure, WireError) else None
+            outcome = type(failure).__name__ + (f" {code}" if code else "")
+        else:
+            outcome = "ok"
+        if _logger.isEnabledFor(level):
+            key = exchange.key
+            _logger.log(
+                level,
+                "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
+                "fallback=%s served_model=%s key=%s: %s",
+                method,
+                self._route,
+                status or "-",
+                duration * 1000,
+                exchange.request_id,
+                exchange.response_id or "-",
+                exchange.model or "-",
+                route or "-",
+                attempts if route is not None else "-",
+                str(fallback).lower() if route is not None else "-",
+                served or "-",
+                "-" if key is None or key == _NO_KEY else f"#{key}",
+                outcome,
+            )
+
+
+def _story(exchange: Exchange) -> tuple[str | None, int, bool, str | None]:
+    """(route, attempts, fallback, served model) of a request that reached the pipeline:
+    the router's report when a router ran (its last route: the one that served, or the
+    last one tried), else the route the model name serves. No model served a request that
+    failed before output."""
+    report = exchange.report
+    served = exchange.response_model
+    if report is not None and report.route_name is not None:
+        if not served and exchange.failure is None:  # an answer without a model named
+            served = getattr(report.metadata, "model_id", None)
+        return report.route_name, report.attempts, report.fallback, served
+    if exchange.route is not None and exchange.report is not None:
+        return exchange.route, 1, False, served
+    return None, 0, False, served

@@ -1,0 +1,170 @@
+"""A real ``chat-pipeline serve`` in front of fake upstreams, for the end-to-end suites.
+
+The upstreams (`FakeOpenAIServer`) and the clients (the official `openai` SDK) run on an
+event loop of their own in a thread, so the test's thread can block on the backends
+(Prometheus scraping, Phoenix ingesting) meanwhile. `GatewayRun.phase()` sends a scripted
+set of requests that makes every metric and the failover story move:
+
+* ``primary`` fails (503) behind a circuit breaker that opens on that first failure (a
+  state change); later requests find it open (``CircuitOpenError``), so every request
+  falls back to ``backup``;
+* ``backup`` answers `ANSWERED` requests (half streamed: time to first chunk) with token
+  usage and a price (cost), cuts one stream after its first chunk (a committed failure,
+  terminal), and fails one request before output: the last route, it can fall back
+  nowhere (a terminal failure that is no fallback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Awaitable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import openai
+
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.processes import UVICORN_PORT, ChildProcess, serve_argv
+
+T = TypeVar("T")
+
+ANSWERED = 4  # requests per phase the backup answers
+REQUESTS_PER_PHASE = ANSWERED + 2  # + a stream cut after output + a terminal failure
+ATTEMPTS_PER_PHASE = REQUESTS_PER_PHASE * 2  # each tries primary, then backup
+MESSAGES: list[Any] = [{"role": "user", "content": "question"}]
+
+
+class _Loop:
+    """An event loop in a thread: coroutines run on it from the test's thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Awaitable[T], timeout: float = 120) -> T:
+        async def wrapped() -> T:
+            return await coroutine
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+@dataclass
+class GatewayRun:
+    url: str
+    server: ChildProcess
+    primary: FakeOpenAIServer
+    backup: FakeOpenAIServer
+    _loop: _Loop
+
+    def phase(self) -> list[str]:
+        """One phase of the scripted requests (see the module docstring); the request ids
+        of the answered ones."""
+        return self._loop.run(self._phase())
+
+    async def _phase(self) -> list[str]:
+        self.primary.script(FakeResponse.error(503))  # the first phase's opens the breaker
+        self.backup.script(
+            *[FakeResponse(text="an answer", chunks=["an ", "answer"])] * ANSWERED,
+            FakeResponse(chunks=["partial ", "answer"], disconnect_after=2),
+            FakeResponse.error(503),
+        )
+        ids: list[str] = []
+        async with openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            for index in range(ANSWERED):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="pipeline", messages=MESSAGES, stream=index % 2 == 0
+                )
+                parsed = raw.parse()
+                if index % 2 == 0:
+                    text = "".join([c.choices[0].delta.content or "" async for c in parsed])  # type: ignore[union-attr]
+                else:
+                    text = parsed.choices[0].message.content or ""  # type: ignore[union-attr]
+                assert text == "an answer", text
+                ids.append(raw.headers["x-request-id"])
+            stream = await client.chat.completions.create(
+                model="pipeline", messages=MESSAGES, stream=True
+            )
+            received = ""
+            try:
+                async for chunk in stream:
+                    received += chunk.choices[0].delta.content or "" if chunk.choices else ""
+            except openai.APIError:
+                pass  # the cut after output, told in-band
+            else:
+                raise AssertionError("the cut stream ended without an error")
+            assert received == "partial ", received
+            try:
+                await client.chat.completions.create(model="pipeline", messages=MESSAGES)
+            except openai.InternalServerError:
+                pass  # every route failed before output
+            else:
+                raise AssertionError("the terminal failure answered")
+        return ids
+
+
+def _config(path: Path, primary: FakeOpenAIServer, backup: FakeOpenAIServer) -> Path:
+    path.write_text(
+        f"""
+[routes.primary]
+provider = "openai"
+model = "model-primary"
+base_url = "{primary.base_url}"
+breaker = {{ fail_max = 1, reset_timeout = 3600 }}
+
+[routes.backup]
+provider = "openai"
+model = "model-backup"
+base_url = "{backup.base_url}"
+price = {{ input_per_million = 0.5, output_per_million = 1.5 }}
+
+[router]
+kind = "ordered"
+order = ["primary", "backup"]
+
+[layers]
+telemetry = true
+"""
+    )
+    return path
+
+
+@contextlib.contextmanager
+def running_gateway(
+    workdir: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
+) -> Iterator[GatewayRun]:
+    """``chat-pipeline serve`` (with `args`) on port 0, in front of two fake upstreams,
+    until the block ends; ready once its startup is logged (it listens by then)."""
+    loop = _Loop()
+    primary, backup = FakeOpenAIServer(), FakeOpenAIServer()
+    try:
+        loop.run(primary.start())
+        loop.run(backup.start())
+        config = _config(workdir / "gateway.toml", primary, backup)
+        env = {**os.environ, **(env or {})}
+        # A group of its own: stopping it stops its workers too.
+        with ChildProcess(
+            "chat-pipeline serve", serve_argv(config, *args), env=env, own_group=True
+        ) as server:
+            port = server.wait_for_port(UVICORN_PORT, timeout)  # logged once bound
+            server.wait_for_line("Application startup complete", timeout)
+            yield GatewayRun(f"http://127.0.0.1:{port}", server, primary, backup, loop)
+    finally:
+        try:
+            loop.run(primary.stop())
+        finally:
+            try:
+                loop.run(backup.stop())
+            finally:
+                loop.close()

@@ -1,0 +1,192 @@
+"""The gateway's own telemetry: the server span tells the routing story, the HTTP duration
+histogram has buckets fit for LLM requests, and every request logs one line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
+
+from pipeline._metrics import DURATION_BUCKETS
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.otel import Otel
+from tests.pipeline.gateway.conftest import config, keyed, running
+
+pytestmark = pytest.mark.gateway
+
+MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+def server_span(otel: Otel) -> ReadableSpan:
+    (span,) = [s for s in otel.finished() if s.kind is SpanKind.SERVER]
+    return span
+
+
+async def ask(client: openai.AsyncOpenAI, streaming: bool, model: str = "pipeline") -> str:
+    if streaming:
+        stream = await client.chat.completions.create(model=model, messages=MESSAGES, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    response = await client.chat.completions.create(model=model, messages=MESSAGES)
+    return response.choices[0].message.content or ""
+
+
+@pytest.mark.parametrize("layer", [True, False], ids=["telemetry-layer", "no-telemetry-layer"])
+async def test_the_server_span_shows_the_served_model_and_the_fallback(
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    otel: Otel,
+    streaming: bool,
+    layer: bool,
+) -> None:
+    cfg = config({"primary": primary, "backup": backup}, layers={"telemetry": layer})
+    primary.script(FakeResponse.error(503))
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client()
+        raw = await client.chat.completions.with_raw_response.create(
+            model="pipeline", messages=MESSAGES, stream=streaming
+        )
+        parsed = raw.parse()
+        response_id = (
+            next(iter({c.id async for c in parsed})) if streaming else parsed.id  # type: ignore[union-attr]
+        )
+        await gateway.gateway.wait_idle()
+        await client.close()
+    span = server_span(otel)
+    assert span.parent is None  # no traceparent came: the gateway's span is the root
+    attributes = span.attributes or {}
+    assert attributes["ai.route.name"] == "backup"
+    assert attributes["ai.route.attempts"] == 2
+    assert attributes["ai.route.fallback"] is True
+    assert attributes["gen_ai.response.model"] == "model-backup"
+    assert attributes["gen_ai.response.id"] == response_id
+    assert attributes["openinference.span.kind"] == "CHAIN"
+    assert attributes["chat_pipeline.gateway.model"] == "pipeline"
+    assert attributes["http.response.header.x-request-id"] == (raw.headers["x-request-id"],)
+    assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_a_route_asked_for_by_name_is_its_own_story(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer, otel: Otel, streaming: bool
+) -> None:
+    cfg = config({"primary": primary, "backup": backup})
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client()
+        assert await ask(client, streaming, model="backup") == "Hello from the fake server."
+        await gateway.gateway.wait_idle()
+        await client.close()
+    attributes = server_span(otel).attributes or {}
+    assert (attributes["ai.route.name"], attributes["ai.route.attempts"]) == ("backup", 1)
+    assert attributes["ai.route.fallback"] is False
+    assert attributes["gen_ai.response.model"] == "model-backup"
+
+
+async def test_a_request_every_route_failed_names_the_last_route_tried(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer, otel: Otel, streaming: bool
+) -> None:
+    cfg = config({"primary": primary, "backup": backup}, layers={"telemetry": True})
+    primary.script(FakeResponse.error(503))
+    backup.script(FakeResponse.error(503))
+    async with running(cfg, **otel.providers) as gateway:
+        client = gateway.client()
+        with pytest.raises(openai.InternalServerError):
+            await ask(client, streaming)
+        await gateway.gateway.wait_idle()
+        await client.close()
+    span = server_span(otel)
+    attributes = span.attributes or {}
+    assert (attributes["ai.route.name"], attributes["ai.route.attempts"]) == ("backup", 2)
+    assert attributes["http.response.status_code"] == 503
+    assert attributes["error.type"] == "TransientProviderError"
+    assert "gen_ai.response.model" not in attributes
+    assert span.status.status_code is StatusCode.ERROR
+
+
+async def test_http_duration_uses_buckets_fit_for_llm_requests(
+    primary: FakeOpenAIServer, otel: Otel
+) -> None:
+    async with running(config({"primary": primary}), **otel.providers) as gateway:
+        client = gateway.client()
+        await ask(client, False)
+        await gateway.gateway.wait_idle()
+        await client.close()
+    data = otel.reader.get_metrics_data()
+    assert data is not None
+    (point,) = [
+        point
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "http.server.request.duration"
+        for point in metric.data.data_points
+    ]
+    bounds = list(point.explicit_bounds)  # type: ignore[union-attr]
+    # The SDK's default (0, 5, 10 ... 10000 s) put every request in one bucket.
+    assert bounds == list(DURATION_BUCKETS)
+    assert min(b for b in bounds if b > 0) <= 0.1 and max(bounds) >= 60
+
+
+async def test_every_request_logs_one_line_refusals_included(
+    primary: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
+    cfg = config(
+        {"primary": primary},
+        gateway={**keyed(monkeypatch, "key-1"), "max_concurrent_per_key": 1},
+    )
+    key = {"authorization": "Bearer key-1"}
+    body = {"model": "pipeline", "messages": MESSAGES}
+    async with running(cfg) as gateway, httpx.AsyncClient(base_url=gateway.url) as http:
+        caplog.clear()  # the startup lines
+        chat = "/v1/chat/completions"
+        answered = await http.post(chat, json=body, headers=key)
+        statuses = [
+            answered.status_code,
+            (await http.post(chat, json=body)).status_code,
+            (await http.post(chat, json={"model": "pipeline"}, headers=key)).status_code,
+        ]
+        primary.script(FakeResponse(hang=True))
+        busy = asyncio.create_task(http.post(chat, json=body, headers=key))
+        await primary.wait_for_requests(2)
+        refused = await http.post(chat, json=body, headers=key)
+        statuses.append(refused.status_code)
+        busy.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await busy
+        await gateway.gateway.wait_idle()
+    assert statuses == [200, 401, 400, 429]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records]
+    by_status = {
+        status: [text for level, text in lines if f" {status} " in text and level == logging.INFO]
+        for status in (200, 401, 400, 429)
+    }
+    assert all(len(found) == 1 for found in by_status.values()), lines
+    assert "key=#0" in by_status[200][0] and "route=primary" in by_status[200][0]
+    # The response's id beside the request's: either finds the line.
+    assert f"response_id={answered.json()['id']} " in by_status[200][0]
+    assert "WireError invalid_api_key" in by_status[401][0]
+    assert "WireError missing_required" in by_status[400][0]
+    assert f"request_id={refused.headers['x-request-id']}" in by_status[429][0]
+    assert all(" ms request_id=req_" in text for found in by_status.values() for text in found)
+    # The client that went away (the busy request) is a line too.
+    assert any("client disconnected" in text for _, text in lines)
+
+
+async def test_startup_says_what_is_served_and_warns_without_keys(
+    primary: FakeOpenAIServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
+    async with running(config({"primary": primary}), source="gateway.toml"):
+        pass
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records]
+    (started,) = [m for level, m in messages if level == logging.INFO and "serving" in m]
+    assert "gateway.toml" in started and "models pipeline, primary" in started
+    assert "no API keys" in started
+    assert any(level == logging.WARNING and "no API keys" in m for level, m in messages)

@@ -195,6 +195,31 @@ async def test_an_empty_answer_can_win(streaming: bool) -> None:
     nothing_left_running()
 
 
+async def test_over_http_the_losers_call_is_closed_and_the_winners_answer_arrives_once(
+    streaming: bool,
+) -> None:
+    # Real provider clients against fake servers: the hung deployment's HTTP call is closed
+    # once the hedge answered, and the caller gets the hedge's answer exactly once.
+    from pipeline.providers import OpenAIChatClient
+    from pipeline.testing import FakeOpenAIServer, FakeResponse
+
+    hung = FakeOpenAIServer(default=FakeResponse(hang=True))
+    fast = FakeOpenAIServer(default=FakeResponse(text="from b", chunks=["from ", "b"]))
+    async with hung, fast:
+        a = OpenAIChatClient("m", api_key="k", base_url=hung.base_url, name="a")
+        b = OpenAIChatClient("m", api_key="k", base_url=fast.base_url, name="b")
+        router = hedger(Route("a", a), Route("b", b))
+        result = await collect(router, "hi", streaming=streaming)
+        await hung.wait_for_disconnects(1)  # the loser's call was closed, not left hanging
+        await a.aclose()
+        await b.aclose()
+    assert result.error is None and result.text == "from b"
+    if streaming:
+        assert [u.text for u in result.updates if u.text] == ["from ", "b"]
+    assert (len(hung.requests), len(fast.requests)) == (1, 1)
+    assert router.updates == [("a", 1, "abandoned", False), ("b", 2, "completed", True)]
+
+
 async def test_a_loser_that_would_answer_after_the_winner_is_never_seen() -> None:
     late = Gate()
     a = scripted("a", reply("a1", delay=1.0), late)

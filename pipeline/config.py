@@ -333,8 +333,9 @@ class HealthConfig(HealthSettings):
             raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
         return self
 
-    def route_health(self) -> RouteHealth:
-        """A `RouteHealth` as this table describes (one per built router)."""
+    def route_health(self, meter_provider: Any = None) -> RouteHealth:
+        """A `RouteHealth` as this table describes (one per built router), its metrics on
+        `meter_provider` (the pipeline's; ``None``: the global one)."""
         from middleware.routing import RedisHealthStore
 
         store = None
@@ -344,7 +345,9 @@ class HealthConfig(HealthSettings):
                 sync_interval=self.sync_interval,
                 timeout=self.timeout,
             )
-        return RouteHealth(_settings_of(HealthSettings, self), store=store)
+        return RouteHealth(
+            _settings_of(HealthSettings, self), store=store, meter_provider=meter_provider
+        )
 
 
 class _BalancedTable(BalancedSettings, _RouterTable):
@@ -366,7 +369,7 @@ class _BalancedTable(BalancedSettings, _RouterTable):
             builder,
             chosen,
             affinity=self.affinity.session_affinity() if self.affinity is not None else None,
-            health=health.route_health() if health is not None else None,
+            health=(health.route_health(builder.meter_provider) if health is not None else None),
         )
 
     @abc.abstractmethod
@@ -430,7 +433,11 @@ class GroupConfig(BalancedSettings):
             .use_balanced_failover(
                 list(members),
                 _settings_of(BalancedSettings, self),
-                health=self.health.route_health() if self.health is not None else None,
+                health=(
+                    self.health.route_health(providers.get("meter_provider"))
+                    if self.health is not None
+                    else None
+                ),
             )
             .build(name=name)
         )

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from opentelemetry.sdk.metrics.export import Histogram, Sum
 
-from tests.e2e.scripted import run_phase
+from tests.e2e.scripted import FleetRun, awaiting, run_phase
 from tests.otel import make_otel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +22,13 @@ DASHBOARD = json.loads(
     (ROOT / "examples/observability/grafana/dashboards/chat-pipeline.json").read_text()
 )
 QUERIES = [t["expr"] for p in DASHBOARD["panels"] for t in p["targets"]]
+# A query of a series no run here makes yet fails, strictly (see tests.e2e.scripted.AWAITING).
+QUERY_CASES = [
+    pytest.param(
+        q, marks=[pytest.mark.xfail(reason=why, strict=True)] if (why := awaiting(q)) else []
+    )
+    for q in QUERIES
+]
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
 
 # Component type names of otelcol-contrib 0.160 that this config may use, and the
@@ -139,10 +146,12 @@ def _gateway_request(providers: dict[str, Any]) -> None:
 
 @functools.cache
 def emitted() -> dict[str, tuple[str, set[str]]]:
-    """Prometheus name -> (kind, label names) of every metric a scripted failover run (and
-    a request through the gateway) emits."""
+    """Prometheus name -> (kind, label names) of every metric a scripted failover run, a
+    balanced fleet (and a request through the gateway) emit."""
     otel = make_otel()
     asyncio.run(run_phase(**otel.providers))
+    fleet = FleetRun(**otel.providers)  # its route health is read when the metrics are
+    asyncio.run(fleet.phase())
     _gateway_request(otel.providers)
     data = otel.reader.get_metrics_data()
     emitted: dict[str, tuple[str, set[str]]] = {}
@@ -165,9 +174,15 @@ def emitted() -> dict[str, tuple[str, set[str]]]:
     return emitted
 
 
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_KEYWORDS = {"and", "or", "unless", "bool", "offset"}
+
+
 def _series_names(query: str) -> set[str]:
-    """The metric names a PromQL query selects (identifiers before `{` or `[`)."""
-    return set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*[{\[]", query)) - {"by", "without"}
+    """The metric names a PromQL query selects: the identifiers left once label lists,
+    matchers, ranges and function calls are set aside (a bare ``name`` selects too)."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", _GROUPING.sub(" ", query))
+    return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", bare)) - _KEYWORDS
 
 
 def _family(series: str) -> str:
@@ -187,12 +202,16 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "ai_route_output_committed_failures_total",
         "ai_route_time_to_first_update_seconds",
         "ai_route_cost_total",
+        "ai_route_cooldowns_total",
+        "ai_route_health_latency_seconds",
+        "ai_route_health_in_flight",
+        "ai_route_health_failure_ratio",
         "chat_pipeline_circuit_breaker_state_changes_total",
         "http_server_request_duration_seconds",
     }
 
 
-@pytest.mark.parametrize("query", QUERIES)
+@pytest.mark.parametrize("query", QUERY_CASES)
 def test_every_query_selects_emitted_series_by_their_labels(query: str) -> None:
     names = _series_names(query)
     assert names, query

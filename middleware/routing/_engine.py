@@ -205,6 +205,19 @@ class RequestState:
     watch: Watch | None = None
     running: str | None = None  # the route of the attempt in progress
 
+    def room_for_another(self, needed: float) -> bool:
+        """Whether the limits leave room for an attempt after the one in progress (not in
+        ``context.attempts`` yet: it is number len + 1), with at least `needed` seconds."""
+        if self.limit is not None and len(self.context.attempts) + 1 >= self.limit:
+            return False
+        budget = self.budget
+        if budget is None:
+            return True
+        if budget.calls_left is not None and budget.calls_left <= 0:
+            return False
+        remaining = budget.remaining()
+        return remaining is None or remaining >= max(needed, 1e-9)
+
     def failover_possible(self, error: BaseException) -> bool:
         """Whether the attempt in progress, failing now with `error` before any output,
         could be followed by another (what the request scope answers the layers beneath).
@@ -214,15 +227,8 @@ class RequestState:
         if alternatives is None or running is None:
             return False
         context = self.context
-        if self.limit is not None and len(context.attempts) + 1 >= self.limit:
+        if not self.room_for_another(self.settings.min_attempt_budget):
             return False
-        budget = self.budget
-        if budget is not None:
-            if budget.calls_left is not None and budget.calls_left <= 0:
-                return False
-            remaining = budget.remaining()
-            if remaining is not None and remaining < max(self.settings.min_attempt_budget, 1e-9):
-                return False
         if self.may_fail_over is not None:
             decision = self.may_fail_over(context, error)
             if inspect.isawaitable(decision):
@@ -376,17 +382,9 @@ class AttemptEngine(abc.ABC):
         ):
             return True
         context = request.context
-        # The attempt being judged is not in context.attempts yet: it is number len + 1.
-        if request.limit is not None and len(context.attempts) + 1 >= request.limit:
+        needed = 0.0 if attempt.cut_for_backup else request.settings.min_attempt_budget
+        if not request.room_for_another(needed):
             return True
-        budget = request.budget
-        if budget is not None:
-            if budget.calls_left is not None and budget.calls_left <= 0:
-                return True
-            remaining = budget.remaining()
-            needed = 1e-9 if attempt.cut_for_backup else request.settings.min_attempt_budget
-            if remaining is not None and remaining < max(needed, 1e-9):
-                return True
         may_fail_over = request.may_fail_over
         if may_fail_over is None:
             return True

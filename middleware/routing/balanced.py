@@ -30,15 +30,15 @@ from __future__ import annotations
 import collections
 import itertools
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
 from opentelemetry.util.types import AttributeValue
 from pydantic import Field
 
 from middleware.routing._engine import AttemptState, AttemptWatch, FailoverSettings
-from middleware.routing.context import Route, RoutingContext, RoutingSelection, as_route
-from middleware.routing.failover import FailoverChatClient
+from middleware.routing.context import Route, RoutingContext, RoutingSelection
+from middleware.routing.failover import ListedRoutesFailover
 from middleware.routing.health import AttemptTicket, HealthStore, Judgement, RouteHealth
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline.client import ChatClient, circuit_open
@@ -92,7 +92,7 @@ _PREFERRED: Mapping[str, AttributeValue] = {ROUTE_SELECTION: "preferred"}
 _PROBE: Mapping[str, AttributeValue] = {ROUTE_SELECTION: "probe"}
 
 
-class BalancedFailoverChatClient(FailoverChatClient):
+class BalancedFailoverChatClient(ListedRoutesFailover):
     """Spreads each request's attempts over `routes` by route health (module docstring).
 
     `health` is a `RouteHealth` (yours: shared with other routers, left open), a
@@ -115,24 +115,9 @@ class BalancedFailoverChatClient(FailoverChatClient):
         random_source: random.Random | None = None,
         **options: Any,
     ) -> None:
-        if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
-            raise TypeError("routes must be a sequence of Route or ChatClient")
-        self.routes: tuple[Route, ...] = tuple(
-            as_route(item, f"routes[{index}]") for index, item in enumerate(routes)
-        )
-        if not self.routes:
-            raise ValueError("BalancedFailoverChatClient needs at least one route")
-        self._by_name: dict[str, Route] = {}
-        for route in self.routes:
-            if route.name in self._by_name:
-                raise ValueError(
-                    f"BalancedFailoverChatClient: two routes are named {route.name!r} "
-                    "(route health is kept by name)"
-                )
-            self._by_name[route.name] = route
         if settings is not None and not isinstance(settings, BalancedSettings):
             raise TypeError(f"settings must be BalancedSettings, not {type(settings).__name__}")
-        super().__init__(settings, **options)
+        super().__init__(routes, settings, unique_names=True, **options)
         if health is None or isinstance(health, HealthStore):
             self.health = RouteHealth(store=health, meter_provider=self._telemetry.meter_provider)
             self._owns_health = True
@@ -152,16 +137,6 @@ class BalancedFailoverChatClient(FailoverChatClient):
     @property
     def strategy(self) -> Strategy:
         return self.settings.strategy
-
-    def routes_by_name(self) -> Mapping[str, Route]:
-        return self._by_name
-
-    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
-        limit = settings.max_attempts_per_request
-        return len(self.routes) if limit is None else min(limit, len(self.routes))
-
-    def owned_clients(self) -> Iterable[ChatClient]:
-        return (route.client for route in self.routes)
 
     def describe_layer(self) -> str:
         names = ", ".join(route.name for route in self.routes)

@@ -159,10 +159,52 @@ class FailoverChatClient(RoutingChatClient):
         return self.routes_by_name()
 
 
+class ListedRoutesFailover(FailoverChatClient):
+    """A failover router over one list of routes (ordered, balanced): each listed route
+    checked once, at most one attempt per listed position, and the routes' clients owned.
+    With `unique_names`, two routes of one name are a configuration error (a router that
+    keeps state by name needs that)."""
+
+    def __init__(
+        self,
+        routes: Sequence[Route | ChatClient],
+        settings: FailoverSettings | None = None,
+        *,
+        unique_names: bool = False,
+        **options: Any,
+    ) -> None:
+        kind = type(self).__name__
+        if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
+            raise TypeError("routes must be a sequence of Route or ChatClient")
+        self.routes: tuple[Route, ...] = tuple(
+            as_route(item, f"routes[{index}]") for index, item in enumerate(routes)
+        )
+        if not self.routes:
+            raise ValueError(f"{kind} needs at least one route")
+        self._by_name: dict[str, Route] = {}
+        for route in self.routes:
+            if unique_names and route.name in self._by_name:
+                raise ValueError(
+                    f"{kind}: two routes are named {route.name!r} (route health is kept by name)"
+                )
+            self._by_name.setdefault(route.name, route)
+        super().__init__(settings, **options)
+
+    def routes_by_name(self) -> Mapping[str, Route]:
+        return self._by_name
+
+    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
+        limit = settings.max_attempts_per_request
+        return len(self.routes) if limit is None else min(limit, len(self.routes))
+
+    def owned_clients(self) -> Iterable[ChatClient]:
+        return (route.client for route in self.routes)
+
+
 _PLAN = "ordered.plan"
 
 
-class OrderedFailoverChatClient(FailoverChatClient):
+class OrderedFailoverChatClient(ListedRoutesFailover):
     """Tries `routes` in order until one succeeds or failover is no longer allowed.
 
     A client listed twice is tried once per position. When every allowed attempt failed,
@@ -170,24 +212,6 @@ class OrderedFailoverChatClient(FailoverChatClient):
     position is the number of attempts the request has made. `max_attempts_per_request`
     caps the attempts below the number of routes (``None``: every route once).
     """
-
-    def __init__(
-        self,
-        routes: Sequence[Route | ChatClient],
-        settings: FailoverSettings | None = None,
-        **options: Any,
-    ) -> None:
-        if isinstance(routes, str | bytes) or not isinstance(routes, Sequence):
-            raise TypeError("routes must be a sequence of Route or ChatClient")
-        self.routes: tuple[Route, ...] = tuple(
-            as_route(item, f"routes[{index}]") for index, item in enumerate(routes)
-        )
-        if not self.routes:
-            raise ValueError("OrderedFailoverChatClient needs at least one route")
-        self._by_name: dict[str, Route] = {}
-        for route in self.routes:
-            self._by_name.setdefault(route.name, route)
-        super().__init__(settings, **options)
 
     async def select_client(self, context: RoutingContext) -> SelectionResult:
         preferred = context.preferred_route
@@ -199,16 +223,6 @@ class OrderedFailoverChatClient(FailoverChatClient):
             first = next(r for r in self.routes if r.name == preferred)
             plan = context.state[_PLAN] = [first, *(r for r in self.routes if r is not first)]
         return plan[len(context.attempts)]
-
-    def routes_by_name(self) -> Mapping[str, Route]:
-        return self._by_name
-
-    def _attempt_limit(self, settings: FailoverSettings) -> int | None:
-        limit = settings.max_attempts_per_request
-        return len(self.routes) if limit is None else min(limit, len(self.routes))
-
-    def owned_clients(self) -> Iterable[ChatClient]:
-        return (route.client for route in self.routes)
 
     def describe_layer(self) -> str:
         return f"OrderedFailoverChatClient({', '.join(r.name for r in self.routes)})"

@@ -34,6 +34,7 @@ class ChatCompletions:
     path = "/v1/chat/completions"
     x_api_key = False
     stream_headers = _SSE
+    request_id_header: bytes | None = None
 
     # The wire's own functions where the signatures match: no call in between.
     parse = staticmethod(parse_request)

@@ -154,10 +154,17 @@ class Exchange:
         self.response_model: str | None = None
         self.response_id: str | None = None
 
+    def _id_headers(self) -> list[tuple[bytes, bytes]]:
+        request_id = self.request_id.encode()
+        extra = self.format.request_id_header
+        if extra is None:
+            return [(REQUEST_ID_HEADER, request_id)]
+        return [(REQUEST_ID_HEADER, request_id), (extra, request_id)]
+
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (with the request id)."""
         self.status = status
-        headers = [*headers, (REQUEST_ID_HEADER, self.request_id.encode())]
+        headers = [*headers, *self._id_headers()]
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body_part(self, data: bytes, more: bool = True) -> None:
@@ -171,7 +178,7 @@ class Exchange:
         headers = [
             *headers,
             (b"content-length", str(len(body)).encode()),
-            (REQUEST_ID_HEADER, self.request_id.encode()),
+            *self._id_headers(),
         ]
         send = self.send
         await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -1,9 +1,10 @@
 """The innermost layer of an inbound format's endpoint: the pipeline call itself.
 
-An inbound format (`InboundFormat`: Chat Completions today, see
-`pipeline.gateway._chat_completions`) says how a body becomes a `ChatRequest` and how an
-answer, a stream and an error are written. `FormatHandler` runs one request of any format
-on the configured pipeline, with the promises every format shares:
+An inbound format (`InboundFormat`: Chat Completions, `pipeline.gateway._chat_completions`;
+Anthropic Messages, `pipeline.gateway._anthropic_messages`) says how a body becomes a
+`ChatRequest` and how an answer, a stream and an error are written. `FormatHandler` runs
+one request of any format on the configured pipeline, with the promises every format
+shares:
 
 * a stream's status line is sent only once the pipeline produced its first update, so
   whatever the router did before that (failover included) is invisible to the client, and
@@ -62,6 +63,9 @@ class InboundFormat(Protocol):
     ``Authorization: Bearer``."""
     stream_headers: list[tuple[bytes, bytes]]
     """The response headers of a stream."""
+    request_id_header: bytes | None
+    """A header the format's clients read the request id from, sent besides
+    ``x-request-id`` (Anthropic's SDKs read ``request-id``); None for none."""
 
     def parse(self, body: bytes, *, session_id: str | None) -> ChatRequest:
         """The request a body describes; `WireError` (a 4xx) naming what is wrong."""

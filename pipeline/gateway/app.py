@@ -49,6 +49,7 @@ from starlette.routing import Route, request_response
 
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.gateway._anthropic_messages import MESSAGES
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
@@ -83,7 +84,7 @@ CHAT_ROUTE = CHAT_COMPLETIONS.path
 SESSION_HEADER = "x-session-id"
 """The request header carrying the session id (session affinity keeps its route)."""
 
-FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS,)
+FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, MESSAGES)
 """The inbound formats the gateway serves, each on its own path."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")

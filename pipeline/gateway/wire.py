@@ -61,6 +61,8 @@ __all__ = [
     "error_for",
     "finish_reason",
     "parse_request",
+    "request_object",
+    "unsupported_parameter",
 ]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -273,23 +275,33 @@ def _tool_mode(value: Any, names: frozenset[str]) -> str:
     return name  # a single tool the model must call, by name
 
 
-def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
-    """The request a Chat Completions body describes (see the module docstring)."""
+def request_object(body: bytes) -> dict[str, Any]:
+    """The JSON object a request body is, or a 400 ``invalid_json`` saying why not."""
     try:
         payload = json_body(body)
     except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
         raise WireError(400, str(exc), code="invalid_json") from None
     if not isinstance(payload, dict):
         raise WireError(400, "the request body must be a JSON object", code="invalid_json")
+    return payload
+
+
+def unsupported_parameter(param: str) -> WireError:
+    """The 400 of a request parameter this gateway does not know."""
+    return WireError(
+        400,
+        f"{param}: this parameter is not supported by this gateway",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
+    """The request a Chat Completions body describes (see the module docstring)."""
+    payload = request_object(body)
     unknown = [key for key in payload if key not in _ACCEPTED]
     if unknown:
-        first = sorted(unknown)[0]
-        raise WireError(
-            400,
-            f"{first}: this parameter is not supported by this gateway",
-            param=first,
-            code="unsupported_parameter",
-        )
+        raise unsupported_parameter(sorted(unknown)[0])
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "is required (a model name from /v1/models)", "missing_required")

@@ -38,8 +38,11 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "STOP_REASONS",
+    "TOOL_CHOICE_TYPES",
     "MessagesStreamReader",
     "build_request",
+    "message_blocks",
     "parse_response",
     "parse_usage",
 ]
@@ -73,12 +76,14 @@ def _tool_definition(tool: Any) -> dict[str, Any]:
     return dict(tool)  # already a Messages API tool (or a server tool)
 
 
+TOOL_CHOICE_TYPES: dict[str, str] = {"auto": "auto", "none": "none", "required": "any"}
+"""The ``tool_choice`` type of each `ChatOptions.tool_mode` that is not a tool's name (a
+name is ``{"type": "tool", "name": ...}``)."""
+
+
 def _tool_choice(mode: str) -> dict[str, Any]:
-    if mode in ("auto", "none"):
-        return {"type": mode}
-    if mode == "required":
-        return {"type": "any"}
-    return {"type": "tool", "name": mode}
+    kind = TOOL_CHOICE_TYPES.get(mode)
+    return {"type": kind} if kind is not None else {"type": "tool", "name": mode}
 
 
 def _data_block(content: DataContent) -> dict[str, Any]:
@@ -106,7 +111,8 @@ def _data_block(content: DataContent) -> dict[str, Any]:
     raise ValueError(f"DataContent of type {media_type!r} cannot be sent to Anthropic")
 
 
-def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
+def message_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    """A message's contents as content blocks (empty texts left out)."""
     blocks: list[dict[str, Any]] = []
     for content in message.contents:
         if type(content) is TextContent:
@@ -146,7 +152,7 @@ def _conversation(messages: Sequence[ChatMessage]) -> tuple[list[str], list[dict
                 system.append(message.text)
             continue
         role = "assistant" if message.role is ChatRole.ASSISTANT else "user"
-        blocks = _blocks(message)
+        blocks = message_blocks(message)
         if not blocks:
             continue
         if turns and turns[-1]["role"] == role:
@@ -218,6 +224,17 @@ def parse_usage(value: Any) -> UsageDetails | None:
         else None
     )
     return UsageDetails(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total)
+
+
+STOP_REASONS: dict[FinishReason, str] = {
+    FinishReason.STOP: "end_turn",
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.TOOL_CALLS: "tool_use",
+    FinishReason.CONTENT_FILTER: "refusal",
+}
+"""The stop reason each finish reason is (``stop_sequence`` and ``end_turn`` are both
+`FinishReason.STOP`, so a stop reason read through `FinishReason.of` comes back as
+``end_turn``)."""
 
 
 def _finish_reason(value: Any) -> str | None:

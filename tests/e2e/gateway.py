@@ -12,6 +12,11 @@ set of requests that makes every metric and the failover story move:
   usage and a price (cost), cuts one stream after its first chunk (a committed failure,
   terminal), and fails one request before output: the last route, it can fall back
   nowhere (a terminal failure that is no fallback).
+
+`running_fleet_gateway` serves a balanced router (``kind = "balanced"``) over a `FakeFleet`
+of three deployments instead: ``east`` answers after `FLEET_FAST`, ``west`` answers every
+call 429 with ``Retry-After`` and ``central`` after `FLEET_SLOW`, so the route health
+gauges and the cooldown counter of the gateway's ``/metrics`` move.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from typing import Any, TypeVar
 
 import openai
 
-from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline.testing import (
+    FakeDeployment,
+    FakeFleet,
+    FakeOpenAIServer,
+    FakeResponse,
+    Fault,
+    Latency,
+)
 from tests.processes import UVICORN_PORT, ChildProcess, serve_argv
 
 T = TypeVar("T")
@@ -141,25 +153,35 @@ telemetry = true
 
 
 @contextlib.contextmanager
+def _serving(
+    config: Path, args: tuple[str, ...], env: Mapping[str, str] | None, timeout: float
+) -> Iterator[tuple[str, ChildProcess]]:
+    """``chat-pipeline serve`` of `config` on port 0 until the block ends: its URL and
+    process; ready once its startup is logged (it listens by then)."""
+    env = {**os.environ, **(env or {})}
+    # A group of its own: stopping it stops its workers too.
+    with ChildProcess(
+        "chat-pipeline serve", serve_argv(config, *args), env=env, own_group=True
+    ) as server:
+        port = server.wait_for_port(UVICORN_PORT, timeout)  # logged once bound
+        server.wait_for_line("Application startup complete", timeout)
+        yield f"http://127.0.0.1:{port}", server
+
+
+@contextlib.contextmanager
 def running_gateway(
     workdir: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
 ) -> Iterator[GatewayRun]:
-    """``chat-pipeline serve`` (with `args`) on port 0, in front of two fake upstreams,
-    until the block ends; ready once its startup is logged (it listens by then)."""
+    """``chat-pipeline serve`` (with `args`) in front of two fake upstreams (the module
+    docstring), until the block ends."""
     loop = _Loop()
     primary, backup = FakeOpenAIServer(), FakeOpenAIServer()
     try:
         loop.run(primary.start())
         loop.run(backup.start())
         config = _config(workdir / "gateway.toml", primary, backup)
-        env = {**os.environ, **(env or {})}
-        # A group of its own: stopping it stops its workers too.
-        with ChildProcess(
-            "chat-pipeline serve", serve_argv(config, *args), env=env, own_group=True
-        ) as server:
-            port = server.wait_for_port(UVICORN_PORT, timeout)  # logged once bound
-            server.wait_for_line("Application startup complete", timeout)
-            yield GatewayRun(f"http://127.0.0.1:{port}", server, primary, backup, loop)
+        with _serving(config, args, env, timeout) as (url, server):
+            yield GatewayRun(url, server, primary, backup, loop)
     finally:
         try:
             loop.run(primary.stop())
@@ -168,3 +190,101 @@ def running_gateway(
                 loop.run(backup.stop())
             finally:
                 loop.close()
+
+
+# -- a balanced fleet --------------------------------------------------------------------------
+
+FLEET_FAST = 0.05  # east's time to first token, in seconds
+FLEET_SLOW = 0.5  # central's
+FLEET_RETRY_AFTER = 0.5  # west's every answer: 429 with Retry-After this many seconds
+# A phase goes on until west was tried in it; west fails, so after its cooldown it gets only
+# a probe now and then (every 2 to 5 s): each request takes at least FLEET_FAST, so this
+# bounds a phase at about 20 s.
+MAX_FLEET_REQUESTS = 400
+
+
+def _fleet() -> FakeFleet:
+    return FakeFleet(
+        [
+            FakeDeployment(name="east", time_to_first_token=Latency.fixed(FLEET_FAST), chunks=2),
+            FakeDeployment(
+                name="west", faults=(Fault.rate_limited(1.0, retry_after=FLEET_RETRY_AFTER),)
+            ),
+            FakeDeployment(name="central", time_to_first_token=Latency.fixed(FLEET_SLOW), chunks=2),
+        ]
+    )
+
+
+def _fleet_config(path: Path, fleet: FakeFleet) -> Path:
+    routes = "".join(
+        f"""
+[routes.{name}]
+provider = "openai"
+model = "model-{name}"
+base_url = "{url}"
+"""
+        for name, url in fleet.base_urls.items()
+    )
+    # Round robin: every route is tried whatever its estimates say.
+    path.write_text(
+        f"""{routes}
+[router]
+kind = "balanced"
+strategy = "round_robin"
+
+[layers]
+telemetry = true
+"""
+    )
+    return path
+
+
+@dataclass
+class FleetGatewayRun:
+    url: str
+    server: ChildProcess
+    fleet: FakeFleet
+    _loop: _Loop
+
+    @property
+    def attempts(self) -> int:
+        """The calls the fleet got over every phase so far: the gateway's attempts."""
+        return sum(counts.calls for counts in self.fleet.counts().values())
+
+    def phase(self) -> None:
+        """Requests until each route was tried in this phase (every request is answered)."""
+        self._loop.run(self._phase())
+
+    async def _phase(self) -> None:
+        before = now = self.fleet.counts()
+        async with openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            for _ in range(MAX_FLEET_REQUESTS):
+                answer = await client.chat.completions.create(model="pipeline", messages=MESSAGES)
+                assert answer.choices[0].message.content, answer
+                now = self.fleet.counts()
+                if all(now[name].calls > before[name].calls for name in now):
+                    return
+        raise AssertionError(f"a route got no call in {MAX_FLEET_REQUESTS} requests: {now}")
+
+
+@contextlib.contextmanager
+def running_fleet_gateway(
+    workdir: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
+) -> Iterator[FleetGatewayRun]:
+    """``chat-pipeline serve`` (with `args`) with a balanced router in front of a
+    `FakeFleet` (the module docstring), until the block ends."""
+    loop = _Loop()
+    fleet = _fleet()
+    try:
+        loop.run(fleet.open())
+        fleet.start()
+        config = _fleet_config(workdir / "fleet.toml", fleet)
+        with _serving(config, args, env, timeout) as (url, server):
+            yield FleetGatewayRun(url, server, fleet, loop)
+    finally:
+        try:
+            loop.run(fleet.close())
+        finally:
+            loop.close()

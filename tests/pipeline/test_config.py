@@ -10,7 +10,13 @@ import pytest
 from middleware.function_invocation import tool
 from middleware.retry import RetrySettings
 from pipeline import ChatOptions, ChatPipeline
-from pipeline._semconv import BREAKER_NAME, BREAKER_TO, STATE_CHANGE_METRIC
+from pipeline._semconv import (
+    BREAKER_NAME,
+    BREAKER_TO,
+    HEALTH_IN_FLIGHT_METRIC,
+    ROUTE_NAME,
+    STATE_CHANGE_METRIC,
+)
 from pipeline.config import (
     AffinityConfig,
     AnthropicRouteConfig,
@@ -816,6 +822,26 @@ def test_group_problems_are_reported_with_their_key_paths(tmp_path: Path) -> Non
     assert "groups.standard.strategy" in problems
     with pytest.raises(ConfigError, match=r"groups\.a: a route is named 'a' too"):
         load_config(write(tmp_path, GROUPS.replace("[groups.standard]", "[groups.a]")))
+
+
+@pytest.mark.parametrize("table", ["router", "groups.standard"])
+async def test_a_health_table_keeps_the_pipelines_meter_provider(
+    tmp_path: Path, otel: Otel, table: str, streaming: bool
+) -> None:
+    # A [router.health] or [groups.NAME.health] table builds its own RouteHealth: its
+    # gauges must reach the meter provider the pipeline was built with, not the global one.
+    text = GROUPS + f"\n[{table}.health]\nprobe_interval = 3.0\n"
+    if table == "router":
+        text = GROUPS.replace(
+            '[router]\nkind = "tiered"\ndefault = "standard"\nfallback = { standard = ["large"] }',
+            '[router]\nkind = "balanced"\nroutes = ["standard", "large"]\n'
+            "[router.health]\nprobe_interval = 3.0",
+        )
+    chat = load_config(write(tmp_path, text)).build(**otel.providers)
+    async with chat:
+        assert (await collect(chat, "hi", streaming=streaming)).error is None
+    routes = {attributes[ROUTE_NAME] for attributes, _ in otel.points(HEALTH_IN_FLIGHT_METRIC)}
+    assert routes & {"a", "b", "standard", "large"}
 
 
 @pytest.mark.parametrize(

@@ -600,13 +600,9 @@ class HedgingChatClient(BalancedFailoverChatClient):
         """Whether a hedge may start now (inside the request's limits, with a route to take
         it), taking a token from the budget if so."""
         request = race.request
-        budget = request.budget
-        if budget is not None:
-            if budget.calls_left is not None and budget.calls_left <= 0:
-                return False
-            remaining = budget.remaining()
-            if remaining is not None and remaining < max(request.settings.min_attempt_budget, 1e-9):
-                return False
+        # The count of attempts started is `_until_hedge`'s; the calls and time left, these.
+        if not request.room_for_another(request.settings.min_attempt_budget):
+            return False
         if not self._alternatives(request.context, race.running[-1].state.route_name):
             return False
         if self._tokens < 1.0:

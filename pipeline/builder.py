@@ -1,10 +1,10 @@
 """`ChatPipeline` and its fluent builder.
 
 The first ``use_*`` call is the outermost layer. A chain either ends in a router
-(``use_router``, ``use_failover``, ``use_ordered_failover``, ``use_semantic_routing``) and
-is built with ``build()``, or wraps a client given to ``build(inner)``. Every ``use_*``
-takes ``enabled``, so one code path serves every environment: a disabled layer is simply
-absent (see `ChatPipeline.describe`).
+(``use_router``, ``use_failover``, ``use_ordered_failover``, ``use_balanced_failover``,
+``use_hedging``, ``use_semantic_routing``) and is built with ``build()``, or wraps a client
+given to ``build(inner)``. Every ``use_*`` takes ``enabled``, so one code path serves every
+environment: a disabled layer is simply absent (see `ChatPipeline.describe`).
 
 Each ``use_*`` validates its arguments where it is written (the layer's settings class does
 the checking) and `build()` builds every layer afresh, routers included: two pipelines
@@ -47,9 +47,10 @@ if TYPE_CHECKING:
     from middleware.breaker import BreakerSettings
     from middleware.function_invocation import FunctionInvocationSettings
     from middleware.retry import RetrySettings
-    from middleware.routing.balanced import BalancedSettings
+    from middleware.routing.balanced import BalancedFailoverChatClient, BalancedSettings
     from middleware.routing.context import Route, RoutingContext, SelectionResult
     from middleware.routing.failover import FailoverChatClient, FailoverSettings
+    from middleware.routing.hedging import HedgingSettings
 
 __all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory", "SharedResources"]
 
@@ -496,11 +497,42 @@ class ChatPipelineBuilder:
         has a `RouteHealth` of its own unless one is given."""
         from middleware.routing.balanced import BalancedFailoverChatClient
 
+        return self._end_with_balanced(
+            BalancedFailoverChatClient, routes, settings, enabled, options
+        )
+
+    def use_hedging(
+        self,
+        routes: Sequence[Route | ChatClient],
+        settings: HedgingSettings | None = None,
+        *,
+        enabled: bool = True,
+        **options: Any,
+    ) -> Self:
+        """End the chain with a `HedgingChatClient` over `routes`: a balanced router that
+        starts the next route too when an attempt has no first update after `delay`
+        (seconds, or ``"p90"``: that percentile of the route's recent times to first
+        update), keeps the first to answer and cancels the others, with hedges under
+        `budget` (a fraction of requests); `options` are `HedgingSettings` fields,
+        ``health=``, ``affinity=`` and the router's keywords. Each built pipeline has a
+        hedge budget of its own, and a `RouteHealth` of its own unless one is given."""
+        from middleware.routing.hedging import HedgingChatClient
+
+        return self._end_with_balanced(HedgingChatClient, routes, settings, enabled, options)
+
+    def _end_with_balanced(
+        self,
+        router: type[BalancedFailoverChatClient],
+        routes: Sequence[Route | ChatClient],
+        settings: BalancedSettings | None,
+        enabled: bool,
+        options: dict[str, Any],
+    ) -> Self:
         leave_open = bool(options.pop("leave_open", False))
         options.update(self._providers(options))
 
         def make() -> BalancedFailoverChatClient:
-            return BalancedFailoverChatClient(routes, settings, leave_open=True, **options)
+            return router(routes, settings, leave_open=True, **options)
 
         first = make()  # validates routes and options where they were written
         shared = None if leave_open else SharedResources(first.owned_clients())

@@ -83,6 +83,7 @@ from middleware.routing.balanced import BalancedSettings
 from middleware.routing.context import Route, RouteFacts
 from middleware.routing.failover import FailoverSettings
 from middleware.routing.health import HealthSettings, RouteHealth
+from middleware.routing.hedging import HedgingSettings
 from pipeline._settings import Settings, collecting_problems, problems_of, suggest
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
@@ -115,6 +116,7 @@ __all__ = [
     "EmbeddingsConfig",
     "GroupConfig",
     "HealthConfig",
+    "HedgedRouterConfig",
     "LayersConfig",
     "OllamaRouteConfig",
     "OpenAIResponsesRouteConfig",
@@ -356,14 +358,12 @@ class HealthConfig(HealthSettings):
         )
 
 
-class BalancedRouterConfig(BalancedSettings, _RouterTable):
-    """``kind = "balanced"``: each attempt on a healthy route of `routes` (default: every
-    route) chosen by `strategy` (`BalancedFailoverChatClient`); `[router.health]` and
-    `[router.affinity]` as their tables say."""
+class _BalancedTable(BalancedSettings, _RouterTable):
+    """A router spreading requests over `routes` (default: every route) by route health:
+    `[router.health]` and `[router.affinity]` as their tables say."""
 
     route_references: ClassVar[Mapping[str, _Reference]] = {"routes": "names"}
 
-    kind: Literal["balanced"] = "balanced"
     routes: Annotated[list[Name], Field(min_length=1)] | None = None
     affinity: AffinityConfig | None = None
     health: HealthConfig | None = None
@@ -373,12 +373,46 @@ class BalancedRouterConfig(BalancedSettings, _RouterTable):
     ) -> None:
         chosen = [routes[name] for name in self.routes] if self.routes else list(routes.values())
         health = self.health
-        builder.use_balanced_failover(
+        self._end_chain(
+            builder,
             chosen,
-            _settings_of(BalancedSettings, self),
             affinity=self.affinity.session_affinity() if self.affinity is not None else None,
             health=(health.route_health(builder.meter_provider) if health is not None else None),
         )
+
+    @abc.abstractmethod
+    def _end_chain(
+        self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
+    ) -> None:
+        """End `builder`'s chain with this router over `routes` (`keywords`: its health
+        and affinity)."""
+
+
+class BalancedRouterConfig(_BalancedTable):
+    """``kind = "balanced"``: each attempt on a healthy route of `routes` (default: every
+    route) chosen by `strategy` (`BalancedFailoverChatClient`); `[router.health]` and
+    `[router.affinity]` as their tables say."""
+
+    kind: Literal["balanced"] = "balanced"
+
+    def _end_chain(
+        self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
+    ) -> None:
+        builder.use_balanced_failover(routes, _settings_of(BalancedSettings, self), **keywords)
+
+
+class HedgedRouterConfig(HedgingSettings, _BalancedTable):
+    """``kind = "hedged"``: a balanced router over `routes` (default: every route) that
+    also starts the next route when an attempt has no first update after `delay`
+    (`HedgingChatClient`, `HedgingSettings`); `[router.health]` and `[router.affinity]` as
+    for ``kind = "balanced"``."""
+
+    kind: Literal["hedged"] = "hedged"
+
+    def _end_chain(
+        self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
+    ) -> None:
+        builder.use_hedging(routes, _settings_of(HedgingSettings, self), **keywords)
 
 
 class GroupConfig(BalancedSettings):
@@ -491,7 +525,11 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
 
 
 RouterConfig: TypeAlias = Annotated[
-    OrderedRouterConfig | BalancedRouterConfig | TieredRouterConfig | SemanticRouterConfig,
+    OrderedRouterConfig
+    | BalancedRouterConfig
+    | HedgedRouterConfig
+    | TieredRouterConfig
+    | SemanticRouterConfig,
     Field(discriminator="kind"),
 ]
 """The ``[router]`` table: the class its `kind` names."""
@@ -802,7 +840,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
         router = problems.validate(_ROUTER, raw_router, "router")
         if router is not None and router.affinity is not None:
             _variable_set(problems, "router.affinity", router.affinity.redis_url_env)
-        if isinstance(router, BalancedRouterConfig) and router.health is not None:
+        if isinstance(router, _BalancedTable) and router.health is not None:
             _variable_set(problems, "router.health", router.health.redis_url_env)
         if isinstance(router, SemanticRouterConfig):
             secrets["router.embeddings"] = _secret(problems, router.embeddings, "router.embeddings")

@@ -1,10 +1,11 @@
 """Routers: choose a route per request, and fail over while it is still safe.
 
 `RoutingChatClient` calls one selected client per request; `FailoverChatClient` (with
-`OrderedFailoverChatClient`, `TieredRoutingChatClient`) may select again after a failure
-before output; `SemanticRoutingChatClient` picks a route by embedding similarity. Every
-router runs on one attempt engine: every attempt is reported as a `FailoverAttempt` and
-traced as a span.
+`OrderedFailoverChatClient`, `TieredRoutingChatClient`, `BalancedFailoverChatClient`) may
+select again after a failure before output; `HedgingChatClient` also starts the next route
+beside an attempt slow to answer; `SemanticRoutingChatClient` picks a route by embedding
+similarity. Every router runs on one attempt engine: every attempt is reported as a
+`FailoverAttempt` and traced as a span.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from middleware.routing.failover import (
     OrderedFailoverChatClient,
 )
 from middleware.routing.health import HealthSettings, HealthStore, RouteHealth, RouteStats
+from middleware.routing.hedging import HedgingChatClient, HedgingSettings
 from middleware.routing.router import RoutingChatClient
 from middleware.routing.tiered import TieredRoutingChatClient
 
@@ -54,6 +56,8 @@ __all__ = [
     "BalancedSettings",
     "HealthSettings",
     "HealthStore",
+    "HedgingChatClient",
+    "HedgingSettings",
     "RouteHealth",
     "RouteStats",
     "AffinitySettings",

@@ -256,6 +256,9 @@ class AttemptState:
     cut_for_backup: bool = False  # the router cut it to keep time for a backup
     timeout: float | None = None  # the selection's own limit before the first update
     watch: AttemptWatch | None = None
+    # Its number within the request, by start: set by `_begin` unless the router set it (a
+    # router running attempts at once numbers them as they start, not as they end).
+    number: int = 0
 
 
 class AttemptEngine(abc.ABC):
@@ -398,9 +401,11 @@ class AttemptEngine(abc.ABC):
             raise RequestBudgetExceededError(
                 f"{self._router_name}: the request used every provider call it was allowed"
             )
+        if not attempt.number:
+            attempt.number = len(request.context.attempts) + 1
         span = self._telemetry.start(
             attempt.route_name,
-            len(request.context.attempts) + 1,
+            attempt.number,
             attempt.client,
             attempt.options.model_id,
         )
@@ -497,7 +502,7 @@ class AttemptEngine(abc.ABC):
         attempt: AttemptState,
         budget: _scope.RequestBudget | None,
         timeout: asyncio.Timeout | None,
-        movable: RequestState | None = None,
+        movable: _scope.FailoverCheck | None = None,
     ) -> _Tokens:
         """Make the attempt span, the request budget, the attempt's timeout and (before
         output, for a router that can move on) the failover check current while the route
@@ -544,7 +549,7 @@ class AttemptEngine(abc.ABC):
         record = FailoverAttempt(
             route_name=attempt.route_name,
             client=attempt.client,
-            number=len(context.attempts) + 1,
+            number=attempt.number,
             outcome=outcome,
             exception=exception,
             duration=duration,
@@ -578,6 +583,56 @@ class AttemptEngine(abc.ABC):
         if outcome == "completed" and affinity is not None and session is not None:
             return _in_turn(affinity.record(session, record.route_name, request.budget), reported)
         return reported
+
+    async def _caller_left(
+        self,
+        request: RequestState,
+        attempt: AttemptState,
+        stream: AsyncGenerator[ChatResponseUpdate, None],
+        elapsed: float,
+        time_to_first_update: float | None,
+    ) -> BaseException | None:
+        """The caller closed a stream it had updates of (or threw into it): close the
+        route's stream and report the attempt, terminal: ``canceled`` while the caller is
+        being cancelled, else ``abandoned``. Returns what closing raised (it replaces the
+        caller's exception)."""
+        clock = self._clock
+        mark = clock()
+        close_error = await close_stream(stream)
+        pending = self._finish(
+            request,
+            attempt,
+            outcome="canceled" if caller_cancelling() else "abandoned",
+            exception=close_error,
+            duration=elapsed + clock() - mark,
+            time_to_first_update=time_to_first_update,
+            terminal=True,
+        )
+        if pending is not None:
+            await pending
+        return close_error
+
+    async def _close_route_stream(
+        self,
+        attempt: AttemptState,
+        stream: AsyncGenerator[ChatResponseUpdate, None],
+        error: BaseException | None,
+    ) -> tuple[BaseException | None, float]:
+        """Close a route's stream that ran out, or failed with `error`: returns the error the
+        attempt ends with (what closing raised, or `error` with a note when closing failed
+        too) and the seconds closing took."""
+        clock = self._clock
+        mark = clock()
+        close_error = await close_stream(stream)
+        closing = clock() - mark
+        if error is None:
+            return close_error, closing
+        if close_error is not None:
+            error.add_note(
+                f"closing the stream of route {attempt.route_name!r} also failed: "
+                f"{type(close_error).__name__}"
+            )
+        return error, closing
 
     async def _failed(
         self,
@@ -776,33 +831,14 @@ class AttemptEngine(abc.ABC):
                         yield update
                     except BaseException:
                         # The caller closed the stream (GeneratorExit) or threw into it.
-                        mark = clock()
-                        close_error = await close_stream(stream)
-                        elapsed += clock() - mark
-                        pending = self._finish(
-                            request,
-                            attempt,
-                            outcome="canceled" if caller_cancelling() else "abandoned",
-                            exception=close_error,
-                            duration=elapsed,
-                            time_to_first_update=first_update,
-                            terminal=True,
+                        close_error = await self._caller_left(
+                            request, attempt, stream, elapsed, first_update
                         )
-                        if pending is not None:
-                            await pending
                         if close_error is not None:
                             raise close_error from None
                         raise
-                mark = clock()
-                close_error = await close_stream(stream)
-                elapsed += clock() - mark
-                if error is None:
-                    error = close_error
-                elif close_error is not None:
-                    error.add_note(
-                        f"closing the stream of route {attempt.route_name!r} also failed: "
-                        f"{type(close_error).__name__}"
-                    )
+                error, closing = await self._close_route_stream(attempt, stream, error)
+                elapsed += closing
             if error is not None:
                 await self._failed(
                     request,

@@ -36,7 +36,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from opentelemetry.util.types import AttributeValue
 from pydantic import Field
 
-from middleware.routing._engine import AttemptState, FailoverSettings
+from middleware.routing._engine import AttemptState, AttemptWatch, FailoverSettings
 from middleware.routing.context import Route, RoutingContext, RoutingSelection
 from middleware.routing.failover import ListedRoutesFailover
 from middleware.routing.health import AttemptTicket, HealthStore, Judgement, RouteHealth
@@ -151,7 +151,7 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
 
     # -- what the engine asks --------------------------------------------------------------
 
-    def _watch_attempt(self, attempt: AttemptState) -> _Watch:
+    def _watch_attempt(self, attempt: AttemptState) -> AttemptWatch:
         name = attempt.route_name
         usage = self._usage.get(name)
         if usage is not None:
@@ -161,7 +161,7 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
 
     def _alternatives(self, context: RoutingContext, running: str) -> bool:
         now = self.health._clock()
-        tried = {attempt.route_name for attempt in context.attempts}
+        tried = self._tried(context)
         tried.add(running)
         return any(route.name not in tried and self._available(route, now) for route in self.routes)
 
@@ -178,12 +178,17 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
             return False
         return route.tpm is None or usage.total_tokens < route.tpm
 
+    def _tried(self, context: RoutingContext) -> set[str]:
+        """The routes the request has taken already (a router that runs attempts at once
+        counts the running ones too): the next attempt goes elsewhere while it can."""
+        return {attempt.route_name for attempt in context.attempts}
+
     def select_client(self, context: RoutingContext) -> RoutingSelection:
         health = self.health
         now = health._clock()
         routes = self.routes
-        if context.attempts:
-            tried = {attempt.route_name for attempt in context.attempts}
+        tried = self._tried(context)
+        if tried:
             untried = [route for route in routes if route.name not in tried] or list(routes)
         else:
             untried = list(routes)
@@ -192,7 +197,7 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
         judgement = health.judge(route.name for route in routes)
         outliers = judgement.outliers
         healthy = [route for route in pool if route.name not in outliers] if outliers else pool
-        if not context.attempts:
+        if not tried:
             for route in pool:
                 if route.name in outliers and judgement.probe_due(health, route.name):
                     return RoutingSelection(

@@ -251,8 +251,9 @@ class AttemptTicket:
                     health._probe_answered(signals, now - self._start, now)
                 else:
                     health._observe_latency(signals, now - self._start, now, censored=False)
-            elif outcome == "failed_before_output":
-                # It waited this long and learnt nothing faster: the route is at least this slow.
+            elif outcome in ("failed_before_output", "abandoned"):
+                # It waited this long and learnt nothing faster (or lost a hedged race before
+                # its first update): the route is at least this slow.
                 health._observe_latency(signals, now - self._start, now, censored=True)
         if outcome in ("canceled", "abandoned"):
             return  # the caller's doing: nothing about the route

@@ -652,8 +652,8 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
                 "router": {"kind": "ordred", "order": ["a", "b"]},
             },
             {
-                "router.kind": "expected one of ['ordered', 'balanced', 'tiered', 'semantic'], got "
-                "'ordred'; did you mean 'ordered'?"
+                "router.kind": "expected one of ['ordered', 'balanced', 'hedged', 'tiered', "
+                "'semantic'], got 'ordred'; did you mean 'ordered'?"
             },
         ),
         (
@@ -891,3 +891,51 @@ async def test_a_health_table_keeps_the_pipelines_meter_provider(
         assert (await collect(chat, "hi", streaming=streaming)).error is None
     routes = {attributes[ROUTE_NAME] for attributes, _ in otel.points(HEALTH_IN_FLIGHT_METRIC)}
     assert routes & {"a", "b", "standard", "large"}
+
+
+@pytest.mark.parametrize(
+    ("router", "problems"),
+    [
+        (
+            {"dealy": "p90", "delay": True, "budget_burst": 0.5, "health": {"store": "redis"}},
+            {
+                "router.dealy": "unknown setting; did you mean 'delay'?",
+                "router.delay": "expected seconds (a positive number) or a percentile such as "
+                "'p90', got bool",
+                "router.budget_burst": "expected at least 1.0, got 0.5",
+                "router.health": "store = 'redis' needs redis_url_env (the URL's variable)",
+            },
+        ),
+        (
+            {"delay": "p0", "max_hedged_attempts": 1.5, "budget": -0.1},
+            {
+                "router.delay": "expected a percentile such as 'p90' or 'p99.9', or seconds",
+                "router.max_hedged_attempts": "expected an integer, got 1.5",
+                "router.budget": "expected at least 0.0, got -0.1",
+            },
+        ),
+        (
+            {"delay_window": 0, "min_delay_samples": 0, "fallback_delay": 0},
+            {
+                "router.delay_window": "expected at least 1, got 0",
+                "router.min_delay_samples": "expected at least 1, got 0",
+                "router.fallback_delay": "expected positive, got 0",
+            },
+        ),
+        (
+            {"health": {"store": "redis", "redis_url_env": "HEDGE_REDIS"}},
+            {"router.health.redis_url_env": "the environment variable HEDGE_REDIS is not set"},
+        ),
+    ],
+)
+def test_hedged_router_problems_name_their_key_paths(
+    monkeypatch: pytest.MonkeyPatch, router: dict[str, Any], problems: dict[str, str]
+) -> None:
+    monkeypatch.delenv("HEDGE_REDIS", raising=False)
+    data = {
+        "routes": {"a": {"provider": "scripted"}, "b": {"provider": "scripted"}},
+        "router": {"kind": "hedged", **router},
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert dict(caught.value.problems) == problems

@@ -74,15 +74,20 @@ def gateway_only(query: str) -> bool:
     return "http_server_" in query
 
 
-def _marks(query: str) -> list[Any]:
-    why = scripted.awaiting(query)
+def _marks(source: str, query: str) -> list[Any]:
+    why = scripted.awaiting(query, source)
     return [pytest.mark.xfail(reason=why, strict=True)] if why else []
 
 
 def cases() -> list[Any]:
     return [
         pytest.param(
-            source, title, query, legend, id=f"{source}-{title[:40]}-{ref}", marks=_marks(query)
+            source,
+            title,
+            query,
+            legend,
+            id=f"{source}-{title[:40]}-{ref}",
+            marks=_marks(source, query),
         )
         for source in SOURCES
         for title, ref, query, legend in dashboard_targets()

@@ -6,6 +6,10 @@ stops. Endpoints:
 
 * ``POST /v1/chat/completions``: non-streaming and streaming (SSE) answers, tools, usage
   (the Chat Completions format, `pipeline.gateway._chat_completions`);
+* ``POST /v1/responses``: the Responses API over the same pipeline
+  (`pipeline.gateway._responses`);
+* ``POST /v1/messages``: Anthropic's Messages API over the same pipeline
+  (`pipeline.gateway._anthropic_messages`);
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the model names `[gateway] models` exposes;
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers a PING within ``readiness_timeout``;

@@ -206,6 +206,8 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "ai_route_health_latency_seconds",
         "ai_route_health_in_flight",
         "ai_route_health_failure_ratio",
+        "ai_route_hedges_started_total",
+        "ai_route_hedges_won_total",
         "chat_pipeline_circuit_breaker_state_changes_total",
         "http_server_request_duration_seconds",
     }

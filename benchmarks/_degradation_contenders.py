@@ -79,7 +79,9 @@ request_timeout = {REQUEST_TIMEOUT}
 
 
 def _routes(urls: Mapping[str, str]) -> list[Any]:
-    """The same three routes as the TOML: retry + breaker over the OpenAI client."""
+    """The balanced contender's three routes (`BALANCED_ROUTES_TOML`) in code: retry +
+    breaker over the OpenAI client; route health reacts first, the breaker is the backstop,
+    and a breaker open for 30 s would keep a recovered route out."""
     from middleware.routing import Route
     from pipeline import ChatPipeline
     from pipeline.providers import OpenAIChatClient
@@ -88,7 +90,7 @@ def _routes(urls: Mapping[str, str]) -> list[Any]:
         Route(
             name,
             ChatPipeline.builder()
-            .use_circuit_breaker(fail_max=5, reset_timeout=30)
+            .use_circuit_breaker(fail_max=5, reset_timeout=10)
             .use_retry(max_attempts=2)
             .build(OpenAIChatClient(MODEL, api_key=API_KEY, base_url=url), name=name),
         )

@@ -133,10 +133,7 @@ class Exchange:
                 if carrier is None:
                     carrier = {}
                 carrier[name.decode()] = value.decode("latin-1")
-        # Most requests bring no id: a fresh one without a call.
-        self.request_id = (
-            f"{_PREFIX}{next(_counter):x}" if request_id is None else request_id_of(request_id)
-        )
+        self.request_id = request_id_of(request_id)
         self.authorization: bytes | None = authorization
         self.x_api_key: bytes | None = x_api_key
         self.content_length: bytes | None = length

@@ -26,6 +26,8 @@ __all__ = [
     "FunctionCallContent",
     "FunctionResultContent",
     "Messages",
+    "ReasoningContent",
+    "ReasoningOptions",
     "TextContent",
     "ToolDefinition",
     "UsageDetails",
@@ -140,8 +142,53 @@ class DataContent:
             raise ValueError("DataContent needs exactly one of data= or uri=")
 
 
-Content: TypeAlias = TextContent | FunctionCallContent | FunctionResultContent | DataContent
-_CONTENT_TYPES = (TextContent, FunctionCallContent, FunctionResultContent, DataContent)
+@dataclass(frozen=True, slots=True)
+class ReasoningContent:
+    """A model's reasoning: its thinking text (possibly a summary, possibly empty) and, in
+    `protected`, the provider's opaque proof of it (an Anthropic thinking block's
+    `signature` or its `redacted_thinking` data, a Responses reasoning item's
+    `encrypted_content`).
+
+    A reasoning model behind a tool loop needs its reasoning back on the next turn exactly
+    as it gave it: `protected` is passed back as received, never shown, logged or recorded.
+    `id` is the provider's id of the item, where it has one (Responses reasoning items);
+    `redacted` marks content the provider sent only in encrypted form (Anthropic's
+    `redacted_thinking`). Neither text nor `protected` appears in the repr.
+    """
+
+    text: str = ""
+    protected: str | None = field(default=None, kw_only=True)
+    id: str | None = field(default=None, kw_only=True)
+    redacted: bool = field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(
+                f"ReasoningContent.text must be a str, not {type(self.text).__name__}"
+            )
+        if self.protected is not None and not isinstance(self.protected, str):
+            raise TypeError(
+                "ReasoningContent.protected must be a str or None, "
+                f"not {type(self.protected).__name__}"
+            )
+
+    def __repr__(self) -> str:
+        return (
+            f"ReasoningContent(text=<{len(self.text)} chars>, "
+            f"protected={'<set>' if self.protected is not None else None})"
+        )
+
+
+Content: TypeAlias = (
+    TextContent | FunctionCallContent | FunctionResultContent | DataContent | ReasoningContent
+)
+_CONTENT_TYPES = (
+    TextContent,
+    FunctionCallContent,
+    FunctionResultContent,
+    DataContent,
+    ReasoningContent,
+)
 
 
 def _text_of(contents: Sequence[Content]) -> str:
@@ -278,6 +325,34 @@ def as_messages(messages: Messages) -> list[ChatMessage]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ReasoningOptions:
+    """How much a reasoning model may think, and what it shows of it.
+
+    `effort` is the OpenAI-style level (``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
+    ``"high"``, ``"xhigh"``; providers pass other values on as they are); `budget_tokens` an
+    Anthropic-style thinking budget (`0` turns thinking off); `summary` the Responses API's
+    reasoning summary (``"auto"``, ``"concise"``, ``"detailed"``). Each provider maps what its
+    API has and drops the rest: a route that cannot think answers without thinking.
+    """
+
+    effort: str | None = None
+    budget_tokens: int | None = None
+    summary: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.effort is not None and not isinstance(self.effort, str):
+            raise TypeError("ReasoningOptions.effort must be a str or None")
+        if self.budget_tokens is not None and (
+            isinstance(self.budget_tokens, bool)
+            or not isinstance(self.budget_tokens, int)
+            or self.budget_tokens < 0
+        ):
+            raise ValueError("ReasoningOptions.budget_tokens must be a non-negative int or None")
+        if self.summary is not None and not isinstance(self.summary, str):
+            raise TypeError("ReasoningOptions.summary must be a str or None")
+
+
 @dataclass(slots=True)
 class ChatOptions:
     """Per-request options. Layers never mutate a caller's object: they work on `clone()`."""
@@ -294,6 +369,7 @@ class ChatOptions:
     reasoning_effort: str | None = None
     session_id: str | None = None
     additional_properties: dict[str, Any] = field(default_factory=dict)
+    reasoning: ReasoningOptions | None = None
 
     def clone(self) -> ChatOptions:
         """An independent copy: its lists and dicts are copies too.
@@ -321,6 +397,7 @@ class ChatOptions:
             additional_properties=(
                 _copy_json(self.additional_properties) if self.additional_properties else {}
             ),
+            reasoning=self.reasoning,
         )
 
     def with_(self, **changes: Any) -> ChatOptions:
@@ -372,11 +449,20 @@ def _copy_json(value: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class UsageDetails:
-    """Token counts of one response; `None` means the provider did not say."""
+    """Token counts of one response; `None` means the provider did not say.
+
+    `input_tokens` counts every input token, those read from or written to a prompt cache
+    included (as OpenAI counts them; the Anthropic providers add Anthropic's separate counts
+    in); `cache_read_tokens` and `cache_write_tokens` say how many of them the cache served or
+    stored. `reasoning_tokens` are the part of `output_tokens` the model spent thinking.
+    """
 
     input_tokens: int | None = None
     output_tokens: int | None = None
     total_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
     def __add__(self, other: UsageDetails) -> UsageDetails:
         def add(a: int | None, b: int | None) -> int | None:
@@ -390,6 +476,9 @@ class UsageDetails:
             add(self.input_tokens, other.input_tokens),
             add(self.output_tokens, other.output_tokens),
             add(self.total_tokens, other.total_tokens),
+            add(self.reasoning_tokens, other.reasoning_tokens),
+            add(self.cache_read_tokens, other.cache_read_tokens),
+            add(self.cache_write_tokens, other.cache_write_tokens),
         )
 
 
@@ -420,6 +509,24 @@ class ChatResponseUpdate:
             f"ChatResponseUpdate(role={self.role}, contents=[{kinds}], "
             f"finish_reason={self.finish_reason!r})"
         )
+
+
+def _merge_reasoning(previous: Content, piece: ReasoningContent) -> ReasoningContent | None:
+    """One reasoning block from a streamed block and its next piece, or None when `piece`
+    starts a block of its own: streams send a block's thinking in pieces and its protected
+    part (a signature) last, so a block that has its protected part, or is redacted, is
+    complete."""
+    if (
+        type(previous) is not ReasoningContent
+        or previous.protected is not None
+        or previous.redacted
+        or piece.redacted
+        or (piece.id is not None and previous.id is not None and piece.id != previous.id)
+    ):
+        return None
+    return ReasoningContent(
+        previous.text + piece.text, protected=piece.protected, id=previous.id or piece.id
+    )
 
 
 @dataclass(slots=True)
@@ -500,6 +607,11 @@ class ChatResponse:
                     if text:
                         current.contents.append(TextContent("".join(text)))
                         text.clear()
+                    if type(content) is ReasoningContent and current.contents:
+                        merged = _merge_reasoning(current.contents[-1], content)
+                        if merged is not None:
+                            current.contents[-1] = merged
+                            continue
                     current.contents.append(content)
         if text and current is not None:
             current.contents.append(TextContent("".join(text)))

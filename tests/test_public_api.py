@@ -25,6 +25,8 @@ SURFACES = {
         "FunctionCallContent",
         "FunctionResultContent",
         "Messages",
+        "ReasoningContent",
+        "ReasoningOptions",
         "TextContent",
         "ToolDefinition",
         "UsageDetails",

@@ -298,3 +298,53 @@ def test_the_validated_value_survives_updates_both_ways() -> None:
         ChatResponse.from_updates([ChatResponseUpdate(contents=[TextContent("x")])]).value is None
     )
     assert "checked" not in repr(response)
+
+
+def test_reasoning_content_repr_hides_text_and_protected_part() -> None:
+    from pipeline import ReasoningContent
+
+    content = ReasoningContent("CANARY-thinking", protected="CANARY-signature")
+    assert "CANARY" not in repr(content)
+    assert "CANARY" not in repr(ChatMessage.assistant([content]))
+    with pytest.raises(TypeError, match="protected"):
+        ReasoningContent("x", protected=b"bytes")  # type: ignore[arg-type]
+
+
+def test_from_updates_joins_a_streamed_reasoning_block_until_its_protected_part() -> None:
+    from pipeline import ReasoningContent
+
+    updates = [
+        ChatResponseUpdate(contents=[ReasoningContent("think ")]),
+        ChatResponseUpdate(contents=[ReasoningContent("more")]),
+        ChatResponseUpdate(contents=[ReasoningContent("", protected="sig-1")]),
+        ChatResponseUpdate(contents=[ReasoningContent("second")]),
+        ChatResponseUpdate(contents=[ReasoningContent("", protected="sig-2")]),
+        ChatResponseUpdate(contents=[ReasoningContent(protected="enc", redacted=True)]),
+        ChatResponseUpdate(contents=[TextContent("answer")]),
+    ]
+    response = ChatResponse.from_updates(updates)
+    (message,) = response.messages
+    assert message.contents == [
+        ReasoningContent("think more", protected="sig-1"),
+        ReasoningContent("second", protected="sig-2"),
+        ReasoningContent(protected="enc", redacted=True),
+        TextContent("answer"),
+    ]
+    assert response.text == "answer"
+
+
+def test_usage_adds_reasoning_and_cache_counts() -> None:
+    a = UsageDetails(10, 5, 15, reasoning_tokens=3, cache_read_tokens=8)
+    b = UsageDetails(1, 1, 2, cache_write_tokens=4)
+    assert a + b == UsageDetails(
+        11, 6, 17, reasoning_tokens=3, cache_read_tokens=8, cache_write_tokens=4
+    )
+
+
+def test_options_clone_keeps_reasoning_options() -> None:
+    from pipeline import ReasoningOptions
+
+    options = ChatOptions(reasoning=ReasoningOptions(effort="high", budget_tokens=2048))
+    assert options.clone().reasoning == ReasoningOptions(effort="high", budget_tokens=2048)
+    with pytest.raises(ValueError, match="budget_tokens"):
+        ReasoningOptions(budget_tokens=-1)

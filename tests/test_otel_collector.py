@@ -31,7 +31,7 @@ QUERY_CASES = [
 ]
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
 
-# Component type names of otelcol-contrib 0.160 that this config may use, and the
+# Component type names of otelcol-contrib 0.161 that this config may use, and the
 # deprecated aliases each replaced (collector 0.144 renamed the OTLP exporters).
 CURRENT = {
     "receivers": {"otlp"},

@@ -429,7 +429,7 @@ def test_loading_does_not_import_the_test_servers() -> None:
     code = (
         "import sys; from pipeline.config import build_pipeline;"
         "chat = build_pipeline({'routes': {'a': {'provider': 'scripted'}}});"
-        "print([m for m in ('pipeline.testing', 'pipeline._fake_server') if m in sys.modules])"
+        "print([m for m in ('pipeline.testing', 'pipeline.testing._fake_server') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

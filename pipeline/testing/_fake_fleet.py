@@ -42,7 +42,7 @@ import pydantic
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from pipeline._counting import CountWaiters
-from pipeline._fake_server import (
+from pipeline.testing._fake_server import (
     FakeOpenAIServer,
     FakeResponse,
     RecordedRequest,

@@ -33,8 +33,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from pipeline._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
-from pipeline._fake_fleet import (
+from pipeline.testing._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
+from pipeline.testing._fake_fleet import (
     FakeDeployment,
     FakeFleet,
     Fault,
@@ -42,7 +42,7 @@ from pipeline._fake_fleet import (
     FleetCounts,
     Latency,
 )
-from pipeline._fake_server import (
+from pipeline.testing._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
     MODELS_PATH,
@@ -51,7 +51,7 @@ from pipeline._fake_server import (
     FakeResponse,
     RecordedRequest,
 )
-from pipeline._scripted import (
+from pipeline.testing._scripted import (
     RecordedCall,
     ScriptedChatClient,
     ScriptStep,

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from pipeline.client import ChatClient as ChatClientLike
 from pipeline.testing._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
 from pipeline.testing._fake_fleet import (
     FakeDeployment,
@@ -61,7 +62,6 @@ from pipeline.testing._scripted import (
     hang,
     reply,
 )
-from pipeline.client import ChatClient as ChatClientLike
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [

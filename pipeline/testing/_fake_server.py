@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from pipeline.testing import _fake_responses
 from pipeline._counting import CountWaiters
+from pipeline.testing import _fake_responses
 
 __all__ = [
     "CHAT_PATH",

@@ -163,6 +163,28 @@ def test_the_allowed_late_imports_are_late_and_needed() -> None:
         assert importer in reached, (importer, imported)
 
 
+def test_every_exception_class_is_defined_in_pipeline_errors() -> None:
+    """Found by their bases: a built-in exception, or a class `pipeline.errors` defines."""
+    import builtins
+
+    import pipeline.errors
+
+    bases = {
+        name
+        for name, value in [*vars(builtins).items(), *vars(pipeline.errors).items()]
+        if isinstance(value, type) and issubclass(value, BaseException)
+    }
+    outside = sorted(
+        f"{module}.{node.name}"
+        for module, path in MODULES.items()
+        if module != "pipeline.errors"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base).rsplit(".", 1)[-1] in bases for base in node.bases)
+    )
+    assert outside == []
+
+
 def test_the_core_folder_holds_no_fake() -> None:
     top = {path.name for path in PACKAGES[0].glob("*.py")}
     assert not {name for name in top if name.startswith(("_fake", "_scripted", "testing"))}

@@ -216,3 +216,18 @@ def test_importing_the_core_leaves_the_test_kit_out(modules: str) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_gateway_modules_keep_their_layers() -> None:
+    """The import-linter contract in pyproject.toml (``[tool.importlinter]``): server, app,
+    endpoints, then the handler and the formats, the layers, the exchange, the shared leaf,
+    the wire and settings; siblings on one rank do not import one another."""
+    code = (
+        "import sys; from importlinter.cli import lint_imports;"
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 kept, 0 broken" in done.stdout

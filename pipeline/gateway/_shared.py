@@ -19,6 +19,7 @@ from pipeline.types import ChatResponse, ChatResponseUpdate
 
 __all__ = [
     "NO_KEY",
+    "READ_TIMED_OUT",
     "SSE_HEADERS",
     "GatewayState",
     "InboundFormat",
@@ -28,6 +29,9 @@ __all__ = [
 
 NO_KEY = -1
 """The key position of a request to a gateway without keys."""
+
+READ_TIMED_OUT = "chat_pipeline.read_timed_out"
+"""Scope key the connection sets when the request's body did not arrive in time."""
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),

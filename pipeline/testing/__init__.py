@@ -26,6 +26,9 @@ distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s,
 hang then recovery, cuts after output, down), for rehearsing a routing configuration
 against partial degradation; it counts what each deployment did (`FleetCounts`,
 `FleetCall`).
+
+Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`) are
+in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 A leaf (it imports only `pipeline.gateway.wire`, `pipeline.gateway.settings` and the core):
 the inbound formats implement `InboundFormat` and `StreamEncoder` and take their stream
-headers from `SSE_HEADERS`; the handler and the endpoints see the app's `Gateway` and
-`Target` through `GatewayState` and `ServedTarget`, so no module below the app imports it
-(`pipeline.gateway.app` assembles them and passes its objects in).
+headers from `SSE_HEADERS`; the layers share `NO_KEY` and `READ_TIMED_OUT`; the handler and
+the endpoints see the app's `Gateway` and `Target` through `GatewayState` and
+`ServedTarget`, so no module below the app imports it (`pipeline.gateway.app` assembles
+them and passes its objects in). A module needing more of the app adds it to a Protocol
+here, never an import of the app.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ QUERY_CASES = [
 ]
 CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages")
 
-# Component type names of otelcol-contrib 0.160 that this config may use, and the
+# Component type names of otelcol-contrib 0.161 that this config may use, and the
 # deprecated aliases each replaced (collector 0.144 renamed the OTLP exporters).
 CURRENT = {
     "receivers": {"otlp"},
@@ -232,3 +232,21 @@ def test_every_query_selects_emitted_series_by_their_labels(query: str) -> None:
 def test_every_emitted_metric_has_a_panel() -> None:
     shown = {_family(series) for query in QUERIES for series in _series_names(query)}
     assert set(emitted()) <= shown, f"no panel for {sorted(set(emitted()) - shown)}"
+
+
+# -- the compose stack names what the e2e suite builds and runs ------------------------------
+
+
+def _pinned(name: str) -> str:
+    """A version pinned in scripts/build-otel (``NAME=value``), without its leading v."""
+    script = (ROOT / "scripts/build-otel").read_text()
+    match = re.search(rf"^{name}=v?(\S+)", script, re.MULTILINE)
+    assert match, f"scripts/build-otel pins no {name}"
+    return match.group(1)
+
+
+def test_compose_runs_the_collector_and_jaeger_the_e2e_suite_builds() -> None:
+    # tests/e2e/test_jaeger.py runs otel-collector.yaml on these very releases.
+    images = {name: COMPOSE["services"][name]["image"] for name in ("otel-collector", "jaeger")}
+    assert images["otel-collector"].endswith(f":{_pinned('COLLECTOR_VERSION')}"), images
+    assert images["jaeger"].endswith(f":{_pinned('JAEGER_RELEASE')}"), images

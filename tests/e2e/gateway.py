@@ -125,6 +125,77 @@ class GatewayRun:
                 raise AssertionError("the terminal failure answered")
         return ids
 
+    def tool_calls(self, arguments: str, result: str) -> list[str]:
+        """Two tool-call rounds (the first streamed, the second not): the backup answers a
+        request offering a tool with a call of it carrying `arguments`, then the follow-up
+        carrying `result` with text. The request ids, in order (call, answer, call,
+        answer)."""
+        return self._loop.run(self._tool_calls(arguments, result))
+
+    async def _tool_calls(self, arguments: str, result: str) -> list[str]:
+        call = FakeResponse(tool_calls=[(TOOL["function"]["name"], arguments)])
+        self.primary.script(*[FakeResponse.error(503)] * 4)  # if its breaker let it through
+        self.backup.script(call, FakeResponse(text="the order shipped"), call)
+        self.backup.script(FakeResponse(text="the order shipped"))
+        ids: list[str] = []
+        async with openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            for stream in (True, False):
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="pipeline", messages=MESSAGES, tools=[TOOL], stream=stream
+                )
+                ids.append(raw.headers["x-request-id"])
+                parsed = raw.parse()
+                if stream:
+                    chunks = [c async for c in parsed]  # type: ignore[union-attr]
+                    (call_id,) = {
+                        d.id for c in chunks for d in c.choices[0].delta.tool_calls or [] if d.id
+                    }
+                else:
+                    (tool_call,) = parsed.choices[0].message.tool_calls or []  # type: ignore[union-attr]
+                    call_id = tool_call.id
+                follow_up: list[Any] = [
+                    *MESSAGES,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {
+                                    "name": TOOL["function"]["name"],
+                                    "arguments": arguments,
+                                },
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": call_id, "content": result},
+                ]
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="pipeline", messages=follow_up, tools=[TOOL], stream=not stream
+                )
+                ids.append(raw.headers["x-request-id"])
+                parsed = raw.parse()
+                if stream:
+                    answer = parsed.choices[0].message.content  # type: ignore[union-attr]
+                else:
+                    answer = "".join(
+                        [c.choices[0].delta.content or "" async for c in parsed if c.choices]  # type: ignore[union-attr]
+                    )
+                assert answer == "the order shipped", answer
+        return ids
+
+
+TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "lookup_order",
+        "description": "Look an order up by its number.",
+        "parameters": {"type": "object", "properties": {"order": {"type": "string"}}},
+    },
+}
+
 
 def _config(path: Path, primary: FakeOpenAIServer, backup: FakeOpenAIServer) -> Path:
     path.write_text(
@@ -288,3 +359,99 @@ def running_fleet_gateway(
             loop.run(fleet.close())
         finally:
             loop.close()
+
+
+# -- a hedging router ----------------------------------------------------------------------------
+
+HEDGE_DELAY = 0.05  # seconds without a first update before the hedge starts
+
+
+@dataclass
+class HedgedGatewayRun:
+    url: str
+    server: ChildProcess
+    hung: FakeOpenAIServer
+    fast: FakeOpenAIServer
+    _loop: _Loop
+
+    def requests(self) -> list[tuple[str, bool]]:
+        """Requests, streamed and not, until one of each started on ``hung`` (which never
+        answers) and was hedged on ``fast``: (request id, streamed) of each, in order."""
+        return self._loop.run(self._requests())
+
+    async def _requests(self) -> list[tuple[str, bool]]:
+        sent: list[tuple[str, bool]] = []
+        async with openai.AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key="unused", max_retries=0
+        ) as client:
+            for stream in (True, True, False, False):  # round robin: every other one is hedged
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="pipeline", messages=MESSAGES, stream=stream
+                )
+                parsed = raw.parse()
+                if stream:
+                    text = "".join([c.choices[0].delta.content or "" async for c in parsed])  # type: ignore[union-attr]
+                else:
+                    text = parsed.choices[0].message.content or ""  # type: ignore[union-attr]
+                assert text == "a hedged answer", text
+                sent.append((raw.headers["x-request-id"], stream))
+        return sent
+
+
+def _hedged_config(path: Path, hung: FakeOpenAIServer, fast: FakeOpenAIServer) -> Path:
+    # Round robin, so the hung route is tried first every other request; outlier gaps wide
+    # enough that its lost races never take it out of rotation.
+    path.write_text(
+        f"""
+[routes.hung]
+provider = "openai"
+model = "model-hung"
+base_url = "{hung.base_url}"
+
+[routes.fast]
+provider = "openai"
+model = "model-fast"
+base_url = "{fast.base_url}"
+
+[router]
+kind = "hedged"
+strategy = "round_robin"
+delay = {HEDGE_DELAY}
+budget = 1.0
+
+[router.health]
+outlier_latency_gap = 1000.0
+outlier_failure_gap = 1.0
+
+[layers]
+telemetry = true
+"""
+    )
+    return path
+
+
+@contextlib.contextmanager
+def running_hedged_gateway(
+    workdir: Path, *args: str, env: Mapping[str, str] | None = None, timeout: float = 90
+) -> Iterator[HedgedGatewayRun]:
+    """``chat-pipeline serve`` (with `args`) with a hedging router over ``hung`` (a fake
+    upstream that never answers) and ``fast``, until the block ends."""
+    loop = _Loop()
+    hung = FakeOpenAIServer(default=FakeResponse(hang=True))
+    fast = FakeOpenAIServer(
+        default=FakeResponse(text="a hedged answer", chunks=["a hedged ", "answer"])
+    )
+    try:
+        loop.run(hung.start())
+        loop.run(fast.start())
+        config = _hedged_config(workdir / "hedged.toml", hung, fast)
+        with _serving(config, args, env, timeout) as (url, server):
+            yield HedgedGatewayRun(url, server, hung, fast, loop)
+    finally:
+        try:
+            loop.run(hung.stop())
+        finally:
+            try:
+                loop.run(fast.stop())
+            finally:
+                loop.close()

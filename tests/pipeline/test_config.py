@@ -744,6 +744,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     for client in (OpenAIChatClient, OpenAIResponsesChatClient, AnthropicChatClient):
         pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
         pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
+        pairs.append((HTTPProviderSettings, "max_response_bytes", client, "max_response_bytes"))
     pairs.append(
         (ChatCompletionsSettings, "max_tokens_field", OpenAIChatClient, "max_tokens_field")
     )

@@ -4,9 +4,11 @@ events it sent before bytes that are not UTF-8."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import tracemalloc
+import zlib
 
 import pytest
 
@@ -20,10 +22,15 @@ JSON_GZIP_HEAD = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-e
 SSE_GZIP_HEAD = SSE_HEAD + "\r\ncontent-encoding: gzip"
 
 
-def bomb(prefix: bytes, size: int) -> bytes:
-    """`prefix`, then `size` spaces: gzip makes that about a thousandth of its size."""
-    compressor = gzip.compress(prefix + b" " * size, compresslevel=9)
-    return compressor
+@functools.cache
+def bomb(prefix: bytes, size: int, filler: bytes = b" ") -> bytes:
+    """`prefix`, then `size` bytes of `filler`, gzipped (about a thousandth of the size),
+    made once per test session."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    block = filler * 1_000_000
+    parts = [compressor.compress(prefix)]
+    parts.extend(compressor.compress(block) for _ in range(size // len(block)))
+    return b"".join(parts) + compressor.flush()
 
 
 def chunk(text: str) -> bytes:
@@ -40,8 +47,8 @@ def chunk(text: str) -> bytes:
 async def test_a_non_streamed_body_past_the_bound_fails_typed_holding_little(
     transport: str,
 ) -> None:
-    # 200 MB of JSON once decompressed, 200 KB on the wire.
-    body = bomb(b'{"id": "x", "pad": "', 200_000_000)
+    # 50 MB of JSON once decompressed, 50 KB on the wire.
+    body = bomb(b'{"id": "x", "pad": "', 50_000_000)
     async with RawHTTPServer(JSON_GZIP_HEAD, body) as server:
         client = OpenAIChatClient(
             "m", api_key="sk-test", base_url=server.base_url, max_response_bytes=4_000_000
@@ -56,7 +63,7 @@ async def test_a_non_streamed_body_past_the_bound_fails_typed_holding_little(
     error = result.error
     assert isinstance(error, ProviderError) and error.code == "response_too_large"
     assert "4000000 bytes" in str(error)
-    # The bound and a decompressed chunk or two; never the 200 MB.
+    # The bound and a decompressed chunk or two; never the 50 MB.
     assert peak < 16_000_000, peak
 
 
@@ -101,7 +108,7 @@ def test_the_bound_must_be_positive_bytes() -> None:
 async def test_a_streamed_bomb_of_one_endless_line_fails_typed_holding_little(
     transport: str,
 ) -> None:
-    body = bomb(chunk("first") + b"data: ", 200_000_000)
+    body = bomb(chunk("first") + b"data: ", 50_000_000)
     async with RawHTTPServer(SSE_GZIP_HEAD, body) as server:
         client = OpenAIChatClient("m", api_key="sk-test", base_url=server.base_url)
         tracemalloc.start()
@@ -115,7 +122,7 @@ async def test_a_streamed_bomb_of_one_endless_line_fails_typed_holding_little(
     error = result.error
     assert isinstance(error, ProviderError) and error.code == "malformed"
     assert "line longer than" in str(error)
-    assert peak < 64_000_000, peak  # the 8 Mi-character line bound, not the 200 MB
+    assert peak < 32_000_000, peak  # the 8 Mi-character line bound, not the 50 MB
 
 
 async def test_events_before_bytes_that_are_not_utf8_reach_the_caller_first(
@@ -133,3 +140,22 @@ async def test_events_before_bytes_that_are_not_utf8_reach_the_caller_first(
     error = result.error
     assert isinstance(error, ProviderError) and error.code == "malformed"
     assert "UTF-8" in str(error)
+
+
+async def test_a_streamed_bomb_of_blank_lines_lets_the_first_chunk_timeout_fire(
+    transport: str,
+) -> None:
+    # 50 MB of blank lines once decompressed: no payload ever completes. The reader gives
+    # the loop a turn every megabyte, so the deadline cuts it long before the body ends.
+    body = bomb(b"", 50_000_000, b"\n")
+    async with RawHTTPServer(SSE_GZIP_HEAD, body) as server:
+        client = OpenAIChatClient(
+            "m", api_key="sk-test", base_url=server.base_url, first_chunk_timeout=0.05
+        )
+        try:
+            result = await collect(client, "hi", streaming=True)
+        finally:
+            await client.aclose()
+    assert result.text == ""
+    error = result.error
+    assert isinstance(error, ProviderError) and error.code == "stream_timeout"

@@ -940,3 +940,25 @@ def test_hedged_router_problems_name_their_key_paths(
     with pytest.raises(ConfigError) as caught:
         parse_config(data)
     assert dict(caught.value.problems) == problems
+
+
+def test_a_route_weight_must_be_finite_and_the_error_names_its_key() -> None:
+    for weight in (float("inf"), float("nan"), 0):
+        with pytest.raises(ConfigError, match=r"^routes\.a\.weight: "):
+            parse_config(
+                {
+                    "routes": {"a": {"provider": "scripted", "weight": weight}},
+                    "router": {"kind": "balanced", "strategy": "weighted"},
+                }
+            )
+    # As large as a float goes is a weight (drawn relative to the largest).
+    config = parse_config(
+        {
+            "routes": {
+                "a": {"provider": "scripted", "weight": 1e308},
+                "b": {"provider": "scripted", "weight": 1e308},
+            },
+            "router": {"kind": "balanced", "strategy": "weighted"},
+        }
+    )
+    assert config is not None

@@ -19,14 +19,13 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from pipeline.errors import ProviderError
+from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
     "MAX_EVENT",
     "MAX_LINE",
     "YIELD_EVERY",
-    "MalformedSSE",
     "SSEDecoder",
     "SSEPayloads",
     "Utf8Lines",
@@ -48,30 +47,23 @@ YIELD_EVERY = 1024 * 1024
 """Bytes `next_payloads` reads without a payload before it gives the event loop a turn."""
 
 
-class MalformedSSE(ValueError):
-    """A line that is not server-sent events."""
-
-
-class TooLong(MalformedSSE):
-    """An event whose data passed `MAX_EVENT`."""
-
-
 class SSEDecoder:
     """Give it lines (without line endings); it tells the events they complete.
 
     Follows the SSE rules: ``data`` lines of one event are joined with newlines, a blank
     line dispatches the event, comment lines (``:``) are skipped. A line naming no known
-    field raises `MalformedSSE`, since no chat API stream sends one; data passing
-    `max_event` characters raises `TooLong`.
+    field raises `MalformedSSE`, since no chat API stream sends one; so does data passing
+    `max_event` characters (with `overflowed` set).
     """
 
-    __slots__ = ("_data", "_event", "_max_event", "_size")
+    __slots__ = ("_data", "_event", "_max_event", "_size", "overflowed")
 
     def __init__(self, *, max_event: int = MAX_EVENT) -> None:
         self._data: list[str] = []
         self._event = ""
         self._size = 0  # the characters of `_data`
         self._max_event = max_event
+        self.overflowed = False
 
     def events(self, lines: list[str], dispatched: list[tuple[str, str]]) -> None:
         """Append the (type, data) of each event `lines` complete to `dispatched`, in
@@ -105,7 +97,8 @@ class SSEDecoder:
                     )
             self._size += len(value) + 1
             if self._size > self._max_event:
-                raise TooLong("an event longer than the bound")
+                self.overflowed = True
+                raise MalformedSSE("an event longer than the bound")
             data.append(value)
 
 
@@ -293,10 +286,13 @@ class SSEPayloads:
         failure: ProviderError | None = None
         try:
             self._decoder.events(lines, events)
-        except TooLong:
-            failure = malformed(provider, f"an event longer than {self._max_event} characters")
         except MalformedSSE:
-            failure = malformed(provider, "a line that is not server-sent events")
+            failure = malformed(
+                provider,
+                f"an event longer than {self._max_event} characters"
+                if self._decoder.overflowed
+                else "a line that is not server-sent events",
+            )
         if failure is None:
             failure = self._lines.failure  # bytes that are not UTF-8, after these lines
         payloads: list[Any] = []

@@ -8,7 +8,8 @@ steps:
   adds one; a success resets it when that call was admitted with a nonzero count, so a
   success racing a failure of another process errs towards opening early, never late);
 * ``:opened``: when the circuit opened, in milliseconds since the epoch (sub-second; from
-  the breaker's clock, so replicas' clocks should agree, as NTP keeps them); absent while
+  the breaker's wall clock, `now`, so replicas' clocks should agree, as NTP keeps them;
+  the window does not depend on them); absent while
   closed. Transitions are compare-and-set scripts, so two processes tripping together
   agree on one opening, and a late probe result cannot undo a newer opening;
 * ``:probe:<opening>``: the half-open probe's claim, taken with ``SET NX PX``: exactly one
@@ -19,10 +20,18 @@ steps:
 With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
 
 * ``:window``: a hash of ten fields, one per slot of the window's ring of buckets
-  (`middleware._breaker_window`: buckets of a tenth of the window, aligned on the epoch,
-  numbered from the breaker's clock, bucket ``b`` in slot ``b % 10``), each
-  ``"<bucket> <calls> <failures> <slow>"``: the calls that ended in that bucket, added up
-  by every process, how many failed and how many were slow. A write to a slot holding an
+  (`middleware._breaker_window`: buckets of a tenth of the window, numbered on Redis'
+  clock, bucket ``b`` in slot ``b % 10``), each ``"<bucket> <calls> <failures> <slow>"``:
+  the calls that ended in that bucket, added up by every process, how many failed and how
+  many were slow. Processes number buckets by their own monotonic clocks, which agree with
+  nobody's: each call sends the caller's current bucket with its outcomes, and the script
+  reads Redis' ``TIME``, shifts the outcomes' buckets by the difference and shifts the
+  buckets it returns back. So replicas whose clocks differ (or jump: theirs are monotonic)
+  still share buckets, to within a call's round trip, and only Redis' clock matters: if it
+  jumps, the shared window starts afresh (forward: what it held is out of the window;
+  back: the buckets ahead are ignored until they expire), which opens late, never early.
+  (A test may give the shared clock instead of ``TIME``: `RedisBreakerState`'s
+  `shared_bucket`.) A write to a slot holding an
   older bucket starts it afresh, and only the buckets of the current window are read, so
   the hash never holds more than ten fields; it expires two windows after its last write.
   Outcomes are added only while the circuit is closed, and closing it deletes the hash: the
@@ -117,12 +126,14 @@ return ARGV[2]
 """
 
 # The read (and a failure's write) of a breaker with a window: KEYS = opened, failures, the
-# window; ARGV = failures to add (INCRBY), the window's expiry (ms), the current bucket, the
-# buckets in a window, and "<bucket> <calls> <failures> <slow> ..." for the buckets this
-# process adds outcomes to (only while closed). Returns the opening (nil while closed), the
-# failures, and "<bucket> <calls> <failures> <slow> ..." of the buckets in the window. (A
-# few strings rather than many numbers each way: redis-py's cost is per argument and per
-# reply element, and is most of a call's.)
+# window; ARGV = failures to add (INCRBY), the window's expiry (ms), the caller's current
+# bucket (on its own clock), the buckets in a window, "<bucket> <calls> <failures> <slow>
+# ..." for the buckets this process adds outcomes to (only while closed, on its clock), a
+# bucket's width in microseconds, and the shared current bucket ('' for Redis' TIME's).
+# Returns the opening (nil while closed), the failures, and "<bucket> <calls> <failures>
+# <slow> ..." of the buckets in the window, on the caller's clock. (A few strings rather
+# than many numbers each way: redis-py's cost is per argument and per reply element, and
+# is most of a call's.)
 _SYNC = """
 local opened = redis.call('GET', KEYS[1])
 local failures
@@ -131,12 +142,19 @@ if ARGV[1] ~= '0' then
 else
   failures = redis.call('GET', KEYS[2])
 end
-local current = tonumber(ARGV[3])
+local current
+if ARGV[7] ~= '' then
+  current = tonumber(ARGV[7])
+else
+  local now = redis.call('TIME')
+  current = math.floor((tonumber(now[1]) * 1000000 + tonumber(now[2])) / tonumber(ARGV[6]))
+end
+local shift = current - tonumber(ARGV[3])
 local size = tonumber(ARGV[4])
 local first = current - size + 1
 if not opened and ARGV[5] ~= '' then
   for b, c, f, s in string.gmatch(ARGV[5], '(%d+) (%d+) (%d+) (%d+)') do
-    local bucket = tonumber(b)
+    local bucket = tonumber(b) + shift
     if bucket >= first and bucket <= current then
       local slot = bucket % size
       local calls, failed, slow = tonumber(c), tonumber(f), tonumber(s)
@@ -147,15 +165,18 @@ if not opened and ARGV[5] ~= '' then
           calls, failed, slow = calls + tonumber(hc), failed + tonumber(hf), slow + tonumber(hs)
         end
       end
-      redis.call('HSET', KEYS[3], slot, string.format('%s %d %d %d', b, calls, failed, slow))
+      redis.call('HSET', KEYS[3], slot, string.format('%d %d %d %d', bucket, calls, failed, slow))
     end
   end
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
 local counts = {}
 for _, held in ipairs(redis.call('HVALS', KEYS[3])) do
-  local bucket = tonumber(string.match(held, '^(%d+)'))
-  if bucket and bucket >= first and bucket <= current then counts[#counts + 1] = held end
+  local hb, rest = string.match(held, '^(%d+)( %d+ %d+ %d+)$')
+  local bucket = tonumber(hb)
+  if bucket and bucket >= first and bucket <= current then
+    counts[#counts + 1] = string.format('%d', bucket - shift) .. rest
+  end
 end
 return {opened, failures, table.concat(counts, ' ')}
 """
@@ -241,9 +262,11 @@ class RedisBreakerState:
         probe_claim_ttl: float,
         window: float | None = None,
         bucket: Callable[[], int] | None = None,
+        shared_bucket: Callable[[], int] | None = None,
     ) -> None:
         """`window` (seconds) and `bucket` (the current bucket, from the breaker's clock)
-        when the breaker has a ratio policy."""
+        when the breaker has a ratio policy; `shared_bucket`, the shared window's current
+        bucket (None: from Redis' ``TIME``)."""
         self.name = name
         self.redis = _redis.RedisClient(redis, timeout=timeout)
         self.outage = _redis.Outage(
@@ -261,10 +284,13 @@ class RedisBreakerState:
         self.window_key = f"{prefix}:window"
         self.window: SharedWindow | None = None
         self._bucket = bucket
+        self._shared_bucket = shared_bucket
         self._expiry_ms = 0
+        self._width_us = 1
         if window is not None and bucket is not None:
             self.window = SharedWindow()
             self._expiry_ms = max(1, round(2 * window * 1000))
+            self._width_us = max(1, round(window / BUCKETS * 1_000_000))
         # Encoded once: redis-py sends bytes as they are.
         self._sync_keys = [
             key.encode() for key in (self.opened_key, self.failures_key, self.window_key)
@@ -367,7 +393,16 @@ class RedisBreakerState:
         generation = window.generation
         sent, taken = window.take(bucket)
         outcomes = " ".join(str(number) for outcome in taken for number in outcome)
-        args = [failures, self._expiry_ms, bucket, BUCKETS, outcomes]
+        shared = self._shared_bucket
+        args = [
+            failures,
+            self._expiry_ms,
+            bucket,
+            BUCKETS,
+            outcomes,
+            self._width_us,
+            "" if shared is None else shared(),
+        ]
         keys = self._sync_keys
 
         async def sync(client: Any) -> tuple[str | None, int, list[int]]:

@@ -1,10 +1,11 @@
 """The sliding window of a circuit breaker's ratio policies: how many calls ended in the last
 `window` seconds, how many of them failed, how many were slow.
 
-The window is `BUCKETS` buckets of ``window / BUCKETS`` seconds each, aligned on the epoch
-(bucket ``k`` holds the outcomes that ended in ``[k * width, (k + 1) * width)``), so every
-process using the same clock puts an outcome in the same bucket: that is what lets replicas
-add their outcomes up in Redis (`middleware._breaker_redis`). A bucket leaves the window
+The window is `BUCKETS` buckets of ``window / BUCKETS`` seconds each, numbered from the
+breaker's monotonic clock (bucket ``k`` holds the outcomes that ended in
+``[k * width, (k + 1) * width)`` of it), so a wall clock that jumps moves nothing. Replicas
+add their outcomes up in Redis on Redis' clock (`middleware._breaker_redis` moves each
+process's bucket numbers onto it). A bucket leaves the window
 whole, so an outcome counts for between ``0.9 * window`` and ``window`` seconds after it
 ended (as in Polly's rolling health metrics, which also use ten). Totals are kept as
 outcomes are added and buckets leave (subtract on evict, as resilience4j does), so reading
@@ -133,7 +134,7 @@ class RatioPolicy:
         self.slow_call_ratio = slow_call_ratio
 
     def bucket(self, seconds: float) -> int:
-        """The bucket of a moment (seconds since the epoch)."""
+        """The bucket of a moment (seconds of the clock the window follows)."""
         return int(seconds // self.width)
 
     def passed(self, counts: Counts) -> str | None:

@@ -262,9 +262,24 @@ class _Ticket:
 class CircuitBreakerChatClient(DelegatingChatClient):
     """Fails fast with `CircuitOpenError` while the inner client's deployment is failing.
 
-    Keyword `options` are the fields of `BreakerSettings`. `now` is the breaker's clock
-    (``datetime.now(UTC)`` unless given): when it opened, when a probe is due, the window's
-    buckets and how long a call took all read it, so a test can drive them all.
+    Keyword `options` are the fields of `BreakerSettings`. Three clocks, each injectable so
+    a test can drive it:
+
+    * `now` (``datetime.now(UTC)`` unless given): when the circuit opened and when a probe
+      is due (with ``redis``, the opening is shared, so replicas' wall clocks should agree,
+      as NTP keeps them);
+    * `clock` (seconds, `time.monotonic` unless given): how long a call took (slow calls)
+      and the buckets of this process's window. Monotonic, so a wall clock stepped back or
+      forward neither drops outcomes from the window nor makes calls in flight slow;
+    * `redis_clock` (seconds; with ``redis`` and a ratio policy): the shared window's
+      time. Unless given, Redis' own (``TIME``, read inside the script that adds and reads
+      the window), so replicas whose clocks differ or jump still put outcomes in the same
+      buckets: each sends its outcomes numbered by its own `clock`, and the script moves
+      them onto Redis' time (and the buckets it returns back onto the caller's) by the
+      difference of the two current buckets, measured in that call. Outcomes are then off
+      by at most that call's round trip; only Redis' own clock jumping moves the shared
+      window, which then starts afresh (a jump forward empties it, one back ignores the
+      buckets ahead of it until they expire): the breaker opens late, never spuriously.
     """
 
     def __init__(
@@ -274,6 +289,8 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         *,
         meter_provider: Any = None,
         now: Callable[[], datetime] | None = None,
+        clock: Callable[[], float] | None = None,
+        redis_clock: Callable[[], float] | None = None,
         leave_open: bool = False,
         **options: Any,
     ) -> None:
@@ -281,10 +298,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
         self.settings = BreakerSettings.from_options(settings, options)
         self.name = self.settings.name or client_name(inner)
         self._now = now or (lambda: datetime.now(UTC))
-        clock = now
-        self._seconds: Callable[[], float] = (
-            time.time if clock is None else (lambda: clock().timestamp())
-        )
+        self._seconds: Callable[[], float] = clock or time.monotonic
         self._reset_after = timedelta(seconds=self.settings.reset_timeout)
         self._policy = _ratio_policy(self.settings)
         self._slow_after = self.settings.slow_call_duration
@@ -301,6 +315,11 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                 probe_claim_ttl=self.settings.probe_claim_ttl,
                 window=None if policy is None else self.settings.window,
                 bucket=None if policy is None else (lambda: policy.bucket(self._seconds())),
+                shared_bucket=(
+                    None
+                    if policy is None or redis_clock is None
+                    else (lambda: policy.bucket(redis_clock()))
+                ),
             )
             storage = self._shared.local
             window = self._shared.window

@@ -10,7 +10,10 @@ publishes what it learnt and reads what the others did:
   older than `ttl` are ignored, and the hash expires after `ttl` without writes;
 * ``<namespace>:{<route>}:cooldown`` holds the end of the route's cooldown (milliseconds
   since the epoch), written at once when a replica starts one (the longer one wins) and
-  expiring with it.
+  expiring with it. Each sync reads it back, and a replica whose own cooldown is still
+  running and longer than what Redis holds writes it again: a cooldown whose write failed
+  (Redis down, or skipped during an outage) or that a restarted, empty Redis lost reaches
+  the other replicas with the next sync after Redis is back.
 
 A replica then sees a route as slow as the slowest estimate any replica published
 recently, failing as the failures and attempts of all of them together (each decayed from
@@ -98,6 +101,8 @@ class RedisHealthStore(HealthStore):
             "routing on this replica's own route health",
             float(retry_interval),
         )
+        # The ends (wall-clock ms) of the cooldowns this replica started, while they run.
+        self._cooling: dict[str, int] = {}
         self._attached: dict[int, RouteHealth] = {}
         self._last_sync: dict[int, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -125,6 +130,8 @@ class RedisHealthStore(HealthStore):
         if seconds <= 0:
             return
         end = int((self._wall() + seconds) * 1000)
+        if end > self._cooling.get(route, 0):
+            self._cooling[route] = end
         self._spawn(self._write_cooldown(route, end, max(1, int(seconds * 1000))))
 
     async def detach(self, health: RouteHealth) -> None:
@@ -209,10 +216,27 @@ class RedisHealthStore(HealthStore):
             return False
         now = health._clock()
         wall = self._wall()
-        for index, (_name, signals) in enumerate(routes):
+        for index, (name, signals) in enumerate(routes):
             fields, cooldown = replies[4 * index + 2], replies[4 * index + 3]
             self._merge(health, signals, fields, cooldown, now, wall)
+            await self._republish(name, cooldown, int(wall * 1000))
         return True
+
+    async def _republish(self, route: str, stored: Any, wall_ms: int) -> None:
+        """Write this replica's cooldown of `route` again when Redis holds a shorter one, or
+        none (`stored`, what the sync read): its first write failed, or Redis restarted."""
+        end = self._cooling.get(route)
+        if end is None:
+            return
+        if end <= wall_ms:
+            del self._cooling[route]
+            return
+        try:
+            held = int(_text(stored)) if stored is not None else 0
+        except (ValueError, UnicodeDecodeError):
+            held = 0  # nonsense: ours replaces it
+        if held < end:
+            await self._write_cooldown(route, end, end - wall_ms)
 
     def _merge(
         self,

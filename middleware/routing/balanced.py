@@ -42,6 +42,7 @@ from middleware.routing.failover import ListedRoutesFailover
 from middleware.routing.health import AttemptTicket, HealthStore, Judgement, RouteHealth
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline.client import ChatClient, circuit_open
+from pipeline.errors import RoutingError
 from pipeline.types import UsageDetails
 
 __all__ = ["BalancedFailoverChatClient", "BalancedSettings", "Strategy"]
@@ -214,12 +215,25 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
     def _pick(self, candidates: list[Route], judgement: Judgement) -> Route:
         if len(candidates) == 1:
             return candidates[0]
+        try:
+            return self._draw(candidates, judgement)
+        except (ArithmeticError, ValueError, IndexError, KeyError) as exc:
+            # Not the route's failure nor the caller's: typed, and without the values.
+            raise RoutingError(
+                f"route selection failed ({self.settings.strategy}): {type(exc).__name__}"
+            ) from exc
+
+    def _draw(self, candidates: list[Route], judgement: Judgement) -> Route:
         strategy = self.settings.strategy
         draw = self._random
         if strategy == "round_robin":
             return candidates[next(self._turn) % len(candidates)]
         if strategy == "weighted":
-            return draw.choices(candidates, weights=[route.weight for route in candidates])[0]
+            # Relative to the largest, so the total stays finite however large each is
+            # (two weights of 1e308 would sum to infinity).
+            largest = max(route.weight for route in candidates)
+            weights = [route.weight / largest for route in candidates]
+            return draw.choices(candidates, weights=weights)[0]
         signals = judgement.signals
         if strategy == "least_busy":
             fewest = min(signals[route.name].in_flight for route in candidates)

@@ -71,7 +71,7 @@ class RouteFacts(Settings):
     capabilities: Annotated[frozenset[_Capability], Field(strict=False)] = frozenset()
     price: Price | None = None
     instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
-    weight: Annotated[float, Field(gt=0)] = 1.0
+    weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     rpm: Annotated[int, Field(ge=1)] | None = None
     tpm: Annotated[int, Field(ge=1)] | None = None
 

@@ -535,10 +535,13 @@ class HedgingChatClient(BalancedFailoverChatClient):
                         await self._fell(race, racer, streaming=streaming)
                 race.waiting = True
                 if winner is not None:
+                    # The winner stays in the race while the others shut down: a caller
+                    # cancelling meanwhile cancels it too (below), so nothing is left
+                    # unreported, open or counted in flight.
+                    await self._dismiss(race, "abandoned", terminal=False, keep=winner)
                     race.running.remove(winner)
                     if winner.hedge:
                         self._hedges_won.add(1, {ROUTE_NAME: winner.state.route_name})
-                    await self._dismiss(race, "abandoned", terminal=False)
                     return winner
         except BaseException:
             # The caller cancelled, or the request ends with an error of its own (the
@@ -722,31 +725,47 @@ class HedgingChatClient(BalancedFailoverChatClient):
         self._settle(racer)
 
     async def _dismiss(
-        self, race: _Race, outcome: Literal["abandoned", "canceled"], *, terminal: bool
+        self,
+        race: _Race,
+        outcome: Literal["abandoned", "canceled"],
+        *,
+        terminal: bool,
+        keep: _Racer | None = None,
     ) -> None:
-        """Cancel every attempt still in the race, await each task, close a stream that
-        holds an update nobody will see, and report each: `outcome`, or
+        """Cancel every attempt still in the race but `keep`, await each task, close a stream
+        that holds an update nobody will see, and report each: `outcome`, or
         ``failed_before_output`` for one that had failed already (with `terminal`, the
-        last reported ends the request)."""
-        racers = race.running
+        last reported ends the request).
+
+        A caller cancelling while this runs does not cut it short: every attempt is still
+        shut down and reported (``canceled`` from then on), then the cancellation goes on."""
+        racers = [racer for racer in race.running if racer is not keep]
         if not racers:
             return
-        race.running = []
+        race.running = [keep] if keep is not None else []
         ended = {racer: racer.settled_at is not None for racer in racers}
-        tasks = [racer.task for racer in racers if racer.task is not None]
+        tasks = {racer.task for racer in racers if racer.task is not None}
         for task in tasks:
             task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)  # never raises: each task keeps its own ending
+        cancelled = False
+        while tasks:  # each task is cancelled: it ends at its next step
+            try:
+                _, tasks = await asyncio.wait(tasks)  # never raises for a task's own ending
+            except asyncio.CancelledError:
+                cancelled = True
         request = race.request
         failure: BaseException | None = None
         for index, racer in enumerate(racers):
+            if cancelled:
+                outcome = "canceled"
             how: Literal["abandoned", "canceled", "failed_before_output"] = outcome
             exception: BaseException | None = None
             if ended[racer] and racer.error is not None:
                 how, exception = "failed_before_output", racer.error
             elif racer.stream is not None:
                 exception = await close_stream(racer.stream)  # its update never reaches anyone
+                if isinstance(exception, asyncio.CancelledError) and caller_cancelling():
+                    cancelled, exception = True, None  # the caller's, not the route's
             try:
                 pending = self._finish(
                     request,
@@ -759,8 +778,12 @@ class HedgingChatClient(BalancedFailoverChatClient):
                 )
                 if pending is not None:
                     await pending
+            except asyncio.CancelledError:
+                cancelled = True  # the report was cut short; the others are reported still
             except Exception as exc:  # a report that raised: the others are reported still
                 if failure is None:
                     failure = exc
+        if cancelled:
+            raise asyncio.CancelledError
         if failure is not None:
             raise failure

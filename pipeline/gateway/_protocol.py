@@ -16,9 +16,14 @@ connection of a worker has:
   client that left (see `pipeline.gateway._body`);
 * keep-alive: an idle connection stays open ``timeout_keep_alive`` seconds (uvicorn's own
   timer, set from ``[gateway] keep_alive_timeout``);
-* a response sent before its request's body was all read (a refusal: 401, 413, 429 ...)
-  ends the connection once the rest of the body arrived, read for nothing, or once the
-  body deadline passed;
+* a response sent before its request's body was all read (a refusal: 401, 405, 413, 415,
+  429 ...) says what becomes of the connection, as RFC 9110 asks: when at most
+  `DISCARD_BYTES` of the body are still to come (by its ``Content-Length``), the rest is
+  read for nothing and the connection stays open for the client's next request (a pooled
+  client's next request on it is answered); when more are, or the length is unknown
+  (chunked), or the client waits for ``100 Continue``, the response says
+  ``connection: close`` and the connection ends as an answer of this layer's does
+  (below). Either way the body deadline bounds the wait for the rest;
 * a bound (`ConnectionLimits.max_connections`): a connection beyond it closes the
   connection idle the longest (between requests, or opened and silent), as nginx reuses
   its idle keep-alive connections; when none is idle, the new connection is answered
@@ -50,10 +55,13 @@ from uvicorn.server import ServerState
 from pipeline.gateway._exchange import EXCHANGE, REQUEST_ID_HEADER, request_id_of
 from pipeline.gateway._shared import READ_TIMED_OUT
 
-__all__ = ["LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
+__all__ = ["DISCARD_BYTES", "LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
 
 LINGER = 2.0
 """Seconds a connection that answered and ends reads what its client still sends."""
+DISCARD_BYTES = 1024 * 1024
+"""The most of a refused request's body still to come that is read for nothing to keep
+its connection open (more, and the refusal says ``connection: close``)."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 _lingering = 0  # connections lingering in this process
@@ -129,6 +137,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._in_body = False  # the head is complete, the body is not
         self._answered_early = False  # the response went out before the body was all read
+        self._body_seen = 0  # bytes of the current request's body received
+        self._watched: Any = None  # the cycle whose response start is watched (see below)
         self._ended = False  # answered here: what comes in is read for nothing
         self._lingers = False  # counted in `_lingering`
         # When the connection became idle (opened, or its last response sent): the
@@ -183,6 +193,16 @@ class GatewayProtocol(HttpToolsProtocol):
     def _answer_and_end(self, head: bytes, body: bytes, request_id: str | None = None) -> None:
         """Send an answer of this layer's, then end the connection (see the module
         docstring: it lingers, reading for nothing, when it may)."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        request_id = request_id or request_id_of(None)
+        transport.write(head + request_id.encode() + b"\r\n\r\n" + body)
+        self._end()
+
+    def _end(self) -> None:
+        """End the connection once what was written is sent: lingering, reading for
+        nothing, when it may (see the module docstring)."""
         global _lingering
         transport = self.transport
         if transport.is_closing():
@@ -191,8 +211,6 @@ class GatewayProtocol(HttpToolsProtocol):
         self._in_head = self._in_body = False
         self._idle_since = None
         self._cancel_deadline()
-        request_id = request_id or request_id_of(None)
-        transport.write(head + request_id.encode() + b"\r\n\r\n" + body)
         if _lingering < self._limits.max_connections and transport.can_write_eof():
             _lingering += 1
             self._lingers = True
@@ -223,8 +241,10 @@ class GatewayProtocol(HttpToolsProtocol):
             elif self._deadline is None:  # a head begun after an idle keep-alive period
                 self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
         elif self._in_body and self._deadline is None:
-            # The body did not come with its head: from now on it has a deadline.
+            # The body did not come with its head: from now on it has a deadline, and a
+            # response may start before the rest of it arrived.
             self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
+            self._watch_early_answer()
 
     def eof_received(self) -> None:
         if self._ended:
@@ -237,6 +257,11 @@ class GatewayProtocol(HttpToolsProtocol):
         self._answered_early = False
         self._in_head = True
         self._head_bytes = 0
+        self._body_seen = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen += len(body)
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -251,21 +276,69 @@ class GatewayProtocol(HttpToolsProtocol):
             self._cancel_deadline()
         super().on_message_complete()
         if self._answered_early:
-            self.transport.close()  # the rest of the body came in: the client has read it all
+            # The rest of the body came in, read for nothing: the connection is idle and
+            # open, as its response said (it did not say ``connection: close``).
+            self._answered_early = False
+            self._idle_since = time.monotonic()
+            if self.timeout_keep_alive_task is None and not self.transport.is_closing():
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if self.transport.is_closing() or self._ended:
             return
         if self._in_body:
-            # Answered before its body was all read (a refusal): the rest is read for
-            # nothing (uvicorn drops it), then the connection ends, at the latest at the
-            # body deadline.
+            # Answered before its body was all read (a refusal), without ``connection:
+            # close``: the rest is read for nothing (uvicorn drops it), within the body
+            # deadline (not the keep-alive timer: the connection is not idle yet).
             self._answered_early = True
+            self._unset_keepalive_if_required()
             if self._deadline is None:
                 self._deadline = self.loop.call_later(self._limits.body_timeout, self._abort)
             return
         self._idle_since = time.monotonic()
+
+    # -- early answers -----------------------------------------------------------------------
+
+    def _watch_early_answer(self) -> None:
+        """The current request's body did not all come with its head: if its response
+        starts before the rest arrived, decide then whether the rest is read for nothing
+        (the connection stays open) or the response says ``connection: close`` (see the
+        module docstring). Only such requests pay for the watch."""
+        cycle = self.cycle
+        if cycle is None or self._watched is cycle or cycle.response_started:
+            return
+        self._watched = cycle
+        declared: int | None = None
+        for name, value in self.headers:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = None
+        send = cycle.send
+
+        async def send_watching(message: Any) -> None:
+            if (
+                message["type"] == "http.response.start"
+                and self.cycle is cycle
+                and self._in_body
+                and (
+                    declared is None
+                    or declared - self._body_seen > DISCARD_BYTES
+                    or self.expect_100_continue
+                )
+            ):
+                # uvicorn then says ``connection: close`` and closes the transport after
+                # the response: through `_Ending`, which lingers instead of resetting the
+                # connection under a client still sending its body.
+                cycle.keep_alive = False
+                cycle.transport = _Ending(self)  # type: ignore[assignment]  # what the cycle uses
+            await send(message)
+
+        cycle.send = send_watching  # type: ignore[method-assign]
 
     # -- deadlines ---------------------------------------------------------------------------
 
@@ -298,6 +371,26 @@ class GatewayProtocol(HttpToolsProtocol):
         cycle.message_event.set()
         exchange = scope.get(EXCHANGE)
         self._answer_and_end(*_BODY_LATE, getattr(exchange, "request_id", None))
+
+
+class _Ending:
+    """A connection's transport as a response that ends it sees it: closing it ends the
+    connection as this layer's answers do (`GatewayProtocol._end`: lingering, reading for
+    nothing), never with a reset."""
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: GatewayProtocol) -> None:
+        self._protocol = protocol
+
+    def write(self, data: bytes) -> None:
+        self._protocol.transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._protocol.transport.is_closing()
+
+    def close(self) -> None:
+        self._protocol._end()
 
 
 def protocol_factory(limits: ConnectionLimits) -> Any:

@@ -32,9 +32,11 @@ import httpx2
 from yarl import URL
 
 from pipeline.providers._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     TransportName,
     basic_auth,
     bounded_body,
+    capped_body,
     decode_json,
     status_error,
     transport_error,
@@ -95,6 +97,7 @@ class AiohttpTransport:
         "_proxy_headers",
         "_proxy_request_headers",
         "_timeout",
+        "max_response_bytes",
         "timeout",
     )
 
@@ -107,7 +110,9 @@ class AiohttpTransport:
         *,
         timeout: float | httpx2.Timeout,
         base_url: httpx2.URL,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
+        self.max_response_bytes = max_response_bytes
         self.timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
         self._timeout = client_timeout(self.timeout)
         self._base_url = base_url
@@ -159,7 +164,11 @@ class AiohttpTransport:
         try:
             response = await self._post(target, body, headers, provider, where)
             try:
-                data = await response.read()
+                # Chunk by chunk (aiohttp decompresses each one bounded), so the size bound
+                # holds while the body arrives.
+                data = await capped_body(
+                    response.content.readany, self.max_response_bytes, provider, where
+                )
             finally:
                 response.release()
         except aiohttp.ClientError as exc:

@@ -16,12 +16,14 @@ import httpx2
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
 from pipeline.providers._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
     Deadline,
     StreamBody,
     TransportName,
     drain,
     encode_json,
     endpoint,
+    positive_bytes,
     positive_or_none,
     service_url,
     traced,
@@ -83,6 +85,7 @@ class HTTPChatClient(AsyncClosing):
         stream_idle_timeout: float | None,
         name: str | None,
         transport: TransportName | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if model is not None and (not isinstance(model, str) or not model):
             raise ValueError("model must be a non-empty string or None")
@@ -111,7 +114,13 @@ class HTTPChatClient(AsyncClosing):
             server_port=self._base_url.port or (443 if self._base_url.scheme == "https" else 80),
             name=name,
         )
-        self._transport = make_transport(transport, http_client, timeout, self._base_url)
+        self._transport = make_transport(
+            transport,
+            http_client,
+            timeout,
+            self._base_url,
+            positive_bytes(max_response_bytes, "max_response_bytes"),
+        )
         self._dynamic_headers = type(self)._request_headers is not HTTPChatClient._request_headers
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.

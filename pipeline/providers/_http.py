@@ -30,6 +30,7 @@ from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "DEFAULT_MAX_RESPONSE_BYTES",
     "DEFAULT_TIMEOUT",
     "DEFAULT_TRANSPORT",
     "Httpx2Transport",
@@ -39,10 +40,12 @@ __all__ = [
     "Deadline",
     "basic_auth",
     "bounded_body",
+    "capped_body",
     "decode_json",
     "drain",
     "encode_json",
     "endpoint",
+    "positive_bytes",
     "positive_or_none",
     "service_url",
     "status_error",
@@ -64,6 +67,9 @@ DEFAULT_TIMEOUT = httpx2.Timeout(60.0, connect=10.0)
 # (aiohttp's pool keeps every idle connection; its limit is the same 100.)
 DEFAULT_LIMITS = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
 _MAX_ERROR_BODY = 64 * 1024
+# A non-streamed answer's decoded body: far above any chat response's, and a bound on what a
+# decompression bomb can make this process hold.
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _MAX_DRAINED_CHUNKS = 100
 
 Read: TypeAlias = Callable[[], Awaitable[bytes]]
@@ -170,6 +176,32 @@ async def bounded_body(read: Read, errors: tuple[type[Exception], ...]) -> bytes
                 break
             body += chunk
     return body
+
+
+async def capped_body(read: Read, limit: int, provider: str, url: str) -> bytes:
+    """A response's whole body, decoded (the transport decompresses it chunk by chunk, each
+    chunk bounded), failing with a `ProviderError` (code ``response_too_large``) as soon as
+    it passes `limit` bytes: never more than `limit` and one chunk are held."""
+    body = bytearray()
+    while True:
+        chunk = await read()
+        if not chunk:
+            return bytes(body)
+        if len(body) + len(chunk) > limit:
+            raise provider_error(
+                FailureKind.UNKNOWN,
+                f"the response body is larger than {limit} bytes",
+                provider=provider,
+                code="response_too_large",
+                url=url,
+            )
+        body += chunk
+
+
+def positive_bytes(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int (bytes)")
+    return value
 
 
 def decode_json(body: bytes, provider: str) -> Any:
@@ -294,14 +326,21 @@ class Httpx2Transport:
     """Calls through an ``httpx2.AsyncClient``: the client's own (a pool of 100
     connections, every one kept alive when idle) or one the caller gave."""
 
-    __slots__ = ("_owned", "http")
+    __slots__ = ("_owned", "http", "max_response_bytes")
 
     name: TransportName = "httpx2"
     errors: tuple[type[Exception], ...] = (httpx2.HTTPError,)
 
-    def __init__(self, http: httpx2.AsyncClient, *, owned: bool) -> None:
+    def __init__(
+        self,
+        http: httpx2.AsyncClient,
+        *,
+        owned: bool,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ) -> None:
         self.http = http
         self._owned = owned
+        self.max_response_bytes = max_response_bytes
 
     @property
     def timeout(self) -> httpx2.Timeout:
@@ -313,20 +352,18 @@ class Httpx2Transport:
     async def post_json(
         self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str
     ) -> Any:
+        # Streamed, so the body is read (and decompressed) a bounded chunk at a time and the
+        # size bound holds while it arrives; `open_stream` turns an error status into its
+        # `ProviderError`.
         try:
-            response = await self.http.post(target, content=body, headers=headers)
+            stream = await self.open_stream(target, body, headers, provider, where)
+            try:
+                data = await capped_body(stream.read, self.max_response_bytes, provider, where)
+            finally:
+                await stream.aclose()
         except httpx2.HTTPError as exc:
             raise transport_error(exc, provider, where) from exc
-        status = response.status_code
-        if status >= 400:
-            raise status_error(
-                status,
-                response.headers.get("retry-after"),
-                response.content[:_MAX_ERROR_BODY],
-                provider,
-                where,
-            )
-        return decode_json(response.content, provider)
+        return decode_json(data, provider)
 
     async def open_stream(
         self, target: Any, body: bytes, headers: dict[str, str], provider: str, where: str

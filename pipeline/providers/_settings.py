@@ -116,6 +116,7 @@ class _HTTPOptions(TypedDict, total=False):
     timeout: float
     first_chunk_timeout: float | None
     stream_idle_timeout: float | None
+    max_response_bytes: int
     name: str
 
 
@@ -132,12 +133,18 @@ class HTTPProviderSettings(ProviderSettings):
     timeout: Seconds | None = None
     first_chunk_timeout: Seconds | None = None
     stream_idle_timeout: Seconds | None = None
+    max_response_bytes: Annotated[int, Field(ge=1)] = 64 * 1024 * 1024
+    """The most a non-streamed answer's body may hold once decompressed, in bytes (default
+    64 MiB): a larger one fails with a `ProviderError` (code ``response_too_large``) as
+    soon as it passes the bound, so a compressed body that expands without end never fills
+    memory."""
 
     def _http_options(self, name: str) -> _HTTPOptions:
         options: _HTTPOptions = {
             "transport": self.transport,
             "first_chunk_timeout": self.first_chunk_timeout,
             "stream_idle_timeout": self.stream_idle_timeout,
+            "max_response_bytes": self.max_response_bytes,
             "name": name,
         }
         if self.timeout is not None:

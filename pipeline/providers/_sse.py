@@ -11,6 +11,7 @@ providers use it.
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import json
 import json.scanner
@@ -22,6 +23,9 @@ from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
+    "MAX_EVENT",
+    "MAX_LINE",
+    "YIELD_EVERY",
     "SSEDecoder",
     "SSEPayloads",
     "Utf8Lines",
@@ -33,19 +37,33 @@ _KNOWN_FIELDS = frozenset({"data", "event", "id", "retry"})
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 
+MAX_LINE = 8 * 1024 * 1024
+"""The longest line a stream may send, in characters (a longer one is a `ProviderError`):
+far above any chat API's (its final event carries the whole response on one line), and a
+bound on what an endless line or a streamed decompression bomb can hold."""
+MAX_EVENT = 8 * 1024 * 1024
+"""The most data one event may carry, in characters, its lines together."""
+YIELD_EVERY = 1024 * 1024
+"""Bytes `next_payloads` reads without a payload before it gives the event loop a turn."""
+
+
 class SSEDecoder:
     """Give it lines (without line endings); it tells the events they complete.
 
     Follows the SSE rules: ``data`` lines of one event are joined with newlines, a blank
     line dispatches the event, comment lines (``:``) are skipped. A line naming no known
-    field raises `MalformedSSE`, since no chat API stream sends one.
+    field raises `MalformedSSE`, since no chat API stream sends one; so does data passing
+    `max_event` characters (with `overflowed` set).
     """
 
-    __slots__ = ("_data", "_event")
+    __slots__ = ("_data", "_event", "_max_event", "_size", "overflowed")
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_event: int = MAX_EVENT) -> None:
         self._data: list[str] = []
         self._event = ""
+        self._size = 0  # the characters of `_data`
+        self._max_event = max_event
+        self.overflowed = False
 
     def events(self, lines: list[str], dispatched: list[tuple[str, str]]) -> None:
         """Append the (type, data) of each event `lines` complete to `dispatched`, in
@@ -57,42 +75,71 @@ class SSEDecoder:
                 if data:
                     dispatched.append((self._event, data[0] if len(data) == 1 else "\n".join(data)))
                     data = self._data = []
+                    self._size = 0
                 self._event = ""
-            elif line[0] == ":":
                 continue
-            elif line[:6] == "data: ":
-                data.append(line[6:])
+            if line[0] == ":":
+                continue
+            if line[:6] == "data: ":
+                value = line[6:]
             else:
                 name, colon, value = line.partition(":")
                 if value[:1] == " ":
                     value = value[1:]
-                if name == "data":
-                    data.append(value)
-                elif name == "event":
+                if name == "event":
                     self._event = value
-                elif name not in _KNOWN_FIELDS:
+                    continue
+                if name != "data":
+                    if name in _KNOWN_FIELDS:
+                        continue
                     raise MalformedSSE(
                         "an unknown server-sent event field" if colon else "a line that is not SSE"
                     )
+            self._size += len(value) + 1
+            if self._size > self._max_event:
+                self.overflowed = True
+                raise MalformedSSE("an event longer than the bound")
+            data.append(value)
 
 
 class Utf8Lines:
     """Splits a byte stream into lines (``\r\n``, ``\n`` or ``\r``), decoded as UTF-8
     whatever charset the response declared: server-sent events are UTF-8 by definition, and
-    a declared ``base64`` or ``utf-16`` must not pick our decoder. Bytes that are not UTF-8
-    are a `ProviderError` (``malformed``). Synchronous, so reading a stream costs no extra
-    generator step per line."""
+    a declared ``base64`` or ``utf-16`` must not pick our decoder. Synchronous, so reading a
+    stream costs no extra generator step per line.
 
-    __slots__ = ("_decoder", "_pending", "_provider", "_split_character")
+    Linear in the bytes fed: an unfinished line is kept in pieces and joined once, when its
+    end arrives, and only new text is searched for line ends. A line longer than
+    `max_line` characters is a `ProviderError` (``malformed``) as soon as it passes it.
+    Bytes that are not UTF-8 are one too: the lines completed before them are returned
+    first (`failure` then holds the error, raised by the next `feed` or `finish`), and
+    when there are none it is raised at once."""
 
-    def __init__(self, provider: str) -> None:
+    __slots__ = (
+        "_cr",
+        "_decoder",
+        "_max_line",
+        "_parts",
+        "_provider",
+        "_size",
+        "_split_character",
+        "failure",
+    )
+
+    def __init__(self, provider: str, *, max_line: int = MAX_LINE) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")()
         self._split_character = False
-        self._pending = ""
+        self._parts: list[str] = []  # the unfinished line, in pieces
+        self._size = 0  # its characters
+        self._cr = False  # the last text ended with a CR (maybe half of a CRLF)
         self._provider = provider
+        self._max_line = max_line
+        self.failure: ProviderError | None = None
 
     def feed(self, chunk: bytes) -> list[str]:
         """The lines `chunk` completes (the rest waits for the next chunk)."""
+        if self.failure is not None:
+            raise self.failure
         if self._split_character:
             text = self._decode(chunk)
         else:
@@ -102,31 +149,72 @@ class Utf8Lines:
                 # A character split across chunks (the incremental decoder keeps its first
                 # half for the next chunk), or bytes that are not UTF-8.
                 text = self._decode(chunk)
-        text = self._pending + text
-        carry = ""
+        lines = self._split(text)
+        if self.failure is not None and not lines:
+            raise self.failure
+        return lines
+
+    def _split(self, text: str) -> list[str]:
+        if self._cr:
+            text = "\r" + text
+            self._cr = False
+        if "\n" not in text and "\r" not in text:
+            # Still inside the unfinished line: keep the piece, search nothing again.
+            if text:
+                self._keep(text)
+            return []
+        parts = self._parts
+        if parts:
+            parts.append(text)
+            text = "".join(parts)
+            parts.clear()
+            self._size = 0
         if text.endswith("\r"):
             # A CR may be the first half of a CRLF that the next chunk completes.
-            text, carry = text[:-1], "\r"
+            text = text[:-1]
+            self._cr = True
         # str.split is several times cheaper than the regex, and servers send LF only.
         lines = _LINE_END.split(text) if "\r" in text else text.split("\n")
-        self._pending = lines.pop() + carry
+        tail = lines.pop()
+        limit = self._max_line
+        for line in lines:
+            if len(line) > limit:
+                raise self._too_long()
+        if tail:
+            self._keep(tail)
         return lines
+
+    def _keep(self, piece: str) -> None:
+        self._size += len(piece)
+        if self._size > self._max_line:
+            self._parts.clear()
+            raise self._too_long()
+        self._parts.append(piece)
+
+    def _too_long(self) -> ProviderError:
+        return malformed(self._provider, f"a line longer than {self._max_line} characters")
 
     def _decode(self, chunk: bytes) -> str:
         try:
             text = self._decoder.decode(chunk)
-        except UnicodeDecodeError:
-            raise malformed(self._provider, "the stream is not UTF-8 text") from None
+        except UnicodeDecodeError as exc:
+            # What came before the bad bytes is text, and may complete lines: those are
+            # delivered before the failure (`feed`).
+            self.failure = malformed(self._provider, "the stream is not UTF-8 text")
+            return bytes(exc.object[: exc.start]).decode(errors="replace")
         self._split_character = bool(self._decoder.getstate()[0])
         return text
 
     def finish(self) -> list[str]:
         """The last, unterminated line (if any), once the stream ended."""
+        if self.failure is not None:
+            raise self.failure
         try:
-            tail = self._pending + self._decoder.decode(b"", final=True)
+            tail = "".join(self._parts) + self._decoder.decode(b"", final=True)
         except UnicodeDecodeError:
             raise malformed(self._provider, "the stream is not UTF-8 text") from None
-        self._pending = ""
+        self._parts.clear()
+        self._size = 0
         return [line for line in _LINE_END.split(tail) if line]
 
 
@@ -164,11 +252,19 @@ class SSEPayloads:
     it. Synchronous, so a stream reader pays no generator step per chunk for it.
     """
 
-    __slots__ = ("_decoder", "_end_types", "_lines", "_provider", "done", "failure")
+    __slots__ = ("_decoder", "_end_types", "_lines", "_max_event", "_provider", "done", "failure")
 
-    def __init__(self, provider: str, *, end_types: frozenset[str] = frozenset()) -> None:
-        self._lines = Utf8Lines(provider)
-        self._decoder = SSEDecoder()
+    def __init__(
+        self,
+        provider: str,
+        *,
+        end_types: frozenset[str] = frozenset(),
+        max_line: int = MAX_LINE,
+        max_event: int = MAX_EVENT,
+    ) -> None:
+        self._lines = Utf8Lines(provider, max_line=max_line)
+        self._decoder = SSEDecoder(max_event=max_event)
+        self._max_event = max_event
         self._provider = provider
         self._end_types = end_types
         self.done = False
@@ -191,7 +287,14 @@ class SSEPayloads:
         try:
             self._decoder.events(lines, events)
         except MalformedSSE:
-            failure = malformed(provider, "a line that is not server-sent events")
+            failure = malformed(
+                provider,
+                f"an event longer than {self._max_event} characters"
+                if self._decoder.overflowed
+                else "a line that is not server-sent events",
+            )
+        if failure is None:
+            failure = self._lines.failure  # bytes that are not UTF-8, after these lines
         payloads: list[Any] = []
         for event, data in events:
             if data[:1] != "{" and data.strip() == "[DONE]":
@@ -224,7 +327,13 @@ async def next_payloads(
     read: Callable[[], Awaitable[bytes]], payloads: SSEPayloads
 ) -> list[Any] | None:
     """The payloads of the next chunks that complete any (None once the body ended and
-    left none). `read` returns the body's next chunk, and ``b""`` at its end."""
+    left none). `read` returns the body's next chunk, and ``b""`` at its end.
+
+    A transport returns chunks it holds already without suspending, so a body that keeps
+    arriving without completing a payload (blank lines, comments: a decompression bomb)
+    would keep the loop busy and no timeout could fire: every `YIELD_EVERY` bytes without
+    a payload, the loop gets a turn."""
+    unyielded = 0
     while True:
         chunk = await read()
         if not chunk:
@@ -232,3 +341,7 @@ async def next_payloads(
         batch = payloads.feed(chunk)
         if batch:
             return batch
+        unyielded += len(chunk)
+        if unyielded >= YIELD_EVERY:
+            unyielded = 0
+            await asyncio.sleep(0)

@@ -11,6 +11,7 @@ import httpx2
 
 from pipeline.providers._http import (
     DEFAULT_LIMITS,
+    DEFAULT_MAX_RESPONSE_BYTES,
     DEFAULT_TRANSPORT,
     TRANSPORTS,
     Httpx2Transport,
@@ -25,11 +26,13 @@ def make_transport(
     http_client: object,
     timeout: float | httpx2.Timeout,
     base_url: httpx2.URL,
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> Transport:
     """The transport a client asked for: `transport` (``"aiohttp"`` or ``"httpx2"``; None:
     the one `http_client` implies, else `DEFAULT_TRANSPORT`) over `http_client` (an
     ``httpx2.AsyncClient`` or an ``aiohttp.ClientSession``, used as is and left open) or a
-    client of the transport's own with `timeout`, for the service at `base_url`.
+    client of the transport's own with `timeout`, for the service at `base_url`; a
+    non-streamed answer's decoded body may hold `max_response_bytes`.
 
     Raises `ValueError` for an unknown transport or one that contradicts `http_client`, and
     `TypeError` for an `http_client` of another kind.
@@ -42,15 +45,19 @@ def make_transport(
         name = transport or DEFAULT_TRANSPORT
         if name == "httpx2":
             return Httpx2Transport(
-                httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS), owned=True
+                httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS),
+                owned=True,
+                max_response_bytes=max_response_bytes,
             )
         from pipeline.providers._aiohttp import AiohttpTransport
 
-        return AiohttpTransport(None, timeout=timeout, base_url=base_url)
+        return AiohttpTransport(
+            None, timeout=timeout, base_url=base_url, max_response_bytes=max_response_bytes
+        )
     if isinstance(http_client, httpx2.AsyncClient):
         if transport not in (None, "httpx2"):
             raise ValueError(f"transport={transport!r} cannot call through an httpx2.AsyncClient")
-        return Httpx2Transport(http_client, owned=False)
+        return Httpx2Transport(http_client, owned=False, max_response_bytes=max_response_bytes)
     # An aiohttp session is one only if aiohttp was imported to make it.
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None and isinstance(http_client, aiohttp.ClientSession):
@@ -58,7 +65,9 @@ def make_transport(
             raise ValueError(f"transport={transport!r} cannot call through an aiohttp session")
         from pipeline.providers._aiohttp import AiohttpTransport
 
-        return AiohttpTransport(http_client, timeout=timeout, base_url=base_url)
+        return AiohttpTransport(
+            http_client, timeout=timeout, base_url=base_url, max_response_bytes=max_response_bytes
+        )
     raise TypeError(
         "http_client must be an httpx2.AsyncClient or an aiohttp.ClientSession, "
         f"not {type(http_client).__name__}"

@@ -33,7 +33,7 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
-from pipeline.providers._http import DEFAULT_TIMEOUT, TransportName
+from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 
@@ -77,6 +77,7 @@ class AnthropicChatClient(HTTPChatClient):
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         name: str | None = None,
     ) -> None:
         if not isinstance(model, str) or not model:
@@ -97,6 +98,7 @@ class AnthropicChatClient(HTTPChatClient):
             headers=headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_response_bytes=max_response_bytes,
             name=name,
             transport=transport,
         )

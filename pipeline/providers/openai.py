@@ -14,6 +14,11 @@ provider of this package shares them):
   within `stream_idle_timeout` after output is a transient failure after output;
 * a stream that ends without ``[DONE]`` is transient; malformed SSE or JSON is a
   `ProviderError` (kind `UNKNOWN`, code ``malformed``), never a `KeyError`/`JSONDecodeError`;
+  so is a stream line or event past its bound (`pipeline.providers._sse.MAX_LINE`,
+  `MAX_EVENT`), and bytes that are not UTF-8 fail after the events before them;
+* a non-streamed answer whose decoded body passes `max_response_bytes` (default 64 MiB)
+  is a `ProviderError` (kind `UNKNOWN`, code ``response_too_large``) as soon as it does,
+  whatever its compression: the body is never held whole beyond the bound;
 * error messages never contain the provider's body, prompt text or the API key.
 """
 
@@ -32,7 +37,7 @@ from pipeline.providers._chat_completions import (
     build_request,
     parse_response,
 )
-from pipeline.providers._http import DEFAULT_TIMEOUT, TransportName
+from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 
 if TYPE_CHECKING:
@@ -49,6 +54,7 @@ class ClientOptions(TypedDict, total=False):
     default_headers: Mapping[str, str] | None
     first_chunk_timeout: float | None
     stream_idle_timeout: float | None
+    max_response_bytes: int
     max_tokens_field: str | None
     name: str | None
 
@@ -81,6 +87,7 @@ class OpenAIAPIClient(HTTPChatClient):
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         name: str | None = None,
     ) -> None:
         headers: dict[str, str] = dict(default_headers or {})
@@ -95,6 +102,7 @@ class OpenAIAPIClient(HTTPChatClient):
             headers=headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_response_bytes=max_response_bytes,
             name=name,
             transport=transport,
         )
@@ -145,6 +153,7 @@ class OpenAIChatClient(OpenAIAPIClient):
         default_headers: Mapping[str, str] | None = None,
         first_chunk_timeout: float | None = None,
         stream_idle_timeout: float | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_tokens_field: str | None = None,
         name: str | None = None,
     ) -> None:
@@ -166,6 +175,7 @@ class OpenAIChatClient(OpenAIAPIClient):
             default_headers=default_headers,
             first_chunk_timeout=first_chunk_timeout,
             stream_idle_timeout=stream_idle_timeout,
+            max_response_bytes=max_response_bytes,
             name=name,
         )
 

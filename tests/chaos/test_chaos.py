@@ -13,6 +13,8 @@ its retries allow; no task outlives the run.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import random
 import re
 import sys
@@ -24,11 +26,27 @@ from typing import Any
 import httpx2
 import pytest
 
-from middleware.routing import FailoverAttempt, OrderedFailoverChatClient, Route, RoutingContext
+from middleware.routing import (
+    FailoverAttempt,
+    HedgingChatClient,
+    OrderedFailoverChatClient,
+    Route,
+    RouteHealth,
+    RoutingContext,
+)
 from pipeline import ChatOptions, ChatPipeline
-from pipeline.errors import ChatPipelineError, CircuitOpenError
+from pipeline.errors import ChatPipelineError, CircuitOpenError, TransientProviderError
 from pipeline.providers import OpenAIChatClient
-from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
+from pipeline.testing import (
+    FakeOpenAIServer,
+    FakeResponse,
+    ScriptedChatClient,
+    ScriptStep,
+    collect,
+    fail,
+    fail_after,
+    reply,
+)
 from tests.chaos.fault_server import TOKENS
 from tests.otel import Otel
 from tests.processes import ChildProcess
@@ -259,3 +277,158 @@ async def test_a_hanging_primary_is_cut_then_skipped_once_its_breaker_opens(
         assert backup_server.count() == 8
         errors = [type(router.attempts[f"h-{i}"][0].exception).__name__ for i in range(8)]
         assert errors == ["AttemptTimeoutError"] * 3 + ["CircuitOpenError"] * 5
+
+
+# -- a hedged router, 1,000 requests in flight at once ------------------------------------------
+
+HEDGED = 1000
+# The request an attempt belongs to (the attempts' tasks inherit the request's context).
+_REQUEST: contextvars.ContextVar[HedgedOutcome | None] = contextvars.ContextVar(
+    "chaos_hedged_request", default=None
+)
+
+
+class HedgeRecorder(HedgingChatClient):
+    """A hedging router that counts every attempt it reports, by route."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reported: dict[str, int] = {}
+
+    def on_routing_update(
+        self, context: RoutingContext, attempt: FailoverAttempt, is_terminal: bool
+    ) -> None:
+        self.reported[attempt.route_name] = self.reported.get(attempt.route_name, 0) + 1
+
+
+@dataclass
+class HedgedOutcome:
+    request: str
+    streaming: bool
+    # "" (never), "turns" (after a few loop turns), "first" (after the first update) or
+    # "stopping" (when an attempt of its starts shutting down: a losing hedge, mostly).
+    cancel: str
+    task: asyncio.Task[str] | None = None
+    text: str = ""
+    error: BaseException | None = None
+    cancelled: bool = False
+
+
+def chaotic(name: str, rng: random.Random) -> ScriptedChatClient:
+    """A route that answers after a few milliseconds, fails before or after output, or
+    hangs, at random; and that takes a few turns of the loop to stop when cancelled (a
+    losing hedge being shut down while its caller cancels is the case that leaked)."""
+
+    def step(messages: Any, options: Any) -> ScriptStep:
+        roll = rng.random()
+        delay = rng.uniform(0.0, 0.004)
+        if roll < 0.6:
+            return reply(f"{name}1 {name}2", chunks=[f"{name}1 ", f"{name}2"], delay=delay)
+        if roll < 0.75:
+            return fail(TransientProviderError("before"), delay=delay)
+        if roll < 0.85:
+            return fail_after([f"{name}1 "], TransientProviderError("after"), chunk_delay=delay)
+        return reply("never", delay=3600.0)  # hangs, until cut or cancelled
+
+    async def slow_to_stop(seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            outcome = _REQUEST.get()
+            if outcome is not None and outcome.cancel == "stopping" and outcome.task is not None:
+                outcome.task.cancel()  # the caller leaves while this attempt stops
+            for _ in range(rng.randint(1, 3)):
+                await asyncio.sleep(0)
+            raise
+
+    return ScriptedChatClient(step, name=name, sleep=slow_to_stop)
+
+
+async def one_hedged_request(chat: ChatPipeline, outcome: HedgedOutcome) -> None:
+    async def consume() -> str:
+        _REQUEST.set(outcome)
+        if not outcome.streaming:
+            return (await chat.get_response("hi")).text
+        parts = []
+        async for update in chat.get_streaming_response("hi"):
+            parts.append(update.text)
+            outcome.text = "".join(parts)
+            if outcome.cancel == "first":
+                assert outcome.task is not None
+                outcome.task.cancel()
+        return outcome.text
+
+    outcome.task = request = asyncio.ensure_future(consume())
+    if outcome.cancel == "turns":
+        for _ in range(3):
+            await asyncio.sleep(0)
+        request.cancel()
+    try:
+        outcome.text = await request
+    except asyncio.CancelledError:
+        outcome.cancelled = True
+    except Exception as exc:
+        outcome.error = exc
+
+
+@pytest.mark.timeout(120)
+async def test_hedged_requests_with_random_cancels_leave_nothing_in_flight(otel: Otel) -> None:
+    rng = random.Random(31)
+    clients = {name: chaotic(name, rng) for name in ("a", "b", "c")}
+    health = RouteHealth(outlier_latency_gap=1000.0, outlier_failure_gap=1.0)
+    router = HedgeRecorder(
+        [Route(name, client) for name, client in clients.items()],
+        health=health,
+        delay=0.002,
+        max_hedged_attempts=2,
+        budget=1.0,
+        budget_burst=float(HEDGED),
+        attempt_timeout=0.5,
+        request_timeout=5.0,
+        **otel.providers,
+    )
+    modes = ["", "", "", "", "", "turns", "first", "stopping", "stopping", "stopping"]
+    outcomes = [
+        HedgedOutcome(f"hedged-{i}", streaming=i % 2 == 1, cancel=rng.choice(modes))
+        for i in range(HEDGED)
+    ]
+    chat = ChatPipeline.builder(**otel.providers).use_failover(router).build()
+    started = time.monotonic()
+    async with asyncio.timeout(60):  # bounded: all 1,000 in flight at once
+        await asyncio.gather(*(one_hedged_request(chat, outcome) for outcome in outcomes))
+    elapsed = time.monotonic() - started
+
+    # Every answer came whole from one route; every failure is a pipeline error; only
+    # requests whose callers cancel were cancelled.
+    answered = cancelled = failed = 0
+    for outcome in outcomes:
+        words = outcome.text.split()
+        assert len({word[0] for word in words}) <= 1, f"{outcome.request}: mixed output"
+        if outcome.cancelled:
+            cancelled += 1
+            assert outcome.cancel, f"{outcome.request}: cancelled, though its caller did not"
+        elif outcome.error is None:
+            answered += 1
+            assert [word[1:] for word in words] == ["1", "2"], outcome.text
+        else:
+            failed += 1
+            assert isinstance(outcome.error, ChatPipelineError), repr(outcome.error)
+    # Every route is idle again; every attempt was reported and its span ended.
+    assert {name: stats.in_flight for name, stats in health.snapshot().items()} == {
+        name: 0 for name in clients
+    }
+    calls = {name: client.call_count for name, client in clients.items()}
+    assert router.reported == calls
+    spans = collections.Counter(span.name for span in otel.attempt_spans())
+    assert spans == {f"route_attempt {name}": count for name, count in calls.items()}
+    for client in clients.values():
+        assert client.streams_closed == client.streams_opened
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+    hedges = otel.total("ai.route.hedges.started")
+    assert answered > 0 and cancelled > 0 and hedges > 0
+    await chat.aclose()
+    print(
+        f"\nhedged chaos: {HEDGED} requests at once in {elapsed:.1f} s: {answered} answered, "
+        f"{failed} failed, {cancelled} cancelled; {sum(calls.values())} attempts, "
+        f"{hedges} hedges"
+    )

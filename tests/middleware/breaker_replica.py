@@ -147,6 +147,8 @@ def replica(
         redis=url,
         redis_timeout=5,
         now=now,
+        clock=lambda: now().timestamp(),
+        redis_clock=lambda: now().timestamp(),
         **options,
     )
     return client, inner

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as redis_asyncio
@@ -62,9 +63,13 @@ def breaker(
         # Generous: a loaded test machine must not make Redis look down (then each breaker
         # decides alone), except in the tests about a slow Redis, which set their own.
         options.setdefault("redis_timeout", 5)
+    fake = now or FakeNow()
     client = CircuitBreakerChatClient(
         inner,
-        now=now or FakeNow(),
+        # One fake time drives the three clocks (`clock_steps` tests them apart).
+        now=fake,
+        clock=lambda: fake().timestamp(),
+        redis_clock=lambda: fake().timestamp(),
         on_state_change=lambda *change: changes.append(change),
         **options,  # type: ignore[arg-type]
     )
@@ -1064,3 +1069,73 @@ async def test_a_paused_redis_leaves_the_window_to_local_state(
     (warning,) = breaker_warnings(caplog)
     assert "TimeoutError" in warning.getMessage()
     await client.aclose()
+
+
+# -- clocks that jump -------------------------------------------------------------------------
+# The wall clock (`now`) jumps; durations and the window follow the monotonic `clock`
+# (here the process's own: these tests' calls take far less than their windows).
+
+
+async def test_a_wall_clock_stepped_back_still_counts_every_outcome(streaming: bool) -> None:
+    wall = FakeNow()
+    inner = ScriptedChatClient(F)
+    client = CircuitBreakerChatClient(
+        inner, now=wall, name="p", failure_ratio=0.5, minimum_calls=40, window=60,
+        fail_max=1000,
+    )  # fmt: skip
+    await run(client, 1, streaming)
+    wall.advance(-3600)  # an hour back: a wall-clock window would drop every outcome
+    await run(client, 38, streaming)
+    assert client.state == "closed"  # 39 calls: below minimum_calls
+    await run(client, 1, streaming)
+    assert client.state == "open"  # the fortieth failure in a row
+    assert await run(client, 1, streaming) == ["CircuitOpenError"]
+    assert inner.call_count == 40
+
+
+async def test_a_wall_clock_stepped_forward_makes_no_call_in_flight_slow(
+    streaming: bool,
+) -> None:
+    wall = FakeNow()
+    gate = asyncio.Event()
+
+    async def held(seconds: float) -> None:
+        await gate.wait()
+
+    inner = ScriptedChatClient(reply("ok", delay=1), sleep=held)
+    client = CircuitBreakerChatClient(
+        inner, now=wall, name="p", slow_call_duration=60, slow_call_ratio=0.5,
+        minimum_calls=20, fail_max=1000,
+    )  # fmt: skip
+    calls = [asyncio.create_task(collect(client, "hi", streaming=streaming)) for _ in range(20)]
+    await inner.wait_for_calls(20)  # all 20 in flight
+    wall.advance(3600)  # an hour forward, while they run
+    gate.set()
+    results = await asyncio.gather(*calls)
+    assert [result.text for result in results] == ["ok"] * 20
+    assert client.state == "closed"  # none was slow: 20 fast calls of a healthy deployment
+    assert await run(client, 1, streaming) == ["ok"]
+
+
+async def test_replicas_whose_wall_clocks_differ_share_one_window(
+    redis_url: str, streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    # An hour apart: buckets numbered from the wall clocks would never meet. On Redis'
+    # clock they do.
+    name = f"apart-{request.node.name}"
+    options: dict[str, Any] = {
+        "failure_ratio": 0.5, "minimum_calls": 4, "window": 60, "fail_max": 1000,
+        "name": name, "redis": redis_url, "redis_timeout": 5,
+    }  # fmt: skip
+    early, late = FakeNow(), FakeNow()
+    late.advance(3600)
+    a = CircuitBreakerChatClient(ScriptedChatClient(F), now=early, **options)
+    b = CircuitBreakerChatClient(ScriptedChatClient(OK), now=late, **options)
+    for each in (a, a, b):
+        await collect(each, "hi", streaming=streaming)
+    assert a.state == b.state == "closed"
+    assert (await collect(b, "hi", streaming=streaming)).text == "ok"  # 2 of 4 failed
+    assert b.state == "open"
+    assert isinstance((await collect(a, "hi", streaming=streaming)).error, CircuitOpenError)
+    await a.aclose()
+    await b.aclose()

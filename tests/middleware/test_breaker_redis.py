@@ -66,6 +66,7 @@ def windowed(client: object, name: str, bucket: list[int]) -> RedisBreakerState:
         probe_claim_ttl=5,
         window=10.0,
         bucket=lambda: bucket[0],
+        shared_bucket=lambda: bucket[0],
     )
 
 
@@ -161,3 +162,31 @@ async def test_outcomes_wait_out_an_outage_and_an_open_circuit_counts_nothing(
     await shared.read()
     assert shared.window.counts(7) == Counts(2, 1, 0)
     await shared.aclose()
+
+
+async def test_processes_whose_clocks_disagree_meet_on_redis_time(redis_url: str) -> None:
+    # Each numbers buckets by its own (monotonic) clock: 1,000 and 777,000 buckets apart.
+    # Redis' TIME is the shared clock: each sees the other's outcomes, on its own numbering.
+    name = f"w-{uuid.uuid4().hex[:8]}"
+    mine, theirs = [1_000], [778_000]
+
+    def on_redis_time(bucket: list[int]) -> RedisBreakerState:
+        return RedisBreakerState(
+            redis_url, name, timeout=5, retry_interval=0, probe_claim_ttl=5,
+            window=3600.0, bucket=lambda: bucket[0],
+        )  # fmt: skip
+
+    one, other = on_redis_time(mine), on_redis_time(theirs)
+    assert one.window is not None and other.window is not None
+    one.window.add(1_000, 3, 2, 1)
+    one.window.add(999, 1, 1, 0)
+    await one.read()
+    await other.read()
+    assert other.window.counts(778_000) == Counts(4, 3, 1)
+    assert sorted(other.window.seen.buckets()) == [(777_999, 1, 1, 0), (778_000, 3, 2, 1)]
+    other.window.add(778_000, 5, 0, 0)
+    await other.read()
+    await one.read()
+    assert one.window.counts(1_000) == Counts(9, 3, 1)
+    for each in (one, other):
+        await each.aclose()

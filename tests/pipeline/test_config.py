@@ -746,6 +746,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     for client in (OpenAIChatClient, OpenAIResponsesChatClient, AnthropicChatClient):
         pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
         pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
+        pairs.append((HTTPProviderSettings, "max_response_bytes", client, "max_response_bytes"))
     pairs.append(
         (ChatCompletionsSettings, "max_tokens_field", OpenAIChatClient, "max_tokens_field")
     )
@@ -941,3 +942,25 @@ def test_hedged_router_problems_name_their_key_paths(
     with pytest.raises(ConfigError) as caught:
         parse_config(data)
     assert dict(caught.value.problems) == problems
+
+
+def test_a_route_weight_must_be_finite_and_the_error_names_its_key() -> None:
+    for weight in (float("inf"), float("nan"), 0):
+        with pytest.raises(ConfigError, match=r"^routes\.a\.weight: "):
+            parse_config(
+                {
+                    "routes": {"a": {"provider": "scripted", "weight": weight}},
+                    "router": {"kind": "balanced", "strategy": "weighted"},
+                }
+            )
+    # As large as a float goes is a weight (drawn relative to the largest).
+    config = parse_config(
+        {
+            "routes": {
+                "a": {"provider": "scripted", "weight": 1e308},
+                "b": {"provider": "scripted", "weight": 1e308},
+            },
+            "router": {"kind": "balanced", "strategy": "weighted"},
+        }
+    )
+    assert config is not None

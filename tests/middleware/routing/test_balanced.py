@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import random
 
 import pytest
@@ -24,6 +25,7 @@ from pipeline.errors import (
     AttemptTimeoutError,
     CircuitOpenError,
     RateLimitedError,
+    RoutingError,
     TransientProviderError,
 )
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
@@ -436,3 +438,45 @@ async def test_a_probe_cut_is_an_attempt_timeout_of_the_probed_route() -> None:
     clock.advance(health.settings.probe_interval)
     await router.get_response("hi")
     assert outcomes[("a", AttemptTimeoutError.__name__)] == 1
+
+
+async def test_weights_as_large_as_floats_go_still_spread_by_weight(streaming: bool) -> None:
+    clients = fleet("heavy", "light", "tiny")
+    router = BalancedFailoverChatClient(
+        routes(
+            clients,
+            heavy={"weight": 1.5e308},
+            light={"weight": 0.5e308},
+            tiny={"weight": 5e-324},  # the smallest float: as good as never
+        ),
+        strategy="weighted",
+        random_source=random.Random(5),
+    )
+    for _ in range(400):
+        result = await collect(router, "hi", streaming=streaming)
+        assert result.error is None
+    counts = served(clients)
+    assert counts["heavy"] + counts["light"] == 400 and counts["tiny"] == 0
+    assert 2.4 < counts["heavy"] / counts["light"] < 3.8, counts
+
+
+def test_a_weight_must_be_finite() -> None:
+    client = ScriptedChatClient("ok", name="a")
+    for weight in (math.inf, math.nan):
+        with pytest.raises(ValueError, match=r"Route 'a'.*weight"):
+            Route("a", client, weight=weight)
+
+
+async def test_a_selection_that_fails_is_a_routing_error(streaming: bool) -> None:
+    class Broken(random.Random):
+        def choices(self, *args: object, **kwargs: object) -> list[Route]:  # type: ignore[override]
+            raise ValueError("Total of weights must be finite")
+
+    clients = fleet("a", "b")
+    router = BalancedFailoverChatClient(
+        routes(clients), strategy="weighted", random_source=Broken(1)
+    )
+    result = await collect(router, "hi", streaming=streaming)
+    assert isinstance(result.error, RoutingError)
+    assert str(result.error) == "route selection failed (weighted): ValueError"
+    assert isinstance(result.error.__cause__, ValueError)

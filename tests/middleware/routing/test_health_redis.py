@@ -144,3 +144,42 @@ def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="redis"):
         RedisHealthStore("http://example")
     assert "127.0.0.1" not in repr(RedisHealthStore("redis://127.0.0.1:6379/0"))
+
+
+@pytest.mark.parametrize("lost", ["written while Redis was down", "lost with its restart"])
+async def test_a_cooldown_reaches_the_other_replica_after_redis_restarts(
+    redis_server: RedisServer, lost: str
+) -> None:
+    # A restarted Redis is empty: the cooldown key a replica wrote (or could not write,
+    # while Redis was down) is gone, but the replica still cools the route down. Its next
+    # sync must publish it again, or the other replicas never see it.
+    namespace = f"test:{uuid.uuid4().hex}"
+    clock = Clock()
+    # A retry interval of a nanosecond: the first sync after the restart tries Redis.
+    options = {"timeout": 1.0, "retry_interval": 1e-9}
+    first = replica(redis_server.url, namespace, clock, **options)
+    second = replica(redis_server.url, namespace, clock, **options)
+    assert isinstance(first.store, RedisHealthStore)
+    assert isinstance(second.store, RedisHealthStore)
+    try:
+        second.stats("b")  # a route second knows of
+        assert await first.store.sync(first) and await second.store.sync(second)
+        if lost == "written while Redis was down":
+            redis_server.stop()
+            first.cool_down("b", 30.0)
+            await asyncio.gather(*first.store._tasks)  # its write failed
+        else:
+            first.cool_down("b", 30.0)
+            await asyncio.gather(*first.store._tasks)  # written
+            redis_server.stop()
+        redis_server.start()  # empty, on the same port
+        for health in (first, second):
+            store = health.store
+            assert isinstance(store, RedisHealthStore)
+            # A pooled connection to the Redis that died fails once: the next sync connects.
+            assert any([await store.sync(health) for _ in range(3)])
+        assert second.cooling_down("b")
+        assert second.stats("b").cooldown == pytest.approx(30.0, abs=1.0)
+    finally:
+        await first.aclose()
+        await second.aclose()

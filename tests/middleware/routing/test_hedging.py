@@ -658,3 +658,46 @@ def test_toml_errors_name_the_hedging_keys() -> None:
     assert "router.budget: expected at most 1.0, got 2" in lines
     assert "router.max_hedged_attempts: expected at least 1, got 0" in lines
     assert "router.routes[1]: names no route: 'zz'" in lines
+
+
+class SlowToStop:
+    """A `sleep` that lasts until cancelled, then takes until the test releases it to stop:
+    a losing attempt that is slow to shut down."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()
+        except asyncio.CancelledError:
+            self.stopping.set()
+            await self.release.wait()
+            raise
+
+
+async def test_a_cancel_while_a_loser_shuts_down_still_ends_every_attempt(
+    otel: Otel, streaming: bool
+) -> None:
+    slow = SlowToStop()
+    a = ScriptedChatClient(reply("from a", delay=1.0), name="a", sleep=slow.sleep)
+    b = scripted("b", reply("from b", chunks=["from ", "b"]))
+    health = calm_health()
+    router = hedger(Route("a", a), Route("b", b), health=health, **otel.providers)
+    request = asyncio.create_task(collect(router, "hi", streaming=streaming))
+    await slow.stopping.wait()  # b answered: a is being shut down
+    request.cancel()  # the caller leaves before a has stopped
+    slow.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    # Both attempts were reported (the caller cancelled before the winner reached it), both
+    # routes are idle again, and both attempt spans ended.
+    assert sorted(router.updates) == [("a", 1, "canceled", False), ("b", 2, "canceled", True)]
+    assert {name: stats.in_flight for name, stats in health.snapshot().items()} == {"a": 0, "b": 0}
+    assert sorted(span.name for span in otel.attempt_spans()) == [
+        "route_attempt a",
+        "route_attempt b",
+    ]
+    closed_every_stream(a, b)
+    nothing_left_running()

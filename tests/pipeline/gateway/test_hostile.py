@@ -282,8 +282,8 @@ async def test_a_head_too_large_is_431(primary: FakeOpenAIServer) -> None:
 async def test_a_refusal_before_the_body_still_reaches_the_client(
     primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The 401 goes out before the body is read; the connection ends once the body came in,
-    # not at once (which would reset it under a client still sending, losing the 401).
+    # The 401 goes out before the body is read; the connection is not closed under a
+    # client still sending (which would reset it, losing the 401).
     monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
     cfg = config({"primary": primary}, gateway={"api_keys_env": "GATEWAY_TEST_KEYS"})
     data = json.dumps(BODY).encode()
@@ -292,7 +292,92 @@ async def test_a_refusal_before_the_body_still_reaches_the_client(
         status, _, _ = await raw.response()
         assert status == 401
         await raw.send(data[10:])
+        raw.writer.write_eof()
         assert await raw.closed() == b""
+
+
+KEYED = "Authorization: Bearer key-1\r\n"
+
+
+@pytest.mark.parametrize(
+    ("status", "start", "keyed"),
+    [
+        (401, f"POST {CHAT} HTTP/1.1\r\nContent-Type: application/json\r\n", False),
+        (405, f"PUT {CHAT} HTTP/1.1\r\nContent-Type: application/json\r\n", True),
+        (415, f"POST {CHAT} HTTP/1.1\r\nContent-Type: text/plain\r\n", True),
+    ],
+    ids=["401", "405", "415"],
+)
+async def test_an_early_answer_reads_a_small_body_for_nothing_and_keeps_the_connection(
+    primary: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    start: str,
+    keyed: bool,
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
+    cfg = config({"primary": primary}, gateway={"api_keys_env": "GATEWAY_TEST_KEYS"})
+    data = json.dumps(BODY).encode()
+    early = f"{start}Host: gateway\r\n{KEYED if keyed else ''}Content-Length: {len(data)}\r\n\r\n"
+    async with running(cfg) as gateway, connections(gateway, 1) as (raw,):
+        await raw.send(early.encode() + data[:10])  # the body's rest is still to come
+        answered, headers, _ = await raw.response()
+        assert answered == status
+        assert "close" not in headers.get("connection", "")  # it says the connection stays
+        await raw.send(data[10:])
+        # The next request on the same connection is answered.
+        await raw.send(head(len(data), extra=KEYED) + data)
+        assert (await raw.response())[0] == 200
+    assert primary.count() == 1
+
+
+@pytest.mark.parametrize("framing", ["large", "chunked", "expect-continue"])
+async def test_an_early_answer_that_will_not_read_the_body_says_connection_close(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, framing: str
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
+    cfg = config({"primary": primary}, gateway={"api_keys_env": "GATEWAY_TEST_KEYS"})
+    if framing == "large":  # more still to come than is worth reading for nothing
+        extra, first = "Content-Length: 5000000\r\n", b'{"model": "x", "pad": "'
+    elif framing == "chunked":  # a length nobody knows
+        extra, first = "Transfer-Encoding: chunked\r\n", b'5\r\n{"mod\r\n'
+    else:  # waiting for 100 Continue, which a refusal never sends
+        extra, first = "Content-Length: 100\r\nExpect: 100-continue\r\n", b""
+    request_head = (
+        f"POST {CHAT} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n{extra}\r\n"
+    ).encode()
+    async with running(cfg) as gateway, connections(gateway, 1) as (raw,):
+        await raw.send(request_head + first)
+        status, headers, body = await raw.response()
+        assert status == 401 and headers["connection"] == "close"
+        assert json.loads(body)["error"]["code"] == "invalid_api_key"
+        if framing == "large":
+            with contextlib.suppress(ConnectionError):
+                await raw.send(b"x" * 100_000)  # still sending: read for nothing, no reset
+        raw.writer.write_eof()
+        assert await raw.closed() == b""
+
+
+async def test_the_sdks_pooled_client_reuses_a_connection_after_an_early_answer(
+    primary: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A body large enough to arrive after its head, so the 401 goes out before it is read:
+    # the pooled connection the SDK reuses for its next request must answer it.
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-1")
+    cfg = config({"primary": primary}, gateway={"api_keys_env": "GATEWAY_TEST_KEYS"})
+    big = [{"role": "user", "content": "x" * 600_000}]
+    async with running(cfg) as gateway:
+        # One connection in the pool: every request goes over the one the 401 came on.
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=1))
+        wrong = gateway.client("key-2", http_client=http)
+        right = gateway.client("key-1", http_client=http)
+        for _ in range(3):
+            with pytest.raises(openai.AuthenticationError):
+                await wrong.chat.completions.create(model="pipeline", messages=big)
+            answer = await right.chat.completions.create(model="pipeline", messages=MESSAGES)
+            assert answer.choices[0].message.content
+        await http.aclose()
+    assert primary.count() == 3
 
 
 # -- connections ---------------------------------------------------------------------------------

@@ -206,3 +206,81 @@ def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
     done = SSEPayloads("test")
     assert done.feed(b"data: 1\n\ndata: [DONE]\n\nnot sse\n\n") == [1]
     assert done.done and done.failure is None
+
+
+def test_valid_events_before_bytes_that_are_not_utf8_come_first() -> None:
+    from pipeline.providers._sse import SSEPayloads
+
+    payloads = SSEPayloads("test")
+    # One network chunk: two good events, then a byte that is no UTF-8.
+    assert payloads.feed(b"data: 1\n\ndata: 2\n\ndata: \xff\n\n") == [1, 2]
+    assert payloads.failure is not None and payloads.failure.code == "malformed"
+    with pytest.raises(ProviderError):
+        payloads.feed(b"data: 3\n\n")
+    # With nothing before them, the bad bytes fail at once.
+    with pytest.raises(ProviderError) as raised:
+        SSEPayloads("test").feed(b"data: \xff\n\n")
+    assert raised.value.code == "malformed"
+
+
+def test_a_line_longer_than_the_bound_fails_as_soon_as_it_passes_it() -> None:
+    import tracemalloc
+
+    from pipeline.providers._sse import SSEPayloads
+
+    payloads = SSEPayloads("test", max_line=1_000_000)
+    piece = b"x" * 65_536
+    fed = 0
+    tracemalloc.start()
+    try:
+        with pytest.raises(ProviderError) as raised:
+            payloads.feed(b"data: ")
+            for _ in range(800):  # 50 MB, if nothing stopped it
+                payloads.feed(piece)
+                fed += len(piece)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert raised.value.code == "malformed" and "line longer than" in str(raised.value)
+    assert fed < 1_000_000  # the chunk that passed the bound failed
+    assert peak < 4_000_000  # the line, about once (and never the 50 MB)
+
+
+def test_an_event_longer_than_the_bound_fails() -> None:
+    from pipeline.providers._sse import SSEPayloads
+
+    payloads = SSEPayloads("test", max_event=100)
+    assert payloads.feed(b"data: 1\n\n") == [1]
+    with pytest.raises(ProviderError) as raised:
+        for _ in range(20):
+            payloads.feed(b"data: 12345678\n")
+    assert "event longer than 100" in str(raised.value)
+
+
+def test_lines_split_across_many_chunks_join_as_one() -> None:
+    from pipeline.providers._sse import Utf8Lines
+
+    splitter = Utf8Lines("test")
+    pieces = [b"data: ", *([b"ab"] * 1000), b"\r", b"\n", b"x\r", b"y", b"\n"]
+    lines = [line for piece in pieces for line in splitter.feed(piece)] + splitter.finish()
+    assert lines == ["data: " + "ab" * 1000, "x", "y"]
+
+
+async def test_a_body_that_completes_no_payload_still_lets_a_timeout_fire() -> None:
+    import asyncio
+
+    from pipeline.providers._sse import SSEPayloads, next_payloads
+
+    reads = 0
+
+    async def endless_blank_lines() -> bytes:  # never suspends, as a buffered body does
+        nonlocal reads
+        reads += 1
+        if reads > 10_000:
+            raise AssertionError("the loop never got a turn")
+        return b"\n" * 65_536
+
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0):
+            await next_payloads(endless_blank_lines, SSEPayloads("test"))
+    assert reads <= 32  # a turn of the loop at least every megabyte

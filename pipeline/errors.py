@@ -9,6 +9,7 @@
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
     ├── RoutingError                   a router could not pick a route
+    │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
     │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
     └── ProviderError                  a provider failed; `kind` says how (FailureKind)
@@ -74,6 +75,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "SemanticIndexError",
     "ToolArgumentsError",
     "TransientProviderError",
     "UnsendableRequestError",
@@ -185,6 +187,11 @@ class WireError(ChatPipelineError):
 
 class RoutingError(ChatPipelineError):
     """A router could not choose a route (the selector returned nothing, or no route fits)."""
+
+
+class SemanticIndexError(RoutingError):
+    """A saved semantic-routing index cannot be used by this router: not such a file, another
+    format version, or made by another embedder (identity, dimension or probe vectors)."""
 
 
 class RequestBudgetExceededError(RoutingError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from pipeline.errors import _VectorShapeError
+
 __all__ = [
     "BLOCK_UTTERANCES",
     "TILE_ELEMENTS",
@@ -31,14 +33,9 @@ Matrix = npt.NDArray[np.float32]
 """(rows, d) float32: one vector per row."""
 
 
-class VectorShapeError(ValueError):
-    """What an embedder returned is not the matrix expected (count, dimension, finiteness,
-    zero rows; `zero` tells the last). Callers turn it into their own typed error; the
-    message names no text."""
-
-    def __init__(self, message: str, *, zero: bool = False) -> None:
-        super().__init__(message)
-        self.zero = zero
+VectorShapeError = _VectorShapeError
+"""What an embedder returned is not the matrix expected (defined in `pipeline.errors`, where
+every exception class lives; private: callers turn it into their own typed error)."""
 
 
 def unit_rows(

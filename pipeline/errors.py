@@ -196,6 +196,16 @@ class RoutingError(ChatPipelineError):
     """A router could not choose a route (the selector returned nothing, or no route fits)."""
 
 
+class _VectorShapeError(ValueError):
+    """What an embedder returned is not the matrix expected (count, dimension, finiteness,
+    zero rows; `zero` tells the last). Private (`pipeline._vectors` raises it): callers turn
+    it into their own typed error; the message names no text."""
+
+    def __init__(self, message: str, *, zero: bool = False) -> None:
+        super().__init__(message)
+        self.zero = zero
+
+
 class SemanticIndexError(RoutingError):
     """A saved semantic-routing index cannot be used by this router: not such a file, another
     format version, or made by another embedder (identity, dimension or probe vectors)."""

@@ -605,11 +605,27 @@ class SemanticRoutingChatClient(RoutingChatClient):
                 )
         else:
             similarities = snapshot.index.similarities(query)
-            scores = self._aggregate(snapshot, similarities)
-            best = int(np.argmax(scores))
-            score = float(scores[best])
-            limit = float(self._effective(snapshot)[best])
-            ranking = (lambda: self._ranking(snapshot, scores, similarities)) if ranked else None
+            if self.top_k == 1:
+                # The single best utterance decides: no per-route array on the hot path (the
+                # ranking, when read, is built from the similarities).
+                row = int(np.argmax(similarities))
+                best = int(snapshot.owners[row])
+                score = float(similarities[row])
+            else:
+                aggregated = self._aggregate(snapshot, similarities)
+                best = int(np.argmax(aggregated))
+                score = float(aggregated[best])
+            explicit = float(snapshot.explicit[best])
+            limit = self.threshold if math.isnan(explicit) else explicit
+            ranking = (
+                (
+                    lambda: self._ranking(
+                        snapshot, self._aggregate(snapshot, similarities), similarities
+                    )
+                )
+                if ranked
+                else None
+            )
         candidate = snapshot.routes[best]
         if score < limit:
             return RouteDecision(

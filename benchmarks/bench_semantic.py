@@ -80,7 +80,7 @@ async def measure(size: int, queries: int, rng: np.random.Generator) -> None:
     router, generator, query_vectors = await _router(size, queries, rng)
 
     start = time.perf_counter()
-    await router._ensure_index()
+    await router.warm()
     build = time.perf_counter() - start
 
     samples = []
@@ -129,7 +129,9 @@ async def measure_under_load(
         if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
             os.sched_setaffinity(spinner.pid, {1})
             os.sched_setaffinity(0, {0})
-        index = await router._ensure_index()
+        await router.warm()
+        index = router._snapshot.index
+        assert index is not None
         matrix = generator.matrix
 
         async def select(j: int, samples: list[float]) -> None:

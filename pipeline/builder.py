@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from middleware.routing.context import Route, RoutingContext, SelectionResult
     from middleware.routing.failover import FailoverChatClient, FailoverSettings
     from middleware.routing.hedging import HedgingSettings
+    from middleware.routing.semantic import RouteProfile
 
 __all__ = ["ChatPipeline", "ChatPipelineBuilder", "LayerFactory", "SharedResources"]
 
@@ -541,7 +542,7 @@ class ChatPipelineBuilder:
     def use_semantic_routing(
         self,
         embedding_generator: EmbeddingGenerator,
-        profiles: Mapping[Route | ChatClient, Sequence[str]],
+        profiles: Mapping[Route | ChatClient, Sequence[str] | RouteProfile],
         default: Route | ChatClient,
         *,
         enabled: bool = True,
@@ -550,8 +551,10 @@ class ChatPipelineBuilder:
         """End the chain with a `SemanticRoutingChatClient` (see `middleware.routing.semantic`);
         `options` are `SemanticSettings` fields and the router's keywords. Each built
         pipeline embeds the profiles once, lazily."""
-        from middleware.routing.semantic import SemanticRoutingChatClient
+        from middleware.routing.semantic import SemanticRoutingChatClient, as_embedding_generator
 
+        # One generator (a local model wrapped once) for every pipeline this builder builds.
+        embedding_generator = as_embedding_generator(embedding_generator)
         leave_open = bool(options.pop("leave_open", False))
         options.update(self._providers(options))
 

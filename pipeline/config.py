@@ -95,6 +95,7 @@ from pipeline.providers._settings import (
     EnvironmentVariable,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
+    LocalEmbeddingsSettings,
     Name,
     OllamaSettings,
     OpenAIEmbeddingsSettings,
@@ -489,9 +490,20 @@ class TieredRouterConfig(_FailoverRouterTable):
 
 
 EmbeddingsConfig: TypeAlias = Annotated[
-    HashingEmbeddingsSettings | OpenAIEmbeddingsSettings, Field(discriminator="provider")
+    HashingEmbeddingsSettings | LocalEmbeddingsSettings | OpenAIEmbeddingsSettings,
+    Field(discriminator="provider"),
 ]
 """``embeddings = {...}`` of a semantic router: the class its `provider` names."""
+
+
+class SemanticProfileConfig(Settings):
+    """``profiles.<route> = { utterances = [...], threshold = 0.5 }``: a route's utterances
+    with its own threshold (a plain list of utterances takes the router's)."""
+
+    utterances: Annotated[list[Name], Field(min_length=1)]
+    """The route's example utterances."""
+    threshold: Annotated[float, Field(ge=-65_536, le=65_536)] | None = None
+    """The score this route needs (instead of the router's `threshold`)."""
 
 
 class SemanticRouterConfig(SemanticSettings, _RouterTable):
@@ -505,7 +517,10 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
 
     kind: Literal["semantic"] = "semantic"
     default: Name
-    profiles: Annotated[dict[str, Annotated[list[Name], Field(min_length=1)]], Field(min_length=1)]
+    profiles: Annotated[
+        dict[str, Annotated[list[Name], Field(min_length=1)] | SemanticProfileConfig],
+        Field(min_length=1),
+    ]
     embeddings: EmbeddingsConfig
 
     @property
@@ -516,9 +531,18 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
     ) -> None:
+        from middleware.routing.semantic import RouteProfile
+
         builder.use_semantic_routing(
             self.embeddings.generator(secrets.get("router.embeddings")),
-            {routes[name]: utterances for name, utterances in self.profiles.items()},
+            {
+                routes[name]: (
+                    RouteProfile(profile.utterances, threshold=profile.threshold)
+                    if isinstance(profile, SemanticProfileConfig)
+                    else profile
+                )
+                for name, profile in self.profiles.items()
+            },
             routes[self.default],
             settings=_settings_of(SemanticSettings, self),
         )

@@ -9,6 +9,7 @@
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
     ├── RoutingError                   a router could not pick a route
+    │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
     │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
     └── ProviderError                  a provider failed; `kind` says how (FailureKind)
@@ -81,6 +82,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "SemanticIndexError",
     "ToolArgumentsError",
     "TransientProviderError",
     "UnsendableRequestError",
@@ -192,6 +194,21 @@ class WireError(ChatPipelineError):
 
 class RoutingError(ChatPipelineError):
     """A router could not choose a route (the selector returned nothing, or no route fits)."""
+
+
+class _VectorShapeError(ValueError):
+    """What an embedder returned is not the matrix expected (count, dimension, finiteness,
+    zero rows; `zero` tells the last). Private (`pipeline._vectors` raises it): callers turn
+    it into their own typed error; the message names no text."""
+
+    def __init__(self, message: str, *, zero: bool = False) -> None:
+        super().__init__(message)
+        self.zero = zero
+
+
+class SemanticIndexError(RoutingError):
+    """A saved semantic-routing index cannot be used by this router: not such a file, another
+    format version, or made by another embedder (identity, dimension or probe vectors)."""
 
 
 class RequestBudgetExceededError(RoutingError):

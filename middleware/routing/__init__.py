@@ -43,13 +43,27 @@ from middleware.routing.tiered import TieredRoutingChatClient
 
 if TYPE_CHECKING:
     from middleware.routing.semantic import (
+        FitReport,
+        RouteDecision,
+        RouteProfile,
         RouteScore,
+        RoutingMetrics,
         SemanticRoutingChatClient,
         SemanticSettings,
     )
 
 # Semantic routing needs numpy: it is imported when one of its names is first used.
-_SEMANTIC = frozenset({"RouteScore", "SemanticRoutingChatClient", "SemanticSettings"})
+_SEMANTIC = frozenset(
+    {
+        "FitReport",
+        "RouteDecision",
+        "RouteProfile",
+        "RouteScore",
+        "RoutingMetrics",
+        "SemanticRoutingChatClient",
+        "SemanticSettings",
+    }
+)
 
 __all__ = [
     "BalancedFailoverChatClient",
@@ -65,15 +79,19 @@ __all__ = [
     "FailoverAttempt",
     "FailoverChatClient",
     "FailoverSettings",
+    "FitReport",
     "MemoryAffinityStore",
     "OrderedFailoverChatClient",
     "Price",
     "RedisAffinityStore",
     "RedisHealthStore",
     "Route",
+    "RouteDecision",
+    "RouteProfile",
     "RouteScore",
     "RoutingChatClient",
     "RoutingContext",
+    "RoutingMetrics",
     "RoutingSelection",
     "SemanticRoutingChatClient",
     "SemanticSettings",

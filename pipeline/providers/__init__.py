@@ -2,7 +2,8 @@
 Responses API), Azure OpenAI, Ollama, Anthropic, and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
-demos: it is not a semantic model.
+demos: it is not a semantic model. `LocalEmbeddingGenerator` runs a local encoder (a
+sentence-transformers model: the ``local`` extra) off the event loop.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from pipeline.providers.openai_responses import OpenAIResponsesChatClient
 if TYPE_CHECKING:
     from pipeline.providers.embeddings import OpenAIEmbeddingGenerator
     from pipeline.providers.hashing import HashingEmbeddingGenerator
+    from pipeline.providers.local import LocalEmbeddingGenerator
 
 # The embedding generators need numpy: they are imported when first used, so chat clients
 # (and configurations without a semantic router) load without it.
 _EMBEDDINGS = {
     "HashingEmbeddingGenerator": "pipeline.providers.hashing",
+    "LocalEmbeddingGenerator": "pipeline.providers.local",
     "OpenAIEmbeddingGenerator": "pipeline.providers.embeddings",
 }
 
@@ -30,6 +33,7 @@ __all__ = [
     "AnthropicChatClient",
     "AzureOpenAIChatClient",
     "HashingEmbeddingGenerator",
+    "LocalEmbeddingGenerator",
     "OllamaChatClient",
     "OpenAIChatClient",
     "OpenAIEmbeddingGenerator",

@@ -36,6 +36,7 @@ __all__ = [
     "HashingEmbeddingsSettings",
     "HttpUrl",
     "KeyedEndpoint",
+    "LocalEmbeddingsSettings",
     "Name",
     "OllamaSettings",
     "OpenAIEmbeddingsSettings",
@@ -307,6 +308,35 @@ class HashingEmbeddingsSettings(EmbeddingsSettings):
         from pipeline.providers.hashing import HashingEmbeddingGenerator
 
         return HashingEmbeddingGenerator(dimensions=self.dimensions)
+
+
+class LocalEmbeddingsSettings(EmbeddingsSettings):
+    """``provider = "local"``: a sentence-transformers model on this machine, run off the
+    event loop (`LocalEmbeddingGenerator`; the ``local`` extra)."""
+
+    provider: Literal["local"] = "local"
+    model: Name
+    """The model's directory, or a sentence-transformers model name (looked up in the
+    Hugging Face cache, then the Hub: pass a directory where there is no network)."""
+    batch_size: Annotated[int, Field(ge=1, le=65_536)] = 64
+    """Texts per call of the model's ``encode``."""
+    max_concurrency: Annotated[int, Field(ge=1, le=64)] = 1
+    """Batches the model encodes at once (each in its own worker thread)."""
+    name: Name | None = None
+    """The model's name in a saved index (default: the model name, or the directory's name)."""
+    device: Name | None = None
+    """Where sentence-transformers runs the model (``cpu``, ``cuda``; default: its choice)."""
+
+    def generator(self, api_key: str | None) -> EmbeddingGenerator:
+        from pipeline.providers.local import LocalEmbeddingGenerator
+
+        return LocalEmbeddingGenerator(
+            self.model,
+            batch_size=self.batch_size,
+            max_concurrency=self.max_concurrency,
+            name=self.name,
+            device=self.device,
+        )
 
 
 class OpenAIEmbeddingsSettings(OpenAIEndpoint, EmbeddingsSettings):

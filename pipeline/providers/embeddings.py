@@ -69,6 +69,13 @@ class OpenAIEmbeddingGenerator:
         self._transport = make_transport(transport, http_client, timeout, base)
         self._target = self._transport.target(url)
 
+    @property
+    def identity(self) -> str:
+        """What a saved semantic index records as its embedder: the model (and dimensions),
+        not the URL, so an index moves between deployments of the same model."""
+        suffix = "" if self.dimensions is None else f"@{self.dimensions}"
+        return f"openai:{self.model}{suffix}"
+
     def __repr__(self) -> str:
         return f"OpenAIEmbeddingGenerator(model={self.model!r}, url={self._endpoint!r})"
 

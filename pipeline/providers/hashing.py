@@ -34,6 +34,11 @@ class HashingEmbeddingGenerator:
         self.calls = 0
         self.texts_embedded = 0
 
+    @property
+    def identity(self) -> str:
+        """What a saved semantic index records as its embedder."""
+        return f"hashing(dimensions={self.dimensions}, ngrams={self.ngrams})"
+
     def _vector(self, text: str) -> npt.NDArray[np.float32]:
         vector = np.zeros(self.dimensions, dtype=np.float32)
         for word in text.lower().split():

@@ -668,13 +668,13 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
         (
             semantic({"provider": "hashin"}),
             {
-                "router.embeddings.provider": "expected one of ['hashing', 'openai'], got "
+                "router.embeddings.provider": "expected one of ['hashing', 'local', 'openai'], got "
                 "'hashin'; did you mean 'hashing'?"
             },
         ),
         (
             semantic({}),
-            {"router.embeddings.provider": "is required (one of ['hashing', 'openai'])"},
+            {"router.embeddings.provider": "is required (one of ['hashing', 'local', 'openai'])"},
         ),
         (
             {
@@ -964,3 +964,47 @@ def test_a_route_weight_must_be_finite_and_the_error_names_its_key() -> None:
         }
     )
     assert config is not None
+
+
+async def test_semantic_router_with_a_local_model_and_route_thresholds(
+    tmp_path: Path, streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.providers import local
+    from tests.pipeline.providers.test_local_embeddings import FakeSentenceTransformer
+
+    loaded: list[tuple[str, str | None]] = []
+
+    def load(self: local.LocalEmbeddingGenerator) -> FakeSentenceTransformer:
+        loaded.append((str(self._source), self.device))
+        return FakeSentenceTransformer(dimensions=256)
+
+    monkeypatch.setattr(local.LocalEmbeddingGenerator, "_load", load)
+    model_dir = tmp_path / "minilm" / "model"
+    model_dir.mkdir(parents=True)
+    path = write(
+        tmp_path,
+        f"""
+        [routes.billing]
+        provider = "scripted"
+        reply = "billing"
+        [routes.code]
+        provider = "scripted"
+        reply = "code"
+        [routes.general]
+        provider = "scripted"
+        reply = "general"
+        [router]
+        kind = "semantic"
+        default = "general"
+        threshold = 0.3
+        embeddings = {{ provider = "local", model = "{model_dir}", batch_size = 8, device = "cpu" }}
+        [router.profiles]
+        billing = {{ utterances = ["refund my invoice", "charged twice"], threshold = 0.99 }}
+        code = ["python exception trace", "fix python bug"]
+        """,
+    )
+    chat = ChatPipeline.from_config(path)
+    # billing's own threshold (0.99) turns away a near match the router's 0.3 would take.
+    assert (await collect(chat, "my invoice was charged", streaming=streaming)).text == "general"
+    assert (await collect(chat, "python exception", streaming=streaming)).text == "code"
+    assert loaded == [(str(model_dir), "cpu")]

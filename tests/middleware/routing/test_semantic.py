@@ -285,7 +285,7 @@ async def test_embedding_trouble_uses_default_or_raises(
         }[problem]
     )
     strict = make(generator, routes, embedding_timeout=0.01, on_embedding_error="raise")
-    strict._index = router._index
+    strict._snapshot = router._snapshot
     failed = await collect(strict, "invoice?", streaming=streaming)
     assert isinstance(failed.error, ConnectionError | TimeoutError | RoutingError)
 
@@ -347,13 +347,15 @@ async def test_a_large_index_is_scored_off_the_event_loop(
 
     loop_thread = threading.get_ident()
     scored_on: list[int] = []
-    original = SemanticRoutingChatClient._scores
+    original = SemanticRoutingChatClient._decide
 
-    def spy(self: SemanticRoutingChatClient, index: object, query: object) -> object:
+    def spy(
+        self: SemanticRoutingChatClient, snapshot: object, query: object, *, ranked: bool
+    ) -> object:
         scored_on.append(threading.get_ident())
-        return original(self, index, query)  # type: ignore[arg-type]
+        return original(self, snapshot, query, ranked=ranked)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(SemanticRoutingChatClient, "_scores", spy)
+    monkeypatch.setattr(SemanticRoutingChatClient, "_decide", spy)
     router = make(TableGenerator(TABLE), clients("billing", "code", "general"))
     assert (await collect(router, "invoice?", streaming=streaming)).text == "billing"
     monkeypatch.setattr(semantic, "OFF_LOOP_ELEMENTS", 0)  # every index is "large" now
@@ -368,14 +370,14 @@ async def test_a_large_index_is_scored_off_the_event_loop(
 def test_the_tiled_index_scores_like_one_product(
     utterances: int, dimensions: int, tile: int, block: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from middleware.routing import semantic
+    from pipeline import _vectors
 
-    monkeypatch.setattr(semantic, "TILE_ELEMENTS", tile)
-    monkeypatch.setattr(semantic, "BLOCK_UTTERANCES", block)
+    monkeypatch.setattr(_vectors, "TILE_ELEMENTS", tile)
+    monkeypatch.setattr(_vectors, "BLOCK_UTTERANCES", block)
     rng = np.random.default_rng(utterances)
     matrix = rng.standard_normal((utterances, dimensions)).astype(np.float32)
     query = rng.standard_normal(dimensions).astype(np.float32)
-    index = semantic._Index(matrix)
+    index = _vectors.VectorIndex(matrix)
     expected = matrix.astype(np.float64) @ query.astype(np.float64)
     scores = index.similarities(query)
     assert scores.shape == (utterances,) and scores.dtype == np.float32
@@ -386,10 +388,10 @@ def test_the_tiled_index_scores_like_one_product(
 async def test_a_tiled_index_picks_the_same_routes(
     streaming: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from middleware.routing import semantic
+    from pipeline import _vectors
 
-    monkeypatch.setattr(semantic, "TILE_ELEMENTS", 2)  # one dimension per product
-    monkeypatch.setattr(semantic, "BLOCK_UTTERANCES", 1)  # one utterance per block
+    monkeypatch.setattr(_vectors, "TILE_ELEMENTS", 2)  # one dimension per product
+    monkeypatch.setattr(_vectors, "BLOCK_UTTERANCES", 1)  # one utterance per block
     router = make(TableGenerator(TABLE), clients("billing", "code", "general"))
     assert (await collect(router, "invoice?", streaming=streaming)).text == "billing"
     assert (await collect(router, "bug?", streaming=streaming)).text == "code"

@@ -7,6 +7,7 @@ import pytest
 
 SURFACES = {
     "pipeline": {
+        "CacheMode",
         "ChatClient",
         "ChatClientMetadata",
         "ChatMessage",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -537,7 +537,11 @@ class WordsEncoder:
     """A deterministic encoder: a bag of words hashed into 64 dimensions (after folding a
     few synonyms), so paraphrases score high and different questions low."""
 
-    SYNONYMS = {"capital": "capital", "city": "capital", "main": "capital"}
+    SYNONYMS: ClassVar[dict[str, str]] = {
+        "capital": "capital",
+        "city": "capital",
+        "main": "capital",
+    }
 
     def __init__(self) -> None:
         self.calls = 0
@@ -582,8 +586,9 @@ async def test_semantic_entries_never_cross_system_prompts_or_options(streaming:
     inner = ScriptedChatClient(lambda messages, options: reply(f"answer {len(inner.calls)}"))
     chat = cached(inner, semantic=SemanticCacheSettings(embeddings=WordsEncoder(), threshold=0.9))
     await ask(chat, "capital of France", None, streaming)
-    await ask(chat, [ChatMessage.system("pirate"), ChatMessage.user("capital of France")], None,
-              streaming)
+    await ask(
+        chat, [ChatMessage.system("pirate"), ChatMessage.user("capital of France")], None, streaming
+    )
     await ask(chat, "capital of France?", ChatOptions(temperature=1.0), streaming)
     token = enter_cache_report(CacheReport("another key"))
     try:

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import os
 import shutil
 import statistics
@@ -145,8 +146,11 @@ async def section_miss(upstream: str, calls: int, rounds: int) -> dict[str, floa
     base = conversation()
     prefix = base[:-1]
 
-    def fresh(i: int) -> list[ChatMessage]:
-        return [*prefix, ChatMessage.user(f"question number {i}")]
+    numbers = itertools.count()
+
+    def fresh(_: int) -> list[ChatMessage]:
+        # Every request new, across variants, rounds and shapes: each one a miss.
+        return [*prefix, ChatMessage.user(f"question number {next(numbers)}")]
 
     await bare.get_response(fresh(-1))
     await cached.get_response(fresh(-2))
@@ -273,7 +277,15 @@ def litellm_config(workdir: Path, upstream: str, port: int) -> Path:
 def section_gateway(
     workdir: Path, upstream: str, server: RedisServer, args: argparse.Namespace
 ) -> dict[str, float]:
-    env = {**os.environ, bg.KEYS_VARIABLE: bg.API_KEY, REDIS_VARIABLE: server.url}
+    # The servers run from a temporary directory: they import this checkout's code.
+    checkout = str(Path(__file__).resolve().parents[1])
+    pythonpath = os.pathsep.join(filter(None, [checkout, os.environ.get("PYTHONPATH")]))
+    env = {
+        **os.environ,
+        bg.KEYS_VARIABLE: bg.API_KEY,
+        REDIS_VARIABLE: server.url,
+        "PYTHONPATH": pythonpath,
+    }
     results: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         servers = [
@@ -370,6 +382,8 @@ def main() -> int:
         with bg._fake_upstream(workdir) as upstream:
             asyncio.run(in_process(args, upstream, server))
             print("\n3. through chat-pipeline serve, cached answers")
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, {bg.CLIENT_CORE})
             section_gateway(workdir, upstream, server, args)
     finally:
         server.stop()

@@ -79,7 +79,7 @@ from pipeline._semconv import (
     meter,
 )
 from pipeline._settings import Settings
-from pipeline._streams import StreamEnd, StreamWatcher, forward
+from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forward
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
 from pipeline.types import (
     CacheMode,
@@ -120,10 +120,11 @@ _T = TypeVar("_T")
 # What a request does while its store is unavailable (the end of each warning).
 _FALLBACK = "answering every request as a miss"
 
-DEFAULT_THRESHOLD = 0.95
-"""The default semantic threshold: measured with all-MiniLM-L6-v2 on the paraphrase set in
-``benchmarks/data/paraphrases.jsonl`` (see the cache's docs page for precision and
-recall)."""
+DEFAULT_THRESHOLD = 0.94
+"""The default semantic threshold: with all-MiniLM-L6-v2 on the paraphrase set of
+``benchmarks/data/paraphrases.jsonl`` it gave a precision of 1.0 (no wrong answer; 0.92
+was the lowest threshold at or above 0.99), at a recall of about 0.3 (see the cache's docs
+page). Another embedding model needs its own measurement."""
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -488,15 +489,30 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
 
 
 def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: bool) -> None:
+    # Text (most of a conversation) is framed as characters in one string, encoded and fed
+    # once: per-piece hashing calls would cost more than the hashing itself. Each piece is
+    # a tag and its length, so the framing stays unambiguous.
+    parts: list[str] = []
+    append = parts.append
     last = len(messages) - 1
     for position, message in enumerate(messages):
-        hasher.text(b"m", message.role.value)
-        hasher.text(b"a", message.author_name)
+        name = message.author_name
+        append(f"\x1em{message.role}\x1f{'-' if name is None else f'{len(name)}:{name}'}")
         if skip_last and position == last:
-            hasher.update(b"q")  # the query: compared by meaning, not by bytes
+            append("\x1eq")  # the query: compared by meaning, not by bytes
             continue
         for content in message.contents:
+            if type(content) is TextContent:
+                text = content.text
+                append(f"\x1eT{len(text)}:")
+                append(text)
+                continue
+            if parts:
+                hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
+                parts.clear()
             _feed_content(hasher, content)
+    if parts:
+        hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
 
 
 def _feed_options(hasher: _Hasher, options: ChatOptions | None, per_session: bool) -> None:
@@ -742,6 +758,7 @@ class _Flight:
     """One provider call that every identical request under way listens to."""
 
     __slots__ = (
+        "cancelled",
         "done",
         "error",
         "finished",
@@ -760,6 +777,7 @@ class _Flight:
         self.updates: list[ChatResponseUpdate] = []
         self.response: ChatResponse | None = None
         self.error: BaseException | None = None
+        self.cancelled = False  # the call ended because its caller (or every listener) left
         self.finished = False
         self.done = asyncio.Event()  # set once, when the call ended
         self.tick = asyncio.Event()  # set and cleared at each update and at the end
@@ -1102,12 +1120,13 @@ class CachingChatClient(DelegatingChatClient):
         report = _scope.RouteReport()
         return report, _scope.enter_report(report)
 
-    def _start(self, request: _Request, streaming: bool) -> _Flight:
+    def _start(self, request: _Request) -> _Flight:
+        """A streaming flight: its call runs in a task of its own, which every listener
+        reads (so one leaving never cuts the others' stream)."""
         assert request.key is not None
-        flight = _Flight(request.key, streaming)
+        flight = _Flight(request.key, streaming=True)
         self._flights[request.key] = flight
-        runner = self._run_stream if streaming else self._run
-        task = asyncio.get_running_loop().create_task(runner(flight, request))
+        task = asyncio.get_running_loop().create_task(self._run_stream(flight, request))
         flight.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -1122,27 +1141,6 @@ class CachingChatClient(DelegatingChatClient):
         if self._flights.get(flight.key) is flight:
             del self._flights[flight.key]
 
-    async def _run(self, flight: _Flight, request: _Request) -> None:
-        report, token = self._report()
-        try:
-            response = await self.inner.get_response(request.messages, request.options)
-        except BaseException as exc:
-            flight.error = exc
-            self._forget(flight)
-            self._end_flight(flight)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return
-        finally:
-            if token is not None:
-                _scope.exit_report(token)
-        flight.response = response
-        self._end_flight(flight)
-        try:
-            await self._store(request, response, None, report)
-        finally:
-            self._forget(flight)
-
     async def _run_stream(self, flight: _Flight, request: _Request) -> None:
         report, token = self._report()
         stream = self.inner.get_streaming_response(request.messages, request.options)
@@ -1153,6 +1151,7 @@ class CachingChatClient(DelegatingChatClient):
         except BaseException as exc:
             await _close(stream)
             flight.error = exc
+            flight.cancelled = isinstance(exc, asyncio.CancelledError) and caller_cancelling()
             self._forget(flight)
             self._end_flight(flight)
             if isinstance(exc, asyncio.CancelledError):
@@ -1199,26 +1198,60 @@ class CachingChatClient(DelegatingChatClient):
         recorded = False
         while True:
             flight = self._flights.get(request.key)
-            leading = flight is None
+            if flight is None and recorded:
+                # Calling again: another follower may have answered meanwhile.
+                entry = await self._read(request.key)
+                if entry is not None:
+                    return entry.as_response()
+                flight = self._flights.get(request.key)
             if flight is None:
-                flight = self._start(request, streaming=False)
+                # The leader calls in its own task (no task of the flight's: a miss costs
+                # no more than the call); the others wait for its answer.
+                if not recorded:
+                    self._record(_miss_result(request), request)
+                return await self._lead(request)
             if not recorded:
                 recorded = True
-                if leading:
-                    self._record(_miss_result(request), request)
-                else:
-                    self._record("hit", request, age=0)
+                self._record("hit", request, age=0)
             flight.listeners += 1
             try:
                 await flight.done.wait()
             finally:
-                self._leave(flight)
+                flight.listeners -= 1
             if flight.error is None:
-                response = flight.result_response()
-                return response if leading else _copy_response(response)
-            if leading or called_again:
+                return _copy_response(flight.result_response())
+            if flight.cancelled:
+                continue  # the leader's caller left: its call is no answer; call again
+            if called_again:
                 raise flight.error
-            called_again = True
+            called_again = True  # the leader's call failed: call again, once
+
+    async def _lead(self, request: _Request) -> ChatResponse:
+        """Make the call of a non-streaming flight in the caller's own task."""
+        assert request.key is not None
+        flight = _Flight(request.key, streaming=False)
+        self._flights[request.key] = flight
+        report, token = self._report()
+        try:
+            response = await self.inner.get_response(request.messages, request.options)
+        except BaseException as exc:
+            flight.error = exc
+            flight.cancelled = isinstance(exc, asyncio.CancelledError) and caller_cancelling()
+            self._forget(flight)
+            self._end_flight(flight)
+            raise
+        finally:
+            if token is not None:
+                _scope.exit_report(token)
+        flight.response = response
+        self._end_flight(flight)
+        write = self._store_now(request, response, None, report)
+        if write is None:
+            self._forget(flight)
+        else:
+            # Newcomers join the finished flight until the write has landed.
+            self._spawn(_then_forget(write, self, flight))
+        return response
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
@@ -1266,9 +1299,17 @@ class CachingChatClient(DelegatingChatClient):
         recorded = False
         while True:
             flight = self._flights.get(request.key)
+            if flight is None and recorded:
+                # Calling again: another follower may have answered meanwhile.
+                entry = await self._read(request.key)
+                if entry is not None:
+                    for update in entry.as_updates():
+                        yield update
+                    return
+                flight = self._flights.get(request.key)
             leading = flight is None
             if flight is None:
-                flight = self._start(request, streaming=True)
+                flight = self._start(request)
             if not recorded:
                 recorded = True
                 if leading:
@@ -1299,7 +1340,11 @@ class CachingChatClient(DelegatingChatClient):
                 self._leave(flight)
             if flight.error is None:
                 return
-            if leading or called_again or sent:
+            if leading or sent:
+                raise flight.error
+            if flight.cancelled:
+                continue  # the leader's caller left: its call is no answer; call again
+            if called_again:
                 raise flight.error
             called_again = True
 
@@ -1352,6 +1397,13 @@ class _Collect(StreamWatcher):
             write = layer._store_now(self.request, None, self.updates, self.report)
             if write is not None:
                 layer._spawn(write)
+
+
+async def _then_forget(write: Awaitable[None], layer: CachingChatClient, flight: _Flight) -> None:
+    try:
+        await write
+    finally:
+        layer._forget(flight)
 
 
 def _miss_result(request: _Request) -> str:

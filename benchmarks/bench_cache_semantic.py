@@ -120,7 +120,7 @@ async def measure_pairs(
 ) -> dict[str, Any]:
     right = wrong = 0
     wrong_kinds: dict[str, int] = {}
-    for stored, asked, same, kind in found:
+    for stored, asked, _same, kind in found:
         chat, inner = cache(encoder, threshold)
         await chat.get_response(stored)
         response = await chat.get_response(asked)

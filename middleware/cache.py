@@ -779,14 +779,31 @@ class _Flight:
         self.error: BaseException | None = None
         self.cancelled = False  # the call ended because its caller (or every listener) left
         self.finished = False
-        self.done = asyncio.Event()  # set once, when the call ended
-        self.tick = asyncio.Event()  # set and cleared at each update and at the end
+        # Made when someone first waits: most flights have nobody waiting beside the leader.
+        self.done: asyncio.Event | None = None  # set once, when the call ended
+        self.tick: asyncio.Event | None = None  # set and cleared at each update and the end
         self.listeners = 0
         self.task: asyncio.Task[None] | None = None
 
     def notify(self) -> None:
-        self.tick.set()
-        self.tick.clear()
+        tick = self.tick
+        if tick is not None:
+            tick.set()
+            tick.clear()
+
+    async def ended(self) -> None:
+        """Wait until the call ended."""
+        if self.finished:
+            return
+        if self.done is None:
+            self.done = asyncio.Event()
+        await self.done.wait()
+
+    async def next_update(self) -> None:
+        """Wait for the next update or the end."""
+        if self.tick is None:
+            self.tick = asyncio.Event()
+        await self.tick.wait()
 
     def result_updates(self) -> list[ChatResponseUpdate]:
         if self.streaming:
@@ -941,7 +958,10 @@ class CachingChatClient(DelegatingChatClient):
             if similarity is not None:
                 attributes[CACHE_SIMILARITY] = similarity
             span.set_attributes(attributes)
-        self._lookups.add(1, {CACHE_RESULT: result, CACHE_KIND: kind})
+        labels = _LABELS.get((result, kind))
+        if labels is None:
+            labels = _LABELS[(result, kind)] = {CACHE_RESULT: result, CACHE_KIND: kind}
+        self._lookups.add(1, labels)
         if entry is not None and entry.cost and result == "hit":
             self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
         report = current_cache_report()
@@ -1134,7 +1154,8 @@ class CachingChatClient(DelegatingChatClient):
 
     def _end_flight(self, flight: _Flight) -> None:
         flight.finished = True
-        flight.done.set()
+        if flight.done is not None:
+            flight.done.set()
         flight.notify()
 
     def _forget(self, flight: _Flight) -> None:
@@ -1215,7 +1236,7 @@ class CachingChatClient(DelegatingChatClient):
                 self._record("hit", request, age=0)
             flight.listeners += 1
             try:
-                await flight.done.wait()
+                await flight.ended()
             finally:
                 flight.listeners -= 1
             if flight.error is None:
@@ -1329,9 +1350,9 @@ class CachingChatClient(DelegatingChatClient):
                             continue
                         if flight.finished:
                             break
-                        await flight.tick.wait()
+                        await flight.next_update()
                 else:
-                    await flight.done.wait()
+                    await flight.ended()
                     if flight.error is None:
                         for update in flight.result_updates():
                             sent += 1
@@ -1404,6 +1425,10 @@ async def _then_forget(write: Awaitable[None], layer: CachingChatClient, flight:
         await write
     finally:
         layer._forget(flight)
+
+
+_LABELS: dict[tuple[str, str], dict[str, str]] = {}
+"""The lookup counter's labels by (result, kind): a handful, made once."""
 
 
 def _miss_result(request: _Request) -> str:

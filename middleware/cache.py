@@ -376,8 +376,9 @@ class _GuardedStore:
 # -- keys --------------------------------------------------------------------------------------
 
 
-class _Uncacheable(Exception):
-    """The request holds a value no key can represent faithfully."""
+# A value no key (or entry) can represent faithfully raises `TypeError` here, as `json` does
+# for what it cannot encode: the request is then not cached (or the answer not stored).
+_UNCACHEABLE = (TypeError, ValueError, RecursionError)
 
 
 _SCHEMAS: dict[type, Any] = {}
@@ -402,7 +403,7 @@ def _json_default(value: Any) -> Any:
         return {"$bytes": base64.b64encode(value).decode()}
     if isinstance(value, frozenset | set):
         return {"$set": sorted(json.dumps(item, default=_json_default) for item in value)}
-    raise _Uncacheable
+    raise TypeError("no faithful key for this value")
 
 
 def _canonical(value: Any) -> bytes:
@@ -416,7 +417,7 @@ def _canonical(value: Any) -> bytes:
             allow_nan=True,
         ).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError, RecursionError):
-        raise _Uncacheable from None
+        raise TypeError("no faithful key for this value") from None
 
 
 def _tool_shape(tool: Any) -> Any:
@@ -485,7 +486,7 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
         hasher.text(b"I", content.id)
         hasher.update(b"X1" if content.redacted else b"X0")
     else:
-        raise _Uncacheable
+        raise TypeError("no faithful key for this value")
 
 
 def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: bool) -> None:
@@ -549,7 +550,7 @@ def cache_key(
     when the request holds a value no key can represent."""
     try:
         return _digest(as_messages(messages), options, scope, per_session, namespace, False)
-    except _Uncacheable:
+    except _UNCACHEABLE:
         raise TypeError("the request holds a value a cache key cannot represent") from None
 
 
@@ -605,9 +606,9 @@ def _encode_content(content: Content) -> list[Any]:
     if kind is FunctionResultContent:
         assert isinstance(content, FunctionResultContent)
         if content.exception is not None:
-            raise _Uncacheable  # an exception cannot be stored faithfully
+            raise TypeError("an exception cannot be stored faithfully")
         return ["r", content.call_id, content.result]
-    raise _Uncacheable
+    raise TypeError("no faithful key for this value")
 
 
 def _decode_content(item: list[Any]) -> Content:
@@ -704,7 +705,7 @@ def _encode_entry(
             "utf-8", "surrogatepass"
         )
     except (TypeError, ValueError, RecursionError):
-        raise _Uncacheable from None
+        raise TypeError("no faithful key for this value") from None
 
 
 def _decode_entry(raw: bytes) -> _Entry:
@@ -929,7 +930,7 @@ class CachingChatClient(DelegatingChatClient):
         namespace = self._namespace
         try:
             key = _digest(listed, options, partition, settings.per_session, namespace, False)
-        except _Uncacheable:
+        except _UNCACHEABLE:
             return _Request(CacheMode.BYPASS, None, listed, options)
         request = _Request(mode, key, listed, options)
         if self.semantic is not None:
@@ -1094,7 +1095,7 @@ class CachingChatClient(DelegatingChatClient):
                 cost = None
         try:
             value = _encode_entry(response, updates, report.route_name, cost)
-        except _Uncacheable:
+        except _UNCACHEABLE:
             return None
         if len(value) > self.settings.max_entry_bytes:
             return None

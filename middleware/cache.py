@@ -81,6 +81,7 @@ from pipeline._semconv import (
 from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forward
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
+from pipeline.errors import RedisUnavailable
 from pipeline.types import (
     CacheMode,
     ChatMessage,
@@ -309,7 +310,7 @@ class RedisCacheStore:
     async def _look_up(self, keys: list[str]) -> list[Any] | None:
         try:
             return list(await self._redis.attempt(self._outage, lambda client: client.mget(keys)))
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return None
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
@@ -322,7 +323,7 @@ class RedisCacheStore:
                     pipe.set(key, value, px=ttl_ms)
                 await pipe.execute()
 
-        with contextlib.suppress(_redis.Unavailable):  # logged; the answer stands
+        with contextlib.suppress(RedisUnavailable):  # logged; the answer stands
             await self._redis.attempt(self._outage, write)
 
     async def aclose(self) -> None:

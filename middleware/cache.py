@@ -305,7 +305,10 @@ class RedisCacheStore:
         if values is None:
             return None
         value = values[index]
-        return value if isinstance(value, bytes) or value is None else bytes(value)
+        if value is None or isinstance(value, bytes):
+            return value
+        # A client of the caller's own may decode replies (decode_responses=True).
+        return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else None
 
     async def _look_up(self, keys: list[str]) -> list[Any] | None:
         try:

@@ -12,6 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from middleware.breaker import BreakerSettings, CircuitBreakerChatClient
+    from middleware.cache import (
+        CacheSettings,
+        CachingChatClient,
+        MemoryCacheStore,
+        RedisCacheStore,
+        SemanticCacheSettings,
+    )
     from middleware.configure_options import ConfigureOptionsChatClient
     from middleware.function_invocation import (
         FunctionInvocationSettings,
@@ -34,6 +41,11 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "BreakerSettings": "middleware.breaker",
+    "CacheSettings": "middleware.cache",
+    "CachingChatClient": "middleware.cache",
+    "MemoryCacheStore": "middleware.cache",
+    "RedisCacheStore": "middleware.cache",
+    "SemanticCacheSettings": "middleware.cache",
     "CircuitBreakerChatClient": "middleware.breaker",
     "ConfigureOptionsChatClient": "middleware.configure_options",
     "FunctionInvocationSettings": "middleware.function_invocation",
@@ -54,18 +66,23 @@ _EXPORTS = {
 
 __all__ = [
     "BreakerSettings",
+    "CacheSettings",
+    "CachingChatClient",
     "CircuitBreakerChatClient",
     "ConfigureOptionsChatClient",
     "FunctionInvocationSettings",
     "FunctionInvokingChatClient",
     "IdempotencyStore",
     "LoggingChatClient",
+    "MemoryCacheStore",
     "MemoryIdempotencyStore",
+    "RedisCacheStore",
     "RedisIdempotencyStore",
     "ResponseValidationChatClient",
     "ResponseValidationSettings",
     "RetryChatClient",
     "RetrySettings",
+    "SemanticCacheSettings",
     "TelemetryChatClient",
     "Tool",
     "operation_scope",

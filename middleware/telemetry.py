@@ -307,6 +307,7 @@ def _pass_up(report: RouteReport, outer: RouteReport | None) -> None:
         outer.metadata = report.metadata
         outer.attempts = report.attempts
         outer.fallback = report.fallback
+        outer.price = report.price
 
 
 class _StreamTrace(StreamWatcher):

@@ -14,6 +14,7 @@ from pipeline.client import (
     EmbeddingGenerator,
 )
 from pipeline.types import (
+    CacheMode,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -34,6 +35,7 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "CacheMode",
     "ChatClient",
     "ChatClientMetadata",
     "ChatMessage",

@@ -151,12 +151,14 @@ exit_failover_check = _failover_check.reset
 class RouteReport:
     """The routing story of one request, for the span above the router: the route of the
     last attempt (the one that served, when it succeeded), its client's metadata, how many
-    attempts were made and whether a fallback served (an attempt after the first)."""
+    attempts were made and whether a fallback served (an attempt after the first), and that
+    route's price (None when it has none), so a cache above can tell what a hit saved."""
 
-    __slots__ = ("attempts", "fallback", "metadata", "route_name")
+    __slots__ = ("attempts", "fallback", "metadata", "price", "route_name")
 
     def __init__(self) -> None:
         self.route_name: str | None = None
+        self.price: Any = None
         self.metadata: Any = None
         self.attempts = 0
         self.fallback = False

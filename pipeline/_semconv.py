@@ -36,6 +36,12 @@ __all__ = [
     "BREAKER_REASON",
     "BREAKER_SCOPE",
     "BREAKER_TO",
+    "CACHE_KIND",
+    "CACHE_LOOKUPS_METRIC",
+    "CACHE_RESULT",
+    "CACHE_SAVED_COST_METRIC",
+    "CACHE_SCOPE",
+    "CACHE_SIMILARITY",
     "CLIENT_DISCONNECTED",
     "COMMITTED_FAILURES_METRIC",
     "COOLDOWNS_METRIC",
@@ -90,6 +96,7 @@ ROUTING_SCOPE: Final = "chat_pipeline.routing"
 TOOLS_SCOPE: Final = "chat_pipeline.tools"
 BREAKER_SCOPE: Final = "chat_pipeline.breaker"
 GATEWAY_SCOPE: Final = "chat_pipeline.gateway"
+CACHE_SCOPE: Final = "chat_pipeline.cache"
 
 SCHEMA_URL: Final[str] = list(Schemas)[-1].value
 """The newest schema of the installed ``opentelemetry-semantic-conventions``: the version
@@ -145,6 +152,24 @@ HEALTH_IN_FLIGHT_METRIC: Final = "ai.route.health.in_flight"
 """Gauge: a route's attempts in flight in this process."""
 HEALTH_FAILURE_RATIO_METRIC: Final = "ai.route.health.failure_ratio"
 """Gauge: a route's decaying failure ratio (0 to 1)."""
+
+# -- the response cache ------------------------------------------------------------------------
+
+CACHE_RESULT: Final = "ai.cache.result"
+"""On the request's span (and a label of `CACHE_LOOKUPS_METRIC`): what the response cache did:
+``hit``, ``miss``, ``bypass`` (the request asked for no cache, or cannot be cached) or
+``refresh`` (called the provider and stored the new answer)."""
+CACHE_KIND: Final = "ai.cache.kind"
+"""On the request's span (and a label of `CACHE_LOOKUPS_METRIC`): ``exact`` or ``semantic``
+(which lookup hit; for a miss, the last lookup made)."""
+CACHE_SIMILARITY: Final = "ai.cache.similarity"
+"""On the request's span: the cosine similarity of the best semantic candidate, when the
+semantic lookup had one."""
+CACHE_LOOKUPS_METRIC: Final = "ai.cache.lookups"
+"""Counter of requests through a response cache, by `CACHE_RESULT` and `CACHE_KIND`."""
+CACHE_SAVED_COST_METRIC: Final = "ai.cache.saved_cost"
+"""Counter of what cache hits saved: the cost the stored answer had when its route had a
+`Price`, by the route that served it (``ai.route.name``)."""
 
 # -- layers -----------------------------------------------------------------------------------
 

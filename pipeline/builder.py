@@ -417,6 +417,55 @@ class ChatPipelineBuilder:
             enabled=enabled,
         )
 
+    def use_cache(
+        self,
+        store: Any = None,
+        *,
+        ttl: float = 3600.0,
+        scope: Callable[[list[Any], ChatOptions], str | None] | None = None,
+        semantic: Any = None,
+        single_flight: bool = True,
+        enabled: bool = True,
+        **options: Any,
+    ) -> Self:
+        """Answer repeated requests from a cache (see `middleware.cache`): `store` is a
+        `MemoryCacheStore` or `RedisCacheStore` (default: a memory store per built
+        pipeline), `ttl` seconds an answer is kept, `scope` a function of the request whose
+        value keeps entries apart, `semantic` a `SemanticCacheSettings` (or an embedding
+        generator, with the default threshold) for lookups by meaning; `options` are the
+        other `CacheSettings` fields (``per_session``, ``finish_reasons``, ...), plus
+        ``meter_provider``.
+
+        Outside a router: one lookup per request; inside a tool loop
+        (after ``use_function_invocation``): each model turn is cached, and tools still run.
+        """
+        from middleware.cache import (
+            CacheSettings,
+            CacheStore,
+            CachingChatClient,
+            MemoryCacheStore,
+            SemanticCacheSettings,
+        )
+
+        meter_provider = self._providers(options)["meter_provider"]
+        options.pop("meter_provider", None)
+        checked = CacheSettings(ttl=ttl, scope=scope, single_flight=single_flight, **options)
+        if store is not None and not isinstance(store, CacheStore):
+            raise TypeError("store must have async get(key) and set(key, value, ttl)")
+        if semantic is not None and not isinstance(semantic, SemanticCacheSettings):
+            semantic = SemanticCacheSettings(embeddings=semantic)
+        return self.use(
+            lambda inner: CachingChatClient(
+                inner,
+                store if store is not None else MemoryCacheStore(),
+                checked,
+                semantic=semantic,
+                meter_provider=meter_provider,
+                close_store=store is None,
+            ),
+            enabled=enabled,
+        )
+
     # -- routers (end the chain) -------------------------------------------------------------
 
     def use_router(

@@ -71,6 +71,7 @@ import pydantic
 from pydantic import Field, model_validator
 
 from middleware.breaker import BreakerSettings
+from middleware.cache import CacheSettings, SemanticCacheSettings
 from middleware.retry import RetrySettings
 from middleware.routing._semantic_settings import SemanticSettings
 from middleware.routing.affinity import (
@@ -114,6 +115,7 @@ __all__ = [
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
     "BreakerConfig",
+    "CacheConfig",
     "EmbeddingsConfig",
     "GroupConfig",
     "HealthConfig",
@@ -127,6 +129,7 @@ __all__ = [
     "RouteConfig",
     "RouterConfig",
     "ScriptedRouteConfig",
+    "SemanticCacheConfig",
     "SemanticRouterConfig",
     "TieredRouterConfig",
     "build_pipeline",
@@ -567,6 +570,113 @@ class LayersConfig(Settings):
     function_invocation: bool = False
 
 
+# -- the response cache ----------------------------------------------------------------------
+
+
+class SemanticCacheConfig(Settings):
+    """``[cache.semantic]``: semantic lookups after an exact miss (`SemanticCacheSettings`;
+    numpy is loaded when the pipeline is built)."""
+
+    embeddings: EmbeddingsConfig
+    """The embedding generator, as a semantic router's ``embeddings`` table."""
+    threshold: Annotated[float, Field(gt=0, le=1)] = SemanticCacheSettings.model_fields[
+        "threshold"
+    ].default
+    """The cosine similarity at or above which a stored answer is a hit."""
+    max_candidates: Annotated[int, Field(ge=1)] = 1000
+    """Answers per semantic partition kept as candidates."""
+    max_partitions: Annotated[int, Field(ge=1)] = 10_000
+    """Semantic partitions kept per process."""
+    embedding_timeout: Annotated[float, Field(gt=0)] = 2.0
+    """Seconds embedding a query may take before the lookup is a miss."""
+    max_query_chars: Annotated[int, Field(ge=1)] = 2000
+    """Longer queries are looked up exactly only."""
+
+    def settings(self, secret: str | None) -> SemanticCacheSettings:
+        return SemanticCacheSettings(
+            embeddings=self.embeddings.generator(secret),
+            threshold=self.threshold,
+            max_candidates=self.max_candidates,
+            max_partitions=self.max_partitions,
+            embedding_timeout=self.embedding_timeout,
+            max_query_chars=self.max_query_chars,
+        )
+
+
+class CacheConfig(CacheSettings):
+    """``[cache]``: the response cache, between the tool loop and the router (each model
+    turn is looked up once; tools still run). Answers are kept in this process (``store =
+    "memory"``) or in Redis, shared by replicas (``store = "redis"``)."""
+
+    enabled: bool = True
+    """Whether the cache layer is built (an environment may turn it off)."""
+    store: Literal["memory", "redis"] = "memory"
+    """Where answers are kept: ``memory`` (this process) or ``redis`` (every replica)."""
+    redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL (for ``store = "redis"``)."""
+    redis_url: str | None = None
+    """The Redis URL itself, when it holds no password (else use `redis_url_env`)."""
+    max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
+    """The memory store's bound: bytes of keys and answers kept (least recently used out)."""
+    namespace: Annotated[str, Field(min_length=1)] = "chat_pipeline:cache"
+    """The prefix of the Redis store's keys."""
+    semantic: SemanticCacheConfig | None = None
+    """``[cache.semantic]``: lookups by meaning after an exact miss."""
+
+    @model_validator(mode="after")
+    def _redis_is_named(self) -> Any:
+        if self.redis_url is not None:
+            from pipeline import _redis
+
+            _redis.check_url(self.redis_url)
+            from redis.asyncio.connection import parse_url
+
+            if parse_url(self.redis_url).get("password"):
+                raise ValueError(
+                    "redis_url holds a password: put the URL in an environment variable "
+                    "and name it with redis_url_env"
+                )
+        if self.store == "redis" and self.redis_url is None and self.redis_url_env is None:
+            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+        return self
+
+    def install(self, builder: ChatPipelineBuilder, secrets: Mapping[str, str | None]) -> None:
+        """Add the cache layer this table describes to `builder`."""
+        from middleware.cache import MemoryCacheStore, RedisCacheStore
+
+        store: Any
+        if self.store == "redis":
+            url = self.redis_url or os.environ[self.redis_url_env or ""]
+            store = RedisCacheStore(
+                url,
+                namespace=self.namespace,
+                timeout=self.timeout,
+                retry_interval=self.retry_interval,
+            )
+        else:
+            store = None
+        semantic = (
+            self.semantic.settings(secrets.get("cache.semantic.embeddings"))
+            if self.semantic is not None
+            else None
+        )
+        max_bytes = self.max_bytes
+
+        def layer(inner: ChatClient) -> ChatClient:
+            from middleware.cache import CachingChatClient
+
+            return CachingChatClient(
+                inner,
+                store if store is not None else MemoryCacheStore(max_bytes),
+                _settings_of(CacheSettings, self),
+                semantic=semantic,
+                meter_provider=builder.meter_provider,
+                close_store=True,
+            )
+
+        builder.use(layer)
+
+
 # -- overlays ----------------------------------------------------------------------------------
 
 
@@ -616,6 +726,7 @@ _ROUTE: _Schema[RouteConfig] = _Schema(RouteConfig)
 _GROUP: _Schema[GroupConfig] = _Schema(GroupConfig)
 _ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
 _LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
+_CACHE: _Schema[CacheConfig] = _Schema(CacheConfig)
 _ROUTER_KINDS: dict[str, type[_RouterTable]] = {
     kind: table
     for table in get_args(get_args(RouterConfig)[0])
@@ -673,7 +784,7 @@ def _names(
             problems.add(where, f"names no route: {name!r}{suggest(name, routes)}")
 
 
-_SECTIONS = ("routes", "groups", "router", "layers", "gateway", "environments")
+_SECTIONS = ("routes", "groups", "router", "layers", "cache", "gateway", "environments")
 
 
 @dataclass(frozen=True)
@@ -694,6 +805,8 @@ class PipelineConfig:
     """The ``[gateway]`` table (`pipeline.gateway.settings.GatewaySettings`), if any."""
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
     """The ``[groups.NAME]`` tables: routes a router names as one."""
+    cache: CacheConfig | None = None
+    """The ``[cache]`` table, if any."""
 
     @property
     def route_names(self) -> list[str]:
@@ -727,6 +840,7 @@ class PipelineConfig:
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
+        self.install_cache(builder)
         if self.router is None:
             only = next(iter(routes.values()))
             return builder.build(only.client, name=only.name)
@@ -735,6 +849,11 @@ class PipelineConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
+
+    def install_cache(self, builder: ChatPipelineBuilder) -> None:
+        """Add the ``[cache]`` layer to `builder`, when the file has one and it is enabled."""
+        if self.cache is not None and self.cache.enabled:
+            self.cache.install(builder, self._secrets)
 
     def build_route(
         self, name: str, *, tracer_provider: Any = None, meter_provider: Any = None
@@ -815,7 +934,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             )
         base = _overlay(base, overlay)
     for key in base:
-        if key not in ("routes", "groups", "router", "layers", "gateway"):
+        if key not in ("routes", "groups", "router", "layers", "cache", "gateway"):
             problems.add(
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
@@ -877,9 +996,18 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
         names = [str(n) for n in raw_routes] if isinstance(raw_routes, Mapping) else []
         for where, message in gateway.problems(names) if gateway is not None else ():
             problems.add(where, message)
+    cache = None
+    if "cache" in base:
+        cache = problems.validate(_CACHE, base["cache"], "cache")
+        if cache is not None and cache.store == "redis" and cache.redis_url is None:
+            _variable_set(problems, "cache", cache.redis_url_env)
+        if cache is not None and cache.semantic is not None:
+            secrets["cache.semantic.embeddings"] = _secret(
+                problems, cache.semantic.embeddings, "cache.semantic.embeddings"
+            )
     problems.raise_if_any()
     assert layers is not None  # no problem was found, so every table validated
-    return PipelineConfig(routes, router, layers, environment, secrets, gateway, groups)
+    return PipelineConfig(routes, router, layers, environment, secrets, gateway, groups, cache)
 
 
 def _groups(

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = [
+    "CacheMode",
     "ChatMessage",
     "ChatOptions",
     "ChatResponse",
@@ -353,6 +354,16 @@ class ReasoningOptions:
             raise TypeError("ReasoningOptions.summary must be a str or None")
 
 
+class CacheMode(StrEnum):
+    """What a response cache (`middleware.cache`) does with one request: ``use`` (answer
+    from the cache when it can, store the answer when it calls), ``refresh`` (call the
+    provider, store the new answer) or ``bypass`` (call the provider, store nothing)."""
+
+    USE = "use"
+    REFRESH = "refresh"
+    BYPASS = "bypass"
+
+
 @dataclass(slots=True)
 class ChatOptions:
     """Per-request options. Layers never mutate a caller's object: they work on `clone()`."""
@@ -370,6 +381,9 @@ class ChatOptions:
     session_id: str | None = None
     additional_properties: dict[str, Any] = field(default_factory=dict)
     reasoning: ReasoningOptions | None = None
+    cache: CacheMode | None = None
+    """What a response cache does with this request (None: ``CacheMode.USE``); never
+    reaches a provider."""
 
     def clone(self) -> ChatOptions:
         """An independent copy: its lists and dicts are copies too.
@@ -398,6 +412,7 @@ class ChatOptions:
                 _copy_json(self.additional_properties) if self.additional_properties else {}
             ),
             reasoning=self.reasoning,
+            cache=self.cache,
         )
 
     def with_(self, **changes: Any) -> ChatOptions:

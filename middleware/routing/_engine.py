@@ -574,6 +574,7 @@ class AttemptEngine(abc.ABC):
             report.metadata = metadata_of(record.client)
             report.attempts = record.number
             report.fallback = record.number > 1
+            report.price = attempt.price
         on_attempt = request.on_attempt
         reported = on_attempt(context, record, terminal) if on_attempt is not None else None
         if reported is not None and not inspect.isawaitable(reported):

@@ -31,13 +31,14 @@ import logging
 from typing import Any
 
 from pipeline import _scope
+from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
 from pipeline._scope import RouteReport
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
 from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
-from pipeline.types import ChatMessage
+from pipeline.types import CacheMode, ChatMessage
 
 __all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
 
@@ -79,6 +80,39 @@ class _Started:
         self.encoder: StreamEncoder | None = None
 
 
+def _cache(exchange: Exchange, request: ChatRequest) -> Any:
+    """The response cache's side of a request (`middleware.cache`): its partition (the
+    caller's key and the model asked for: entries never cross them), the mode the
+    ``cache-control`` request header asks for (``no-store``: bypass, ``no-cache``:
+    refresh), and ``x-cache`` (``hit``, ``miss``, ``bypass``) with ``age`` on the response
+    when a cache answered. Returns the token that ends the cache's report."""
+    report = CacheReport(f"{exchange.key}\x00{request.model}")
+    if request.options.cache is None:
+        for name, value in exchange.scope["headers"]:
+            if name == b"cache-control":
+                directives = {part.strip().lower() for part in value.split(b",")}
+                if b"no-store" in directives:
+                    request.options.cache = CacheMode.BYPASS
+                elif b"no-cache" in directives:
+                    request.options.cache = CacheMode.REFRESH
+    send = exchange.send
+
+    async def send_with_cache(message: Any) -> None:
+        result = report.result
+        if result is not None and message["type"] == "http.response.start":
+            headers = [*message.get("headers", ()), (b"x-cache", _X_CACHE[result])]
+            if report.age is not None and result == "hit":
+                headers.append((b"age", str(report.age).encode()))
+            message["headers"] = headers
+        await send(message)
+
+    exchange.send = send_with_cache
+    return enter_cache_report(report)
+
+
+_X_CACHE = {"hit": b"hit", "miss": b"miss", "refresh": b"miss", "bypass": b"bypass"}
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -97,6 +131,7 @@ class FormatHandler:
         if task is None:  # pragma: no cover - ASGI servers run each request in a task
             raise RuntimeError("the gateway serves requests from inside an asyncio task")
         watch: _Disconnect | None = None
+        cache_token: Any = None
         started = _Started()
         report = RouteReport()
         exchange.report = report
@@ -114,6 +149,7 @@ class FormatHandler:
                     code="model_not_found",
                 )
             exchange.route = target.route
+            cache_token = _cache(exchange, request)
             watch = _Disconnect(receive, task)
             if request.stream:
                 exchange.failure = await self._stream(exchange, request, target, watch, started)
@@ -170,6 +206,8 @@ class FormatHandler:
             )
         finally:
             _scope.exit_report(token)
+            if cache_token is not None:
+                exit_cache_report(cache_token)
             if watch is not None:
                 watch.close()
 

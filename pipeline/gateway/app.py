@@ -176,15 +176,17 @@ class Gateway:
                 route = config.build_route(
                     target, tracer_provider=tracer_provider, meter_provider=meter_provider
                 )
-                # A route called by name gets the file's telemetry and logging layers too.
-                client = (
+                # A route called by name gets the file's telemetry, logging and cache
+                # layers too.
+                builder = (
                     ChatPipeline.builder(
                         tracer_provider=tracer_provider, meter_provider=meter_provider
                     )
                     .use_telemetry(enabled=config.layers.telemetry)
                     .use_logging(enabled=config.layers.logging)
-                    .build(route.client, name=route.name)
                 )
+                config.install_cache(builder)
+                client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)
                 self._closers.append(client.aclose)
             self.targets = {model: built[target] for model, target in self.models.items()}

@@ -29,7 +29,25 @@ from pipeline.types import UsageDetails
 BACKUP_DELAY = 0.05  # the backup's scripted time to first update, in seconds
 ROUTED_REQUESTS = 4  # per phase, through primary -> backup
 # + the terminal failure (primary, then backup) + the committed failure's single attempt
-ATTEMPTS_PER_PHASE = ROUTED_REQUESTS * 2 + 2 + 1
+# + the response cache's miss (its hit makes no attempt)
+ATTEMPTS_PER_PHASE = ROUTED_REQUESTS * 2 + 2 + 1 + 1
+
+
+def _cached_pipeline(providers: dict[str, Any]) -> ChatPipeline:
+    answer = reply(
+        "an answer",
+        chunks=["an ", "answer"],
+        delay=BACKUP_DELAY,
+        usage=UsageDetails(input_tokens=12, output_tokens=40, total_tokens=52),
+    )
+    backup = ScriptedChatClient(answer, name="backup", model_id="small-model")
+    return (
+        ChatPipeline.builder()
+        .use_telemetry(**providers)
+        .use_cache(meter_provider=providers["meter_provider"])
+        .use_ordered_failover([Route("backup", backup, price=Price(0.5, 1.5))], **providers)
+        .build()
+    )
 
 
 def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
@@ -93,6 +111,12 @@ async def run_phase(*, meter_provider: Any, tracer_provider: Any) -> None:
         failed = await collect(flaky, "question", streaming=True)
         assert isinstance(failed.error, TransientProviderError), failed
         assert [u.text for u in failed.updates] == ["partial "]
+    # A response cache in front of a priced route: a miss, then a hit (a saved cost).
+    cached = _cached_pipeline(providers)
+    async with cached:
+        for streaming in (False, True):
+            result = await collect(cached, "a cached question", streaming=streaming)
+            assert result.error is None and result.text == "an answer", result
 
 
 # -- a balanced fleet -------------------------------------------------------------------------
@@ -199,6 +223,8 @@ AWAITING: dict[str, dict[str, str]] = {
     "gateway": {
         "ai_route_hedges_started_total": "the fleet gateway runs a balanced router, no hedges",
         "ai_route_hedges_won_total": "the fleet gateway runs a balanced router, no hedges",
+        "ai_cache_lookups_total": "the e2e gateways run no response cache",
+        "ai_cache_saved_cost_total": "the e2e gateways run no response cache",
     },
 }
 

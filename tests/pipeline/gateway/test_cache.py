@@ -1,0 +1,132 @@
+"""The gateway over a response cache: ``cache-control`` request headers, ``x-cache`` and
+``age`` response headers, entries kept apart per caller key, replicas sharing Redis."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from pipeline.config import PipelineConfig, parse_config
+from pipeline.testing import FakeOpenAIServer
+from tests.pipeline.gateway.conftest import Running, running
+
+pytestmark = pytest.mark.gateway
+
+
+def cached_config(
+    upstream: FakeOpenAIServer, cache: dict[str, Any], gateway: dict[str, Any] | None = None
+) -> PipelineConfig:
+    return parse_config(
+        {
+            "routes": {
+                "primary": {"provider": "openai", "model": "m", "base_url": upstream.base_url}
+            },
+            "cache": cache,
+            "gateway": gateway or {},
+        }
+    )
+
+
+async def chat(
+    run: Running,
+    text: str = "hello",
+    *,
+    stream: bool = False,
+    headers: dict[str, str] | None = None,
+    key: str = "unused",
+) -> tuple[httpx.Response, str]:
+    body = {
+        "model": "primary",
+        "messages": [{"role": "user", "content": text}],
+        "stream": stream,
+    }
+    async with httpx.AsyncClient(base_url=run.base_url, timeout=10) as client:
+        response = await client.post(
+            "/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {key}", **(headers or {})},
+        )
+    assert response.status_code == 200, response.text
+    if not stream:
+        return response, response.json()["choices"][0]["message"]["content"]
+    pieces = []
+    for line in response.text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            for choice in json.loads(line[6:]).get("choices", []):
+                pieces.append(choice.get("delta", {}).get("content") or "")
+    return response, "".join(pieces)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["get_response", "get_streaming_response"])
+async def test_headers_map_to_modes_and_tell_what_happened(
+    upstream: FakeOpenAIServer, stream: bool
+) -> None:
+    async with running(cached_config(upstream, {})) as run:
+        first, text = await chat(run, stream=stream)
+        assert first.headers["x-cache"] == "miss" and "age" not in first.headers
+        second, again = await chat(run, stream=stream)
+        assert second.headers["x-cache"] == "hit" and second.headers["age"] == "0"
+        assert again == text
+        assert len(upstream.requests) == 1
+        refreshed, _ = await chat(run, stream=stream, headers={"cache-control": "no-cache"})
+        assert refreshed.headers["x-cache"] == "miss"
+        assert len(upstream.requests) == 2
+        bypassed, _ = await chat(run, stream=stream, headers={"cache-control": "no-store"})
+        assert bypassed.headers["x-cache"] == "bypass"
+        assert len(upstream.requests) == 3
+        hit, _ = await chat(run, stream=stream)
+        assert hit.headers["x-cache"] == "hit"
+        assert len(upstream.requests) == 3
+
+
+async def test_entries_never_cross_caller_keys(
+    upstream: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-a,key-b")
+    cfg = cached_config(upstream, {}, {"api_keys_env": "GATEWAY_TEST_KEYS"})
+    async with running(cfg) as run:
+        assert (await chat(run, key="key-a"))[0].headers["x-cache"] == "miss"
+        assert (await chat(run, key="key-b"))[0].headers["x-cache"] == "miss"
+        assert (await chat(run, key="key-a"))[0].headers["x-cache"] == "hit"
+        assert len(upstream.requests) == 2
+
+
+async def test_sessions_are_kept_apart_when_configured(upstream: FakeOpenAIServer) -> None:
+    async with running(cached_config(upstream, {"per_session": True})) as run:
+        one = {"x-session-id": "one"}
+        assert (await chat(run, headers=one))[0].headers["x-cache"] == "miss"
+        assert (await chat(run, headers={"x-session-id": "two"}))[0].headers["x-cache"] == "miss"
+        assert (await chat(run, headers=one))[0].headers["x-cache"] == "hit"
+
+
+async def test_two_replicas_share_entries_through_redis(
+    upstream: FakeOpenAIServer, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CACHE_TEST_REDIS", redis_url)
+    cache = {"store": "redis", "redis_url_env": "CACHE_TEST_REDIS", "namespace": "replicas-test"}
+    async with contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(running(cached_config(upstream, cache)))
+        two = await stack.enter_async_context(running(cached_config(upstream, cache)))
+        first, text = await chat(one, "shared question")
+        assert first.headers["x-cache"] == "miss"
+        # The write lands beside the answer: the other replica finds it once it has.
+        for _ in range(200):
+            second, again = await chat(two, "shared question")
+            if second.headers["x-cache"] == "hit":
+                break
+        assert second.headers["x-cache"] == "hit"
+        assert again == text
+        streamed, streamed_text = await chat(two, "shared question", stream=True)
+        assert streamed.headers["x-cache"] == "hit" and streamed_text == text
+        assert len(upstream.requests) == 1

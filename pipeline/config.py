@@ -156,6 +156,8 @@ class BreakerConfig(BreakerSettings):
     password, so it is never written in the file)."""
 
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of a breaker shared by replicas (a URL may
+    hold a password, so it is never written in the file); unset: this process only."""
 
     @model_validator(mode="before")
     @classmethod
@@ -255,7 +257,10 @@ class AffinityConfig(AffinitySettings):
     """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
 
     store: Literal["memory", "redis"] = "memory"
+    """Where sessions' routes are kept: `memory` (this process) or `redis` (shared by replicas;
+    needs `redis_url_env`)."""
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of `store = "redis"`."""
 
     @model_validator(mode="after")
     def _redis_needs_a_url(self) -> Any:
@@ -299,6 +304,8 @@ class _FailoverRouterTable(FailoverSettings, _RouterTable):
     """A failover router: its limits (`FailoverSettings`) and session affinity."""
 
     affinity: AffinityConfig | None = None
+    """`[router.affinity]`: requests with a session id start on the route that last served the
+    session."""
 
     def failover_settings(self) -> FailoverSettings:
         return _settings_of(FailoverSettings, self)
@@ -313,7 +320,10 @@ class OrderedRouterConfig(_FailoverRouterTable):
     route_references: ClassVar[Mapping[str, _Reference]] = {"order": "names"}
 
     kind: Literal["ordered"] = "ordered"
+    """`ordered`: the routes of `order`, each tried in turn until one answers before output
+    (`OrderedFailoverChatClient`)."""
     order: Annotated[list[Name], Field(min_length=1)]
+    """The route (or group) names, in the order they are tried."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -331,9 +341,15 @@ class HealthConfig(HealthSettings):
     URL's variable in `redis_url_env`; `sync_interval` and `timeout` in seconds)."""
 
     store: Literal["memory", "redis"] = "memory"
+    """Where route health is kept: `memory` (this process) or `redis` (shared by replicas, synced in
+    the background; needs `redis_url_env`)."""
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of `store = "redis"`."""
     sync_interval: Annotated[float, Field(gt=0)] = 0.5
+    """Seconds between two syncs of this replica's route health with Redis, at most, while it has
+    traffic."""
     timeout: Annotated[float, Field(gt=0)] = 0.25
+    """Seconds each Redis call of a sync may take."""
 
     @model_validator(mode="after")
     def _redis_needs_a_url(self) -> Any:
@@ -365,8 +381,12 @@ class _BalancedTable(BalancedSettings, _RouterTable):
     route_references: ClassVar[Mapping[str, _Reference]] = {"routes": "names"}
 
     routes: Annotated[list[Name], Field(min_length=1)] | None = None
+    """The route (or group) names to balance over (unset: every route)."""
     affinity: AffinityConfig | None = None
+    """`[router.affinity]`: a session starts on its route while that route is healthy."""
     health: HealthConfig | None = None
+    """`[router.health]`: how route health is read and where it is kept (unset: in this process, at
+    the defaults)."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -394,6 +414,8 @@ class BalancedRouterConfig(_BalancedTable):
     `[router.affinity]` as their tables say."""
 
     kind: Literal["balanced"] = "balanced"
+    """`balanced`: each attempt on a healthy route chosen by `strategy`
+    (`BalancedFailoverChatClient`)."""
 
     def _end_chain(
         self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
@@ -408,6 +430,8 @@ class HedgedRouterConfig(HedgingSettings, _BalancedTable):
     for ``kind = "balanced"``."""
 
     kind: Literal["hedged"] = "hedged"
+    """`hedged`: a balanced router that also starts the next route beside an attempt slow to answer,
+    and keeps whichever answers first (`HedgingChatClient`)."""
 
     def _end_chain(
         self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
@@ -422,10 +446,16 @@ class GroupConfig(BalancedSettings):
     its capabilities those every member has, unless the table says."""
 
     kind: Literal["balanced"] = "balanced"
+    """`balanced`: each attempt on a healthy member chosen by `strategy`."""
     routes: Annotated[list[Name], Field(min_length=1)]
+    """The member routes' names (they then serve only through the group)."""
     health: HealthConfig | None = None
+    """`[groups.<name>.health]`: how the group reads its members' health (unset: in this process, at
+    the defaults)."""
     max_input_tokens: Annotated[int, Field(ge=1)] | None = None
+    """The group's context window (unset: its members' smallest)."""
     capabilities: Annotated[frozenset[Name], Field(strict=False)] | None = None
+    """The group's capabilities (unset: those every member has)."""
 
     def route(self, name: str, members: Sequence[Route], providers: Mapping[str, Any]) -> Route:
         """The group as one route over `members` (built routes, each with its layers)."""
@@ -463,10 +493,18 @@ class TieredRouterConfig(_FailoverRouterTable):
     }
 
     kind: Literal["tiered"] = "tiered"
+    """`tiered`: start on a tier and escalate along `fallback`, skipping routes whose context window
+    or capabilities do not fit the request (`TieredRoutingChatClient`)."""
     default: Name
+    """The route a request starts on when nothing else chooses one."""
     fallback: dict[str, list[Name]] = Field(default_factory=dict)
+    """For each route, the routes to escalate to, in order (`{ small = ["standard"] }`)."""
     kinds: dict[str, Name] = Field(default_factory=dict)
+    """For each request kind (`additional_properties["chat_pipeline.kind"]`), the route it starts
+    on."""
     sticky_sessions: bool = True
+    """Whether a request with a session id starts on the route that last served the session (a
+    memory store unless `[router.affinity]` says otherwise)."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -504,9 +542,15 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
     }
 
     kind: Literal["semantic"] = "semantic"
+    """`semantic`: the route whose profile utterances best match the request's last user message,
+    else `default` (`SemanticRoutingChatClient`; numpy is loaded when it is built)."""
     default: Name
+    """The route chosen when no route scores `threshold` or more, or the embedding fails."""
     profiles: Annotated[dict[str, Annotated[list[Name], Field(min_length=1)]], Field(min_length=1)]
+    """For each route, the utterances that describe what it serves."""
     embeddings: EmbeddingsConfig
+    """`router.embeddings`: how utterances and queries are embedded (`provider = "hashing"` or
+    `"openai"`)."""
 
     @property
     def affinity(self) -> AffinityConfig | None:
@@ -539,8 +583,13 @@ class LayersConfig(Settings):
     """``[layers]``: the layers around the router (tools are code: see `build`)."""
 
     telemetry: bool = False
+    """The telemetry layer (`use_telemetry`): a `chat {model}` span and the GenAI metrics per
+    request."""
     logging: bool = False
+    """The logging layer (`use_logging`): a log line per request, without content."""
     function_invocation: bool = False
+    """The tool loop (`use_function_invocation`), over the tools given in code (`from_config(path,
+    tools=[...])`); the gateway refuses a file that turns it on."""
 
 
 # -- overlays ----------------------------------------------------------------------------------

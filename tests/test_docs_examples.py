@@ -1,0 +1,182 @@
+"""Every Python block of README.md and docs/ runs; every TOML block goes through the loader.
+
+How blocks are found and which run where: `tests.docs_examples`. Blocks that show a real
+provider run unchanged against the fakes: an autouse fixture starts `FakeOpenAIServer` and
+`FakeAnthropicServer` on 127.0.0.1 (in a thread of their own, so a block's own
+``asyncio.run`` reaches them too), makes them the providers' default endpoints and sets the
+API key variables to keys of no value.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import inspect
+import os
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.docs_examples import ROOT, Block, blocks, pages, python_blocks
+
+_PAGES = [page for page in pages() if python_blocks(page)]
+_TOML_BLOCKS = [block for page in pages() for block in blocks(page) if block.lang == "toml"]
+
+
+class _Servers:
+    """The fake servers, served by an event loop on a thread of its own."""
+
+    def __init__(self) -> None:
+        from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.openai = FakeOpenAIServer()
+        self.anthropic = FakeAnthropicServer()
+
+    def __enter__(self) -> _Servers:
+        self.thread.start()
+        for server in (self.openai, self.anthropic):
+            asyncio.run_coroutine_threadsafe(server.start(), self.loop).result(timeout=30)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for server in (self.openai, self.anthropic):
+            asyncio.run_coroutine_threadsafe(server.stop(), self.loop).result(timeout=30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[_Servers]:
+    with _Servers() as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def _providers_use_the_fakes(servers: _Servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.providers.anthropic import AnthropicChatClient
+    from pipeline.providers.openai import OpenAIAPIClient
+
+    for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY"):
+        monkeypatch.setenv(variable, "sk-docs-example")
+    for cls, url in (
+        (OpenAIAPIClient, servers.openai.base_url),
+        (AnthropicChatClient, servers.anthropic.base_url),
+    ):
+        defaults = dict(cls.__init__.__kwdefaults__ or {})
+        monkeypatch.setattr(cls.__init__, "__kwdefaults__", {**defaults, "base_url": url})
+    monkeypatch.chdir(ROOT)  # examples name files relative to the repository
+
+
+def prelude() -> dict[str, Any]:
+    """What a page's namespace starts with: the clients the fragments name (each a
+    `ScriptedChatClient` that answers every call), as the pages' notes say."""
+    from pipeline.testing import ScriptedChatClient, reply
+
+    def client(name: str) -> ScriptedChatClient:
+        return ScriptedChatClient(reply(f"Answer from {name}."), name=name)
+
+    names = ("primary", "backup", "east", "west", "central", "small", "large", "general")
+    names += ("primary_client", "backup_client")
+    return {"__name__": "__docs_example__", **{name: client(name) for name in names}}
+
+
+def run_block(block: Block, namespace: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
+    """Run `block` in `namespace`; top-level ``await`` runs on `loop`."""
+    code = compile(
+        block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+    )
+    result = eval(code, namespace)  # noqa: S307 - the docs' own examples
+    if inspect.iscoroutine(result):
+        loop.run_until_complete(result)
+
+
+@pytest.mark.parametrize("page", _PAGES, ids=[str(p.relative_to(ROOT)) for p in _PAGES])
+def test_python_blocks_run(page: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    namespace = prelude()
+    loop = asyncio.new_event_loop()
+    try:
+        for block in python_blocks(page):
+            try:
+                run_block(block, namespace, loop)
+            except BaseException as exc:
+                raise AssertionError(f"{block.where} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def test_skipped_blocks_say_why() -> None:
+    """A block shown but not run has its reason in the paragraph right after it."""
+    for page in pages():
+        text = page.read_text().splitlines()
+        for block in blocks(page):
+            if block.attrs.get("test") != "skip":
+                continue
+            end = block.line + len(block.source.splitlines())
+            after = " ".join(text[end : end + 4])
+            assert "skip" in after.lower() or "not run" in after.lower(), block.where
+
+
+def _config_like(block: Block) -> bool:
+    data = tomllib.loads(block.source)
+    return bool({"routes", "router", "gateway", "layers", "groups"} & set(data))
+
+
+@pytest.mark.parametrize(
+    "block", _TOML_BLOCKS, ids=[block.where for block in _TOML_BLOCKS] or None
+)
+def test_toml_blocks_parse_and_configurations_load(
+    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every TOML block is TOML; one that is a pipeline's file (or a part of one) loads,
+    completed with what it leaves to the rest of its page (routes it names, variables)."""
+    from pipeline.config import load_config
+
+    data = tomllib.loads(block.source)
+    if not _config_like(block):
+        return  # a FakeFleet scenario: its own test reads it
+    for variable in ("GATEWAY_API_KEYS", "GATEWAY_REDIS_URL", "OPENAI_API_KEY"):
+        monkeypatch.setenv(variable, "redis://127.0.0.1:1/0" if "REDIS" in variable else "k")
+    text = block.source
+    named = _route_names(data)
+    defined = set(data.get("routes", {})) | set(data.get("groups", {}))
+    for group in data.get("groups", {}).values():
+        named |= set(group.get("routes", []))
+    for name in sorted(named - defined - set(data.get("routes", {}))):
+        text += f'\n[routes.{_key(name)}]\nprovider = "scripted"\n'
+    if "routes" not in data and not named:
+        text += '\n[routes.only]\nprovider = "scripted"\n'
+    path = tmp_path / "pipeline.toml"
+    path.write_text(text)
+    load_config(path)
+
+
+def _key(name: str) -> str:
+    return name if name.replace("-", "").replace("_", "").isalnum() else f'"{name}"'
+
+
+def _route_names(data: dict[str, Any]) -> set[str]:
+    router = data.get("router", {})
+    names: set[str] = set(router.get("order", [])) | set(router.get("routes", []))
+    if "default" in router:
+        names.add(router["default"])
+    for source, targets in router.get("fallback", {}).items():
+        names |= {source, *targets}
+    names |= set(router.get("kinds", {}).values()) | set(router.get("profiles", {}))
+    names |= {v for v in data.get("gateway", {}).get("models", {}).values() if v != "pipeline"}
+    return names
+
+
+def test_every_page_with_python_is_collected() -> None:
+    assert _PAGES, "no page with a Python block was found"
+    assert any(page.name == "README.md" for page in _PAGES)
+    assert os.path.isdir(ROOT / "docs")

@@ -73,8 +73,7 @@ def _is_code(owner: type[pydantic.BaseModel], name: str, field: FieldInfo) -> bo
         return True
     members = _members(field.annotation)
     return any(
-        member is Any or get_origin(member) is Callable or member is Callable
-        for member in members
+        member is Any or get_origin(member) is Callable or member is Callable for member in members
     )
 
 
@@ -295,7 +294,14 @@ def tables() -> list[Table]:
     for model in _union(RouterConfig):
         found.extend(_nested_tables(model, "router", "router", seen))
 
-    found.append(Table("`[layers]`", "layers", _doc(LayersConfig), _rows(LayersConfig, "layers", skip=frozenset())))
+    found.append(
+        Table(
+            "`[layers]`",
+            "layers",
+            _doc(LayersConfig),
+            _rows(LayersConfig, "layers", skip=frozenset()),
+        )
+    )
     found.append(
         Table(
             "`[gateway]`",

@@ -93,7 +93,7 @@ def run_block(block: Block, namespace: dict[str, Any], loop: asyncio.AbstractEve
     code = compile(
         block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
     )
-    result = eval(code, namespace)  # noqa: S307 - the docs' own examples
+    result = eval(code, namespace)  # the docs' own examples
     if inspect.iscoroutine(result):
         loop.run_until_complete(result)
 
@@ -131,9 +131,7 @@ def _config_like(block: Block) -> bool:
     return bool({"routes", "router", "gateway", "layers", "groups"} & set(data))
 
 
-@pytest.mark.parametrize(
-    "block", _TOML_BLOCKS, ids=[block.where for block in _TOML_BLOCKS] or None
-)
+@pytest.mark.parametrize("block", _TOML_BLOCKS, ids=[block.where for block in _TOML_BLOCKS] or None)
 def test_toml_blocks_parse_and_configurations_load(
     block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

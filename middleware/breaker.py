@@ -213,7 +213,12 @@ class BreakerSettings(Settings):
     """The breaker's name, in telemetry and logs, and the key replicas share it under in Redis (in a
     file: the route's name unless set)."""
     counts: Callable[[BaseException], bool] = counts_as_deployment_failure
+    """Which failures count towards opening the circuit (code only; default: deployment failures, an
+    attempt the router cut for time included)."""
     redis: Any = None
+    """A `redis://`, `rediss://` or `unix://` URL, or a `redis.asyncio` client, to share the
+    breaker's state between processes under `name` (in code; a file names the URL's variable with
+    `redis_url_env`)."""
     redis_timeout: Annotated[float, Field(gt=0, le=60)] = 0.25
     """Seconds each Redis call of a shared breaker may take before the breaker goes on with this
     process's own state."""
@@ -224,6 +229,7 @@ class BreakerSettings(Settings):
     """Seconds a half-open probe's claim in Redis lasts, so a replica that dies mid-probe does not
     keep the circuit open (longer than a call may take)."""
     on_state_change: Callable[[str, str, str], None] | None = None
+    """Called as `on_state_change(name, old, new)` on every state change (code only)."""
     failure_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
     """Open the circuit when this share of the calls in the window failed (a ratio policy, off
     unless set)."""

@@ -73,7 +73,9 @@ class RetrySettings(Settings):
     """Inside a router that could still move the request to another route, a rate-limited answer or
     one with `Retry-After` is not waited out here: the request fails over at once."""
     retry_on: Callable[[BaseException], bool] = is_retryable
+    """Which failures are retried (code only; default: rate limits and transient failures)."""
     sleep: Callable[[float], Awaitable[None]] = Field(default=asyncio.sleep, repr=False)
+    """How a delay is waited out (code only; tests pass their own to move time without sleeping)."""
 
     @model_validator(mode="after")
     def _delays_in_order(self) -> Self:

@@ -180,7 +180,9 @@ class _RouteTable(RouteFacts):
     selection uses (`RouteFacts`) and the route's own retry and breaker layers."""
 
     retry: RetrySettings | None = None
+    """`retry = {...}`: the route's own retry layer (`RetrySettings`); unset: no retry."""
     breaker: BreakerConfig | None = None
+    """`breaker = {...}`: the route's own circuit breaker; unset: no breaker."""
 
     def route(
         self,

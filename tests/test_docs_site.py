@@ -181,3 +181,35 @@ def test_every_public_module_has_an_api_page() -> None:
 def test_the_nav_marks_where_other_pages_go(name: str) -> None:
     """Pages written elsewhere are added to the nav at merge: the places are marked."""
     assert name in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_settings_field_of_the_library_has_a_description() -> None:
+    """Beyond the file's keys: every field of every settings class a user may build in code
+    (the layers', the providers', the routers'), code-only fields included. The test kit's
+    scenario classes (`Latency`, `Fault`, `FakeDeployment`) are not checked here yet."""
+    import importlib
+    import pkgutil
+
+    import middleware
+    import pipeline
+    from pipeline._settings import Settings
+
+    for package in (pipeline, middleware):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            if module.name.endswith("__main__") or ".integrations." in module.name:
+                continue
+            importlib.import_module(module.name)
+
+    def subclasses(cls: type) -> list[type]:
+        return [sub for direct in cls.__subclasses__() for sub in (direct, *subclasses(direct))]
+
+    missing = set()
+    for cls in subclasses(Settings):
+        if "fake" in cls.__module__ or cls.__module__.startswith("pipeline.testing"):
+            continue
+        if not cls.__module__.startswith(("pipeline", "middleware")):
+            continue
+        for name, field in cls.model_fields.items():
+            if not (field.description or "").strip():
+                missing.add(f"{cls.__module__}.{cls.__name__}.{name}")
+    assert sorted(missing) == [], "\n".join(sorted(missing))

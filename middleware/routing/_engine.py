@@ -143,6 +143,8 @@ class FailoverSettings(Settings):
     response) before the router cuts it with `AttemptTimeoutError` and moves on; once output reached
     the caller it no longer applies (unset: no limit)."""
     should_failover: Callable[[BaseException], Any] = is_failover_eligible
+    """Whether a failure before output, inside every limit, may move to another attempt (code only;
+    default: the failure kinds that allow failover)."""
 
 
 ONE_ATTEMPT = FailoverSettings(max_attempts_per_request=1)

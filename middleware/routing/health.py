@@ -130,6 +130,8 @@ class HealthSettings(Settings):
     recovery_probes: Annotated[int, Field(ge=1)] = 2
     """Probes in a row answered in time that readmit an outlier."""
     counts: Callable[[BaseException], bool] = counts_against_route
+    """Which failures count against a route's health (code only; default: deployment failures; an
+    attempt cut for time is a latency sample instead)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@
     breaker = { fail_max = 5, reset_timeout = 30 }
 
     [router]
-    kind = "tiered"                  # ordered | tiered | semantic
+    kind = "tiered"                  # ordered | balanced | hedged | tiered | semantic
     default = "small"
 
     [layers]
@@ -36,8 +36,9 @@ Each table is a typed, frozen settings class, and the file is a union of them: a
 `ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
 the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
 router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
-`TieredRouterConfig`, `SemanticRouterConfig`), built on the routers' own settings
-(`FailoverSettings`, `SemanticSettings`). A default or a check is written once, on those
+`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
+built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
+`HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
 classes; a new provider or router kind is one class and one member of its union.
 
 Every problem is reported at once, each with its key path, as one `ConfigError`; an

@@ -182,3 +182,32 @@ def test_every_page_with_python_is_collected() -> None:
     assert _PAGES, "no page with a Python block was found"
     assert any(page.name == "README.md" for page in _PAGES)
     assert os.path.isdir(ROOT / "docs")
+
+
+def _offline_commands() -> list[tuple[str, str]]:
+    """The docs' `chat-pipeline demo`, `ask` and `eval` command lines that need nothing but
+    the checkout (no ``--otlp`` backend), as ``(where, command)``."""
+    found = []
+    for page in pages():
+        for block in blocks(page):
+            if block.lang != "bash":
+                continue
+            for line in block.source.replace("\\\n", " ").splitlines():
+                command = line.split("&&")[-1].strip()
+                words = command.split()
+                runs_offline = len(words) > 1 and words[1] in ("demo", "ask", "eval")
+                if runs_offline and words[0].endswith("chat-pipeline") and "--otlp" not in words:
+                    found.append((block.where, command))
+    return found
+
+
+@pytest.mark.parametrize(("where", "command"), _offline_commands())
+def test_offline_cli_commands_run_as_written(where: str, command: str) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "pipeline", *shlex.split(command)[1:]]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{where}: {command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert done.stdout.strip(), where

@@ -221,7 +221,7 @@ def _nested_tables(
                     f"`{path}`{tag}",
                     f"{anchor}-{name}" + (f"-{_tag(nested, 'provider')}" if tag else ""),
                     _doc(nested),
-                    _rows(nested, path, skip=frozenset()),
+                    _tag_first(_rows(nested, path, skip=frozenset()), "provider"),
                 )
             )
     return found
@@ -339,7 +339,8 @@ are never values: a key ending in `_env` names the environment variable that hol
 `[environments.<name>]` holds any of the tables below, merged over the rest of the file
 (tables key by key, other values replaced; a route whose `provider` an environment changes
 is replaced whole) when that environment is chosen (the `environment` argument, `--env`, or
-`CHAT_PIPELINE_ENV`).
+`CHAT_PIPELINE_ENV`). The variables the library reads are listed on
+[environment variables](environment.md).
 """
 
 

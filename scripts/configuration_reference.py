@@ -32,6 +32,7 @@ class Row:
     owner: type[pydantic.BaseModel]
     name: str
     field: FieldInfo
+    tag: bool = False  # the key that picks the table's class in a tagged union
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +94,9 @@ def _rows(model: type[pydantic.BaseModel], prefix: str, *, skip: frozenset[str])
 
 
 def _tag_first(rows: list[Row], key: str) -> list[Row]:
-    """`rows` with the tag (``provider``, ``kind``) first."""
-    return sorted(rows, key=lambda row: row.name != key)
+    """`rows` of a tagged union's member, the tag (``provider``, ``kind``) first."""
+    tagged = [dataclasses.replace(row, tag=row.name == key) for row in rows]
+    return sorted(tagged, key=lambda row: not row.tag)
 
 
 def _type_name(annotation: Any) -> str:
@@ -178,9 +180,9 @@ def _toml(value: Any) -> str:
     return f"`{value!r}`"
 
 
-def _default(field: FieldInfo, name: str = "") -> str:
-    if name in ("provider", "kind") and get_origin(field.annotation) is Literal:
-        return "**required**"  # the tag that picks the table's class
+def _default(field: FieldInfo, tag: bool = False) -> str:
+    if tag:
+        return "**required**"  # it picks the table's class, so it is always given
     if field.default_factory is not None:
         factory = typing.cast(Callable[[], Any], field.default_factory)
         return _toml(factory())
@@ -359,7 +361,7 @@ def render() -> str:
             description = row.field.description or "**undocumented**"
             out.append(
                 f"| `{row.path}` | {_cell(_type_name(row.field.annotation))} | "
-                f"{_cell(_default(row.field, row.name))} | {_cell(_bounds(row.field))} | "
+                f"{_cell(_default(row.field, row.tag))} | {_cell(_bounds(row.field))} | "
                 f"{_cell(description)} |"
             )
         out.append("")

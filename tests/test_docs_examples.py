@@ -13,6 +13,7 @@ import ast
 import asyncio
 import contextlib
 import inspect
+import io
 import os
 import threading
 import tomllib
@@ -89,13 +90,24 @@ def prelude() -> dict[str, Any]:
 
 
 def run_block(block: Block, namespace: dict[str, Any], loop: asyncio.AbstractEventLoop) -> None:
-    """Run `block` in `namespace`; top-level ``await`` runs on `loop`."""
+    """Run `block` in `namespace`; top-level ``await`` runs on `loop`. When the block has
+    ``#>`` comments, what it prints must be those lines, in order (as pytest-examples
+    checks printed output)."""
     code = compile(
         block.source, block.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
     )
-    result = eval(code, namespace)  # the docs' own examples
-    if inspect.iscoroutine(result):
-        loop.run_until_complete(result)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = eval(code, namespace)  # the docs' own examples
+        if inspect.iscoroutine(result):
+            loop.run_until_complete(result)
+    expected = [
+        line.strip().removeprefix("#>").strip()
+        for line in block.source.splitlines()
+        if line.strip().startswith("#>")
+    ]
+    if expected:
+        assert printed.getvalue().splitlines() == expected, block.where
 
 
 @pytest.mark.parametrize("page", _PAGES, ids=[str(p.relative_to(ROOT)) for p in _PAGES])

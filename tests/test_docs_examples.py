@@ -62,17 +62,24 @@ def servers() -> Iterator[_Servers]:
 
 @pytest.fixture(autouse=True)
 def _providers_use_the_fakes(servers: _Servers, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.providers.anthropic import AnthropicChatClient
+    import pipeline.providers
     from pipeline.providers.openai import OpenAIAPIClient
 
     for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY"):
         monkeypatch.setenv(variable, "sk-docs-example")
-    for cls, url in (
-        (OpenAIAPIClient, servers.openai.base_url),
-        (AnthropicChatClient, servers.anthropic.base_url),
-    ):
-        defaults = dict(cls.__init__.__kwdefaults__ or {})
-        monkeypatch.setattr(cls.__init__, "__kwdefaults__", {**defaults, "base_url": url})
+    fakes = {
+        "https://api.openai.com/v1": servers.openai.base_url,
+        "https://api.anthropic.com": servers.anthropic.base_url,
+    }
+    classes = [
+        OpenAIAPIClient,
+        *(getattr(pipeline.providers, n) for n in pipeline.providers.__all__),
+    ]
+    for cls in classes:
+        defaults = dict(getattr(cls.__init__, "__kwdefaults__", None) or {})
+        if defaults.get("base_url") in fakes:
+            defaults["base_url"] = fakes[defaults["base_url"]]
+            monkeypatch.setattr(cls.__init__, "__kwdefaults__", defaults)
     monkeypatch.chdir(ROOT)  # examples name files relative to the repository
 
 

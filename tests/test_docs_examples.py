@@ -164,7 +164,8 @@ def test_toml_blocks_parse_and_configurations_load(
 
         FakeFleet.from_scenario(data)
         return
-    assert _config_like(block), f"{block.where}: neither a pipeline's file nor a scenario"
+    if not _config_like(block):
+        return  # another file's TOML (a pyproject table, say): parsing it is the check
     for variable in ("GATEWAY_API_KEYS", "GATEWAY_REDIS_URL", "OPENAI_API_KEY"):
         monkeypatch.setenv(variable, "redis://127.0.0.1:1/0" if "REDIS" in variable else "k")
     text = block.source

@@ -311,7 +311,7 @@ class ScriptedSettings(ProviderSettings):
     """The model name the answers report."""
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
-        from pipeline._scripted import ScriptedChatClient, reply
+        from pipeline.testing._scripted import ScriptedChatClient, reply
 
         return ScriptedChatClient(reply(self.reply), name=name, model_id=self.model)
 

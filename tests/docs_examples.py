@@ -5,7 +5,9 @@ which the site's build takes off before rendering (``scripts/docs_hooks.py``):
 
 * ``test="skip"``: shown, not run (the page says why in a sentence beside the block);
 * ``test="gateway-quickstart"``: run by the gateway quick start's test, against the
-  quick start's server (``tests/test_gateway_quickstart.py``), not with the page's others.
+  quick start's server (``tests/test_gateway_quickstart.py``), not with the page's others;
+* ``test="pytest"``: a test file of a user's suite, run by pytest with the test kit's
+  plugin (``pipeline.testing.pytest_plugin``) named in its ``conftest.py``.
 
 Every other Python block runs, in page order, in one namespace per page (so a page's later
 blocks use what its earlier ones defined, as a reader would), with top-level ``await``

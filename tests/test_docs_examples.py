@@ -231,3 +231,26 @@ def test_offline_cli_commands_run_as_written(where: str, command: str) -> None:
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{where}: {command}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     assert done.stdout.strip(), where
+
+
+_PYTEST_BLOCKS = [b for page in pages() for b in python_blocks(page, test="pytest")]
+
+
+@pytest.mark.parametrize("block", _PYTEST_BLOCKS, ids=[b.where for b in _PYTEST_BLOCKS])
+def test_pytest_blocks_pass_as_a_users_suite(block: Block, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["pipeline.testing.pytest_plugin"]\n')
+    (tmp_path / "test_example.py").write_text(block.source)
+    options = ["-q", "-p", "no:cacheprovider", "-p", "no:phoenix", "-o", "asyncio_mode=auto"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *options, str(tmp_path)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{block.where}\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+    assert " passed" in done.stdout

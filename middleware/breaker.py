@@ -204,20 +204,45 @@ class BreakerSettings(Settings):
     code_only: ClassVar[frozenset[str]] = frozenset({"counts", "on_state_change"})
 
     fail_max: Annotated[int, Field(ge=1)] = 5
+    """Consecutive counted failures that open the circuit."""
     # Bounded so the open time is a valid date offset (a year is plenty).
     reset_timeout: Annotated[float, Field(gt=0, le=31_536_000)] = 30.0
+    """Seconds the circuit stays open before one probe call is let through (its success closes it,
+    its failure opens it again)."""
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)] | None = None
+    """The breaker's name, in telemetry and logs, and the key replicas share it under in Redis (in a
+    file: the route's name unless set)."""
     counts: Callable[[BaseException], bool] = counts_as_deployment_failure
+    """Which failures count towards opening the circuit (code only; default: deployment failures, an
+    attempt the router cut for time included)."""
     redis: Any = None
+    """A `redis://`, `rediss://` or `unix://` URL, or a `redis.asyncio` client, to share the
+    breaker's state between processes under `name` (in code; a file names the URL's variable with
+    `redis_url_env`)."""
     redis_timeout: Annotated[float, Field(gt=0, le=60)] = 0.25
+    """Seconds each Redis call of a shared breaker may take before the breaker goes on with this
+    process's own state."""
     redis_retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
+    """Seconds a shared breaker uses this process's state after a Redis failure before it tries
+    Redis again."""
     probe_claim_ttl: Annotated[float, Field(ge=0.001, le=86_400)] = 60.0
+    """Seconds a half-open probe's claim in Redis lasts, so a replica that dies mid-probe does not
+    keep the circuit open (longer than a call may take)."""
     on_state_change: Callable[[str, str, str], None] | None = None
+    """Called as `on_state_change(name, old, new)` on every state change (code only)."""
     failure_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Open the circuit when this share of the calls in the window failed (a ratio policy, off
+    unless set)."""
     minimum_calls: Annotated[int, Field(ge=1)] = 20
+    """Calls the window must hold before a ratio policy may open the circuit."""
     window: Annotated[float, Field(gt=0, le=86_400)] = 30.0
+    """Seconds of ended calls the ratio policies look at."""
     slow_call_duration: Annotated[float, Field(gt=0, le=86_400)] | None = None
+    """Seconds after which a call counts as slow (for a stream: the time to its first update); with
+    `slow_call_ratio`, a ratio policy (off unless set)."""
     slow_call_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+    """Open the circuit when this share of the calls in the window were slow (needs
+    `slow_call_duration`)."""
 
     @field_validator("redis")
     @classmethod

@@ -111,9 +111,16 @@ class FunctionInvocationSettings(Settings):
     leases, such as the Redis store)."""
 
     max_iterations: Annotated[int, Field(ge=1)] = 10
+    """Rounds of tool calls a request may run before the loop stops."""
     allow_concurrent: bool = True
+    """Whether the tool calls of one turn run concurrently (under structured concurrency: a failing
+    or cancelled request cancels and awaits every sibling)."""
     include_detailed_errors: bool = False
+    """Whether a tool's exception message reaches the model in its tool result (default: the
+    exception's type only)."""
     claim_ttl: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    """Seconds a tool call's idempotency claim holds: longer than your slowest tool (a run holds its
+    key at most this long, and another caller waits at most this long for a run elsewhere)."""
 
 
 def tool_table(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:

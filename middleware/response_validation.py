@@ -73,7 +73,11 @@ class ResponseValidationSettings(Settings):
     JSON wrapped in one markdown code fence."""
 
     buffer_streams: bool = False
+    """Hold a stream's updates until the whole answer validated, so an invalid streamed answer fails
+    before output and the router can still fail over."""
     strip_fences: bool = False
+    """Also accept an answer that is exactly one markdown code fence around the JSON (prose around a
+    fence still fails)."""
 
 
 def _asks_for_tools(response: ChatResponse) -> bool:

@@ -57,14 +57,25 @@ class RetrySettings(Settings):
     code_only: ClassVar[frozenset[str]] = frozenset({"retry_on", "sleep"})
 
     max_attempts: Annotated[int, Field(ge=1)] = 3
+    """Tries in all, the first one included (1: no retry)."""
     initial_delay: _Seconds = 0.5
+    """Seconds before the first retry; each later delay doubles, up to `max_delay`."""
     max_delay: _Seconds = 8.0
+    """The longest delay between two tries, in seconds (not less than `initial_delay`)."""
     jitter: bool = True
+    """Whether each delay is randomised (so clients that failed together do not retry together)."""
     respect_retry_after: bool = True
+    """Whether a provider's `Retry-After` sets the delay before the next try."""
     max_retry_after: _Seconds = 30.0
+    """The longest `Retry-After` waited out, in seconds: a longer one ends the retries at once, so a
+    router can fail over instead of idling."""
     defer_to_failover: bool = True
+    """Inside a router that could still move the request to another route, a rate-limited answer or
+    one with `Retry-After` is not waited out here: the request fails over at once."""
     retry_on: Callable[[BaseException], bool] = is_retryable
+    """Which failures are retried (code only; default: rate limits and transient failures)."""
     sleep: Callable[[float], Awaitable[None]] = Field(default=asyncio.sleep, repr=False)
+    """How a delay is waited out (code only; tests pass their own to move time without sleeping)."""
 
     @model_validator(mode="after")
     def _delays_in_order(self) -> Self:

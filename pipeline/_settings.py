@@ -83,6 +83,9 @@ class Settings(pydantic.BaseModel):
         arbitrary_types_allowed=True,
         allow_inf_nan=False,
         hide_input_in_errors=True,
+        # A string literal right after a field describes it: the configuration reference is
+        # generated from these descriptions.
+        use_attribute_docstrings=True,
     )
 
     code_only: ClassVar[frozenset[str]] = frozenset()

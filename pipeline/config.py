@@ -14,7 +14,7 @@
     breaker = { fail_max = 5, reset_timeout = 30 }
 
     [router]
-    kind = "tiered"                  # ordered | tiered | semantic
+    kind = "tiered"                  # ordered | balanced | hedged | tiered | semantic
     default = "small"
 
     [layers]
@@ -36,8 +36,9 @@ Each table is a typed, frozen settings class, and the file is a union of them: a
 `ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
 the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
 router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
-`TieredRouterConfig`, `SemanticRouterConfig`), built on the routers' own settings
-(`FailoverSettings`, `SemanticSettings`). A default or a check is written once, on those
+`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
+built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
+`HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
 classes; a new provider or router kind is one class and one member of its union.
 
 Every problem is reported at once, each with its key path, as one `ConfigError`; an
@@ -160,6 +161,8 @@ class BreakerConfig(BreakerSettings):
     password, so it is never written in the file)."""
 
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of a breaker shared by replicas (a URL may
+    hold a password, so it is never written in the file); unset: this process only."""
 
     @model_validator(mode="before")
     @classmethod
@@ -182,7 +185,9 @@ class _RouteTable(RouteFacts):
     selection uses (`RouteFacts`) and the route's own retry and breaker layers."""
 
     retry: RetrySettings | None = None
+    """`retry = {...}`: the route's own retry layer (`RetrySettings`); unset: no retry."""
     breaker: BreakerConfig | None = None
+    """`breaker = {...}`: the route's own circuit breaker; unset: no breaker."""
 
     def route(
         self,
@@ -259,7 +264,10 @@ class AffinityConfig(AffinitySettings):
     """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
 
     store: Literal["memory", "redis"] = "memory"
+    """Where sessions' routes are kept: `memory` (this process) or `redis` (shared by replicas;
+    needs `redis_url_env`)."""
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of `store = "redis"`."""
 
     @model_validator(mode="after")
     def _redis_needs_a_url(self) -> Any:
@@ -303,6 +311,8 @@ class _FailoverRouterTable(FailoverSettings, _RouterTable):
     """A failover router: its limits (`FailoverSettings`) and session affinity."""
 
     affinity: AffinityConfig | None = None
+    """`[router.affinity]`: requests with a session id start on the route that last served the
+    session."""
 
     def failover_settings(self) -> FailoverSettings:
         return _settings_of(FailoverSettings, self)
@@ -317,7 +327,10 @@ class OrderedRouterConfig(_FailoverRouterTable):
     route_references: ClassVar[Mapping[str, _Reference]] = {"order": "names"}
 
     kind: Literal["ordered"] = "ordered"
+    """`ordered`: the routes of `order`, each tried in turn until one answers before output
+    (`OrderedFailoverChatClient`)."""
     order: Annotated[list[Name], Field(min_length=1)]
+    """The route (or group) names, in the order they are tried."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -335,9 +348,15 @@ class HealthConfig(HealthSettings):
     URL's variable in `redis_url_env`; `sync_interval` and `timeout` in seconds)."""
 
     store: Literal["memory", "redis"] = "memory"
+    """Where route health is kept: `memory` (this process) or `redis` (shared by replicas, synced in
+    the background; needs `redis_url_env`)."""
     redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of `store = "redis"`."""
     sync_interval: Annotated[float, Field(gt=0)] = 0.5
+    """Seconds between two syncs of this replica's route health with Redis, at most, while it has
+    traffic."""
     timeout: Annotated[float, Field(gt=0)] = 0.25
+    """Seconds each Redis call of a sync may take."""
 
     @model_validator(mode="after")
     def _redis_needs_a_url(self) -> Any:
@@ -369,8 +388,12 @@ class _BalancedTable(BalancedSettings, _RouterTable):
     route_references: ClassVar[Mapping[str, _Reference]] = {"routes": "names"}
 
     routes: Annotated[list[Name], Field(min_length=1)] | None = None
+    """The route (or group) names to balance over (unset: every route)."""
     affinity: AffinityConfig | None = None
+    """`[router.affinity]`: a session starts on its route while that route is healthy."""
     health: HealthConfig | None = None
+    """`[router.health]`: how route health is read and where it is kept (unset: in this process, at
+    the defaults)."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -398,6 +421,8 @@ class BalancedRouterConfig(_BalancedTable):
     `[router.affinity]` as their tables say."""
 
     kind: Literal["balanced"] = "balanced"
+    """`balanced`: each attempt on a healthy route chosen by `strategy`
+    (`BalancedFailoverChatClient`)."""
 
     def _end_chain(
         self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
@@ -412,6 +437,8 @@ class HedgedRouterConfig(HedgingSettings, _BalancedTable):
     for ``kind = "balanced"``."""
 
     kind: Literal["hedged"] = "hedged"
+    """`hedged`: a balanced router that also starts the next route beside an attempt slow to answer,
+    and keeps whichever answers first (`HedgingChatClient`)."""
 
     def _end_chain(
         self, builder: ChatPipelineBuilder, routes: list[Route], **keywords: Any
@@ -426,10 +453,16 @@ class GroupConfig(BalancedSettings):
     its capabilities those every member has, unless the table says."""
 
     kind: Literal["balanced"] = "balanced"
+    """`balanced`: each attempt on a healthy member chosen by `strategy`."""
     routes: Annotated[list[Name], Field(min_length=1)]
+    """The member routes' names (they then serve only through the group)."""
     health: HealthConfig | None = None
+    """`[groups.<name>.health]`: how the group reads its members' health (unset: in this process, at
+    the defaults)."""
     max_input_tokens: Annotated[int, Field(ge=1)] | None = None
+    """The group's context window (unset: its members' smallest)."""
     capabilities: Annotated[frozenset[Name], Field(strict=False)] | None = None
+    """The group's capabilities (unset: those every member has)."""
 
     def route(self, name: str, members: Sequence[Route], providers: Mapping[str, Any]) -> Route:
         """The group as one route over `members` (built routes, each with its layers)."""
@@ -467,10 +500,18 @@ class TieredRouterConfig(_FailoverRouterTable):
     }
 
     kind: Literal["tiered"] = "tiered"
+    """`tiered`: start on a tier and escalate along `fallback`, skipping routes whose context window
+    or capabilities do not fit the request (`TieredRoutingChatClient`)."""
     default: Name
+    """The route a request starts on when nothing else chooses one."""
     fallback: dict[str, list[Name]] = Field(default_factory=dict)
+    """For each route, the routes to escalate to, in order (`{ small = ["standard"] }`)."""
     kinds: dict[str, Name] = Field(default_factory=dict)
+    """For each request kind (`additional_properties["chat_pipeline.kind"]`), the route it starts
+    on."""
     sticky_sessions: bool = True
+    """Whether a request with a session id starts on the route that last served the session (a
+    memory store unless `[router.affinity]` says otherwise)."""
 
     def install(
         self, builder: ChatPipelineBuilder, routes: _Routes, secrets: Mapping[str, str | None]
@@ -519,12 +560,19 @@ class SemanticRouterConfig(SemanticSettings, _RouterTable):
     }
 
     kind: Literal["semantic"] = "semantic"
+    """`semantic`: the route whose profile utterances best match the request's last user message,
+    else `default` (`SemanticRoutingChatClient`; numpy is loaded when it is built)."""
     default: Name
+    """The route chosen when no route scores `threshold` or more, or the embedding fails."""
     profiles: Annotated[
         dict[str, Annotated[list[Name], Field(min_length=1)] | SemanticProfileConfig],
         Field(min_length=1),
     ]
+    """For each route, the utterances that describe what it serves (a list, or a table with
+    `utterances` and the route's own `threshold`)."""
     embeddings: EmbeddingsConfig
+    """`router.embeddings`: how utterances and queries are embedded (`provider = "hashing"` or
+    `"openai"`)."""
 
     @property
     def affinity(self) -> AffinityConfig | None:
@@ -566,8 +614,13 @@ class LayersConfig(Settings):
     """``[layers]``: the layers around the router (tools are code: see `build`)."""
 
     telemetry: bool = False
+    """The telemetry layer (`use_telemetry`): a `chat {model}` span and the GenAI metrics per
+    request."""
     logging: bool = False
+    """The logging layer (`use_logging`): a log line per request, without content."""
     function_invocation: bool = False
+    """The tool loop (`use_function_invocation`), over the tools given in code (`from_config(path,
+    tools=[...])`); the gateway refuses a file that turns it on."""
 
 
 # -- the response cache ----------------------------------------------------------------------

@@ -127,11 +127,24 @@ class FailoverSettings(Settings):
     code_only: ClassVar[frozenset[str]] = frozenset({"should_failover"})
 
     max_attempts_per_request: Annotated[int, Field(gt=0)] | None = DEFAULT_MAX_ATTEMPTS
+    """Attempts a request may make in all (in code, `None` passed explicitly: no limit); the ordered
+    and balanced routers never make more attempts than they have routes."""
     request_timeout: Annotated[float, Field(gt=0)] | None = None
+    """Seconds the whole request may take, every attempt and retry included; past it the request
+    fails with `RequestTimeoutError` (unset: no deadline)."""
     min_attempt_budget: Annotated[float, Field(ge=0)] = 0.0
+    """Seconds: no new attempt starts with less time than this left of `request_timeout`, and an
+    attempt a backup could still follow is cut when only this much is left."""
     max_provider_calls_per_request: Annotated[int, Field(gt=0)] | None = None
+    """Provider calls a request may make in all, attempts plus retries inside routes (unset: no
+    limit)."""
     attempt_timeout: Annotated[float, Field(gt=0)] | None = None
+    """Seconds an attempt may go without its first update (for a whole response: without the
+    response) before the router cuts it with `AttemptTimeoutError` and moves on; once output reached
+    the caller it no longer applies (unset: no limit)."""
     should_failover: Callable[[BaseException], Any] = is_failover_eligible
+    """Whether a failure before output, inside every limit, may move to another attempt (code only;
+    default: the failure kinds that allow failover)."""
 
 
 ONE_ATTEMPT = FailoverSettings(max_attempts_per_request=1)

@@ -21,10 +21,18 @@ class SemanticSettings(Settings):
     limit and what an embedding failure does (``default`` or ``raise``)."""
 
     threshold: float = 0.3
+    """The score below which the default route is chosen (it must be reachable by `aggregation` of
+    cosine scores)."""
     top_k: Annotated[int, Field(ge=1)] = 1
+    """Utterances with the best scores, over all routes, that are aggregated per route."""
     aggregation: Aggregation = "mean"
+    """How a route's scores among the top k become one: `mean`, `sum` or `max`."""
     embedding_timeout: Annotated[float, Field(gt=0)] | None = 10.0
+    """Seconds the query's embedding may take before the default route is chosen (or the error
+    raised; unset: no limit)."""
     on_embedding_error: Literal["default", "raise"] = "default"
+    """What an embedding that fails, times out or comes back zero does: `default` (choose the
+    default route) or `raise`."""
 
     @model_validator(mode="after")
     def _reachable(self) -> Self:

@@ -75,9 +75,13 @@ class AffinitySettings(Settings):
     before it is tried again."""
 
     ttl: Annotated[float, Field(gt=0)] = 3600.0
+    """Seconds a session's route is kept after its last request."""
     max_sessions: Annotated[int, Field(ge=1)] = 10_000
+    """Sessions the memory store keeps (the least recently used go first)."""
     timeout: Annotated[float, Field(gt=0)] = 0.25
+    """Seconds a store call may take before the request goes on without affinity."""
     retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
+    """Seconds a store that failed is skipped before it is tried again."""
 
 
 class MemoryAffinityStore:

@@ -63,8 +63,14 @@ class BalancedSettings(FailoverSettings):
     """
 
     strategy: Strategy = "peak_ewma"
+    """How each attempt's route is chosen among the healthy ones: `peak_ewma` (the lower latency x
+    load x failures of two drawn at random), `least_busy`, `weighted` (by the routes' `weight`) or
+    `round_robin`."""
     exploration: Annotated[float, Field(ge=0, le=1)] = 0.02
+    """The fraction of `peak_ewma` choices made at random among the healthy routes, so a route the
+    estimates undervalue keeps getting samples."""
     failure_penalty: Annotated[float, Field(ge=0)] = 10.0
+    """`peak_ewma`'s cost of a route is multiplied by (1 + failure_penalty x its failure ratio)."""
 
 
 class _Usage:

@@ -44,7 +44,9 @@ class Price(Settings):
     """What a route costs, in currency units per million tokens (finite, not negative)."""
 
     input_per_million: _Money
+    """What a million input (prompt) tokens cost, in your currency unit."""
     output_per_million: _Money
+    """What a million output (generated) tokens cost, in the same unit."""
 
     def __init__(self, *prices: float, **fields: Any) -> None:
         # Price(0.15, 0.6) or Price(input_per_million=0.15, output_per_million=0.6).
@@ -68,12 +70,25 @@ class RouteFacts(Settings):
     validated once here for `Route` and for the TOML loader."""
 
     max_input_tokens: Annotated[int, Field(ge=1)] | None = None
+    """The route's context window: tier selection skips the route for a request whose estimated
+    input is larger (unset: no limit known)."""
     capabilities: Annotated[frozenset[_Capability], Field(strict=False)] = frozenset()
+    """What the route can do (`tools`, `json`, `vision`, or names of your own): tier selection skips
+    it for a request that needs one it lacks."""
     price: Price | None = None
+    """What the route costs per million tokens (`{ input_per_million, output_per_million }`): the
+    `ai.route.cost` metric and eval reports use it."""
     instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
+    """The route's own system prompt: for this route's attempts it replaces the conversation's first
+    system message (or comes first when there is none), in a copy of the messages."""
     weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    """The route's share of traffic under a balanced router's `weighted` strategy, relative to the
+    other routes' weights."""
     rpm: Annotated[int, Field(ge=1)] | None = None
+    """Requests per minute the route is declared to take: a balanced router sends it no more
+    (counted in this process) while another route can serve."""
     tpm: Annotated[int, Field(ge=1)] | None = None
+    """Tokens per minute the route is declared to take, counted like `rpm`."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)

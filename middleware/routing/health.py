@@ -102,17 +102,36 @@ class HealthSettings(Settings):
     code_only: ClassVar[frozenset[str]] = frozenset({"counts"})
 
     latency_decay: _Seconds = 5.0
+    """Seconds over which faster answers bring a route's peak-EWMA latency estimate down (a slower
+    answer raises it at once)."""
     failure_decay: _Seconds = 20.0
+    """Seconds over which a route's failure ratio decays, so old failures weigh less."""
     max_cooldown: Annotated[float, Field(ge=0)] = 60.0
+    """The longest a `Retry-After` (on a 429 or 503) takes a route out of rotation, in seconds."""
     outlier_latency_ratio: Annotated[float, Field(gt=1)] = 2.0
+    """A route whose typical latency (the median of its last five answers) is over this many times
+    the other routes' median is an outlier."""
     outlier_latency_gap: Annotated[float, Field(ge=0)] = 0.1
+    """Seconds a route's typical latency must also be over the others' median to make it an outlier
+    (so tiny latencies do not make outliers)."""
     outlier_failure_gap: Annotated[float, Field(gt=0, le=1)] = 0.05
+    """A route whose failure ratio is over the others' by this much is an outlier (with at least
+    `min_failures` decayed failures)."""
     min_failures: Annotated[float, Field(ge=0)] = 1.0
+    """Decayed failures a route must have before its failure ratio can make it an outlier."""
     probe_interval: _Seconds = 2.0
+    """Seconds after a route became an outlier before its first probe."""
     max_probe_interval: _Seconds = 5.0
+    """The longest wait between two probes of an outlier, in seconds (the interval doubles while
+    probes miss)."""
     probe_timeout_ratio: _Seconds = 1.25
+    """A probe is cut at this many times the healthy routes' typical latency (the cut is not held
+    against the route's breaker)."""
     recovery_probes: Annotated[int, Field(ge=1)] = 2
+    """Probes in a row answered in time that readmit an outlier."""
     counts: Callable[[BaseException], bool] = counts_against_route
+    """Which failures count against a route's health (code only; default: deployment failures; an
+    attempt cut for time is a latency sample instead)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,12 +106,23 @@ class HedgingSettings(BalancedSettings):
     """
 
     delay: float | str = "p90"
+    """When the next route starts too: seconds without a first update, or `"pNN"` (`"p90"`,
+    `"p99.9"`), that percentile of the route's recent times to first update."""
     max_hedged_attempts: Annotated[int, Field(ge=1)] = 1
+    """Extra attempts running at once beside the first."""
     budget: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """The fraction of requests that may hedge: each request adds this many tokens to a bucket, each
+    hedge takes one."""
     budget_burst: Annotated[float, Field(ge=1)] = 10.0
+    """The most tokens the hedge bucket holds (it starts full)."""
     delay_window: Annotated[int, Field(ge=1)] = 200
+    """Attempts per route (streamed and whole requests apart) whose times to first update a
+    percentile `delay` is taken over."""
     min_delay_samples: Annotated[int, Field(ge=1)] = 20
+    """Samples a route needs before its own percentile is used (before: every route's samples
+    together)."""
     fallback_delay: Annotated[float, Field(gt=0)] = 1.0
+    """Seconds of `delay` while the routes together have fewer than `min_delay_samples` samples."""
 
     @field_validator("delay", mode="before")
     @classmethod

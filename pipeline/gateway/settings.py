@@ -93,18 +93,42 @@ class GatewaySettings(Settings):
     """
 
     api_keys_env: _EnvName | None = None
+    """The environment variable holding the accepted API keys, comma-separated; clients send one as
+    `Authorization: Bearer KEY` (or `x-api-key`). Unset: any caller is accepted (a warning says so
+    at startup)."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
+    """The largest request body, in bytes: a larger one gets 413."""
     max_concurrent_per_key: Annotated[int, Field(ge=1, le=1_000_000)] | None = 64
+    """Requests one key (without keys: one client address) may have in flight in one worker process;
+    one more gets 429 with `Retry-After` (in code, `None`: no limit)."""
     retry_after: Annotated[float, Field(gt=0, le=3600)] = 1.0
+    """Seconds a 429 (or a 503 without the provider's own hint) asks the client to wait."""
     drain_timeout: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    """On shutdown, seconds the requests in flight may take to finish before they are cancelled (a
+    stream cancelled this way ends with an in-band error)."""
     models: Annotated[dict[str, _Target], AfterValidator(_model_names)] | None = None
+    """The model names clients may ask for, each naming a route or `"pipeline"` (unset: `pipeline`
+    and every route by its own name)."""
     redis_url_env: _EnvName | None = None
+    """The environment variable holding the URL of a Redis that `/readyz` checks (the Redis of
+    shared breakers and session affinity is checked too)."""
     readiness_timeout: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """Seconds each `/readyz` check may take."""
     prometheus_metrics: bool = False
+    """Serve `GET /metrics` in the Prometheus text format, from the meters the spans' metrics come
+    from (`--prometheus-metrics` turns it on too)."""
     header_timeout: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """Seconds a connection has to send a whole request head (from its first byte, or from the
+    connection's opening); past it: 408 and the connection closed."""
     body_timeout: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds a request has to send its whole body once its head arrived; past it: 408 and the
+    connection closed."""
     keep_alive_timeout: Annotated[int, Field(ge=1, le=3600)] = 75
+    """Seconds an idle connection stays open between requests: longer than the clients' own idle
+    expiry (5 s for httpx and the openai SDK), so the client, not the gateway, ends it."""
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Open connections per worker process: one more closes the connection idle the longest, or,
+    with none idle, is answered 503 with `Retry-After`."""
 
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
         """Model name -> route name or ``"pipeline"``: what clients may ask for."""

@@ -107,6 +107,8 @@ class KeyedEndpoint(Credentials):
     default_key_variable: ClassVar[str]
 
     api_key_env: EnvironmentVariable | None = None
+    """The environment variable holding the API key (unset: the provider's own, such as
+    `OPENAI_API_KEY`). A key is never written in the file."""
 
     def key_variable(self) -> str | None:
         return self.api_key_env or self.default_key_variable
@@ -131,9 +133,17 @@ class HTTPProviderSettings(ProviderSettings):
     connect), `first_chunk_timeout` and `stream_idle_timeout` (unset: none)."""
 
     transport: Literal["aiohttp", "httpx2"] | None = None
+    """The HTTP client library: `aiohttp` (the providers' default) or `httpx2`; unset: the
+    provider's default."""
     timeout: Seconds | None = None
+    """Seconds a request may take, read as httpx2 reads a timeout (each wait for the server); unset:
+    the provider's default, 60 s with 10 s to connect."""
     first_chunk_timeout: Seconds | None = None
+    """Seconds a stream may take to send its first chunk before it fails as a transient error
+    (unset: no such bound)."""
     stream_idle_timeout: Seconds | None = None
+    """Seconds a stream may stay silent between two chunks before it fails as a transient error
+    (unset: no such bound)."""
     max_response_bytes: Annotated[int, Field(ge=1)] = 64 * 1024 * 1024
     """The most a non-streamed answer's body may hold once decompressed, in bytes (default
     64 MiB): a larger one fails with a `ProviderError` (code ``response_too_large``) as
@@ -159,6 +169,9 @@ class ChatCompletionsSettings(HTTPProviderSettings):
     such as llama.cpp, need ``max_tokens``)."""
 
     max_tokens_field: Literal["max_completion_tokens", "max_tokens"] | None = None
+    """The body field that carries the output limit: `max_completion_tokens` (OpenAI's current one)
+    or `max_tokens` (servers that ignore the newer field: llama.cpp, vLLM, Ollama); unset: the
+    provider's own default."""
 
     def _chat_options(self, name: str) -> _ChatCompletionsOptions:
         return {**self._http_options(name), "max_tokens_field": self.max_tokens_field}
@@ -171,7 +184,10 @@ class OpenAIEndpoint(KeyedEndpoint):
     default_key_variable: ClassVar[str] = "OPENAI_API_KEY"
 
     model: Name
+    """The model name sent to the endpoint."""
     base_url: HttpUrl = "https://api.openai.com/v1"
+    """The endpoint's base URL, up to and including `/v1` (an http(s) URL without credentials); a
+    key is required only on api.openai.com."""
 
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://api.openai.com")
@@ -181,6 +197,7 @@ class OpenAISettings(OpenAIEndpoint, ChatCompletionsSettings):
     """``provider = "openai"``: OpenAI or any Chat Completions server (`OpenAIChatClient`)."""
 
     provider: Literal["openai"] = "openai"
+    """`openai`: OpenAI, or any server speaking Chat Completions (`OpenAIChatClient`)."""
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai import OpenAIChatClient
@@ -195,6 +212,8 @@ class OpenAIResponsesSettings(OpenAIEndpoint, HTTPProviderSettings):
     (`OpenAIResponsesChatClient`)."""
 
     provider: Literal["openai_responses"] = "openai_responses"
+    """`openai_responses`: OpenAI's Responses API, or a server speaking it
+    (`OpenAIResponsesChatClient`)."""
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai_responses import OpenAIResponsesChatClient
@@ -211,9 +230,14 @@ class AzureOpenAISettings(KeyedEndpoint, ChatCompletionsSettings):
     default_key_variable: ClassVar[str] = "AZURE_OPENAI_API_KEY"
 
     provider: Literal["azure_openai"] = "azure_openai"
+    """`azure_openai`: a deployment of Azure OpenAI (`AzureOpenAIChatClient`); its key
+    (`AZURE_OPENAI_API_KEY` unless `api_key_env` names another) is always required."""
     endpoint: HttpUrl
+    """The resource's endpoint, such as `https://NAME.openai.azure.com`."""
     deployment: Name
+    """The deployment's name (Azure routes by deployment, not by model)."""
     api_version: Name = "2024-10-21"
+    """The `api-version` query parameter sent with every request."""
 
     def requires_key(self) -> bool:
         return True
@@ -234,8 +258,12 @@ class OllamaSettings(ChatCompletionsSettings):
     """``provider = "ollama"``: a local Ollama server (`OllamaChatClient`); no key."""
 
     provider: Literal["ollama"] = "ollama"
+    """`ollama`: a local Ollama server's OpenAI-compatible endpoint (`OllamaChatClient`); no key is
+    read or sent."""
     model: Name
+    """The model name, as Ollama knows it (`llama3.2`)."""
     base_url: HttpUrl = "http://localhost:11434/v1"
+    """The Ollama server's `/v1` endpoint."""
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.ollama import OllamaChatClient
@@ -251,10 +279,16 @@ class AnthropicSettings(KeyedEndpoint, HTTPProviderSettings):
     default_key_variable: ClassVar[str] = "ANTHROPIC_API_KEY"
 
     provider: Literal["anthropic"] = "anthropic"
+    """`anthropic`: the Anthropic Messages API (`AnthropicChatClient`); its key (`ANTHROPIC_API_KEY`
+    unless `api_key_env` names another) is required on api.anthropic.com."""
     model: Name
+    """The model name (`claude-sonnet-4-5`)."""
     base_url: HttpUrl = "https://api.anthropic.com"
+    """The API's base URL, without `/v1` (the client calls `{base_url}/v1/messages`)."""
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """The output limit sent when a request sets none (the Messages API requires one)."""
     anthropic_version: Name = "2023-06-01"
+    """The `anthropic-version` header sent with every request."""
 
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://api.anthropic.com")
@@ -277,8 +311,12 @@ class ScriptedSettings(ProviderSettings):
     development, demos and tests; `ScriptedChatClient`)."""
 
     provider: Literal["scripted"] = "scripted"
+    """`scripted`: an in-process simulated model that answers `reply`, for development, demos and
+    tests (`ScriptedChatClient`); no network, no key."""
     reply: str = "Simulated answer."
+    """The text every request is answered with."""
     model: Name = "scripted-model"
+    """The model name the answers report."""
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.testing._scripted import ScriptedChatClient, reply
@@ -302,7 +340,10 @@ class HashingEmbeddingsSettings(EmbeddingsSettings):
     (`HashingEmbeddingGenerator`; not a semantic model)."""
 
     provider: Literal["hashing"] = "hashing"
+    """`hashing`: offline, deterministic hashed character n-grams (`HashingEmbeddingGenerator`): for
+    tests and demos, not a semantic model."""
     dimensions: Annotated[int, Field(ge=2, le=65_536)] = 384
+    """The length of each embedding vector."""
 
     def generator(self, api_key: str | None) -> EmbeddingGenerator:
         from pipeline.providers.hashing import HashingEmbeddingGenerator
@@ -344,6 +385,8 @@ class OpenAIEmbeddingsSettings(OpenAIEndpoint, EmbeddingsSettings):
     (`OpenAIEmbeddingGenerator`)."""
 
     provider: Literal["openai"] = "openai"
+    """`openai`: an OpenAI-compatible embeddings endpoint (`OpenAIEmbeddingGenerator`), its key from
+    `api_key_env` (`OPENAI_API_KEY` unless named)."""
 
     def generator(self, api_key: str | None) -> EmbeddingGenerator:
         from pipeline.providers.embeddings import OpenAIEmbeddingGenerator

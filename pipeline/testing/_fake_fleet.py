@@ -86,10 +86,16 @@ class Latency(Settings):
     """
 
     median: _Seconds = 0.0
+    """The median of the lognormal draws, in seconds."""
     sigma: _Seconds = 0.0
+    """The lognormal's shape (0: always the median; 0.5 puts the 99th percentile at 3.2x the
+    median)."""
     slow_fraction: _Fraction = 0.0
+    """The fraction of draws multiplied by `slow_factor` (a heavy tail)."""
     slow_factor: Annotated[float, Field(ge=1)] = 1.0
+    """What a slow draw is multiplied by."""
     maximum: Annotated[float, Field(gt=0)] | None = None
+    """The largest draw, in seconds (unset: no cap)."""
 
     @classmethod
     def fixed(cls, seconds: float) -> Latency:
@@ -153,13 +159,24 @@ class Fault(Settings):
     """
 
     kind: FaultKind
+    """What the fault does: `rate_limited`, `brownout`, `hang`, `cut` or `down`."""
     start: _Seconds = 0.0
+    """Seconds after the fleet started when the fault begins (it applies to calls that arrive from
+    then on)."""
     end: Annotated[float, Field(gt=0)] | None = None
+    """Seconds after the fleet started when the fault ends (unset: until the fleet stops)."""
     fraction: _Fraction = 1.0
+    """The share of calls a `rate_limited` or `cut` fault hits."""
     retry_after: _Seconds | None = 1.0
+    """The `Retry-After` seconds of a `rate_limited` answer (unset: no header)."""
     status: Annotated[int, Field(ge=400, le=599)] | None = None
+    """The status a `rate_limited` fault answers (429 unless told, or 503), or a `down` one (unset:
+    the connection is dropped)."""
     factor: Annotated[float, Field(gt=0)] = 1.0
+    """What a `brownout` multiplies the time to first token and every chunk delay by."""
     after: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    """Where a `cut` stream ends: after this fraction of its content chunks (0: before any content).
+    """
 
     _common: ClassVar[frozenset[str]] = frozenset({"kind", "start", "end"})
 
@@ -248,11 +265,19 @@ class FakeDeployment(Settings):
     (0: a free one)."""
 
     name: _DeploymentName
+    """The deployment's name (letters, digits, `_.-`): `fleet.base_urls` and the counts are keyed by
+    it."""
     time_to_first_token: Latency = Latency()
+    """The delay before an answer's first content chunk (a whole response waits for it and
+    every chunk delay)."""
     chunk_delay: Latency = Latency()
+    """The delay before each further chunk."""
     chunks: Annotated[int, Field(ge=1, le=10_000)] = 20
+    """Content chunks per answer."""
     faults: tuple[Fault, ...] = ()
+    """The deployment's faults, each on its schedule."""
     port: Annotated[int, Field(ge=0, le=65_535)] = 0
+    """The port to listen on, on 127.0.0.1 (0: a free one)."""
 
     @field_validator("faults", mode="before")
     @classmethod

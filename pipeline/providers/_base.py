@@ -29,7 +29,13 @@ from pipeline.providers._http import (
     transport_error,
 )
 from pipeline.providers._sse import SSEPayloads, next_payloads
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+from pipeline.types import (
+    PROVIDER_EXTRAS,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    Messages,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -69,6 +75,9 @@ class HTTPChatClient(AsyncClosing):
     # How a complete stream ends: its last payload's ``type`` is one of these (none: a
     # ``[DONE]`` line).
     stream_end_types: ClassVar[frozenset[str]] = frozenset()
+    # The `ChatOptions.additional_properties` scope (`pipeline.types.PROVIDER_EXTRAS`) this
+    # format reads; the other scopes are left out of its requests.
+    extras_scope: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -167,6 +176,15 @@ class HTTPChatClient(AsyncClosing):
     def _prepare(self, messages: Messages, options: ChatOptions | None, stream: bool) -> bytes:
         """The request body as JSON bytes, or `UnsendableRequestError` (nothing is sent)."""
         check_options(options)
+        if options is not None and not PROVIDER_EXTRAS.isdisjoint(options.additional_properties):
+            # Another format's fields are dropped here, not refused by the provider.
+            extras = {
+                key: value
+                for key, value in options.additional_properties.items()
+                if key not in PROVIDER_EXTRAS or key == self.extras_scope
+            }
+            if len(extras) != len(options.additional_properties):
+                options = options.with_(additional_properties=extras)
         try:
             return encode_json(self._body(messages, options, stream))
         except ProviderError:

@@ -35,7 +35,7 @@ from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.types import ANTHROPIC_EXTRAS, ChatOptions, ChatResponse, Messages, as_messages
 
 if TYPE_CHECKING:
     import aiohttp
@@ -62,6 +62,7 @@ class AnthropicChatClient(HTTPChatClient):
     api_key_env = "ANTHROPIC_API_KEY"
     default_base_url = DEFAULT_ANTHROPIC_URL
     stream_end_types = frozenset({"message_stop"})
+    extras_scope = ANTHROPIC_EXTRAS
 
     def __init__(
         self,

@@ -252,9 +252,11 @@ def _reasoning(options: ChatOptions) -> tuple[dict[str, Any] | None, str | None]
     reasoning = options.reasoning
     effort = (reasoning.effort if reasoning is not None else None) or options.reasoning_effort
     budget = reasoning.budget_tokens if reasoning is not None else None
-    if effort == "none" or budget == 0:
+    if effort == "none":
         return {"type": "disabled"}, None
     mapped = ANTHROPIC_EFFORTS.get(effort, effort) if effort is not None else None
+    if budget == 0:
+        return {"type": "disabled"}, mapped  # effort is about the answer too
     if budget is not None:
         return {"type": "enabled", "budget_tokens": budget}, mapped
     if mapped is not None:
@@ -292,8 +294,12 @@ def _merge_extras(body: dict[str, Any], extras: Mapping[str, Any]) -> None:
             continue
         current = body.get(key)
         if isinstance(current, dict) and isinstance(value, Mapping):
-            if key == "thinking" and current.get("type") == "disabled":
-                continue  # details of a thinking the options turned off
+            if key == "thinking" and current.get("type") != value.get("type"):
+                # The options (a route's own, say) chose another kind of thinking: only
+                # how it is shown carries over, and only to thinking that is on.
+                if current.get("type") != "disabled" and "display" in value:
+                    body[key] = {**current, "display": value["display"]}
+                continue
             body[key] = {**current, **value}
         else:
             body[key] = value

@@ -759,7 +759,12 @@ class MessagesFormat:
     @staticmethod
     def error_body(error: WireError) -> bytes:
         """``{"type": "error", "error": {"type", "message"}}``."""
-        detail = {"type": anthropic_error_type(error.status), "message": error.message}
+        kind = anthropic_error_type(error.status)
+        if error.should_retry is False and error.status >= 500:
+            # Claude Code retries ``overloaded_error`` for minutes, x-should-retry or not;
+            # ``api_error`` it gives up on at once.
+            kind = "api_error"
+        detail = {"type": kind, "message": error.message}
         return _dumps({"type": "error", "error": detail}).encode()
 
     def completion(

@@ -186,7 +186,7 @@ class Exchange:
         headers = [*JSON, *error.headers()]
         if error.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        elif error.code in NOT_RETRYABLE:
+        elif error.should_retry is False or error.code in NOT_RETRYABLE:
             headers.append((b"x-should-retry", b"false"))
         await self.whole(error.status, self.format.error_body(error), headers)
 

@@ -152,7 +152,7 @@ class FormatHandler:
         if request is None:  # pragma: no cover - the body layer runs first
             raise RuntimeError("the request's body was not read")
         try:
-            target = self.gateway.targets.get(request.model)
+            target = self.gateway.target(request.model)
             if target is None:
                 raise WireError(
                     404,
@@ -307,7 +307,8 @@ class FormatHandler:
             return None
         except Exception as exc:
             # Output reached the client: the failure is told in-band, then the stream ends.
-            error = error_for(exc, self.gateway.settings.retry_after)
+            # It is one route's failure mid-answer, not every route's: asking again may help.
+            error = error_for(exc, self.gateway.settings.retry_after, after_output=True)
             watch.done = True
             await send(
                 {

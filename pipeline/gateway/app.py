@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -73,7 +74,7 @@ from pipeline.gateway._handler import FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
 from pipeline.gateway._responses import RESPONSES
 from pipeline.gateway._telemetry import TelemetryMiddleware
-from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys
+from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
 from pipeline.gateway.wire import now
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class Gateway:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.targets: dict[str, Target] = {}
+        self._patterns: list[tuple[str, Target]] = []
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._redis: dict[str, Any] = {}
         self._requests: set[asyncio.Task[Any]] = set()
@@ -187,13 +189,26 @@ class Gateway:
                 )
                 built[target] = Target(client, route.instructions, route=target)
                 self._closers.append(client.aclose)
-            self.targets = {model: built[target] for model, target in self.models.items()}
+            targets = {model: built[target] for model, target in self.models.items()}
+            self.targets = {m: t for m, t in targets.items() if not is_pattern(m)}
+            self._patterns = [(m, t) for m, t in targets.items() if is_pattern(m)]
             self._redis = self._readiness_clients()
         except BaseException:
             await self._close()
             raise
         self.ready = True
         self._log_start()
+
+    def target(self, model: str) -> Target | None:
+        """What a model name a client sent serves: the exact name's target, else the first
+        matching pattern's (`[gateway] models` may hold glob patterns), else None."""
+        target = self.targets.get(model)
+        if target is not None or not self._patterns:
+            return target
+        for pattern, matched in self._patterns:
+            if fnmatch.fnmatchcase(model, pattern):
+                return matched
+        return None
 
     def _log_start(self) -> None:
         _logger.info(

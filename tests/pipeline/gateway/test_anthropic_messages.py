@@ -457,9 +457,17 @@ async def test_error_event_ends_the_stream_without_message_stop(
         ),
         # The provider refusing the gateway's credentials is no fault of the caller's key.
         (FakeResponse.error(401), 502, anthropic.InternalServerError, "api_error"),
-        (FakeResponse.error(503), 503, anthropic.InternalServerError, "overloaded_error"),
+        # Every route failed, none says when it may serve: an error Claude Code does not
+        # retry (it retries overloaded_error for minutes, whatever x-should-retry says).
+        (FakeResponse.error(503), 503, anthropic.InternalServerError, "api_error"),
+        (
+            FakeResponse.error(503, retry_after="6"),
+            503,
+            anthropic.InternalServerError,
+            "overloaded_error",
+        ),
     ],
-    ids=["rate-limited", "invalid", "context-length", "auth", "unavailable"],
+    ids=["rate-limited", "invalid", "context-length", "auth", "unavailable", "until"],
 )
 async def test_provider_failures_become_anthropic_errors(
     one_route: Running,
@@ -482,8 +490,11 @@ async def test_provider_failures_become_anthropic_errors(
     headers = raised.value.response.headers
     if status == 429:
         assert headers["retry-after"] == "7"
-    if status == 502:
+    if status == 502 or kind == "api_error":
         assert headers["x-should-retry"] == "false"  # the SDK does not retry it
+        assert "retry-after" not in headers
+    if kind == "overloaded_error":
+        assert headers["retry-after"] == "6" and "x-should-retry" not in headers
     assert raised.value.request_id == headers["x-request-id"]
     assert primary.count() == 1
     await sdk.close()

@@ -36,6 +36,7 @@ import re
 from typing import Any
 
 from pipeline.gateway._chat_completions import _SSE
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
 from pipeline.gateway._handler import StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
@@ -67,7 +68,11 @@ from pipeline.types import (
 )
 
 __all__ = [
+    "COUNT_TOKENS",
     "MESSAGES",
+    "CountTokensFormat",
+    "CountTokensHandler",
+    "estimate_tokens",
     "MessageEventEncoder",
     "MessagesTool",
     "MessagesFormat",
@@ -99,9 +104,7 @@ _KNOWN = frozenset(
 # Passed on, as given, to Anthropic routes (`ANTHROPIC_EXTRAS`) and dropped by the others:
 # who the caller is, how the request is billed, cached or scheduled, and how Anthropic's
 # servers trim the context (the conversation goes whole to a route that cannot).
-_PASSED = frozenset(
-    {"metadata", "service_tier", "cache_control", "speed", "context_management"}
-)
+_PASSED = frozenset({"metadata", "service_tier", "cache_control", "speed", "context_management"})
 # They describe the caller to nobody who reads them here: accepted, not passed on.
 _DROPPED = frozenset({"diagnostics", "user_profile_id", "workspace_id"})
 # Features of Anthropic's own servers that change what the answer is (or where it is
@@ -791,3 +794,81 @@ class MessagesFormat:
 
 
 MESSAGES = MessagesFormat()
+
+
+# -- count_tokens -----------------------------------------------------------------------------
+
+CHARS_PER_TOKEN = 4
+"""The estimate's ratio: about four characters of English text (or JSON) a token."""
+TOKENS_PER_MESSAGE = 4
+"""The estimate's overhead of each message (its role and framing)."""
+
+
+def parse_count_tokens_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
+    """A ``count_tokens`` body: a Messages request without ``max_tokens`` (nor ``stream``)."""
+    payload = request_object(body)
+    payload.setdefault("max_tokens", 1)
+    payload.pop("stream", None)
+    return parse_messages_request(_dumps(payload).encode(), session_id=session_id)
+
+
+def estimate_tokens(request: ChatRequest) -> int:
+    """The input tokens of a request, estimated (no model's tokenizer is at hand): its
+    characters (texts, reasoning, tool calls' arguments and results as JSON, the tools'
+    names, descriptions and schemas) over `CHARS_PER_TOKEN`, rounded up, plus
+    `TOKENS_PER_MESSAGE` per message."""
+    characters = 0
+    for message in request.messages:
+        characters += TOKENS_PER_MESSAGE * CHARS_PER_TOKEN
+        for content in message.contents:
+            if isinstance(content, TextContent | ReasoningContent):
+                characters += len(content.text)
+            elif isinstance(content, FunctionCallContent):
+                characters += len(content.name) + len(_dumps(dict(content.arguments)))
+            elif isinstance(content, FunctionResultContent):
+                result = content.result
+                characters += len(result if isinstance(result, str) else _dumps(result))
+    for tool in request.options.tools or ():
+        if isinstance(tool, ToolSpec):
+            characters += len(tool.name) + len(tool.description or "")
+            characters += len(_dumps(tool.parameters))
+    return -(-characters // CHARS_PER_TOKEN)
+
+
+class CountTokensFormat(MessagesFormat):
+    """``POST /v1/messages/count_tokens``: a Messages body in, ``{"input_tokens": n}``
+    out (`CountTokensHandler`), errors in Anthropic's shape."""
+
+    path = "/v1/messages/count_tokens"
+    parse = staticmethod(parse_count_tokens_request)
+
+
+COUNT_TOKENS = CountTokensFormat()
+
+
+class CountTokensHandler:
+    """Answers a ``count_tokens`` request with `estimate_tokens` (the model name must be
+    one the gateway serves, as for ``/v1/messages``); no model is called."""
+
+    __slots__ = ("gateway",)
+
+    def __init__(self, gateway: Any) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange: Exchange = scope[EXCHANGE]
+        request = exchange.request
+        if request is None:  # pragma: no cover - the body layer runs first
+            raise RuntimeError("the request's body was not read")
+        if self.gateway.target(request.model) is None:
+            error = WireError(
+                404,
+                "the model does not exist here; GET /v1/models lists the models",
+                param="model",
+                code="model_not_found",
+            )
+            exchange.failure = error
+            await exchange.error(error)
+            return
+        body = _dumps({"input_tokens": estimate_tokens(request)}).encode()
+        await exchange.whole(200, body)

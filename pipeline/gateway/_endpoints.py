@@ -101,6 +101,11 @@ class Endpoints:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
         code = "method_not_allowed" if status == 405 else "not_found"
         message = "method not allowed" if status == 405 else "no such endpoint"
+        if request.url.path.startswith("/v1/messages"):
+            # Anthropic's clients read errors under their API's paths in its shape.
+            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            body = {"type": "error", "error": {"type": kind, "message": message}}
+            return JSONResponse(body, status)
         return Response(
             error_body(message, "invalid_request_error", code),
             status,

@@ -9,7 +9,8 @@ stops. Endpoints:
 * ``POST /v1/responses``: the Responses API over the same pipeline
   (`pipeline.gateway._responses`);
 * ``POST /v1/messages``: Anthropic's Messages API over the same pipeline
-  (`pipeline.gateway._anthropic_messages`);
+  (`pipeline.gateway._anthropic_messages`), and ``POST /v1/messages/count_tokens`` (an
+  estimate); every other path under ``/v1/messages`` answers errors in Anthropic's shape;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the model names `[gateway] models` exposes;
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers a PING within ``readiness_timeout``;
@@ -54,7 +55,7 @@ from starlette.routing import Route, request_response
 
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
-from pipeline.gateway._anthropic_messages import MESSAGES
+from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
@@ -336,10 +337,13 @@ class _FormatEndpoints:
         await (endpoint or self.app)(scope, receive, send)
 
 
-def _format_endpoint(gateway: Gateway, format: InboundFormat, slots: Slots) -> ASGIApp:
-    """The stack of layers of one inbound format (see the module docstring)."""
+def _format_endpoint(
+    gateway: Gateway, format: InboundFormat, slots: Slots, handler: ASGIApp | None = None
+) -> ASGIApp:
+    """The stack of layers of one inbound format (see the module docstring) around its
+    handler (the pipeline call, unless given)."""
     settings = gateway.settings
-    handler = FormatHandler(gateway, format)
+    handler = handler or FormatHandler(gateway, format)
     limited = LimitsMiddleware(handler, slots=slots)
     read = BodyMiddleware(limited, max_body_bytes=settings.max_body_bytes)
     authenticated = AuthMiddleware(read, keys=gateway.keys, x_api_key=format.x_api_key)
@@ -390,6 +394,10 @@ def create_app(
     )
     slots = Slots(settings.max_concurrent_per_key, settings.retry_after)
     stacks = {format.path: _format_endpoint(gateway, format, slots) for format in formats}
+    if MESSAGES in formats:
+        stacks[COUNT_TOKENS.path] = _format_endpoint(
+            gateway, COUNT_TOKENS, slots, CountTokensHandler(gateway)
+        )
     endpoints = Endpoints(
         gateway,
         registry=prometheus_registry if settings.prometheus_metrics else None,

@@ -198,22 +198,23 @@ class FakeAnthropicServer(FakeServer):
         for part in parts:
             blocks = part.get("content") if isinstance(part, Mapping) else part
             flat += blocks if isinstance(blocks, list) else [blocks]
-        end = None
-        for index, block in enumerate(flat):
-            if isinstance(block, Mapping) and "cache_control" in block:
-                end = index
-        if end is None and "cache_control" not in payload:
+        ends = [i for i, b in enumerate(flat) if isinstance(b, Mapping) and "cache_control" in b]
+        if not ends and "cache_control" not in payload:
             return response
-        end = len(flat) - 1 if end is None else end
-        prefix = json.dumps(flat[: end + 1], sort_keys=True)
-        tokens = max(1, len(prefix) // 4)
+        ends = ends or [len(flat) - 1]
         cached: set[str] = self.__dict__.setdefault("_cached_prefixes", set())
-        key = hashlib.sha256(prefix.encode()).hexdigest()
-        if key in cached:
-            usage = (0, tokens)
-        else:
+        # Each breakpoint's prefix: the longest one cached before is read, the rest of the
+        # last one is written; every one is cached from now on.
+        read = written = 0
+        for end in ends:
+            prefix = json.dumps(flat[: end + 1], sort_keys=True)
+            tokens = max(1, len(prefix) // 4)
+            key = hashlib.sha256(prefix.encode()).hexdigest()
+            if key in cached:
+                read = tokens
             cached.add(key)
-            usage = (tokens, 0)
+            written = tokens
+        usage = (max(0, written - read), read)
         return dataclasses.replace(response, cache_usage=usage)
 
     def _ids(self) -> dict[str, str]:

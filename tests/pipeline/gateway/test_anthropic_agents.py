@@ -56,9 +56,7 @@ def claude_code_request(**changes: Any) -> dict[str, Any]:
             },
             {
                 "role": "system",
-                "content": [
-                    {"type": "text", "text": "# Environment", "cache_control": EPHEMERAL}
-                ],
+                "content": [{"type": "text", "text": "# Environment", "cache_control": EPHEMERAL}],
             },
         ],
         "tools": [READ_TOOL, DEFERRED_TOOL],

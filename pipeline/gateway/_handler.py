@@ -34,7 +34,7 @@ from pipeline import _scope
 from pipeline._scope import RouteReport
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
-from pipeline.types import ChatMessage, ChatResponse, ChatResponseUpdate
+from pipeline.types import ANTHROPIC_EXTRAS, ChatMessage, ChatResponse, ChatResponseUpdate
 
 if TYPE_CHECKING:
     from pipeline.gateway.app import Gateway, Target
@@ -89,6 +89,17 @@ class InboundFormat(Protocol):
         self, request: ChatRequest, *, model: str, response_id: str, created: int
     ) -> StreamEncoder:
         """The encoder of one streamed answer."""
+
+
+def _pass_betas(request: ChatRequest, header: bytes) -> None:
+    """The caller's ``anthropic-beta`` values go to Anthropic routes (as the betas of
+    `ANTHROPIC_EXTRAS`: the features its Messages fields use may need them), and nowhere
+    else."""
+    betas = [b.strip() for b in header.decode("latin-1").split(",") if b.strip()]
+    if betas:
+        extras = request.options.additional_properties
+        scoped = extras.get(ANTHROPIC_EXTRAS)
+        extras[ANTHROPIC_EXTRAS] = {**(scoped if isinstance(scoped, dict) else {}), "betas": betas}
 
 
 class _Disconnect:
@@ -161,6 +172,8 @@ class FormatHandler:
                     code="model_not_found",
                 )
             exchange.route = target.route
+            if exchange.anthropic_beta is not None:
+                _pass_betas(request, exchange.anthropic_beta)
             watch = _Disconnect(receive, task)
             if request.stream:
                 exchange.failure = await self._stream(exchange, request, target, watch, started)

@@ -163,6 +163,10 @@ class HTTPChatClient(AsyncClosing):
     def _parse_response(self, payload: Any) -> ChatResponse:
         raise NotImplementedError
 
+    def _extra_headers(self, options: ChatOptions | None) -> Mapping[str, str] | None:
+        """Headers one request's options add (none by default)."""
+        return None
+
     def _stream_reader(self) -> StreamReader:
         raise NotImplementedError
 
@@ -202,6 +206,9 @@ class HTTPChatClient(AsyncClosing):
         body = self._prepare(messages, options, stream=False)
         # Static headers skip the coroutine: this is per request.
         headers = await self._request_headers() if self._dynamic_headers else self._headers
+        extra = self._extra_headers(options)
+        if extra:
+            headers = {**headers, **extra}
         payload = await self._transport.post_json(
             self._target, body, traced(headers), self.provider_name, self._endpoint
         )
@@ -210,14 +217,18 @@ class HTTPChatClient(AsyncClosing):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(self._prepare(messages, options, stream=True))
+        body = self._prepare(messages, options, stream=True)
+        return self._stream(body, self._extra_headers(options))
 
-    async def _stream(self, body: bytes) -> AsyncGenerator[ChatResponseUpdate, None]:
+    async def _stream(
+        self, body: bytes, extra: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
         where = self._endpoint
         provider = self.provider_name
-        headers = traced(await self._request_headers() if self._dynamic_headers else self._headers)
+        headers = await self._request_headers() if self._dynamic_headers else self._headers
+        headers = traced({**headers, **extra} if extra else headers)
         payloads = SSEPayloads(provider, end_types=self.stream_end_types)
         stream: StreamBody | None = None
         try:

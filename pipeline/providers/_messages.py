@@ -280,6 +280,9 @@ def _output_format(value: Any) -> dict[str, Any] | None:
 
 # Fields of a request the scoped extras never replace: what the request is.
 _OWN_FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stream", "tools"})
+# Extras that are no body field: the ``anthropic-beta`` header's values (the client sends
+# them as that header).
+_HEADER_FIELDS = frozenset({"betas"})
 
 
 def _clears_thinking(edit: Any) -> bool:
@@ -290,7 +293,7 @@ def _merge_extras(body: dict[str, Any], extras: Mapping[str, Any]) -> None:
     """The caller's own Messages fields (`ANTHROPIC_EXTRAS`), as given: an object field
     (``thinking``, ``output_config``) is merged key by key into what the options made."""
     for key, value in extras.items():
-        if key in _OWN_FIELDS:
+        if key in _OWN_FIELDS or key in _HEADER_FIELDS:
             continue
         current = body.get(key)
         if isinstance(current, dict) and isinstance(value, Mapping):

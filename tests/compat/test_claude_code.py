@@ -211,6 +211,9 @@ async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(
     # and a tool_use turn without its thinking: two requests, both served.
     assert anthropic_upstream.count() == 2
     first, second = (r.json for r in anthropic_upstream.requests)
+    # Claude Code's betas reach the Anthropic route, for the fields that need them.
+    betas = anthropic_upstream.requests[0].headers["anthropic-beta"].split(",")
+    assert "context-management-2025-06-27" in betas
     assert first["thinking"]["type"] in ("adaptive", "enabled")
     assert first["context_management"]["edits"]  # passed on: there is thinking to clear
     assert any("cache_control" in block for block in first["system"])

@@ -312,3 +312,33 @@ def test_model_patterns_are_settings() -> None:
     assert settings.exposed_models(["a"]) == {"claude-*": "pipeline", "gpt-[45]*": "pipeline"}
     with pytest.raises(ValueError, match="glob patterns"):
         GatewaySettings(models={"claude *": "pipeline"})
+
+
+async def test_beta_requests_and_their_betas_reach_anthropic_routes_only(
+    over_anthropic: Running,
+    claude_upstream: FakeAnthropicServer,
+    over_chat_completions: Running,
+    openai_upstream: FakeOpenAIServer,
+    streaming: bool,
+) -> None:
+    betas = ["context-management-2025-06-27", "effort-2025-11-24"]
+    for gateway in (over_anthropic, over_chat_completions):
+        sdk = client(gateway)
+        params: dict[str, Any] = {
+            "model": "claude-opus-5-5",
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": "hi"}],
+            "betas": betas,
+        }
+        # `beta.messages` posts to /v1/messages?beta=true with an anthropic-beta header.
+        if streaming:
+            async with sdk.beta.messages.stream(**params) as stream:
+                message = await stream.get_final_message()
+        else:
+            message = await sdk.beta.messages.create(**params)
+        assert message.content[0].type == "text"
+        await sdk.close()
+    assert claude_upstream.requests[0].headers["anthropic-beta"] == ",".join(betas)
+    assert "betas" not in claude_upstream.requests[0].json
+    assert "anthropic-beta" not in openai_upstream.requests[0].headers
+    assert "betas" not in openai_upstream.requests[0].json

@@ -5,23 +5,42 @@ their answers), on the same tables (tool choices, stop reasons, content blocks):
 
 * `parse_messages_request` turns a body into messages, `ChatOptions` and the stream flag,
   or raises `WireError` (a 4xx, answered in Anthropic's error body) naming the field that
-  is wrong, never quoting its value. ``system`` (a string or text blocks), ``messages``
-  with ``text`` / ``tool_use`` / ``tool_result`` blocks, ``tools`` (name, description,
-  input_schema), ``tool_choice`` (auto, any, tool, none), ``max_tokens`` (required, as
-  Anthropic requires it), ``temperature``, ``top_p``, ``top_k``, ``stop_sequences`` and
-  ``stream`` are mapped; ``metadata``, ``service_tier``, ``cache_control``, ``speed``
-  and the like describe the caller or the billing and are dropped; what would change the
-  answer's meaning and is not served here (images and documents, ``thinking``, server
-  tools, MCP servers, containers, ``output_config``, ``inference_geo``) is a 400 naming
-  it;
+  is wrong, never quoting its value. Honoured: ``system`` (a string or text blocks),
+  ``messages`` with ``text`` / ``tool_use`` / ``tool_result`` / ``thinking`` /
+  ``redacted_thinking`` blocks and ``system`` turns in the middle (Claude Code sends them:
+  a system message where it stands, which each route places as its format allows),
+  ``tools`` (name, description, input_schema; their other fields, ``cache_control``,
+  ``defer_loading``..., go to Anthropic routes on the tool), ``tool_choice`` (auto, any,
+  tool, none), ``max_tokens`` (required, as Anthropic requires it), ``temperature``,
+  ``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``thinking`` (``enabled`` with a
+  budget, ``adaptive``, ``disabled``: `ReasoningOptions`), ``output_config`` (``effort``:
+  `ReasoningOptions.effort`, ``max`` as ``xhigh``; ``format``, a JSON schema:
+  `response_format`). Passed on as given to Anthropic routes only (`ANTHROPIC_EXTRAS`,
+  dropped by the others): ``thinking`` and ``output_config`` themselves (their
+  details, ``display``...), ``context_management`` (a clear-thinking edit is left out where
+  there is no thinking to clear), ``metadata``, ``service_tier``, top-level
+  ``cache_control``, ``speed``, and the ``anthropic-beta`` header's values. A block's
+  ``cache_control`` ends a message there (`ChatMessage.additional_properties`), so an
+  Anthropic route puts the breakpoint back on that block. ``diagnostics`` and the like are
+  dropped. What would change the answer's meaning and is not served here (images and
+  documents, server tools, MCP servers, containers, ``inference_geo``) is a 400 naming it;
 * `MessagesFormat.completion` is a ``message`` object; `MessageEventEncoder` writes the
   stream's events (``message_start``, ``ping``, ``content_block_start`` /
-  ``content_block_delta`` (``text_delta``, ``input_json_delta``) / ``content_block_stop``
-  per block, ``message_delta`` with the stop reason and the final usage,
-  ``message_stop``), and ``event: error`` for a failure after output;
+  ``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta``,
+  ``signature_delta``) / ``content_block_stop`` per block, ``message_delta`` with the stop
+  reason and the final usage (``input_tokens`` without the prompt cache's, and
+  ``cache_creation_input_tokens`` / ``cache_read_input_tokens``), ``message_stop``), and
+  ``event: error`` for a failure after output. Reasoning goes out as ``thinking`` blocks
+  with its signature when Anthropic made it (else with an empty one: no Anthropic route
+  would take another API's);
+* ``POST /v1/messages/count_tokens`` (`CountTokensFormat`, `CountTokensHandler`) answers
+  an estimate (`estimate_tokens`);
 * errors keep the gateway's status, in Anthropic's body and error types
   (``invalid_request_error``, ``authentication_error``, ``rate_limit_error``,
-  ``overloaded_error``, ``api_error`` ...).
+  ``overloaded_error``, ``api_error`` ...): when every route failed and nothing says when
+  one may serve again, ``api_error`` (which Claude Code does not retry) with
+  ``x-should-retry: false``; ``overloaded_error`` with ``retry-after`` when something
+  does.
 
 The model served is the answer's ``model``; the answer's ``id`` is the gateway's own
 (``msg_...``), since failover may change upstreams. Client tools are declared to the model
@@ -388,9 +407,11 @@ def _thinking(value: Any, effort: str | None) -> ReasoningOptions:
     model decides, at the request's effort), ``disabled`` (a budget of 0)."""
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "enabled":
-        budget = _integer(value, "budget_tokens", 1)
+        budget = value.get("budget_tokens")
         if budget is None:
             raise _invalid("thinking.budget_tokens", "Field required", "missing_required")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise _invalid("thinking.budget_tokens", "expected a positive integer")
         return ReasoningOptions(effort=effort, budget_tokens=budget)
     if kind == "adaptive":
         return ReasoningOptions(effort=effort)

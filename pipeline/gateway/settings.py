@@ -68,7 +68,10 @@ class GatewaySettings(Settings):
     * `max_concurrent_per_key`: requests one key (without keys: one client address) may
       have in flight in one worker process (``None``: no limit); one more gets 429 with
       ``Retry-After: retry_after``;
-    * `retry_after`: seconds a 429 (or a 503 without the provider's own hint) asks to wait;
+    * `retry_after`: seconds a 429 without the provider's own hint (and the gateway's own
+      429s and shutdown 503s, and a stream cut after output) asks to wait. A 503 because
+      every route failed asks to wait only as long as a provider or an open breaker said;
+      without such a hint it says ``x-should-retry: false`` (a retry cannot help soon);
     * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
       before they are cancelled (a stream cancelled this way ends with an in-band error);
     * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``

@@ -54,9 +54,8 @@ import os
 import re
 from typing import Any
 
-from pipeline.gateway._chat_completions import _SSE
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
-from pipeline.gateway._handler import StreamEncoder
+from pipeline.gateway._shared import SSE_HEADERS, GatewayState, StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
     WireError,
@@ -774,7 +773,7 @@ class MessagesFormat:
 
     path = "/v1/messages"
     x_api_key = True
-    stream_headers = _SSE
+    stream_headers = SSE_HEADERS
     request_id_header: bytes | None = b"request-id"
 
     parse = staticmethod(parse_messages_request)
@@ -873,7 +872,7 @@ class CountTokensHandler:
 
     __slots__ = ("gateway",)
 
-    def __init__(self, gateway: Any) -> None:
+    def __init__(self, gateway: GatewayState) -> None:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -28,7 +28,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline._fake_server import FakeResponse, FakeServer
+from pipeline.testing._fake_server import FakeResponse, FakeServer
 
 __all__ = ["MESSAGES_PATH", "FakeAnthropicServer"]
 

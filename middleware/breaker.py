@@ -400,8 +400,16 @@ class CircuitBreakerChatClient(DelegatingChatClient):
 
     # -- the state machine, one short synchronous step at a time --------------------------
 
-    def _open_error(self) -> CircuitOpenError:
-        return CircuitOpenError(f"circuit open for {self.name!r}", provider=self.name)
+    def _open_error(self, opened_at: datetime | None = None) -> CircuitOpenError:
+        # `retry_after`: when the breaker lets a probe through (so a gateway can tell its
+        # client when a retry may help); None when that is not known.
+        retry_after = None
+        if opened_at is not None:
+            remaining = (opened_at + self._reset_after - self._now()).total_seconds()
+            retry_after = max(0.0, remaining)
+        return CircuitOpenError(
+            f"circuit open for {self.name!r}", provider=self.name, retry_after=retry_after
+        )
 
     def _admit(self) -> bool:
         """Let a call through or raise `CircuitOpenError`; True when the call is a probe."""
@@ -411,7 +419,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             if state.name == _OPEN:
                 opened_at = breaker._state_storage.opened_at
                 if opened_at is not None and self._now() < opened_at + self._reset_after:
-                    raise self._open_error()
+                    raise self._open_error(opened_at)
                 breaker.half_open()
                 state = breaker.state
             if state.name == _HALF_OPEN:
@@ -601,7 +609,7 @@ class CircuitBreakerChatClient(DelegatingChatClient):
                 opening = self._opening if ticket.probe and facts is not None else None
         if tripped_at is not None:
             await self._publish(None, _OPEN, tripped_at)
-            raise self._open_error()
+            raise self._open_error(tripped_at)
         if opening is None:
             return ticket
         ticket.token = uuid.uuid4().hex

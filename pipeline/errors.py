@@ -156,7 +156,9 @@ class WireError(ChatPipelineError):
     """A request the gateway answers with an error: its HTTP status and OpenAI error.
 
     `message` is ours, never the request's text; `retry_after` (seconds) becomes a
-    ``Retry-After`` header.
+    ``Retry-After`` header. `should_retry` False says a retry cannot help soon (answered
+    with ``x-should-retry: false``, and, in Anthropic's format, an error type its clients do
+    not retry).
     """
 
     def __init__(
@@ -168,6 +170,7 @@ class WireError(ChatPipelineError):
         code: str | None = None,
         param: str | None = None,
         retry_after: float | None = None,
+        should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -176,6 +179,7 @@ class WireError(ChatPipelineError):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        self.should_retry = should_retry
 
     @staticmethod
     def error_body(message: str, type: str, code: str | None, param: str | None = None) -> bytes:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = [
+    "ANTHROPIC_EXTRAS",
     "CacheMode",
     "ChatMessage",
     "ChatOptions",
@@ -164,9 +165,7 @@ class ReasoningContent:
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
-            raise TypeError(
-                f"ReasoningContent.text must be a str, not {type(self.text).__name__}"
-            )
+            raise TypeError(f"ReasoningContent.text must be a str, not {type(self.text).__name__}")
         if self.protected is not None and not isinstance(self.protected, str):
             raise TypeError(
                 "ReasoningContent.protected must be a str or None, "
@@ -205,11 +204,18 @@ class ChatMessage:
 
     `contents` may be given as a plain string, which becomes a single `TextContent`; strings
     in a list of contents become `TextContent`s too.
+
+    `additional_properties` holds what one provider's format says of the message and the
+    others ignore (None when there is nothing). The one key the library reads today is
+    ``"cache_control"``: an Anthropic prompt-cache breakpoint (e.g. ``{"type":
+    "ephemeral"}``) after the message's last content block, which Anthropic routes send on
+    that block and every other route leaves out.
     """
 
     role: ChatRole
     contents: list[Content] = field(default_factory=list)
     author_name: str | None = None
+    additional_properties: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -217,6 +223,7 @@ class ChatMessage:
         contents: str | Content | Iterable[Content | str] = (),
         *,
         author_name: str | None = None,
+        additional_properties: dict[str, Any] | None = None,
     ) -> None:
         try:
             self.role = ChatRole(role)
@@ -242,6 +249,7 @@ class ChatMessage:
                     )
             self.contents = items
         self.author_name = author_name
+        self.additional_properties = additional_properties
 
     @classmethod
     def system(cls, text: str) -> ChatMessage:
@@ -364,9 +372,25 @@ class CacheMode(StrEnum):
     BYPASS = "bypass"
 
 
+ANTHROPIC_EXTRAS = "anthropic"
+"""The `ChatOptions.additional_properties` key whose dict only Anthropic routes send."""
+
+PROVIDER_EXTRAS = frozenset({ANTHROPIC_EXTRAS})
+"""Keys of `ChatOptions.additional_properties` scoped to one provider's format: every other
+provider leaves them out of its requests."""
+
+
 @dataclass(slots=True)
 class ChatOptions:
-    """Per-request options. Layers never mutate a caller's object: they work on `clone()`."""
+    """Per-request options. Layers never mutate a caller's object: they work on `clone()`.
+
+    `additional_properties` are provider-specific request fields, merged into the body each
+    provider sends (never overriding what the request needs). One entry is scoped: under
+    ``"anthropic"`` (`ANTHROPIC_EXTRAS`), a dict of Messages API fields (``thinking``
+    details, ``context_management``, ``output_config``, ``metadata``...) that only Anthropic
+    routes send, each as given, and every other route drops: so a caller's own Messages
+    fields reach an Anthropic route untouched without being refused elsewhere.
+    """
 
     model_id: str | None = None
     temperature: float | None = None

@@ -5,23 +5,42 @@ their answers), on the same tables (tool choices, stop reasons, content blocks):
 
 * `parse_messages_request` turns a body into messages, `ChatOptions` and the stream flag,
   or raises `WireError` (a 4xx, answered in Anthropic's error body) naming the field that
-  is wrong, never quoting its value. ``system`` (a string or text blocks), ``messages``
-  with ``text`` / ``tool_use`` / ``tool_result`` blocks, ``tools`` (name, description,
-  input_schema), ``tool_choice`` (auto, any, tool, none), ``max_tokens`` (required, as
-  Anthropic requires it), ``temperature``, ``top_p``, ``top_k``, ``stop_sequences`` and
-  ``stream`` are mapped; ``metadata``, ``service_tier``, ``cache_control``, ``speed``
-  and the like describe the caller or the billing and are dropped; what would change the
-  answer's meaning and is not served here (images and documents, ``thinking``, server
-  tools, MCP servers, containers, ``output_config``, ``inference_geo``) is a 400 naming
-  it;
+  is wrong, never quoting its value. Honoured: ``system`` (a string or text blocks),
+  ``messages`` with ``text`` / ``tool_use`` / ``tool_result`` / ``thinking`` /
+  ``redacted_thinking`` blocks and ``system`` turns in the middle (Claude Code sends them:
+  a system message where it stands, which each route places as its format allows),
+  ``tools`` (name, description, input_schema; their other fields, ``cache_control``,
+  ``defer_loading``..., go to Anthropic routes on the tool), ``tool_choice`` (auto, any,
+  tool, none), ``max_tokens`` (required, as Anthropic requires it), ``temperature``,
+  ``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``thinking`` (``enabled`` with a
+  budget, ``adaptive``, ``disabled``: `ReasoningOptions`), ``output_config`` (``effort``:
+  `ReasoningOptions.effort`, ``max`` as ``xhigh``; ``format``, a JSON schema:
+  `response_format`). Passed on as given to Anthropic routes only (`ANTHROPIC_EXTRAS`,
+  dropped by the others): ``thinking`` and ``output_config`` themselves (their
+  details, ``display``...), ``context_management`` (a clear-thinking edit is left out where
+  there is no thinking to clear), ``metadata``, ``service_tier``, top-level
+  ``cache_control``, ``speed``, and the ``anthropic-beta`` header's values. A block's
+  ``cache_control`` ends a message there (`ChatMessage.additional_properties`), so an
+  Anthropic route puts the breakpoint back on that block. ``diagnostics`` and the like are
+  dropped. What would change the answer's meaning and is not served here (images and
+  documents, server tools, MCP servers, containers, ``inference_geo``) is a 400 naming it;
 * `MessagesFormat.completion` is a ``message`` object; `MessageEventEncoder` writes the
   stream's events (``message_start``, ``ping``, ``content_block_start`` /
-  ``content_block_delta`` (``text_delta``, ``input_json_delta``) / ``content_block_stop``
-  per block, ``message_delta`` with the stop reason and the final usage,
-  ``message_stop``), and ``event: error`` for a failure after output;
+  ``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta``,
+  ``signature_delta``) / ``content_block_stop`` per block, ``message_delta`` with the stop
+  reason and the final usage (``input_tokens`` without the prompt cache's, and
+  ``cache_creation_input_tokens`` / ``cache_read_input_tokens``), ``message_stop``), and
+  ``event: error`` for a failure after output. Reasoning goes out as ``thinking`` blocks
+  with its signature when Anthropic made it (else with an empty one: no Anthropic route
+  would take another API's);
+* ``POST /v1/messages/count_tokens`` (`CountTokensFormat`, `CountTokensHandler`) answers
+  an estimate (`estimate_tokens`);
 * errors keep the gateway's status, in Anthropic's body and error types
   (``invalid_request_error``, ``authentication_error``, ``rate_limit_error``,
-  ``overloaded_error``, ``api_error`` ...).
+  ``overloaded_error``, ``api_error`` ...): when every route failed and nothing says when
+  one may serve again, ``api_error`` (which Claude Code does not retry) with
+  ``x-should-retry: false``; ``overloaded_error`` with ``retry-after`` when something
+  does.
 
 The model served is the answer's ``model``; the answer's ``id`` is the gateway's own
 (``msg_...``), since failover may change upstreams. Client tools are declared to the model
@@ -35,7 +54,8 @@ import os
 import re
 from typing import Any
 
-from pipeline.gateway._shared import SSE_HEADERS, StreamEncoder
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway._shared import SSE_HEADERS, GatewayState, StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
     WireError,
@@ -49,6 +69,7 @@ from pipeline.gateway.wire import (
 from pipeline.providers._messages import STOP_REASONS, TOOL_CHOICE_TYPES, message_blocks
 from pipeline.providers._wire import ToolSpec
 from pipeline.types import (
+    ANTHROPIC_EXTRAS,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -58,13 +79,20 @@ from pipeline.types import (
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
+    ReasoningOptions,
     TextContent,
     UsageDetails,
 )
 
 __all__ = [
+    "COUNT_TOKENS",
     "MESSAGES",
+    "CountTokensFormat",
+    "CountTokensHandler",
+    "estimate_tokens",
     "MessageEventEncoder",
+    "MessagesTool",
     "MessagesFormat",
     "anthropic_error_type",
     "new_message_id",
@@ -88,38 +116,50 @@ _KNOWN = frozenset(
         "tools",
         "tool_choice",
         "thinking",
+        "output_config",
     }
 )
-# They describe the caller, how the request is billed, cached or scheduled: the answer is
-# the same without them. Accepted, not passed on.
-_DROPPED = frozenset(
-    {
-        "metadata",
-        "service_tier",
-        "cache_control",
-        "diagnostics",
-        "speed",
-        "user_profile_id",
-        "workspace_id",
-    }
-)
+# Passed on, as given, to Anthropic routes (`ANTHROPIC_EXTRAS`) and dropped by the others:
+# who the caller is, how the request is billed, cached or scheduled, and how Anthropic's
+# servers trim the context (the conversation goes whole to a route that cannot).
+_PASSED = frozenset({"metadata", "service_tier", "cache_control", "speed", "context_management"})
+# They describe the caller to nobody who reads them here: accepted, not passed on.
+_DROPPED = frozenset({"diagnostics", "user_profile_id", "workspace_id"})
 # Features of Anthropic's own servers that change what the answer is (or where it is
 # made): refused by name.
 _SERVER_FEATURES = {
     "mcp_servers": "MCP servers are not supported by this gateway",
     "container": "code execution containers are not supported by this gateway",
-    "context_management": "server-side context management is not supported by this gateway",
-    "output_config": "output formats and effort are not supported by this gateway",
     "inference_geo": "choosing where inference runs is not supported by this gateway",
 }
+# Anthropic's efforts as `ReasoningOptions.effort` (``max`` is OpenAI's ``xhigh``).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "xhigh": "xhigh"}
+# Tool fields besides the definition: passed to Anthropic routes on the tool.
+_TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 _TOOL_MODES = {kind: mode for mode, kind in TOOL_CHOICE_TYPES.items()}
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _UNSUPPORTED_BLOCKS = {
     "image": "images are not supported by this gateway",
     "document": "documents are not supported by this gateway",
-    "thinking": "thinking blocks are not supported by this gateway (nor is `thinking`)",
-    "redacted_thinking": "thinking blocks are not supported by this gateway (nor is `thinking`)",
 }
+
+
+class MessagesTool(ToolSpec):
+    """A tool a Messages request declared: its definition, which every provider writes in
+    its own format, and its other Messages fields (``cache_control``, ``defer_loading``,
+    ``strict``...) in `additional_properties`, which Anthropic routes send on it."""
+
+    __slots__ = ("additional_properties",)
+
+    def __init__(
+        self,
+        name: str,
+        description: str | None,
+        parameters: dict[str, Any],
+        additional_properties: dict[str, Any],
+    ) -> None:
+        super().__init__(name, description, parameters)
+        self.additional_properties = additional_properties
 
 
 def _unsupported(param: str, what: str) -> WireError:
@@ -161,9 +201,61 @@ def _texts(value: Any, param: str) -> list[str]:
     return texts
 
 
+def _breakpoint(block: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """A block's ``cache_control`` (a prompt-cache breakpoint), or None."""
+    value = block.get("cache_control")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise _invalid(f"{where}.cache_control", "expected an object with a type")
+    return value
+
+
+def _segments(
+    role: ChatRole, contents: list[tuple[Content, dict[str, Any] | None]]
+) -> list[ChatMessage]:
+    """Messages of one role from contents and their breakpoints: a message ends at each
+    breakpoint (its ``cache_control``), so an Anthropic route puts it back on that block
+    (the provider merges adjacent messages of a role into one turn again)."""
+    messages: list[ChatMessage] = []
+    current: list[Content] = []
+    for content, breakpoint_ in contents:
+        current.append(content)
+        if breakpoint_ is not None:
+            extra = {"cache_control": breakpoint_}
+            messages.append(ChatMessage(role, current, additional_properties=extra))
+            current = []
+    if current or not messages:
+        messages.append(ChatMessage(role, current))
+    return messages
+
+
+def _system_turn(value: Any, param: str) -> list[ChatMessage]:
+    """System text (a string or text blocks) as system messages, one per breakpoint."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [ChatMessage(ChatRole.SYSTEM, value)] if value else []
+    if not isinstance(value, list):
+        raise _invalid(param, "expected a string or a list of text blocks")
+    contents: list[tuple[Content, dict[str, Any] | None]] = []
+    for index, block in enumerate(value):
+        where = f"{param}[{index}]"
+        if _block_type(block, where) != "text":
+            raise _unsupported(f"{where}.type", "expected a text block")
+        text = _text(block, where)
+        breakpoint_ = _breakpoint(block, where)
+        if text or breakpoint_ is not None:
+            contents.append((TextContent(text), breakpoint_))
+    segments = _segments(ChatRole.SYSTEM, contents) if contents else []
+    for message in segments:  # one text per system message, as a system prompt reads
+        texts = [c.text for c in message.contents if isinstance(c, TextContent) and c.text]
+        message.contents = [TextContent("\n\n".join(texts))] if texts else []
+    return segments
+
+
 def _system(value: Any) -> list[ChatMessage]:
-    text = "\n\n".join(t for t in _texts(value, "system") if t)
-    return [ChatMessage(ChatRole.SYSTEM, text)] if text else []
+    return _system_turn(value, "system")
 
 
 def _tool_result(block: dict[str, Any], where: str) -> FunctionResultContent:
@@ -190,42 +282,76 @@ def _tool_use(block: dict[str, Any], where: str) -> FunctionCallContent:
     return FunctionCallContent(call_id=call_id, name=name, arguments=arguments)
 
 
+def _reasoning(block: dict[str, Any], where: str) -> ReasoningContent:
+    """A ``thinking`` block (its text and signature) or a ``redacted_thinking`` one (its
+    data), passed back as received: a signature is never checked, shown or recorded."""
+    if block["type"] == "redacted_thinking":
+        data = block.get("data")
+        if not isinstance(data, str) or not data:
+            raise _invalid(f"{where}.data", "expected a non-empty string")
+        return ReasoningContent(protected=data, redacted=True)
+    thinking = block.get("thinking", "")
+    if not isinstance(thinking, str):
+        raise _invalid(f"{where}.thinking", "expected a string")
+    signature = block.get("signature")
+    if signature is not None and not isinstance(signature, str):
+        raise _invalid(f"{where}.signature", "expected a string")
+    return ReasoningContent(thinking, protected=signature or None)
+
+
 def _turn(raw: Any, index: int) -> list[ChatMessage]:
     """One turn as messages: a user turn's tool results come first, as tool messages (the
-    API puts them first in the turn), then its text."""
+    API puts them first in the turn), then its text. A ``system`` turn (Claude Code sends
+    them in the middle of the conversation) is a system message where it stands: each route
+    places it as its format allows."""
     param = f"messages[{index}]"
     if not isinstance(raw, dict):
         raise _invalid(param, "expected a message object")
     role = raw.get("role")
-    if role not in ("user", "assistant"):
-        raise _invalid(f"{param}.role", "expected user or assistant")
+    if role not in ("user", "assistant", "system"):
+        raise _invalid(f"{param}.role", "expected user, assistant or system")
     content = raw.get("content")
+    if role == "system":
+        return _system_turn(content, f"{param}.content")
     if isinstance(content, str):
         return [ChatMessage(ChatRole.USER if role == "user" else ChatRole.ASSISTANT, content)]
     if not isinstance(content, list):
         raise _invalid(f"{param}.content", "expected a string or a list of content blocks")
-    contents: list[Content] = []
-    results: list[Content] = []
+    contents: list[tuple[Content, dict[str, Any] | None]] = []
+    turn: list[ChatMessage] = []
     for position, block in enumerate(content):
         where = f"{param}.content[{position}]"
         kind = _block_type(block, where)
+        item: Content
         if kind == "text":
             text = _text(block, where)
-            if text:
-                contents.append(TextContent(text))
+            breakpoint_ = _breakpoint(block, where)
+            if not text and breakpoint_ is None:
+                continue
+            item = TextContent(text)
         elif kind == "tool_use" and role == "assistant":
-            contents.append(_tool_use(block, where))
+            item = _tool_use(block, where)
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            item = _reasoning(block, where)
         elif kind == "tool_result" and role == "user":
-            results.append(_tool_result(block, where))
+            extra = _breakpoint(block, where)
+            turn.append(
+                ChatMessage(
+                    ChatRole.TOOL,
+                    [_tool_result(block, where)],
+                    additional_properties=None if extra is None else {"cache_control": extra},
+                )
+            )
+            continue
         else:
             raise _unsupported(
                 f"{where}.type", f"this content block type is not supported in {role} turns"
             )
+        contents.append((item, _breakpoint(block, where)))
     if role == "assistant":
-        return [ChatMessage(ChatRole.ASSISTANT, contents)]
-    turn = [ChatMessage(ChatRole.TOOL, [result]) for result in results]
-    if contents or not results:
-        turn.append(ChatMessage(ChatRole.USER, contents))
+        return _segments(ChatRole.ASSISTANT, contents)
+    if contents or not turn:
+        turn += _segments(ChatRole.USER, contents)
     return turn
 
 
@@ -238,7 +364,7 @@ def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
             raise _invalid(where, "expected a tool object")
-        kind = tool.get("type", "custom")
+        kind = tool.get("type") or "custom"
         if kind != "custom":
             # web_search_..., bash_..., text_editor_...: tools Anthropic's servers run.
             raise _unsupported(f"{where}.type", "server tools are not supported by this gateway")
@@ -252,7 +378,8 @@ def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema", "expected a JSON schema object")
         # A tool definition: every provider writes it in its own format.
-        tools.append(ToolSpec(name, description or None, schema))
+        extra = {key: value for key, value in tool.items() if key not in _TOOL_FIELDS}
+        tools.append(MessagesTool(name, description or None, schema, extra))
         names.add(name)
     return tools, frozenset(names)
 
@@ -274,19 +401,60 @@ def _tool_mode(value: Any, names: frozenset[str]) -> str:
     return name  # the one tool the model must call
 
 
+def _thinking(value: Any, effort: str | None) -> ReasoningOptions:
+    """``thinking`` as reasoning options: ``enabled`` with its budget, ``adaptive`` (the
+    model decides, at the request's effort), ``disabled`` (a budget of 0)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "enabled":
+        budget = value.get("budget_tokens")
+        if budget is None:
+            raise _invalid("thinking.budget_tokens", "Field required", "missing_required")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise _invalid("thinking.budget_tokens", "expected a positive integer")
+        return ReasoningOptions(effort=effort, budget_tokens=budget)
+    if kind == "adaptive":
+        return ReasoningOptions(effort=effort)
+    if kind == "disabled":
+        return ReasoningOptions(effort=effort, budget_tokens=0)
+    raise _invalid("thinking.type", "expected enabled, adaptive or disabled")
+
+
+def _output_config(value: Any, options: ChatOptions) -> str | None:
+    """``output_config``: its ``effort`` (returned, as a `ReasoningOptions` effort) and its
+    ``format`` (a JSON schema: `response_format`)."""
+    if not isinstance(value, dict):
+        raise _invalid("output_config", "expected an object")
+    effort = value.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise _invalid("output_config.effort", "expected low, medium, high or max")
+    output_format = value.get("format")
+    if output_format is not None:
+        schema = output_format.get("schema") if isinstance(output_format, dict) else None
+        if output_format.get("type") != "json_schema" or not isinstance(schema, dict):
+            raise _invalid("output_config.format", "expected a json_schema format with a schema")
+        options.response_format = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
+    return None if effort is None else _EFFORTS[effort]
+
+
+def _context_management(value: Any) -> None:
+    edits = value.get("edits") if isinstance(value, dict) else None
+    if not isinstance(edits, list) or not all(
+        isinstance(edit, dict) and isinstance(edit.get("type"), str) for edit in edits
+    ):
+        raise _invalid("context_management.edits", "expected a list of edits with a type")
+
+
 def parse_messages_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
     """The request a Messages body describes (see the module docstring)."""
     payload = request_object(body)
     for key in sorted(payload):
         if key in _SERVER_FEATURES:
             raise _unsupported(key, _SERVER_FEATURES[key])
-        if key not in _KNOWN and key not in _DROPPED:
+        if key not in _KNOWN and key not in _PASSED and key not in _DROPPED:
             raise unsupported_parameter(key)
-    thinking = payload.get("thinking")
-    if thinking is not None and not (
-        isinstance(thinking, dict) and thinking.get("type") == "disabled"
-    ):
-        raise _unsupported("thinking", "extended thinking is not supported by this gateway")
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "Field required (a model name from /v1/models)", "missing_required")
@@ -309,6 +477,23 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         max_output_tokens=max_tokens,
         session_id=session_id,
     )
+    # The caller's own Messages fields, for Anthropic routes: as given (the provider merges
+    # them over what the options make).
+    scoped: dict[str, Any] = {key: payload[key] for key in _PASSED if key in payload}
+    if "context_management" in scoped:
+        _context_management(scoped["context_management"])
+    effort = None
+    if payload.get("output_config") is not None:
+        effort = _output_config(payload["output_config"], options)
+        scoped["output_config"] = payload["output_config"]
+    thinking = payload.get("thinking")
+    if thinking is not None:
+        options.reasoning = _thinking(thinking, effort)
+        scoped["thinking"] = thinking
+    elif effort is not None:
+        options.reasoning = ReasoningOptions(effort=effort)
+    if scoped:
+        options.additional_properties[ANTHROPIC_EXTRAS] = scoped
     top_k = _integer(payload, "top_k", 0)
     if top_k is not None:
         options.additional_properties["top_k"] = top_k
@@ -361,9 +546,37 @@ def stop_reason(reason: str | None, called_tools: bool) -> str:
 
 
 def _usage(usage: UsageDetails | None) -> dict[str, int]:
+    """Usage as this API counts it: ``input_tokens`` without the prompt-cache reads and
+    writes, which are told apart."""
     if usage is None:
-        return {"input_tokens": 0, "output_tokens": 0}
-    return {"input_tokens": usage.input_tokens or 0, "output_tokens": usage.output_tokens or 0}
+        return {
+            "input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 0,
+        }
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    return {
+        "input_tokens": max(0, (usage.input_tokens or 0) - read - written),
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+        "output_tokens": usage.output_tokens or 0,
+    }
+
+
+def _thinking_block(content: ReasoningContent) -> dict[str, Any] | None:
+    """A reasoning content as the block a Messages client sends back: its signature only
+    when it is Anthropic's (another API's reasoning item, with an `id`, goes out as text
+    alone, so it never reaches an Anthropic route as a signature it did not make)."""
+    own = content.protected is not None and content.id is None
+    if content.redacted:
+        return {"type": "redacted_thinking", "data": content.protected} if own else None
+    return {
+        "type": "thinking",
+        "thinking": content.text,
+        "signature": content.protected if own else "",
+    }
 
 
 def _content(response: ChatResponse) -> list[dict[str, Any]]:
@@ -371,17 +584,23 @@ def _content(response: ChatResponse) -> list[dict[str, Any]]:
     for message in response.messages:
         if message.role is not ChatRole.ASSISTANT:
             continue
-        for block in message_blocks(message):
-            kind = block["type"]
-            if kind == "text":
-                if blocks and blocks[-1]["type"] == "text":
-                    blocks[-1]["text"] += block["text"]  # one text block, as a stream has
-                    continue
-            elif kind == "tool_use":
-                block["id"] = block["id"] or _tool_use_id()
-            else:
-                continue  # no other block is an assistant's answer
-            blocks.append(block)
+        for content in message.contents:
+            if type(content) is ReasoningContent:
+                block = _thinking_block(content)
+                if block is not None:
+                    blocks.append(block)
+                continue
+            for block in message_blocks(ChatMessage(ChatRole.ASSISTANT, [content])):
+                kind = block["type"]
+                if kind == "text":
+                    if blocks and blocks[-1]["type"] == "text":
+                        blocks[-1]["text"] += block["text"]  # one text block, as a stream has
+                        continue
+                elif kind == "tool_use":
+                    block["id"] = block["id"] or _tool_use_id()
+                else:
+                    continue  # no other block is an assistant's answer
+                blocks.append(block)
     return blocks
 
 
@@ -465,7 +684,9 @@ class MessageEventEncoder:
         if update.usage is not None:
             self._usage = update.usage if self._usage is None else self._usage + update.usage
         for content in update.contents:
-            if isinstance(content, TextContent):
+            if type(content) is ReasoningContent:
+                out += self._reasoning(content)
+            elif isinstance(content, TextContent):
                 if not content.text:
                     continue
                 if self._open != "text":
@@ -483,6 +704,26 @@ class MessageEventEncoder:
                 partial = _dumps(dict(content.arguments))
                 out += self._delta({"type": "input_json_delta", "partial_json": partial})
                 out += self._close_block()
+        return out
+
+    def _reasoning(self, content: ReasoningContent) -> str:
+        """A piece of reasoning: a thinking block's text deltas, then its signature, which
+        closes it; a redacted block whole."""
+        block = _thinking_block(content)
+        if block is None:
+            return ""
+        if block["type"] == "redacted_thinking":
+            return self._open_block(block) + self._close_block()
+        out = ""
+        if self._open != "thinking":
+            out = self._open_block({"type": "thinking", "thinking": "", "signature": ""})
+        if content.text:
+            out += self._delta({"type": "thinking_delta", "thinking": content.text})
+        if block["signature"]:
+            out += self._delta({"type": "signature_delta", "signature": block["signature"]})
+            out += self._close_block()
+        elif content.protected is not None:
+            out += self._close_block()  # another API's whole item: the block ends with it
         return out
 
     def end(self) -> str:
@@ -541,7 +782,12 @@ class MessagesFormat:
     @staticmethod
     def error_body(error: WireError) -> bytes:
         """``{"type": "error", "error": {"type", "message"}}``."""
-        detail = {"type": anthropic_error_type(error.status), "message": error.message}
+        kind = anthropic_error_type(error.status)
+        if error.should_retry is False and error.status >= 500:
+            # Claude Code retries ``overloaded_error`` for minutes, x-should-retry or not;
+            # ``api_error`` it gives up on at once.
+            kind = "api_error"
+        detail = {"type": kind, "message": error.message}
         return _dumps({"type": "error", "error": detail}).encode()
 
     def completion(
@@ -568,3 +814,81 @@ class MessagesFormat:
 
 
 MESSAGES = MessagesFormat()
+
+
+# -- count_tokens -----------------------------------------------------------------------------
+
+CHARS_PER_TOKEN = 4
+"""The estimate's ratio: about four characters of English text (or JSON) a token."""
+TOKENS_PER_MESSAGE = 4
+"""The estimate's overhead of each message (its role and framing)."""
+
+
+def parse_count_tokens_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
+    """A ``count_tokens`` body: a Messages request without ``max_tokens`` (nor ``stream``)."""
+    payload = request_object(body)
+    payload.setdefault("max_tokens", 1)
+    payload.pop("stream", None)
+    return parse_messages_request(_dumps(payload).encode(), session_id=session_id)
+
+
+def estimate_tokens(request: ChatRequest) -> int:
+    """The input tokens of a request, estimated (no model's tokenizer is at hand): its
+    characters (texts, reasoning, tool calls' arguments and results as JSON, the tools'
+    names, descriptions and schemas) over `CHARS_PER_TOKEN`, rounded up, plus
+    `TOKENS_PER_MESSAGE` per message."""
+    characters = 0
+    for message in request.messages:
+        characters += TOKENS_PER_MESSAGE * CHARS_PER_TOKEN
+        for content in message.contents:
+            if isinstance(content, TextContent | ReasoningContent):
+                characters += len(content.text)
+            elif isinstance(content, FunctionCallContent):
+                characters += len(content.name) + len(_dumps(dict(content.arguments)))
+            elif isinstance(content, FunctionResultContent):
+                result = content.result
+                characters += len(result if isinstance(result, str) else _dumps(result))
+    for tool in request.options.tools or ():
+        if isinstance(tool, ToolSpec):
+            characters += len(tool.name) + len(tool.description or "")
+            characters += len(_dumps(tool.parameters))
+    return -(-characters // CHARS_PER_TOKEN)
+
+
+class CountTokensFormat(MessagesFormat):
+    """``POST /v1/messages/count_tokens``: a Messages body in, ``{"input_tokens": n}``
+    out (`CountTokensHandler`), errors in Anthropic's shape."""
+
+    path = "/v1/messages/count_tokens"
+    parse = staticmethod(parse_count_tokens_request)
+
+
+COUNT_TOKENS = CountTokensFormat()
+
+
+class CountTokensHandler:
+    """Answers a ``count_tokens`` request with `estimate_tokens` (the model name must be
+    one the gateway serves, as for ``/v1/messages``); no model is called."""
+
+    __slots__ = ("gateway",)
+
+    def __init__(self, gateway: GatewayState) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange: Exchange = scope[EXCHANGE]
+        request = exchange.request
+        if request is None:  # pragma: no cover - the body layer runs first
+            raise RuntimeError("the request's body was not read")
+        if self.gateway.target(request.model) is None:
+            error = WireError(
+                404,
+                "the model does not exist here; GET /v1/models lists the models",
+                param="model",
+                code="model_not_found",
+            )
+            exchange.failure = error
+            await exchange.error(error)
+            return
+        body = _dumps({"input_tokens": estimate_tokens(request)}).encode()
+        await exchange.whole(200, body)

@@ -13,6 +13,7 @@ answers for unknown paths and methods.
 
 from __future__ import annotations
 
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
@@ -49,20 +50,28 @@ class Endpoints:
         self._close_after_metrics = close
 
     def _model(self, name: str) -> dict[str, Any]:
+        # OpenAI's model object, with the fields Anthropic's has besides (both SDKs read
+        # their own and ignore the others').
         return {
             "id": name,
             "object": "model",
             "created": self.gateway.started_at,
             "owned_by": "chat-pipeline",
+            "type": "model",
+            "display_name": name,
+            "created_at": _started_at(self.gateway.started_at),
         }
 
     async def models(self, request: Request) -> Response:
-        data = [self._model(name) for name in self.gateway.models]
-        return JSONResponse({"object": "list", "data": data})
+        """What clients may send as a model: every name, and every pattern as written."""
+        names = list(self.gateway.models)
+        data = [self._model(name) for name in names]
+        page = {"first_id": names[0] if names else None, "last_id": names[-1] if names else None}
+        return JSONResponse({"object": "list", "data": data, "has_more": False, **page})
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["model"]
-        if name not in self.gateway.models:
+        if name not in self.gateway.models and self.gateway.target(name) is None:
             error = _MODEL_NOT_FOUND
             return Response(error.body(), error.status, media_type="application/json")
         return JSONResponse(self._model(name))
@@ -92,11 +101,20 @@ class Endpoints:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
         code = "method_not_allowed" if status == 405 else "not_found"
         message = "method not allowed" if status == 405 else "no such endpoint"
+        if request.url.path.startswith("/v1/messages"):
+            # Anthropic's clients read errors under their API's paths in its shape.
+            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            body = {"type": "error", "error": {"type": kind, "message": message}}
+            return JSONResponse(body, status)
         return Response(
             error_body(message, "invalid_request_error", code),
             status,
             media_type="application/json",
         )
+
+
+def _started_at(seconds: int) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def prometheus_reader(*, per_instance: bool = False) -> tuple[MetricReader, CollectorRegistry]:

@@ -86,6 +86,7 @@ class Exchange:
     """
 
     __slots__ = (
+        "anthropic_beta",
         "authorization",
         "carrier",
         "content_length",
@@ -111,6 +112,7 @@ class Exchange:
 
     def __init__(self, scope: Scope, send: Send, format: InboundFormat) -> None:
         self.started = time.perf_counter()
+        self.anthropic_beta: bytes | None = None  # the betas an Anthropic client asked for
         self.scope = scope
         self.send = send
         self.format = format
@@ -129,6 +131,8 @@ class Exchange:
                 session = value.decode("latin-1")
             elif name == b"x-api-key":
                 x_api_key = value
+            elif name == b"anthropic-beta":
+                self.anthropic_beta = value
             elif name in (b"traceparent", b"tracestate", b"baggage"):
                 if carrier is None:
                     carrier = {}
@@ -186,7 +190,7 @@ class Exchange:
         headers = [*JSON, *error.headers()]
         if error.status == 401:
             headers.append((b"www-authenticate", b"Bearer"))
-        elif error.code in NOT_RETRYABLE:
+        elif error.should_retry is False or error.code in NOT_RETRYABLE:
             headers.append((b"x-should-retry", b"false"))
         await self.whole(error.status, self.format.error_body(error), headers)
 

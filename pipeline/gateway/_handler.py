@@ -38,11 +38,22 @@ from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
-from pipeline.types import CacheMode, ChatMessage
+from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 
 __all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
+
+
+def _pass_betas(request: ChatRequest, header: bytes) -> None:
+    """The caller's ``anthropic-beta`` values go to Anthropic routes (as the betas of
+    `ANTHROPIC_EXTRAS`: the features its Messages fields use may need them), and nowhere
+    else."""
+    betas = [b.strip() for b in header.decode("latin-1").split(",") if b.strip()]
+    if betas:
+        extras = request.options.additional_properties
+        scoped = extras.get(ANTHROPIC_EXTRAS)
+        extras[ANTHROPIC_EXTRAS] = {**(scoped if isinstance(scoped, dict) else {}), "betas": betas}
 
 
 class _Disconnect:
@@ -140,7 +151,7 @@ class FormatHandler:
         if request is None:  # pragma: no cover - the body layer runs first
             raise RuntimeError("the request's body was not read")
         try:
-            target = self.gateway.targets.get(request.model)
+            target = self.gateway.target(request.model)
             if target is None:
                 raise WireError(
                     404,
@@ -149,6 +160,8 @@ class FormatHandler:
                     code="model_not_found",
                 )
             exchange.route = target.route
+            if exchange.anthropic_beta is not None:
+                _pass_betas(request, exchange.anthropic_beta)
             cache_token = _cache(exchange, request)
             watch = _Disconnect(receive, task)
             if request.stream:
@@ -298,7 +311,8 @@ class FormatHandler:
             return None
         except Exception as exc:
             # Output reached the client: the failure is told in-band, then the stream ends.
-            error = error_for(exc, self.gateway.settings.retry_after)
+            # It is one route's failure mid-answer, not every route's: asking again may help.
+            error = error_for(exc, self.gateway.settings.retry_after, after_output=True)
             watch.done = True
             await send(
                 {

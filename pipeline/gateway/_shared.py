@@ -110,6 +110,10 @@ class GatewayState(Protocol):
     def settings(self) -> GatewaySettings: ...
     @property
     def targets(self) -> Mapping[str, ServedTarget]: ...
+    def target(self, model: str) -> ServedTarget | None:
+        """What a model name serves: its exact name's target, else the first matching
+        pattern's (`[gateway] models` may hold glob patterns), else None."""
+
     @property
     def models(self) -> Mapping[str, str]: ...
     @property

@@ -9,7 +9,8 @@ stops. Endpoints:
 * ``POST /v1/responses``: the Responses API over the same pipeline
   (`pipeline.gateway._responses`);
 * ``POST /v1/messages``: Anthropic's Messages API over the same pipeline
-  (`pipeline.gateway._anthropic_messages`);
+  (`pipeline.gateway._anthropic_messages`), and ``POST /v1/messages/count_tokens`` (an
+  estimate); every other path under ``/v1/messages`` answers errors in Anthropic's shape;
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the model names `[gateway] models` exposes;
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers a PING within ``readiness_timeout``;
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -53,7 +55,7 @@ from starlette.routing import Route, request_response
 
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
-from pipeline.gateway._anthropic_messages import MESSAGES
+from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
@@ -73,7 +75,7 @@ from pipeline.gateway._handler import FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
 from pipeline.gateway._responses import RESPONSES
 from pipeline.gateway._telemetry import TelemetryMiddleware
-from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys
+from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
 from pipeline.gateway.wire import now
 
 if TYPE_CHECKING:
@@ -145,6 +147,7 @@ class Gateway:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         self.targets: dict[str, Target] = {}
+        self._patterns: list[tuple[str, Target]] = []
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._redis: dict[str, Any] = {}
         self._requests: set[asyncio.Task[Any]] = set()
@@ -189,13 +192,26 @@ class Gateway:
                 client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)
                 self._closers.append(client.aclose)
-            self.targets = {model: built[target] for model, target in self.models.items()}
+            targets = {model: built[target] for model, target in self.models.items()}
+            self.targets = {m: t for m, t in targets.items() if not is_pattern(m)}
+            self._patterns = [(m, t) for m, t in targets.items() if is_pattern(m)]
             self._redis = self._readiness_clients()
         except BaseException:
             await self._close()
             raise
         self.ready = True
         self._log_start()
+
+    def target(self, model: str) -> Target | None:
+        """What a model name a client sent serves: the exact name's target, else the first
+        matching pattern's (`[gateway] models` may hold glob patterns), else None."""
+        target = self.targets.get(model)
+        if target is not None or not self._patterns:
+            return target
+        for pattern, matched in self._patterns:
+            if fnmatch.fnmatchcase(model, pattern):
+                return matched
+        return None
 
     def _log_start(self) -> None:
         _logger.info(
@@ -323,10 +339,13 @@ class _FormatEndpoints:
         await (endpoint or self.app)(scope, receive, send)
 
 
-def _format_endpoint(gateway: Gateway, format: InboundFormat, slots: Slots) -> ASGIApp:
-    """The stack of layers of one inbound format (see the module docstring)."""
+def _format_endpoint(
+    gateway: Gateway, format: InboundFormat, slots: Slots, handler: ASGIApp | None = None
+) -> ASGIApp:
+    """The stack of layers of one inbound format (see the module docstring) around its
+    handler (the pipeline call, unless given)."""
     settings = gateway.settings
-    handler = FormatHandler(gateway, format)
+    handler = handler or FormatHandler(gateway, format)
     limited = LimitsMiddleware(handler, slots=slots)
     read = BodyMiddleware(limited, max_body_bytes=settings.max_body_bytes)
     authenticated = AuthMiddleware(read, keys=gateway.keys, x_api_key=format.x_api_key)
@@ -377,6 +396,10 @@ def create_app(
     )
     slots = Slots(settings.max_concurrent_per_key, settings.retry_after)
     stacks = {format.path: _format_endpoint(gateway, format, slots) for format in formats}
+    if MESSAGES in formats:
+        stacks[COUNT_TOKENS.path] = _format_endpoint(
+            gateway, COUNT_TOKENS, slots, CountTokensHandler(gateway)
+        )
     endpoints = Endpoints(
         gateway,
         registry=prometheus_registry if settings.prometheus_metrics else None,

@@ -16,13 +16,21 @@ from pydantic import AfterValidator, Field, StringConstraints
 
 from pipeline._settings import Settings, suggest
 
-__all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys"]
+__all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys", "is_pattern"]
 
 PIPELINE_MODEL = "pipeline"
 """The model name that means the whole configured pipeline (router, failover and layers)."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+# A glob pattern of model names (fnmatch: `*`, `?`, `[...]`), e.g. ``claude-*``.
+_MODEL_PATTERN = re.compile(r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}$")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def is_pattern(name: str) -> bool:
+    """Whether a `GatewaySettings.models` key is a glob pattern rather than a name."""
+    return _GLOB.search(name) is not None
 
 
 def _env_name(value: str) -> str:
@@ -33,10 +41,10 @@ def _env_name(value: str) -> str:
 
 def _model_names(value: dict[str, str]) -> dict[str, str]:
     for alias in value:
-        if not _MODEL_NAME.match(alias):
+        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).match(alias):
             raise ValueError(
                 "model names are 1-128 letters, digits and . _ : / - (starting with a letter "
-                "or digit)"
+                "or digit), or glob patterns of them (* ? [...])"
             )
     return value
 
@@ -60,11 +68,17 @@ class GatewaySettings(Settings):
     * `max_concurrent_per_key`: requests one key (without keys: one client address) may
       have in flight in one worker process (``None``: no limit); one more gets 429 with
       ``Retry-After: retry_after``;
-    * `retry_after`: seconds a 429 (or a 503 without the provider's own hint) asks to wait;
+    * `retry_after`: seconds a 429 without the provider's own hint (and the gateway's own
+      429s and shutdown 503s, and a stream cut after output) asks to wait. A 503 because
+      every route failed asks to wait only as long as a provider or an open breaker said;
+      without such a hint it says ``x-should-retry: false`` (a retry cannot help soon);
     * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
       before they are cancelled (a stream cancelled this way ends with an in-band error);
     * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``
-      (default: ``pipeline`` and every route by its own name);
+      (default: ``pipeline`` and every route by its own name). A key may be a glob pattern
+      (``"claude-*" = "pipeline"``: ``*``, ``?``, ``[...]``), so the names coding agents
+      send reach a configured model; a name is looked up exactly first, then against the
+      patterns in the order the table lists them;
     * `redis_url_env`: a Redis that `/readyz` checks (the Redis of shared breakers and
       session affinity is checked too); `readiness_timeout` bounds each check;
     * `prometheus_metrics`: serve ``GET /metrics`` in the Prometheus text format, from the
@@ -131,7 +145,8 @@ class GatewaySettings(Settings):
     with none idle, is answered 503 with `Retry-After`."""
 
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
-        """Model name -> route name or ``"pipeline"``: what clients may ask for."""
+        """Model name (or glob pattern) -> route name or ``"pipeline"``: what clients may
+        ask for."""
         if self.models is not None:
             return dict(self.models)
         return {PIPELINE_MODEL: PIPELINE_MODEL, **{name: name for name in route_names}}

@@ -599,15 +599,19 @@ NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
 5xx) do not retry them."""
 
 
-def error_for(exc: BaseException, retry_after: float) -> WireError:
+def error_for(exc: BaseException, retry_after: float, *, after_output: bool = False) -> WireError:
     """The HTTP status and OpenAI error a failure of the pipeline becomes.
 
     Timeouts (the request's deadline, or an attempt cut short with nothing left to try)
     are 504; the other kinds map as in `pipeline.errors`: rate limits 429 (with the
     provider's ``Retry-After``, else `retry_after`), request errors 400 with their code
     (a context overflow in OpenAI's words, ``param: messages``), the provider refusing
-    our credentials 502, everything else 503. The message is ours: a kind and, for a
-    provider error, which provider and what status it answered.
+    our credentials 502, everything else 503: with ``Retry-After`` when the failure says
+    when a route may serve again (a provider's ``Retry-After``, an open breaker's time to
+    its probe), else `should_retry` False (``x-should-retry: false``); a failure
+    `after_output` (one route's, mid-stream) asks for a retry after `retry_after`. The
+    message is ours:
+    a kind and, for a provider error, which provider and what status it answered.
     """
     if isinstance(exc, WireError):
         return exc
@@ -619,12 +623,14 @@ def error_for(exc: BaseException, retry_after: float) -> WireError:
         )
         return WireError(504, what, type="timeout_error", code="timeout")
     if isinstance(exc, RoutingError):
+        # Nothing tells when a route could serve it: a retry cannot help soon.
         return WireError(
             503,
             "no route could serve the request",
             type="server_error",
             code="no_route",
-            retry_after=retry_after,
+            retry_after=retry_after if after_output else None,
+            should_retry=None if after_output else False,
         )
     kind = classify(exc)
     status, type_, code, message = _KINDS[kind]
@@ -641,10 +647,31 @@ def error_for(exc: BaseException, retry_after: float) -> WireError:
             code = exc.code
         provider_retry = exc.retry_after
     wait = None
-    if status in (429, 503):
+    should_retry = None
+    if status == 429:
         wait = provider_retry if provider_retry is not None else retry_after
+    elif status == 503 and after_output:
+        # One route failed mid-answer: asking again may well be served.
+        wait = provider_retry if provider_retry is not None else retry_after
+    elif status == 503:
+        # Every route failed. When a provider's Retry-After or an open breaker tells when
+        # one may serve again, the client is told to wait that long; otherwise nothing will
+        # change soon, and the client is told not to retry (agents otherwise retry for
+        # minutes before their user sees anything).
+        wait = provider_retry
+        if wait is None:
+            should_retry = False
+            message = message.replace("; retry later", "; no route says when it may serve again")
     param = "messages" if kind is FailureKind.CONTEXT_LENGTH_EXCEEDED else None
-    return WireError(status, message, type=type_, code=code, param=param, retry_after=wait)
+    return WireError(
+        status,
+        message,
+        type=type_,
+        code=code,
+        param=param,
+        retry_after=wait,
+        should_retry=should_retry,
+    )
 
 
 def now() -> int:

@@ -31,7 +31,13 @@ from pipeline.providers._http import (
 )
 from pipeline.providers._sse import SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+from pipeline.types import (
+    PROVIDER_EXTRAS,
+    ChatOptions,
+    ChatResponse,
+    ChatResponseUpdate,
+    Messages,
+)
 
 if TYPE_CHECKING:
     import aiohttp
@@ -71,6 +77,9 @@ class HTTPChatClient(AsyncClosing):
     # How a complete stream ends: its last payload's ``type`` is one of these (none: a
     # ``[DONE]`` line).
     stream_end_types: ClassVar[frozenset[str]] = frozenset()
+    # The `ChatOptions.additional_properties` scope (`pipeline.types.PROVIDER_EXTRAS`) this
+    # format reads; the other scopes are left out of its requests.
+    extras_scope: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -163,6 +172,10 @@ class HTTPChatClient(AsyncClosing):
     def _parse_response(self, payload: Any) -> ChatResponse:
         raise NotImplementedError
 
+    def _extra_headers(self, options: ChatOptions | None) -> Mapping[str, str] | None:
+        """Headers one request's options add (none by default)."""
+        return None
+
     def _stream_reader(self) -> StreamReader:
         raise NotImplementedError
 
@@ -176,6 +189,15 @@ class HTTPChatClient(AsyncClosing):
     def _prepare(self, messages: Messages, options: ChatOptions | None, stream: bool) -> bytes:
         """The request body as JSON bytes, or `UnsendableRequestError` (nothing is sent)."""
         check_options(options)
+        if options is not None and not PROVIDER_EXTRAS.isdisjoint(options.additional_properties):
+            # Another format's fields are dropped here, not refused by the provider.
+            extras = {
+                key: value
+                for key, value in options.additional_properties.items()
+                if key not in PROVIDER_EXTRAS or key == self.extras_scope
+            }
+            if len(extras) != len(options.additional_properties):
+                options = options.with_(additional_properties=extras)
         try:
             return encode_json(self._body(messages, options, stream))
         except ProviderError:
@@ -193,6 +215,9 @@ class HTTPChatClient(AsyncClosing):
         body = self._prepare(messages, options, stream=False)
         # Static headers skip the coroutine: this is per request.
         headers = await self._request_headers() if self._dynamic_headers else self._headers
+        extra = self._extra_headers(options)
+        if extra:
+            headers = {**headers, **extra}
         payload = await self._transport.post_json(
             self._target, body, traced(headers), self.provider_name, self._endpoint
         )
@@ -201,14 +226,18 @@ class HTTPChatClient(AsyncClosing):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        return self._stream(self._prepare(messages, options, stream=True))
+        body = self._prepare(messages, options, stream=True)
+        return self._stream(body, self._extra_headers(options))
 
-    async def _stream(self, body: bytes) -> AsyncGenerator[ChatResponseUpdate, None]:
+    async def _stream(
+        self, body: bytes, extra: Mapping[str, str] | None = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
         where = self._endpoint
         provider = self.provider_name
-        headers = traced(await self._request_headers() if self._dynamic_headers else self._headers)
+        headers = await self._request_headers() if self._dynamic_headers else self._headers
+        headers = traced({**headers, **extra} if extra else headers)
         payloads = SSEPayloads(provider, end_types=self.stream_end_types)
         stream: StreamBody | None = None
         try:

@@ -2,8 +2,15 @@
 
 Pure functions, no I/O, like `_chat_completions`. Anything the server sends that does not
 fit the format raises a `ProviderError` saying what was wrong, never a `KeyError`, and never
-quoting the payload. Event and content-block types this module does not know (``thinking``,
-server tools, new ones) are skipped, as the API's versioning policy asks of clients.
+quoting the payload. Event and content-block types this module does not know (server tools,
+new ones) are skipped, as the API's versioning policy asks of clients.
+
+Reasoning: ``thinking`` blocks (their text and ``signature``) and ``redacted_thinking``
+blocks (their ``data``) are `ReasoningContent` (`protected` holds the signature or the
+data), read from answers and streams (``thinking_delta``, ``signature_delta``) and sent
+back in assistant turns exactly as received. Reasoning without a signature (from another
+API, or a summary) cannot be sent to this API and is left out; so is reasoning with an
+`id` (a Responses reasoning item: its encrypted content is no Anthropic signature).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pipeline.providers._wire import (
     tool_spec,
 )
 from pipeline.types import (
+    ANTHROPIC_EXTRAS,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -32,12 +40,14 @@ from pipeline.types import (
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
     TextContent,
     UsageDetails,
     checked_text,
 )
 
 __all__ = [
+    "ANTHROPIC_EFFORTS",
     "STOP_REASONS",
     "TOOL_CHOICE_TYPES",
     "MessagesStreamReader",
@@ -74,6 +84,17 @@ def _tool_definition(tool: Any) -> dict[str, Any]:
         }
         return definition
     return dict(tool)  # already a Messages API tool (or a server tool)
+
+
+def _tool(tool: Any) -> dict[str, Any]:
+    """A tool as the API takes it, with the Messages fields a tool object carries in its
+    ``additional_properties`` (``cache_control``, ``defer_loading``...) added."""
+    definition = _tool_definition(tool)
+    extra = getattr(tool, "additional_properties", None)
+    if isinstance(extra, Mapping):
+        for key, value in extra.items():
+            definition.setdefault(key, value)
+    return definition
 
 
 TOOL_CHOICE_TYPES: dict[str, str] = {"auto": "auto", "none": "none", "required": "any"}
@@ -138,28 +159,164 @@ def message_blocks(message: ChatMessage) -> list[dict[str, Any]]:
             if content.exception is not None:
                 block["is_error"] = True
             blocks.append(block)
+        elif type(content) is ReasoningContent:
+            reasoning = reasoning_block(content)
+            if reasoning is not None:
+                blocks.append(reasoning)
     return blocks
 
 
-def _conversation(messages: Sequence[ChatMessage]) -> tuple[list[str], list[dict[str, Any]]]:
-    """System texts, and the turns: tool results go back as user turns; adjacent turns of
-    one role are merged, since the API alternates user and assistant."""
-    system: list[str] = []
+def reasoning_block(content: ReasoningContent) -> dict[str, Any] | None:
+    """The ``thinking`` or ``redacted_thinking`` block of a reasoning content, or None when
+    it cannot be sent to this API (no signature, or another API's reasoning item)."""
+    if not content.protected or content.id is not None:
+        return None
+    if content.redacted:
+        return {"type": "redacted_thinking", "data": content.protected}
+    return {"type": "thinking", "thinking": content.text, "signature": content.protected}
+
+
+def _cache_control(message: ChatMessage) -> Any:
+    extra = message.additional_properties
+    return extra.get("cache_control") if extra else None
+
+
+def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    blocks = [
+        {"type": "text", "text": c.text}
+        for c in message.contents
+        if type(c) is TextContent and c.text
+    ]
+    breakpoint_ = _cache_control(message)
+    if blocks and breakpoint_ is not None:
+        blocks[-1]["cache_control"] = breakpoint_
+    return blocks
+
+
+def _conversation(
+    messages: Sequence[ChatMessage],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """System blocks, and the turns: tool results go back as user turns; adjacent turns of
+    one role are merged, since the API alternates user and assistant.
+
+    Every system message, one in the middle of the conversation too (the API has no place
+    for those), is folded into the request's ``system``, in order. A message's
+    ``cache_control`` goes on its last block; beyond the API's limit of
+    `MAX_CACHE_BREAKPOINTS`, the earliest are left out (a later breakpoint caches a longer
+    prefix, the earlier ones included)."""
+    system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
+    marked: list[dict[str, Any]] = []
     for message in messages:
         if message.role is ChatRole.SYSTEM:
-            if message.text:
-                system.append(message.text)
+            blocks = _system_blocks(message)
+            system += blocks
+            if blocks and "cache_control" in blocks[-1]:
+                marked.append(blocks[-1])
             continue
         role = "assistant" if message.role is ChatRole.ASSISTANT else "user"
         blocks = message_blocks(message)
         if not blocks:
             continue
+        breakpoint_ = _cache_control(message)
+        if breakpoint_ is not None:
+            blocks[-1]["cache_control"] = breakpoint_
+            marked.append(blocks[-1])
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": blocks})
+    if len(marked) > MAX_CACHE_BREAKPOINTS:
+        # The order the API reads them in: system first, then the turns.
+        in_system = {id(block) for block in system}
+        ordered = [b for b in marked if id(b) in in_system]
+        ordered += [b for b in marked if id(b) not in in_system]
+        for block in ordered[: len(ordered) - MAX_CACHE_BREAKPOINTS]:
+            del block["cache_control"]
     return system, turns
+
+
+MAX_CACHE_BREAKPOINTS = 4
+"""The most blocks with ``cache_control`` one request may have (the API refuses more)."""
+
+
+ANTHROPIC_EFFORTS: dict[str, str] = {"minimal": "low", "xhigh": "max"}
+"""Reasoning efforts of other APIs as this API's ``output_config.effort`` (``low``,
+``medium``, ``high``, ``max``); other values are sent as they are."""
+
+
+def _reasoning(options: ChatOptions) -> tuple[dict[str, Any] | None, str | None]:
+    """``thinking`` and ``output_config.effort`` for the options' reasoning: a budget is
+    ``enabled`` thinking with that budget (`0`: ``disabled``); an effort alone is
+    ``adaptive`` thinking at that effort; effort ``none`` is ``disabled``."""
+    reasoning = options.reasoning
+    effort = (reasoning.effort if reasoning is not None else None) or options.reasoning_effort
+    budget = reasoning.budget_tokens if reasoning is not None else None
+    if effort == "none":
+        return {"type": "disabled"}, None
+    mapped = ANTHROPIC_EFFORTS.get(effort, effort) if effort is not None else None
+    if budget == 0:
+        return {"type": "disabled"}, mapped  # effort is about the answer too
+    if budget is not None:
+        return {"type": "enabled", "budget_tokens": budget}, mapped
+    if mapped is not None:
+        return {"type": "adaptive"}, mapped
+    return None, None
+
+
+def _output_format(value: Any) -> dict[str, Any] | None:
+    """`ChatOptions.response_format` as ``output_config.format``: a JSON schema (this API
+    has no JSON mode without one, nor a text format: those are left out)."""
+    if not isinstance(value, Mapping):
+        return None
+    if value.get("type") == "json_schema":
+        if isinstance(value.get("schema"), Mapping):  # already this API's shape
+            return {"type": "json_schema", "schema": value["schema"]}
+        value = value.get("json_schema")
+    if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping):
+        return {"type": "json_schema", "schema": value["schema"]}
+    return None
+
+
+# Fields of a request the scoped extras never replace: what the request is.
+_OWN_FIELDS = frozenset({"model", "messages", "system", "max_tokens", "stream", "tools"})
+# Extras that are no body field: the ``anthropic-beta`` header's values (the client sends
+# them as that header).
+_HEADER_FIELDS = frozenset({"betas"})
+
+
+def _clears_thinking(edit: Any) -> bool:
+    return isinstance(edit, Mapping) and str(edit.get("type", "")).startswith("clear_thinking")
+
+
+def _merge_extras(body: dict[str, Any], extras: Mapping[str, Any]) -> None:
+    """The caller's own Messages fields (`ANTHROPIC_EXTRAS`), as given: an object field
+    (``thinking``, ``output_config``) is merged key by key into what the options made."""
+    for key, value in extras.items():
+        if key in _OWN_FIELDS or key in _HEADER_FIELDS:
+            continue
+        current = body.get(key)
+        if isinstance(current, dict) and isinstance(value, Mapping):
+            if key == "thinking" and current.get("type") != value.get("type"):
+                # The options (a route's own, say) chose another kind of thinking: only
+                # how it is shown carries over, and only to thinking that is on.
+                if current.get("type") != "disabled" and "display" in value:
+                    body[key] = {**current, "display": value["display"]}
+                continue
+            body[key] = {**current, **value}
+        else:
+            body[key] = value
+    thinking = body.get("thinking")
+    thinks = isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+    management = body.get("context_management")
+    if not thinks and isinstance(management, Mapping) and isinstance(management.get("edits"), list):
+        # Clearing thinking needs thinking (the API refuses it otherwise): with none to
+        # clear, the edit changes nothing and is left out.
+        edits = [edit for edit in management["edits"] if not _clears_thinking(edit)]
+        if edits:
+            body["context_management"] = {**management, "edits": edits}
+        else:
+            del body["context_management"]
 
 
 def build_request(
@@ -172,16 +329,24 @@ def build_request(
 ) -> dict[str, Any]:
     """The JSON body of a Messages API request.
 
-    `ChatOptions.seed` and `reasoning_effort` have no Messages API field and are not sent;
-    `additional_properties` are merged in for anything else (``top_k``, ``thinking``,
-    ``metadata``...), never overriding what the request needs.
+    `ChatOptions.reasoning` (or `reasoning_effort`) becomes ``thinking`` and
+    ``output_config.effort`` (see `_reasoning`), a JSON-schema `response_format`
+    ``output_config.format``; `seed` has no field and is not sent. The dict under
+    `ANTHROPIC_EXTRAS` in `additional_properties` is the caller's own Messages fields, set
+    as given (object fields merged into what the options made); the other
+    `additional_properties` are merged in for anything else (``top_k``, ``metadata``...),
+    never overriding what the request needs. A ``clear_thinking`` context-management edit
+    is left out when the request does not think.
     """
     system, turns = _conversation(messages)
     if not turns:
         raise ValueError("Anthropic needs at least one user or assistant message with content")
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     if system:
-        body["system"] = "\n\n".join(system)
+        if any("cache_control" in block for block in system):
+            body["system"] = system  # blocks: a breakpoint is on one of them
+        else:
+            body["system"] = "\n\n".join(block["text"] for block in system)
     body["messages"] = turns
     if stream:
         body["stream"] = True
@@ -196,11 +361,29 @@ def build_request(
     if options.stop:
         body["stop_sequences"] = list(options.stop)
     if options.tools:
-        body["tools"] = [_tool_definition(t) for t in options.tools]
+        body["tools"] = [_tool(t) for t in options.tools]
         if options.tool_mode is not None:
             body["tool_choice"] = _tool_choice(options.tool_mode)
-    for key, value in options.additional_properties.items():
-        body.setdefault(key, value)
+    thinking, effort = _reasoning(options)
+    if thinking is not None:
+        body["thinking"] = thinking
+    output_config: dict[str, Any] = {}
+    if effort is not None:
+        output_config["effort"] = effort
+    output_format = _output_format(options.response_format)
+    if output_format is not None:
+        output_config["format"] = output_format
+    if output_config:
+        body["output_config"] = output_config
+    extras = options.additional_properties
+    for key, value in extras.items():
+        if key != ANTHROPIC_EXTRAS:
+            body.setdefault(key, value)
+    scoped = extras.get(ANTHROPIC_EXTRAS)
+    if isinstance(scoped, Mapping):
+        _merge_extras(body, scoped)
+    elif "context_management" in body:
+        _merge_extras(body, {})
     return body
 
 
@@ -208,13 +391,14 @@ def build_request(
 
 
 def parse_usage(value: Any) -> UsageDetails | None:
-    """Usage; input tokens include those written to and read from the prompt cache."""
+    """Usage; input tokens include those written to and read from the prompt cache, which
+    are also told apart (`cache_write_tokens`, `cache_read_tokens`); thinking tokens are
+    `reasoning_tokens` when the API counts them (``output_tokens_details``)."""
     if not isinstance(value, Mapping):
         return None
-    parts = [
-        int_or_none(value.get(key))
-        for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    ]
+    written = int_or_none(value.get("cache_creation_input_tokens"))
+    read = int_or_none(value.get("cache_read_input_tokens"))
+    parts = [int_or_none(value.get("input_tokens")), written, read]
     known = [p for p in parts if p is not None]
     input_tokens = sum(known) if known else None
     output_tokens = int_or_none(value.get("output_tokens"))
@@ -223,7 +407,16 @@ def parse_usage(value: Any) -> UsageDetails | None:
         if input_tokens is not None and output_tokens is not None
         else None
     )
-    return UsageDetails(input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=total)
+    details = value.get("output_tokens_details")
+    thinking = int_or_none(details.get("thinking_tokens")) if isinstance(details, Mapping) else None
+    return UsageDetails(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total,
+        reasoning_tokens=thinking,
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 STOP_REASONS: dict[FinishReason, str] = {
@@ -281,6 +474,17 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
                 contents.append(TextContent(text))
         elif kind == "tool_use":
             contents.append(_tool_call(block, block.get("input"), provider))
+        elif kind == "thinking":
+            thinking = block.get("thinking", "")
+            signature = block.get("signature")
+            if not isinstance(thinking, str) or not isinstance(signature, str | None):
+                raise malformed(provider, "a thinking block's thinking or signature is no string")
+            contents.append(ReasoningContent(thinking, protected=signature or None))
+        elif kind == "redacted_thinking":
+            data = block.get("data")
+            if not isinstance(data, str):
+                raise malformed(provider, "a redacted_thinking block's data is not a string")
+            contents.append(ReasoningContent(protected=data, redacted=True))
     return ChatResponse(
         messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
         response_id=str_or_none(payload.get("id")),
@@ -350,6 +554,17 @@ class MessagesStreamReader:
                 if block.kind != "tool_use" or type(part) is not str:
                     raise malformed(self.provider, "a tool input delta that is not JSON text")
                 block.parts.append(part)
+                return None
+            if delta_type == "thinking_delta":
+                thinking = delta.get("thinking")
+                if block.kind != "thinking" or type(thinking) is not str:
+                    raise malformed(self.provider, "a thinking delta that is not thinking text")
+                return self._update([ReasoningContent(thinking)]) if thinking else None
+            if delta_type == "signature_delta":
+                signature = delta.get("signature")
+                if block.kind != "thinking" or type(signature) is not str:
+                    raise malformed(self.provider, "a signature delta that is not a string")
+                block.parts.append(signature)
             return None
         if kind == "content_block_start":
             index, _ = self._block(payload)
@@ -358,6 +573,16 @@ class MessagesStreamReader:
                 raise malformed(self.provider, "a content block start without a block")
             block_kind = start.get("type")
             self._blocks[index] = _Block(block_kind if type(block_kind) is str else "", start)
+            if block_kind == "redacted_thinking":
+                data = start.get("data")
+                if type(data) is not str:
+                    raise malformed(self.provider, "a redacted_thinking block without data")
+                return self._update([ReasoningContent(protected=data, redacted=True)])
+            if block_kind == "thinking":
+                thinking = start.get("thinking")
+                if type(thinking) is str and thinking:
+                    return self._update([ReasoningContent(thinking)])
+                return None
             text = start.get("text") if block_kind == "text" else None
             return self._update([checked_text(text)]) if type(text) is str and text else None
         if kind == "content_block_stop":
@@ -365,6 +590,13 @@ class MessagesStreamReader:
             if block is None:
                 raise malformed(self.provider, "a content block stop for no open block")
             del self._blocks[index]
+            if block.kind == "thinking":
+                # The signature ends the block: `ChatResponse.from_updates` joins the
+                # thinking pieces before it into one block.
+                signature = "".join(block.parts) or block.start.get("signature")
+                if type(signature) is str and signature:
+                    return self._update([ReasoningContent(protected=signature)])
+                return None
             if block.kind != "tool_use":
                 return None
             raw: Any = "".join(block.parts) if block.parts else block.start.get("input")

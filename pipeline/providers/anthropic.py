@@ -35,7 +35,7 @@ from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.types import ANTHROPIC_EXTRAS, ChatOptions, ChatResponse, Messages, as_messages
 
 if TYPE_CHECKING:
     import aiohttp
@@ -62,6 +62,7 @@ class AnthropicChatClient(HTTPChatClient):
     api_key_env = "ANTHROPIC_API_KEY"
     default_base_url = DEFAULT_ANTHROPIC_URL
     stream_end_types = frozenset({"message_stop"})
+    extras_scope = ANTHROPIC_EXTRAS
 
     def __init__(
         self,
@@ -89,6 +90,9 @@ class AnthropicChatClient(HTTPChatClient):
         self.max_tokens = max_tokens
         self.anthropic_version = anthropic_version
         headers = {"anthropic-version": anthropic_version, **(default_headers or {})}
+        self._beta_header = next(
+            (v for k, v in headers.items() if k.lower() == "anthropic-beta"), ""
+        )
         super().__init__(
             model,
             api_key=api_key,
@@ -120,6 +124,17 @@ class AnthropicChatClient(HTTPChatClient):
             max_tokens=self.max_tokens,
             stream=stream,
         )
+
+    def _extra_headers(self, options: ChatOptions | None) -> Mapping[str, str] | None:
+        # The caller's betas (`ANTHROPIC_EXTRAS` ``betas``, as the SDK names them), after
+        # the client's own ``anthropic-beta``.
+        scoped = options.additional_properties.get(ANTHROPIC_EXTRAS) if options else None
+        betas = scoped.get("betas") if isinstance(scoped, Mapping) else None
+        if not betas or not isinstance(betas, list):
+            return None
+        own = [b.strip() for b in self._beta_header.split(",") if b.strip()]
+        wanted = list(dict.fromkeys([*own, *(b for b in betas if isinstance(b, str) and b)]))
+        return {"anthropic-beta": ",".join(wanted)} if wanted else None
 
     def _parse_response(self, payload: Any) -> ChatResponse:
         return parse_response(payload, self.provider_name)

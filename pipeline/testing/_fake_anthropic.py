@@ -6,12 +6,25 @@ tool use), answered in the Messages API's wire format: ``POST /v1/messages``, st
 ``message_start``, ``content_block_start``/``_delta``/``_stop``, ``ping``,
 ``message_delta`` and ``message_stop`` events, errors as ``{"type": "error", "error":
 {"type", "message"}}`` with a ``request-id`` header.
+
+Like the real API it thinks when asked to (``thinking`` ``enabled`` or ``adaptive``): the
+answer starts with a ``thinking`` block (`FakeResponse.thinking`, streamed as
+``thinking_delta`` then ``signature_delta``) signed by this server, and it checks strictly
+what comes back: a thinking block whose signature is not one it made for that text, or a
+last assistant turn with ``tool_use`` but without its thinking while thinking is on, is a
+400. It counts prompt caching when the request has ``cache_control`` breakpoints: the first
+request with a prefix writes it (``cache_creation_input_tokens``), later ones read it
+(``cache_read_input_tokens``), about four characters a token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
+import hmac
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,6 +102,11 @@ class FakeAnthropicServer(FakeServer):
         if not isinstance(payload, dict) or not isinstance(payload.get("max_tokens"), int):
             await self._error(writer, 400, "invalid_request_error", "max_tokens: Field required")
             return True
+        refusal = self._check_thinking(payload)
+        if refusal is not None:
+            await self._error(writer, 400, "invalid_request_error", refusal)
+            return True
+        response = self._with_cache_usage(payload, response)
         if payload.get("stream"):
             events = self._events(payload, response)
             error = _event("error", error=dict(response.in_band_error or {}))
@@ -103,6 +121,101 @@ class FakeAnthropicServer(FakeServer):
             )
         await self._send_json(writer, 200, self._message(payload, response), self._ids())
         return True
+
+    # -- thinking ----------------------------------------------------------------------------
+
+    @property
+    def _secret(self) -> bytes:
+        secret: bytes | None = getattr(self, "_signing_key", None)
+        if secret is None:
+            secret = self._signing_key = os.urandom(16)
+        return secret
+
+    def signature(self, thinking: str) -> str:
+        """The signature this server gives a thinking block with that text."""
+        return "sig_" + hmac.new(self._secret, thinking.encode(), hashlib.sha256).hexdigest()
+
+    @staticmethod
+    def thinks(payload: Mapping[str, Any]) -> bool:
+        """Whether a request asks for thinking (``enabled`` or ``adaptive``)."""
+        thinking = payload.get("thinking")
+        return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+    def _check_thinking(self, payload: Mapping[str, Any]) -> str | None:
+        """Why the API would refuse the request's thinking blocks, or None."""
+        messages = payload.get("messages")
+        if not isinstance(messages, list):
+            return None
+        last_assistant = None
+        for index, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(content, list):
+                continue
+            if message.get("role") == "assistant":
+                last_assistant = index
+            for position, block in enumerate(content):
+                if not isinstance(block, Mapping):
+                    continue
+                if block.get("type") == "thinking":
+                    text, signature = block.get("thinking"), block.get("signature")
+                    if not isinstance(text, str) or not isinstance(signature, str):
+                        return f"messages.{index}.content.{position}: thinking needs a signature"
+                    if not hmac.compare_digest(signature, self.signature(text)):
+                        return (
+                            f"messages.{index}.content.{position}: Invalid `signature` in "
+                            "`thinking` block"
+                        )
+        if last_assistant is None or not self.thinks(payload):
+            return None
+        content = messages[last_assistant].get("content")
+        uses_tools = any(isinstance(b, Mapping) and b.get("type") == "tool_use" for b in content)
+        first = content[0].get("type") if content and isinstance(content[0], Mapping) else None
+        if uses_tools and first not in ("thinking", "redacted_thinking"):
+            return (
+                f"messages.{last_assistant}.content.0.type: Expected `thinking` or "
+                "`redacted_thinking`, but found `" + str(first) + "`. When `thinking` is "
+                "enabled, a final `assistant` message must start with a thinking block"
+            )
+        return None
+
+    def _thinking_block(self, payload: Mapping[str, Any], response: FakeResponse) -> Any:
+        if not self.thinks(payload):
+            return None
+        thinking = payload["thinking"]
+        text = "" if thinking.get("display") == "omitted" else response.thinking
+        return {"type": "thinking", "thinking": text, "signature": self.signature(text)}
+
+    # -- prompt caching -----------------------------------------------------------------------
+
+    def _with_cache_usage(self, payload: Mapping[str, Any], response: FakeResponse) -> FakeResponse:
+        """The response, with cache usage counted when the request has breakpoints and the
+        script set none."""
+        if response.cache_usage != (0, 0):
+            return response
+        parts: list[Any] = [payload.get("tools") or [], payload.get("system") or ""]
+        parts += list(payload.get("messages") or [])
+        flat: list[Any] = []
+        for part in parts:
+            blocks = part.get("content") if isinstance(part, Mapping) else part
+            flat += blocks if isinstance(blocks, list) else [blocks]
+        ends = [i for i, b in enumerate(flat) if isinstance(b, Mapping) and "cache_control" in b]
+        if not ends and "cache_control" not in payload:
+            return response
+        ends = ends or [len(flat) - 1]
+        cached: set[str] = self.__dict__.setdefault("_cached_prefixes", set())
+        # Each breakpoint's prefix: the longest one cached before is read, the rest of the
+        # last one is written; every one is cached from now on.
+        read = written = 0
+        for end in ends:
+            prefix = json.dumps(flat[: end + 1], sort_keys=True)
+            tokens = max(1, len(prefix) // 4)
+            key = hashlib.sha256(prefix.encode()).hexdigest()
+            if key in cached:
+                read = tokens
+            cached.add(key)
+            written = tokens
+        usage = (max(0, written - read), read)
+        return dataclasses.replace(response, cache_usage=usage)
 
     def _ids(self) -> dict[str, str]:
         return {"request-id": f"req_fake_{len(self.requests)}"}
@@ -150,6 +263,9 @@ class FakeAnthropicServer(FakeServer):
 
     def _message(self, payload: Mapping[str, Any], response: FakeResponse) -> dict[str, Any]:
         content: list[dict[str, Any]] = []
+        thinking = self._thinking_block(payload, response)
+        if thinking is not None:
+            content.append(thinking)
         if response.text:
             content.append({"type": "text", "text": response.text})
         for index, (name, arguments) in enumerate(response.tool_calls):
@@ -179,6 +295,13 @@ class FakeAnthropicServer(FakeServer):
         }
         out = [_event("message_start", message=start)]
         blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        thinking = self._thinking_block(payload, response)
+        if thinking is not None:
+            deltas = [{"type": "thinking_delta", "thinking": thinking["thinking"]}]
+            if not thinking["thinking"]:
+                deltas = []
+            deltas.append({"type": "signature_delta", "signature": thinking["signature"]})
+            blocks.append(({"type": "thinking", "thinking": "", "signature": ""}, deltas))
         pieces = response.pieces()
         if pieces:
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces]

@@ -84,7 +84,10 @@ class FakeResponse:
       events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
       (Anthropic: reported apart from input);
-    * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text).
+    * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text);
+    * `thinking`: the reasoning of a fake that thinks when asked to (Anthropic: a
+      ``thinking`` block with a signature, when the request's ``thinking`` is on; ""
+      answers a block without text, as ``display: "omitted"`` does).
     """
 
     text: str = "Hello from the fake server."
@@ -112,6 +115,7 @@ class FakeResponse:
     cache_usage: tuple[int, int] = (0, 0)
     model: str | None = None
     embedding_dimensions: int = 8
+    thinking: str = "Let me think about that."
 
     @classmethod
     def error(

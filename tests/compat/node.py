@@ -1,6 +1,8 @@
 """Node clients of the compatibility suite: the Vercel AI SDK (npm packages ``ai`` and
-``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them), installed from the
-npm registry into ``.servers/ai-sdk`` once and reused while that file stays the same.
+``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them) and Claude Code
+(``@anthropic-ai/claude-code``, as ``tests/compat/claude_code/package.json`` pins it),
+installed from the npm registry into ``.servers/ai-sdk`` and ``.servers/claude-code`` once
+and reused while that file stays the same.
 
 Node and npm are Debian's (``nodejs``, ``npm``; ``scripts/test`` installs them). A missing
 tool or a failed install fails the test loudly, with npm's own words: never a skip.
@@ -38,25 +40,24 @@ def node() -> str:
     return _tool("node", "nodejs")
 
 
-def ai_sdk() -> Path:
-    """The directory holding the installed Vercel AI SDK and the scripts that use it
-    (copied from ``tests/compat/ai_sdk``: Node resolves packages from a script's own
-    directory)."""
-    package = (SOURCE / "package.json").read_bytes()
+def _npm_install(source: Path, install_dir: Path, what: str) -> None:
+    """``npm install`` of `source`'s package.json into `install_dir`, unless done for
+    that very file."""
+    package = (source / "package.json").read_bytes()
     wanted = hashlib.sha256(package).hexdigest()
-    stamp = INSTALL_DIR / ".installed"
+    stamp = install_dir / ".installed"
     installed = stamp.read_text() if stamp.exists() else ""
-    if installed != wanted or not (INSTALL_DIR / "node_modules").is_dir():
+    if installed != wanted or not (install_dir / "node_modules").is_dir():
         npm = _tool("npm", "npm")
         node()
-        INSTALL_DIR.mkdir(parents=True, exist_ok=True)
+        install_dir.mkdir(parents=True, exist_ok=True)
         stamp.unlink(missing_ok=True)
-        (INSTALL_DIR / "package.json").write_bytes(package)
+        (install_dir / "package.json").write_bytes(package)
         command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
         try:
             done = subprocess.run(
                 command,
-                cwd=INSTALL_DIR,
+                cwd=install_dir,
                 capture_output=True,
                 text=True,
                 timeout=NPM_INSTALL_TIMEOUT,
@@ -67,10 +68,34 @@ def ai_sdk() -> Path:
         if done.returncode != 0:
             output = (done.stdout + done.stderr)[-4000:]
             pytest.fail(
-                f"npm install of the Vercel AI SDK failed (exit {done.returncode}):\n{output}",
+                f"npm install of {what} failed (exit {done.returncode}):\n{output}",
                 pytrace=False,
             )
         stamp.write_text(wanted)
+
+
+def ai_sdk() -> Path:
+    """The directory holding the installed Vercel AI SDK and the scripts that use it
+    (copied from ``tests/compat/ai_sdk``: Node resolves packages from a script's own
+    directory)."""
+    _npm_install(SOURCE, INSTALL_DIR, "the Vercel AI SDK")
     for script in SOURCE.glob("*.mjs"):
         shutil.copyfile(script, INSTALL_DIR / script.name)
     return INSTALL_DIR
+
+
+CLAUDE_CODE_SOURCE = Path(__file__).parent / "claude_code"
+CLAUDE_CODE_DIR = ROOT / ".servers" / "claude-code"
+
+
+def claude_code() -> Path:
+    """The ``claude`` executable of the pinned Claude Code, installed when missing."""
+    _npm_install(CLAUDE_CODE_SOURCE, CLAUDE_CODE_DIR, "Claude Code")
+    executable = CLAUDE_CODE_DIR / "node_modules" / ".bin" / "claude"
+    if not executable.exists():
+        pytest.fail(
+            "npm installed Claude Code without its `claude` executable (no native binary "
+            "for this platform?)",
+            pytrace=False,
+        )
+    return executable

@@ -90,6 +90,19 @@ async def test_opens_after_fail_max_and_then_fails_fast(streaming: bool) -> None
     assert client.changes == [("p", "closed", "open")]  # type: ignore[attr-defined]
 
 
+async def test_an_open_breakers_error_says_when_it_lets_a_probe_through(
+    streaming: bool,
+) -> None:
+    now = FakeNow()
+    inner = ScriptedChatClient(lambda m, o: fail(TransientProviderError()), name="p")
+    client = breaker(inner, now, fail_max=1, reset_timeout=30, name="p")
+    await collect(client, "hi", streaming=streaming)
+    now.advance(12)
+    result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, CircuitOpenError)
+    assert result.error.retry_after == pytest.approx(18)  # a gateway's Retry-After
+
+
 @pytest.mark.parametrize("error", [RequestInvalidError(status_code=400), ContentFilteredError()])
 async def test_request_errors_do_not_count(streaming: bool, error: Exception) -> None:
     inner = ScriptedChatClient(

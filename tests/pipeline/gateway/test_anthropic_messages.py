@@ -186,7 +186,12 @@ async def test_stream_events_are_in_the_messages_order(
     assert stream[9][1] == {
         "type": "message_delta",
         "delta": {"stop_reason": "tool_use", "stop_sequence": None},
-        "usage": {"input_tokens": 5, "output_tokens": 7},  # the final counts, exactly
+        "usage": {  # the final counts, exactly
+            "input_tokens": 5,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 7,
+        },
     }
 
 
@@ -452,9 +457,17 @@ async def test_error_event_ends_the_stream_without_message_stop(
         ),
         # The provider refusing the gateway's credentials is no fault of the caller's key.
         (FakeResponse.error(401), 502, anthropic.InternalServerError, "api_error"),
-        (FakeResponse.error(503), 503, anthropic.InternalServerError, "overloaded_error"),
+        # Every route failed, none says when it may serve: an error Claude Code does not
+        # retry (it retries overloaded_error for minutes, whatever x-should-retry says).
+        (FakeResponse.error(503), 503, anthropic.InternalServerError, "api_error"),
+        (
+            FakeResponse.error(503, retry_after="6"),
+            503,
+            anthropic.InternalServerError,
+            "overloaded_error",
+        ),
     ],
-    ids=["rate-limited", "invalid", "context-length", "auth", "unavailable"],
+    ids=["rate-limited", "invalid", "context-length", "auth", "unavailable", "until"],
 )
 async def test_provider_failures_become_anthropic_errors(
     one_route: Running,
@@ -477,8 +490,11 @@ async def test_provider_failures_become_anthropic_errors(
     headers = raised.value.response.headers
     if status == 429:
         assert headers["retry-after"] == "7"
-    if status == 502:
+    if status == 502 or kind == "api_error":
         assert headers["x-should-retry"] == "false"  # the SDK does not retry it
+        assert "retry-after" not in headers
+    if kind == "overloaded_error":
+        assert headers["retry-after"] == "6" and "x-should-retry" not in headers
     assert raised.value.request_id == headers["x-request-id"]
     assert primary.count() == 1
     await sdk.close()
@@ -579,7 +595,11 @@ SECRET = "secret words"
             },
             "messages[0].content[0].type",
         ),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        ({"thinking": {"type": "enabled", "budget_tokens": "lots"}}, "thinking.budget_tokens"),
+        ({"output_config": {"effort": SECRET}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "text"}}}, "output_config.format"),
+        ({"context_management": {"edits": SECRET}}, "context_management.edits"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         (
             {"mcp_servers": [{"type": "url", "url": "http://127.0.0.1/", "name": SECRET}]},
@@ -588,7 +608,7 @@ SECRET = "secret words"
         ({"container": SECRET}, "container"),
         ({"frobnicate": SECRET}, "frobnicate"),
         ({"temperature": 1.5}, "temperature"),
-        ({"messages": [{"role": "system", "content": SECRET}]}, "messages[0].role"),
+        ({"messages": [{"role": "narrator", "content": SECRET}]}, "messages[0].role"),
         (
             {"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "other"}},
             "tool_choice.name",
@@ -598,6 +618,10 @@ SECRET = "secret words"
         "image",
         "document",
         "thinking",
+        "thinking-budget",
+        "effort",
+        "output-format",
+        "context-management",
         "server-tool",
         "mcp",
         "container",
@@ -667,7 +691,11 @@ def test_parsing_keeps_the_turns_in_order() -> None:
     assert request.options.tool_mode == "auto"
     assert request.options.max_output_tokens == 5
     assert request.options.session_id == "s"
-    assert request.options.additional_properties == {"top_k": 3}
+    # metadata goes to Anthropic routes only, as given.
+    assert request.options.additional_properties == {
+        "top_k": 3,
+        "anthropic": {"metadata": {"user_id": "u"}},
+    }
     [tool] = request.options.tools or []
     assert (tool.name, tool.description, tool.parameters) == ("f", None, {"type": "object"})  # type: ignore[union-attr]
     assert request.tool_names == frozenset({"f"})
@@ -789,11 +817,12 @@ async def test_no_prompt_tool_argument_or_key_in_logs_or_spans(
             await ask(
                 sdk,
                 streaming,
-                messages=[{"role": "user", "content": canary}],
-                thinking={
-                    "type": "enabled",
-                    "budget_tokens": 1024,
-                },
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "image", "source": {"type": "url", "url": canary}}],
+                    }
+                ],
             )
         assert canary not in refused.value.response.text
         bad = client(gateway, f"wrong-{canary}")

@@ -389,10 +389,32 @@ def test_failures_map_to_statuses(
     mapped = error_for(error, retry_after=2.0)
     assert (mapped.status, mapped.type, mapped.code) == (status, type_, code)
     assert CANARY not in mapped.message
-    if status in (429, 503):
+    if status == 429:
         assert mapped.headers() == [(b"retry-after", b"2")]
     else:
+        # Every route failed and none said when it may serve: no retry will help soon.
         assert mapped.headers() == []
+    assert mapped.should_retry is (False if status == 503 else None)
+    if status == 503:
+        assert "retry later" not in mapped.message
+        # Mid-stream, one route's failure: a retry may help.
+        later = error_for(error, retry_after=2.0, after_output=True)
+        assert later.headers() == [(b"retry-after", b"2")] and later.should_retry is None
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TransientProviderError(status_code=503, retry_after=4.5),
+        CircuitOpenError(retry_after=4.5),
+        UnknownProviderError(retry_after=4.5),
+    ],
+)
+def test_a_failure_that_says_when_asks_to_retry_then(error: BaseException) -> None:
+    mapped = error_for(error, retry_after=2.0)
+    assert mapped.status == 503
+    assert mapped.headers() == [(b"retry-after", b"5")]
+    assert mapped.should_retry is None
 
 
 def test_the_providers_retry_after_wins_and_is_whole_seconds() -> None:

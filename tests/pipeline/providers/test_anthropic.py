@@ -85,13 +85,17 @@ async def test_text_usage_and_cache_tokens(
     assert result.error is None and result.response is not None
     assert result.text == "one two three"
     # Input tokens include prompt-cache writes and reads.
-    assert result.response.usage == UsageDetails(20, 3, 23)
+    assert result.response.usage == UsageDetails(
+        20, 3, 23, cache_read_tokens=5, cache_write_tokens=4
+    )
     assert result.response.finish_reason == "stop"
     assert result.response.model_id == "claude-test"
     assert result.response.response_id == "msg_fake_1"
     if streaming:
         assert [u.text for u in result.updates if u.text] == ["one ", "two ", "three"]
-        assert [u.usage for u in result.updates if u.usage] == [UsageDetails(20, 3, 23)]
+        assert [u.usage for u in result.updates if u.usage] == [
+            UsageDetails(20, 3, 23, cache_read_tokens=5, cache_write_tokens=4)
+        ]
         assert result.updates[-1].finish_reason == "stop"
     assert server.count() == 1
 

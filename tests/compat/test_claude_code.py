@@ -1,0 +1,289 @@
+"""Claude Code (the real CLI, ``@anthropic-ai/claude-code`` from the npm registry, pinned in
+``tests/compat/claude_code/package.json``) against the gateway, non-interactively.
+
+Claude Code is configured as a new user would: ``ANTHROPIC_BASE_URL`` and
+``ANTHROPIC_API_KEY`` only (and a fresh ``HOME``); the gateway maps the names it sends
+(``claude-opus-...``, ``claude-haiku-...``) with one pattern, ``"claude-*" = "pipeline"``.
+The only network is loopback: what Claude Code phones home to besides the base URL fails at
+once (it also sends ``HEAD {base}/api/hello`` to the base URL, answered 404), so a run
+takes seconds.
+
+Client (``claude -p ... --output-format json``) -> gateway (uvicorn, in this test's event
+loop) -> fake upstreams (Chat Completions, or the fake Anthropic server, which checks
+strictly that thinking blocks come back with their signatures unchanged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.trace import SpanKind
+
+from pipeline.config import parse_config
+from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from tests.compat.node import claude_code
+from tests.otel import Otel
+from tests.pipeline.gateway.conftest import Running, running
+
+pytestmark = pytest.mark.compat
+
+RUN_TIMEOUT = 120.0
+GIVE_UP_BOUND = 60.0
+"""The bound within which Claude Code, every route down, gives up: it sends one request,
+the gateway answers ``api_error`` with ``x-should-retry: false``, and Claude Code stops at
+once (asserted as a count of requests: one; the bound is only this test's timeout)."""
+CANARY = "CANARY-7f3e"
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    return claude_code()
+
+
+@pytest.fixture
+async def openai_upstream() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def backup_upstream() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def anthropic_upstream() -> AsyncIterator[FakeAnthropicServer]:
+    async with FakeAnthropicServer() as server:
+        yield server
+
+
+def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
+    """Routes by name -> (provider, base URL), in order, behind ``claude-*``."""
+    data: dict[str, Any] = {
+        "routes": {
+            name: {
+                "provider": provider,
+                "model": f"model-{name}",
+                "base_url": url,
+                "api_key_env": "CLAUDE_CODE_TEST_UPSTREAM_KEY",
+                "retry": {"max_attempts": 1},
+            }
+            for name, (provider, url) in routes.items()
+        },
+        "gateway": {"models": {"claude-*": "pipeline"}},
+        "layers": {"telemetry": True, "logging": True},
+    }
+    if len(routes) > 1:
+        data["router"] = {"kind": "ordered", "order": list(routes), **router}
+    return parse_config(data)
+
+
+async def ask(claude: Path, gateway: Running, workdir: Path, prompt: str) -> dict[str, Any]:
+    """``claude -p PROMPT --output-format json`` with only the base URL and a key set;
+    its JSON result."""
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(home),
+        "ANTHROPIC_BASE_URL": gateway.url,
+        "ANTHROPIC_API_KEY": f"sk-gateway-{CANARY}",
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(claude),
+        "-p",
+        prompt,
+        "--output-format",
+        "json",
+        cwd=workdir,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(RUN_TIMEOUT):
+            out, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        pytest.fail(f"claude did not finish in {RUN_TIMEOUT:.0f} s")
+    lines = out.decode().strip().splitlines()
+    if not lines:
+        pytest.fail(f"claude printed nothing (exit {process.returncode}):\n{err.decode()[-4000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def server_spans(otel: Otel) -> list[Any]:
+    return [s for s in otel.finished() if s.kind is SpanKind.SERVER]
+
+
+async def test_answers_over_a_chat_completions_route(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    openai_upstream.script(FakeResponse(text="Hello from the gateway."))
+    cfg = gateway_config({"primary": ("openai", openai_upstream.base_url)})
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Hello from the gateway."
+    # What Claude Code sent (thinking, context_management, output_config, a system turn in
+    # the middle, cache_control) was accepted: one request, served.
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    assert len(posts) == 1
+    body = openai_upstream.requests[0].json
+    roles = [m["role"] for m in body["messages"]]
+    assert roles[0] == "system" and "system" in roles[1:]  # the mid-conversation one, in place
+    assert "context_management" not in body and "thinking" not in body
+
+
+async def test_a_read_tool_round_trip_over_a_chat_completions_route(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    notes = tmp_path / "notes.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    openai_upstream.script(
+        FakeResponse(text="", tool_calls=[("Read", json.dumps({"file_path": str(notes)}))]),
+        FakeResponse(text="The file holds a launch code."),
+    )
+    cfg = gateway_config({"primary": ("openai", openai_upstream.base_url)})
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, "What is in notes.txt?")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    assert openai_upstream.count() == 2
+    second = openai_upstream.requests[1].json["messages"]
+    call = next(m for m in second if m.get("tool_calls"))
+    assert call["tool_calls"][0]["function"]["name"] == "Read"
+    tool = next(m for m in second if m["role"] == "tool")
+    assert tool["tool_call_id"] == call["tool_calls"][0]["id"]
+    assert CANARY in json.dumps(tool["content"])  # Claude Code read the file and sent it
+
+
+async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(
+    claude: Path,
+    anthropic_upstream: FakeAnthropicServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    caplog.set_level(logging.DEBUG)
+    notes = tmp_path / f"notes-{CANARY}.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    anthropic_upstream.script(
+        FakeResponse(
+            text="",
+            thinking=f"I should read the file {CANARY}.",
+            tool_calls=[("Read", json.dumps({"file_path": str(notes)}))],
+            usage=(40, 9),
+        ),
+        FakeResponse(text="The file holds a launch code.", thinking=f"Done {CANARY}."),
+    )
+    cfg = gateway_config({"claude": ("anthropic", anthropic_upstream.base_url)})
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, f"What is in the notes file? {CANARY}")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    # The fake refuses a thinking block that does not come back exactly as it was signed,
+    # and a tool_use turn without its thinking: two requests, both served.
+    assert anthropic_upstream.count() == 2
+    first, second = (r.json for r in anthropic_upstream.requests)
+    # Claude Code's betas reach the Anthropic route, for the fields that need them.
+    betas = anthropic_upstream.requests[0].headers["anthropic-beta"].split(",")
+    assert "context-management-2025-06-27" in betas
+    assert first["thinking"]["type"] in ("adaptive", "enabled")
+    assert first["context_management"]["edits"]  # passed on: there is thinking to clear
+    assert any("cache_control" in block for block in first["system"])
+    assistant = [m for m in second["messages"] if m["role"] == "assistant"][-1]
+    thinking = assistant["content"][0]
+    assert thinking["type"] == "thinking"
+    assert thinking["signature"] == anthropic_upstream.signature(thinking["thinking"])
+    assert assistant["content"][-1]["type"] == "tool_use"
+    # Cache tokens reached Claude Code: the second request read the prefix the first wrote.
+    assert result["usage"]["cache_read_input_tokens"] > 0
+    # Canaries: no prompt, reasoning text, signature, tool argument or key in spans or logs.
+    secrets = [CANARY, thinking["signature"]]
+    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
+    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
+    for secret in secrets:
+        assert not [line for line in logged if secret in line]
+        assert not [text for text in otel.everything_exported() if secret in text]
+
+
+async def test_failover_before_output_is_invisible(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    backup_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    openai_upstream.script(FakeResponse.error(503))
+    backup_upstream.script(FakeResponse(text="Served by the backup."))
+    cfg = gateway_config(
+        {
+            "primary": ("openai", openai_upstream.base_url),
+            "backup": ("openai", backup_upstream.base_url),
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Served by the backup."
+    assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+    assert len([s for s in server_spans(otel) if s.name == "POST /v1/messages"]) == 1
+
+
+async def test_every_route_down_ends_after_one_request(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    backup_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    down = FakeResponse.error(503)
+    openai_upstream.script(*[down] * 30)
+    backup_upstream.script(*[down] * 30)
+    cfg = gateway_config(
+        {
+            "primary": ("openai", openai_upstream.base_url),
+            "backup": ("openai", backup_upstream.base_url),
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        async with asyncio.timeout(GIVE_UP_BOUND):
+            result = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is True, result
+    # One request: nothing tells when a route may serve again, so the gateway said a retry
+    # cannot help (api_error, x-should-retry: false) and Claude Code did not retry.
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    assert len(posts) == 1
+    assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)

@@ -26,6 +26,7 @@ SURFACES = {
         "FunctionResultContent",
         "Messages",
         "ReasoningContent",
+        "CustomTool",
         "ReasoningOptions",
         "TextContent",
         "ToolDefinition",

@@ -108,9 +108,7 @@ def _item_problem(item: Any, where: str) -> tuple[str, str] | None:
     return None
 
 
-def _reasoning_problem(
-    source: list[Any], issued: set[str]
-) -> tuple[str, str, int, str] | None:
+def _reasoning_problem(source: list[Any], issued: set[str]) -> tuple[str, str, int, str] | None:
     for index, item in enumerate(source):
         if item.get("type") != "reasoning":
             continue
@@ -180,7 +178,7 @@ def problem(
                 return f"include[{index}]", "Invalid value."
     for index, tool in enumerate(payload.get("tools") or []):
         if not isinstance(tool, dict) or tool.get("type") not in ("function", "custom"):
-            return f"tools[{index}].type", "Invalid value: only function and custom tools are faked."
+            return f"tools[{index}].type", "Invalid value: only function and custom tools here."
         if not isinstance(tool.get("name"), str):
             return f"tools[{index}].name", f"Missing required parameter: 'tools[{index}].name'."
     limit = payload.get("max_output_tokens")
@@ -378,17 +376,16 @@ def events(
         )
         if reasoning.summary and reasoning.text:
             where = {"item_id": reasoning.id, "output_index": 0, "summary_index": 0}
-            part = {"type": "summary_text", "text": ""}
-            kinds.append(("response.reasoning_summary_part.added", {**where, "part": part}))
+            summary_part = {"type": "summary_text", "text": ""}
+            kinds.append(("response.reasoning_summary_part.added", {**where, "part": summary_part}))
             words = reasoning.text.split(" ")
             for piece in [w + " " for w in words[:-1]] + [words[-1]]:
                 content("response.reasoning_summary_text.delta", {**where, "delta": piece})
-            kinds.append(("response.reasoning_summary_text.done", {**where, "text": reasoning.text}))
-            done = {**part, "text": reasoning.text}
+            done_text = {**where, "text": reasoning.text}
+            kinds.append(("response.reasoning_summary_text.done", done_text))
+            done = {**summary_part, "text": reasoning.text}
             kinds.append(("response.reasoning_summary_part.done", {**where, "part": done}))
-        content(
-            "response.output_item.done", {"output_index": 0, "item": reasoning.item(done=True)}
-        )
+        content("response.output_item.done", {"output_index": 0, "item": reasoning.item(done=True)})
         output_index = 1
     pieces = response.pieces()
     if pieces:

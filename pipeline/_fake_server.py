@@ -537,7 +537,9 @@ class FakeOpenAIServer(FakeServer):
         refused = _fake_responses.problem(payload, self.issued_reasoning)
         if refused is not None:
             param, message, *rest = refused
-            status, code = (int(rest[0]), str(rest[1])) if rest else (400, "invalid_request_error")
+            status, code = 400, "invalid_request_error"
+            if len(rest) == 2 and isinstance(rest[0], int):
+                status, code = rest[0], str(rest[1])
             body = self._error_body(status, message, None, code, param)
             await self._send_json(writer, status, body)
             return True

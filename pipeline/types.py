@@ -192,9 +192,7 @@ class ReasoningContent:
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
-            raise TypeError(
-                f"ReasoningContent.text must be a str, not {type(self.text).__name__}"
-            )
+            raise TypeError(f"ReasoningContent.text must be a str, not {type(self.text).__name__}")
         if self.protected is not None and not isinstance(self.protected, str):
             raise TypeError(
                 "ReasoningContent.protected must be a str or None, "

@@ -85,6 +85,9 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     tool_names: frozenset[str] = field(default_factory=frozenset)
+    builtin_tools: list[str] = field(default_factory=list)
+    """The types of the provider-side tools the request offered, left out of the pipeline's
+    tools (see `pipeline.gateway._builtin_tools`)."""
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:

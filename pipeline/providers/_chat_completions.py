@@ -31,6 +31,7 @@ from pipeline.providers._wire import (
     tool_spec,
 )
 from pipeline.types import (
+    CUSTOM_TOOL_INPUT,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -45,9 +46,7 @@ from pipeline.types import (
     TextContent,
     UsageDetails,
     checked_text,
-    custom_tool_names,
 )
-from pipeline.types import CUSTOM_TOOL_INPUT
 
 __all__ = [
     "MAX_TOKENS_FIELDS",
@@ -164,8 +163,12 @@ def build_request(
             body["tool_choice"] = _tool_choice(options.tool_mode)
     if options.response_format is not None:
         body["response_format"] = chat_response_format(options.response_format)
-    if options.reasoning_effort is not None:
-        body["reasoning_effort"] = options.reasoning_effort
+    # `ChatOptions.reasoning`'s effort wins over the older `reasoning_effort`; a budget or
+    # a summary has no Chat Completions field and is dropped.
+    effort = options.reasoning.effort if options.reasoning is not None else None
+    effort = effort or options.reasoning_effort
+    if effort is not None:
+        body["reasoning_effort"] = effort
     # The escape hatch for provider-specific fields; never overrides what the request needs.
     for key, value in options.additional_properties.items():
         body.setdefault(key, value)

@@ -140,7 +140,9 @@ def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str,
         return [
             {
                 "type": (
-                    "custom_tool_call_output" if c.call_id in custom_calls else "function_call_output"
+                    "custom_tool_call_output"
+                    if c.call_id in custom_calls
+                    else "function_call_output"
                 ),
                 "call_id": c.call_id,
                 "output": tool_result_text(c),
@@ -151,8 +153,8 @@ def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str,
     if role is ChatRole.USER:
         return [{"role": "user", "content": _user_content(message)}]
     if role is not ChatRole.ASSISTANT:
-        text = "".join(c.text for c in message.contents if isinstance(c, TextContent))
-        return [{"role": role.value, "content": text}]
+        joined = "".join(c.text for c in message.contents if isinstance(c, TextContent))
+        return [{"role": role.value, "content": joined}]
     # The model's turn, in its order: reasoning before the call it led to.
     items: list[dict[str, Any]] = []
     text: list[str] = []

@@ -3,9 +3,9 @@
 
 Its configuration is a temporary ``CODEX_HOME`` whose ``config.toml`` holds one provider
 entry with ``base_url``, ``env_key`` and ``wire_api = "responses"`` and nothing else (and
-its ``name``, which Codex requires; the provider is chosen with ``-c model_provider=...``). The gateway's config names the models
-Codex sends (its default ``gpt-6.2-sol``; ``gpt-5.1-codex`` with ``-m``) in
-``[gateway] models``.
+its ``name``, which Codex requires; the provider is chosen with ``-c model_provider=...``).
+The gateway's config names the models Codex sends (its default ``gpt-6.2-sol``;
+``gpt-5.1-codex`` with ``-m``) in ``[gateway] models``.
 
 Client (Codex, its native binary) -> gateway (in this test's event loop) -> fake upstreams
 (Chat Completions, or the Responses API with encrypted reasoning).
@@ -57,6 +57,15 @@ async def backup() -> AsyncIterator[FakeOpenAIServer]:
         yield server
 
 
+def codex_home(home: Path, gateway: Running) -> Path:
+    """A ``CODEX_HOME`` holding the one provider entry, and a working directory beside it."""
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(provider_entry(gateway))
+    work = home.parent / "work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
 def provider_entry(gateway: Running) -> str:
     """The one provider entry Codex is given: a base URL, a key variable, the wire API."""
     return (
@@ -72,10 +81,7 @@ async def run_codex(
     codex_bin: Path, gateway: Running, home: Path, prompt: str = PROMPT, model: str | None = None
 ) -> list[dict[str, Any]]:
     """``codex exec --json`` once; its JSON events (it must exit 0)."""
-    home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(provider_entry(gateway))
-    work = home.parent / "work"
-    work.mkdir(exist_ok=True)
+    work = codex_home(home, gateway)
     command = [
         str(codex_bin),
         "exec",
@@ -216,7 +222,7 @@ async def test_encrypted_reasoning_round_trips_over_a_responses_upstream(
     )
     async with running(cfg, **otel.providers) as gateway:
         events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
-    assert [i["text"] for i in items(events, "reasoning")][0] == REASONING
+    assert items(events, "reasoning")[0]["text"] == REASONING
     assert items(events, "agent_message")[-1]["text"] == "Done."
     first, second = upstream.requests
     assert first.json["include"] == ["reasoning.encrypted_content"]

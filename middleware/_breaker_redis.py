@@ -65,6 +65,7 @@ import pybreaker
 
 from middleware._breaker_window import BUCKETS, Counts, SlidingWindow
 from pipeline import _redis
+from pipeline.errors import RedisUnavailable
 
 __all__ = ["Facts", "LocalStorage", "RedisBreakerState", "SharedWindow", "from_ms", "to_ms"]
 
@@ -308,7 +309,7 @@ class RedisBreakerState:
 
         try:
             return await self._attempt(fetch)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return None
 
     async def claim_probe(self, opening: str, token: str) -> bool | None:
@@ -321,11 +322,11 @@ class RedisBreakerState:
 
         try:
             return await self._attempt(claim)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return None
 
     async def release_probe(self, opening: str, token: str) -> None:
-        with contextlib.suppress(_redis.Unavailable):  # the claim expires by itself
+        with contextlib.suppress(RedisUnavailable):  # the claim expires by itself
             await self._attempt(
                 lambda client: self.redis.evaluate(
                     client, _RELEASE, [self.probe_prefix + opening], [token]
@@ -353,7 +354,7 @@ class RedisBreakerState:
 
         try:
             return await self._attempt(increment)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return None
 
     async def _sync(self, failures: int) -> tuple[str | None, int] | None:
@@ -381,7 +382,7 @@ class RedisBreakerState:
 
         try:
             opening, failures_now, counts = await self._attempt(sync)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             window.give_back(taken, generation)
             return None
         window.load(counts, generation, sent)
@@ -396,7 +397,7 @@ class RedisBreakerState:
         async def reset(client: Any) -> None:
             await client.set(self.failures_key, 0)
 
-        with contextlib.suppress(_redis.Unavailable):  # the next failure counts on from it
+        with contextlib.suppress(RedisUnavailable):  # the next failure counts on from it
             await self._attempt(reset)
 
     def _start(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
@@ -427,7 +428,7 @@ class RedisBreakerState:
 
         try:
             stored = await self._attempt(move)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return False, None
         return True, stored
 

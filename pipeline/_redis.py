@@ -38,7 +38,7 @@ Promises, to every component built on it:
 A component (the breaker's shared state, an affinity store, a health store) holds a
 `RedisClient` (``shared``) for the ``redis`` it was given and, if it can do without Redis
 for a while, an `Outage`. Each of its operations is a function of the ``redis.asyncio``
-client, run with ``shared.attempt(outage, operation)`` (failing open: `Unavailable`) or
+client, run with ``shared.attempt(outage, operation)`` (failing open: `RedisUnavailable`) or
 ``shared.call(operation)`` (raising); its Lua runs with ``shared.evaluate(client, SOURCE,
 keys, args)`` inside an operation, or ``shared.script(SOURCE, keys, args)`` alone; calls
 that may come by the thousand go through a `Batched`.
@@ -68,12 +68,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from pipeline.errors import RedisUnavailable
+
 __all__ = [
     "POOL_SIZE",
     "Batched",
     "Outage",
     "RedisClient",
-    "Unavailable",
     "check",
     "check_url",
 ]
@@ -148,11 +149,6 @@ def _connector(timeout: float) -> Callable[[str], Any]:
         return redis_asyncio.Redis.from_pool(pool)
 
     return made
-
-
-class Unavailable(Exception):
-    """Redis was not used for this call (being skipped, or the call failed: `Outage` has
-    logged why). Never reaches a caller of the library."""
 
 
 class Outage:
@@ -277,15 +273,15 @@ class RedisClient:
         return await self.call(lambda client: self.evaluate(client, source, keys, args))
 
     async def attempt(self, outage: Outage, operation: Callable[[Any], Awaitable[_T]]) -> _T:
-        """`call`, failing open through `outage`: `Unavailable` (and nothing else) when
+        """`call`, failing open through `outage`: `RedisUnavailable` (and nothing else) when
         Redis is being skipped or this call failed; the failure is `outage`'s to report."""
         if outage.skipping():
-            raise Unavailable
+            raise RedisUnavailable
         try:
             result = await self.call(operation)
         except Exception as exc:  # any failure of Redis: the component goes on without it
             outage.failed(exc)
-            raise Unavailable from None
+            raise RedisUnavailable from None
         outage.succeeded()
         return result
 

@@ -50,7 +50,6 @@ from pipeline._semconv import (
 )
 from pipeline.builder import ChatPipeline
 from pipeline.errors import TransientProviderError
-from pipeline.testing import ScriptedChatClient, fail, reply
 
 if TYPE_CHECKING:
     from pipeline.telemetry import TelemetryHandle
@@ -63,6 +62,8 @@ DEMO_ANSWER = "Failover kept this answer flowing: the backup route streamed it."
 def _demo_pipeline(
     tracer_provider: TracerProvider, meter_provider: MeterProvider | None = None
 ) -> ChatPipeline:
+    from pipeline.testing import ScriptedChatClient, fail, reply
+
     primary = ScriptedChatClient(
         lambda messages, options: fail(
             TransientProviderError(status_code=503, provider="simulated")
@@ -352,7 +353,7 @@ async def _fake_server(port: int, wire_format: str = "openai") -> int:
 
 
 def _fake_fleet(args: argparse.Namespace) -> int:
-    from pipeline._fake_fleet import serve_fleet
+    from pipeline.testing._fake_fleet import serve_fleet
 
     async def run() -> int:
         # Stop on Ctrl-C or SIGTERM as the fake server does.

@@ -27,6 +27,13 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
+Two more live here that never reach a caller (not exported: the library catches them)::
+
+    MalformedSSE                       a line of a provider's stream is not server-sent
+                                       events (a ValueError; becomes a ProviderError)
+    RedisUnavailable                   Redis was not used for a call (skipped during an
+                                       outage, or failed): the component fails open
+
 `classify(exc)` maps any exception (ours, httpx2's, the old httpx's or aiohttp's when the
 application already imported them, or unknown) to a `FailureKind`; `retry_after_of(exc)`
 reads the wait a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a
@@ -330,6 +337,15 @@ class ResponseValidationError(ProviderError):
     ) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
         super().__init__(message, **fields)
+
+
+class MalformedSSE(ValueError):
+    """A line that is not server-sent events."""
+
+
+class RedisUnavailable(Exception):
+    """Redis was not used for this call (being skipped, or the call failed: `Outage` has
+    logged why). Never reaches a caller of the library."""
 
 
 _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {

@@ -8,6 +8,9 @@ from tests.otel import Otel, Receiver
 from tests.processes import require_binary
 from tests.redis_server import RedisServer
 
+# The kit's fixtures (`streaming`: every streaming behaviour tested for both call shapes).
+pytest_plugins = ["pipeline.testing.pytest_plugin"]
+
 _REDIS_FIXTURES = frozenset({"redis_url", "redis_server"})
 
 # Property tests take their example counts from a profile, never from the test: ``dev``
@@ -32,12 +35,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _require_redis_server() -> None:
     require_binary("redis-server", marker="redis")
-
-
-@pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])
-def streaming(request: pytest.FixtureRequest) -> bool:
-    """Runs a test once per call shape: every streaming behaviour is tested for both."""
-    return bool(request.param)
 
 
 @pytest.fixture(scope="session")

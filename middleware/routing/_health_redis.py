@@ -37,6 +37,7 @@ from typing import Any
 
 from middleware.routing.health import HealthStore, RouteHealth, _Signals
 from pipeline import _redis
+from pipeline.errors import RedisUnavailable
 
 __all__ = ["RedisHealthStore"]
 
@@ -156,7 +157,7 @@ class RedisHealthStore(HealthStore):
     async def _write_cooldown(self, route: str, end_ms: int, length_ms: int) -> None:
         key = f"{self._key(route)}:cooldown"
         # On failure the outage is logged; this replica keeps its own cooldown.
-        with contextlib.suppress(_redis.Unavailable):
+        with contextlib.suppress(RedisUnavailable):
             await self._shared.attempt(
                 self._outage,
                 lambda client: self._shared.evaluate(client, _COOL, [key], [end_ms, length_ms]),
@@ -204,7 +205,7 @@ class RedisHealthStore(HealthStore):
 
         try:
             replies = await self._shared.attempt(self._outage, exchange)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return False
         now = health._clock()
         wall = self._wall()

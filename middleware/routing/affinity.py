@@ -39,6 +39,7 @@ from pydantic import Field
 
 from pipeline import _redis, _scope
 from pipeline._settings import Settings
+from pipeline.errors import RedisUnavailable
 
 __all__ = [
     "AffinitySettings",
@@ -157,7 +158,7 @@ class RedisAffinityStore:
     async def _look_up(self, keys: list[str]) -> list[Any] | None:
         try:
             return list(await self._redis.attempt(self._outage, lambda client: client.mget(keys)))
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return None
 
     async def set(self, session_id: str, route_name: str) -> None:
@@ -172,7 +173,7 @@ class RedisAffinityStore:
                     pipe.set(key, route_name, px=ttl_ms)
                 await pipe.execute()
 
-        with contextlib.suppress(_redis.Unavailable):  # logged; the next record may land
+        with contextlib.suppress(RedisUnavailable):  # logged; the next record may land
             await self._redis.attempt(self._outage, write)
 
     async def aclose(self) -> None:

@@ -35,8 +35,7 @@ import os
 import re
 from typing import Any
 
-from pipeline.gateway._chat_completions import _SSE
-from pipeline.gateway._handler import StreamEncoder
+from pipeline.gateway._shared import SSE_HEADERS, StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
     WireError,
@@ -533,7 +532,7 @@ class MessagesFormat:
 
     path = "/v1/messages"
     x_api_key = True
-    stream_headers = _SSE
+    stream_headers = SSE_HEADERS
     request_id_header: bytes | None = b"request-id"
 
     parse = staticmethod(parse_messages_request)

@@ -14,12 +14,10 @@ import hmac
 from collections.abc import Awaitable, Sequence
 
 from pipeline.gateway._exchange import EXCHANGE, JSON, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway._shared import NO_KEY
 from pipeline.gateway.wire import WireError
 
 __all__ = ["NO_KEY", "AuthMiddleware", "authenticate"]
-
-NO_KEY = -1
-"""The key position of a request to a gateway without keys."""
 
 _INVALID = WireError(
     401, "missing or invalid API key", type="invalid_request_error", code="invalid_api_key"

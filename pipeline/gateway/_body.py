@@ -28,12 +28,10 @@ from pipeline.gateway._exchange import (
     Scope,
     Send,
 )
+from pipeline.gateway._shared import READ_TIMED_OUT
 from pipeline.gateway.wire import WireError
 
 __all__ = ["READ_TIMED_OUT", "BodyMiddleware"]
-
-READ_TIMED_OUT = "chat_pipeline.read_timed_out"
-"""Scope key the connection sets when the request's body did not arrive in time."""
 
 _METHOD = WireError(405, "use POST", code="method_not_allowed")
 _MEDIA_TYPE = WireError(

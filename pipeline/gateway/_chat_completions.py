@@ -7,7 +7,7 @@ The wire itself (parsing a body, writing answers, chunks and errors) is
 
 from __future__ import annotations
 
-from pipeline.gateway._handler import StreamEncoder
+from pipeline.gateway._shared import SSE_HEADERS, StreamEncoder
 from pipeline.gateway.wire import (
     ChatRequest,
     ChunkEncoder,
@@ -20,20 +20,13 @@ from pipeline.types import ChatResponse
 
 __all__ = ["CHAT_COMPLETIONS", "ChatCompletions"]
 
-_SSE = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    # Proxies (nginx) must pass each event on as it comes, not buffer the stream.
-    (b"x-accel-buffering", b"no"),
-]
-
 
 class ChatCompletions:
     """`InboundFormat` of the Chat Completions API."""
 
     path = "/v1/chat/completions"
     x_api_key = False
-    stream_headers = _SSE
+    stream_headers = SSE_HEADERS
     request_id_header: bytes | None = None
 
     # The wire's own functions where the signatures match: no call in between.

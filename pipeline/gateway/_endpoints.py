@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
     from prometheus_client import CollectorRegistry
 
-    from pipeline.gateway.app import Gateway
+    from pipeline.gateway._shared import GatewayState as Gateway
 
 __all__ = ["Endpoints", "prometheus_reader"]
 

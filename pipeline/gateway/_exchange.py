@@ -27,7 +27,7 @@ from pipeline._scope import RouteReport
 from pipeline.gateway.wire import NOT_RETRYABLE, ChatRequest, WireError
 
 if TYPE_CHECKING:
-    from pipeline.gateway._handler import InboundFormat
+    from pipeline.gateway._shared import InboundFormat
 
 __all__ = [
     "EXCHANGE",

@@ -28,67 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from pipeline import _scope
 from pipeline._scope import RouteReport
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway._shared import GatewayState as Gateway
+from pipeline.gateway._shared import InboundFormat, StreamEncoder
+from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
-from pipeline.types import ChatMessage, ChatResponse, ChatResponseUpdate
-
-if TYPE_CHECKING:
-    from pipeline.gateway.app import Gateway, Target
+from pipeline.types import ChatMessage
 
 __all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
-
-
-class StreamEncoder(Protocol):
-    """The events of one streamed answer in an inbound format."""
-
-    def update(self, update: ChatResponseUpdate) -> str:
-        """The events for one update ("" when it carries nothing to send)."""
-
-    def end(self) -> str:
-        """The events that end a complete stream."""
-
-    def error(self, error: WireError) -> str:
-        """The in-band error event that ends this stream when it failed after output."""
-
-
-class InboundFormat(Protocol):
-    """An API the gateway serves (a path, a request body, its answers and errors)."""
-
-    path: str
-    """The endpoint, e.g. ``/v1/chat/completions``."""
-    x_api_key: bool
-    """Whether the key may come in ``x-api-key`` (Anthropic clients) besides
-    ``Authorization: Bearer``."""
-    stream_headers: list[tuple[bytes, bytes]]
-    """The response headers of a stream."""
-    request_id_header: bytes | None
-    """A header the format's clients read the request id from, sent besides
-    ``x-request-id`` (Anthropic's SDKs read ``request-id``); None for none."""
-
-    def parse(self, body: bytes, *, session_id: str | None) -> ChatRequest:
-        """The request a body describes; `WireError` (a 4xx) naming what is wrong."""
-
-    def error_body(self, error: WireError) -> bytes:
-        """The format's error body."""
-
-    def new_response_id(self) -> str:
-        """A fresh id for a response (the gateway's own: failover may change upstreams)."""
-
-    def completion(
-        self, response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
-    ) -> bytes:
-        """The body of a non-streaming answer."""
-
-    def encoder(
-        self, request: ChatRequest, *, model: str, response_id: str, created: int
-    ) -> StreamEncoder:
-        """The encoder of one streamed answer."""
 
 
 class _Disconnect:

@@ -12,8 +12,8 @@ complete request could use.
 
 from __future__ import annotations
 
-from pipeline.gateway._auth import NO_KEY
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway._shared import NO_KEY
 from pipeline.gateway.wire import WireError
 
 __all__ = ["LimitsMiddleware", "Slots"]

@@ -47,8 +47,8 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from pipeline.gateway._body import READ_TIMED_OUT
 from pipeline.gateway._exchange import EXCHANGE, REQUEST_ID_HEADER, request_id_of
+from pipeline.gateway._shared import READ_TIMED_OUT
 
 __all__ = ["LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
 

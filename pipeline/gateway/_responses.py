@@ -40,8 +40,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
 from pipeline.gateway._json import json_body
+from pipeline.gateway._shared import SSE_HEADERS
 from pipeline.gateway.wire import (
     ChatRequest,
     WireError,
@@ -1039,7 +1039,7 @@ class Responses:
 
     path = "/v1/responses"
     x_api_key = False
-    stream_headers = CHAT_COMPLETIONS.stream_headers
+    stream_headers = SSE_HEADERS
     request_id_header: bytes | None = None  # OpenAI's SDKs read x-request-id
 
     parse = staticmethod(parse_responses)

@@ -22,13 +22,13 @@ from pipeline.providers._http import (
     drain,
     encode_json,
     endpoint,
-    make_transport,
     positive_or_none,
     service_url,
     traced,
     transport_error,
 )
 from pipeline.providers._sse import SSEPayloads, next_payloads
+from pipeline.providers._transports import make_transport
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 if TYPE_CHECKING:

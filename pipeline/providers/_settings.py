@@ -273,7 +273,7 @@ class ScriptedSettings(ProviderSettings):
     model: Name = "scripted-model"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
-        from pipeline._scripted import ScriptedChatClient, reply
+        from pipeline.testing._scripted import ScriptedChatClient, reply
 
         return ScriptedChatClient(reply(self.reply), name=name, model_id=self.model)
 

@@ -18,11 +18,10 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from pipeline.errors import ProviderError
+from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
-    "MalformedSSE",
     "SSEDecoder",
     "SSEPayloads",
     "Utf8Lines",
@@ -32,10 +31,6 @@ __all__ = [
 
 _KNOWN_FIELDS = frozenset({"data", "event", "id", "retry"})
 _LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-class MalformedSSE(ValueError):
-    """A line that is not server-sent events."""
 
 
 class SSEDecoder:

@@ -14,10 +14,10 @@ from pipeline.providers._http import (
     TransportName,
     encode_json,
     endpoint,
-    make_transport,
     service_url,
     traced,
 )
+from pipeline.providers._transports import make_transport
 from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
 

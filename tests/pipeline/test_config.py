@@ -422,14 +422,16 @@ def test_named_but_unset_key_variable_is_an_error_even_off_openai(
     assert build_pipeline(data).describe() == ["OpenAIChatClient(a)"]
 
 
-def test_loading_does_not_import_the_test_servers() -> None:
+def test_loading_does_not_import_the_test_kit() -> None:
     import subprocess
     import sys
 
+    # A scripted route is the kit's (`pipeline.testing`); any other loads none of it.
     code = (
         "import sys; from pipeline.config import build_pipeline;"
-        "chat = build_pipeline({'routes': {'a': {'provider': 'scripted'}}});"
-        "print([m for m in ('pipeline.testing', 'pipeline._fake_server') if m in sys.modules])"
+        "route = {'provider': 'openai', 'model': 'm', 'base_url': 'http://127.0.0.1:9/v1'};"
+        "chat = build_pipeline({'routes': {'a': route}});"
+        "print([m for m in sys.modules if m.startswith('pipeline.testing')])"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

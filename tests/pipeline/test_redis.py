@@ -13,6 +13,7 @@ import redis
 import redis.asyncio as redis_asyncio
 
 from pipeline import _redis
+from pipeline.errors import RedisUnavailable
 from tests.redis_server import RedisServer, counting_client, free_port
 
 
@@ -183,7 +184,7 @@ async def test_an_outage_is_skipped_then_retried_and_warned_about_sparingly(
     async def attempt(operation: Any) -> Any:
         try:
             return await handle.attempt(outage, operation)
-        except _redis.Unavailable:
+        except RedisUnavailable:
             return "unavailable"
 
     assert await attempt(failing) == "unavailable"

@@ -142,10 +142,10 @@ def test_the_fake_servers_import_numpy_only_when_embedding() -> None:
     import ast
     import inspect
 
-    import pipeline._fake_anthropic
-    import pipeline._fake_server
+    import pipeline.testing._fake_anthropic
+    import pipeline.testing._fake_server
 
-    for module in (pipeline._fake_server, pipeline._fake_anthropic):
+    for module in (pipeline.testing._fake_server, pipeline.testing._fake_anthropic):
         tree = ast.parse(inspect.getsource(module))
         top_level = [
             alias.name

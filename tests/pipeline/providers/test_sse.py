@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.errors import ProviderError
+from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._chat_completions import StreamAssembler
-from pipeline.providers._sse import MalformedSSE, SSEDecoder
+from pipeline.providers._sse import SSEDecoder
 from pipeline.types import ChatResponseUpdate
 
 

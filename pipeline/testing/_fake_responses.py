@@ -2,7 +2,7 @@
 request as strictly as the API does, and the bodies and events of its answers.
 
 Pure functions of the request's JSON and its `FakeResponse` script: the server's HTTP
-machinery (faults, delays, cuts) is `pipeline._fake_server`'s. A request the API would
+machinery (faults, delays, cuts) is `pipeline.testing._fake_server`'s. A request the API would
 refuse (an unknown parameter, a tool in the Chat Completions shape, an input item without
 its required fields, ``max_output_tokens`` below 16) is a 400 naming the parameter, so a
 client that sends the wrong shape fails its tests here rather than against the real API.
@@ -18,11 +18,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pipeline._fake_server import FakeResponse
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 __all__ = ["RESPONSES_PATH", "events", "problem", "reasoning_returned", "response_body"]
 
@@ -72,6 +69,36 @@ _INCLUDES = frozenset(
         "web_search_call.action.sources",
     }
 )
+
+
+class FakeResponse(Protocol):
+    """What this module reads of a `pipeline.testing.FakeResponse` script (a Protocol, so the
+    server imports this module and not the other way round)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def tool_calls(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def stop_reason(self) -> str | None: ...
+    @property
+    def usage(self) -> tuple[int, int]: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def in_band_error(self) -> Mapping[str, Any] | None: ...
+    @property
+    def error_after(self) -> int: ...
+    @property
+    def reasoning(self) -> str | None: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
+    def cache_usage(self) -> tuple[int, int]: ...
+    @property
+    def custom_tool_calls(self) -> Sequence[tuple[str, str]]: ...
+    def pieces(self) -> list[str]: ...
+    def argument_pieces(self, arguments: str) -> list[str]: ...
 
 
 def _item_problem(item: Any, where: str) -> tuple[str, str] | None:

@@ -26,6 +26,9 @@ distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s,
 hang then recovery, cuts after output, down), for rehearsing a routing configuration
 against partial degradation; it counts what each deployment did (`FleetCounts`,
 `FleetCall`).
+
+Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`) are
+in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from pipeline._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
-from pipeline._fake_fleet import (
+from pipeline.client import ChatClient as ChatClientLike
+from pipeline.testing._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
+from pipeline.testing._fake_fleet import (
     FakeDeployment,
     FakeFleet,
     Fault,
@@ -42,7 +46,7 @@ from pipeline._fake_fleet import (
     FleetCounts,
     Latency,
 )
-from pipeline._fake_server import (
+from pipeline.testing._fake_server import (
     CHAT_PATH,
     EMBEDDINGS_PATH,
     MODELS_PATH,
@@ -51,7 +55,7 @@ from pipeline._fake_server import (
     FakeResponse,
     RecordedRequest,
 )
-from pipeline._scripted import (
+from pipeline.testing._scripted import (
     RecordedCall,
     ScriptedChatClient,
     ScriptStep,
@@ -61,7 +65,6 @@ from pipeline._scripted import (
     hang,
     reply,
 )
-from pipeline.client import ChatClient as ChatClientLike
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = [

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
-from pipeline import _fake_responses
 from pipeline._counting import CountWaiters
+from pipeline.testing import _fake_responses
 
 __all__ = [
     "CHAT_PATH",
@@ -438,7 +438,7 @@ def _openai_error_type(status: int) -> str:
 class FakeOpenAIServer(FakeServer):
     """An OpenAI-compatible server: ``/v1/chat/completions`` (any ``.../chat/completions``,
     so Azure-style deployment paths work too), ``/v1/responses`` (the Responses API,
-    `pipeline._fake_responses`: requests checked as strictly as the API checks them,
+    `pipeline.testing._fake_responses`: requests checked as strictly as the API checks them,
     answers streamed as its typed events), ``/v1/embeddings`` and ``GET /v1/models``.
 
     `base_url` is the ``/v1`` URL to give a client. `models` are the ids ``/v1/models``
@@ -533,7 +533,7 @@ class FakeOpenAIServer(FakeServer):
     async def _responses(
         self, writer: asyncio.StreamWriter, payload: dict[str, Any], response: FakeResponse
     ) -> bool:
-        """``POST /v1/responses`` (see `pipeline._fake_responses`)."""
+        """``POST /v1/responses`` (see `pipeline.testing._fake_responses`)."""
         refused = _fake_responses.problem(payload, self.issued_reasoning)
         if refused is not None:
             param, message, *rest = refused

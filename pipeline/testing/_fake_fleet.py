@@ -42,18 +42,18 @@ import pydantic
 from pydantic import Field, StringConstraints, field_validator, model_validator
 
 from pipeline._counting import CountWaiters
-from pipeline._fake_server import (
-    FakeOpenAIServer,
-    FakeResponse,
-    RecordedRequest,
-    _Stream,
-)
 from pipeline._settings import (
     Settings,
     collecting_problems,
     problems_of,
     settings_error,
     suggest,
+)
+from pipeline.testing._fake_server import (
+    FakeOpenAIServer,
+    FakeResponse,
+    RecordedRequest,
+    _Stream,
 )
 
 __all__ = [

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline._fake_server import FakeResponse, FakeServer
+from pipeline.testing._fake_server import FakeResponse, FakeServer
 
 __all__ = ["MESSAGES_PATH", "FakeAnthropicServer"]
 

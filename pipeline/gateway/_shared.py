@@ -1,0 +1,118 @@
+"""What the gateway's formats, layers and handler share, and what they need of the app.
+
+A leaf (it imports only `pipeline.gateway.wire`, `pipeline.gateway.settings` and the core):
+the inbound formats implement `InboundFormat` and `StreamEncoder` and take their stream
+headers from `SSE_HEADERS`; the layers share `NO_KEY` and `READ_TIMED_OUT`; the handler and
+the endpoints see the app's `Gateway` and `Target` through `GatewayState` and
+`ServedTarget`, so no module below the app imports it (`pipeline.gateway.app` assembles
+them and passes its objects in). A module needing more of the app adds it to a Protocol
+here, never an import of the app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from pipeline.client import ChatClient
+from pipeline.gateway.settings import GatewaySettings
+from pipeline.gateway.wire import ChatRequest, WireError
+from pipeline.types import ChatResponse, ChatResponseUpdate
+
+__all__ = [
+    "NO_KEY",
+    "READ_TIMED_OUT",
+    "SSE_HEADERS",
+    "GatewayState",
+    "InboundFormat",
+    "ServedTarget",
+    "StreamEncoder",
+]
+
+NO_KEY = -1
+"""The key position of a request to a gateway without keys."""
+
+READ_TIMED_OUT = "chat_pipeline.read_timed_out"
+"""Scope key the connection sets when the request's body did not arrive in time."""
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # Proxies (nginx) must pass each event on as it comes, not buffer the stream.
+    (b"x-accel-buffering", b"no"),
+]
+"""The response headers of an event stream, in every format."""
+
+
+class StreamEncoder(Protocol):
+    """The events of one streamed answer in an inbound format."""
+
+    def update(self, update: ChatResponseUpdate) -> str:
+        """The events for one update ("" when it carries nothing to send)."""
+
+    def end(self) -> str:
+        """The events that end a complete stream."""
+
+    def error(self, error: WireError) -> str:
+        """The in-band error event that ends this stream when it failed after output."""
+
+
+class InboundFormat(Protocol):
+    """An API the gateway serves (a path, a request body, its answers and errors)."""
+
+    path: str
+    """The endpoint, e.g. ``/v1/chat/completions``."""
+    x_api_key: bool
+    """Whether the key may come in ``x-api-key`` (Anthropic clients) besides
+    ``Authorization: Bearer``."""
+    stream_headers: list[tuple[bytes, bytes]]
+    """The response headers of a stream."""
+    request_id_header: bytes | None
+    """A header the format's clients read the request id from, sent besides
+    ``x-request-id`` (Anthropic's SDKs read ``request-id``); None for none."""
+
+    def parse(self, body: bytes, *, session_id: str | None) -> ChatRequest:
+        """The request a body describes; `WireError` (a 4xx) naming what is wrong."""
+
+    def error_body(self, error: WireError) -> bytes:
+        """The format's error body."""
+
+    def new_response_id(self) -> str:
+        """A fresh id for a response (the gateway's own: failover may change upstreams)."""
+
+    def completion(
+        self, response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
+    ) -> bytes:
+        """The body of a non-streaming answer."""
+
+    def encoder(
+        self, request: ChatRequest, *, model: str, response_id: str, created: int
+    ) -> StreamEncoder:
+        """The encoder of one streamed answer."""
+
+
+class ServedTarget(Protocol):
+    """What the handler needs of what a model name serves (`pipeline.gateway.app.Target`)."""
+
+    @property
+    def client(self) -> ChatClient: ...
+    @property
+    def instructions(self) -> str | None: ...
+    @property
+    def route(self) -> str | None: ...
+
+
+class GatewayState(Protocol):
+    """What the handler and the plain endpoints need of one worker's gateway
+    (`pipeline.gateway.app.Gateway`)."""
+
+    @property
+    def settings(self) -> GatewaySettings: ...
+    @property
+    def targets(self) -> Mapping[str, ServedTarget]: ...
+    @property
+    def models(self) -> Mapping[str, str]: ...
+    @property
+    def started_at(self) -> int: ...
+    async def readiness(self) -> tuple[bool, dict[str, str]]:
+        """Whether this worker is ready, and each check's result."""

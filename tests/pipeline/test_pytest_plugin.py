@@ -1,0 +1,44 @@
+"""The kit's opt-in pytest plugin (`pipeline.testing.pytest_plugin`), loaded by this suite's
+top-level conftest as a user's would load it."""
+
+import pytest
+
+from pipeline.providers import AnthropicChatClient, OpenAIChatClient
+from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
+
+
+def test_streaming_runs_a_test_once_per_call_shape(
+    streaming: bool, request: pytest.FixtureRequest
+) -> None:
+    shape = request.node.callspec.id
+    assert shape == ("get_streaming_response" if streaming else "get_response")
+
+
+async def test_fake_openai_server_is_started_for_the_test(
+    fake_openai_server: FakeOpenAIServer, streaming: bool
+) -> None:
+    fake_openai_server.script(FakeResponse(text="one two"))
+    async with OpenAIChatClient(
+        "gpt-test", api_key="sk-test", base_url=fake_openai_server.base_url
+    ) as client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert result.error is None and result.text == "one two"
+    assert fake_openai_server.count() == 1
+
+
+async def test_fake_anthropic_server_is_started_for_the_test(
+    fake_anthropic_server: FakeAnthropicServer, streaming: bool
+) -> None:
+    fake_anthropic_server.script(FakeResponse(text="one two"))
+    async with AnthropicChatClient(
+        "claude-test", api_key="sk-test", base_url=fake_anthropic_server.base_url
+    ) as client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert result.error is None and result.text == "one two"
+    assert fake_anthropic_server.count() == 1
+
+
+def test_no_entry_point_loads_the_plugin() -> None:
+    from importlib.metadata import entry_points
+
+    assert not [e for e in entry_points(group="pytest11") if e.value.startswith("pipeline")]

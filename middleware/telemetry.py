@@ -5,7 +5,8 @@ Promises:
 * one CLIENT span per request, current while the layers beneath run (so router attempt
   spans and provider HTTP spans nest under it), with GenAI semantic-convention attributes:
   operation, provider, request and response model, response id, finish reasons, token
-  usage, server address and port, and `error.type` with ERROR status on failure;
+  usage (with the reasoning and prompt-cache parts, `pipeline._semconv.USAGE_DETAILS`),
+  server address and port, and `error.type` with ERROR status on failure;
 * metrics ``gen_ai.client.operation.duration``, ``gen_ai.client.token.usage`` and
   ``gen_ai.client.operation.time_to_first_chunk`` (streaming);
 * never any message content, tool arguments or results, stop sequences, or exception
@@ -45,6 +46,7 @@ from pipeline._semconv import (
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,
+    USAGE_DETAILS,
     meter,
     tracer,
 )
@@ -225,6 +227,10 @@ class TelemetryChatClient(DelegatingChatClient):
                     ending[gen_ai.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
                 if usage.output_tokens is not None:
                     ending[gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+                for field, attribute, _ in USAGE_DETAILS:
+                    count = getattr(usage, field)
+                    if count is not None:
+                        ending[attribute] = count
             if first_chunk is not None and self._latest:
                 ending[gen_ai.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] = first_chunk
             if failed and error is not None:
@@ -252,6 +258,10 @@ class TelemetryChatClient(DelegatingChatClient):
                 self._tokens.record(
                     usage.output_tokens, {**labels, gen_ai.GEN_AI_TOKEN_TYPE: _OUTPUT}
                 )
+            for field, _, token_type in USAGE_DETAILS:
+                count = getattr(usage, field)
+                if count:
+                    self._tokens.record(count, {**labels, gen_ai.GEN_AI_TOKEN_TYPE: token_type})
 
     # -- calls -----------------------------------------------------------------------------
 

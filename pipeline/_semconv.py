@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_HEADER_TEMPLATE
 from opentelemetry.semconv.schemas import Schemas
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Tracer, TracerProvider
 
 __all__ = [
+    "USAGE_DETAILS",
     "BACKUP_CALLS_METRIC",
     "BREAKER_FROM",
     "BREAKER_NAME",
@@ -199,6 +201,18 @@ INVALID_ARGUMENTS: Final = "invalid_arguments"
 
 GATEWAY_MODEL: Final = "chat_pipeline.gateway.model"
 """On the gateway's span: the model name the client asked for (one `/v1/models` lists)."""
+# The parts of a response's token counts the GenAI conventions name: reasoning (of the
+# output), read from and written to a prompt cache (of the input). On the chat span they
+# are the conventions' attributes; on ``gen_ai.client.token.usage`` they are data points of
+# their own, whose ``gen_ai.token.type`` is the second name (the conventions define only
+# ``input`` and ``output``, which keep counting every token: these are parts of them, never
+# to be added to them).
+USAGE_DETAILS: Final = (
+    ("reasoning_tokens", _gen_ai.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "reasoning"),
+    ("cache_read_tokens", _gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cache_read"),
+    ("cache_write_tokens", _gen_ai.GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS, "cache_creation"),
+)
+"""(`UsageDetails` field, span attribute, token type on the usage metric)."""
 CLIENT_DISCONNECTED: Final = "chat_pipeline.gateway.client_disconnected"
 """On the gateway's span: the client went away before its answer was complete (the request
 was cancelled)."""

@@ -23,6 +23,7 @@ __all__ = [
     "ChatRole",
     "ChatTool",
     "Content",
+    "CustomTool",
     "DataContent",
     "FinishReason",
     "FunctionCallContent",
@@ -104,13 +105,26 @@ def checked_text(text: str) -> TextContent:
     return content
 
 
+CUSTOM_TOOL_INPUT = "input"
+"""The one argument a custom (free-form) tool has where an API knows only JSON tools: its
+input text (see `CustomTool`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionCallContent:
-    """A model's request to call a tool; `arguments` is the decoded JSON object."""
+    """A model's request to call a tool; `arguments` is the decoded JSON object.
+
+    A call of a custom (free-form) tool (`CustomTool`: the model writes plain text, such as
+    code, not JSON) has `custom` set and its text as the one argument ``"input"``
+    (`FunctionCallContent.custom_call`, `input_text`): an API that has custom tools (the
+    Responses API) sends it as one, every other carries it as a JSON call with that one
+    string argument, which is the schema `CustomTool.parameters` gives those APIs.
+    """
 
     call_id: str
     name: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    custom: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -120,6 +134,21 @@ class FunctionCallContent:
                 "FunctionCallContent.arguments must be a mapping, "
                 f"not {type(self.arguments).__name__}"
             )
+        if self.custom and not isinstance(self.arguments.get(CUSTOM_TOOL_INPUT), str):
+            raise TypeError("a custom tool call's arguments must be {'input': <str>}")
+
+    @classmethod
+    def custom_call(cls, call_id: str, name: str, input_text: str) -> FunctionCallContent:
+        """The call of a custom (free-form) tool whose input is `input_text`."""
+        return cls(call_id, name, {CUSTOM_TOOL_INPUT: input_text}, custom=True)
+
+    @property
+    def input_text(self) -> str | None:
+        """A custom tool call's input text (None for a JSON call)."""
+        if not self.custom:
+            return None
+        text = self.arguments.get(CUSTOM_TOOL_INPUT)
+        return text if isinstance(text, str) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +324,54 @@ class ToolDefinition(Protocol):
 
     @property
     def parameters(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CustomTool:
+    """A custom (free-form) tool: the model calls it with plain text (code, a patch), not a
+    JSON object, as the Responses API's ``{"type": "custom"}`` tools; `format` is that API's
+    input format (``{"type": "text"}``, or a ``grammar``), None for any text.
+
+    It is a `ToolDefinition` too: a provider whose API has no custom tools offers it as a
+    function of one string argument, ``"input"`` (`parameters`), and the calls come back
+    as `FunctionCallContent.custom_call`, so a route of any API can serve it.
+    """
+
+    name: str
+    description: str | None = None
+    format: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("CustomTool.name must be a non-empty str")
+
+    @property
+    def parameters(self) -> Mapping[str, Any]:
+        """The JSON schema of the one string argument an API without custom tools sees."""
+        return {
+            "type": "object",
+            "properties": {
+                CUSTOM_TOOL_INPUT: {"type": "string", "description": "The tool's input text."}
+            },
+            "required": [CUSTOM_TOOL_INPUT],
+            "additionalProperties": False,
+        }
+
+
+def custom_tool_names(tools: Iterable[Any] | None) -> frozenset[str]:
+    """The names of the custom tools among `tools`: `CustomTool`s, and custom tools in a
+    provider's own shape (``{"type": "custom", "name"}`` or ``{"type": "custom", "custom":
+    {"name"}}``)."""
+    names: set[str] = set()
+    for tool in tools or ():
+        if isinstance(tool, CustomTool):
+            names.add(tool.name)
+        elif isinstance(tool, Mapping) and tool.get("type") == "custom":
+            spec = tool.get("custom", tool)
+            name = spec.get("name") if isinstance(spec, Mapping) else None
+            if isinstance(name, str):
+                names.add(name)
+    return frozenset(names)
 
 
 ChatTool: TypeAlias = ToolDefinition | Mapping[str, Any]

@@ -27,6 +27,7 @@ SURFACES = {
         "FunctionResultContent",
         "Messages",
         "ReasoningContent",
+        "CustomTool",
         "ReasoningOptions",
         "TextContent",
         "ToolDefinition",

@@ -17,6 +17,8 @@ whole and parsed by the format (a 400 naming what is wrong) before a slot is tak
 
 from __future__ import annotations
 
+from pipeline.gateway import _builtin_tools
+from pipeline.gateway._builtin_tools import BuiltinToolPolicy
 from pipeline.gateway._exchange import (
     EXCHANGE,
     ASGIApp,
@@ -45,11 +47,14 @@ class BodyMiddleware:
     """Reads and parses the request's body into its `Exchange` (`Exchange.request`), or
     answers 400/405/408/413/415 (see the module docstring)."""
 
-    __slots__ = ("_limit", "app")
+    __slots__ = ("_builtin_tools", "_limit", "app")
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, builtin_tools: BuiltinToolPolicy = "drop"
+    ) -> None:
         self.app = app
         self._limit = max_body_bytes
+        self._builtin_tools: BuiltinToolPolicy = builtin_tools
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -88,6 +93,13 @@ class BodyMiddleware:
                     exchange.disconnected = True  # the client left before its request
                 return
             request = exchange.format.parse(body, session_id=exchange.session)
+            said = _builtin_tools.header_value(request, self._builtin_tools)
+            if said is not None:
+                exchange.extra_headers.append(
+                    (_builtin_tools.BUILTIN_TOOLS_HEADER, said.encode("latin-1"))
+                )
+                exchange.builtin_tools = said
+            _builtin_tools.apply(request, self._builtin_tools)
         except WireError as error:
             exchange.failure = error
             await exchange.error(error)

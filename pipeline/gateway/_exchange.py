@@ -88,10 +88,12 @@ class Exchange:
     __slots__ = (
         "anthropic_beta",
         "authorization",
+        "builtin_tools",
         "carrier",
         "content_length",
         "content_type",
         "disconnected",
+        "extra_headers",
         "failure",
         "format",
         "key",
@@ -154,13 +156,20 @@ class Exchange:
         self.model: str | None = None
         self.response_model: str | None = None
         self.response_id: str | None = None
+        # Headers a layer adds to whatever response the request gets (what was done with
+        # its built-in tools).
+        self.extra_headers: list[tuple[bytes, bytes]] = []
+        self.builtin_tools: str | None = None  # what was done with its built-in tools
 
     def _id_headers(self) -> list[tuple[bytes, bytes]]:
         request_id = self.request_id.encode()
         extra = self.format.request_id_header
-        if extra is None:
-            return [(REQUEST_ID_HEADER, request_id)]
-        return [(REQUEST_ID_HEADER, request_id), (extra, request_id)]
+        ids = [(REQUEST_ID_HEADER, request_id)]
+        if extra is not None:
+            ids.append((extra, request_id))
+        if self.extra_headers:
+            ids += self.extra_headers
+        return ids
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         """Send the status line and headers (with the request id)."""

@@ -51,16 +51,20 @@ from pipeline.gateway.wire import (
     _number,
 )
 from pipeline.types import (
+    CUSTOM_TOOL_INPUT,
     ChatMessage,
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
     Content,
+    CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
+    ReasoningOptions,
     TextContent,
     UsageDetails,
 )
@@ -99,8 +103,36 @@ _DROPPED = frozenset(
         "prompt_cache_key",
         "prompt_cache_retention",
         "stream_options",
+        "client_metadata",
     }
 )
+# Built-in tools: run by OpenAI's own servers, by no route behind the gateway (what happens
+# to them is `[gateway] builtin_tools`, see `pipeline.gateway._builtin_tools`).
+_BUILTIN = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "computer",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "mcp",
+        "tool_search",
+    }
+)
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+# ``reasoning`` keys: effort and summary are passed on; ``context`` (which turns' reasoning
+# the model sees, Codex sends ``"all_turns"``) is what sending the whole conversation does.
+_REASONING_KEYS = frozenset({"effort", "summary", "generate_summary", "context"})
+# The prefix of the ids the gateway gives reasoning that came without one (another API's
+# thinking): such an id names nothing upstream, and is taken off when the item comes back.
+_GATEWAY_REASONING = "rs_gw_"
 # Fields whose meaning the gateway cannot keep, and why.
 _REFUSED = {
     "previous_response_id": (
@@ -132,6 +164,15 @@ class ResponsesRequest(ChatRequest):
     parallel_tool_calls: bool = True
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
     metadata: dict[str, Any] = field(default_factory=dict)
+    include_reasoning: bool = False
+    """``include: ["reasoning.encrypted_content"]``: reasoning items carry their
+    encrypted content (what a route gave as `ReasoningContent.protected`)."""
+    reasoning: dict[str, Any] = field(default_factory=dict)
+    """The request's ``reasoning`` (effort, summary), echoed."""
+    namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Flattened tool name -> (namespace, name), for tools sent inside a ``namespace``."""
+    custom_tools: frozenset[str] = field(default_factory=frozenset)
+    """The (flattened) names of the custom (free-form) tools."""
 
 
 def _unsupported(param: str, why: str) -> WireError:
@@ -200,10 +241,65 @@ def _output_text(output: Any, param: str) -> str:
     return "".join(p.text for p in parts if isinstance(p, TextContent))
 
 
-def _conversation(source: Any) -> list[ChatMessage]:
+class _Names:
+    """Tool names as the pipeline sees them: a tool of a ``namespace`` is flattened to its
+    own name, or ``namespace__name`` where two namespaces share that name."""
+
+    def __init__(self) -> None:
+        self.flat: dict[tuple[str | None, str], str] = {}
+        self.back: dict[str, tuple[str, str]] = {}
+
+    def plan(self, entries: list[tuple[str | None, str]]) -> None:
+        counts: dict[str, int] = {}
+        for _, name in entries:
+            counts[name] = counts.get(name, 0) + 1
+        for namespace, name in entries:
+            flat = name if counts[name] == 1 or namespace is None else f"{namespace}__{name}"
+            self.flat[(namespace, name)] = flat
+            if namespace is not None:
+                self.back[flat] = (namespace, name)
+
+    def of(self, namespace: Any, name: str) -> str:
+        key = (namespace if isinstance(namespace, str) and namespace else None, name)
+        return self.flat.get(key, name)
+
+
+def _assistant(messages: list[ChatMessage]) -> ChatMessage:
+    """The assistant turn an output item joins: the last message when it is the model's."""
+    last = messages[-1] if messages else None
+    if last is not None and last.role is ChatRole.ASSISTANT:
+        return last
+    message = ChatMessage(ChatRole.ASSISTANT)
+    messages.append(message)
+    return message
+
+
+def _reasoning_input(item: Mapping[str, Any], where: str) -> ReasoningContent:
+    """A ``reasoning`` item sent back: its summary text, encrypted content and id."""
+    summary = item.get("summary", [])
+    if not isinstance(summary, list):
+        raise _invalid(f"{where}.summary", "expected a list of summary parts")
+    texts: list[str] = []
+    for index, part in enumerate(summary):
+        text = part.get("text") if isinstance(part, dict) else None
+        if not isinstance(text, str):
+            raise _invalid(f"{where}.summary[{index}].text", "expected a string")
+        texts.append(text)
+    encrypted = item.get("encrypted_content")
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise _invalid(f"{where}.encrypted_content", "expected a string")
+    item_id = item.get("id")
+    if item_id is not None and not isinstance(item_id, str):
+        raise _invalid(f"{where}.id", "expected a string")
+    if item_id is not None and item_id.startswith(_GATEWAY_REASONING):
+        item_id = None  # the gateway's own id: the route gave none
+    return ReasoningContent("\n\n".join(texts), protected=encrypted, id=item_id)
+
+
+def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
     """``input``: a string (one user message) or a list of items, in order. A model's
-    function calls join the assistant turn before them, as one Chat Completions message
-    carries its text and tool calls."""
+    reasoning, text and calls join one assistant turn, as one Chat Completions message
+    carries its text and tool calls. ``additional_tools`` items were read by `_tools`."""
     if isinstance(source, str):
         return [ChatMessage(ChatRole.USER, source)]
     if not isinstance(source, list) or not source:
@@ -221,24 +317,34 @@ def _conversation(source: Any) -> list[ChatMessage]:
             role = _ROLES.get(role_name) if isinstance(role_name, str) else None
             if role is None:
                 raise _invalid(f"{where}.role", "expected user, system, developer or assistant")
-            messages.append(
-                ChatMessage(role, _parts(item.get("content"), f"{where}.content", role))
-            )
+            parts = _parts(item.get("content"), f"{where}.content", role)
+            if role is ChatRole.ASSISTANT:
+                _assistant(messages).contents.extend(parts)
+            else:
+                messages.append(ChatMessage(role, parts))
         elif kind == "function_call":
+            name = names.of(item.get("namespace"), _string(item, "name", where))
             call = FunctionCallContent(
                 call_id=_string(item, "call_id", where),
-                name=_string(item, "name", where),
+                name=name,
                 arguments=_arguments(item.get("arguments"), f"{where}.arguments"),
             )
-            last = messages[-1] if messages else None
-            if last is not None and last.role is ChatRole.ASSISTANT:
-                last.contents.append(call)
-            else:
-                messages.append(ChatMessage(ChatRole.ASSISTANT, [call]))
-        elif kind == "function_call_output":
+            _assistant(messages).contents.append(call)
+        elif kind == "custom_tool_call":
+            text = item.get("input")
+            if not isinstance(text, str):
+                raise _invalid(f"{where}.input", "expected a string", "missing_required")
+            name = names.of(item.get("namespace"), _string(item, "name", where))
+            custom = FunctionCallContent.custom_call(_string(item, "call_id", where), name, text)
+            _assistant(messages).contents.append(custom)
+        elif kind == "reasoning":
+            _assistant(messages).contents.append(_reasoning_input(item, where))
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = _string(item, "call_id", where)
             text = _output_text(item.get("output"), f"{where}.output")
             messages.append(ChatMessage(ChatRole.TOOL, FunctionResultContent(call_id, result=text)))
+        elif kind == "additional_tools":
+            continue
         elif kind == "item_reference":
             raise _unsupported(
                 f"{where}.type",
@@ -247,43 +353,91 @@ def _conversation(source: Any) -> list[ChatMessage]:
             )
         else:
             raise _invalid(
-                f"{where}.type", "expected message, function_call or function_call_output"
+                f"{where}.type",
+                "expected message, reasoning, function_call, function_call_output, "
+                "custom_tool_call, custom_tool_call_output or additional_tools",
             )
     return messages
 
 
-def _tools(value: Any) -> tuple[list[dict[str, Any]], list[Any], frozenset[str]]:
-    """The tools as sent (echoed), as Chat Completions tool objects (for the pipeline), and
-    their names."""
+def _tool_entries(value: Any, param: str) -> list[tuple[str, dict[str, Any], str | None]]:
+    """The tools of a ``tools`` list, namespaces opened: (where, tool, namespace)."""
     if not isinstance(value, list):
-        raise _invalid("tools", "expected a list of tools")
-    chat_tools: list[Any] = []
-    names: set[str] = set()
+        raise _invalid(param, "expected a list of tools")
+    entries: list[tuple[str, dict[str, Any], str | None]] = []
     for index, tool in enumerate(value):
-        where = f"tools[{index}]"
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function":
+        where = f"{param}[{index}]"
+        if not isinstance(tool, dict):
+            raise _invalid(where, "expected a tool object")
+        if tool.get("type") == "namespace":
+            namespace = tool.get("name")
+            if not isinstance(namespace, str) or not namespace:
+                raise _invalid(f"{where}.name", "expected a namespace name")
+            inner = _tool_entries(tool.get("tools", []), f"{where}.tools")
+            entries += [(w, t, namespace) for w, t, ns in inner if ns is None]
+        else:
+            entries.append((where, tool, None))
+    return entries
+
+
+def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Names) -> list[Any]:
+    """The tools of ``tools`` and of ``additional_tools`` input items, as the pipeline's
+    tools: function tools as Chat Completions tool objects, custom tools as `CustomTool`s,
+    the tools of a namespace flattened (`_Names`); built-in tools are noted in
+    `request.builtin_tools` and left out."""
+    entries: list[tuple[str, dict[str, Any], str | None]] = []
+    for param, value in sources:
+        entries += _tool_entries(value, param)
+    kept: list[tuple[str, dict[str, Any], str | None, str]] = []
+    for where, tool, namespace in entries:
+        kind = tool.get("type")
+        if kind in _BUILTIN:
+            request.builtin_tools.append(str(kind))
+            continue
+        if kind not in ("function", "custom"):
             raise _unsupported(
-                f"{where}.type",
-                "only function tools are supported by this gateway (no built-in tools)",
+                f"{where}.type", "expected a function, custom, namespace or built-in tool"
             )
         name = tool.get("name")
         if not isinstance(name, str) or not (0 < len(name) <= 64) or not name.isascii():
-            raise _invalid(f"{where}.name", "expected a function name of 1-64 characters")
+            raise _invalid(f"{where}.name", "expected a tool name of 1-64 characters")
+        kept.append((where, tool, namespace, name))
+    names.plan([(namespace, name) for _, _, namespace, name in kept])
+    chat_tools: list[Any] = []
+    flat_names: set[str] = set()
+    custom: set[str] = set()
+    for where, tool, namespace, name in kept:
+        flat = names.of(namespace, name)
+        if flat in flat_names:
+            continue  # the same tool again (Codex repeats additional_tools in history)
+        flat_names.add(flat)
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _invalid(f"{where}.description", "expected a string")
+        if tool.get("type") == "custom":
+            fmt = tool.get("format")
+            if fmt is not None and not isinstance(fmt, dict):
+                raise _invalid(f"{where}.format", "expected a format object")
+            chat_tools.append(CustomTool(flat, description or None, fmt))
+            custom.add(flat)
+            continue
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise _invalid(f"{where}.parameters", "expected a JSON schema object")
         function = {k: v for k, v in tool.items() if k != "type" and v is not None}
+        function["name"] = flat
         chat_tools.append({"type": "function", "function": function})
-        names.add(name)
-    return list(value), chat_tools, frozenset(names)
+    request.tool_names = frozenset(flat_names)
+    request.namespaces = dict(names.back)
+    request.custom_tools = frozenset(custom)
+    return chat_tools
 
 
 def _tool_mode(value: Any, names: frozenset[str]) -> str:
     if value in ("auto", "none", "required"):
         return str(value)
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind != "function":
+    if kind not in ("function", "custom"):
         raise _unsupported(
             "tool_choice", "expected auto, none, required or a function (no built-in tools)"
         )
@@ -323,8 +477,16 @@ def _refuse_what_changes_meaning(payload: Mapping[str, Any]) -> None:
         )
     if payload.get("truncation") not in (None, "disabled"):
         raise _unsupported("truncation", "only truncation 'disabled' is supported")
-    if payload.get("include"):
-        raise _unsupported("include", "no additional output data is supported by this gateway")
+    include = payload.get("include")
+    if include is not None:
+        if not isinstance(include, list):
+            raise _invalid("include", "expected a list")
+        for index, value in enumerate(include):
+            if value != ENCRYPTED_REASONING:
+                raise _unsupported(
+                    f"include[{index}]",
+                    f"only {ENCRYPTED_REASONING!r} is supported by this gateway",
+                )
     if payload.get("top_logprobs"):
         raise _unsupported("top_logprobs", "log probabilities are not supported")
 
@@ -344,7 +506,20 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise _invalid("model", "is required (a model name from /v1/models)", "missing_required")
-    messages = _conversation(payload.get("input"))
+    source = payload.get("input")
+    request = ResponsesRequest(model=model, messages=[], options=ChatOptions())
+    tool_sources: list[tuple[str, Any]] = []
+    if payload.get("tools") is not None:
+        tool_sources.append(("tools", payload["tools"]))
+    if isinstance(source, list):
+        # Codex sends its tools as an input item (its "code mode"), besides or instead of
+        # ``tools``.
+        for index, item in enumerate(source):
+            if isinstance(item, dict) and item.get("type") == "additional_tools":
+                tool_sources.append((f"input[{index}].tools", item.get("tools", [])))
+    names = _Names()
+    chat_tools = _tools(tool_sources, request, names) if tool_sources else []
+    messages = _conversation(source, names)
     instructions = payload.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -360,16 +535,21 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         max_output_tokens=_integer(payload, "max_output_tokens", 1),
         session_id=session_id,
     )
-    request = ResponsesRequest(model=model, messages=messages, options=options, stream=bool(stream))
-    if payload.get("tools") is not None:
-        request.tools, options.tools, request.tool_names = _tools(payload["tools"])
+    request.messages = messages
+    request.options = options
+    request.stream = bool(stream)
+    request.include_reasoning = ENCRYPTED_REASONING in (payload.get("include") or [])
+    if isinstance(payload.get("tools"), list):
+        request.tools = list(payload["tools"])
+    if chat_tools:
+        options.tools = chat_tools
     choice = payload.get("tool_choice")
     if choice is not None:
         request.tool_choice = choice
         mode = _tool_mode(choice, request.tool_names)
         if options.tools:
             options.tool_mode = mode
-        elif mode != "none":
+        elif mode not in ("none", "auto") and not request.builtin_tools:
             raise _invalid("tool_choice", "needs tools")
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:
@@ -386,13 +566,22 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         if not isinstance(reasoning, dict):
             raise _invalid("reasoning", "expected an object")
         for key, value in reasoning.items():
-            if key != "effort" and value is not None:
-                raise _unsupported(f"reasoning.{key}", "only reasoning.effort is supported")
+            if key not in _REASONING_KEYS and value is not None:
+                raise _unsupported(
+                    f"reasoning.{key}", "only reasoning.effort and reasoning.summary are supported"
+                )
         effort = reasoning.get("effort")
-        if effort is not None:
-            if not isinstance(effort, str):
-                raise _invalid("reasoning.effort", "expected a string")
-            options.reasoning_effort = effort
+        if effort is not None and not isinstance(effort, str):
+            raise _invalid("reasoning.effort", "expected a string")
+        summary = reasoning.get("summary", reasoning.get("generate_summary"))
+        if summary is not None and summary not in ("auto", "concise", "detailed", "none"):
+            raise _invalid("reasoning.summary", "expected auto, concise, detailed or none")
+        if summary == "none":
+            summary = None
+        request.reasoning = {"effort": effort, "summary": summary}
+        if effort is not None or summary is not None:
+            options.reasoning = ReasoningOptions(effort=effort, summary=summary)
+            options.reasoning_effort = effort  # for layers that read the older field
     metadata = payload.get("metadata")
     if metadata is not None:
         if not isinstance(metadata, dict):
@@ -434,10 +623,13 @@ def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
     total = usage.total_tokens if usage.total_tokens is not None else prompt + output
     return {
         "input_tokens": prompt,
-        # The pipeline reports no cache or reasoning counts: none is known to have been used.
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        # What the route reported of its prompt cache and reasoning; 0 when it said nothing.
+        "input_tokens_details": {
+            "cached_tokens": usage.cache_read_tokens or 0,
+            "cache_write_tokens": usage.cache_write_tokens or 0,
+        },
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
         "total_tokens": total,
     }
 
@@ -453,17 +645,57 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
+def _custom_input(call: FunctionCallContent, request: ChatRequest) -> str | None:
+    """The input text of a call of a custom tool: a custom call's, or the ``input`` of a
+    route that offered the tool as a function of that one argument."""
+    if call.custom:
+        return call.input_text or ""
+    custom = request.custom_tools if isinstance(request, ResponsesRequest) else frozenset()
+    text = call.arguments.get(CUSTOM_TOOL_INPUT)
+    if call.name in custom and isinstance(text, str):
+        return text
+    return None
+
+
 def _call_item(
-    item_id: str, call: FunctionCallContent, arguments: str, status: str
+    item_id: str, call: FunctionCallContent, request: ChatRequest, status: str, *, empty: bool
 ) -> dict[str, Any]:
-    return {
-        "type": "function_call",
+    """A ``function_call`` or ``custom_tool_call`` item (arguments or input left empty while
+    in progress), under the tool's own name and namespace."""
+    namespaces = request.namespaces if isinstance(request, ResponsesRequest) else {}
+    namespace, name = namespaces.get(call.name, (None, call.name))
+    text = _custom_input(call, request)
+    item: dict[str, Any] = {
+        "type": "function_call" if text is None else "custom_tool_call",
         "id": item_id,
         "call_id": call.call_id or "call_" + os.urandom(8).hex(),
-        "name": call.name,
-        "arguments": arguments,
-        "status": status,
+        "name": name,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    if text is None:
+        item["arguments"] = "" if empty else _dumps(dict(call.arguments))
+    else:
+        item["input"] = "" if empty else text
+    item["status"] = status
+    return item
+
+
+def _reasoning_item(
+    item_id: str, text: str, protected: str | None, request: ChatRequest, *, done: bool
+) -> dict[str, Any]:
+    """A ``reasoning`` item: its text as the summary, its protected part as the encrypted
+    content when the request includes it."""
+    summary = [{"type": "summary_text", "text": text}] if done and text else []
+    item: dict[str, Any] = {"type": "reasoning", "id": item_id, "summary": summary}
+    include = isinstance(request, ResponsesRequest) and request.include_reasoning
+    if done and include and protected is not None:
+        item["encrypted_content"] = protected
+    return item
+
+
+def _reasoning_id(content: ReasoningContent) -> str:
+    return content.id or _item_id(_GATEWAY_REASONING)
 
 
 def _response_error(error: WireError) -> dict[str, Any]:
@@ -506,7 +738,10 @@ def _response(
         "output": output,
         "parallel_tool_calls": echo.parallel_tool_calls,
         "previous_response_id": None,
-        "reasoning": {"effort": options.reasoning_effort, "summary": None},
+        "reasoning": {
+            "effort": echo.reasoning.get("effort", options.reasoning_effort),
+            "summary": echo.reasoning.get("summary"),
+        },
         "store": False,
         "temperature": options.temperature,
         "text": {"format": echo.text_format},
@@ -519,22 +754,39 @@ def _response(
     }
 
 
-def _output(response: ChatResponse) -> list[Any]:
-    """The output items of a whole answer: text and calls, in the model's order."""
+def _output(response: ChatResponse, request: ChatRequest) -> list[Any]:
+    """The output items of a whole answer: reasoning, text and calls, in the model's
+    order."""
     output: list[Any] = []
     text: list[str] = []
+
+    def flush() -> None:
+        if text:
+            output.append(_message_item(_item_id("msg_"), "".join(text), "completed"))
+            text.clear()
+
     for message in response.messages:
         if message.role is not ChatRole.ASSISTANT:
             continue
         for content in message.contents:
             if type(content) is TextContent:
                 text.append(content.text)
+            elif type(content) is ReasoningContent:
+                flush()
+                output.append(
+                    _reasoning_item(
+                        _reasoning_id(content),
+                        content.text,
+                        content.protected,
+                        request,
+                        done=True,
+                    )
+                )
             elif type(content) is FunctionCallContent:
-                if text:
-                    output.append(_message_item(_item_id("msg_"), "".join(text), "completed"))
-                    text = []
-                arguments = _dumps(dict(content.arguments))
-                output.append(_call_item(_item_id("fc_"), content, arguments, "completed"))
+                flush()
+                output.append(
+                    _call_item(_item_id("fc_"), content, request, "completed", empty=False)
+                )
     if text or not output:
         output.append(_message_item(_item_id("msg_"), "".join(text), "completed"))
     return output
@@ -551,7 +803,7 @@ def completion(
         created=created,
         model=response.model_id or request.model,
         status="completed" if incomplete is None else "incomplete",
-        output=_output(response),
+        output=_output(response, request),
         usage=_usage(response.usage),
         incomplete=incomplete,
     )
@@ -561,8 +813,10 @@ def completion(
 class ResponsesEncoder:
     """The typed events of one streamed answer (see the module docstring), numbered.
 
-    Text is forwarded as it arrives (one delta per update); the text and calls sent are
-    also kept, since the ``.done`` events and the last event repeat them whole.
+    Text and reasoning are forwarded as they arrive (one delta per update); what was sent
+    is also kept, since the ``.done`` events and the last event repeat it whole. A
+    reasoning item stays open while its pieces come (the route's thinking, then its
+    protected part, which ends it) and is done before the next item starts.
     """
 
     __slots__ = (
@@ -571,6 +825,10 @@ class ResponsesEncoder:
         "_message",
         "_model",
         "_output",
+        "_reasoning",
+        "_reasoning_protected",
+        "_reasoning_summary",
+        "_reasoning_text",
         "_request",
         "_response_id",
         "_sequence",
@@ -589,6 +847,10 @@ class ResponsesEncoder:
         self._output: list[Any] = []  # the items done
         self._message: str | None = None  # the id of the message item open, if any
         self._text: list[str] = []
+        self._reasoning: str | None = None  # the id of the reasoning item open, if any
+        self._reasoning_text: list[str] = []
+        self._reasoning_summary = False  # whether its summary part was opened
+        self._reasoning_protected: str | None = None
         self._finish: str | None = None
         self._usage: UsageDetails | None = None
 
@@ -645,27 +907,78 @@ class ResponsesEncoder:
             + self._event("response.output_item.done", {"output_index": index, "item": item})
         )
 
+    def _reasoning_piece(self, content: ReasoningContent) -> str:
+        out = ""
+        if self._reasoning is not None and (
+            self._reasoning_protected is not None
+            or (content.id is not None and content.id != self._reasoning)
+        ):
+            out += self._close_reasoning()  # a new block of reasoning
+        if self._reasoning is None:
+            out += self._close_message()
+            self._reasoning = item_id = _reasoning_id(content)
+            self._reasoning_text = []
+            self._reasoning_summary = False
+            self._reasoning_protected = None
+            item = _reasoning_item(item_id, "", None, self._request, done=False)
+            out += self._event(
+                "response.output_item.added", {"output_index": len(self._output), "item": item}
+            )
+        where = {"item_id": self._reasoning, "output_index": len(self._output), "summary_index": 0}
+        if content.text:
+            if not self._reasoning_summary:
+                self._reasoning_summary = True
+                part = {"type": "summary_text", "text": ""}
+                out += self._event("response.reasoning_summary_part.added", {**where, "part": part})
+            self._reasoning_text.append(content.text)
+            out += self._event(
+                "response.reasoning_summary_text.delta", {**where, "delta": content.text}
+            )
+        if content.protected is not None:
+            self._reasoning_protected = content.protected
+            out += self._close_reasoning()
+        return out
+
+    def _close_reasoning(self) -> str:
+        item_id = self._reasoning
+        if item_id is None:
+            return ""
+        self._reasoning = None
+        text = "".join(self._reasoning_text)
+        index = len(self._output)
+        item = _reasoning_item(item_id, text, self._reasoning_protected, self._request, done=True)
+        self._output.append(item)
+        out = ""
+        if self._reasoning_summary:
+            where = {"item_id": item_id, "output_index": index, "summary_index": 0}
+            part = {"type": "summary_text", "text": text}
+            out += self._event("response.reasoning_summary_text.done", {**where, "text": text})
+            out += self._event("response.reasoning_summary_part.done", {**where, "part": part})
+        return out + self._event("response.output_item.done", {"output_index": index, "item": item})
+
     def _call(self, call: FunctionCallContent) -> str:
-        out = self._close_message()
+        out = self._close_reasoning() + self._close_message()
         item_id = _item_id("fc_")
-        arguments = _dumps(dict(call.arguments))
-        item = _call_item(item_id, call, arguments, "completed")
+        item = _call_item(item_id, call, self._request, "completed", empty=False)
+        added = _call_item(item_id, call, self._request, "in_progress", empty=True)
         index = len(self._output)
         self._output.append(item)
         where = {"item_id": item_id, "output_index": index}
-        return (
-            out
-            + self._event(
-                "response.output_item.added",
-                {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
+        out += self._event("response.output_item.added", {"output_index": index, "item": added})
+        if item["type"] == "custom_tool_call":
+            text = item["input"]
+            out += self._event("response.custom_tool_call_input.delta", {**where, "delta": text})
+            out += self._event("response.custom_tool_call_input.done", {**where, "input": text})
+        else:
+            arguments = item["arguments"]
+            out += self._event(
+                "response.function_call_arguments.delta", {**where, "delta": arguments}
             )
-            + self._event("response.function_call_arguments.delta", {**where, "delta": arguments})
-            + self._event(
+            out += self._event(
                 "response.function_call_arguments.done",
-                {**where, "name": call.name, "arguments": arguments},
+                {**where, "name": item["name"], "arguments": arguments},
             )
-            + self._event("response.output_item.done", {"output_index": index, "item": item})
-        )
+        return out + self._event("response.output_item.done", {"output_index": index, "item": item})
 
     def update(self, update: ChatResponseUpdate) -> str:
         out = self._start()
@@ -678,7 +991,7 @@ class ResponsesEncoder:
                 if not content.text:
                     continue
                 if self._message is None:
-                    out += self._open_message()
+                    out += self._close_reasoning() + self._open_message()
                 self._text.append(content.text)
                 out += self._event(
                     "response.output_text.delta",
@@ -690,12 +1003,14 @@ class ResponsesEncoder:
                         "logprobs": [],
                     },
                 )
+            elif isinstance(content, ReasoningContent):
+                out += self._reasoning_piece(content)
             elif isinstance(content, FunctionCallContent):
                 out += self._call(content)
         return out
 
     def end(self) -> str:
-        out = self._start()
+        out = self._start() + self._close_reasoning()
         if self._message is None and not self._output:
             out += self._open_message()  # an empty answer is still one (empty) message
         out += self._close_message()

@@ -14,7 +14,9 @@ histogram and the request's log line.
   means something.
 * One log line per request (``chat_pipeline.gateway``): request id and response id,
   status, duration, model, route, attempts, fallback, served model, the key's position,
-  and for a failure its class (never its message). A request refused or answered
+  what was done with the built-in tools it offered (``builtin_tools=dropped=web_search``,
+  only when it offered any), and for a failure its class (never its message). A request
+  refused or answered
   (2xx-4xx) is INFO; a failure of the service (5xx, or a stream cut after output) is
   WARNING; a client that left is INFO.
 * Nothing from the body, the answer or a key reaches the span, the metric or the line.
@@ -188,6 +190,7 @@ class TelemetryMiddleware:
             outcome = "ok"
         if _logger.isEnabledFor(level):
             key = exchange.key
+            builtin = exchange.builtin_tools
             # A record made directly: `Logger.log` would walk the stack for the caller's
             # file and line on every request, which the line does not show.
             record = _logger.makeRecord(
@@ -196,7 +199,7 @@ class TelemetryMiddleware:
                 __file__,
                 0,
                 "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
-                "fallback=%s served_model=%s key=%s: %s",
+                "fallback=%s served_model=%s key=%s%s: %s",
                 (
                     method,
                     self._route,
@@ -210,6 +213,8 @@ class TelemetryMiddleware:
                     str(fallback).lower() if route is not None else "-",
                     served or "-",
                     "-" if key is None or key == _NO_KEY else f"#{key}",
+                    # Only a request that offered built-in tools says what became of them.
+                    "" if builtin is None else f" builtin_tools={builtin}",
                     outcome,
                 ),
                 None,

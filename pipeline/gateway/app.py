@@ -347,7 +347,9 @@ def _format_endpoint(
     settings = gateway.settings
     handler = handler or FormatHandler(gateway, format)
     limited = LimitsMiddleware(handler, slots=slots)
-    read = BodyMiddleware(limited, max_body_bytes=settings.max_body_bytes)
+    read = BodyMiddleware(
+        limited, max_body_bytes=settings.max_body_bytes, builtin_tools=settings.builtin_tools
+    )
     authenticated = AuthMiddleware(read, keys=gateway.keys, x_api_key=format.x_api_key)
     traced = TelemetryMiddleware(
         authenticated,

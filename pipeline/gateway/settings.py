@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Collection
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints
 
@@ -143,6 +143,11 @@ class GatewaySettings(Settings):
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     """Open connections per worker process: one more closes the connection idle the longest, or,
     with none idle, is answered 503 with `Retry-After`."""
+    builtin_tools: Literal["drop", "refuse"] = "drop"
+    """What happens to a provider's built-in tools a request offers (``web_search``, Anthropic
+    server tools), which no route behind the gateway can run: ``"drop"`` serves the request
+    without them, ``"refuse"`` answers 400 naming the tool. Either way the response header
+    ``x-chat-pipeline-builtin-tools`` and the log line say what was done."""
 
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
         """Model name (or glob pattern) -> route name or ``"pipeline"``: what clients may

@@ -47,6 +47,7 @@ from pipeline.types import (
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
     TextContent,
     UsageDetails,
 )
@@ -85,6 +86,9 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     tool_names: frozenset[str] = field(default_factory=frozenset)
+    builtin_tools: list[str] = field(default_factory=list)
+    """The types of the provider-side tools the request offered, left out of the pipeline's
+    tools (see `pipeline.gateway._builtin_tools`)."""
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -392,13 +396,23 @@ def new_id() -> str:
     return "chatcmpl-" + os.urandom(12).hex()
 
 
-def _usage(usage: UsageDetails | None) -> dict[str, int] | None:
+def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
     if usage is None:
         return None
     prompt = usage.input_tokens or 0
     completion_tokens = usage.output_tokens or 0
     total = usage.total_tokens if usage.total_tokens is not None else prompt + completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": total}
+    body: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion_tokens,
+        "total_tokens": total,
+    }
+    # The parts OpenAI reports, when the route reported them.
+    if usage.cache_read_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_tokens}
+    if usage.reasoning_tokens is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return body
 
 
 def _call_payload(call: FunctionCallContent, index: int | None) -> dict[str, Any]:
@@ -412,6 +426,7 @@ def _call_payload(call: FunctionCallContent, index: int | None) -> dict[str, Any
 def completion(response: ChatResponse, *, model: str, response_id: str, created: int) -> bytes:
     """The body of a non-streaming answer: the assistant's text and tool calls."""
     text: list[str] = []
+    reasoning: list[str] = []
     calls: list[FunctionCallContent] = []
     for message in response.messages:
         if message.role is not ChatRole.ASSISTANT:
@@ -421,11 +436,17 @@ def completion(response: ChatResponse, *, model: str, response_id: str, created:
                 text.append(content.text)
             elif type(content) is FunctionCallContent:
                 calls.append(content)
+            elif type(content) is ReasoningContent and content.text:
+                reasoning.append(content.text)
     message_payload: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(text) if text or not calls else None,
         "refusal": None,
     }
+    if reasoning:
+        # Where DeepSeek, vLLM and OpenRouter-style servers put it (the text only: a
+        # provider's protected part has no place in this format).
+        message_payload["reasoning_content"] = "\n\n".join(reasoning)
     if calls:
         message_payload["tool_calls"] = [_call_payload(call, None) for call in calls]
     body = {
@@ -503,6 +524,12 @@ class ChunkEncoder:
         for content in update.contents:
             if isinstance(content, TextContent):
                 text += content.text
+            elif isinstance(content, ReasoningContent):
+                if content.text:
+                    if text:
+                        out += self._chunk({"content": text})
+                        text = ""
+                    out += self._chunk({"reasoning_content": content.text})
             elif isinstance(content, FunctionCallContent):
                 if text:
                     out += self._chunk({"content": text})

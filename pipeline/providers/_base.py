@@ -179,6 +179,15 @@ class HTTPChatClient(AsyncClosing):
     def _stream_reader(self) -> StreamReader:
         raise NotImplementedError
 
+    def _parse_response_for(self, payload: Any, options: ChatOptions | None) -> ChatResponse:
+        """`_parse_response` for a request's options (a format whose reading depends on
+        them, such as which tools are custom, overrides this)."""
+        return self._parse_response(payload)
+
+    def _stream_reader_for(self, options: ChatOptions | None) -> StreamReader:
+        """`_stream_reader` for a request's options."""
+        return self._stream_reader()
+
     @classmethod
     def stream_end(cls) -> str:
         """What ends a complete stream, in words (for errors)."""
@@ -221,16 +230,19 @@ class HTTPChatClient(AsyncClosing):
         payload = await self._transport.post_json(
             self._target, body, traced(headers), self.provider_name, self._endpoint
         )
-        return self._parse_response(payload)
+        return self._parse_response_for(payload, options)
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        body = self._prepare(messages, options, stream=True)
-        return self._stream(body, self._extra_headers(options))
+        return self._stream(
+            self._prepare(messages, options, stream=True),
+            self._stream_reader_for(options),
+            self._extra_headers(options),
+        )
 
     async def _stream(
-        self, body: bytes, extra: Mapping[str, str] | None = None
+        self, body: bytes, reader: StreamReader, extra: Mapping[str, str] | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
@@ -250,7 +262,6 @@ class HTTPChatClient(AsyncClosing):
                     batch = await next_payloads(read, payloads)
             except errors as exc:
                 raise transport_error(exc, provider, where) from exc
-            reader = self._stream_reader()
             idle = self.stream_idle_timeout
             while batch is not None:
                 for payload in batch:

@@ -3,6 +3,14 @@
 Pure functions, no I/O, so they can be tested (and fuzzed) alone. Anything a provider sends
 that does not fit the format raises a `ProviderError` saying what was wrong, never a
 `KeyError` or `JSONDecodeError`, and never quoting the payload (it may hold prompt text).
+
+Reasoning comes in where servers send it: a message's (or delta's) ``reasoning_content``
+(DeepSeek, vLLM) or ``reasoning`` (OpenRouter, Ollama) becomes `ReasoningContent` text, and
+usage's ``prompt_tokens_details.cached_tokens`` and
+``completion_tokens_details.reasoning_tokens`` are read. It is not sent back: these servers
+take no reasoning in the input (DeepSeek refuses it). Custom (free-form) tools
+(`CustomTool`) go as functions of one string argument, ``input``, and calls of them come
+back as custom calls, so any Chat Completions server can serve them.
 """
 
 from __future__ import annotations
@@ -23,15 +31,18 @@ from pipeline.providers._wire import (
     tool_spec,
 )
 from pipeline.types import (
+    CUSTOM_TOOL_INPUT,
     ChatMessage,
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
     Content,
+    CustomTool,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
     TextContent,
     UsageDetails,
     checked_text,
@@ -56,6 +67,11 @@ MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 def _tool_definition(tool: Any) -> dict[str, Any]:
+    if isinstance(tool, Mapping) and tool.get("type") == "custom":
+        # A custom tool in Chat Completions' own shape: as a function too, for any server.
+        spec_ = tool.get("custom")
+        if isinstance(spec_, Mapping) and isinstance(spec_.get("name"), str):
+            tool = CustomTool(spec_["name"], str_or_none(spec_.get("description")))
     spec = tool_spec(tool)
     if spec is None:
         return dict(tool)
@@ -99,6 +115,7 @@ def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
         text = "".join(t.text for t in texts)
         payload["content"] = text if (text or not calls) else None
     if calls:
+        # A custom call goes as the function call it was offered as (`CustomTool`).
         payload["tool_calls"] = [
             {
                 "id": c.call_id,
@@ -146,8 +163,12 @@ def build_request(
             body["tool_choice"] = _tool_choice(options.tool_mode)
     if options.response_format is not None:
         body["response_format"] = chat_response_format(options.response_format)
-    if options.reasoning_effort is not None:
-        body["reasoning_effort"] = options.reasoning_effort
+    # `ChatOptions.reasoning`'s effort wins over the older `reasoning_effort`; a budget or
+    # a summary has no Chat Completions field and is dropped.
+    effort = options.reasoning.effort if options.reasoning is not None else None
+    effort = effort or options.reasoning_effort
+    if effort is not None:
+        body["reasoning_effort"] = effort
     # The escape hatch for provider-specific fields; never overrides what the request needs.
     for key, value in options.additional_properties.items():
         body.setdefault(key, value)
@@ -169,14 +190,48 @@ def chat_response_format(value: Any) -> Any:
 # -- responses --------------------------------------------------------------------------------
 
 
+def _detail(details: Any, key: str) -> int | None:
+    return int_or_none(details.get(key)) if isinstance(details, Mapping) else None
+
+
 def parse_usage(value: Any) -> UsageDetails | None:
+    """A ``usage`` object, with its cached prompt tokens and reasoning tokens."""
     if not isinstance(value, Mapping):
         return None
+    prompt_details = value.get("prompt_tokens_details")
     return UsageDetails(
         input_tokens=int_or_none(value.get("prompt_tokens")),
         output_tokens=int_or_none(value.get("completion_tokens")),
         total_tokens=int_or_none(value.get("total_tokens")),
+        reasoning_tokens=_detail(value.get("completion_tokens_details"), "reasoning_tokens"),
+        cache_read_tokens=_detail(prompt_details, "cached_tokens"),
+        cache_write_tokens=_detail(prompt_details, "cache_write_tokens"),
     )
+
+
+# Where servers put a message's reasoning text: DeepSeek and vLLM, OpenRouter and Ollama.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
+
+
+def _reasoning_text(message: Mapping[str, Any], provider: str) -> str | None:
+    for key in _REASONING_FIELDS:
+        value = message.get(key)
+        if value is None:
+            continue
+        if type(value) is not str:
+            raise malformed(provider, f"the message's {key} is not a string")
+        return value
+    return None
+
+
+def _call(call_id: str, name: str, arguments: Any, custom: frozenset[str], provider: str) -> Any:
+    """A tool call; one of a custom tool (offered as a function of ``input``) as a custom
+    call, when its arguments are that one string."""
+    decoded = parse_arguments(arguments, provider)
+    text = decoded.get(CUSTOM_TOOL_INPUT)
+    if name in custom and isinstance(text, str) and len(decoded) == 1:
+        return FunctionCallContent.custom_call(call_id, name, text)
+    return FunctionCallContent(call_id=call_id, name=name, arguments=decoded)
 
 
 def _first_choice(payload: Mapping[str, Any], provider: str) -> Mapping[str, Any] | None:
@@ -193,8 +248,11 @@ def _first_choice(payload: Mapping[str, Any], provider: str) -> Mapping[str, Any
     return choice
 
 
-def parse_response(payload: Any, provider: str) -> ChatResponse:
-    """A non-streaming Chat Completions response."""
+def parse_response(
+    payload: Any, provider: str, custom_tools: frozenset[str] = frozenset()
+) -> ChatResponse:
+    """A non-streaming Chat Completions response (`custom_tools`: the names of the request's
+    custom tools, whose calls come back as custom calls)."""
     if not isinstance(payload, Mapping):
         raise malformed(provider, "the body is not a JSON object")
     if "error" in payload and payload.get("error"):
@@ -206,6 +264,9 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
     if not isinstance(message, Mapping):
         raise malformed(provider, "the choice has no message object")
     contents: list[Content] = []
+    reasoning = _reasoning_text(message, provider)
+    if reasoning:
+        contents.append(ReasoningContent(reasoning))
     text = message.get("content")
     if text is not None and not isinstance(text, str):
         raise malformed(provider, "message content is not a string")
@@ -218,12 +279,9 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
         function = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise malformed(provider, "a tool call has no function name")
+        call_id = str_or_none(call.get("id")) or ""
         contents.append(
-            FunctionCallContent(
-                call_id=str_or_none(call.get("id")) or "",
-                name=function["name"],
-                arguments=parse_arguments(function.get("arguments"), provider),
-            )
+            _call(call_id, function["name"], function.get("arguments"), custom_tools, provider)
         )
     return ChatResponse(
         messages=[ChatMessage(ChatRole.ASSISTANT, contents)],
@@ -248,8 +306,9 @@ class StreamAssembler:
     """Turns streamed chunks into updates; tool-call deltas are assembled by index and
     emitted whole when the choice finishes (or the stream ends)."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, custom_tools: frozenset[str] = frozenset()) -> None:
         self.provider = provider
+        self.custom_tools = custom_tools
         self._calls: dict[int, _PendingCall] = {}
         self.finished = False
 
@@ -257,10 +316,12 @@ class StreamAssembler:
         if any(not pending.name for pending in self._calls.values()):
             raise malformed(self.provider, "a streamed tool call has no function name")
         calls: list[Content] = [
-            FunctionCallContent(
-                call_id=pending.call_id,
-                name=pending.name,
-                arguments=parse_arguments("".join(pending.arguments), self.provider),
+            _call(
+                pending.call_id,
+                pending.name,
+                "".join(pending.arguments),
+                self.custom_tools,
+                self.provider,
             )
             for _, pending in sorted(self._calls.items())
         ]
@@ -283,6 +344,10 @@ class StreamAssembler:
             delta = choice.get("delta") or {}
             if type(delta) is not dict:
                 raise malformed(self.provider, "a chunk's delta is not an object")
+            if "reasoning_content" in delta or "reasoning" in delta:
+                reasoning = _reasoning_text(delta, self.provider)
+                if reasoning:
+                    contents.append(ReasoningContent(reasoning))
             text = delta.get("content")
             if text is not None:
                 if type(text) is not str:

@@ -6,7 +6,14 @@ quoting the payload. Output items and events this module does not know (``reason
 built-in tools, new ones) are skipped.
 
 Requests carry the whole conversation and ``store: false``: nothing is kept on the server
-between requests (a pipeline may send the next turn to another route).
+between requests (a pipeline may send the next turn to another route). Reasoning goes
+both ways: when the request asks for reasoning (or carries reasoning back), it asks
+``include: ["reasoning.encrypted_content"]``; ``reasoning`` output items become
+`ReasoningContent` (summary text, ``encrypted_content`` as `protected`, the item id) and are
+sent back as ``reasoning`` input items on the next turn. Reasoning without an item id and
+encrypted content (another API's thinking) cannot be verified by this API and is not sent.
+Custom (free-form) tools (`CustomTool`) go as ``custom`` tools; their calls and outputs are
+``custom_tool_call`` and ``custom_tool_call_output`` items.
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ from pipeline.types import (
     ChatResponseUpdate,
     ChatRole,
     Content,
+    CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    ReasoningContent,
     TextContent,
     UsageDetails,
     checked_text,
@@ -44,6 +53,7 @@ from pipeline.types import (
 
 __all__ = [
     "END_EVENTS",
+    "ENCRYPTED_REASONING",
     "ResponsesStreamReader",
     "build_request",
     "parse_response",
@@ -58,6 +68,9 @@ END_EVENTS = frozenset({"response.completed", "response.incomplete"})
 
 _ASSISTANT = ChatRole.ASSISTANT
 
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+"""The ``include`` value that asks for reasoning items' ``encrypted_content``."""
+
 # -- requests ---------------------------------------------------------------------------------
 
 
@@ -65,6 +78,13 @@ def tool_definition(tool: Any) -> dict[str, Any]:
     """A function tool as the Responses API takes it: flat, ``{"type": "function", "name",
     "description", "parameters"}``. A Chat Completions tool dict (the function nested under
     ``function``) is the same tool described the other way; other dicts go as they are."""
+    if isinstance(tool, CustomTool):
+        custom: dict[str, Any] = {"type": "custom", "name": tool.name}
+        if tool.description:
+            custom["description"] = tool.description
+        if tool.format is not None:
+            custom["format"] = dict(tool.format)
+        return custom
     spec = tool_spec(tool)
     if spec is not None:
         definition: dict[str, Any] = {"type": "function", "name": spec.name}
@@ -75,6 +95,9 @@ def tool_definition(tool: Any) -> dict[str, Any]:
     function = tool.get("function") if tool.get("type") == "function" else None
     if isinstance(function, Mapping):
         return {"type": "function", **function}
+    custom_spec = tool.get("custom") if tool.get("type") == "custom" else None
+    if isinstance(custom_spec, Mapping):  # Chat Completions' shape of a custom tool
+        return {"type": "custom", **custom_spec}
     return dict(tool)
 
 
@@ -97,31 +120,103 @@ def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
     return parts
 
 
-def _items(message: ChatMessage) -> list[dict[str, Any]]:
+def _reasoning_item(content: ReasoningContent) -> dict[str, Any] | None:
+    """A reasoning item to send back, or None for reasoning this API cannot verify (no
+    item id or no encrypted content: with ``store: false`` nothing else can be resolved)."""
+    if content.protected is None or not content.id:
+        return None
+    summary = [{"type": "summary_text", "text": content.text}] if content.text else []
+    return {
+        "type": "reasoning",
+        "id": content.id,
+        "summary": summary,
+        "encrypted_content": content.protected,
+    }
+
+
+def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str, Any]]:
     role = message.role
     if role is ChatRole.TOOL:
         return [
-            {"type": "function_call_output", "call_id": c.call_id, "output": tool_result_text(c)}
+            {
+                "type": (
+                    "custom_tool_call_output"
+                    if c.call_id in custom_calls
+                    else "function_call_output"
+                ),
+                "call_id": c.call_id,
+                "output": tool_result_text(c),
+            }
             for c in message.contents
             if isinstance(c, FunctionResultContent)
         ]
     if role is ChatRole.USER:
         return [{"role": "user", "content": _user_content(message)}]
-    text = "".join(c.text for c in message.contents if isinstance(c, TextContent))
+    if role is not ChatRole.ASSISTANT:
+        joined = "".join(c.text for c in message.contents if isinstance(c, TextContent))
+        return [{"role": role.value, "content": joined}]
+    # The model's turn, in its order: reasoning before the call it led to.
     items: list[dict[str, Any]] = []
-    if text or role is not ChatRole.ASSISTANT:
-        items.append({"role": role.value, "content": text})
-    items += [
-        {
-            "type": "function_call",
-            "call_id": c.call_id,
-            "name": c.name,
-            "arguments": json.dumps(dict(c.arguments)),
-        }
-        for c in message.contents
-        if isinstance(c, FunctionCallContent)
-    ]
+    text: list[str] = []
+
+    def flush() -> None:
+        if text:
+            items.append({"role": "assistant", "content": "".join(text)})
+            text.clear()
+
+    for c in message.contents:
+        if isinstance(c, TextContent):
+            text.append(c.text)
+        elif isinstance(c, ReasoningContent):
+            item = _reasoning_item(c)
+            if item is not None:
+                flush()
+                items.append(item)
+        elif isinstance(c, FunctionCallContent):
+            flush()
+            if c.custom:
+                items.append(
+                    {
+                        "type": "custom_tool_call",
+                        "call_id": c.call_id,
+                        "name": c.name,
+                        "input": c.input_text or "",
+                    }
+                )
+            else:
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": c.call_id,
+                        "name": c.name,
+                        "arguments": json.dumps(dict(c.arguments)),
+                    }
+                )
+    flush()
     return items
+
+
+def _custom_call_ids(messages: Sequence[ChatMessage]) -> frozenset[str]:
+    return frozenset(
+        c.call_id
+        for m in messages
+        if m.role is ChatRole.ASSISTANT
+        for c in m.contents
+        if type(c) is FunctionCallContent and c.custom
+    )
+
+
+def reasoning_request(options: ChatOptions) -> dict[str, Any] | None:
+    """The ``reasoning`` object of a request: `ChatOptions.reasoning` (its effort wins over
+    the older `ChatOptions.reasoning_effort`) and its summary; None when neither is set."""
+    reasoning: dict[str, Any] = {}
+    effort = options.reasoning.effort if options.reasoning is not None else None
+    effort = effort or options.reasoning_effort
+    if effort is not None:
+        reasoning["effort"] = effort
+    if options.reasoning is not None and options.reasoning.summary is not None:
+        reasoning["summary"] = options.reasoning.summary
+    return reasoning or None
 
 
 def build_request(
@@ -134,14 +229,18 @@ def build_request(
     sent. `additional_properties` are merged in (``parallel_tool_calls``, ``truncation``,
     ``service_tier``...), never overriding what the request needs.
     """
+    custom_calls = _custom_call_ids(messages)
     body: dict[str, Any] = {
         "model": model,
-        "input": [item for message in messages for item in _items(message)],
+        "input": [item for message in messages for item in _items(message, custom_calls)],
         "store": False,
     }
     if stream:
         body["stream"] = True
+    carries_reasoning = any(item.get("type") == "reasoning" for item in body["input"])
     if options is None:
+        if carries_reasoning:
+            body["include"] = [ENCRYPTED_REASONING]
         return body
     if options.stop:
         raise ValueError("the Responses API takes no stop sequences (ChatOptions.stop)")
@@ -164,8 +263,16 @@ def build_request(
         text["verbosity"] = extra.pop("verbosity")
     if text:
         body["text"] = text
-    if options.reasoning_effort is not None:
-        body["reasoning"] = {"effort": options.reasoning_effort}
+    reasoning = reasoning_request(options)
+    if reasoning is not None:
+        body["reasoning"] = reasoning
+    if reasoning is not None or carries_reasoning:
+        # Nothing is stored (store: false): the reasoning comes back encrypted, to be sent
+        # back on the next turn of a tool loop.
+        include = list(extra.pop("include", None) or [])
+        if ENCRYPTED_REASONING not in include:
+            include.append(ENCRYPTED_REASONING)
+        body["include"] = include
     for key, value in extra.items():
         body.setdefault(key, value)
     return body
@@ -184,13 +291,24 @@ def text_format(chat_format: Any) -> Any:
 # -- responses --------------------------------------------------------------------------------
 
 
+def _detail(details: Any, key: str) -> int | None:
+    return int_or_none(details.get(key)) if isinstance(details, Mapping) else None
+
+
 def parse_usage(value: Any) -> UsageDetails | None:
+    """A response's ``usage``, with the cached part of the input
+    (``input_tokens_details.cached_tokens``) and the reasoning part of the output
+    (``output_tokens_details.reasoning_tokens``)."""
     if not isinstance(value, Mapping):
         return None
+    input_details = value.get("input_tokens_details")
     return UsageDetails(
         input_tokens=int_or_none(value.get("input_tokens")),
         output_tokens=int_or_none(value.get("output_tokens")),
         total_tokens=int_or_none(value.get("total_tokens")),
+        reasoning_tokens=_detail(value.get("output_tokens_details"), "reasoning_tokens"),
+        cache_read_tokens=_detail(input_details, "cached_tokens"),
+        cache_write_tokens=_detail(input_details, "cache_write_tokens"),
     )
 
 
@@ -227,6 +345,45 @@ def _function_call(item: Mapping[str, Any], arguments: Any, provider: str) -> Fu
     )
 
 
+def _custom_call(item: Mapping[str, Any], text: Any, provider: str) -> FunctionCallContent:
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise malformed(provider, "a custom_tool_call item has no name")
+    if not isinstance(text, str):
+        raise malformed(provider, "a custom_tool_call item has no input text")
+    return FunctionCallContent.custom_call(str_or_none(item.get("call_id")) or "", name, text)
+
+
+def _texts(parts: Any, kind: str, provider: str) -> list[str]:
+    if parts is None:
+        return []
+    if not isinstance(parts, list):
+        raise malformed(provider, "a reasoning item's parts are not a list")
+    texts = []
+    for part in parts:
+        text = part.get("text") if isinstance(part, Mapping) else None
+        if not isinstance(text, str):
+            raise malformed(provider, "a reasoning part has no text")
+        if part.get("type") == kind:
+            texts.append(text)
+    return texts
+
+
+def _reasoning(item: Mapping[str, Any], provider: str) -> ReasoningContent | None:
+    """A reasoning output item: its summary (or, from servers that show it, its reasoning
+    text), its encrypted content and id; None when it carries none of them."""
+    texts = _texts(item.get("summary"), "summary_text", provider)
+    if not texts:
+        texts = _texts(item.get("content"), "reasoning_text", provider)
+    encrypted = item.get("encrypted_content")
+    if encrypted is not None and not isinstance(encrypted, str):
+        raise malformed(provider, "a reasoning item's encrypted content is not a string")
+    text = "\n\n".join(texts)
+    if not text and encrypted is None:
+        return None
+    return ReasoningContent(text, protected=encrypted, id=str_or_none(item.get("id")))
+
+
 def _failed(response: Mapping[str, Any], provider: str) -> ProviderError:
     return error_from_payload(response.get("error"), provider)
 
@@ -248,6 +405,12 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
         kind = item.get("type")
         if kind == "function_call":
             contents.append(_function_call(item, item.get("arguments"), provider))
+        elif kind == "custom_tool_call":
+            contents.append(_custom_call(item, item.get("input"), provider))
+        elif kind == "reasoning":
+            reasoning = _reasoning(item, provider)
+            if reasoning is not None:
+                contents.append(reasoning)
         elif kind == "message":
             parts = item.get("content")
             if not isinstance(parts, list):
@@ -276,6 +439,13 @@ def parse_response(payload: Any, provider: str) -> ChatResponse:
     )
 
 
+# Reasoning text as it streams: summary text, or the reasoning itself from servers that
+# show it (open models behind vLLM-style servers).
+_REASONING_DELTAS = frozenset(
+    {"response.reasoning_summary_text.delta", "response.reasoning_text.delta"}
+)
+
+
 class _Call:
     __slots__ = ("item", "parts")
 
@@ -298,6 +468,7 @@ class ResponsesStreamReader:
         self._model_id: str | None = None
         self._called = False
         self._refused = False
+        self._reasoned: set[str] = set()  # reasoning items whose text came in deltas
 
     def _update(
         self,
@@ -323,6 +494,29 @@ class ResponsesStreamReader:
             raise malformed(self.provider, "a function call event for no open function call")
         return call
 
+    def _reasoning_delta(self, payload: Mapping[str, Any]) -> ChatResponseUpdate | None:
+        delta = payload.get("delta")
+        if type(delta) is not str:
+            raise malformed(self.provider, "a reasoning delta that is not text")
+        item_id = str_or_none(payload.get("item_id"))
+        if item_id is not None:
+            self._reasoned.add(item_id)
+        return self._update([ReasoningContent(delta, id=item_id)]) if delta else None
+
+    def _reasoning_done(self, item: Mapping[str, Any]) -> ChatResponseUpdate | None:
+        """A reasoning item done: its encrypted content (the deltas said the text), or the
+        whole item when no delta came for it."""
+        item_id = str_or_none(item.get("id"))
+        if item_id is not None and item_id in self._reasoned:
+            encrypted = item.get("encrypted_content")
+            if encrypted is None:
+                return None
+            if not isinstance(encrypted, str):
+                raise malformed(self.provider, "a reasoning item's encrypted content is not text")
+            return self._update([ReasoningContent("", protected=encrypted, id=item_id)])
+        reasoning = _reasoning(item, self.provider)
+        return None if reasoning is None else self._update([reasoning])
+
     def feed(self, payload: Any) -> ChatResponseUpdate | None:
         if type(payload) is not dict:
             raise malformed(self.provider, "a stream event is not a JSON object")
@@ -334,7 +528,18 @@ class ResponsesStreamReader:
             if kind == "response.refusal.delta":
                 self._refused = True
             return self._update([checked_text(delta)]) if delta else None
-        if kind == "response.function_call_arguments.delta":
+        if kind in _REASONING_DELTAS:
+            return self._reasoning_delta(payload)
+        if kind == "response.reasoning_summary_part.added":
+            # Summary parts after the first are paragraphs of one summary.
+            index = payload.get("summary_index")
+            if type(index) is int and index > 0:
+                return self._reasoning_delta({**payload, "delta": "\n\n"})
+            return None
+        if (
+            kind == "response.function_call_arguments.delta"
+            or kind == "response.custom_tool_call_input.delta"
+        ):
             delta = payload.get("delta")
             if type(delta) is not str:
                 raise malformed(self.provider, "a function call arguments delta that is not text")
@@ -345,16 +550,22 @@ class ResponsesStreamReader:
             index = payload.get("output_index")
             if type(item) is not dict or type(index) is not int:
                 raise malformed(self.provider, "an output item event without an item and index")
-            if item.get("type") != "function_call":
+            item_kind = item.get("type")
+            if item_kind == "reasoning":
+                return None if kind == "response.output_item.added" else self._reasoning_done(item)
+            if item_kind != "function_call" and item_kind != "custom_tool_call":
                 return None
             if kind == "response.output_item.added":
                 self._calls[index] = _Call(item)
                 return None
             call = self._calls.pop(index, None)
-            arguments = item.get("arguments")
+            field = "arguments" if item_kind == "function_call" else "input"
+            arguments = item.get(field)
             if type(arguments) is not str and call is not None:
                 arguments = "".join(call.parts)
             self._called = True
+            if item_kind == "custom_tool_call":
+                return self._update([_custom_call(item, arguments, self.provider)])
             return self._update([_function_call(item, arguments, self.provider)])
         if kind == "response.created" or kind == "response.in_progress":
             response = self._response(payload)

@@ -38,7 +38,7 @@ from pipeline.providers._chat_completions import (
     parse_response,
 )
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages, custom_tool_names
 
 if TYPE_CHECKING:
     import aiohttp
@@ -201,3 +201,11 @@ class OpenAIChatClient(OpenAIAPIClient):
 
     def _stream_reader(self) -> StreamReader:
         return StreamAssembler(self.provider_name)
+
+    def _parse_response_for(self, payload: Any, options: ChatOptions | None) -> ChatResponse:
+        custom = custom_tool_names(options.tools if options is not None else None)
+        return parse_response(payload, self.provider_name, custom)
+
+    def _stream_reader_for(self, options: ChatOptions | None) -> StreamReader:
+        custom = custom_tool_names(options.tools if options is not None else None)
+        return StreamAssembler(self.provider_name, custom)

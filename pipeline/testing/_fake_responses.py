@@ -6,16 +6,22 @@ machinery (faults, delays, cuts) is `pipeline.testing._fake_server`'s. A request
 refuse (an unknown parameter, a tool in the Chat Completions shape, an input item without
 its required fields, ``max_output_tokens`` below 16) is a 400 naming the parameter, so a
 client that sends the wrong shape fails its tests here rather than against the real API.
+
+Reasoning is checked as strictly: ``encrypted_content`` comes back only when the request
+``include``s ``reasoning.encrypted_content``, and a reasoning item sent back must carry one
+this server issued (else 400 ``invalid_encrypted_content``; without one, 404: with
+``store: false`` nothing else can be found).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-__all__ = ["RESPONSES_PATH", "events", "problem", "response_body"]
+__all__ = ["RESPONSES_PATH", "events", "problem", "reasoning_returned", "response_body"]
 
 RESPONSES_PATH = "/v1/responses"
 
@@ -54,6 +60,15 @@ _PARTS = frozenset({"input_text", "input_image", "input_file", "output_text", "r
 # Why a response stops short: a `FakeResponse.stop_reason` naming one is answered
 # ``incomplete`` with that reason.
 _INCOMPLETE = frozenset({"max_output_tokens", "content_filter"})
+_ENCRYPTED = "reasoning.encrypted_content"
+_INCLUDES = frozenset(
+    {
+        _ENCRYPTED,
+        "message.output_text.logprobs",
+        "message.input_image.image_url",
+        "web_search_call.action.sources",
+    }
+)
 
 
 class FakeResponse(Protocol):
@@ -74,6 +89,14 @@ class FakeResponse(Protocol):
     def in_band_error(self) -> Mapping[str, Any] | None: ...
     @property
     def error_after(self) -> int: ...
+    @property
+    def reasoning(self) -> str | None: ...
+    @property
+    def reasoning_tokens(self) -> int: ...
+    @property
+    def cache_usage(self) -> tuple[int, int]: ...
+    @property
+    def custom_tool_calls(self) -> Sequence[tuple[str, str]]: ...
     def pieces(self) -> list[str]: ...
     def argument_pieces(self, arguments: str) -> list[str]: ...
 
@@ -97,7 +120,12 @@ def _item_problem(item: Any, where: str) -> tuple[str, str] | None:
     required = {
         "function_call": ("call_id", "name", "arguments"),
         "function_call_output": ("call_id", "output"),
+        "custom_tool_call": ("call_id", "name", "input"),
+        "custom_tool_call_output": ("call_id", "output"),
+        "reasoning": ("id",),
     }.get(kind)
+    if kind == "reasoning" and not isinstance(item.get("summary"), list):
+        return f"{where}.summary", f"Missing required parameter: '{where}.summary'."
     if required is None:
         return f"{where}.type", "Invalid value."
     for field in required:
@@ -107,8 +135,49 @@ def _item_problem(item: Any, where: str) -> tuple[str, str] | None:
     return None
 
 
-def problem(payload: Any) -> tuple[str, str] | None:
-    """What the API would refuse in a request body: ``(param, message)``, else None."""
+def _reasoning_problem(source: list[Any], issued: set[str]) -> tuple[str, str, int, str] | None:
+    for index, item in enumerate(source):
+        if item.get("type") != "reasoning":
+            continue
+        encrypted = item.get("encrypted_content")
+        if encrypted is None:
+            return (
+                f"input[{index}]",
+                f"Item with id '{item.get('id')}' not found. Items are not persisted when "
+                "`store` is set to false.",
+                404,
+                "not_found",
+            )
+        if encrypted not in issued:
+            return (
+                f"input[{index}].encrypted_content",
+                "The encrypted content could not be verified.",
+                400,
+                "invalid_encrypted_content",
+            )
+    return None
+
+
+def reasoning_returned(payload: Any) -> int:
+    """How many reasoning items with encrypted content a (checked) request sent back."""
+    source = payload.get("input") if isinstance(payload, dict) else None
+    if not isinstance(source, list):
+        return 0
+    return sum(
+        1
+        for item in source
+        if isinstance(item, dict)
+        and item.get("type") == "reasoning"
+        and item.get("encrypted_content") is not None
+    )
+
+
+def problem(
+    payload: Any, issued: set[str] | None = None
+) -> tuple[str, str] | tuple[str, str, int, str] | None:
+    """What the API would refuse in a request body: ``(param, message)`` (a 400), or
+    ``(param, message, status, code)``; else None. `issued` is the encrypted reasoning the
+    server gave out, which alone may come back."""
     if not isinstance(payload, dict):
         return "body", "The body must be a JSON object."
     for key in payload:
@@ -124,9 +193,19 @@ def problem(payload: Any) -> tuple[str, str] | None:
             found = _item_problem(item, f"input[{index}]")
             if found is not None:
                 return found
+        reasoning = _reasoning_problem(source, issued if issued is not None else set())
+        if reasoning is not None:
+            return reasoning
+    include = payload.get("include")
+    if include is not None:
+        if not isinstance(include, list):
+            return "include", "Invalid type: expected an array."
+        for index, value in enumerate(include):
+            if value not in _INCLUDES:
+                return f"include[{index}]", "Invalid value."
     for index, tool in enumerate(payload.get("tools") or []):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            return f"tools[{index}].type", "Invalid value: only function tools are faked."
+        if not isinstance(tool, dict) or tool.get("type") not in ("function", "custom"):
+            return f"tools[{index}].type", "Invalid value: only function and custom tools here."
         if not isinstance(tool.get("name"), str):
             return f"tools[{index}].name", f"Missing required parameter: 'tools[{index}].name'."
     limit = payload.get("max_output_tokens")
@@ -159,9 +238,50 @@ def _call(index: int, name: str, arguments: str, status: str) -> dict[str, Any]:
     }
 
 
-def _output(response: FakeResponse, message_id: str) -> list[dict[str, Any]]:
-    output = [_message(message_id, response.text, "completed")] if response.text else []
+def _custom_call(index: int, name: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "type": "custom_tool_call",
+        "id": f"ctc_{index}",
+        "call_id": f"call_custom_{index}",
+        "name": name,
+        "input": text,
+        "status": status,
+    }
+
+
+class _Reasoning:
+    """The reasoning item of one answer, as the request asked to see it."""
+
+    def __init__(
+        self, payload: Mapping[str, Any], response: FakeResponse, number: int, issued: set[str]
+    ) -> None:
+        reasoning = payload.get("reasoning")
+        self.summary = isinstance(reasoning, dict) and reasoning.get("summary") is not None
+        self.id = f"rs_fake_{number}"
+        self.text = response.reasoning or ""
+        self.encrypted: str | None = None
+        if _ENCRYPTED in (payload.get("include") or []):
+            self.encrypted = "gAAAAB" + os.urandom(24).hex()
+            issued.add(self.encrypted)
+
+    def item(self, *, done: bool) -> dict[str, Any]:
+        summary = [{"type": "summary_text", "text": self.text}] if done and self.summary else []
+        item: dict[str, Any] = {"type": "reasoning", "id": self.id, "summary": summary}
+        if done and self.encrypted is not None:
+            item["encrypted_content"] = self.encrypted
+        return item
+
+
+def _output(
+    response: FakeResponse, message_id: str, reasoning: _Reasoning | None
+) -> list[dict[str, Any]]:
+    output = [reasoning.item(done=True)] if reasoning is not None else []
+    if response.text:
+        output.append(_message(message_id, response.text, "completed"))
     output += [_call(i, n, a, "completed") for i, (n, a) in enumerate(response.tool_calls)]
+    output += [
+        _custom_call(i, n, t, "completed") for i, (n, t) in enumerate(response.custom_tool_calls)
+    ]
     return output
 
 
@@ -169,9 +289,12 @@ def _usage(response: FakeResponse) -> dict[str, Any]:
     prompt, completion = response.usage
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": response.cache_usage[1],
+            "cache_write_tokens": response.cache_usage[0],
+        },
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": response.reasoning_tokens},
         "total_tokens": prompt + completion,
     }
 
@@ -201,7 +324,10 @@ def _response(
         "output": output,
         "parallel_tool_calls": payload.get("parallel_tool_calls", True),
         "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {
+            "effort": (payload.get("reasoning") or {}).get("effort"),
+            "summary": (payload.get("reasoning") or {}).get("summary"),
+        },
         "store": payload.get("store", True),
         "temperature": payload.get("temperature", 1.0),
         "text": payload.get("text") or {"format": {"type": "text"}},
@@ -218,9 +344,24 @@ def _status(response: FakeResponse) -> str:
     return "incomplete" if response.stop_reason in _INCOMPLETE else "completed"
 
 
-def response_body(payload: Mapping[str, Any], response: FakeResponse, number: int) -> Any:
-    """The body of a non-streaming answer to request `number`."""
-    output = _output(response, f"msg_fake_{number}")
+def _reasoning_of(
+    payload: Mapping[str, Any], response: FakeResponse, number: int, issued: set[str] | None
+) -> _Reasoning | None:
+    if response.reasoning is None:
+        return None
+    return _Reasoning(payload, response, number, issued if issued is not None else set())
+
+
+def response_body(
+    payload: Mapping[str, Any],
+    response: FakeResponse,
+    number: int,
+    issued: set[str] | None = None,
+) -> Any:
+    """The body of a non-streaming answer to request `number` (`issued` collects the
+    encrypted reasoning it gives out)."""
+    reasoning = _reasoning_of(payload, response, number, issued)
+    output = _output(response, f"msg_fake_{number}", reasoning)
     return _response(
         payload, response, number, status=_status(response), output=output, usage=_usage(response)
     )
@@ -233,38 +374,65 @@ def _event(kind: str, sequence: int, **fields: Any) -> str:
 
 
 def events(
-    payload: Mapping[str, Any], response: FakeResponse, number: int
+    payload: Mapping[str, Any],
+    response: FakeResponse,
+    number: int,
+    issued: set[str] | None = None,
 ) -> tuple[list[str], str, str, int]:
     """A streamed answer to request `number`: its events (the last, which ends the stream,
     apart), the ``error`` event `in_band_error` injects, and the index of the first
-    event with content."""
+    event with content (`issued` collects the encrypted reasoning it gives out)."""
     message_id = f"msg_fake_{number}"
+    reasoning = _reasoning_of(payload, response, number, issued)
     start = _response(payload, response, number, status="in_progress", output=[], usage=None)
     kinds: list[tuple[str, dict[str, Any]]] = [
         ("response.created", {"response": start}),
         ("response.in_progress", {"response": start}),
     ]
-    pieces = response.pieces()
-    first_content = 4 if pieces else 3
+    first: list[int] = []  # the index of the first event with content, once there is one
+
+    def content(kind: str, fields: dict[str, Any]) -> None:
+        if not first:
+            first.append(len(kinds))
+        kinds.append((kind, fields))
+
     output_index = 0
+    if reasoning is not None:
+        kinds.append(
+            ("response.output_item.added", {"output_index": 0, "item": reasoning.item(done=False)})
+        )
+        if reasoning.summary and reasoning.text:
+            where = {"item_id": reasoning.id, "output_index": 0, "summary_index": 0}
+            summary_part = {"type": "summary_text", "text": ""}
+            kinds.append(("response.reasoning_summary_part.added", {**where, "part": summary_part}))
+            words = reasoning.text.split(" ")
+            for piece in [w + " " for w in words[:-1]] + [words[-1]]:
+                content("response.reasoning_summary_text.delta", {**where, "delta": piece})
+            done_text = {**where, "text": reasoning.text}
+            kinds.append(("response.reasoning_summary_text.done", done_text))
+            done = {**summary_part, "text": reasoning.text}
+            kinds.append(("response.reasoning_summary_part.done", {**where, "part": done}))
+        content("response.output_item.done", {"output_index": 0, "item": reasoning.item(done=True)})
+        output_index = 1
+    pieces = response.pieces()
     if pieces:
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        where = {"item_id": message_id, "output_index": 0}
+        where = {"item_id": message_id, "output_index": output_index}
         text = "".join(pieces)
         done_part = {**part, "text": text}
         kinds += [
             (
                 "response.output_item.added",
-                {"output_index": 0, "item": _message(message_id, "", "in_progress")},
+                {"output_index": output_index, "item": _message(message_id, "", "in_progress")},
             ),
             ("response.content_part.added", {**where, "content_index": 0, "part": part}),
-            *(
-                (
-                    "response.output_text.delta",
-                    {**where, "content_index": 0, "delta": piece, "logprobs": []},
-                )
-                for piece in pieces
-            ),
+        ]
+        for piece in pieces:
+            content(
+                "response.output_text.delta",
+                {**where, "content_index": 0, "delta": piece, "logprobs": []},
+            )
+        kinds += [
             (
                 "response.output_text.done",
                 {**where, "content_index": 0, "text": text, "logprobs": []},
@@ -272,12 +440,16 @@ def events(
             ("response.content_part.done", {**where, "content_index": 0, "part": done_part}),
             (
                 "response.output_item.done",
-                {"output_index": 0, "item": _message(message_id, text, "completed")},
+                {
+                    "output_index": output_index,
+                    "item": _message(message_id, text, "completed"),
+                },
             ),
         ]
-        output_index = 1
+        output_index += 1
     for call, (name, arguments) in enumerate(response.tool_calls):
-        index = output_index + call
+        index = output_index
+        output_index += 1
         where = {"item_id": f"fc_{call}", "output_index": index}
         kinds.append(
             (
@@ -289,13 +461,30 @@ def events(
             ("response.function_call_arguments.delta", {**where, "delta": part})
             for part in response.argument_pieces(arguments)
         ]
-        kinds += [
-            ("response.function_call_arguments.done", {**where, "arguments": arguments}),
+        kinds.append(("response.function_call_arguments.done", {**where, "arguments": arguments}))
+        content(
+            "response.output_item.done",
+            {"output_index": index, "item": _call(call, name, arguments, "completed")},
+        )
+    for call, (name, text) in enumerate(response.custom_tool_calls):
+        index = output_index
+        output_index += 1
+        where = {"item_id": f"ctc_{call}", "output_index": index}
+        kinds.append(
             (
-                "response.output_item.done",
-                {"output_index": index, "item": _call(call, name, arguments, "completed")},
-            ),
+                "response.output_item.added",
+                {"output_index": index, "item": _custom_call(call, name, "", "in_progress")},
+            )
+        )
+        kinds += [
+            ("response.custom_tool_call_input.delta", {**where, "delta": part})
+            for part in response.argument_pieces(text)
         ]
+        kinds.append(("response.custom_tool_call_input.done", {**where, "input": text}))
+        content(
+            "response.output_item.done",
+            {"output_index": index, "item": _custom_call(call, name, text, "completed")},
+        )
     out = [_event(kind, sequence, **fields) for sequence, (kind, fields) in enumerate(kinds)]
     status = _status(response)
     final = _response(
@@ -303,7 +492,7 @@ def events(
         response,
         number,
         status=status,
-        output=_output(response, message_id),
+        output=_output(response, message_id, reasoning),
         usage=_usage(response),
     )
     end = _event(f"response.{status}", len(out), response=final)
@@ -315,4 +504,4 @@ def events(
         message=error.get("message", "error"),
         param=None,
     )
-    return out, end, in_band, first_content
+    return out, end, in_band, first[0] if first else len(out)

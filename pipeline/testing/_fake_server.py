@@ -83,7 +83,15 @@ class FakeResponse:
     * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
       events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
-      (Anthropic: reported apart from input);
+      (Anthropic: reported apart from input; OpenAI formats: the read ones as the cached
+      part of the input); `reasoning_tokens`: the part of the output spent reasoning;
+    * `reasoning`: the model's reasoning text, answered before the text: a Responses
+      ``reasoning`` item (its summary when the request asks ``reasoning.summary``; its
+      ``encrypted_content``, which the server checks when it comes back, when the request
+      includes ``reasoning.encrypted_content``), a Chat Completions ``reasoning_content``;
+    * `custom_tool_calls`: ``(name, input_text)`` calls of custom (free-form) tools:
+      Responses ``custom_tool_call`` items; in Chat Completions, function calls with the one
+      argument ``input`` (how a custom tool is offered there);
     * `embedding_dimensions`: for ``/embeddings`` (vectors are a hash of each text);
     * `thinking`: the reasoning of a fake that thinks when asked to (Anthropic: a
       ``thinking`` block with a signature, when the request's ``thinking`` is on; ""
@@ -113,6 +121,9 @@ class FakeResponse:
     hang_after: int | None = None
     usage: tuple[int, int] = (5, 7)
     cache_usage: tuple[int, int] = (0, 0)
+    reasoning_tokens: int = 0
+    reasoning: str | None = None
+    custom_tool_calls: Sequence[tuple[str, str]] = ()
     model: str | None = None
     embedding_dimensions: int = 8
     thinking: str = "Let me think about that."
@@ -145,6 +156,12 @@ class FakeResponse:
             return []
         words = self.text.split(" ")
         return [w + " " for w in words[:-1]] + [words[-1]]
+
+    def chat_tool_calls(self) -> list[tuple[str, str]]:
+        """The tool calls as Chat Completions answers them: custom calls as functions of
+        ``input``."""
+        custom = [(name, json.dumps({"input": text})) for name, text in self.custom_tool_calls]
+        return [*self.tool_calls, *custom]
 
     def argument_pieces(self, arguments: str) -> list[str]:
         size = max(1, -(-len(arguments) // max(1, self.tool_call_pieces)))
@@ -443,6 +460,9 @@ class FakeOpenAIServer(FakeServer):
     ) -> None:
         super().__init__(port=port, default=default, host=host)
         self.models = tuple(models)
+        # The encrypted reasoning this server issued: only these may come back.
+        self.issued_reasoning: set[str] = set()
+        self.returned_reasoning = 0  # encrypted reasoning items that came back, verified
 
     @property
     def base_url(self) -> str:
@@ -518,18 +538,24 @@ class FakeOpenAIServer(FakeServer):
         self, writer: asyncio.StreamWriter, payload: dict[str, Any], response: FakeResponse
     ) -> bool:
         """``POST /v1/responses`` (see `pipeline.testing._fake_responses`)."""
-        refused = _fake_responses.problem(payload)
+        refused = _fake_responses.problem(payload, self.issued_reasoning)
         if refused is not None:
-            param, message = refused
-            body = self._error_body(400, message, None, "invalid_request_error", param)
-            await self._send_json(writer, 400, body)
+            param, message, *rest = refused
+            status, code = 400, "invalid_request_error"
+            if len(rest) == 2 and isinstance(rest[0], int):
+                status, code = rest[0], str(rest[1])
+            body = self._error_body(status, message, None, code, param)
+            await self._send_json(writer, status, body)
             return True
+        self.returned_reasoning += _fake_responses.reasoning_returned(payload)
         number = len(self.requests)
         if not payload.get("stream"):
-            body = _fake_responses.response_body(payload, response, number)
+            body = _fake_responses.response_body(payload, response, number, self.issued_reasoning)
             await self._send_json(writer, 200, body)
             return True
-        events, end, in_band, first_content = _fake_responses.events(payload, response, number)
+        events, end, in_band, first_content = _fake_responses.events(
+            payload, response, number, self.issued_reasoning
+        )
         return await self._send_events(
             writer,
             response,
@@ -565,23 +591,28 @@ class FakeOpenAIServer(FakeServer):
         return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
     def _finish_reason(self, response: FakeResponse) -> str:
-        return response.stop_reason or ("tool_calls" if response.tool_calls else "stop")
+        return response.stop_reason or ("tool_calls" if response.chat_tool_calls() else "stop")
 
-    def _usage(self, response: FakeResponse, choices: int) -> dict[str, int]:
+    def _usage(self, response: FakeResponse, choices: int) -> dict[str, Any]:
         prompt, completion = response.usage
         completion *= choices
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": response.cache_usage[1]},
+            "completion_tokens_details": {"reasoning_tokens": response.reasoning_tokens * choices},
         }
 
     def _completion(self, payload: Mapping[str, Any], response: FakeResponse) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": response.text or None}
-        if response.tool_calls:
+        if response.reasoning is not None:
+            message["reasoning_content"] = response.reasoning
+        calls = response.chat_tool_calls()
+        if calls:
             message["tool_calls"] = [
                 {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-                for i, (n, a) in enumerate(response.tool_calls)
+                for i, (n, a) in enumerate(calls)
             ]
         choices = self._choices(payload)
         return {
@@ -635,8 +666,12 @@ class FakeOpenAIServer(FakeServer):
         # Choice by choice, each a chunk of its own (a client reads them by index).
         for index in range(choices):
             out.append(chunk(index, {"role": "assistant", "content": ""}))
+            if response.reasoning:
+                words = response.reasoning.split(" ")
+                pieces = [w + " " for w in words[:-1]] + [words[-1]]
+                out += [chunk(index, {"reasoning_content": piece}) for piece in pieces]
             out += [chunk(index, {"content": piece}) for piece in response.pieces()]
-            for call, (name, arguments) in enumerate(response.tool_calls):
+            for call, (name, arguments) in enumerate(response.chat_tool_calls()):
                 start = {
                     "index": call,
                     "id": f"call_{call}",

@@ -1,8 +1,9 @@
 """Node clients of the compatibility suite: the Vercel AI SDK (npm packages ``ai`` and
-``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them) and Claude Code
-(``@anthropic-ai/claude-code``, as ``tests/compat/claude_code/package.json`` pins it),
-installed from the npm registry into ``.servers/ai-sdk`` and ``.servers/claude-code`` once
-and reused while that file stays the same.
+``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them), Claude Code
+(``@anthropic-ai/claude-code``, ``tests/compat/claude_code/package.json``) and the OpenAI
+Codex CLI (``@openai/codex``, ``tests/compat/codex/package.json``), installed from the npm
+registry into ``.servers/ai-sdk``, ``.servers/claude-code`` and ``.servers/codex`` once and
+reused while those files stay the same.
 
 Node and npm are Debian's (``nodejs``, ``npm``; ``scripts/test`` installs them). A missing
 tool or a failed install fails the test loudly, with npm's own words: never a skip.
@@ -41,37 +42,37 @@ def node() -> str:
 
 
 def _npm_install(source: Path, install_dir: Path, what: str) -> None:
-    """``npm install`` of `source`'s package.json into `install_dir`, unless done for
-    that very file."""
+    """Install the packages `source`/package.json pins into `install_dir`, once: again only
+    when that file changed."""
     package = (source / "package.json").read_bytes()
     wanted = hashlib.sha256(package).hexdigest()
     stamp = install_dir / ".installed"
     installed = stamp.read_text() if stamp.exists() else ""
-    if installed != wanted or not (install_dir / "node_modules").is_dir():
-        npm = _tool("npm", "npm")
-        node()
-        install_dir.mkdir(parents=True, exist_ok=True)
-        stamp.unlink(missing_ok=True)
-        (install_dir / "package.json").write_bytes(package)
-        command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
-        try:
-            done = subprocess.run(
-                command,
-                cwd=install_dir,
-                capture_output=True,
-                text=True,
-                timeout=NPM_INSTALL_TIMEOUT,
-                env={**os.environ, "npm_config_update_notifier": "false"},
-            )
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"npm install did not finish in {NPM_INSTALL_TIMEOUT:.0f} s", pytrace=False)
-        if done.returncode != 0:
-            output = (done.stdout + done.stderr)[-4000:]
-            pytest.fail(
-                f"npm install of {what} failed (exit {done.returncode}):\n{output}",
-                pytrace=False,
-            )
-        stamp.write_text(wanted)
+    if installed == wanted and (install_dir / "node_modules").is_dir():
+        return
+    npm = _tool("npm", "npm")
+    node()
+    install_dir.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
+    (install_dir / "package.json").write_bytes(package)
+    command = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=install_dir,
+            capture_output=True,
+            text=True,
+            timeout=NPM_INSTALL_TIMEOUT,
+            env={**os.environ, "npm_config_update_notifier": "false"},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"npm install did not finish in {NPM_INSTALL_TIMEOUT:.0f} s", pytrace=False)
+    if done.returncode != 0:
+        output = (done.stdout + done.stderr)[-4000:]
+        pytest.fail(
+            f"npm install of {what} failed (exit {done.returncode}):\n{output}", pytrace=False
+        )
+    stamp.write_text(wanted)
 
 
 def ai_sdk() -> Path:
@@ -98,4 +99,19 @@ def claude_code() -> Path:
             "for this platform?)",
             pytrace=False,
         )
+    return executable
+
+
+CODEX_SOURCE = Path(__file__).parent / "codex"
+CODEX_DIR = ROOT / ".servers" / "codex"
+
+
+def codex() -> Path:
+    """The OpenAI Codex CLI's executable (npm ``@openai/codex``, the version
+    ``tests/compat/codex/package.json`` pins; the package ships its native binary),
+    installed into ``.servers/codex`` once."""
+    _npm_install(CODEX_SOURCE, CODEX_DIR, "the Codex CLI")
+    executable = CODEX_DIR / "node_modules" / ".bin" / "codex"
+    if not executable.exists():
+        pytest.fail(f"the Codex CLI install has no {executable.name} executable", pytrace=False)
     return executable

@@ -1,0 +1,263 @@
+"""The OpenAI Codex CLI (npm ``@openai/codex``, pinned in ``tests/compat/codex``) against
+``chat-pipeline serve``, run non-interactively as a user would: ``codex exec --json``.
+
+Its configuration is a temporary ``CODEX_HOME`` whose ``config.toml`` holds one provider
+entry with ``base_url``, ``env_key`` and ``wire_api = "responses"`` and nothing else (and
+its ``name``, which Codex requires; the provider is chosen with ``-c model_provider=...``).
+The gateway's config names the models Codex sends (its default ``gpt-6.2-sol``;
+``gpt-5.1-codex`` with ``-m``) in ``[gateway] models``.
+
+Client (Codex, its native binary) -> gateway (in this test's event loop) -> fake upstreams
+(Chat Completions, or the Responses API with encrypted reasoning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.compat.node import codex
+from tests.otel import Otel
+from tests.pipeline.gateway.conftest import Running, config, running
+
+pytestmark = pytest.mark.compat
+
+RUN_TIMEOUT = 180.0
+RESPONSES = "/v1/responses"
+DEFAULT_MODEL = "gpt-6.2-sol"  # what Codex asks for with no model set ("code mode")
+CODEX_MODEL = "gpt-5.1-codex"  # a model Codex sends its classic tools to (exec_command)
+MODELS = {"pipeline": "pipeline", DEFAULT_MODEL: "pipeline", CODEX_MODEL: "pipeline"}
+PROMPT = "CANARY-prompt: say hello"
+REASONING = "CANARY-reasoning the user wants a greeting"
+COMMAND = "echo CANARY-argument"
+
+
+@pytest.fixture(scope="module")
+def codex_bin() -> Path:
+    return codex()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def backup() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+def codex_home(home: Path, gateway: Running) -> Path:
+    """A ``CODEX_HOME`` holding the one provider entry, and a working directory beside it."""
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(provider_entry(gateway))
+    work = home.parent / "work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
+def provider_entry(gateway: Running) -> str:
+    """The one provider entry Codex is given: a base URL, a key variable, the wire API."""
+    return (
+        "[model_providers.gateway]\n"
+        'name = "chat-pipeline"\n'
+        f'base_url = "{gateway.base_url}"\n'
+        'env_key = "GATEWAY_KEY"\n'
+        'wire_api = "responses"\n'
+    )
+
+
+async def run_codex(
+    codex_bin: Path, gateway: Running, home: Path, prompt: str = PROMPT, model: str | None = None
+) -> list[dict[str, Any]]:
+    """``codex exec --json`` once; its JSON events (it must exit 0)."""
+    work = codex_home(home, gateway)
+    command = [
+        str(codex_bin),
+        "exec",
+        "--json",
+        "--skip-git-repo-check",
+        # The sandbox needs kernel features a CI container may lack; the gateway is tested.
+        "--dangerously-bypass-approvals-and-sandbox",
+        "-c",
+        'model_provider="gateway"',
+    ]
+    if model is not None:
+        command += ["-m", model]
+    command.append(prompt)
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        cwd=work,
+        env={**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "test-key"},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(RUN_TIMEOUT):
+            out, err = await process.communicate()
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        pytest.fail(f"codex exec did not finish in {RUN_TIMEOUT:.0f} s")
+    if process.returncode != 0:
+        pytest.fail(f"codex exec failed (exit {process.returncode}):\n{err.decode()[-4000:]}")
+    events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    assert not errors, errors
+    return events
+
+
+def items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        e["item"]
+        for e in events
+        if e.get("type") == "item.completed" and e.get("item", {}).get("type") == kind
+    ]
+
+
+def usage(events: list[dict[str, Any]]) -> dict[str, Any]:
+    (done,) = [e for e in events if e.get("type") == "turn.completed"]
+    found: dict[str, Any] = done["usage"]
+    return found
+
+
+def chat_tools(request: Any) -> dict[str, Any]:
+    return {t["function"]["name"]: t["function"] for t in request.json.get("tools", [])}
+
+
+async def test_answers(codex_bin: Path, upstream: FakeOpenAIServer, tmp_path: Path) -> None:
+    upstream.script(FakeResponse(text="Hello from behind the gateway.", usage=(11, 5)))
+    async with running(config({"primary": upstream}, gateway={"models": MODELS})) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home")
+    (message,) = items(events, "agent_message")
+    assert message["text"] == "Hello from behind the gateway."
+    assert upstream.count() == 1
+    assert usage(events)["input_tokens"] == 11
+
+
+async def test_exec_command_round_trip(
+    codex_bin: Path, upstream: FakeOpenAIServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream.script(
+        FakeResponse(text="", tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))]),
+        FakeResponse(text="The command printed its argument."),
+    )
+    caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
+    async with running(config({"primary": upstream}, gateway={"models": MODELS})) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    (command,) = items(events, "command_execution")
+    assert command["exit_code"] == 0
+    assert "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "The command printed its argument."
+    first, second = upstream.requests
+    # Namespaced tools flattened; web_search (a built-in tool) left out and said so.
+    assert {"exec_command", "spawn_agent"} <= set(chat_tools(first))
+    tool_message = second.json["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert "CANARY-argument" in tool_message["content"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "chat_pipeline.gateway"]
+    assert any("builtin_tools=dropped=web_search" in line for line in lines)
+
+
+async def test_code_mode_free_form_exec(
+    codex_bin: Path, upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """No model set: Codex sends its tools in an ``additional_tools`` input item, with a
+    custom ``exec`` tool whose input is JavaScript. A Chat Completions route gets it as a
+    function of one ``input`` string; its call comes back to Codex as a custom tool call."""
+    script = f'const r = await tools.exec_command({{cmd: "{COMMAND}"}}); text(r.output);'
+    upstream.script(
+        FakeResponse(text="", custom_tool_calls=[("exec", script)]),
+        FakeResponse(text="The script ran."),
+    )
+    async with running(config({"primary": upstream}, gateway={"models": MODELS})) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home")
+    (command,) = items(events, "command_execution")
+    assert "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "The script ran."
+    first, second = upstream.requests
+    exec_tool = chat_tools(first)["exec"]
+    assert exec_tool["parameters"]["required"] == ["input"]
+    call = second.json["messages"][-2]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"input": script}
+    assert second.json["messages"][-1]["role"] == "tool"
+
+
+async def test_encrypted_reasoning_round_trips_over_a_responses_upstream(
+    codex_bin: Path,
+    upstream: FakeOpenAIServer,
+    tmp_path: Path,
+    otel: Otel,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    upstream.script(
+        FakeResponse(
+            text="",
+            reasoning=REASONING,
+            reasoning_tokens=3,
+            cache_usage=(0, 4),
+            tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))],
+            usage=(10, 6),
+        ),
+        FakeResponse(text="Done.", reasoning="CANARY-reasoning again", reasoning_tokens=2),
+        path=RESPONSES,
+    )
+    caplog.set_level(logging.DEBUG)
+    cfg = config(
+        {"primary": upstream},
+        gateway={"models": MODELS},
+        layers={"telemetry": True},
+        route_options={"primary": {"provider": "openai_responses"}},
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert items(events, "reasoning")[0]["text"] == REASONING
+    assert items(events, "agent_message")[-1]["text"] == "Done."
+    first, second = upstream.requests
+    assert first.json["include"] == ["reasoning.encrypted_content"]
+    assert first.json["reasoning"]["summary"] == "auto"
+    # The encrypted reasoning the upstream issued came back to it, and it verified it.
+    assert upstream.returned_reasoning == 1
+    kinds = [item.get("type") for item in second.json["input"]]
+    assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"]
+    # Usage: the cached and reasoning tokens reached Codex.
+    counted = usage(events)
+    assert counted["cached_input_tokens"] == 4
+    assert counted["reasoning_output_tokens"] == 5
+    # No prompt, reasoning, encrypted content or tool argument in spans or logs.
+    encrypted = [
+        i["encrypted_content"] for i in second.json["input"] if i.get("type") == "reasoning"
+    ]
+    recorded = [json.dumps(dict(s.attributes or {})) for s in otel.finished()]
+    recorded += [
+        json.dumps([e.name, dict(e.attributes or {})]) for s in otel.finished() for e in s.events
+    ]
+    recorded += [r.getMessage() for r in caplog.records]
+    for text in recorded:
+        assert "CANARY" not in text
+        assert not any(secret in text for secret in encrypted)
+    attributes = [dict(s.attributes or {}) for s in otel.finished()]
+    assert any(a.get("gen_ai.usage.reasoning.output_tokens") == 3 for a in attributes)
+
+
+async def test_failover_before_output_is_invisible(
+    codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    upstream.script(FakeResponse.error(503, code="server_error"))
+    backup.script(FakeResponse(text="Served by the backup."))
+    cfg = config({"primary": upstream, "backup": backup}, gateway={"models": MODELS})
+    async with running(cfg) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
+    assert (upstream.count(), backup.count()) == (1, 1)

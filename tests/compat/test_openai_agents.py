@@ -1,0 +1,98 @@
+"""The OpenAI Agents SDK (``openai-agents``) against the gateway: ``Runner.run`` and
+``Runner.run_streamed`` of an agent with a function tool, over ``/v1/responses``
+(`OpenAIResponsesModel`) and ``/v1/chat/completions`` (`OpenAIChatCompletionsModel`).
+
+The SDK runs the tool itself and sends its output back; the upstream's reasoning and
+prompt-cache counts reach the run's usage.
+
+Client (the Agents SDK, in this test's event loop) -> gateway -> fake Chat Completions
+upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.pipeline.gateway.conftest import config, running
+
+pytestmark = pytest.mark.compat
+
+set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeOpenAIServer]:
+    async with FakeOpenAIServer() as server:
+        yield server
+
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_an_agent_with_a_function_tool(
+    upstream: FakeOpenAIServer, api: str, streamed: bool
+) -> None:
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return f"It is sunny in {city}."
+
+    upstream.script(
+        FakeResponse(
+            text="",
+            tool_calls=[("get_weather", json.dumps({"city": "Paris"}))],
+            usage=(20, 5),
+            cache_usage=(0, 8),
+            reasoning_tokens=2,
+        ),
+        FakeResponse(text="It is sunny in Paris.", usage=(30, 6), reasoning_tokens=1),
+    )
+    async with running(config({"primary": upstream})) as gateway:
+        client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key="test-key", max_retries=0)
+        model: Any = (
+            OpenAIResponsesModel(model="pipeline", openai_client=client)
+            if api == "responses"
+            else OpenAIChatCompletionsModel(model="pipeline", openai_client=client)
+        )
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the tool.",
+            tools=[get_weather],
+            model=model,
+            model_settings=ModelSettings(include_usage=True),
+        )
+        if streamed:
+            run = Runner.run_streamed(agent, "What is the weather in Paris?")
+            kinds = [event.type async for event in run.stream_events()]
+            assert "run_item_stream_event" in kinds
+            result: Any = run
+        else:
+            result = await Runner.run(agent, "What is the weather in Paris?")
+        await client.close()
+    assert result.final_output == "It is sunny in Paris."
+    assert cities == ["Paris"]
+    assert upstream.count() == 2
+    second = upstream.requests[1].json["messages"]
+    assert second[-1]["role"] == "tool"
+    assert second[-1]["content"] == "It is sunny in Paris."
+    usage = result.context_wrapper.usage
+    assert (usage.input_tokens, usage.output_tokens) == (50, 11)
+    assert usage.input_tokens_details.cached_tokens == 8
+    assert usage.output_tokens_details.reasoning_tokens == 3

@@ -356,6 +356,7 @@ class LocalEmbeddingsSettings(EmbeddingsSettings):
     event loop (`LocalEmbeddingGenerator`; the ``local`` extra)."""
 
     provider: Literal["local"] = "local"
+    """`local`: a model on this machine, through sentence-transformers."""
     model: Name
     """The model's directory, or a sentence-transformers model name (looked up in the
     Hugging Face cache, then the Hub: pass a directory where there is no network)."""

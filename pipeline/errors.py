@@ -28,12 +28,14 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-Two more live here that never reach a caller (not exported: the library catches them)::
+Three more live here that never reach a caller (not exported: the library catches them)::
 
     MalformedSSE                       a line of a provider's stream is not server-sent
                                        events (a ValueError; becomes a ProviderError)
     RedisUnavailable                   Redis was not used for a call (skipped during an
                                        outage, or failed): the component fails open
+    _VectorShapeError                  an embedding matrix of the wrong shape (a ValueError;
+                                       becomes a typed error where an embedder is checked)
 
 `classify(exc)` maps any exception (ours, httpx2's, the old httpx's or aiohttp's when the
 application already imported them, or unknown) to a `FailureKind`; `retry_after_of(exc)`

@@ -224,7 +224,7 @@ def test_the_gateway_modules_keep_their_layers() -> None:
     the wire and settings; siblings on one rank do not import one another."""
     code = (
         "import sys; from importlinter.cli import lint_imports;"
-        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))"
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT

@@ -210,6 +210,8 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "ai_route_hedges_won_total",
         "chat_pipeline_circuit_breaker_state_changes_total",
         "http_server_request_duration_seconds",
+        "ai_cache_lookups_total",
+        "ai_cache_saved_cost_total",
     }
 
 

@@ -69,6 +69,12 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
+def _sentence_transformers_installed() -> bool:
+    """Whether a model can be loaded by name or path here (checked without importing it:
+    torch takes seconds to import, and a generator given an encoder never needs it)."""
+    return importlib.util.find_spec("sentence_transformers") is not None
+
+
 class LocalEmbeddingGenerator:
     """Embeds with a local encoder, in worker threads, at most `max_concurrency` batches at
     a time, `batch_size` texts per ``encode`` call.
@@ -114,7 +120,7 @@ class LocalEmbeddingGenerator:
             source = os.fspath(model)
             if not source.strip():
                 raise ValueError("model must be an encoder, or a model's name or path")
-            if importlib.util.find_spec("sentence_transformers") is None:
+            if not _sentence_transformers_installed():
                 raise ImportError(
                     f"loading a model by name or path needs sentence-transformers: {INSTALL_HINT}"
                     " (or pass an object with encode(list[str]))"

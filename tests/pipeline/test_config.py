@@ -978,6 +978,9 @@ async def test_semantic_router_with_a_local_model_and_route_thresholds(
         loaded.append((str(self._source), self.device))
         return FakeSentenceTransformer(dimensions=256)
 
+    # Loading is faked, so the check that sentence-transformers is installed is too: this
+    # test runs where it is not (the `local` extra is not a test dependency).
+    monkeypatch.setattr(local, "_sentence_transformers_installed", lambda: True)
     monkeypatch.setattr(local.LocalEmbeddingGenerator, "_load", load)
     model_dir = tmp_path / "minilm" / "model"
     model_dir.mkdir(parents=True)

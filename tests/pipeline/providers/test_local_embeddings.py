@@ -132,6 +132,18 @@ def test_construction_refuses_what_cannot_encode() -> None:
         LocalEmbeddingGenerator("  ")
 
 
+def test_a_model_by_name_without_sentence_transformers_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.providers import local
+
+    monkeypatch.setattr(local, "_sentence_transformers_installed", lambda: False)
+    with pytest.raises(ImportError, match=r"chat-pipeline\[local\]"):
+        LocalEmbeddingGenerator("all-MiniLM-L6-v2")
+    # An encoder object never needs it.
+    assert LocalEmbeddingGenerator(FakeSentenceTransformer()).identity
+
+
 async def test_closing_closes_the_encoder_when_it_can() -> None:
     class Closable(FakeSentenceTransformer):
         closed = 0

@@ -23,7 +23,10 @@ their answers), on the same tables (tool choices, stop reasons, content blocks):
   ``cache_control`` ends a message there (`ChatMessage.additional_properties`), so an
   Anthropic route puts the breakpoint back on that block. ``diagnostics`` and the like are
   dropped. What would change the answer's meaning and is not served here (images and
-  documents, server tools, MCP servers, containers, ``inference_geo``) is a 400 naming it;
+  documents, Anthropic-defined client tools, MCP servers, containers, ``inference_geo``) is
+  a 400 naming it. Server tools (``web_search_...``, ``web_fetch_...``,
+  ``code_execution_...``) are built-in tools: left out or refused as ``[gateway]
+  builtin_tools`` says (`pipeline.gateway._builtin_tools`);
 * `MessagesFormat.completion` is a ``message`` object; `MessageEventEncoder` writes the
   stream's events (``message_start``, ``ping``, ``content_block_start`` /
   ``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta``,
@@ -138,6 +141,9 @@ _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "x
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 _TOOL_MODES = {kind: mode for mode, kind in TOOL_CHOICE_TYPES.items()}
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Tools Anthropic's servers run (the type's prefix; a version date follows): built-in tools,
+# left out of the request or refused as ``[gateway] builtin_tools`` says.
+_SERVER_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
 _UNSUPPORTED_BLOCKS = {
     "image": "images are not supported by this gateway",
     "document": "documents are not supported by this gateway",
@@ -355,19 +361,33 @@ def _turn(raw: Any, index: int) -> list[ChatMessage]:
     return turn
 
 
-def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
+def _tools(value: Any, builtin: list[str]) -> tuple[list[Any], frozenset[str], frozenset[str]]:
+    """The request's tools as the pipeline's, their names, and the names of the server tools
+    it offered: those are noted in ``builtin`` (their types) and left out, for the gateway's
+    built-in tools policy (`pipeline.gateway._builtin_tools`)."""
     if not isinstance(value, list):
         raise _invalid("tools", "expected a list of tools")
     tools: list[Any] = []
     names: set[str] = set()
+    server: set[str] = set()
     for index, tool in enumerate(value):
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
             raise _invalid(where, "expected a tool object")
         kind = tool.get("type") or "custom"
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "expected a tool type")
         if kind != "custom":
-            # web_search_..., bash_..., text_editor_...: tools Anthropic's servers run.
-            raise _unsupported(f"{where}.type", "server tools are not supported by this gateway")
+            if kind.startswith(_SERVER_TOOL_PREFIXES):
+                builtin.append(kind)
+                if isinstance(tool.get("name"), str):
+                    server.add(tool["name"])
+                continue
+            # bash_..., text_editor_..., computer_...: the client runs them, but their
+            # definitions are Anthropic's own, which no other route has.
+            raise _unsupported(
+                f"{where}.type", "Anthropic-defined tools are not supported by this gateway"
+            )
         name = tool.get("name")
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
             raise _invalid(f"{where}.name", "expected 1-64 letters, digits, underscores or dashes")
@@ -381,10 +401,10 @@ def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
         extra = {key: value for key, value in tool.items() if key not in _TOOL_FIELDS}
         tools.append(MessagesTool(name, description or None, schema, extra))
         names.add(name)
-    return tools, frozenset(names)
+    return tools, frozenset(names), frozenset(server)
 
 
-def _tool_mode(value: Any, names: frozenset[str]) -> str:
+def _tool_mode(value: Any, names: frozenset[str], server: frozenset[str] = frozenset()) -> str:
     kind = value.get("type") if isinstance(value, dict) else None
     if not isinstance(kind, str) or (kind not in _TOOL_MODES and kind != "tool"):
         raise _invalid("tool_choice.type", "expected auto, any, tool or none")
@@ -396,6 +416,8 @@ def _tool_mode(value: Any, names: frozenset[str]) -> str:
     if kind != "tool":
         return _TOOL_MODES[kind]
     name = value.get("name")
+    if isinstance(name, str) and name in server and name not in names:
+        return "auto"  # the server tool it named is left out: the model may answer
     if not isinstance(name, str) or name not in names:
         raise _invalid("tool_choice.name", "expected the name of a tool in tools")
     return name  # the one tool the model must call
@@ -503,17 +525,25 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
             raise _invalid("stop_sequences", "expected a list of non-empty strings")
         options.stop = list(stop) or None
     names: frozenset[str] = frozenset()
+    server: frozenset[str] = frozenset()
+    builtin: list[str] = []
     if payload.get("tools") is not None:
-        options.tools, names = _tools(payload["tools"])
+        tools, names, server = _tools(payload["tools"], builtin)
+        options.tools = tools or None
     choice = payload.get("tool_choice")
     if choice is not None:
-        mode = _tool_mode(choice, names)
-        if not options.tools and mode != "none":
+        mode = _tool_mode(choice, names, server)
+        if not options.tools and mode not in ("none", "auto") and not builtin:
             raise _invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode
     return ChatRequest(
-        model=model, messages=messages, options=options, stream=bool(stream), tool_names=names
+        model=model,
+        messages=messages,
+        options=options,
+        stream=bool(stream),
+        tool_names=names,
+        builtin_tools=builtin,
     )
 
 

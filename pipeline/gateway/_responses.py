@@ -3,19 +3,25 @@ Completions (see `pipeline.gateway._handler.InboundFormat`).
 
 What is mapped: ``input`` as a string (one user message) or a list of items (messages with
 ``input_text``/``input_image``/``output_text`` parts, ``function_call`` and
-``function_call_output`` items), ``instructions`` (a system message first), function
-``tools`` and ``tool_choice``, ``max_output_tokens``, ``temperature``, ``top_p``,
-``text.format`` (JSON modes), ``reasoning.effort``, ``parallel_tool_calls``, ``stream``.
-``metadata``, ``user``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key`` and
-``stream_options`` describe the caller or the transport and are accepted and not passed
-on; ``store: false`` and ``truncation: "disabled"`` are what the gateway does anyway.
+``function_call_output`` items, ``custom_tool_call`` and ``custom_tool_call_output`` items,
+``reasoning`` items with their ``encrypted_content``, ``additional_tools`` items),
+``instructions`` (a system message first), function and custom ``tools`` (a
+``namespace``'s tools flattened, see `_Names`) and ``tool_choice``, ``max_output_tokens``,
+``temperature``, ``top_p``, ``text.format`` (JSON modes) and ``text.verbosity``,
+``reasoning`` (``effort``, ``summary``; ``context`` is what sending the whole conversation
+does), ``include: ["reasoning.encrypted_content"]``, ``parallel_tool_calls``, ``stream``.
+``metadata``, ``user``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``,
+``client_metadata`` and ``stream_options`` describe the caller or the transport and are
+accepted and not passed on; ``store: false`` and ``truncation: "disabled"`` are what the
+gateway does anyway. Built-in tools (``web_search``, ``file_search``...) follow ``[gateway]
+builtin_tools`` (`pipeline.gateway._builtin_tools`): left out by default, or refused.
 
 What is refused with a 400 naming the parameter, since answering without it would change
 what the request means: conversation state (``previous_response_id``, ``conversation``,
 ``store: true``, ``item_reference`` items: this gateway keeps none; send the whole
-conversation), built-in tools (``web_search``, ``file_search``...), ``background``,
-``prompt`` templates, ``include``, ``truncation: "auto"``, ``top_logprobs``, reasoning
-summaries, files and file ids, and any parameter it does not know.
+conversation), ``background``, ``prompt`` templates, ``max_tool_calls``, any other
+``include``, ``truncation: "auto"``, ``top_logprobs``, files and file ids, and any
+parameter it does not know.
 
 Answers are ``response`` objects: ``output`` holds a ``message`` item (one ``output_text``
 part) and a ``function_call`` item per tool call, in the order the model produced them;

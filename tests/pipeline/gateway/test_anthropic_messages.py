@@ -600,7 +600,7 @@ SECRET = "secret words"
         ({"output_config": {"effort": SECRET}}, "output_config.effort"),
         ({"output_config": {"format": {"type": "text"}}}, "output_config.format"),
         ({"context_management": {"edits": SECRET}}, "context_management.edits"),
-        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, "tools[0].type"),
         (
             {"mcp_servers": [{"type": "url", "url": "http://127.0.0.1/", "name": SECRET}]},
             "mcp_servers",
@@ -622,7 +622,7 @@ SECRET = "secret words"
         "effort",
         "output-format",
         "context-management",
-        "server-tool",
+        "anthropic-defined-tool",
         "mcp",
         "container",
         "unknown",
@@ -644,6 +644,69 @@ async def test_what_is_not_served_is_400_naming_the_field(
     assert SECRET not in raised.value.response.text
     assert primary.count() == 0
     await sdk.close()
+
+
+WEB_SEARCH = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
+
+
+@pytest.mark.parametrize(
+    ("tools", "choice", "sent_tools", "sent_choice"),
+    [
+        ([WEB_SEARCH], {"type": "tool", "name": "web_search"}, None, None),
+        ([WEATHER_TOOL, WEB_SEARCH], {"type": "auto"}, [OPENAI_WEATHER_TOOL], "auto"),
+    ],
+    ids=["server-tool-only", "beside-a-tool"],
+)
+async def test_server_tools_are_left_out_and_said(
+    one_route: Running,
+    primary: FakeOpenAIServer,
+    streaming: bool,
+    caplog: pytest.LogCaptureFixture,
+    tools: list[Any],
+    choice: dict[str, Any],
+    sent_tools: list[Any] | None,
+    sent_choice: str | None,
+) -> None:
+    """Claude Code's web search asks for Anthropic's server tool; no route runs it, so by
+    default the request is served without it and the response header says so."""
+    caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
+    body = {
+        "model": "pipeline",
+        "max_tokens": 10,
+        "messages": MESSAGES,
+        "tools": tools,
+        "tool_choice": choice,
+        "stream": streaming,
+    }
+    async with httpx.AsyncClient(base_url=one_route.url) as http:
+        response = await http.post("/v1/messages", json=body, headers={"x-api-key": "unused"})
+    assert response.status_code == 200
+    assert response.headers["x-chat-pipeline-builtin-tools"] == "dropped=web_search_20250305"
+    if streaming:
+        kinds = [name for name, _ in events(response.text)]
+        assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    else:
+        assert response.json()["content"] == [{"type": "text", "text": TEXT}]
+    (request,) = primary.requests
+    assert request.json.get("tools") == sent_tools
+    assert request.json.get("tool_choice") == sent_choice
+    lines = [r.getMessage() for r in caplog.records if r.name == "chat_pipeline.gateway"]
+    assert sum("builtin_tools=dropped=web_search_20250305" in line for line in lines) == 1
+
+
+async def test_server_tools_refused_when_configured(primary: FakeOpenAIServer) -> None:
+    cfg = config({"primary": primary}, gateway={"builtin_tools": "refuse"})
+    async with running(cfg) as gateway:
+        sdk = client(gateway)
+        with pytest.raises(anthropic.BadRequestError) as raised:
+            await ask(sdk, False, tools=[WEATHER_TOOL, WEB_SEARCH])
+        await sdk.close()
+    error = raised.value.body["error"]  # type: ignore[index]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("tools: the built-in tool 'web_search_20250305'")
+    headers = raised.value.response.headers
+    assert headers["x-chat-pipeline-builtin-tools"] == "refused=web_search_20250305"
+    assert primary.count() == 0
 
 
 def test_parsing_keeps_the_turns_in_order() -> None:

@@ -493,19 +493,24 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
         raise TypeError("no faithful key for this value")
 
 
+_ROLE_FRAMES = {role: f"\x1em{role.value}\x1f" for role in ChatRole}
+"""Each role's frame, made once: formatting an enum per message costs more than its text."""
+
+
 def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: bool) -> None:
     # Text (most of a conversation) is framed as characters in one string, encoded and fed
     # once: per-piece hashing calls would cost more than the hashing itself. Each piece is
     # a tag and its length, so the framing stays unambiguous.
     parts: list[str] = []
     append = parts.append
-    last = len(messages) - 1
-    for position, message in enumerate(messages):
+    frames = _ROLE_FRAMES
+    keyed = messages[:-1] if skip_last else messages
+    for message in keyed:
+        role = message.role
+        frame = frames.get(role) if type(role) is ChatRole else None
+        append(frame if frame is not None else f"\x1em{role}\x1f")
         name = message.author_name
-        append(f"\x1em{message.role}\x1f{'-' if name is None else f'{len(name)}:{name}'}")
-        if skip_last and position == last:
-            append("\x1eq")  # the query: compared by meaning, not by bytes
-            continue
+        append("-" if name is None else f"{len(name)}:{name}")
         for content in message.contents:
             if type(content) is TextContent:
                 text = content.text
@@ -516,6 +521,11 @@ def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: 
                 hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
                 parts.clear()
             _feed_content(hasher, content)
+    if skip_last and messages:
+        last = messages[-1]
+        name = last.author_name
+        append(f"\x1em{last.role}\x1f{'-' if name is None else f'{len(name)}:{name}'}")
+        append("\x1eq")  # the query: compared by meaning, not by bytes
     if parts:
         hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
 
@@ -674,6 +684,10 @@ class _Entry:
         return max(0, int(time.time() - self.created))
 
 
+_ENTRY_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+"""Entries' JSON, compact; one encoder made once (json.dumps makes one per call)."""
+
+
 def _encode_entry(
     response: ChatResponse | None,
     updates: list[ChatResponseUpdate] | None,
@@ -705,9 +719,7 @@ def _encode_entry(
             for u in updates or ()
         ]
     try:
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode(
-            "utf-8", "surrogatepass"
-        )
+        return _ENTRY_JSON(body).encode("utf-8", "surrogatepass")
     except (TypeError, ValueError, RecursionError):
         raise TypeError("no faithful key for this value") from None
 
@@ -1083,15 +1095,21 @@ class CachingChatClient(DelegatingChatClient):
         """The entry to store for a completed answer, or None when it may not be stored."""
         if request.mode is CacheMode.BYPASS or request.key is None:
             return None
+        price = report.price
         if response is not None:
             finish_reason, usage = response.finish_reason, response.usage
         else:
-            assembled = ChatResponse.from_updates(updates or ())
-            finish_reason, usage = assembled.finish_reason, assembled.usage
+            # The last finish reason wins, as when the updates are assembled; the usage
+            # (summed over the updates) is needed only to price the answer.
+            finish_reason = next(
+                (u.finish_reason for u in reversed(updates or ()) if u.finish_reason), None
+            )
+            usage = None
+            if price is not None:
+                usage = ChatResponse.from_updates(updates or ()).usage
         if not self._storable(finish_reason):
             return None
         cost = None
-        price = report.price
         if price is not None and usage is not None:
             try:
                 cost = float(price.cost(usage.input_tokens, usage.output_tokens))

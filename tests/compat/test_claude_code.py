@@ -85,9 +85,11 @@ def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
     return parse_config(data)
 
 
-async def ask(claude: Path, gateway: Running, workdir: Path, prompt: str) -> dict[str, Any]:
-    """``claude -p PROMPT --output-format json`` with only the base URL and a key set;
-    its JSON result."""
+async def ask(
+    claude: Path, gateway: Running, workdir: Path, prompt: str, *options: str
+) -> dict[str, Any]:
+    """``claude -p PROMPT --output-format json [OPTIONS]`` with only the base URL and a key
+    set; its JSON result."""
     home = workdir / "home"
     home.mkdir(exist_ok=True)
     env = {
@@ -102,6 +104,7 @@ async def ask(claude: Path, gateway: Running, workdir: Path, prompt: str) -> dic
         prompt,
         "--output-format",
         "json",
+        *options,
         cwd=workdir,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,
@@ -178,6 +181,53 @@ async def test_a_read_tool_round_trip_over_a_chat_completions_route(
     tool = next(m for m in second if m["role"] == "tool")
     assert tool["tool_call_id"] == call["tool_calls"][0]["id"]
     assert CANARY in json.dumps(tool["content"])  # Claude Code read the file and sent it
+
+
+async def test_web_search_is_served_without_the_server_tool(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Claude Code's WebSearch asks the API for Anthropic's ``web_search`` server tool, which
+    no route runs: the gateway serves that request without it (``[gateway] builtin_tools``,
+    "drop" by default) and says so, the search returns what the model answered, and the
+    turn completes instead of failing. (Print mode needs the tool allowed, as any tool that
+    asks for permission: that is Claude Code's setting, not the gateway's.)"""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    caplog.set_level(logging.INFO, logger="chat_pipeline.gateway")
+    openai_upstream.script(
+        FakeResponse(text="", tool_calls=[("WebSearch", json.dumps({"query": "gateway news"}))]),
+        FakeResponse(text="No search results here."),
+        FakeResponse(text="Nothing new about gateways."),
+    )
+    cfg = gateway_config({"primary": ("openai", openai_upstream.base_url)})
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(
+            claude,
+            gateway,
+            tmp_path,
+            "Search the web for gateway news",
+            "--allowedTools",
+            "WebSearch",
+        )
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Nothing new about gateways."
+    assert openai_upstream.count() == 3
+    # The search's own request: the query, and no tool left for the route (the server
+    # tool was its only one).
+    search = openai_upstream.requests[1].json
+    assert "gateway news" in json.dumps(search["messages"])
+    assert "tools" not in search
+    lines = [r.getMessage() for r in caplog.records if r.name == "chat_pipeline.gateway"]
+    dropped = [line for line in lines if "builtin_tools=dropped=web_search_" in line]
+    assert len(dropped) == 1, lines
+    # What the model answered came back to it as the search's result.
+    (tool,) = [m for m in openai_upstream.requests[2].json["messages"] if m["role"] == "tool"]
+    assert "No search results here." in tool["content"]
 
 
 async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(

@@ -29,6 +29,7 @@ __all__ = [
     "FunctionCallContent",
     "FunctionResultContent",
     "Messages",
+    "OPENAI_RESPONSES_EXTRAS",
     "ReasoningContent",
     "ReasoningOptions",
     "TextContent",
@@ -452,7 +453,12 @@ class CacheMode(StrEnum):
 ANTHROPIC_EXTRAS = "anthropic"
 """The `ChatOptions.additional_properties` key whose dict only Anthropic routes send."""
 
-PROVIDER_EXTRAS = frozenset({ANTHROPIC_EXTRAS})
+OPENAI_RESPONSES_EXTRAS = "openai_responses"
+"""The `ChatOptions.additional_properties` key whose dict only OpenAI Responses routes send
+(``prompt_cache_key``, ``prompt_cache_retention``: OpenAI's prompt cache, which no other
+API has)."""
+
+PROVIDER_EXTRAS = frozenset({ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS})
 """Keys of `ChatOptions.additional_properties` scoped to one provider's format: every other
 provider leaves them out of its requests."""
 
@@ -466,7 +472,8 @@ class ChatOptions:
     ``"anthropic"`` (`ANTHROPIC_EXTRAS`), a dict of Messages API fields (``thinking``
     details, ``context_management``, ``output_config``, ``metadata``...) that only Anthropic
     routes send, each as given, and every other route drops: so a caller's own Messages
-    fields reach an Anthropic route untouched without being refused elsewhere.
+    fields reach an Anthropic route untouched without being refused elsewhere. Likewise
+    ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only.
     """
 
     model_id: str | None = None

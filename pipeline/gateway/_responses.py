@@ -10,11 +10,13 @@ What is mapped: ``input`` as a string (one user message) or a list of items (mes
 ``temperature``, ``top_p``, ``text.format`` (JSON modes) and ``text.verbosity``,
 ``reasoning`` (``effort``, ``summary``; ``context`` is what sending the whole conversation
 does), ``include: ["reasoning.encrypted_content"]``, ``parallel_tool_calls``, ``stream``.
-``metadata``, ``user``, ``service_tier``, ``safety_identifier``, ``prompt_cache_key``,
-``client_metadata`` and ``stream_options`` describe the caller or the transport and are
-accepted and not passed on; ``store: false`` and ``truncation: "disabled"`` are what the
-gateway does anyway. Built-in tools (``web_search``, ``file_search``...) follow ``[gateway]
-builtin_tools`` (`pipeline.gateway._builtin_tools`): left out by default, or refused.
+``prompt_cache_key`` and ``prompt_cache_retention`` go to OpenAI Responses routes only
+(`OPENAI_RESPONSES_EXTRAS`: OpenAI's prompt cache). ``metadata``, ``user``,
+``service_tier``, ``safety_identifier``, ``client_metadata`` and ``stream_options``
+describe the caller or the transport and are accepted and not passed on; ``store: false``
+and ``truncation: "disabled"`` are what the gateway does anyway. Built-in tools
+(``web_search``, ``file_search``...) follow ``[gateway] builtin_tools``
+(`pipeline.gateway._builtin_tools`): left out by default, or refused.
 
 What is refused with a 400 naming the parameter, since answering without it would change
 what the request means: conversation state (``previous_response_id``, ``conversation``,
@@ -58,6 +60,7 @@ from pipeline.gateway.wire import (
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
+    OPENAI_RESPONSES_EXTRAS,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -106,12 +109,13 @@ _DROPPED = frozenset(
         "user",
         "service_tier",
         "safety_identifier",
-        "prompt_cache_key",
-        "prompt_cache_retention",
         "stream_options",
         "client_metadata",
     }
 )
+# OpenAI's prompt cache: sent to OpenAI Responses routes (`OPENAI_RESPONSES_EXTRAS`) only,
+# where it decides which cached prefix a request can reuse; no other API has it.
+_PROMPT_CACHE = ("prompt_cache_key", "prompt_cache_retention")
 # Built-in tools: run by OpenAI's own servers, by no route behind the gateway (what happens
 # to them is `[gateway] builtin_tools`, see `pipeline.gateway._builtin_tools`).
 _BUILTIN = frozenset(
@@ -506,7 +510,12 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     if not isinstance(payload, dict):
         raise WireError(400, "the request body must be a JSON object", code="invalid_json")
     for key in sorted(payload):
-        if key not in _KNOWN and key not in _DROPPED and key not in _REFUSED:
+        if (
+            key not in _KNOWN
+            and key not in _DROPPED
+            and key not in _REFUSED
+            and key not in _PROMPT_CACHE
+        ):
             raise _unsupported(key, "this parameter is not supported by this gateway")
     _refuse_what_changes_meaning(payload)
     model = payload.get("model")
@@ -563,6 +572,9 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("parallel_tool_calls", "expected true or false")
         request.parallel_tool_calls = parallel
         options.additional_properties["parallel_tool_calls"] = parallel
+    prompt_cache = {key: payload[key] for key in _PROMPT_CACHE if payload.get(key) is not None}
+    if prompt_cache:
+        options.additional_properties[OPENAI_RESPONSES_EXTRAS] = prompt_cache
     if payload.get("text") is not None:
         request.text_format, options.response_format = _text_format(payload["text"])
         if payload["text"].get("verbosity") is not None:

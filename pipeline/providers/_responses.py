@@ -34,6 +34,7 @@ from pipeline.providers._wire import (
     tool_spec,
 )
 from pipeline.types import (
+    OPENAI_RESPONSES_EXTRAS,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -273,6 +274,10 @@ def build_request(
         if ENCRYPTED_REASONING not in include:
             include.append(ENCRYPTED_REASONING)
         body["include"] = include
+    # The caller's own Responses fields (`OPENAI_RESPONSES_EXTRAS`), as given.
+    scoped = extra.pop(OPENAI_RESPONSES_EXTRAS, None)
+    if isinstance(scoped, Mapping):
+        extra.update((key, value) for key, value in scoped.items() if key not in extra)
     for key, value in extra.items():
         body.setdefault(key, value)
     return body

@@ -37,7 +37,13 @@ from pipeline.providers._responses import (
     parse_response,
 )
 from pipeline.providers.openai import OpenAIAPIClient
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.types import (
+    OPENAI_RESPONSES_EXTRAS,
+    ChatOptions,
+    ChatResponse,
+    Messages,
+    as_messages,
+)
 
 __all__ = ["OpenAIResponsesChatClient"]
 
@@ -60,6 +66,7 @@ class OpenAIResponsesChatClient(OpenAIAPIClient):
     """
 
     stream_end_types = END_EVENTS
+    extras_scope = OPENAI_RESPONSES_EXTRAS
 
     def _chat_url(self) -> httpx2.URL:
         return self._base_url.join("responses")

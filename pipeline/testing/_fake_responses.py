@@ -50,6 +50,7 @@ _KNOWN = frozenset(
         "service_tier",
         "safety_identifier",
         "prompt_cache_key",
+        "prompt_cache_retention",
         "top_logprobs",
         "max_tool_calls",
         "background",

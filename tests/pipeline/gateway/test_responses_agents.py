@@ -132,6 +132,7 @@ async def test_a_codex_request_in_code_mode_is_served(
     assert sent["tools"][0]["function"]["parameters"]["required"] == ["input"]
     assert sent["reasoning_effort"] == "low"
     assert "client_metadata" not in sent and "include" not in sent
+    assert "prompt_cache_key" not in sent  # OpenAI's prompt cache: Responses routes only
     (item,) = final["output"]
     assert item["type"] == "custom_tool_call"
     assert (item["name"], item["namespace"], item["input"]) == ("exec", "functions", SCRIPT)
@@ -189,6 +190,20 @@ async def test_built_in_tools_refused_when_configured(upstream: FakeOpenAIServer
     assert raised.value.code == "unsupported_tool"
     assert raised.value.response.headers["x-chat-pipeline-builtin-tools"] == "refused=web_search"
     assert upstream.count() == 0
+
+
+async def test_the_prompt_cache_key_reaches_a_responses_route(
+    upstream: FakeOpenAIServer, streaming: bool
+) -> None:
+    upstream.script(FakeResponse(text="Cached prefix.", cache_usage=(0, 5)), path=RESPONSES_PATH)
+    cfg = config({"primary": upstream}, route_options={"primary": {"provider": "openai_responses"}})
+    async with running(cfg) as gateway:
+        final, _, _ = await respond(gateway, streaming, {**AGENT_REQUEST, "input": "hi"})
+    assert final["status"] == "completed"
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] == 5
+    sent = upstream.requests[0].json
+    assert sent["prompt_cache_key"] == "session-1"
+    assert "client_metadata" not in sent and "openai_responses" not in sent
 
 
 @pytest.mark.parametrize("include", [True, False], ids=["include", "no_include"])

@@ -25,6 +25,7 @@ from pipeline.errors import (
 )
 from pipeline.providers import OpenAIResponsesChatClient
 from pipeline.testing import RESPONSES_PATH, FakeOpenAIServer, FakeResponse, collect
+from pipeline.types import ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS
 from tests.otel import Otel
 
 # Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
@@ -125,6 +126,27 @@ async def test_options_reach_their_fields(
     }
     assert body["reasoning"] == {"effort": "low"}
     assert body["parallel_tool_calls"] is False
+
+
+async def test_only_the_responses_scope_of_provider_fields_is_sent(
+    server: FakeOpenAIServer, client: OpenAIResponsesChatClient, streaming: bool
+) -> None:
+    scoped = {"prompt_cache_key": "session-1", "prompt_cache_retention": "24h"}
+    options = ChatOptions(
+        additional_properties={
+            OPENAI_RESPONSES_EXTRAS: scoped,
+            ANTHROPIC_EXTRAS: {"metadata": {"user_id": "u"}},
+            "parallel_tool_calls": True,
+        }
+    )
+    assert (await collect(client, "hi", options, streaming=streaming)).error is None
+    body = server.requests[-1].json
+    assert body["prompt_cache_key"] == "session-1"
+    assert body["prompt_cache_retention"] == "24h"
+    assert body["parallel_tool_calls"] is True
+    assert OPENAI_RESPONSES_EXTRAS not in body and ANTHROPIC_EXTRAS not in body
+    assert "metadata" not in body
+    assert options.additional_properties[OPENAI_RESPONSES_EXTRAS] == scoped  # untouched
 
 
 async def test_a_tool_call_and_its_result_round_trip(

@@ -55,12 +55,12 @@ async def test_two_processes_share_entries(redis_url: str, streaming: bool) -> N
     two = ScriptedChatClient(reply("from two"))
     first = (
         ChatPipeline.builder()
-        .use_cache(RedisCacheStore(redis_url, namespace=f"t1-{streaming}"))
+        .use_cache(RedisCacheStore(redis_url, namespace=f"t1-{streaming}", timeout=5.0))
         .build(one)
     )
     second = (
         ChatPipeline.builder()
-        .use_cache(RedisCacheStore(redis_url, namespace=f"t1-{streaming}"))
+        .use_cache(RedisCacheStore(redis_url, namespace=f"t1-{streaming}", timeout=5.0))
         .build(two)
     )
     assert (await ask(first, f"shared {streaming}", streaming)).text == "from one"
@@ -75,7 +75,7 @@ async def test_two_processes_share_entries(redis_url: str, streaming: bool) -> N
 
 async def test_a_hit_is_one_round_trip(redis_url: str, streaming: bool) -> None:
     client = counting_client(redis_url)
-    store = RedisCacheStore(client, namespace=f"t2-{streaming}")
+    store = RedisCacheStore(client, namespace=f"t2-{streaming}", timeout=5.0)
     inner = ScriptedChatClient("ok")
     chat = ChatPipeline.builder().use_cache(store).build(inner)
     await ask(chat, "q", streaming)

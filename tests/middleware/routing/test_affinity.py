@@ -127,7 +127,9 @@ async def test_two_pipelines_share_affinity_through_redis(redis_url: str, stream
     def pipeline() -> tuple[ChatPipeline, ScriptedChatClient, ScriptedChatClient]:
         a = ScriptedChatClient([fail(TransientProviderError()), reply("from a")], name="a")
         b = ScriptedChatClient(reply("from b"), name="b")
-        store = RedisAffinityStore(redis_url, ttl=30, namespace=f"affinity-test-{streaming}")
+        store = RedisAffinityStore(
+            redis_url, ttl=30, namespace=f"affinity-test-{streaming}", timeout=5.0
+        )
         chat = (
             ChatPipeline.builder()
             .use_ordered_failover([Route("a", a), Route("b", b)], affinity=SessionAffinity(store))
@@ -310,7 +312,7 @@ async def test_a_paused_redis_store_is_skipped_for_its_retry_interval(
 async def test_the_lookups_and_records_of_one_moment_are_one_call_each(redis_url: str) -> None:
     client = counting_client(redis_url)
     namespace = f"affinity-batch-{uuid.uuid4().hex[:8]}"
-    store = RedisAffinityStore(client, ttl=60, namespace=namespace)
+    store = RedisAffinityStore(client, ttl=60, namespace=namespace, timeout=5.0)
     await client.mset({f"{namespace}:s-{i}": "b" for i in range(0, 100, 2)})
     client.sent.clear()
     found = await asyncio.gather(*(store.get(f"s-{i}") for i in range(100)))

@@ -493,8 +493,9 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
         raise TypeError("no faithful key for this value")
 
 
-_ROLE_FRAMES = {role: f"\x1em{role.value}\x1f" for role in ChatRole}
-"""Each role's frame, made once: formatting an enum per message costs more than its text."""
+_ROLE_FRAMES: dict[str, str] = {role: f"\x1em{role.value}\x1f" for role in ChatRole}
+"""Each role's frame, made once (a role given as a plain string finds its enum's entry):
+formatting an enum per message costs more than framing its text."""
 
 
 def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: bool) -> None:
@@ -504,13 +505,15 @@ def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: 
     parts: list[str] = []
     append = parts.append
     frames = _ROLE_FRAMES
-    keyed = messages[:-1] if skip_last else messages
-    for message in keyed:
+    last = len(messages) - 1 if skip_last else -1
+    for position, message in enumerate(messages):
         role = message.role
-        frame = frames.get(role) if type(role) is ChatRole else None
-        append(frame if frame is not None else f"\x1em{role}\x1f")
+        append(frames.get(role) or f"\x1em{role}\x1f")
         name = message.author_name
         append("-" if name is None else f"{len(name)}:{name}")
+        if position == last:
+            append("\x1eq")  # the query: compared by meaning, not by bytes
+            continue
         for content in message.contents:
             if type(content) is TextContent:
                 text = content.text
@@ -521,11 +524,6 @@ def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: 
                 hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
                 parts.clear()
             _feed_content(hasher, content)
-    if skip_last and messages:
-        last = messages[-1]
-        name = last.author_name
-        append(f"\x1em{last.role}\x1f{'-' if name is None else f'{len(name)}:{name}'}")
-        append("\x1eq")  # the query: compared by meaning, not by bytes
     if parts:
         hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
 

@@ -533,7 +533,8 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
     choice = payload.get("tool_choice")
     if choice is not None:
         mode = _tool_mode(choice, names, server)
-        if not options.tools and mode not in ("none", "auto") and not builtin:
+        # A choice among tools all left out (server tools) is moot; among none, an error.
+        if not options.tools and mode != "none" and not builtin:
             raise _invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode

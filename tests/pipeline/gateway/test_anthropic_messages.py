@@ -613,6 +613,7 @@ SECRET = "secret words"
             {"tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "other"}},
             "tool_choice.name",
         ),
+        ({"tool_choice": {"type": "auto"}}, "tool_choice"),
     ],
     ids=[
         "image",
@@ -629,6 +630,7 @@ SECRET = "secret words"
         "temperature",
         "role",
         "tool-choice",
+        "tool-choice-without-tools",
     ],
 )
 async def test_what_is_not_served_is_400_naming_the_field(

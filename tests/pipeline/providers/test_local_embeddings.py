@@ -23,6 +23,7 @@ class FakeSentenceTransformer:
         self.running = 0
         self.most_running = 0
         self.gate: threading.Event | None = None
+        self.entered = threading.Semaphore(0)  # released as each call starts
         self._lock = threading.Lock()
         self.result: Any = None
 
@@ -36,6 +37,7 @@ class FakeSentenceTransformer:
         with self._lock:
             self.running += 1
             self.most_running = max(self.most_running, self.running)
+        self.entered.release()
         try:
             self.threads.append(threading.get_ident())
             self.sizes.append(len(sentences))
@@ -72,10 +74,9 @@ async def test_concurrent_calls_are_bounded(limit: int) -> None:
     model.gate = threading.Event()
     generator = LocalEmbeddingGenerator(model, max_concurrency=limit)
     tasks = [asyncio.create_task(generator.generate([f"q{i}"])) for i in range(6)]
-    for _ in range(200):  # bounded: until the workers hold their calls
-        if model.running == limit:
-            break
-        await asyncio.sleep(0.005)
+    for _ in range(limit):  # until the workers hold their calls
+        assert await asyncio.to_thread(model.entered.acquire, timeout=10)
+    assert model.running == limit
     model.gate.set()
     results = await asyncio.gather(*tasks)
     assert [r.shape for r in results] == [(1, 16)] * 6

@@ -42,10 +42,10 @@
   partition), and the closest at or above `threshold` is the answer. The candidates are
   kept in this process (at most `max_candidates` per partition); their answers are in the
   store;
-* **telemetry**: ``ai.cache.result``, ``ai.cache.kind`` and ``ai.cache.similarity`` on the
+* **telemetry**: ``chat_pipeline.cache.result``, ``chat_pipeline.cache.kind`` and ``chat_pipeline.cache.similarity`` on the
   current span (the request's: put ``use_telemetry`` outside the cache, or serve it through
-  the gateway); counter ``ai.cache.lookups`` by result and kind; counter
-  ``ai.cache.saved_cost`` by route, for hits whose answer had a cost. Never a prompt,
+  the gateway); counter ``chat_pipeline.cache.lookups`` by result and kind; counter
+  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a prompt,
   answer or key.
 """
 

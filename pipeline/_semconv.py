@@ -1,18 +1,15 @@
 """Every span, event, metric and attribute name this project defines, and its tracers and meters.
 
-One namespace decision: the names this project adds to the OpenTelemetry conventions are
-``ai.route.*`` (what a router did: per attempt, and on the request's span above it) and
-``chat_pipeline.*`` (what one layer of this library did: retries, breaker changes, the
-request's end, the gateway). Where a semantic-convention constant exists
-(``opentelemetry-semantic-conventions``: GenAI, HTTP, server, error) the layers use it and
-never a hand-typed string; names are only defined here when the conventions have none.
+The project's own names live in its own namespace, ``chat_pipeline.*``: what a router did
+(``chat_pipeline.route.*``, per attempt and on the request's span above it), what the cache
+did (``chat_pipeline.cache.*``), and what one layer did (retries, breaker changes, the
+request's end, the gateway). ``ai.*`` is the Vercel AI SDK's namespace and is never used.
+Where a semantic-convention constant exists (``opentelemetry-semantic-conventions``: GenAI,
+HTTP, server, url, network, error) the layers use it and never a hand-typed string.
 
-A span attribute and a metric never share a name: ``ai.route.attempts`` is the request
-span's attempt count, and ``ai.route.attempt.count`` the counter of attempts (by route and
-outcome; ``ai_route_attempt_count_total`` in Prometheus).
-
-`tracer` and `meter` give every instrumentation scope the library's version and the schema
-URL of the semantic conventions whose constants are in use.
+A span attribute and a metric never share a name: ``chat_pipeline.route.attempts`` is the
+request span's attempt count, and ``chat_pipeline.route.attempt.count`` the counter of
+attempts (``chat_pipeline_route_attempt_count_total`` in Prometheus).
 """
 
 from __future__ import annotations
@@ -108,70 +105,70 @@ whose constants every layer uses (the package adds a member per version it gener
 
 ROUTE_ATTEMPT_SPAN: Final = "route_attempt"
 """An attempt's span is ``route_attempt {route}``."""
-ROUTE_NAME: Final = "ai.route.name"
-ROUTE_ATTEMPT: Final = "ai.route.attempt"
+ROUTE_NAME: Final = "chat_pipeline.route.name"
+ROUTE_ATTEMPT: Final = "chat_pipeline.route.attempt"
 """The attempt's number within its request (1 for the first)."""
-ROUTE_OUTCOME: Final = "ai.route.outcome"
-ROUTE_OUTPUT_COMMITTED: Final = "ai.route.output_committed"
-ROUTE_TIME_TO_FIRST_UPDATE: Final = "ai.route.time_to_first_update"
-ROUTE_DURATION: Final = "ai.route.duration"
-ROUTE_TERMINAL: Final = "ai.route.terminal"
-ROUTE_ATTEMPTS: Final = "ai.route.attempts"
+ROUTE_OUTCOME: Final = "chat_pipeline.route.outcome"
+ROUTE_OUTPUT_COMMITTED: Final = "chat_pipeline.route.output_committed"
+ROUTE_TIME_TO_FIRST_UPDATE: Final = "chat_pipeline.route.time_to_first_update"
+ROUTE_DURATION: Final = "chat_pipeline.route.duration"
+ROUTE_TERMINAL: Final = "chat_pipeline.route.terminal"
+ROUTE_ATTEMPTS: Final = "chat_pipeline.route.attempts"
 """On the request's span above a router: how many attempts the request took (with
 `ROUTE_NAME`, the route of the last one)."""
-ROUTE_FALLBACK: Final = "ai.route.fallback"
+ROUTE_FALLBACK: Final = "chat_pipeline.route.fallback"
 """On the request's span above a router: whether a route after the first served it."""
-ROUTE_SELECTION: Final = "ai.route.selection"
+ROUTE_SELECTION: Final = "chat_pipeline.route.selection"
 """Why the attempt's route was chosen: ``strategy`` (the balancing strategy's pick),
 ``preferred`` (the session's route), ``probe`` (a probe of an outlier route), ``failover``
 (the next route after a failure) or ``hedge`` (started beside a slow attempt)."""
-ROUTE_HEDGE: Final = "ai.route.hedge"
+ROUTE_HEDGE: Final = "chat_pipeline.route.hedge"
 """Whether the attempt was a hedge (started while another attempt of the request ran)."""
-SEMANTIC_SCORE: Final = "ai.route.semantic.score"
-SEMANTIC_REASON: Final = "ai.route.semantic.reason"
+SEMANTIC_SCORE: Final = "chat_pipeline.route.semantic.score"
+SEMANTIC_REASON: Final = "chat_pipeline.route.semantic.reason"
 
 OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
 """Attempt spans are steps of a chain, not model calls: without this, OpenInference readers
 (Arize Phoenix) infer "LLM" from the GenAI attributes and list 1 + N model calls a request."""
 OPENINFERENCE_CHAIN: Final = "CHAIN"
 
-ROUTE_ATTEMPT_COUNT_METRIC: Final = "ai.route.attempt.count"
-"""Counter of attempts by route and outcome (not ``ai.route.attempts``: that name is the
+ROUTE_ATTEMPT_COUNT_METRIC: Final = "chat_pipeline.route.attempt.count"
+"""Counter of attempts by route and outcome (not ``chat_pipeline.route.attempts``: that name is the
 request span's attribute)."""
-BACKUP_CALLS_METRIC: Final = "ai.route.backup_calls"
-COMMITTED_FAILURES_METRIC: Final = "ai.route.output_committed_failures"
-COST_METRIC: Final = "ai.route.cost"
-TIME_TO_FIRST_UPDATE_METRIC: Final = "ai.route.time_to_first_update"
-HEDGES_STARTED_METRIC: Final = "ai.route.hedges.started"
+BACKUP_CALLS_METRIC: Final = "chat_pipeline.route.backup_calls"
+COMMITTED_FAILURES_METRIC: Final = "chat_pipeline.route.output_committed_failures"
+COST_METRIC: Final = "chat_pipeline.route.cost"
+TIME_TO_FIRST_UPDATE_METRIC: Final = "chat_pipeline.route.time_to_first_update"
+HEDGES_STARTED_METRIC: Final = "chat_pipeline.route.hedges.started"
 """Counter of hedged attempts started, by route."""
-HEDGES_WON_METRIC: Final = "ai.route.hedges.won"
+HEDGES_WON_METRIC: Final = "chat_pipeline.route.hedges.won"
 """Counter of hedged attempts whose answer reached the caller, by route."""
-COOLDOWNS_METRIC: Final = "ai.route.cooldowns"
+COOLDOWNS_METRIC: Final = "chat_pipeline.route.cooldowns"
 """Counter of cooldowns a route went into (a ``Retry-After`` answer), by route."""
-HEALTH_LATENCY_METRIC: Final = "ai.route.health.latency"
+HEALTH_LATENCY_METRIC: Final = "chat_pipeline.route.health.latency"
 """Gauge: a route's latency estimate (s): its peak-EWMA time to first update."""
-HEALTH_IN_FLIGHT_METRIC: Final = "ai.route.health.in_flight"
+HEALTH_IN_FLIGHT_METRIC: Final = "chat_pipeline.route.health.in_flight"
 """Gauge: a route's attempts in flight in this process."""
-HEALTH_FAILURE_RATIO_METRIC: Final = "ai.route.health.failure_ratio"
+HEALTH_FAILURE_RATIO_METRIC: Final = "chat_pipeline.route.health.failure_ratio"
 """Gauge: a route's decaying failure ratio (0 to 1)."""
 
 # -- the response cache ------------------------------------------------------------------------
 
-CACHE_RESULT: Final = "ai.cache.result"
+CACHE_RESULT: Final = "chat_pipeline.cache.result"
 """On the request's span (and a label of `CACHE_LOOKUPS_METRIC`): what the response cache did:
 ``hit``, ``miss``, ``bypass`` (the request asked for no cache, or cannot be cached) or
 ``refresh`` (called the provider and stored the new answer)."""
-CACHE_KIND: Final = "ai.cache.kind"
+CACHE_KIND: Final = "chat_pipeline.cache.kind"
 """On the request's span (and a label of `CACHE_LOOKUPS_METRIC`): ``exact`` or ``semantic``
 (which lookup hit; for a miss, the last lookup made)."""
-CACHE_SIMILARITY: Final = "ai.cache.similarity"
+CACHE_SIMILARITY: Final = "chat_pipeline.cache.similarity"
 """On the request's span: the cosine similarity of the best semantic candidate, when the
 semantic lookup had one."""
-CACHE_LOOKUPS_METRIC: Final = "ai.cache.lookups"
+CACHE_LOOKUPS_METRIC: Final = "chat_pipeline.cache.lookups"
 """Counter of requests through a response cache, by `CACHE_RESULT` and `CACHE_KIND`."""
-CACHE_SAVED_COST_METRIC: Final = "ai.cache.saved_cost"
+CACHE_SAVED_COST_METRIC: Final = "chat_pipeline.cache.saved_cost"
 """Counter of what cache hits saved: the cost the stored answer had when its route had a
-`Price`, by the route that served it (``ai.route.name``)."""
+`Price`, by the route that served it (``chat_pipeline.route.name``)."""
 
 # -- layers -----------------------------------------------------------------------------------
 

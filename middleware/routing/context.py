@@ -77,7 +77,7 @@ class RouteFacts(Settings):
     it for a request that needs one it lacks."""
     price: Price | None = None
     """What the route costs per million tokens (`{ input_per_million, output_per_million }`): the
-    `ai.route.cost` metric and eval reports use it."""
+    `chat_pipeline.route.cost` metric and eval reports use it."""
     instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
     """The route's own system prompt: for this route's attempts it replaces the conversation's first
     system message (or comes first when there is none), in a copy of the messages."""

@@ -5,8 +5,8 @@ histogram and the request's log line.
   ``traceparent``/``tracestate`` and is the parent of the pipeline's spans; without one it
   is the trace's root. It carries the request id (``http.response.header.x-request-id``),
   the model asked for, and, once the request ended, the routing story a trace list shows:
-  ``ai.route.name`` (the route that served, or the last one tried), ``ai.route.attempts``,
-  ``ai.route.fallback``, the served model as ``gen_ai.response.model``, the response id as
+  ``chat_pipeline.route.name`` (the route that served, or the last one tried), ``chat_pipeline.route.attempts``,
+  ``chat_pipeline.route.fallback``, the served model as ``gen_ai.response.model``, the response id as
   ``gen_ai.response.id``, and OpenInference's span kind (``CHAIN``: the request runs a chain
   of attempts; the chat span beneath, when the telemetry layer is on, is the ``LLM`` one).
 * ``http.server.request.duration`` uses the duration buckets the GenAI conventions advise
@@ -112,7 +112,7 @@ class TelemetryMiddleware:
             await self.app(scope, receive, send)
         finally:
             otel_context.detach(token)
-            self._finish(span, exchange, method)
+            self._finish(span, exchange, method, scope)
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
         # What a connection's requests share is built once (a worker has few listeners).
@@ -140,11 +140,18 @@ class TelemetryMiddleware:
         attributes[GATEWAY_REQUEST_ID] = (request_id,)
         return attributes
 
-    def _finish(self, span: trace.Span, exchange: Exchange, method: str) -> None:
+    def _finish(self, span: trace.Span, exchange: Exchange, method: str, scope: Scope) -> None:
         status = exchange.status
         failure = exchange.failure
         duration = time.perf_counter() - exchange.started
-        attributes: dict[str, Any] = {HTTP_REQUEST_METHOD: method, HTTP_ROUTE: self._route}
+        # The HTTP server conventions require `url.scheme` on the duration metric and
+        # recommend `network.protocol.version`: the same values the span starts with.
+        attributes: dict[str, Any] = {
+            HTTP_REQUEST_METHOD: method,
+            HTTP_ROUTE: self._route,
+            URL_SCHEME: scope.get("scheme", "http"),
+            NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+        }
         if status:
             attributes[HTTP_RESPONSE_STATUS_CODE] = status
         error_type = None

@@ -235,7 +235,7 @@ async def test_chaos(chaos_origin: str, otel: Otel, transport: str) -> None:
         assert calls <= 1 + retries, f"{span.name}: {calls} upstream calls, {retries} retries"
         if attributes.get("error.type") == CircuitOpenError.__name__:
             assert calls == 0, "a call went through an open breaker"
-        if attributes["ai.route.outcome"] == "completed":
+        if attributes["chat_pipeline.route.outcome"] == "completed":
             assert calls >= 1
     faults = {entry["fault"] for entry in stats}
     assert {"ok", "hang", "status_500", "cut_after_output", "in_band_error"} <= faults
@@ -424,7 +424,7 @@ async def test_hedged_requests_with_random_cancels_leave_nothing_in_flight(otel:
     for client in clients.values():
         assert client.streams_closed == client.streams_opened
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
-    hedges = otel.total("ai.route.hedges.started")
+    hedges = otel.total("chat_pipeline.route.hedges.started")
     assert answered > 0 and cancelled > 0 and hedges > 0
     await chat.aclose()
     print(

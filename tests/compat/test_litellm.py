@@ -289,7 +289,7 @@ async def test_pipeline_retry_failover_and_breaker(
     errors_of_a = [
         (span.attributes or {}).get("error.type")
         for span in otel.attempt_spans()
-        if (span.attributes or {}).get("ai.route.name") == "a"
+        if (span.attributes or {}).get("chat_pipeline.route.name") == "a"
     ]
     assert errors_of_a == ["TransientProviderError", "TransientProviderError", "CircuitOpenError"]
     assert all(CANARY not in text for text in otel.everything_exported())

@@ -221,10 +221,10 @@ class FleetRun:
 # the mark must go).
 AWAITING: dict[str, dict[str, str]] = {
     "gateway": {
-        "ai_route_hedges_started_total": "the fleet gateway runs a balanced router, no hedges",
-        "ai_route_hedges_won_total": "the fleet gateway runs a balanced router, no hedges",
-        "ai_cache_lookups_total": "the e2e gateways run no response cache",
-        "ai_cache_saved_cost_total": "the e2e gateways run no response cache",
+        "chat_pipeline_route_hedges_started_total": "the fleet gateway runs a balanced router, no hedges",
+        "chat_pipeline_route_hedges_won_total": "the fleet gateway runs a balanced router, no hedges",
+        "chat_pipeline_cache_lookups_total": "the e2e gateways run no response cache",
+        "chat_pipeline_cache_saved_cost_total": "the e2e gateways run no response cache",
     },
 }
 

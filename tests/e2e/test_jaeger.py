@@ -192,8 +192,8 @@ CONTROL_ATTRIBUTES: dict[str, AttributeValue] = {
     "gen_ai.request.model": "model-control",
     "gen_ai.usage.input_tokens": 12,
     "gen_ai.tool.name": "lookup_order",
-    "ai.route.name": "primary",
-    "ai.route.output_committed": False,
+    "chat_pipeline.route.name": "primary",
+    "chat_pipeline.route.output_committed": False,
 }
 REDACTED_SPAN = "chat model-control"
 REDACTED_EVENT = "gen_ai.client.inference.operation.details"
@@ -217,7 +217,7 @@ def _redaction(collector: Collector) -> None:
 def _attempts_by_service(prometheus: Prometheus) -> dict[str, float]:
     # The collector's exporter puts the service name in `job`; Prometheus keeps its own
     # scrape job there and renames the scraped one `exported_job`.
-    result = prometheus.query("sum by (exported_job) (ai_route_attempt_count_total)")
+    result = prometheus.query("sum by (exported_job) (chat_pipeline_route_attempt_count_total)")
     return {s["metric"].get("exported_job", ""): float(s["value"][1]) for s in result}
 
 
@@ -389,20 +389,20 @@ def test_jaeger_shows_each_demo_request_as_a_chat_span_with_an_attempt_per_route
         chat = trace.root()
         assert chat["operationName"] == "chat simulated-small"
         assert kind(chat) == "client" and status(chat) == "UNSET"
-        assert tags(chat)["ai.route.name"] == "backup"
-        assert tags(chat)["ai.route.attempts"] == 2
-        assert tags(chat)["ai.route.fallback"] is True
+        assert tags(chat)["chat_pipeline.route.name"] == "backup"
+        assert tags(chat)["chat_pipeline.route.attempts"] == 2
+        assert tags(chat)["chat_pipeline.route.fallback"] is True
         primary, backup = trace.attempts(chat)
         assert len(trace.spans) == 3
         assert primary["operationName"] == "route_attempt primary"
-        assert tags(primary)["ai.route.outcome"] == "failed_before_output"
-        assert tags(primary)["ai.route.output_committed"] is False
+        assert tags(primary)["chat_pipeline.route.outcome"] == "failed_before_output"
+        assert tags(primary)["chat_pipeline.route.output_committed"] is False
         assert tags(primary)["error.type"] == "TransientProviderError"
         assert status(primary) == "ERROR" and kind(primary) == "internal"
         assert backup["operationName"] == "route_attempt backup"
-        assert tags(backup)["ai.route.outcome"] == "completed"
-        assert tags(backup)["ai.route.output_committed"] is True
-        assert tags(backup)["ai.route.time_to_first_update"] > 0
+        assert tags(backup)["chat_pipeline.route.outcome"] == "completed"
+        assert tags(backup)["chat_pipeline.route.output_committed"] is True
+        assert tags(backup)["chat_pipeline.route.time_to_first_update"] > 0
         assert status(backup) == "UNSET"
         assert primary["startTime"] <= backup["startTime"]
 
@@ -423,19 +423,19 @@ def test_jaeger_shows_each_gateway_request_under_its_server_span(
         assert server["operationName"] == "POST /v1/chat/completions"
         assert kind(server) == "server" and status(server) == "UNSET"
         assert {trace.service(s) for s in trace.spans} == {GATEWAY_SERVICE}
-        assert tags(server)["ai.route.name"] == "backup"
-        assert tags(server)["ai.route.attempts"] == 2
-        assert tags(server)["ai.route.fallback"] is True
+        assert tags(server)["chat_pipeline.route.name"] == "backup"
+        assert tags(server)["chat_pipeline.route.attempts"] == 2
+        assert tags(server)["chat_pipeline.route.fallback"] is True
         (chat,) = trace.children(server)
         assert kind(chat) == "client" and status(chat) == "UNSET"
-        assert tags(chat)["ai.route.name"] == "backup"
+        assert tags(chat)["chat_pipeline.route.name"] == "backup"
         primary, backup = trace.attempts(chat)
-        assert tags(primary)["ai.route.name"] == "primary"
-        assert tags(primary)["ai.route.outcome"] == "failed_before_output"
+        assert tags(primary)["chat_pipeline.route.name"] == "primary"
+        assert tags(primary)["chat_pipeline.route.outcome"] == "failed_before_output"
         assert status(primary) == "ERROR"
-        assert tags(backup)["ai.route.outcome"] == "completed"
-        assert tags(backup)["ai.route.output_committed"] is True
-        assert tags(backup)["ai.route.time_to_first_update"] > 0
+        assert tags(backup)["chat_pipeline.route.outcome"] == "completed"
+        assert tags(backup)["chat_pipeline.route.output_committed"] is True
+        assert tags(backup)["chat_pipeline.route.time_to_first_update"] > 0
 
 
 def test_no_question_answer_or_tool_content_reaches_jaeger(
@@ -522,11 +522,11 @@ def test_jaeger_shows_the_cut_after_output_and_the_terminal_failure(
         (chat,) = trace.children(trace.root())
         assert kind(chat) == "client" and status(chat) == "ERROR"
         primary, backup = trace.attempts(chat)
-        assert tags(primary)["ai.route.outcome"] == "failed_before_output"
-        assert tags(backup)["ai.route.outcome"] == "failed_after_output"
-        assert tags(backup)["ai.route.output_committed"] is True
-        assert tags(backup)["ai.route.terminal"] is True
-        assert tags(backup)["ai.route.time_to_first_update"] > 0
+        assert tags(primary)["chat_pipeline.route.outcome"] == "failed_before_output"
+        assert tags(backup)["chat_pipeline.route.outcome"] == "failed_after_output"
+        assert tags(backup)["chat_pipeline.route.output_committed"] is True
+        assert tags(backup)["chat_pipeline.route.terminal"] is True
+        assert tags(backup)["chat_pipeline.route.time_to_first_update"] > 0
         assert status(backup) == "ERROR"
     for trace in by_status[503]:  # every route failed before output
         server = trace.root()
@@ -534,12 +534,12 @@ def test_jaeger_shows_the_cut_after_output_and_the_terminal_failure(
         (chat,) = trace.children(server)
         assert status(chat) == "ERROR"
         primary, backup = trace.attempts(chat)
-        assert [tags(a)["ai.route.outcome"] for a in (primary, backup)] == [
+        assert [tags(a)["chat_pipeline.route.outcome"] for a in (primary, backup)] == [
             "failed_before_output",
             "failed_before_output",
         ]
-        assert tags(backup)["ai.route.terminal"] is True
-        assert "ai.route.time_to_first_update" not in tags(backup)
+        assert tags(backup)["chat_pipeline.route.terminal"] is True
+        assert "chat_pipeline.route.time_to_first_update" not in tags(backup)
         assert status(primary) == status(backup) == "ERROR"
 
 
@@ -554,8 +554,8 @@ def test_jaeger_shows_the_tool_call_rounds(exported: Exported, jaeger: Jaeger) -
         (chat,) = trace.children(server)
         reasons.append(array(tags(chat)["gen_ai.response.finish_reasons"]))
         _primary, backup = trace.attempts(chat)
-        assert tags(backup)["ai.route.outcome"] == "completed"
-        assert tags(backup)["ai.route.output_committed"] is True
+        assert tags(backup)["chat_pipeline.route.outcome"] == "completed"
+        assert tags(backup)["chat_pipeline.route.output_committed"] is True
     assert reasons == [["tool_calls"], ["stop"], ["tool_calls"], ["stop"]]
 
 
@@ -570,15 +570,15 @@ def test_jaeger_shows_why_each_fleet_attempt_chose_its_route(
     for trace in traces:
         (chat,) = trace.children(trace.root())
         attempts = trace.attempts(chat)
-        assert [tags(a)["ai.route.attempt"] for a in attempts] == list(range(1, len(attempts) + 1))
+        assert [tags(a)["chat_pipeline.route.attempt"] for a in attempts] == list(range(1, len(attempts) + 1))
         for before, attempt in zip([None, *attempts], attempts, strict=False):
-            reason = tags(attempt)["ai.route.selection"]
+            reason = tags(attempt)["chat_pipeline.route.selection"]
             assert reason in SELECTION_REASONS, reason
             reasons[reason] = reasons.get(reason, 0) + 1
             if reason == "failover":  # the attempt before it failed before output
                 assert before is not None
-                assert tags(before)["ai.route.outcome"] == "failed_before_output"
-        assert tags(attempts[-1])["ai.route.outcome"] == "completed"  # every one answered
+                assert tags(before)["chat_pipeline.route.outcome"] == "failed_before_output"
+        assert tags(attempts[-1])["chat_pipeline.route.outcome"] == "completed"  # every one answered
     assert reasons.get("strategy") and reasons.get("failover"), reasons
 
 
@@ -589,26 +589,26 @@ def test_jaeger_shows_each_hedged_request(exported: Exported, jaeger: Jaeger) ->
     for request_id, streamed in exported.hedged:
         trace = traces[request_id]
         server = trace.root()
-        assert status(server) == "UNSET" and tags(server)["ai.route.name"] == "fast"
+        assert status(server) == "UNSET" and tags(server)["chat_pipeline.route.name"] == "fast"
         (chat,) = trace.children(server)
         assert status(chat) == "UNSET"
         attempts = trace.attempts(chat)
         first = tags(attempts[0])
-        assert first["ai.route.selection"] == "strategy"
-        if first["ai.route.name"] == "fast":  # its turn of the round robin: no hedge
-            assert len(attempts) == 1 and first["ai.route.outcome"] == "completed"
+        assert first["chat_pipeline.route.selection"] == "strategy"
+        if first["chat_pipeline.route.name"] == "fast":  # its turn of the round robin: no hedge
+            assert len(attempts) == 1 and first["chat_pipeline.route.outcome"] == "completed"
             continue
         hedged_modes.add(streamed)
         hung, fast = attempts
         # The hung attempt lost the race: no error, no output, not the last word.
-        assert first["ai.route.outcome"] == "abandoned"
-        assert first["ai.route.output_committed"] is False
-        assert "ai.route.time_to_first_update" not in first
+        assert first["chat_pipeline.route.outcome"] == "abandoned"
+        assert first["chat_pipeline.route.output_committed"] is False
+        assert "chat_pipeline.route.time_to_first_update" not in first
         assert status(hung) == "UNSET"
-        assert tags(fast)["ai.route.selection"] == "hedge"
-        assert tags(fast)["ai.route.hedge"] is True
-        assert tags(fast)["ai.route.outcome"] == "completed"
-        assert tags(fast)["ai.route.output_committed"] is True
+        assert tags(fast)["chat_pipeline.route.selection"] == "hedge"
+        assert tags(fast)["chat_pipeline.route.hedge"] is True
+        assert tags(fast)["chat_pipeline.route.outcome"] == "completed"
+        assert tags(fast)["chat_pipeline.route.output_committed"] is True
         assert hung["startTime"] < fast["startTime"]
     assert hedged_modes == {True, False}  # a streamed and a whole request were hedged
 
@@ -618,10 +618,10 @@ def test_jaeger_search_finds_failovers_and_requests_by_tag(
 ) -> None:
     traces = _gateway_traces(exported, jaeger)
     fallbacks = {
-        rid for rid, t in traces.items() if tags(t.root()).get("ai.route.fallback") is True
+        rid for rid, t in traces.items() if tags(t.root()).get("chat_pipeline.route.fallback") is True
     }
     assert set(exported.answered) <= fallbacks
-    found = jaeger.traces(GATEWAY_SERVICE, tags={"ai.route.fallback": "true"})
+    found = jaeger.traces(GATEWAY_SERVICE, tags={"chat_pipeline.route.fallback": "true"})
     assert {t["traceID"] for t in found} == {traces[rid].raw["traceID"] for rid in fallbacks}
     # The request id is an array attribute (HTTP conventions): Jaeger matches its JSON form.
     request_id = exported.answered[0]

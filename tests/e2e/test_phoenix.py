@@ -83,17 +83,17 @@ def test_phoenix_returns_each_request_as_one_trace_with_an_attempt_per_route(
     assert len({r["context"]["trace_id"] for r in roots}) == REQUESTS
     for root in roots:
         assert root["span_kind"] == "LLM"  # Phoenix derives it from gen_ai.operation.name
-        attempts = {a["attributes"]["ai.route.name"]: a for a in demo.children(root)}
+        attempts = {a["attributes"]["chat_pipeline.route.name"]: a for a in demo.children(root)}
         assert set(attempts) == {"primary", "backup"}
         primary, backup = attempts["primary"], attempts["backup"]
         assert all(
             a["context"]["trace_id"] == root["context"]["trace_id"] for a in (primary, backup)
         )
-        assert primary["attributes"]["ai.route.outcome"] == "failed_before_output"
+        assert primary["attributes"]["chat_pipeline.route.outcome"] == "failed_before_output"
         assert primary["attributes"]["error.type"] == "TransientProviderError"
         assert primary["status_code"] == "ERROR"
-        assert backup["attributes"]["ai.route.outcome"] == "completed"
-        assert backup["attributes"]["ai.route.output_committed"] is True
+        assert backup["attributes"]["chat_pipeline.route.outcome"] == "completed"
+        assert backup["attributes"]["chat_pipeline.route.output_committed"] is True
         assert backup["status_code"] == "UNSET"
         assert primary["start_time"] <= backup["start_time"]
 
@@ -118,9 +118,9 @@ def test_root_span_tells_which_route_served_and_that_a_fallback_fired(demo: Demo
     for root in demo.roots():
         attributes = root["attributes"]
         assert root["name"] == "chat simulated-small"  # no requested model: the served one
-        assert attributes["ai.route.name"] == "backup"
-        assert attributes["ai.route.attempts"] == 2
-        assert attributes["ai.route.fallback"] is True
+        assert attributes["chat_pipeline.route.name"] == "backup"
+        assert attributes["chat_pipeline.route.attempts"] == 2
+        assert attributes["chat_pipeline.route.fallback"] is True
         provider = attributes.get("gen_ai.provider.name", attributes.get("gen_ai.system"))
         assert provider not in (None, "router")
         assert attributes["gen_ai.request.model"] == "simulated-small"
@@ -131,7 +131,7 @@ def test_each_attempt_span_carries_its_routes_model(demo: DemoRun) -> None:
     for root in demo.roots():
         for attempt in demo.children(root):
             attributes = attempt["attributes"]
-            assert attributes["gen_ai.request.model"] == models[attributes["ai.route.name"]]
+            assert attributes["gen_ai.request.model"] == models[attributes["chat_pipeline.route.name"]]
 
 
 # -- the demo says what Phoenix refused ----------------------------------------------------
@@ -207,9 +207,9 @@ def test_the_gateways_trace_list_shows_served_model_and_fallback(
         attributes = root["attributes"]
         assert root["name"] == "POST /v1/chat/completions"
         assert root["span_kind"] == "CHAIN"  # before: unknown
-        assert attributes["ai.route.name"] == "backup"
-        assert attributes["ai.route.attempts"] == 2
-        assert attributes["ai.route.fallback"] is True
+        assert attributes["chat_pipeline.route.name"] == "backup"
+        assert attributes["chat_pipeline.route.attempts"] == 2
+        assert attributes["chat_pipeline.route.fallback"] is True
         assert attributes["gen_ai.response.model"] == "model-backup"
         # What Phoenix lists as the row's output: the response the client got, by id and
         # served model (no text).

@@ -64,7 +64,7 @@ def query_of(title: str) -> str:
 def _by_route(prometheus: Prometheus, title: str) -> dict[str, float]:
     """The value of each route's series of the panel `title`."""
     return {
-        s["metric"]["ai_route_name"]: float(s["value"][1])
+        s["metric"]["chat_pipeline_route_name"]: float(s["value"][1])
         for s in prometheus.query(query_of(title))
     }
 
@@ -98,7 +98,7 @@ def cases() -> list[Any]:
 def _attempts_seen(prometheus: Prometheus, expected: int) -> bool | None:
     # At least: a fleet's count is the calls its deployments saw, and an attempt cut before
     # its call arrived would be one more.
-    result = prometheus.query("sum(ai_route_attempt_count_total)")
+    result = prometheus.query("sum(chat_pipeline_route_attempt_count_total)")
     return True if result and float(result[0]["value"][1]) >= expected else None
 
 
@@ -195,7 +195,7 @@ def test_the_dashboard_covers_every_metric_emitted(
     names = {
         name
         for name in response.json()["data"]
-        if name.startswith(("ai_route_", "ai_cache_", "gen_ai_", "chat_pipeline_", "http_server_"))
+        if name.startswith(("chat_pipeline_route_", "chat_pipeline_cache_", "gen_ai_", "chat_pipeline_", "http_server_"))
     }
     queries = " ".join(query for _, _, query, _ in dashboard_targets())
     # A histogram is queried through its buckets (quantiles) or its sum (rates).

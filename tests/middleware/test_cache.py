@@ -271,7 +271,7 @@ async def test_an_option_the_key_cannot_represent_bypasses(otel: Otel) -> None:
     await chat.get_response("q", odd)
     await chat.get_response("q", odd)
     assert inner.call_count == 2
-    assert otel.total("ai.cache.lookups", **{"ai.cache.result": "bypass"}) == 2
+    assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": "bypass"}) == 2
 
 
 # -- ttl and bounds --------------------------------------------------------------------------
@@ -478,11 +478,11 @@ async def test_results_on_the_request_span_and_the_lookup_metric(
     await ask(chat, "q", None, streaming)
     await ask(chat, "q", ChatOptions(cache=CacheMode.REFRESH), streaming)
     await ask(chat, "q", ChatOptions(cache=CacheMode.BYPASS), streaming)
-    results = [s.attributes.get("ai.cache.result") for s in otel.finished()]
+    results = [s.attributes.get("chat_pipeline.cache.result") for s in otel.finished()]
     assert results == ["miss", "hit", "refresh", "bypass"]
-    assert {s.attributes.get("ai.cache.kind") for s in otel.finished()} == {"exact"}
+    assert {s.attributes.get("chat_pipeline.cache.kind") for s in otel.finished()} == {"exact"}
     for result in ("miss", "hit", "refresh", "bypass"):
-        assert otel.total("ai.cache.lookups", **{"ai.cache.result": result}) == 1
+        assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": result}) == 1
 
 
 async def test_hits_count_the_cost_they_saved(otel: Otel, streaming: bool) -> None:
@@ -498,7 +498,7 @@ async def test_hits_count_the_cost_they_saved(otel: Otel, streaming: bool) -> No
     await ask(chat, "q", None, streaming)
     await ask(chat, "q", None, streaming)
     await ask(chat, "q", None, streaming)
-    saved = otel.total("ai.cache.saved_cost", **{"ai.route.name": "priced"})
+    saved = otel.total("chat_pipeline.cache.saved_cost", **{"chat_pipeline.route.name": "priced"})
     assert saved == pytest.approx(2 * (12 * 1.0 + 5 * 2.0) / 1_000_000)
 
 
@@ -526,7 +526,7 @@ async def test_no_content_reaches_spans_metrics_or_logs(
         for _ in range(2):
             await ask(chat, f"question {canary}", ChatOptions(session_id=canary), streaming)
     exported = " ".join(otel.everything_exported())
-    assert "ai.cache.result" in exported
+    assert "chat_pipeline.cache.result" in exported
     assert canary not in exported
     assert canary not in caplog.text
     assert "response cache store (Broken) unavailable (RuntimeError)" in caplog.text
@@ -579,9 +579,9 @@ async def test_a_paraphrase_is_a_semantic_hit(otel: Otel, streaming: bool) -> No
     assert second.text == first.text
     assert third.text != first.text
     spans = otel.finished()
-    assert [s.attributes.get("ai.cache.kind") for s in spans] == ["semantic"] * 3
-    assert [s.attributes.get("ai.cache.result") for s in spans] == ["miss", "hit", "miss"]
-    assert spans[1].attributes["ai.cache.similarity"] >= 0.9
+    assert [s.attributes.get("chat_pipeline.cache.kind") for s in spans] == ["semantic"] * 3
+    assert [s.attributes.get("chat_pipeline.cache.result") for s in spans] == ["miss", "hit", "miss"]
+    assert spans[1].attributes["chat_pipeline.cache.similarity"] >= 0.9
 
 
 async def test_semantic_entries_never_cross_system_prompts_or_options(streaming: bool) -> None:

@@ -340,7 +340,7 @@ def attempts(otel: Otel) -> list[tuple[str, Any, Any]]:
     return [
         (
             s.name,
-            (s.attributes or {}).get("ai.route.outcome"),
+            (s.attributes or {}).get("chat_pipeline.route.outcome"),
             (s.attributes or {}).get("error.type"),
         )
         for s in otel.attempt_spans()
@@ -396,7 +396,7 @@ async def test_unbuffered_streamed_malformed_answer_is_terminal_after_output(
     assert attempts(otel) == [
         ("route_attempt small", "failed_after_output", "ResponseValidationError")
     ]
-    assert otel.total("ai.route.output_committed_failures", **{"ai.route.name": "small"}) == 1
+    assert otel.total("chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "small"}) == 1
     exported = "\n".join(otel.everything_exported())
     assert CANARY not in str(error) and CANARY not in repr(error)
     assert CANARY not in exported and CANARY not in caplog.text

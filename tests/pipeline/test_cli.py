@@ -45,16 +45,16 @@ def test_demo_exports_metrics_too(receiver: Receiver) -> None:
     assert main(["demo", "--otlp", receiver.url]) == 0
     metrics = receiver.metrics()
     attempts = {
-        (a["ai.route.name"], a["ai.route.outcome"]): p.as_int
-        for p in metrics["ai.route.attempt.count"]
+        (a["chat_pipeline.route.name"], a["chat_pipeline.route.outcome"]): p.as_int
+        for p in metrics["chat_pipeline.route.attempt.count"]
         for a in [_attributes(p)]
     }
     # Two requests (streamed, then whole), each failing over from primary to backup.
     assert attempts == {("primary", "failed_before_output"): 2, ("backup", "completed"): 2}
-    assert sum(p.as_int for p in metrics["ai.route.backup_calls"]) == 2
+    assert sum(p.as_int for p in metrics["chat_pipeline.route.backup_calls"]) == 2
     assert sum(p.count for p in metrics["gen_ai.client.operation.duration"]) == 2
     assert sum(p.count for p in metrics["gen_ai.client.operation.time_to_first_chunk"]) == 1
-    first_update = metrics["ai.route.time_to_first_update"]
+    first_update = metrics["chat_pipeline.route.time_to_first_update"]
     assert sum(p.count for p in first_update) == 2
     assert all(list(p.explicit_bounds) == list(DURATION_BUCKETS) for p in first_update)
 

@@ -51,7 +51,7 @@ async def test_every_histogram_exports_the_advised_boundaries(otel: Otel, stream
     expected = {
         "gen_ai.client.operation.duration": ("s", DURATIONS),
         "gen_ai.client.token.usage": ("{token}", TOKENS),
-        "ai.route.time_to_first_update": ("s", DURATIONS),
+        "chat_pipeline.route.time_to_first_update": ("s", DURATIONS),
     }
     if streaming:
         expected["gen_ai.client.operation.time_to_first_chunk"] = ("s", DURATIONS)

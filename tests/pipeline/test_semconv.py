@@ -66,8 +66,8 @@ def test_every_telemetry_name_is_defined_in_semconv() -> None:
 
 def test_no_metric_shares_a_name_with_an_attribute_of_another_meaning() -> None:
     # The request span's attempt count and the counter of attempts are different things.
-    assert _semconv.ROUTE_ATTEMPTS == "ai.route.attempts"
-    assert _semconv.ROUTE_ATTEMPT_COUNT_METRIC == "ai.route.attempt.count"
+    assert _semconv.ROUTE_ATTEMPTS == "chat_pipeline.route.attempts"
+    assert _semconv.ROUTE_ATTEMPT_COUNT_METRIC == "chat_pipeline.route.attempt.count"
     metrics = {getattr(_semconv, n) for n in _semconv.__all__ if n.endswith("_METRIC")}
     assert _semconv.ROUTE_ATTEMPTS not in metrics
 

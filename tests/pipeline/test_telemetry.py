@@ -43,12 +43,12 @@ async def test_spans_reach_an_otlp_receiver(receiver: Receiver, streaming: bool)
     # The root span is named after the served route's model and tells the failover story.
     assert set(by_name) == {"chat scripted-model", "route_attempt primary", "route_attempt backup"}
     chat = by_name["chat scripted-model"]
-    assert _attributes(chat)["ai.route.name"] == "backup"
-    assert _attributes(chat)["ai.route.fallback"] is True
+    assert _attributes(chat)["chat_pipeline.route.name"] == "backup"
+    assert _attributes(chat)["chat_pipeline.route.fallback"] is True
     for name, outcome in (("primary", "failed_before_output"), ("backup", "completed")):
         attempt = by_name[f"route_attempt {name}"]
         assert attempt.parent_span_id == chat.span_id  # type: ignore[attr-defined]
-        assert _attributes(attempt)["ai.route.outcome"] == outcome
+        assert _attributes(attempt)["chat_pipeline.route.outcome"] == outcome
     service = {
         kv.key: kv.value.string_value
         for kv in receiver.requests[0].resource_spans[0].resource.attributes

@@ -123,8 +123,8 @@ async def test_an_attempt_that_answers_in_time_is_the_only_one(otel: Otel, strea
     assert (a.call_count, b.call_count) == (1, 0)
     (span,) = otel.attempt_spans()
     attributes = dict(span.attributes or {})
-    assert attributes["ai.route.selection"] == "strategy" and attributes["ai.route.hedge"] is False
-    assert otel.total("ai.route.hedges.started") == 0
+    assert attributes["chat_pipeline.route.selection"] == "strategy" and attributes["chat_pipeline.route.hedge"] is False
+    assert otel.total("chat_pipeline.route.hedges.started") == 0
     nothing_left_running()
 
 
@@ -138,8 +138,8 @@ async def test_a_slow_attempt_is_hedged_and_the_hedge_wins(otel: Otel, streaming
     assert router.updates == [("a", 1, "abandoned", False), ("b", 2, "completed", True)]
     closed_every_stream(a, b)
     assert a.streams_opened == (1 if streaming else 0)
-    assert otel.total("ai.route.hedges.started", **{"ai.route.name": "b"}) == 1
-    assert otel.total("ai.route.hedges.won", **{"ai.route.name": "b"}) == 1
+    assert otel.total("chat_pipeline.route.hedges.started", **{"chat_pipeline.route.name": "b"}) == 1
+    assert otel.total("chat_pipeline.route.hedges.won", **{"chat_pipeline.route.name": "b"}) == 1
     nothing_left_running()
 
 
@@ -157,8 +157,8 @@ async def test_the_first_attempt_wins_when_it_answers_before_the_hedge(
     assert result.text == "from a"
     assert router.updates == [("b", 2, "abandoned", False), ("a", 1, "completed", True)]
     closed_every_stream(a, b)
-    assert otel.total("ai.route.hedges.started") == 1
-    assert otel.total("ai.route.hedges.won") == 0
+    assert otel.total("chat_pipeline.route.hedges.started") == 1
+    assert otel.total("chat_pipeline.route.hedges.won") == 0
     nothing_left_running()
 
 
@@ -277,8 +277,8 @@ async def test_a_failure_while_a_hedge_runs_may_start_the_next_route_at_once(
         ("a", 1, "abandoned", False),
         ("b", 3, "completed", True),
     ]
-    assert otel.total("ai.route.hedges.started") == 2
-    assert otel.total("ai.route.hedges.won", **{"ai.route.name": "b"}) == 1
+    assert otel.total("chat_pipeline.route.hedges.started") == 2
+    assert otel.total("chat_pipeline.route.hedges.won", **{"chat_pipeline.route.name": "b"}) == 1
     closed_every_stream(a, b, c)
     nothing_left_running()
 
@@ -294,8 +294,8 @@ async def test_when_the_last_attempt_standing_fails_the_router_fails_over(
     assert router.updates == [("a", 1, "failed_before_output", False), ("b", 2, "completed", True)]
     second = otel.attempt_spans()[1]
     attributes = dict(second.attributes or {})
-    assert attributes["ai.route.selection"] == "failover" and attributes["ai.route.hedge"] is False
-    assert otel.total("ai.route.hedges.started") == 0
+    assert attributes["chat_pipeline.route.selection"] == "failover" and attributes["chat_pipeline.route.hedge"] is False
+    assert otel.total("chat_pipeline.route.hedges.started") == 0
     nothing_left_running()
 
 
@@ -342,7 +342,7 @@ async def test_the_budget_refuses_hedges_beyond_its_fraction_of_requests(
         result = await collect(router, "hi", streaming=streaming)
         assert result.text == "from b"
         spans = otel.attempt_spans()[before:]
-        selections.append([(s.attributes or {})["ai.route.selection"] for s in spans])
+        selections.append([(s.attributes or {})["chat_pipeline.route.selection"] for s in spans])
     # Spans end in the order the attempts are reported: a hedge wins after a is cancelled.
     assert selections == [
         ["strategy", "hedge"],
@@ -350,7 +350,7 @@ async def test_the_budget_refuses_hedges_beyond_its_fraction_of_requests(
         ["strategy", "hedge"],
         ["strategy", "failover"],
     ]
-    assert otel.total("ai.route.hedges.started") == 2
+    assert otel.total("chat_pipeline.route.hedges.started") == 2
     assert (a.call_count, b.call_count) == (4, 4)
     nothing_left_running()
 
@@ -476,7 +476,7 @@ async def test_a_session_starts_on_the_route_that_won_its_last_request(
     router.settings = router.settings.replace(delay=60.0)
     assert (await collect(router, "hi", options, streaming=streaming)).text == "from b"
     last = otel.attempt_spans()[-1]
-    assert (last.attributes or {})["ai.route.selection"] == "preferred"
+    assert (last.attributes or {})["chat_pipeline.route.selection"] == "preferred"
     assert b.call_count == 2
     nothing_left_running()
 
@@ -515,13 +515,13 @@ async def test_hedged_attempts_are_sibling_spans_under_the_request(
         assert span.context.trace_id == request_span.context.trace_id
     first = dict(attempts["route_attempt a"].attributes or {})
     hedge = dict(attempts["route_attempt b"].attributes or {})
-    assert (first["ai.route.selection"], first["ai.route.hedge"]) == ("strategy", False)
-    assert (first["ai.route.attempt"], first["ai.route.outcome"]) == (1, "abandoned")
-    assert (hedge["ai.route.selection"], hedge["ai.route.hedge"]) == ("hedge", True)
-    assert (hedge["ai.route.attempt"], hedge["ai.route.outcome"]) == (2, "completed")
+    assert (first["chat_pipeline.route.selection"], first["chat_pipeline.route.hedge"]) == ("strategy", False)
+    assert (first["chat_pipeline.route.attempt"], first["chat_pipeline.route.outcome"]) == (1, "abandoned")
+    assert (hedge["chat_pipeline.route.selection"], hedge["chat_pipeline.route.hedge"]) == ("hedge", True)
+    assert (hedge["chat_pipeline.route.attempt"], hedge["chat_pipeline.route.outcome"]) == (2, "completed")
     story = dict(request_span.attributes or {})
-    assert story["ai.route.name"] == "b"
-    assert story["ai.route.attempts"] == 2 and story["ai.route.fallback"] is True
+    assert story["chat_pipeline.route.name"] == "b"
+    assert story["chat_pipeline.route.attempts"] == 2 and story["chat_pipeline.route.fallback"] is True
     await chat.aclose()
     nothing_left_running()
 

@@ -185,7 +185,7 @@ async def test_match_is_recorded_on_the_attempt_span(otel: Otel) -> None:
     await router.get_response("invoice?")
     (span,) = otel.attempt_spans()
     attributes = dict(span.attributes or {})
-    assert attributes["ai.route.name"] == "billing"
+    assert attributes["chat_pipeline.route.name"] == "billing"
     assert attributes[SEMANTIC_REASON] == "match" and attributes[SEMANTIC_SCORE] > 0.9
 
 

@@ -26,9 +26,9 @@ def summary(otel: Otel) -> list[tuple[str, object, object, object]]:
     return [
         (
             s.name,
-            (s.attributes or {}).get("ai.route.outcome"),
-            (s.attributes or {}).get("ai.route.output_committed"),
-            (s.attributes or {}).get("ai.route.terminal"),
+            (s.attributes or {}).get("chat_pipeline.route.outcome"),
+            (s.attributes or {}).get("chat_pipeline.route.output_committed"),
+            (s.attributes or {}).get("chat_pipeline.route.terminal"),
         )
         for s in otel.attempt_spans()
     ]
@@ -40,12 +40,12 @@ async def test_success_is_one_completed_attempt(otel: Otel, streaming: bool) -> 
     assert summary(otel) == [("route_attempt r0", "completed", True, True)]
     (span,) = otel.attempt_spans()
     attributes = dict(span.attributes or {})
-    assert attributes["ai.route.name"] == "r0" and attributes["ai.route.attempt"] == 1
-    assert attributes["ai.route.duration"] >= 0
-    assert attributes["ai.route.time_to_first_update"] >= 0
+    assert attributes["chat_pipeline.route.name"] == "r0" and attributes["chat_pipeline.route.attempt"] == 1
+    assert attributes["chat_pipeline.route.duration"] >= 0
+    assert attributes["chat_pipeline.route.time_to_first_update"] >= 0
     assert "error.type" not in attributes
-    assert otel.total("ai.route.attempt.count", **{"ai.route.outcome": "completed"}) == 1
-    assert otel.total("ai.route.backup_calls") == 0
+    assert otel.total("chat_pipeline.route.attempt.count", **{"chat_pipeline.route.outcome": "completed"}) == 1
+    assert otel.total("chat_pipeline.route.backup_calls") == 0
 
 
 async def test_failure_before_output_is_two_attempts(otel: Otel, streaming: bool) -> None:
@@ -58,8 +58,8 @@ async def test_failure_before_output_is_two_attempts(otel: Otel, streaming: bool
     first = otel.attempt_spans()[0]
     assert first.status.status_code is StatusCode.ERROR and not first.status.description
     assert (first.attributes or {})["error.type"] == "TransientProviderError"
-    assert otel.total("ai.route.attempt.count") == 2
-    assert otel.total("ai.route.backup_calls", **{"ai.route.name": "r1"}) == 1
+    assert otel.total("chat_pipeline.route.attempt.count") == 2
+    assert otel.total("chat_pipeline.route.backup_calls", **{"chat_pipeline.route.name": "r1"}) == 1
 
 
 async def test_failure_after_output_commits_and_calls_no_backup(otel: Otel) -> None:
@@ -67,8 +67,8 @@ async def test_failure_after_output_commits_and_calls_no_backup(otel: Otel) -> N
     result = await collect(chat, "hi", streaming=True)
     assert isinstance(result.error, TransientProviderError)
     assert summary(otel) == [("route_attempt r0", "failed_after_output", True, True)]
-    assert otel.total("ai.route.backup_calls") == 0
-    assert otel.total("ai.route.output_committed_failures", **{"ai.route.name": "r0"}) == 1
+    assert otel.total("chat_pipeline.route.backup_calls") == 0
+    assert otel.total("chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "r0"}) == 1
 
 
 async def test_cancellation_is_canceled_with_no_backup(otel: Otel, streaming: bool) -> None:
@@ -81,7 +81,7 @@ async def test_cancellation_is_canceled_with_no_backup(otel: Otel, streaming: bo
         await task
     assert summary(otel) == [("route_attempt r0", "canceled", False, True)]
     assert otel.attempt_spans()[0].status.status_code is not StatusCode.ERROR
-    assert otel.total("ai.route.backup_calls") == 0
+    assert otel.total("chat_pipeline.route.backup_calls") == 0
 
 
 async def test_abandoned_stream(otel: Otel) -> None:
@@ -135,7 +135,7 @@ async def test_cost_when_a_route_has_prices(otel: Otel, streaming: bool) -> None
     route = Route("priced", client, price=Price(input_per_million=2.0, output_per_million=8.0))
     chat = OrderedFailoverChatClient([route], **otel.providers)
     await collect(chat, "hi", streaming=streaming)
-    assert otel.total("ai.route.cost", **{"ai.route.name": "priced"}) == pytest.approx(0.006)
+    assert otel.total("chat_pipeline.route.cost", **{"chat_pipeline.route.name": "priced"}) == pytest.approx(0.006)
 
 
 class _DropChatRoots(Sampler):
@@ -205,9 +205,9 @@ async def test_the_root_span_tells_which_route_served(otel: Otel, streaming: boo
     assert root.name == "chat small"
     assert attributes[gen_ai.GEN_AI_SYSTEM] == "anthropic"
     assert attributes[gen_ai.GEN_AI_REQUEST_MODEL] == "small"
-    assert attributes["ai.route.name"] == "backup"
-    assert attributes["ai.route.attempts"] == 2
-    assert attributes["ai.route.fallback"] is True
+    assert attributes["chat_pipeline.route.name"] == "backup"
+    assert attributes["chat_pipeline.route.attempts"] == 2
+    assert attributes["chat_pipeline.route.fallback"] is True
     first, second = otel.attempt_spans()
     assert dict(first.attributes or {})[gen_ai.GEN_AI_SYSTEM] == "openai"
     assert dict(first.attributes or {})[gen_ai.GEN_AI_REQUEST_MODEL] == "big"
@@ -226,7 +226,7 @@ async def test_a_caller_named_model_names_the_root_span(otel: Otel, streaming: b
     await collect(chat, "hi", ChatOptions(model_id="asked"), streaming=streaming)
     (root,) = [s for s in otel.finished() if s.parent is None]
     assert root.name == "chat asked"
-    assert dict(root.attributes or {})["ai.route.fallback"] is False
+    assert dict(root.attributes or {})["chat_pipeline.route.fallback"] is False
 
 
 async def test_cancellation_is_recorded_one_way(otel: Otel, streaming: bool) -> None:
@@ -242,7 +242,7 @@ async def test_cancellation_is_recorded_one_way(otel: Otel, streaming: bool) -> 
         assert span.status.status_code is StatusCode.UNSET
         assert "error.type" not in dict(span.attributes or {})
     assert dict(root.attributes or {})["chat_pipeline.request.end"] == "canceled"
-    assert dict(attempt.attributes or {})["ai.route.outcome"] == "canceled"
+    assert dict(attempt.attributes or {})["chat_pipeline.route.outcome"] == "canceled"
     # An unfinished request does not count in the duration histogram.
     assert otel.points("gen_ai.client.operation.duration") == []
 
@@ -253,5 +253,5 @@ async def test_an_abandoned_stream_is_not_an_error(otel: Otel) -> None:
         await anext(stream)
     root, attempt = sorted(otel.finished(), key=lambda s: s.parent is not None)
     assert dict(root.attributes or {})["chat_pipeline.request.end"] == "abandoned"
-    assert dict(attempt.attributes or {})["ai.route.outcome"] == "abandoned"
+    assert dict(attempt.attributes or {})["chat_pipeline.route.outcome"] == "abandoned"
     assert all(s.status.status_code is StatusCode.UNSET for s in (root, attempt))

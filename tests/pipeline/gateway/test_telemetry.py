@@ -60,9 +60,9 @@ async def test_the_server_span_shows_the_served_model_and_the_fallback(
     span = server_span(otel)
     assert span.parent is None  # no traceparent came: the gateway's span is the root
     attributes = span.attributes or {}
-    assert attributes["ai.route.name"] == "backup"
-    assert attributes["ai.route.attempts"] == 2
-    assert attributes["ai.route.fallback"] is True
+    assert attributes["chat_pipeline.route.name"] == "backup"
+    assert attributes["chat_pipeline.route.attempts"] == 2
+    assert attributes["chat_pipeline.route.fallback"] is True
     assert attributes["gen_ai.response.model"] == "model-backup"
     assert attributes["gen_ai.response.id"] == response_id
     assert attributes["openinference.span.kind"] == "CHAIN"
@@ -81,8 +81,8 @@ async def test_a_route_asked_for_by_name_is_its_own_story(
         await gateway.gateway.wait_idle()
         await client.close()
     attributes = server_span(otel).attributes or {}
-    assert (attributes["ai.route.name"], attributes["ai.route.attempts"]) == ("backup", 1)
-    assert attributes["ai.route.fallback"] is False
+    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == ("backup", 1)
+    assert attributes["chat_pipeline.route.fallback"] is False
     assert attributes["gen_ai.response.model"] == "model-backup"
 
 
@@ -100,7 +100,7 @@ async def test_a_request_every_route_failed_names_the_last_route_tried(
         await client.close()
     span = server_span(otel)
     attributes = span.attributes or {}
-    assert (attributes["ai.route.name"], attributes["ai.route.attempts"]) == ("backup", 2)
+    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == ("backup", 2)
     assert attributes["http.response.status_code"] == 503
     assert attributes["error.type"] == "TransientProviderError"
     assert "gen_ai.response.model" not in attributes

@@ -21,10 +21,10 @@ __all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys", "is_pattern"]
 PIPELINE_MODEL = "pipeline"
 """The model name that means the whole configured pipeline (router, failover and layers)."""
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 # A glob pattern of model names (fnmatch: `*`, `?`, `[...]`), e.g. ``claude-*``.
-_MODEL_PATTERN = re.compile(r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}$")
+_MODEL_PATTERN = re.compile(r"[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}")
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -34,14 +34,14 @@ def is_pattern(name: str) -> bool:
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise ValueError("expected the name of an environment variable (letters, digits, _)")
     return value
 
 
 def _model_names(value: dict[str, str]) -> dict[str, str]:
     for alias in value:
-        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).match(alias):
+        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).fullmatch(alias):
             raise ValueError(
                 "model names are 1-128 letters, digits and . _ : / - (starting with a letter "
                 "or digit), or glob patterns of them (* ? [...])"

@@ -558,7 +558,7 @@ class ChunkEncoder:
 
 # -- errors -----------------------------------------------------------------------------------
 
-_SAFE_CODE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SAFE_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # kind -> (status, type, code, our words)
 _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
@@ -670,7 +670,7 @@ def error_for(exc: BaseException, retry_after: float, *, after_output: bool = Fa
             details.append(f"HTTP {exc.status_code}")
         if details:
             message += f" ({', '.join(details)})"
-        if code is None and exc.code and _SAFE_CODE.match(exc.code):
+        if code is None and exc.code and _SAFE_CODE.fullmatch(exc.code):
             code = exc.code
         provider_retry = exc.retry_after
     wait = None

@@ -447,11 +447,13 @@ def _output_config(value: Any, options: ChatOptions) -> str | None:
     if not isinstance(value, dict):
         raise _invalid("output_config", "expected an object")
     effort = value.get("effort")
-    if effort is not None and effort not in _EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in _EFFORTS):
         raise _invalid("output_config.effort", "expected low, medium, high or max")
     output_format = value.get("format")
     if output_format is not None:
-        schema = output_format.get("schema") if isinstance(output_format, dict) else None
+        if not isinstance(output_format, dict):
+            raise _invalid("output_config.format", "expected a json_schema format object")
+        schema = output_format.get("schema")
         if output_format.get("type") != "json_schema" or not isinstance(schema, dict):
             raise _invalid("output_config.format", "expected a json_schema format with a schema")
         options.response_format = {

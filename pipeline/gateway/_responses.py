@@ -403,6 +403,8 @@ def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Na
     kept: list[tuple[str, dict[str, Any], str | None, str]] = []
     for where, tool, namespace in entries:
         kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "expected a tool type")
         if kind in _BUILTIN:
             request.builtin_tools.append(str(kind))
             continue

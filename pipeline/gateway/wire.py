@@ -364,7 +364,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         options.response_format = response_format
     effort = payload.get("reasoning_effort")
     if effort is not None:
-        if effort not in _REASONING_EFFORTS:
+        if not isinstance(effort, str) or effort not in _REASONING_EFFORTS:
             raise _invalid("reasoning_effort", f"expected one of {sorted(_REASONING_EFFORTS)}")
         options.reasoning_effort = effort
     for key in _PASSED:

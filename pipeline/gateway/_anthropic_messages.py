@@ -141,6 +141,7 @@ _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "x
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 _TOOL_MODES = {kind: mode for mode, kind in TOOL_CHOICE_TYPES.items()}
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Tools Anthropic's servers run (the type's prefix; a version date follows): built-in tools,
 # left out of the request or refused as ``[gateway] builtin_tools`` says.
 _SERVER_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
@@ -375,7 +376,9 @@ def _tools(value: Any, builtin: list[str]) -> tuple[list[Any], frozenset[str], f
         if not isinstance(tool, dict):
             raise _invalid(where, "expected a tool object")
         kind = tool.get("type") or "custom"
-        if not isinstance(kind, str):
+        # A type is a token (``web_search_20250305``): it reaches a response header and the
+        # log line when the tool is a built-in one, so nothing else is taken.
+        if not isinstance(kind, str) or not _TOOL_TYPE.fullmatch(kind):
             raise _invalid(f"{where}.type", "expected a tool type")
         if kind != "custom":
             if kind.startswith(_SERVER_TOOL_PREFIXES):

@@ -33,7 +33,7 @@ from typing import Any
 from pipeline import _scope
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
 from pipeline._scope import RouteReport
-from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send, loggable
 from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
@@ -209,7 +209,7 @@ class FormatHandler:
                 exchange.scope["method"],
                 self.format.path,
                 type(exc).__name__,
-                exchange.request_id,
+                loggable(exchange.request_id),
                 exc_info=exc,
             )
             await self._unfinished(

@@ -30,7 +30,8 @@ from pipeline import (
     UsageDetails,
 )
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
-from pipeline.errors import ResponseValidationError, TransientProviderError
+from pipeline._retry_signal import signal_of as retry_signal_of
+from pipeline.errors import RateLimitedError, ResponseValidationError, TransientProviderError
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
 from tests.otel import Otel
 
@@ -271,7 +272,9 @@ async def test_an_option_the_key_cannot_represent_bypasses(otel: Otel) -> None:
     await chat.get_response("q", odd)
     await chat.get_response("q", odd)
     assert inner.call_count == 2
-    assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": "bypass"}) == 2
+    assert (
+        otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": "bypass"}) == 2
+    )
 
 
 # -- ttl and bounds --------------------------------------------------------------------------
@@ -401,6 +404,24 @@ async def test_followers_call_again_when_the_leaders_call_fails(streaming: bool)
     assert inner.call_count == 2
 
 
+async def test_every_request_of_a_flight_hears_what_every_route_said(streaming: bool) -> None:
+    # The failure a waiting request gets is another request's: it carries every attempt's
+    # word all the same (a gateway answers each of them with the earliest wait).
+    gate = Gate()
+    limited = ScriptedChatClient(
+        fail(RateLimitedError(retry_after=30.0), delay=1.0), sleep=gate.sleep, name="a"
+    )
+    down = ScriptedChatClient(fail(TransientProviderError("down")), name="b")
+    chat = ChatPipeline.builder().use_cache().use_ordered_failover([limited, down]).build()
+    tasks = [asyncio.ensure_future(ask(chat, "q", None, streaming)) for _ in range(100)]
+    await wait_for(lambda: listeners(chat) == 100)
+    gate.open.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, TransientProviderError) for r in results)
+    waits = [retry_signal_of(r).wait() for r in results if isinstance(r, BaseException)]
+    assert len(waits) == 100 and all(w is not None and 29.0 <= w <= 30.0 for w in waits)
+
+
 async def test_a_cancelled_leader_does_not_fail_its_followers(streaming: bool) -> None:
     gate = Gate()
     inner = ScriptedChatClient(reply("ok", chunks=["o", "k"], delay=1.0), sleep=gate.sleep)
@@ -482,7 +503,9 @@ async def test_results_on_the_request_span_and_the_lookup_metric(
     assert results == ["miss", "hit", "refresh", "bypass"]
     assert {s.attributes.get("chat_pipeline.cache.kind") for s in otel.finished()} == {"exact"}
     for result in ("miss", "hit", "refresh", "bypass"):
-        assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": result}) == 1
+        assert (
+            otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": result}) == 1
+        )
 
 
 async def test_hits_count_the_cost_they_saved(otel: Otel, streaming: bool) -> None:
@@ -580,7 +603,11 @@ async def test_a_paraphrase_is_a_semantic_hit(otel: Otel, streaming: bool) -> No
     assert third.text != first.text
     spans = otel.finished()
     assert [s.attributes.get("chat_pipeline.cache.kind") for s in spans] == ["semantic"] * 3
-    assert [s.attributes.get("chat_pipeline.cache.result") for s in spans] == ["miss", "hit", "miss"]
+    assert [s.attributes.get("chat_pipeline.cache.result") for s in spans] == [
+        "miss",
+        "hit",
+        "miss",
+    ]
     assert spans[1].attributes["chat_pipeline.cache.similarity"] >= 0.9
 
 

@@ -58,6 +58,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -199,6 +200,10 @@ class CacheStore(Protocol):
         ...
 
 
+# A store may also have ``async delete(key)``: an entry that no longer decodes (tampered,
+# another version) is then deleted when read; without it, the entry expires with its TTL.
+
+
 _ENTRY_OVERHEAD = 64
 """Bytes counted per entry beyond its key and value (the bound is of what is stored, plus
 this much for the bookkeeping)."""
@@ -248,6 +253,14 @@ class MemoryCacheStore:
         self.bytes += size
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
+
+    async def delete(self, key: str) -> None:
+        self.delete_now(key)
+
+    def delete_now(self, key: str) -> None:
+        """`delete` without awaiting: forget `key`'s entry, if any."""
+        if key in self._entries:
+            self._drop(key)
 
     def _drop(self, key: str) -> None:
         value, _ = self._entries.pop(key)
@@ -329,6 +342,12 @@ class RedisCacheStore:
         with contextlib.suppress(RedisUnavailable):  # logged; the answer stands
             await self._redis.attempt(self._outage, write)
 
+    async def delete(self, key: str) -> None:
+        """Forget `key`'s entry (bounded like every call; a failure is logged, not raised)."""
+        name = f"{self.namespace}:{key}"
+        with contextlib.suppress(RedisUnavailable):
+            await self._redis.attempt(self._outage, lambda client: client.delete(name))
+
     async def aclose(self) -> None:
         """Close the client made from a URL (a client of your own stays open)."""
         await self._lookups.aclose()
@@ -375,6 +394,11 @@ class _GuardedStore:
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
         await self._guarded(lambda: self.store.set(key, value, ttl))
+
+    async def delete(self, key: str) -> None:
+        delete = getattr(self.store, "delete", None)
+        if delete is not None:
+            await self._guarded(lambda: delete(key))
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -472,6 +496,8 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
         hasher.text(b"C", content.call_id)
         hasher.text(b"N", content.name)
         hasher.data(b"A", _canonical(dict(content.arguments)))
+        # A custom tool's call and a JSON call of one "input" argument are different turns.
+        hasher.update(b"K1" if content.custom else b"K0")
     elif kind is FunctionResultContent:
         assert isinstance(content, FunctionResultContent)
         hasher.text(b"R", content.call_id)
@@ -599,6 +625,11 @@ def _query_of(messages: Sequence[ChatMessage]) -> str | None:
 # -- entries -----------------------------------------------------------------------------------
 
 _ROLES = {role.value: role for role in ChatRole}
+_ENTRY_VERSION = 2
+
+
+class _Garbage(ValueError):
+    """A stored entry that does not decode into exactly the types it was written from."""
 
 
 def _encode_content(content: Content) -> list[Any]:
@@ -607,7 +638,7 @@ def _encode_content(content: Content) -> list[Any]:
         return ["t", content.text]  # type: ignore[union-attr]
     if kind is FunctionCallContent:
         assert isinstance(content, FunctionCallContent)
-        return ["f", content.call_id, content.name, dict(content.arguments)]
+        return ["f", content.call_id, content.name, dict(content.arguments), content.custom]
     if kind is ReasoningContent:
         assert isinstance(content, ReasoningContent)
         return ["g", content.text, content.protected, content.id, content.redacted]
@@ -623,20 +654,70 @@ def _encode_content(content: Content) -> list[Any]:
     raise TypeError("no faithful key for this value")
 
 
-def _decode_content(item: list[Any]) -> Content:
+def _string(value: Any) -> str:
+    if type(value) is not str:
+        raise _Garbage("expected a string")
+    return value
+
+
+def _optional_string(value: Any) -> str | None:
+    return None if value is None else _string(value)
+
+
+def _flag(value: Any) -> bool:
+    if type(value) is not bool:
+        raise _Garbage("expected true or false")
+    return value
+
+
+def _fields(item: Any, count: int) -> list[Any]:
+    if type(item) is not list or len(item) != count:
+        raise _Garbage("a record of another shape")
+    return item
+
+
+def _decode_content(item: Any) -> Content:
+    if type(item) is not list or not item:
+        raise _Garbage("a content of another shape")
     tag = item[0]
     if tag == "t":
-        return TextContent(item[1])
+        return TextContent(_string(_fields(item, 2)[1]))
     if tag == "f":
-        return FunctionCallContent(item[1], item[2], item[3])
+        _, call_id, name, arguments, custom = _fields(item, 5)
+        if type(arguments) is not dict:
+            raise _Garbage("tool call arguments that are no object")
+        return FunctionCallContent(_string(call_id), _string(name), arguments, custom=_flag(custom))
     if tag == "g":
-        return ReasoningContent(item[1], protected=item[2], id=item[3], redacted=item[4])
+        _, text, protected, item_id, redacted = _fields(item, 5)
+        return ReasoningContent(
+            _string(text),
+            protected=_optional_string(protected),
+            id=_optional_string(item_id),
+            redacted=_flag(redacted),
+        )
     if tag == "d":
-        data = None if item[1] is None else base64.b64decode(item[1])
-        return DataContent(data=data, uri=item[2], media_type=item[3])
+        _, data, uri, media_type = _fields(item, 4)
+        decoded = None if data is None else base64.b64decode(_string(data), validate=True)
+        return DataContent(
+            data=decoded, uri=_optional_string(uri), media_type=_optional_string(media_type)
+        )
     if tag == "r":
-        return FunctionResultContent(item[1], item[2])
-    raise ValueError("unknown content in a cache entry")
+        _, call_id, result = _fields(item, 3)
+        return FunctionResultContent(_string(call_id), result)
+    raise _Garbage("unknown content in a cache entry")
+
+
+def _decode_contents(items: Any) -> list[Content]:
+    if type(items) is not list:
+        raise _Garbage("contents that are no list")
+    return [_decode_content(item) for item in items]
+
+
+def _role(value: Any) -> ChatRole:
+    role = _ROLES.get(value) if type(value) is str else None
+    if role is None:
+        raise _Garbage("an unknown role")
+    return role
 
 
 def _encode_usage(usage: UsageDetails | None) -> list[int | None] | None:
@@ -652,8 +733,22 @@ def _encode_usage(usage: UsageDetails | None) -> list[int | None] | None:
     ]
 
 
-def _decode_usage(item: list[int | None] | None) -> UsageDetails | None:
-    return None if item is None else UsageDetails(*item)
+def _count(value: Any) -> int | None:
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise _Garbage("a token count that is no whole number")
+
+
+def _decode_usage(item: Any) -> UsageDetails | None:
+    if item is None:
+        return None
+    return UsageDetails(*(_count(value) for value in _fields(item, 6)))
+
+
+def _finite(value: Any) -> float:
+    if type(value) is not float or not math.isfinite(value):
+        raise _Garbage("a time or cost that is no finite number")
+    return value
 
 
 @dataclasses.dataclass(slots=True)
@@ -692,10 +787,17 @@ def _encode_entry(
     route: str | None,
     cost: float | None,
 ) -> bytes:
-    body: dict[str, Any] = {"v": 1, "t": time.time(), "n": route, "c": cost}
+    if cost is not None and not math.isfinite(cost):
+        cost = None  # a price of the caller's own that said NaN: no cost known
+    body: dict[str, Any] = {"v": _ENTRY_VERSION, "t": time.time(), "n": route, "c": cost}
     if response is not None:
         body["m"] = [
-            [m.role.value, [_encode_content(c) for c in m.contents], m.author_name]
+            [
+                m.role.value,
+                [_encode_content(c) for c in m.contents],
+                m.author_name,
+                m.additional_properties,
+            ]
             for m in response.messages
         ]
         body["r"] = [
@@ -723,35 +825,60 @@ def _encode_entry(
 
 
 def _decode_entry(raw: bytes) -> _Entry:
+    """The entry `raw` holds, checked to be exactly what `_encode_entry` writes (its
+    types, shapes and finite numbers); `_Garbage` (or another `ValueError`/`TypeError`)
+    otherwise."""
     body = json.loads(raw.decode("utf-8", "surrogatepass"))
-    if body.get("v") != 1:
-        raise ValueError("a cache entry of another version")
+    if type(body) is not dict or body.get("v") != _ENTRY_VERSION:
+        raise _Garbage("a cache entry of another version")
+    created = _finite(body.get("t"))
+    route = _optional_string(body.get("n"))
+    cost = body.get("c")
+    if cost is not None:
+        cost = _finite(cost)
     response = updates = None
     if "m" in body:
-        response_id, model_id, finish_reason, usage = body["r"]
+        if type(body["m"]) is not list:
+            raise _Garbage("messages that are no list")
+        messages = []
+        for item in body["m"]:
+            role, contents, name, extra = _fields(item, 4)
+            if extra is not None and type(extra) is not dict:
+                raise _Garbage("message properties that are no object")
+            messages.append(
+                ChatMessage(
+                    _role(role),
+                    _decode_contents(contents),
+                    author_name=_optional_string(name),
+                    additional_properties=extra,
+                )
+            )
+        response_id, model_id, finish_reason, usage = _fields(body.get("r"), 4)
         response = ChatResponse(
-            messages=[
-                ChatMessage(_ROLES[role], [_decode_content(c) for c in contents], author_name=name)
-                for role, contents, name in body["m"]
-            ],
-            response_id=response_id,
-            model_id=model_id,
-            finish_reason=finish_reason,
+            messages=messages,
+            response_id=_optional_string(response_id),
+            model_id=_optional_string(model_id),
+            finish_reason=_optional_string(finish_reason),
             usage=_decode_usage(usage),
         )
     else:
-        updates = [
-            ChatResponseUpdate(
-                role=None if role is None else _ROLES[role],
-                contents=[_decode_content(c) for c in contents],
-                response_id=response_id,
-                model_id=model_id,
-                finish_reason=finish_reason,
-                usage=_decode_usage(usage),
+        items = body.get("u")
+        if type(items) is not list:
+            raise _Garbage("updates that are no list")
+        updates = []
+        for item in items:
+            role, contents, response_id, model_id, finish_reason, usage = _fields(item, 6)
+            updates.append(
+                ChatResponseUpdate(
+                    role=None if role is None else _role(role),
+                    contents=_decode_contents(contents),
+                    response_id=_optional_string(response_id),
+                    model_id=_optional_string(model_id),
+                    finish_reason=_optional_string(finish_reason),
+                    usage=_decode_usage(usage),
+                )
             )
-            for role, contents, response_id, model_id, finish_reason, usage in body["u"]
-        ]
-    return _Entry(float(body["t"]), response, updates, body.get("n"), body.get("c"))
+    return _Entry(created, response, updates, route, cost)
 
 
 def _copy_update(update: ChatResponseUpdate) -> ChatResponseUpdate:
@@ -993,8 +1120,20 @@ class CachingChatClient(DelegatingChatClient):
             return None
         try:
             return _decode_entry(raw)
-        except Exception:  # another writer's garbage, or an older format: a miss
+        except Exception:
+            # Another writer's garbage, an older format, a tampered entry: a miss, and gone,
+            # so the next request stores a good answer in its place.
+            self._delete(key)
             return None
+
+    def _delete(self, key: str) -> None:
+        memory = self._memory
+        if memory is not None:
+            memory.delete_now(key)
+            return
+        delete = getattr(self._reader, "delete", None)
+        if delete is not None:
+            self._spawn(delete(key))
 
     async def _look_up(self, request: _Request) -> _Entry | None:
         assert request.key is not None

@@ -4,7 +4,10 @@ telemetry, semantic lookups (with a deterministic fake encoder)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import typing
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -25,14 +28,22 @@ from pipeline import (
     ChatPipeline,
     ChatResponse,
     ChatResponseUpdate,
+    ChatRole,
     FunctionCallContent,
     ReasoningContent,
     UsageDetails,
 )
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
 from pipeline._retry_signal import signal_of as retry_signal_of
+from pipeline.client import ChatClientMetadata
 from pipeline.errors import RateLimitedError, ResponseValidationError, TransientProviderError
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
+from pipeline.types import (
+    Content,
+    DataContent,
+    FunctionResultContent,
+    TextContent,
+)
 from tests.otel import Otel
 
 USAGE = UsageDetails(input_tokens=12, output_tokens=5, total_tokens=17)
@@ -658,3 +669,219 @@ def test_settings_are_checked() -> None:
     assert ChatPipeline.builder().use_cache().build(ScriptedChatClient()).describe()[0] == (
         "CachingChatClient(MemoryCacheStore)"
     )
+
+
+# -- entries: every content type, exactly ------------------------------------------------------
+
+
+class Fixed:
+    """A client answering one given response (streamed: its updates)."""
+
+    metadata = ChatClientMetadata(provider_name="fixed", model_id="m", name="fixed")
+
+    def __init__(self, response: ChatResponse) -> None:
+        self.response = response
+        self.call_count = 0
+
+    async def get_response(self, messages: Any, options: Any = None) -> ChatResponse:
+        self.call_count += 1
+        return self.response
+
+    async def get_streaming_response(self, messages: Any, options: Any = None) -> Any:
+        self.call_count += 1
+        for update in self.response.to_updates():
+            yield update
+
+    async def aclose(self) -> None:
+        return None
+
+
+SAMPLES: dict[type, tuple[Any, ...]] = {
+    TextContent: (TextContent("text"),),
+    FunctionCallContent: (
+        FunctionCallContent.custom_call("call_1", "apply_patch", "*** Begin"),
+        FunctionCallContent("call_2", "get_weather", {"city": "Paris", "units": ["c"]}),
+    ),
+    FunctionResultContent: (FunctionResultContent("call_1", result={"ok": [1, 2]}),),
+    DataContent: (
+        DataContent(data=b"\x00\xffbytes", media_type="image/png"),
+        DataContent(uri="https://example.com/a.png"),
+    ),
+    ReasoningContent: (
+        ReasoningContent("thought", protected="sig", id="rs_1", redacted=True),
+        ReasoningContent("", protected="opaque"),
+    ),
+}
+"""Instances of every content class, each field away from its default in one of them (a
+field the cache entry left out would come back as its default)."""
+
+
+def test_every_content_class_has_samples_with_every_field_set() -> None:
+    # A new content class (or a new field) fails here until it has a sample: then the
+    # round trip below covers it.
+    assert set(SAMPLES) == set(typing.get_args(Content))
+    for kind, samples in SAMPLES.items():
+        for field in dataclasses.fields(kind):
+            if field.name == "exception":
+                continue  # an exception is never stored (the answer is not cached)
+            default = (
+                field.default_factory()
+                if field.default_factory is not dataclasses.MISSING
+                else field.default
+            )
+            assert any(getattr(s, field.name) != default for s in samples), (kind, field.name)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [sample for samples in SAMPLES.values() for sample in samples],
+    ids=lambda content: type(content).__name__,
+)
+async def test_every_content_type_comes_back_exactly(streaming: bool, content: Any) -> None:
+    message = ChatMessage(
+        ChatRole.ASSISTANT,
+        [content],
+        author_name="bot",
+        additional_properties={"cache_control": {"type": "ephemeral"}},
+    )
+    original = ChatResponse(
+        messages=[message],
+        response_id="r1",
+        model_id="served",
+        finish_reason="tool_calls",
+        usage=UsageDetails(1, 2, 3, 4, 5, 6),
+    )
+    inner = Fixed(original)
+    chat = cached(inner)
+    await ask(chat, "q", None, streaming)
+    hit, _ = await ask(chat, "q", None, streaming)
+    other, _ = await ask(chat, "q", None, not streaming)  # the other shape, the same entry
+    assert inner.call_count == 1
+    for got in (hit, other):
+        assert got.messages[0].contents == [content]
+        assert type(got.messages[0].contents[0]) is type(content)
+        assert (got.response_id, got.model_id, got.finish_reason) == ("r1", "served", "tool_calls")
+        assert got.usage == UsageDetails(1, 2, 3, 4, 5, 6)
+    if not streaming:
+        assert hit.messages[0].author_name == "bot"
+        assert hit.messages[0].additional_properties == {"cache_control": {"type": "ephemeral"}}
+
+
+async def test_a_custom_tool_call_stays_custom(streaming: bool) -> None:
+    call = FunctionCallContent.custom_call("call_1", "apply_patch", "*** Begin Patch")
+    inner = ScriptedChatClient(call_tools(call))
+    chat = cached(inner)
+    await ask(chat, "patch it", None, streaming)
+    hit, _ = await ask(chat, "patch it", None, streaming)
+    assert inner.call_count == 1
+    (got,) = [c for m in hit.messages for c in m.contents if isinstance(c, FunctionCallContent)]
+    assert got.custom and got.input_text == "*** Begin Patch"
+
+
+def test_a_custom_call_and_a_json_call_are_different_keys() -> None:
+    custom = FunctionCallContent.custom_call("c1", "apply_patch", "x")
+    plain = FunctionCallContent("c1", "apply_patch", {"input": "x"})
+    history = [ChatMessage.user("q"), ChatMessage.assistant([custom])]
+    other = [ChatMessage.user("q"), ChatMessage.assistant([plain])]
+    assert cache_key(history) != cache_key(other)
+
+
+# -- entries that do not decode ----------------------------------------------------------------
+
+
+def tamper(entry: bytes, change: Any) -> bytes:
+    body = json.loads(entry)
+    change(body)
+    return json.dumps(body).encode()
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Any:
+    def change(body: Any) -> None:
+        target = body
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return change
+
+
+TAMPERED = {
+    "nan-time": _set(("t",), float("nan")),
+    "infinite-time": _set(("t",), float("inf")),
+    "string-time": _set(("t",), "1700000000"),
+    "usage-as-strings": _set(("r", 3), ["12", "5", "17", None, None, None]),
+    "usage-as-floats": _set(("r", 3), [12.5, 5.0, 17.0, None, None, None]),
+    "negative-usage": _set(("r", 3), [-1, 5, 17, None, None, None]),
+    "bool-usage": _set(("r", 3), [True, 5, 17, None, None, None]),
+    "short-usage": _set(("r", 3), [12, 5]),
+    "nan-cost": _set(("c",), float("nan")),
+    "number-as-text": _set(("m", 0, 1, 0, 1), 42),
+    "unknown-role": _set(("m", 0, 0), "wizard"),
+    "unknown-content": _set(("m", 0, 1, 0, 0), "?"),
+    "flag-as-string": _set(("m", 0, 1, 1, 4), "yes"),
+    "arguments-as-list": _set(("m", 0, 1, 1, 3), [1]),
+    "model-as-number": _set(("r", 1), 7),
+    "no-messages": _set(("m",), None),
+    "old-version": _set(("v",), 1),
+    "not-an-object": lambda body: body.clear(),
+}
+
+
+@pytest.mark.parametrize("how", list(TAMPERED))
+async def test_a_tampered_entry_is_a_miss_and_is_deleted(streaming: bool, how: str) -> None:
+    call = FunctionCallContent("c1", "f", {"a": 1})
+    inner = ScriptedChatClient(
+        [
+            call_tools(call, text="hi"),
+            call_tools(FunctionCallContent("c2", "g", {"b": 2}), text="again"),
+        ]
+    )
+    # Stored by the non-streaming call shape, so every field above is there to tamper with.
+    store = MemoryCacheStore()
+    chat = cached(inner, store=store)
+    first = await chat.get_response("q")
+    first.usage = USAGE
+    ((key, (raw, _)),) = store._entries.items()
+    store._entries[key] = (tamper(raw, TAMPERED[how]), float("inf"))
+    answer_, _ = await ask(chat, "q", None, streaming)  # no error, no wrong value: a miss
+    assert inner.call_count == 2
+    assert answer_.text == "again"
+    # The garbage is gone: the new answer took its place, and is what comes back now.
+    hit, _ = await ask(chat, "q", None, streaming)
+    assert inner.call_count == 2 and hit.text == "again"
+
+
+async def test_a_tampered_entry_in_a_store_of_your_own_is_deleted(streaming: bool) -> None:
+    class Own:
+        def __init__(self) -> None:
+            self.entries: dict[str, bytes] = {}
+            self.deleted: list[str] = []
+
+        async def get(self, key: str) -> bytes | None:
+            return self.entries.get(key)
+
+        async def set(self, key: str, value: bytes, ttl: float) -> None:
+            self.entries[key] = value
+
+        async def delete(self, key: str) -> None:
+            self.deleted.append(key)
+            self.entries.pop(key, None)
+
+    store = Own()
+    inner = ScriptedChatClient(reply("ok", usage=USAGE))
+    chat = cached(inner, store=store)
+    await ask(chat, "q", None, streaming)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    await wait_for(lambda: bool(store.entries) and not layer._tasks)
+    ((key, raw),) = store.entries.items()
+    store.entries[key] = tamper(raw, _set(("t",), float("nan")))
+    await ask(chat, "q", None, streaming)
+    await wait_for(lambda: not layer._tasks)
+    assert store.deleted == [key] and inner.call_count == 2
+
+
+# -- single flight: one way out ----------------------------------------------------------------
+
+
+# -- semantic candidates: memory follows what is held --------------------------------------------

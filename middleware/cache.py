@@ -91,6 +91,7 @@ from pipeline.types import (
     ChatResponseUpdate,
     ChatRole,
     Content,
+    CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
@@ -449,15 +450,27 @@ def _canonical(value: Any) -> bytes:
 
 
 def _tool_shape(tool: Any) -> Any:
+    """What a tool is to a provider: a mapping as it is; a tool definition by its name,
+    description and schema, and what else the providers send of it that changes the
+    answer: a custom tool's kind and input format (its grammar), a tool's extra fields
+    (``strict``; not a prompt-cache breakpoint, which changes only the bill)."""
     if isinstance(tool, dict):
         return tool
+    if isinstance(tool, CustomTool):
+        return {"$custom": tool.name, "description": tool.description, "format": tool.format}
     name = getattr(tool, "name", None)
     if isinstance(name, str):
-        return {
+        shape = {
             "name": name,
             "description": getattr(tool, "description", None),
             "parameters": getattr(tool, "parameters", None),
         }
+        extra = getattr(tool, "additional_properties", None)
+        if extra:
+            extra = {key: value for key, value in extra.items() if key != "cache_control"}
+            if extra:
+                shape["extra"] = extra
+        return shape
     return tool
 
 

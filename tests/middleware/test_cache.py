@@ -37,9 +37,12 @@ from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_re
 from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline.client import ChatClientMetadata
 from pipeline.errors import RateLimitedError, ResponseValidationError, TransientProviderError
+from pipeline.gateway._anthropic_messages import MessagesTool
+from pipeline.providers._wire import ToolSpec
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
 from pipeline.types import (
     Content,
+    CustomTool,
     DataContent,
     FunctionResultContent,
     TextContent,
@@ -784,6 +787,36 @@ def test_a_custom_call_and_a_json_call_are_different_keys() -> None:
     history = [ChatMessage.user("q"), ChatMessage.assistant([custom])]
     other = [ChatMessage.user("q"), ChatMessage.assistant([plain])]
     assert cache_key(history) != cache_key(other)
+
+
+def test_a_custom_tools_grammar_and_a_tools_extra_fields_are_in_the_key() -> None:
+    lark = {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"}
+    other = {"type": "grammar", "syntax": "lark", "definition": "start: /b+/"}
+    keys = {
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", lark)])),
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", other)])),
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", None)])),
+        # A function tool of the same name and schema is offered as another kind of tool.
+        cache_key("q", ChatOptions(tools=[ToolSpec("exec", "run", CustomTool("exec").parameters)])),
+    }
+    assert len(keys) == 4
+    strict = MessagesTool("f", "d", {"type": "object"}, {"strict": True})
+    loose = MessagesTool("f", "d", {"type": "object"}, {})
+    cached_tool = MessagesTool("f", "d", {"type": "object"}, {"cache_control": {"type": "x"}})
+    assert cache_key("q", ChatOptions(tools=[strict])) != cache_key("q", ChatOptions(tools=[loose]))
+    # A prompt-cache breakpoint changes the bill, not the answer.
+    assert cache_key("q", ChatOptions(tools=[cached_tool])) == cache_key(
+        "q", ChatOptions(tools=[loose])
+    )
+
+
+async def test_requests_differing_in_a_grammar_do_not_share_an_entry(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    for definition in ("start: /a+/", "start: /b+/", "start: /a+/"):
+        grammar = {"type": "grammar", "syntax": "lark", "definition": definition}
+        await ask(chat, "q", ChatOptions(tools=[CustomTool("exec", None, grammar)]), streaming)
+    assert inner.call_count == 2
 
 
 # -- entries that do not decode ----------------------------------------------------------------

@@ -1367,6 +1367,10 @@ class CachingChatClient(DelegatingChatClient):
             self._forget(flight)
 
     def _leave(self, flight: _Flight) -> None:
+        """A listener leaves `flight` (whatever its call shape, however it ends): when it
+        was the last one and the call runs in a task of its own, the call is cancelled and
+        forgotten, so nobody joins a call nobody waits for (and `aclose` does not wait
+        for it)."""
         flight.listeners -= 1
         if flight.listeners == 0 and not flight.finished and flight.task is not None:
             # Nobody listens any more: the call is cancelled, and a newcomer starts afresh.
@@ -1411,7 +1415,8 @@ class CachingChatClient(DelegatingChatClient):
             try:
                 await flight.ended()
             finally:
-                flight.listeners -= 1
+                # The one way out of a flight: the last listener to leave cancels its call.
+                self._leave(flight)
             if flight.error is None:
                 return _copy_response(flight.result_response())
             if flight.cancelled:

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import random
 import typing
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -915,6 +916,69 @@ async def test_a_tampered_entry_in_a_store_of_your_own_is_deleted(streaming: boo
 
 
 # -- single flight: one way out ----------------------------------------------------------------
+
+
+async def test_a_stream_nobody_listens_to_is_closed_whoever_left_last() -> None:
+    # A streamed leader and a non-streamed follower both leave (the follower last): the
+    # provider stream is closed, nobody joins the orphan, and closing the layer is prompt.
+    inner = ScriptedChatClient([hang(), reply("fresh")])
+    chat = cached(inner)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    leader = asyncio.ensure_future(ask(chat, "q", None, True))
+    await wait_for(lambda: inner.call_count == 1)
+    follower = asyncio.ensure_future(ask(chat, "q", None, False))
+    await wait_for(lambda: listeners(chat) == 2)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert listeners(chat) == 1 and inner.streams_closed == 0  # the follower still listens
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    await wait_for(lambda: not layer._tasks)
+    assert inner.streams_closed == 1 and not layer._flights
+    later, _ = await ask(chat, "q", None, False)
+    assert later.text == "fresh" and inner.call_count == 2
+    async with asyncio.timeout(5):
+        await chat.aclose()
+
+
+async def test_a_thousand_identical_requests_with_cancels_and_deadlines_leave_nothing() -> None:
+    # Half streamed, half not; a third cancelled at random moments, a third with deadlines
+    # shorter than the call: every request ends, every provider stream is closed, and no
+    # flight or task is left.
+    rng = random.Random(20261206)
+    gate = Gate()
+    inner = ScriptedChatClient(
+        reply("shared", chunks=["sha", "red"], delay=1.0, usage=USAGE), sleep=gate.sleep
+    )
+    chat = cached(inner)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+
+    async def one(index: int) -> str:
+        streaming = index % 2 == 0
+        if index % 3 == 1:
+            async with asyncio.timeout(0):  # a deadline that passed: the request leaves
+                return (await ask(chat, "q", None, streaming))[0].text
+        return (await ask(chat, "q", None, streaming))[0].text
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(1000)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+        for task in rng.sample(tasks, 7):
+            task.cancel()
+    gate.open.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    answered = [r for r in results if r == "shared"]
+    left = [r for r in results if isinstance(r, asyncio.CancelledError | TimeoutError)]
+    assert len(answered) + len(left) == 1000 and answered
+    await wait_for(lambda: not layer._tasks)
+    assert not layer._flights
+    assert inner.streams_opened == inner.streams_closed
+    async with asyncio.timeout(5):
+        await chat.aclose()
 
 
 # -- semantic candidates: memory follows what is held --------------------------------------------

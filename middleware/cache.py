@@ -179,6 +179,10 @@ class SemanticCacheSettings(Settings):
     """Answers per semantic partition kept as candidates (the oldest are forgotten)."""
     max_partitions: Annotated[int, Field(ge=1)] = 10_000
     """Semantic partitions kept in this process (least recently used first out)."""
+    max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
+    """Bytes the candidates (vectors and keys) may hold in this process, least recently used
+    partition first out; with a `MemoryCacheStore` they count in its `max_bytes` too (the
+    bound of answers and candidates together)."""
     embedding_timeout: Annotated[float, Field(gt=0)] = 2.0
     """Seconds embedding a query may take; a slower, failed or empty embedding is a miss."""
     max_query_chars: Annotated[int, Field(ge=1)] = 2000
@@ -208,6 +212,8 @@ class CacheStore(Protocol):
 _ENTRY_OVERHEAD = 64
 """Bytes counted per entry beyond its key and value (the bound is of what is stored, plus
 this much for the bookkeeping)."""
+_PARTITION_BYTES = 256
+"""Bytes counted per semantic partition beyond its index's own (its key, the objects)."""
 
 
 class MemoryCacheStore:
@@ -252,7 +258,15 @@ class MemoryCacheStore:
             return
         self._entries[key] = (value, self._clock() + ttl)
         self.bytes += size
-        while self.bytes > self.max_bytes:
+        while self.bytes > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+
+    def hold(self, change: int) -> None:
+        """Count `change` bytes held beside the entries (a semantic cache's candidates) in
+        `bytes`; entries are dropped, least recently used first, to stay within
+        `max_bytes` (what is held beside them is its holder's to shed)."""
+        self.bytes += change
+        while self.bytes > self.max_bytes and self._entries:
             self._drop(next(iter(self._entries)))
 
     async def delete(self, key: str) -> None:
@@ -1032,6 +1046,7 @@ class CachingChatClient(DelegatingChatClient):
         self._flights: dict[str, _Flight] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._partitions: OrderedDict[str, Any] = OrderedDict()
+        self._candidate_bytes = 0  # what the semantic candidates hold, in bytes
         self._embedding_outage = _redis.Outage(
             _logger, "semantic cache embeddings", "looking answers up exactly only", 1.0
         )
@@ -1204,7 +1219,9 @@ class CachingChatClient(DelegatingChatClient):
             return None
         entry = await self._read(key)
         if entry is None:
+            before = index.nbytes
             index.remove(key)  # expired or evicted from the store
+            self._count_candidates(index.nbytes - before)
         return entry
 
     def _remember(self, request: _Request) -> None:
@@ -1217,14 +1234,35 @@ class CachingChatClient(DelegatingChatClient):
         partitions = self._partitions
         index = partitions.get(request.partition)
         if index is None or index.dimensions != request.vector.shape[0]:
+            if index is not None:
+                self._count_candidates(-index.nbytes - _PARTITION_BYTES)
             index = partitions[request.partition] = RingIndex(
                 request.vector.shape[0], semantic.max_candidates
             )
-            while len(partitions) > semantic.max_partitions:
-                partitions.popitem(last=False)
+            self._count_candidates(index.nbytes + _PARTITION_BYTES)
         partitions.move_to_end(request.partition)
         assert request.key is not None
+        before = index.nbytes
         index.add(request.vector, request.key)
+        self._count_candidates(index.nbytes - before)
+        bound = semantic.max_bytes
+        memory = self._memory
+        if memory is not None:
+            bound = min(bound, memory.max_bytes)
+        # Least recently used partitions out, past the count or the bytes (the one just
+        # added to last: alone larger than the bound, it is not kept either).
+        while len(partitions) > semantic.max_partitions or (
+            self._candidate_bytes > bound and partitions
+        ):
+            _, dropped = partitions.popitem(last=False)
+            self._count_candidates(-dropped.nbytes - _PARTITION_BYTES)
+
+    def _count_candidates(self, change: int) -> None:
+        """The candidates' bytes changed by `change` (counted in a memory store's bound)."""
+        self._candidate_bytes += change
+        memory = self._memory
+        if memory is not None:
+            memory.hold(change)
 
     def _storable(self, finish_reason: str | None) -> bool:
         if finish_reason is None:

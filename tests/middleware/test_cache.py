@@ -982,3 +982,67 @@ async def test_a_thousand_identical_requests_with_cancels_and_deadlines_leave_no
 
 
 # -- semantic candidates: memory follows what is held --------------------------------------------
+
+
+class Wide:
+    """An encoder of 1,536 dimensions (as OpenAI's small embedding model): a vector per
+    text from its hash."""
+
+    async def generate(self, values: Sequence[str]) -> Any:
+        return np.stack(
+            [
+                np.random.default_rng(abs(hash(text)) % 2**32).standard_normal(1536)
+                for text in values
+            ]
+        ).astype(np.float32)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_one_answer_conversations_hold_one_vector_each() -> None:
+    inner = ScriptedChatClient("ok")
+    store = MemoryCacheStore(max_bytes=256 << 20)
+    chat = cached(inner, store=store, semantic=SemanticCacheSettings(embeddings=Wide()))
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(2000):
+        # Each a conversation of its own (its system prompt): a partition per answer.
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+    vectors = 2000 * 1536 * 4  # 12 MB of vectors
+    held = sum(index._rows.nbytes for index in layer._partitions.values())
+    assert held == vectors  # one row each, none reserved
+    # Counted in the store's bound, with the keys and the bookkeeping.
+    assert vectors < layer._candidate_bytes < vectors * 1.2
+    assert store.bytes <= store.max_bytes
+    assert store.bytes >= layer._candidate_bytes
+
+
+async def test_candidates_count_in_the_memory_stores_byte_bound() -> None:
+    inner = ScriptedChatClient(reply("x" * 2000))
+    store = MemoryCacheStore(max_bytes=1 << 20)
+    chat = cached(inner, store=store, semantic=SemanticCacheSettings(embeddings=Wide()))
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(1000):  # 6 MB of vectors against a 1 MiB bound
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+        assert store.bytes <= store.max_bytes
+        assert layer._candidate_bytes <= store.max_bytes
+    assert 0 < len(layer._partitions) < 1000  # the oldest went out
+    # The newest conversations are still found by meaning.
+    again = await chat.get_response([ChatMessage.system("user 999"), ChatMessage.user("hello")])
+    assert again.text == "x" * 2000 and inner.call_count == 1000
+
+
+async def test_candidates_have_a_byte_bound_of_their_own_beside_any_store() -> None:
+    inner = ScriptedChatClient("ok")
+    semantic = SemanticCacheSettings(embeddings=Wide(), max_bytes=1 << 20)
+    store = MemoryCacheStore(max_bytes=64 << 20)
+    chat = cached(inner, store=store, semantic=semantic)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(500):
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+        assert layer._candidate_bytes <= 1 << 20
+    held = sum(index.nbytes for index in layer._partitions.values())
+    assert held <= 1 << 20 and len(layer._partitions) > 100

@@ -1149,19 +1149,20 @@ class CachingChatClient(DelegatingChatClient):
         try:
             return _decode_entry(raw)
         except Exception:
-            # Another writer's garbage, an older format, a tampered entry: a miss, and gone,
-            # so the next request stores a good answer in its place.
-            self._delete(key)
+            # Another writer's garbage, an older format, a tampered entry: a miss, and gone
+            # before this request stores its answer in its place (a store's call is bounded
+            # and never raises; this is the rare path).
+            await self._delete(key)
             return None
 
-    def _delete(self, key: str) -> None:
+    async def _delete(self, key: str) -> None:
         memory = self._memory
         if memory is not None:
             memory.delete_now(key)
             return
         delete = getattr(self._reader, "delete", None)
         if delete is not None:
-            self._spawn(delete(key))
+            await delete(key)
 
     async def _look_up(self, request: _Request) -> _Entry | None:
         assert request.key is not None

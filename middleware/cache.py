@@ -5,10 +5,13 @@
 * **exact keys over everything that changes the answer**: every message (roles, author
   names, text, tool calls and results, data, reasoning contents with their protected
   parts), every option that reaches a provider (tools, temperature, model, response
-  format, reasoning, extras: every `ChatOptions` field but `ChatOptions.cache` and, unless
-  ``per_session``, `ChatOptions.session_id`), the client beneath (its name and model), the
-  `scope` function's value and the partition a server gives (`pipeline._cache_scope`: the
-  gateway's caller key and model asked for). Keys are SHA-256 hashes: no text in a key. A
+  format, reasoning, extras: every `ChatOptions` field but `ChatOptions.cache`, the extras
+  that cannot change the answer (`CacheSettings.ignore_fields`: ``metadata``, ``user``,
+  ``prompt_cache_key``...) and, unless partitioned by session, `ChatOptions.session_id`),
+  the client beneath (its name and model), the `scope` function's value and the partition
+  a server gives (`pipeline._cache_scope`: the gateway's caller identity and model asked
+  for; with `CacheSettings.partition_by`, the user or session too). Keys are SHA-256
+  hashes: no text in a key. A
   request with a value the key cannot represent (an object of unknown shape in the options)
   is not cached (``bypass``) rather than risk a wrong answer;
 * **what is stored**: the answer as the miss returned it (messages or updates, usage,
@@ -62,13 +65,13 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from opentelemetry import trace
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline import _redis, _scope
-from pipeline._cache_scope import current_cache_report
+from pipeline._cache_scope import CacheReport, current_cache_report
 from pipeline._semconv import (
     CACHE_KIND,
     CACHE_LOOKUPS_METRIC,
@@ -84,6 +87,7 @@ from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forwa
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
 from pipeline.errors import RedisUnavailable
 from pipeline.types import (
+    PROVIDER_EXTRAS,
     CacheMode,
     ChatMessage,
     ChatOptions,
@@ -107,6 +111,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
 __all__ = [
+    "DEFAULT_IGNORE_FIELDS",
     "CacheMode",
     "CacheSettings",
     "CacheStore",
@@ -133,6 +138,25 @@ page). Another embedding model needs its own measurement."""
 # -- settings ----------------------------------------------------------------------------------
 
 
+DEFAULT_IGNORE_FIELDS = frozenset(
+    {
+        "metadata",
+        "user",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "client_metadata",
+        "store",
+        "stream_options",
+        "safety_identifier",
+        "service_tier",
+    }
+)
+"""Request fields that cannot change an answer (who asks, for which session, how it is
+billed, cached upstream, stored or streamed), left out of every cache key: two runs of an
+agent that differ only in them (Claude Code's ``metadata.user_id``, Codex's
+``prompt_cache_key``: both per session) share their entries."""
+
+
 class CacheSettings(Settings):
     """How a response cache keys, keeps and shares answers."""
 
@@ -147,7 +171,17 @@ class CacheSettings(Settings):
     """Concurrent identical requests make one provider call; the others wait for it (within
     their own deadlines) or stream along."""
     per_session: bool = False
-    """Whether `ChatOptions.session_id` is part of the key (each session its own answers)."""
+    """Whether `ChatOptions.session_id` is part of the key (each session its own answers;
+    the same as ``"session"`` in `partition_by`)."""
+    ignore_fields: frozenset[str] = Field(default=DEFAULT_IGNORE_FIELDS, strict=False)
+    """Fields of `ChatOptions.additional_properties` (and of its provider-scoped tables, such
+    as Anthropic's ``metadata``) left out of the key: they describe the caller, its billing,
+    its session or the transport, and cannot change the answer. The defaults always apply;
+    names given here are added to them."""
+    partition_by: frozenset[Literal["user", "session"]] = Field(default=frozenset(), strict=False)
+    """What besides the caller's identity (the partition a server gives: the gateway's
+    caller key) keeps entries apart: ``"user"`` (the user a server names, else a ``user``
+    in `ChatOptions.additional_properties`), ``"session"`` (`ChatOptions.session_id`)."""
     finish_reasons: frozenset[str] = Field(
         default=frozenset({"stop", "tool_calls", "length"}), strict=False
     )
@@ -160,6 +194,11 @@ class CacheSettings(Settings):
     (the built-in stores bring their own bound)."""
     retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
     """Seconds a store of your own that failed is skipped before it is tried again."""
+
+    @field_validator("ignore_fields")
+    @classmethod
+    def _with_the_defaults(cls, value: frozenset[str]) -> frozenset[str]:
+        return DEFAULT_IGNORE_FIELDS | value
 
 
 class SemanticCacheSettings(Settings):
@@ -581,13 +620,40 @@ def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: 
         hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
 
 
-def _feed_options(hasher: _Hasher, options: ChatOptions | None, per_session: bool) -> None:
+def _answering(extras: dict[str, Any], ignored: frozenset[str]) -> dict[str, Any]:
+    """`extras` without the `ignored` fields, at the top and in the provider-scoped tables
+    (a table left empty goes too): what of them can change the answer."""
+    if ignored.isdisjoint(extras) and not any(
+        key in PROVIDER_EXTRAS and isinstance(value, dict) and not ignored.isdisjoint(value)
+        for key, value in extras.items()
+    ):
+        return extras
+    kept: dict[str, Any] = {}
+    for key, value in extras.items():
+        if key in ignored:
+            continue
+        if key in PROVIDER_EXTRAS and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in ignored}
+            if not value:
+                continue
+        kept[key] = value
+    return kept
+
+
+def _feed_options(
+    hasher: _Hasher,
+    options: ChatOptions | None,
+    per_session: bool,
+    ignored: frozenset[str] = DEFAULT_IGNORE_FIELDS,
+) -> None:
     # No options and options with nothing set are the same request.
     hasher.update(b"o")
     if options is None:
         return
     for name in _KEYED_OPTIONS:
         value = getattr(options, name)
+        if name == "additional_properties" and value:
+            value = _answering(value, ignored)
         if value is None or (name == "additional_properties" and not value):
             continue
         hasher.text(b"f", name)
@@ -609,12 +675,16 @@ def cache_key(
     scope: str | None = None,
     per_session: bool = False,
     namespace: str = "",
+    ignore_fields: frozenset[str] = DEFAULT_IGNORE_FIELDS,
 ) -> str:
     """The exact key of a request: a SHA-256 hex digest over the messages, every option
-    that reaches a provider, `scope` and `namespace` (see the module docstring). `TypeError`
-    when the request holds a value no key can represent."""
+    that reaches a provider but the `ignore_fields` of its additional properties, `scope`
+    and `namespace` (see the module docstring). `TypeError` when the request holds a value
+    no key can represent."""
     try:
-        return _digest(as_messages(messages), options, scope, per_session, namespace, False)
+        return _digest(
+            as_messages(messages), options, scope, per_session, namespace, False, ignore_fields
+        )
     except _UNCACHEABLE:
         raise TypeError("the request holds a value a cache key cannot represent") from None
 
@@ -626,6 +696,7 @@ def _digest(
     per_session: bool,
     namespace: str,
     semantic: bool,
+    ignored: frozenset[str] = DEFAULT_IGNORE_FIELDS,
 ) -> str:
     digest = hashlib.sha256(
         b"chat_pipeline.cache/1\x00semantic" if semantic else b"chat_pipeline.cache/1"
@@ -633,9 +704,18 @@ def _digest(
     hasher = _Hasher(digest)
     hasher.text(b"n", namespace)
     hasher.text(b"p", scope)
-    _feed_options(hasher, options, per_session)
+    _feed_options(hasher, options, per_session, ignored)
     _feed_messages(hasher, messages, semantic)
     return digest.hexdigest()
+
+
+def _user_of(report: CacheReport | None, options: ChatOptions | None) -> str:
+    """The user a request is for: the one its server named, else a ``user`` string in its
+    additional properties, else "" (no user: every such request shares one partition)."""
+    if report is not None and report.user is not None:
+        return report.user
+    user = options.additional_properties.get("user") if options is not None else None
+    return user if isinstance(user, str) else ""
 
 
 def _query_of(messages: Sequence[ChatMessage]) -> str | None:
@@ -1096,9 +1176,14 @@ class CachingChatClient(DelegatingChatClient):
                     f"the cache scope must return a str or None, not {type(value).__name__}"
                 )
             partition = f"{partition}\x00{value}"
+        partition_by = settings.partition_by
+        if "user" in partition_by:
+            partition = f"{partition}\x00user\x00{_user_of(report, options)}"
+        per_session = settings.per_session or "session" in partition_by
         namespace = self._namespace
+        ignored = settings.ignore_fields
         try:
-            key = _digest(listed, options, partition, settings.per_session, namespace, False)
+            key = _digest(listed, options, partition, per_session, namespace, False, ignored)
         except _UNCACHEABLE:
             return _Request(CacheMode.BYPASS, None, listed, options)
         request = _Request(mode, key, listed, options)
@@ -1107,7 +1192,7 @@ class CachingChatClient(DelegatingChatClient):
             if query is not None and len(query) <= self.semantic.max_query_chars:
                 request.query = query
                 request.partition = _digest(
-                    listed, options, partition, settings.per_session, namespace, True
+                    listed, options, partition, per_session, namespace, True, ignored
                 )
         return request
 

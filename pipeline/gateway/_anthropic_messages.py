@@ -543,6 +543,8 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
             raise _invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode
+    metadata = payload.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, dict) else None
     return ChatRequest(
         model=model,
         messages=messages,
@@ -550,6 +552,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         stream=bool(stream),
         tool_names=names,
         builtin_tools=builtin,
+        user=user if isinstance(user, str) and user else None,
     )
 
 

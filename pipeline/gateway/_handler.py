@@ -93,11 +93,12 @@ class _Started:
 
 def _cache(exchange: Exchange, request: ChatRequest) -> Any:
     """The response cache's side of a request (`middleware.cache`): its partition (the
-    caller's key and the model asked for: entries never cross them), the mode the
+    caller's identity and the model asked for: entries never cross them; the user the
+    request names, for a cache partitioned by user), the mode the
     ``cache-control`` request header asks for (``no-store``: bypass, ``no-cache``:
     refresh), and ``x-cache`` (``hit``, ``miss``, ``bypass``) with ``age`` on the response
     when a cache answered. Returns the token that ends the cache's report."""
-    report = CacheReport(f"{exchange.key}\x00{request.model}")
+    report = CacheReport(f"{exchange.key}\x00{request.model}", request.user)
     if request.options.cache is None:
         for name, value in exchange.scope["headers"]:
             if name == b"cache-control":

@@ -66,6 +66,7 @@ __all__ = [
     "parse_request",
     "request_object",
     "unsupported_parameter",
+    "user_of",
 ]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -91,6 +92,19 @@ class ChatRequest:
     builtin_tools: list[str] = field(default_factory=list)
     """The types of the provider-side tools the request offered, left out of the pipeline's
     tools (see `pipeline.gateway._builtin_tools`)."""
+    user: str | None = None
+    """The end user the request names (``user`` or ``safety_identifier``; Anthropic's
+    ``metadata.user_id``), for a response cache partitioned by user; None when it names
+    none."""
+
+
+def user_of(payload: Mapping[str, Any]) -> str | None:
+    """The end user an OpenAI-format body names: ``user``, else ``safety_identifier``."""
+    for name in ("user", "safety_identifier"):
+        value = payload.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -379,6 +393,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         stream=bool(stream),
         include_usage=include_usage,
         tool_names=names,
+        user=user_of(payload),
     )
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from middleware.cache import (
+    DEFAULT_IGNORE_FIELDS,
     CacheSettings,
     CachingChatClient,
     MemoryCacheStore,
@@ -32,6 +33,7 @@ from pipeline import (
     ChatRole,
     FunctionCallContent,
     ReasoningContent,
+    ReasoningOptions,
     UsageDetails,
 )
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
@@ -42,6 +44,8 @@ from pipeline.gateway._anthropic_messages import MessagesTool
 from pipeline.providers._wire import ToolSpec
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
 from pipeline.types import (
+    ANTHROPIC_EXTRAS,
+    OPENAI_RESPONSES_EXTRAS,
     Content,
     CustomTool,
     DataContent,
@@ -1046,3 +1050,133 @@ async def test_candidates_have_a_byte_bound_of_their_own_beside_any_store() -> N
         assert layer._candidate_bytes <= 1 << 20
     held = sum(index.nbytes for index in layer._partitions.values())
     assert held <= 1 << 20 and len(layer._partitions) > 100
+
+
+# -- what the key leaves out, and partitions ---------------------------------------------------
+
+
+@pytest.mark.parametrize("field", sorted(DEFAULT_IGNORE_FIELDS))
+@pytest.mark.parametrize("where", ["top", ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS])
+def test_each_field_that_cannot_change_the_answer_changes_no_key(field: str, where: str) -> None:
+    def options(value: Any) -> ChatOptions:
+        extras: dict[str, Any] = {"top_k": 5}
+        if where == "top":
+            extras[field] = value
+        else:
+            extras[where] = {field: value, "thinking": {"type": "enabled"}}
+        return ChatOptions(temperature=0.2, additional_properties=extras)
+
+    one = cache_key("q", options({"user_id": "session-1"}))
+    assert one == cache_key("q", options({"user_id": "session-2"}))
+    assert one == cache_key("q", options("another"))
+    # The same as a request without it at all.
+    without = (
+        {"top_k": 5} if where == "top" else {"top_k": 5, where: {"thinking": {"type": "enabled"}}}
+    )
+    assert one == cache_key("q", ChatOptions(temperature=0.2, additional_properties=without))
+
+
+def test_a_table_left_empty_is_as_if_absent() -> None:
+    only = ChatOptions(additional_properties={OPENAI_RESPONSES_EXTRAS: {"prompt_cache_key": "s"}})
+    assert cache_key("q", only) == cache_key("q", ChatOptions())
+
+
+SPLITTING: dict[str, ChatOptions] = {
+    "temperature": ChatOptions(temperature=0.9),
+    "top_p": ChatOptions(top_p=0.5),
+    "max_output_tokens": ChatOptions(max_output_tokens=7),
+    "stop": ChatOptions(stop=["x"]),
+    "seed": ChatOptions(seed=3),
+    "model": ChatOptions(model_id="other"),
+    "tools": ChatOptions(tools=[ToolSpec("f", "d", {"type": "object"})]),
+    "tool_mode": ChatOptions(tools=[ToolSpec("f", "d", {"type": "object"})], tool_mode="required"),
+    "response_format": ChatOptions(response_format={"type": "json_object"}),
+    "reasoning_effort": ChatOptions(reasoning_effort="high"),
+    "reasoning": ChatOptions(reasoning=ReasoningOptions(effort="low")),
+    "reasoning_budget": ChatOptions(reasoning=ReasoningOptions(budget_tokens=1024)),
+    "reasoning_summary": ChatOptions(reasoning=ReasoningOptions(summary="auto")),
+    "an_extra": ChatOptions(additional_properties={"top_k": 9}),
+    "parallel_tool_calls": ChatOptions(additional_properties={"parallel_tool_calls": False}),
+    "verbosity": ChatOptions(additional_properties={"verbosity": "low"}),
+    "anthropic_thinking": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"thinking": {"type": "adaptive"}}}
+    ),
+    "anthropic_output_config": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"output_config": {"effort": "max"}}}
+    ),
+    "anthropic_context_management": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"context_management": {"edits": []}}}
+    ),
+}
+
+
+def test_every_field_that_changes_the_answer_still_splits_entries() -> None:
+    base = cache_key("q", ChatOptions())
+    keys = {name: cache_key("q", options) for name, options in SPLITTING.items()}
+    assert base not in keys.values()
+    assert len(set(keys.values())) == len(keys)
+    # The system prompt and the conversation are the answer's too.
+    assert cache_key([ChatMessage.system("be a pirate"), ChatMessage.user("q")]) != base
+    assert cache_key([ChatMessage.system("be a poet"), ChatMessage.user("q")]) != cache_key(
+        [ChatMessage.system("be a pirate"), ChatMessage.user("q")]
+    )
+
+
+async def test_requests_differing_in_ignored_fields_share_an_entry(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    for session in ("run-1", "run-2"):
+        metadata = {"user_id": f"user_abc_account__session_{session}"}
+        extras = {ANTHROPIC_EXTRAS: {"metadata": metadata}, "prompt_cache_key": session}
+        await ask(chat, "q", ChatOptions(additional_properties=extras), streaming)
+    assert inner.call_count == 1
+
+
+def test_more_fields_can_be_left_out_and_the_defaults_stay() -> None:
+    settings = CacheSettings(ignore_fields=frozenset({"x_trace"}))
+    assert settings.ignore_fields == DEFAULT_IGNORE_FIELDS | {"x_trace"}
+    one = ChatOptions(additional_properties={"x_trace": "a", "user": "u1"})
+    two = ChatOptions(additional_properties={"x_trace": "b", "user": "u2"})
+    assert cache_key("q", one) != cache_key("q", two)
+    ignored = settings.ignore_fields
+    assert cache_key("q", one, ignore_fields=ignored) == cache_key("q", two, ignore_fields=ignored)
+
+
+@pytest.mark.parametrize("by", ["user", "session"])
+async def test_a_partition_by_user_or_session(streaming: bool, by: str) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner, partition_by=frozenset({by}))
+
+    def options(who: str) -> ChatOptions:
+        if by == "session":
+            return ChatOptions(session_id=who)
+        return ChatOptions(additional_properties={"user": who})
+
+    async def as_server(who: str, server_user: str | None) -> None:
+        token = enter_cache_report(CacheReport("caller-1", server_user))
+        try:
+            await ask(chat, "q", options(who), streaming)
+        finally:
+            exit_cache_report(token)
+
+    await as_server("alice", None)
+    await as_server("bob", None)
+    await as_server("alice", None)
+    assert inner.call_count == 2  # alice's answer is hers
+    if by == "user":
+        # The user a server names wins over the request's own field.
+        await as_server("carol", "alice")
+        assert inner.call_count == 2
+
+
+async def test_entries_never_cross_callers_whatever_their_fields(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    same = ChatOptions(additional_properties={"user": "u"})
+    for caller in ("caller-1", "caller-2", "caller-1"):
+        token = enter_cache_report(CacheReport(caller))
+        try:
+            await ask(chat, "q", same, streaming)
+        finally:
+            exit_cache_report(token)
+    assert inner.call_count == 2

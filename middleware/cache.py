@@ -45,11 +45,12 @@
   partition), and the closest at or above `threshold` is the answer. The candidates are
   kept in this process (at most `max_candidates` per partition); their answers are in the
   store;
-* **telemetry**: ``chat_pipeline.cache.result``, ``chat_pipeline.cache.kind`` and ``chat_pipeline.cache.similarity`` on the
-  current span (the request's: put ``use_telemetry`` outside the cache, or serve it through
-  the gateway); counter ``chat_pipeline.cache.lookups`` by result and kind; counter
-  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a prompt,
-  answer or key.
+* **telemetry**: ``chat_pipeline.cache.result``, ``chat_pipeline.cache.kind`` and
+  ``chat_pipeline.cache.similarity`` on the current span (the request's: put
+  ``use_telemetry`` outside the cache, or serve it through the gateway); counter
+  ``chat_pipeline.cache.lookups`` by result and kind; counter
+  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a
+  prompt, answer or key.
 """
 
 from __future__ import annotations
@@ -735,10 +736,6 @@ _ROLES = {role.value: role for role in ChatRole}
 _ENTRY_VERSION = 2
 
 
-class _Garbage(ValueError):
-    """A stored entry that does not decode into exactly the types it was written from."""
-
-
 def _encode_content(content: Content) -> list[Any]:
     kind = type(content)
     if kind is TextContent:
@@ -763,7 +760,7 @@ def _encode_content(content: Content) -> list[Any]:
 
 def _string(value: Any) -> str:
     if type(value) is not str:
-        raise _Garbage("expected a string")
+        raise ValueError("expected a string")
     return value
 
 
@@ -773,26 +770,26 @@ def _optional_string(value: Any) -> str | None:
 
 def _flag(value: Any) -> bool:
     if type(value) is not bool:
-        raise _Garbage("expected true or false")
+        raise ValueError("expected true or false")
     return value
 
 
 def _fields(item: Any, count: int) -> list[Any]:
     if type(item) is not list or len(item) != count:
-        raise _Garbage("a record of another shape")
+        raise ValueError("a record of another shape")
     return item
 
 
 def _decode_content(item: Any) -> Content:
     if type(item) is not list or not item:
-        raise _Garbage("a content of another shape")
+        raise ValueError("a content of another shape")
     tag = item[0]
     if tag == "t":
         return TextContent(_string(_fields(item, 2)[1]))
     if tag == "f":
         _, call_id, name, arguments, custom = _fields(item, 5)
         if type(arguments) is not dict:
-            raise _Garbage("tool call arguments that are no object")
+            raise ValueError("tool call arguments that are no object")
         return FunctionCallContent(_string(call_id), _string(name), arguments, custom=_flag(custom))
     if tag == "g":
         _, text, protected, item_id, redacted = _fields(item, 5)
@@ -811,19 +808,19 @@ def _decode_content(item: Any) -> Content:
     if tag == "r":
         _, call_id, result = _fields(item, 3)
         return FunctionResultContent(_string(call_id), result)
-    raise _Garbage("unknown content in a cache entry")
+    raise ValueError("unknown content in a cache entry")
 
 
 def _decode_contents(items: Any) -> list[Content]:
     if type(items) is not list:
-        raise _Garbage("contents that are no list")
+        raise ValueError("contents that are no list")
     return [_decode_content(item) for item in items]
 
 
 def _role(value: Any) -> ChatRole:
     role = _ROLES.get(value) if type(value) is str else None
     if role is None:
-        raise _Garbage("an unknown role")
+        raise ValueError("an unknown role")
     return role
 
 
@@ -843,7 +840,7 @@ def _encode_usage(usage: UsageDetails | None) -> list[int | None] | None:
 def _count(value: Any) -> int | None:
     if value is None or (type(value) is int and value >= 0):
         return value
-    raise _Garbage("a token count that is no whole number")
+    raise ValueError("a token count that is no whole number")
 
 
 def _decode_usage(item: Any) -> UsageDetails | None:
@@ -854,7 +851,7 @@ def _decode_usage(item: Any) -> UsageDetails | None:
 
 def _finite(value: Any) -> float:
     if type(value) is not float or not math.isfinite(value):
-        raise _Garbage("a time or cost that is no finite number")
+        raise ValueError("a time or cost that is no finite number")
     return value
 
 
@@ -933,11 +930,10 @@ def _encode_entry(
 
 def _decode_entry(raw: bytes) -> _Entry:
     """The entry `raw` holds, checked to be exactly what `_encode_entry` writes (its
-    types, shapes and finite numbers); `_Garbage` (or another `ValueError`/`TypeError`)
-    otherwise."""
+    types, shapes and finite numbers); `ValueError` (or `TypeError`) otherwise."""
     body = json.loads(raw.decode("utf-8", "surrogatepass"))
     if type(body) is not dict or body.get("v") != _ENTRY_VERSION:
-        raise _Garbage("a cache entry of another version")
+        raise ValueError("a cache entry of another version")
     created = _finite(body.get("t"))
     route = _optional_string(body.get("n"))
     cost = body.get("c")
@@ -946,12 +942,12 @@ def _decode_entry(raw: bytes) -> _Entry:
     response = updates = None
     if "m" in body:
         if type(body["m"]) is not list:
-            raise _Garbage("messages that are no list")
+            raise ValueError("messages that are no list")
         messages = []
         for item in body["m"]:
             role, contents, name, extra = _fields(item, 4)
             if extra is not None and type(extra) is not dict:
-                raise _Garbage("message properties that are no object")
+                raise ValueError("message properties that are no object")
             messages.append(
                 ChatMessage(
                     _role(role),
@@ -971,7 +967,7 @@ def _decode_entry(raw: bytes) -> _Entry:
     else:
         items = body.get("u")
         if type(items) is not list:
-            raise _Garbage("updates that are no list")
+            raise ValueError("updates that are no list")
         updates = []
         for item in items:
             role, contents, response_id, model_id, finish_reason, usage = _fields(item, 6)

@@ -231,6 +231,22 @@ MAX_CACHE_BREAKPOINTS = 4
 top-level ``cache_control`` (automatic caching) included."""
 
 
+def _capped(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` within `MAX_CACHE_BREAKPOINTS` (`_cap_breakpoints`), saying what was left out
+    on a log line: where they were, never what they mark (the gateway's log configuration
+    adds the request id)."""
+    total, dropped = _cap_breakpoints(body)
+    if dropped:
+        _logger.info(
+            "anthropic request: %d cache_control breakpoints, the API takes %d: left out "
+            "the earliest, %s",
+            total,
+            MAX_CACHE_BREAKPOINTS,
+            " ".join(dropped),
+        )
+    return body
+
+
 def _cap_breakpoints(body: dict[str, Any]) -> tuple[int, list[str]]:
     """Keep `body` within `MAX_CACHE_BREAKPOINTS`, counting tools, system and messages
     together, in the order the API reads them (tools, system, messages): the last ones are
@@ -359,29 +375,6 @@ def build_request(
     `MAX_CACHE_BREAKPOINTS` (tools, system and messages counted together) are left out, the
     earliest first, and a log line says where they were.
     """
-    body = _build_request(messages, options, model=model, max_tokens=max_tokens, stream=stream)
-    total, dropped = _cap_breakpoints(body)
-    if dropped:
-        # Where they were (never what they mark); the gateway's log configuration adds the
-        # request id to the line.
-        _logger.info(
-            "anthropic request: %d cache_control breakpoints, the API takes %d: left out "
-            "the earliest, %s",
-            total,
-            MAX_CACHE_BREAKPOINTS,
-            " ".join(dropped),
-        )
-    return body
-
-
-def _build_request(
-    messages: Sequence[ChatMessage],
-    options: ChatOptions | None,
-    *,
-    model: str,
-    max_tokens: int,
-    stream: bool,
-) -> dict[str, Any]:
     system, turns = _conversation(messages)
     if not turns:
         raise ValueError("Anthropic needs at least one user or assistant message with content")
@@ -395,7 +388,7 @@ def _build_request(
     if stream:
         body["stream"] = True
     if options is None:
-        return body
+        return _capped(body)
     if options.max_output_tokens is not None:
         body["max_tokens"] = options.max_output_tokens
     if options.temperature is not None:
@@ -428,7 +421,7 @@ def _build_request(
         _merge_extras(body, scoped)
     elif "context_management" in body:
         _merge_extras(body, {})
-    return body
+    return _capped(body)
 
 
 # -- responses --------------------------------------------------------------------------------

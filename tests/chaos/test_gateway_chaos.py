@@ -19,39 +19,23 @@ format, both call shapes:
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 
-from middleware.breaker import CircuitBreakerChatClient
-from pipeline.errors import TransientProviderError
-from pipeline.testing import FakeOpenAIServer, FakeResponse, ScriptedChatClient, collect, fail
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.chaos.breakers import trip
+from tests.gateway_replicas import started
 
 pytestmark = pytest.mark.chaos
 
 N = 1000
 PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/messages")
 BREAKER = "gateway-chaos-a"
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway" / "replicas.py"
-
-
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gateway_replicas_chaos", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-replicas_example = load_example()
 
 
 def body(path: str, text: str, stream: bool) -> dict[str, Any]:
@@ -77,9 +61,7 @@ async def upstreams() -> AsyncIterator[tuple[FakeOpenAIServer, FakeOpenAIServer]
 @pytest.fixture
 def stack(upstreams: tuple[FakeOpenAIServer, FakeOpenAIServer], tmp_path: Path) -> Iterator[Any]:
     a, b = upstreams
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f"""
+    configuration = f"""
 [routes.a]
 provider = "openai"
 model = "model-a"
@@ -111,16 +93,8 @@ retry_after = 3
 max_concurrent_per_key = 100000
 max_connections = 4096
 """
-    )
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    workdir.chmod(0o755)
-    tmp_path.chmod(0o755)
-    try:
-        with replicas_example.replicas(config, workdir=workdir) as running:
-            yield running
-    except replicas_example.StartError as exc:
-        pytest.fail(f"GATEWAY REPLICAS CANNOT RUN: {exc}", pytrace=False)
+    with started(configuration, tmp_path) as running:
+        yield running
 
 
 async def burst(
@@ -256,17 +230,7 @@ async def test_two_replicas_under_1000_requests_answer_from_every_attempt_and_le
 
     async with httpx.AsyncClient(limits=limits, timeout=120) as http:
         # 5. A breaker opened in Redis by a third party; the other route fails.
-        tripper = CircuitBreakerChatClient(
-            ScriptedChatClient(fail(TransientProviderError())),
-            name=BREAKER,
-            redis=stack.redis_url,
-            redis_timeout=5,
-            fail_max=1,
-            reset_timeout=600,
-        )
-        await collect(tripper, "hi", streaming=False)
-        assert tripper.state == "open"
-        await tripper.aclose()
+        await trip(BREAKER, stack.redis_url)
         a.default = FakeResponse()  # it would answer: but nothing goes through its breaker
         calls_to_a = a.count()
         figures["p5"] = check_all(await burst(http, urls, "p5", figures), 500, 600)

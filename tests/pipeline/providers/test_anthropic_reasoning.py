@@ -119,18 +119,19 @@ def test_other_clear_edits_stay_when_there_is_no_thinking() -> None:
     }
 
 
-def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> None:
-    def marked(message: ChatMessage) -> ChatMessage:
-        message.additional_properties = {"cache_control": {"type": "ephemeral"}}
-        return message
+def _marked(message: ChatMessage) -> ChatMessage:
+    message.additional_properties = {"cache_control": {"type": "ephemeral"}}
+    return message
 
+
+def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> None:
     messages = [
-        marked(ChatMessage.system("one")),
-        marked(ChatMessage.system("two")),
+        _marked(ChatMessage.system("one")),
+        _marked(ChatMessage.system("two")),
         ChatMessage.user("a"),
-        marked(ChatMessage.user("b")),
-        marked(ChatMessage.assistant("c")),
-        marked(ChatMessage.tool(FunctionResultContent("t", "r"))),
+        _marked(ChatMessage.user("b")),
+        _marked(ChatMessage.assistant("c")),
+        _marked(ChatMessage.tool(FunctionResultContent("t", "r"))),
     ]
     sent = body(messages)
     # Five breakpoints: the earliest (the first system block) is left out.
@@ -152,11 +153,6 @@ def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> 
 def _tool(name: str, cached: bool) -> MessagesTool:
     extra = {"cache_control": {"type": "ephemeral"}} if cached else {}
     return MessagesTool(name, None, {"type": "object"}, extra)
-
-
-def _marked(message: ChatMessage) -> ChatMessage:
-    message.additional_properties = {"cache_control": {"type": "ephemeral"}}
-    return message
 
 
 def seven() -> tuple[list[ChatMessage], ChatOptions]:

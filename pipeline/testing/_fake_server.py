@@ -77,9 +77,10 @@ class FakeResponse:
       ``response.content_part.added`` (Responses); ``message_start``,
       ``content_block_start`` and ``ping`` (Anthropic);
     * `in_band_error` (an ``error`` object) sent after `error_after` events on a 200 stream;
-    * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done` leaves
-      out ``[DONE]`` (OpenAI), ``response.completed`` (Responses) or ``message_stop``
-      (Anthropic);
+    * `raw_lines`: SSE lines sent as they are (for malformed streams); `raw_body`: bytes
+      sent as a stream's body as they are (a binary framing's: Bedrock's event stream);
+      `omit_done` leaves out ``[DONE]`` (OpenAI), ``response.completed`` (Responses),
+      ``message_stop`` (Anthropic) or ``metadata`` (Bedrock);
     * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
       events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
@@ -116,6 +117,7 @@ class FakeResponse:
     in_band_error: Mapping[str, Any] | None = None
     error_after: int = 0
     raw_lines: Sequence[str] | None = None
+    raw_body: bytes | None = None
     omit_done: bool = False
     hang: bool = False
     hang_after: int | None = None
@@ -170,10 +172,14 @@ class FakeResponse:
 
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
+    """One request a fake server received: its method, path (as sent, query left out),
+    headers (names lowercased), decoded JSON body (None if it was not JSON) and raw body."""
+
     method: str
     path: str
     headers: Mapping[str, str]
     json: Any
+    body: bytes = b""
 
 
 def fake_embedding(text: str, dimensions: int) -> list[float]:
@@ -343,7 +349,7 @@ class FakeServer:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
-        request = RecordedRequest(method, path, headers, payload)
+        request = RecordedRequest(method, path, headers, payload, body)
         self.requests.append(request)
         self._request_waiters.notify(len(self.requests))
         response = self.response_for(request)

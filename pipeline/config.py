@@ -4,7 +4,7 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | scripted
+                                     # | anthropic | bedrock | scripted
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -32,7 +32,7 @@ environment changes is replaced whole).
 
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
-`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
+`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`, `BedrockRouteConfig`,
 `ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
 the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
 router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
@@ -93,6 +93,7 @@ from pipeline.errors import ConfigError
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
+    BedrockSettings,
     Credentials,
     EnvironmentVariable,
     HashingEmbeddingsSettings,
@@ -115,6 +116,7 @@ __all__ = [
     "BalancedRouterConfig",
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
+    "BedrockRouteConfig",
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
@@ -242,6 +244,10 @@ class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
     """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
+class BedrockRouteConfig(_RouteTable, BedrockSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -252,6 +258,7 @@ RouteConfig: TypeAlias = Annotated[
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig
+    | BedrockRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]

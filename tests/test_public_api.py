@@ -93,6 +93,7 @@ SURFACES = {
     "pipeline.providers": {
         "AnthropicChatClient",
         "AzureOpenAIChatClient",
+        "BedrockChatClient",
         "HashingEmbeddingGenerator",
         "LocalEmbeddingGenerator",
         "OllamaChatClient",
@@ -102,9 +103,11 @@ SURFACES = {
     },
     "pipeline.testing": {
         "CHAT_PATH",
+        "CONVERSE_PATH",
         "Collected",
         "EMBEDDINGS_PATH",
         "FakeAnthropicServer",
+        "FakeBedrockServer",
         "FakeDeployment",
         "FakeFleet",
         "FakeOpenAIServer",

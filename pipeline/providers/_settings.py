@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AnthropicSettings",
     "AzureOpenAISettings",
+    "BedrockSettings",
     "ChatCompletionsSettings",
     "Credentials",
     "EmbeddingsSettings",
@@ -302,6 +303,40 @@ class AnthropicSettings(KeyedEndpoint, HTTPProviderSettings):
             base_url=self.base_url,
             max_tokens=self.max_tokens,
             anthropic_version=self.anthropic_version,
+            **self._http_options(name),
+        )
+
+
+class BedrockSettings(HTTPProviderSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API (`BedrockChatClient`, the
+    ``bedrock`` extra), signed with the credentials botocore's chain finds (the environment,
+    `profile`, a role); none found, or expired, is a configuration error at startup."""
+
+    provider: Literal["bedrock"] = "bedrock"
+    """`bedrock`: Amazon Bedrock's Converse API (`BedrockChatClient`); AWS credentials from the
+    environment (`AWS_ACCESS_KEY_ID`...), the shared config's `profile`, or a role."""
+    model: Name
+    """The model id, inference profile or ARN (`anthropic.claude-sonnet-4-5-20250929-v1:0`,
+    `us.amazon.nova-pro-v1:0`)."""
+    region: Name | None = None
+    """The AWS region (unset: `AWS_REGION`, or the profile's)."""
+    profile: Name | None = None
+    """A profile of the shared AWS config and credentials files (unset: the default chain)."""
+    base_url: HttpUrl | None = None
+    """An endpoint in place of the region's `https://bedrock-runtime.{region}.amazonaws.com` (a
+    VPC endpoint, a proxy)."""
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """The output limit sent when a request sets none (unset: the model's own)."""
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.bedrock import BedrockChatClient
+
+        return BedrockChatClient(
+            self.model,
+            region=self.region,
+            profile=self.profile,
+            base_url=self.base_url,
+            max_tokens=self.max_tokens,
             **self._http_options(name),
         )
 

@@ -75,7 +75,13 @@ from pipeline.wire.bedrock.vocab import STREAM_END, STREAM_EXCEPTION_MEMBERS
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["INSTALL_HINT", "BedrockChatClient", "EventStreamPayloads", "bedrock_url"]
+__all__ = [
+    "INSTALL_HINT",
+    "BedrockChatClient",
+    "EventStreamPayloads",
+    "bedrock_url",
+    "sigv4_headers",
+]
 
 INSTALL_HINT = "pip install 'chat-pipeline[bedrock]'"
 _SERVICE = "bedrock"  # the SigV4 signing name of bedrock-runtime
@@ -208,8 +214,6 @@ class _Signer:
     """SigV4 with botocore's signer, from credentials refreshed off the event loop."""
 
     def __init__(self, credentials: Any, region: str) -> None:
-        self._auth = _botocore("auth")
-        self._awsrequest = _botocore("awsrequest")
         self.credentials = credentials
         self.region = region
         self._refreshable = callable(getattr(credentials, "refresh_needed", None))
@@ -238,28 +242,47 @@ class _Signer:
     def sign(
         self, url: str, body: bytes, headers: Mapping[str, str], frozen: Any, now: float
     ) -> dict[str, str]:
-        """`headers` with the SigV4 headers of a POST of `body` to `url` at `now` (botocore's
-        signer, its steps called one by one: its ``add_auth`` takes the clock's time and
-        logs the canonical request, session token included, at debug level)."""
-        request = self._awsrequest.AWSRequest("POST", url, data=body, headers=dict(headers))
-        stamp = time.strftime(_TIMESTAMP, time.gmtime(now))
-        request.context["timestamp"] = stamp
-        request.headers["X-Amz-Date"] = stamp
-        if frozen.token:
-            request.headers["X-Amz-Security-Token"] = frozen.token
-        signer = self._auth.SigV4Auth(frozen, _SERVICE, self.region)
-        canonical = signer.canonical_request(request)
-        signature = signer.signature(signer.string_to_sign(request, canonical), request)
-        signed = signer.signed_headers(signer.headers_to_sign(request))
-        signed_headers = dict(headers)
-        signed_headers["X-Amz-Date"] = stamp
-        if frozen.token:
-            signed_headers["X-Amz-Security-Token"] = frozen.token
-        signed_headers["Authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={signer.scope(request)}, "
-            f"SignedHeaders={signed}, Signature={signature}"
-        )
-        return signed_headers
+        """`headers` with the SigV4 headers of a POST of `body` to `url` at `now`."""
+        return sigv4_headers("POST", url, body, headers, frozen, self.region, _SERVICE, now)
+
+
+def sigv4_headers(
+    method: str,
+    url: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    credentials: Any,
+    region: str,
+    service: str,
+    now: float,
+) -> dict[str, str]:
+    """`headers` with the SigV4 headers (``X-Amz-Date``, ``X-Amz-Security-Token`` for
+    temporary credentials, ``Authorization``) of a request signed at `now` by botocore's
+    signer (`credentials`: frozen ones, with ``access_key``, ``secret_key``, ``token``).
+
+    botocore's steps are called one by one rather than its ``add_auth``, which reads the
+    clock itself and logs the canonical request, session token included, at debug level.
+    """
+    awsrequest, auth = _botocore("awsrequest"), _botocore("auth")
+    request = awsrequest.AWSRequest(method, url, data=body, headers=dict(headers))
+    stamp = time.strftime(_TIMESTAMP, time.gmtime(now))
+    request.context["timestamp"] = stamp
+    request.headers["X-Amz-Date"] = stamp
+    if credentials.token:
+        request.headers["X-Amz-Security-Token"] = credentials.token
+    signer = auth.SigV4Auth(credentials, service, region)
+    canonical = signer.canonical_request(request)
+    signature = signer.signature(signer.string_to_sign(request, canonical), request)
+    signed = signer.signed_headers(signer.headers_to_sign(request))
+    result = dict(headers)
+    result["X-Amz-Date"] = stamp
+    if credentials.token:
+        result["X-Amz-Security-Token"] = credentials.token
+    result["Authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={signer.scope(request)}, "
+        f"SignedHeaders={signed}, Signature={signature}"
+    )
+    return result
 
 
 def _credentials(profile: str | None, given: Any) -> tuple[Any, str | None]:

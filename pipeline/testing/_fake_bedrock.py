@@ -146,7 +146,8 @@ class FakeBedrockServer(FakeServer):
     (``ThrottlingException``; default: the status's); `in_band_error` ``{"type",
     "message"}`` with a type such as ``throttlingException`` or ``ModelStreamErrorException``;
     `thinking` the reasoning of a request that asks for it; `cache_usage` (written, read);
-    `disconnect_after` counts events from ``messageStart``; `raw_body` is sent as the stream.
+    `disconnect_after` counts events from ``messageStart``; `raw_body` is sent as the stream,
+    `body` as a Converse answer (or, with an error status, as the error's body).
     """
 
     default_path = CONVERSE_PATH
@@ -176,13 +177,16 @@ class FakeBedrockServer(FakeServer):
 
     def environment(self) -> dict[str, str]:
         """Environment variables that point botocore's credential chain at this server's
-        first key and region (no profile, no instance metadata)."""
+        first key and region, and away from anything else (no shared config files, no
+        instance metadata)."""
         key, secret = next(iter(self.credentials.items()))
         variables = {
             "AWS_ACCESS_KEY_ID": key,
             "AWS_SECRET_ACCESS_KEY": secret,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
             "AWS_EC2_METADATA_DISABLED": "true",
         }
         if key in self.session_tokens:
@@ -241,6 +245,9 @@ class FakeBedrockServer(FakeServer):
         refusal = self._check_request(payload)
         if refusal is not None:
             await self._error(writer, *refusal)
+            return True
+        if response.body is not None and operation == "converse":
+            await self._send_json(writer, 200, response.body, {**self._ids(), **response.headers})
             return True
         response = self._with_cache_usage(payload, response)
         if operation == "converse-stream":

@@ -368,7 +368,7 @@ class FakeBedrockServer(FakeServer):
         """Why the service would refuse the request, or None."""
 
         def invalid(message: str) -> _Refusal:
-            return _Refusal(400, "ValidationException", message)
+            return (400, "ValidationException", message)
 
         if not isinstance(payload, dict):
             return (400, "SerializationException", "the body is not a JSON object")

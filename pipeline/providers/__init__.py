@@ -1,5 +1,7 @@
 """Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible (Chat Completions and the
-Responses API), Azure OpenAI, Ollama, Anthropic, Amazon Bedrock (Converse), and embeddings.
+Responses API), Azure OpenAI, Ollama, Anthropic, Amazon Bedrock (Converse), the
+OpenAI-compatible vendors by name (Groq, Mistral, DeepSeek, Together, Fireworks, OpenRouter,
+xAI, vLLM), and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model. `LocalEmbeddingGenerator` runs a local encoder (a
@@ -15,6 +17,16 @@ from pipeline.providers.azure import AzureOpenAIChatClient
 from pipeline.providers.ollama import OllamaChatClient
 from pipeline.providers.openai import OpenAIChatClient
 from pipeline.providers.openai_responses import OpenAIResponsesChatClient
+from pipeline.providers.vendors import (
+    DeepSeekChatClient,
+    FireworksChatClient,
+    GroqChatClient,
+    MistralChatClient,
+    OpenRouterChatClient,
+    TogetherChatClient,
+    VLLMChatClient,
+    XAIChatClient,
+)
 
 if TYPE_CHECKING:
     from pipeline.providers.bedrock import BedrockChatClient
@@ -36,12 +48,20 @@ __all__ = [
     "AnthropicChatClient",
     "AzureOpenAIChatClient",
     "BedrockChatClient",
+    "DeepSeekChatClient",
+    "FireworksChatClient",
+    "GroqChatClient",
     "HashingEmbeddingGenerator",
     "LocalEmbeddingGenerator",
+    "MistralChatClient",
     "OllamaChatClient",
     "OpenAIChatClient",
     "OpenAIEmbeddingGenerator",
     "OpenAIResponsesChatClient",
+    "OpenRouterChatClient",
+    "TogetherChatClient",
+    "VLLMChatClient",
+    "XAIChatClient",
 ]
 
 

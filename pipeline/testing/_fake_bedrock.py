@@ -553,6 +553,7 @@ class FakeBedrockServer(FakeServer):
     def _events(self, payload: Mapping[str, Any], response: FakeResponse) -> list[bytes]:
         events = [_event("messageStart", {"role": "assistant"})]
         index = 0
+        delta: dict[str, Any]
         reasoning = self._reasoning(payload, response)
         if reasoning is not None:
             text_block = reasoning["reasoningText"]

@@ -68,8 +68,9 @@ class FakeResponse:
     * `stop_reason`: the format's own finish/stop reason (default: the natural one; in the
       Responses API, ``max_output_tokens`` or ``content_filter`` answer ``incomplete``);
     * `status` with `error_type`, `error_code`, `error_message`: an error answered in the
-      format's own error body (`body` replaces it verbatim); ``Retry-After`` goes in
-      `headers`;
+      format's own error body (`body` replaces it verbatim; with a success status, `body` is
+      the answer, for a format's variants: Chat Completions, Bedrock); ``Retry-After`` goes
+      in `headers`;
     * `latency` before the response starts, `first_chunk_delay`, `chunk_delay`;
     * `disconnect_after`: send that many SSE events, then drop the connection. The first
       events carry no content: the role chunk (OpenAI); ``response.created``,
@@ -509,6 +510,9 @@ class FakeOpenAIServer(FakeServer):
             return True
         if is_responses:
             return await self._responses(writer, payload, response)
+        if response.body is not None and not payload.get("stream"):
+            await self._send_json(writer, 200, response.body, response.headers)
+            return True
         if payload.get("stream"):
             events = [f"data: {data}\n\n" for data in self._chunk_payloads(payload, response)]
             error = "data: " + json.dumps({"error": dict(response.in_band_error or {})}) + "\n\n"

@@ -101,6 +101,7 @@ def _bytes_of(content: DataContent) -> tuple[str | None, str]:
 
 def _data_block(content: DataContent, documents: list[int]) -> dict[str, Any]:
     uri = content.uri
+    source: dict[str, Any]
     if uri is not None and uri.startswith("s3://"):
         media_type, source = content.media_type, {"s3Location": {"uri": uri}}
     elif uri is not None and not uri.startswith("data:"):

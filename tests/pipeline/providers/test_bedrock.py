@@ -658,19 +658,44 @@ def _bad_crc(frame: bytes) -> bytes:
     return frame[:-4] + struct.pack("!I", (zlib.crc32(frame[:-4]) + 1) & 0xFFFFFFFF)
 
 
+_TOOL_START = _frame(
+    "contentBlockStart",
+    {"start": {"toolUse": {"toolUseId": "t", "name": "f"}}, "contentBlockIndex": 0},
+)
+
+
+def _delta(delta: object, index: int = 0) -> bytes:
+    return _frame("contentBlockDelta", {"delta": delta, "contentBlockIndex": index})
+
+
+_NOT_JSON = event_stream_frame(
+    {":event-type": "contentBlockDelta", ":message-type": "event"}, b"{not json"
+)
+_SHORT_PRELUDE = struct.pack("!II", 8, 0)
+_SHORT = _SHORT_PRELUDE + struct.pack("!I", zlib.crc32(_SHORT_PRELUDE)) + b"\0" * 8
+
+
 @pytest.mark.parametrize(
     ("body", "before_failure"),
     [
         (b"this is not an event stream at all", []),
         (START + _bad_crc(_text("a")) + STOP + END, []),
-        (START + event_stream_frame({":event-type": "contentBlockDelta", ":message-type": "event"}, b"{not json") + END, []),
+        (START + _NOT_JSON + END, []),
         (START + _frame("x", {}, message_type="surprise") + END, []),
-        (START + _text("a") + _frame("contentBlockDelta", {"delta": "x", "contentBlockIndex": 0}), ["a"]),
-        (START + _frame("contentBlockDelta", {"delta": {"toolUse": {"input": "{"}}, "contentBlockIndex": 0}) + END, []),
-        (START + _text("a") + struct.pack("!II", 8, 0) + struct.pack("!I", zlib.crc32(struct.pack("!II", 8, 0))) + b"\0" * 8, ["a"]),
-        (START + _frame("contentBlockStart", {"start": {"toolUse": {"toolUseId": "t", "name": "f"}}, "contentBlockIndex": 0}) + _frame("contentBlockDelta", {"delta": {"toolUse": {"input": "{\"a\": "}}, "contentBlockIndex": 0}) + _frame("contentBlockStop", {"contentBlockIndex": 0}) + STOP + END, []),
+        (START + _text("a") + _delta("x"), ["a"]),  # a delta that is no object
+        (START + _delta({"toolUse": {"input": "{"}}) + END, []),  # no toolUse block open
+        (START + _text("a") + _SHORT, ["a"]),  # a frame shorter than its prelude
+        (  # a tool's input that is not JSON
+            START
+            + _TOOL_START
+            + _delta({"toolUse": {"input": '{"a": '}})
+            + _frame("contentBlockStop", {"contentBlockIndex": 0})
+            + STOP
+            + END,
+            [],
+        ),
     ],
-)  # fmt: skip
+)
 async def test_malformed_event_streams_raise_provider_error(
     server: FakeBedrockServer, client: BedrockChatClient, body: bytes, before_failure: list[str]
 ) -> None:
@@ -735,8 +760,22 @@ _STS_TOKEN = (
     "FDrypNC9Yjc8fPOLn9FX9KSYvKTr4rvx3iSIlTJabIQwj2ICCR/oLxBA=="
 )
 _VECTORS = [
-    ("GET", b"", {}, None, "host;x-amz-date", "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31"),
-    ("POST", b"", {}, None, "host;x-amz-date", "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b"),
+    (
+        "GET",
+        b"",
+        {},
+        None,
+        "host;x-amz-date",
+        "5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31",
+    ),
+    (
+        "POST",
+        b"",
+        {},
+        None,
+        "host;x-amz-date",
+        "5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b",
+    ),
     (
         "POST",
         b"Param1=value1",
@@ -753,7 +792,7 @@ _VECTORS = [
         "host;x-amz-date;x-amz-security-token",
         "85d96828115b5dc0cfc3bd16ad9e210dd772bbebba041836c64533a82be05ead",
     ),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("method", "body", "headers", "token", "signed", "signature"), _VECTORS)

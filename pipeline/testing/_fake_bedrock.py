@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import struct
 import zlib
 from collections.abc import Mapping
@@ -85,6 +86,7 @@ _REQUEST_FIELDS = frozenset(
 )
 _INFERENCE_FIELDS = frozenset({"maxTokens", "temperature", "topP", "stopSequences"})
 _SIGNATURE_WINDOW = datetime.timedelta(minutes=5)
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _PADDING = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"  # the service pads events ("p") likewise
 
 
@@ -439,6 +441,14 @@ class FakeBedrockServer(FakeServer):
             tools = config.get("tools")
             if not isinstance(tools, list) or not tools:
                 return invalid("toolConfig.tools: at least one tool is required")
+            for index, tool in enumerate(tools):
+                spec = tool.get("toolSpec") if isinstance(tool, dict) else None
+                name = spec.get("name") if isinstance(spec, dict) else None
+                if spec is not None and not (isinstance(name, str) and _TOOL_NAME.fullmatch(name)):
+                    return invalid(
+                        f"toolConfig.tools.{index}.toolSpec.name: a tool's name is 1 to 64 "
+                        "letters, digits, _ or -"
+                    )
             points += sum(1 for tool in tools if isinstance(tool, dict) and "cachePoint" in tool)
         if points > 4:
             return invalid(f"The request has {points} cache points; at most 4 are allowed.")

@@ -26,7 +26,7 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from pipeline.config import parse_config
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import FakeAnthropicServer, FakeBedrockServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import claude_code
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, running
@@ -62,6 +62,20 @@ async def backup_upstream() -> AsyncIterator[FakeOpenAIServer]:
 async def anthropic_upstream() -> AsyncIterator[FakeAnthropicServer]:
     async with FakeAnthropicServer() as server:
         yield server
+
+
+@pytest.fixture
+async def bedrock_upstream(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeBedrockServer]:
+    async with FakeBedrockServer() as server:
+        for name, value in server.environment().items():
+            monkeypatch.setenv(name, value)  # the gateway's AWS credentials
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
+        yield server
+
+
+def bedrock_route(server: FakeBedrockServer) -> dict[str, Any]:
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    return {"provider": "bedrock", "model": model, "base_url": server.base_url}
 
 
 def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
@@ -337,3 +351,86 @@ async def test_every_route_down_ends_after_one_request(
     posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
     assert len(posts) == 1
     assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+
+
+async def test_thinking_and_a_read_tool_round_trip_over_a_bedrock_route(
+    claude: Path,
+    bedrock_upstream: FakeBedrockServer,
+    otel: Otel,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Claude Code against a Claude model on Bedrock: its thinking goes out as Converse
+    reasoning and comes back signed; its Read tool runs; its cache breakpoints are cache
+    points (the fake refuses a tool turn without its signed reasoning, and checks every
+    request's SigV4 signature)."""
+    caplog.set_level(logging.DEBUG)
+    notes = tmp_path / f"notes-{CANARY}.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    bedrock_upstream.script(
+        FakeResponse(
+            text="",
+            thinking=f"I should read the file {CANARY}.",
+            tool_calls=[("Read", json.dumps({"file_path": str(notes)}))],
+        ),
+        FakeResponse(text="The file holds a launch code.", thinking=f"Done {CANARY}."),
+    )
+    cfg = parse_config(
+        {
+            "routes": {"claude": bedrock_route(bedrock_upstream)},
+            "gateway": {"models": {"claude-*": "pipeline"}},
+            "layers": {"telemetry": True, "logging": True},
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, f"What is in the notes file? {CANARY}")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    assert bedrock_upstream.count() == 2 and bedrock_upstream.verified_signatures == 2
+    first, second = (r.json for r in bedrock_upstream.requests)
+    assert "thinking" in first["additionalModelRequestFields"]
+    assert any("cachePoint" in block for block in first["system"])
+    assistant = [m for m in second["messages"] if m["role"] == "assistant"][-1]
+    reasoning = assistant["content"][0]["reasoningContent"]["reasoningText"]
+    assert reasoning["signature"] == bedrock_upstream.reasoning_signature(reasoning["text"])
+    results = [b["toolResult"] for b in second["messages"][-1]["content"] if "toolResult" in b]
+    assert CANARY in json.dumps(results)  # Claude Code read the file and sent it
+    assert result["usage"]["cache_read_input_tokens"] > 0
+    secrets = [CANARY, reasoning["signature"]]
+    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
+    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
+    for secret in secrets:
+        assert not [line for line in logged if secret in line]
+        assert not [text for text in otel.everything_exported() if secret in text]
+
+
+async def test_failover_from_a_bedrock_route_is_invisible(
+    claude: Path,
+    bedrock_upstream: FakeBedrockServer,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+) -> None:
+    bedrock_upstream.script(FakeResponse.error(429, type="ThrottlingException", retry_after="30"))
+    openai_upstream.script(FakeResponse(text="Served by the backup."))
+    cfg = parse_config(
+        {
+            "routes": {
+                "claude": bedrock_route(bedrock_upstream),
+                "backup": {
+                    "provider": "openai",
+                    "model": "model-backup",
+                    "base_url": openai_upstream.base_url,
+                },
+            },
+            "router": {"kind": "ordered", "order": ["claude", "backup"]},
+            "gateway": {"models": {"claude-*": "pipeline"}},
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Served by the backup."
+    assert (bedrock_upstream.count(), openai_upstream.count()) == (1, 1)

@@ -55,7 +55,7 @@ from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provi
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._http import endpoint as endpoint_of
-from pipeline.providers._sse import Payloads
+from pipeline.providers._sse import Payloads, scan_json
 from pipeline.providers._wire import malformed
 from pipeline.types import (
     BEDROCK_EXTRAS,
@@ -166,7 +166,8 @@ class EventStreamPayloads:
                 if kind == "event":
                     event = headers.get(":event-type")
                     try:
-                        body = json.loads(message.payload) if message.payload else {}
+                        # The C scanner, as for server-sent events (bad UTF-8 is a ValueError).
+                        body = scan_json(message.payload.decode()) if message.payload else {}
                     except ValueError:
                         failure = malformed(provider, f"a {event} event's payload is not JSON")
                         break

@@ -42,6 +42,7 @@ from pipeline.providers import BedrockChatClient, OpenAIChatClient
 from pipeline.providers.bedrock import sigv4_headers
 from pipeline.testing import FakeBedrockServer, FakeOpenAIServer, FakeResponse, collect
 from pipeline.testing._fake_bedrock import event_stream_frame
+from tests.otel import Otel
 
 # Every test runs over both HTTP transports (the `transport` fixture in conftest.py).
 pytestmark = pytest.mark.usefixtures("transport")
@@ -991,3 +992,36 @@ def _no_real_aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     yield
     assert os.environ.get("AWS_EC2_METADATA_DISABLED") == "true"
+
+
+async def test_attempts_name_the_provider_and_model_and_never_a_credential(
+    server: FakeBedrockServer, streaming: bool, otel: Otel
+) -> None:
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    from pipeline import ChatPipeline
+
+    async with FakeOpenAIServer() as backup:
+        server.script(FakeResponse.error(503, type="ServiceUnavailableException"))
+        chat = (
+            ChatPipeline.builder(**otel.providers)
+            .use_telemetry()
+            .use_ordered_failover(
+                [
+                    BedrockChatClient(CLAUDE, base_url=server.base_url, name="bedrock"),
+                    OpenAIChatClient("gpt", api_key="sk-test", base_url=backup.base_url),
+                ]
+            )
+            .build()
+        )
+        async with chat:
+            result = await collect(chat, "CANARY-prompt", streaming=streaming)
+    assert result.error is None
+    first, second = otel.attempt_spans()
+    attributes = dict(first.attributes or {})
+    assert attributes[gen_ai.GEN_AI_SYSTEM] == "aws.bedrock"
+    assert attributes[gen_ai.GEN_AI_REQUEST_MODEL] == CLAUDE
+    assert attributes["chat_pipeline.route.name"] == "bedrock"
+    assert dict(second.attributes or {})[gen_ai.GEN_AI_SYSTEM] == "openai"
+    for text in otel.everything_exported():
+        assert "CANARY" not in text

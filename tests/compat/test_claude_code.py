@@ -65,12 +65,9 @@ async def anthropic_upstream() -> AsyncIterator[FakeAnthropicServer]:
 
 
 @pytest.fixture
-async def bedrock_upstream(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeBedrockServer]:
-    async with FakeBedrockServer() as server:
-        for name, value in server.environment().items():
-            monkeypatch.setenv(name, value)  # the gateway's AWS credentials
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        yield server
+def bedrock_upstream(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
 
 
 def bedrock_route(server: FakeBedrockServer) -> dict[str, Any]:

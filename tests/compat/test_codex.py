@@ -265,12 +265,9 @@ async def test_failover_before_output_is_invisible(
 
 
 @pytest.fixture
-async def bedrock(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeBedrockServer]:
-    async with FakeBedrockServer() as server:
-        for name, value in server.environment().items():
-            monkeypatch.setenv(name, value)  # the gateway's AWS credentials
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        yield server
+def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
 
 
 def bedrock_config(bedrock: FakeBedrockServer, backup: FakeOpenAIServer | None = None) -> Any:

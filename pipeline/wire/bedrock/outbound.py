@@ -22,7 +22,7 @@ from typing import Any, assert_never
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
 from pipeline.providers._wire import (
-    int_or_none,
+    cache_counted_apart,
     malformed,
     parse_arguments,
     str_or_none,
@@ -433,22 +433,11 @@ def parse_usage(value: Any) -> UsageDetails | None:
     (which Converse counts apart, as the Messages API does), also told apart."""
     if not isinstance(value, Mapping):
         return None
-    read = int_or_none(value.get("cacheReadInputTokens"))
-    written = int_or_none(value.get("cacheWriteInputTokens"))
-    known = [p for p in (int_or_none(value.get("inputTokens")), read, written) if p is not None]
-    input_tokens = sum(known) if known else None
-    output_tokens = int_or_none(value.get("outputTokens"))
-    total = (
-        input_tokens + output_tokens
-        if input_tokens is not None and output_tokens is not None
-        else None
-    )
-    return UsageDetails(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        total_tokens=total,
-        cache_read_tokens=read,
-        cache_write_tokens=written,
+    return cache_counted_apart(
+        value.get("inputTokens"),
+        value.get("cacheReadInputTokens"),
+        value.get("cacheWriteInputTokens"),
+        value.get("outputTokens"),
     )
 
 

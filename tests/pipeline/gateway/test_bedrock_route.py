@@ -24,12 +24,9 @@ PARAMETERS = {"type": "object", "properties": {"city": {"type": "string"}}}
 
 
 @pytest.fixture
-async def bedrock(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeBedrockServer]:
-    async with FakeBedrockServer() as server:
-        for name, value in server.environment().items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        yield server
+def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's routes read them)."""
+    return fake_bedrock_server
 
 
 @pytest.fixture
@@ -234,6 +231,22 @@ async def test_messages_clients_run_a_tool_loop_with_thinking_and_cache_points(
     await sdk.close()
 
 
+async def _say_hi(gateway: Running, streaming: bool) -> str:
+    """The text a Chat Completions client gets for "hi", streamed or not."""
+    client = gateway.client(_strict_response_validation=True)
+    messages: Any = [{"role": "user", "content": "hi"}]
+    if streaming:
+        stream = await client.chat.completions.create(
+            model="pipeline", messages=messages, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    else:
+        completion = await client.chat.completions.create(model="pipeline", messages=messages)
+        text = completion.choices[0].message.content or ""
+    await client.close()
+    return text
+
+
 @pytest.mark.parametrize("failure", ["unavailable", "throttled", "failed_before_output"])
 async def test_failover_from_bedrock_to_openai_is_invisible_to_the_client(
     bedrock: FakeBedrockServer,
@@ -258,17 +271,7 @@ async def test_failover_from_bedrock_to_openai_is_invisible_to_the_client(
     )
     openai_upstream.script(FakeResponse(text="from the backup"))
     async with running(_config(bedrock, openai_upstream)) as gateway:
-        client = gateway.client(_strict_response_validation=True)
-        messages: Any = [{"role": "user", "content": "hi"}]
-        if streaming:
-            stream = await client.chat.completions.create(
-                model="pipeline", messages=messages, stream=True
-            )
-            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        else:
-            completion = await client.chat.completions.create(model="pipeline", messages=messages)
-            text = completion.choices[0].message.content or ""
-        await client.close()
+        text = await _say_hi(gateway, streaming)
     assert text == "from the backup"
     assert (bedrock.count(), openai_upstream.count()) == (1, 1)
 
@@ -290,16 +293,6 @@ async def test_failover_from_openai_to_bedrock(
     openai_upstream.script(FakeResponse.error(500))
     bedrock.script(FakeResponse(text="from bedrock"))
     async with running(cfg) as gateway:
-        client = gateway.client(_strict_response_validation=True)
-        messages: Any = [{"role": "user", "content": "hi"}]
-        if streaming:
-            stream = await client.chat.completions.create(
-                model="pipeline", messages=messages, stream=True
-            )
-            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        else:
-            completion = await client.chat.completions.create(model="pipeline", messages=messages)
-            text = completion.choices[0].message.content or ""
-        await client.close()
+        text = await _say_hi(gateway, streaming)
     assert text == "from bedrock"
     assert (openai_upstream.count(), bedrock.count()) == (1, 1)

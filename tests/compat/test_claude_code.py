@@ -136,6 +136,15 @@ async def ask(
     return result
 
 
+def assert_never_recorded(secrets: list[str], caplog: pytest.LogCaptureFixture, otel: Otel) -> None:
+    """None of `secrets` in the logs (the SDKs' own aside) or in anything exported."""
+    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
+    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
+    for secret in secrets:
+        assert not [line for line in logged if secret in line]
+        assert not [text for text in otel.everything_exported() if secret in text]
+
+
 def server_spans(otel: Otel) -> list[Any]:
     return [s for s in otel.finished() if s.kind is SpanKind.SERVER]
 
@@ -286,12 +295,7 @@ async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(
     # Cache tokens reached Claude Code: the second request read the prefix the first wrote.
     assert result["usage"]["cache_read_input_tokens"] > 0
     # Canaries: no prompt, reasoning text, signature, tool argument or key in spans or logs.
-    secrets = [CANARY, thinking["signature"]]
-    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
-    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
-    for secret in secrets:
-        assert not [line for line in logged if secret in line]
-        assert not [text for text in otel.everything_exported() if secret in text]
+    assert_never_recorded([CANARY, thinking["signature"]], caplog, otel)
 
 
 async def test_failover_before_output_is_invisible(
@@ -394,12 +398,7 @@ async def test_thinking_and_a_read_tool_round_trip_over_a_bedrock_route(
     results = [b["toolResult"] for b in second["messages"][-1]["content"] if "toolResult" in b]
     assert CANARY in json.dumps(results)  # Claude Code read the file and sent it
     assert result["usage"]["cache_read_input_tokens"] > 0
-    secrets = [CANARY, reasoning["signature"]]
-    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
-    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
-    for secret in secrets:
-        assert not [line for line in logged if secret in line]
-        assert not [text for text in otel.everything_exported() if secret in text]
+    assert_never_recorded([CANARY, reasoning["signature"]], caplog, otel)
 
 
 async def test_failover_from_a_bedrock_route_is_invisible(

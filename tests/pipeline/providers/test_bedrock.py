@@ -1025,3 +1025,45 @@ async def test_attempts_name_the_provider_and_model_and_never_a_credential(
     assert dict(second.attributes or {})[gen_ai.GEN_AI_SYSTEM] == "openai"
     for text in otel.everything_exported():
         assert "CANARY" not in text
+
+
+async def test_a_bedrock_route_with_a_breaker_and_retry_under_a_hedged_router_and_the_cache(
+    server: FakeBedrockServer, streaming: bool
+) -> None:
+    """A route like any other, from TOML: its own retry and breaker, a hedged router beside
+    an OpenAI route, and the response cache in front (the second ask is the cache's)."""
+    from pipeline.config import parse_config
+
+    async with FakeOpenAIServer() as backup:
+        config = parse_config(
+            {
+                "routes": {
+                    "bedrock": {
+                        "provider": "bedrock",
+                        "model": CLAUDE,
+                        "base_url": server.base_url,
+                        "retry": {"max_attempts": 2, "initial_delay": 0, "max_delay": 0},
+                        "breaker": {"fail_max": 5},
+                    },
+                    "openai": {"provider": "openai", "model": "gpt", "base_url": backup.base_url},
+                },
+                "router": {"kind": "hedged", "routes": ["bedrock", "openai"], "delay": 30},
+                "cache": {"store": "memory"},
+            }
+        )
+        server.script(
+            FakeResponse.error(503, type="ServiceUnavailableException"),
+            FakeResponse(text="from bedrock"),
+        )
+        backup.script(FakeResponse(text="from openai"))
+        chat = config.build()
+        async with chat:
+            first = await collect(chat, "CANARY-prompt", streaming=streaming)
+            asked = (server.count(), backup.count())
+            second = await collect(chat, "CANARY-prompt", streaming=streaming)
+            assert (server.count(), backup.count()) == asked  # the cache's answer
+    assert first.error is None and second.error is None
+    assert first.text == second.text
+    # Whichever route the balancer tried first: Bedrock answers on its own retry (unavailable,
+    # then the answer), or OpenAI at once.
+    assert (first.text, asked) in (("from bedrock", (2, 0)), ("from openai", (0, 1)))

@@ -231,7 +231,8 @@ class _Signer:
                 if lock is None:
                     lock = self._refreshing = asyncio.Lock()
                 async with lock:  # one refresh for every request waiting on it
-                    return await asyncio.to_thread(credentials.get_frozen_credentials)
+                    if credentials.refresh_needed():
+                        return await asyncio.to_thread(credentials.get_frozen_credentials)
             return credentials.get_frozen_credentials()
         except Exception as exc:  # botocore's, or a credential process's: named by type
             raise provider_error(
@@ -317,7 +318,12 @@ def _credentials(profile: str | None, given: Any) -> tuple[Any, str | None]:
     they have expired and cannot be refreshed."""
     session_module = _botocore("session")
     exceptions = _botocore("exceptions")
-    where = f"the AWS profile {profile!r}" if profile else "the environment, the shared config"
+    if given is not None:
+        where = "the credentials given"
+    elif profile:
+        where = f"the AWS profile {profile!r}"
+    else:
+        where = "the environment, the shared AWS files or a role"
     try:
         session = session_module.Session(profile=profile)
         region = session.get_config_variable("region")

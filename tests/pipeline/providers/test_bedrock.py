@@ -1067,3 +1067,36 @@ async def test_a_bedrock_route_with_a_breaker_and_retry_under_a_hedged_router_an
     # Whichever route the balancer tried first: Bedrock answers on its own retry (unavailable,
     # then the answer), or OpenAI at once.
     assert (first.text, asked) in (("from bedrock", (2, 0)), ("from openai", (0, 1)))
+
+
+class _RefreshFailsLater:
+    """Credentials that load at startup and cannot be refreshed afterwards."""
+
+    def __init__(self) -> None:
+        from botocore.credentials import ReadOnlyCredentials
+
+        self.frozen = ReadOnlyCredentials("AKIDCANARYKEY", SECRET_CANARY, TOKEN_CANARY)
+        self.calls = 0
+
+    def refresh_needed(self, refresh_in: float | None = None) -> bool:
+        # Not expired (refresh_in=0), but due for the refresh that will fail.
+        return refresh_in != 0 and self.calls > 0
+
+    def get_frozen_credentials(self) -> object:
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError(f"STS is down {SECRET_CANARY}")
+        return self.frozen
+
+
+async def test_a_refresh_that_fails_later_is_an_authentication_error_before_sending(
+    server: FakeBedrockServer, streaming: bool
+) -> None:
+    credentials = _RefreshFailsLater()
+    async with BedrockChatClient(
+        CLAUDE, base_url=server.base_url, credentials=credentials
+    ) as client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert isinstance(result.error, AuthenticationError)
+    assert result.error.code == "credentials_refresh_failed"
+    assert "CANARY" not in str(result.error) and server.count() == 0

@@ -1,5 +1,5 @@
 """Our HTTP clients and a full pipeline, on both transports, vs raw aiohttp and raw httpx2,
-against loopback fake servers.
+against loopback fake servers; and `BedrockChatClient` vs boto3's ``bedrock-runtime`` client.
 
 The baseline does the least any client must: POST, then decode the JSON body (or each SSE
 data payload), with a raw ``aiohttp.ClientSession``; raw ``httpx2.AsyncClient`` does the
@@ -12,19 +12,27 @@ streaming, prints requests per second and client CPU milliseconds per 1,000 requ
 both ratios to the baseline of the same format. The old ``httpx`` and the official
 ``openai`` and ``anthropic`` SDKs are measured too when they are installed.
 
-    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3]
+Bedrock Converse has no raw baseline worth the name (every request is signed): its baseline is
+boto3's ``bedrock-runtime`` client (``converse``, ``converse_stream`` read to its end), on
+the same fake (``--format bedrock``, which checks every signature), run in 32 threads for
+concurrency 32 since boto3 is synchronous; ours signs with botocore and decodes the event
+stream with botocore's parser too.
+
+    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--only bedrock]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,7 +41,7 @@ import httpx2
 
 from middleware.routing import Route
 from pipeline import ChatClient, ChatMessage, ChatPipeline
-from pipeline.providers import AnthropicChatClient, OpenAIChatClient
+from pipeline.providers import AnthropicChatClient, BedrockChatClient, OpenAIChatClient
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 OPENAI_BODY = {"model": "m", "messages": MESSAGES}
@@ -176,15 +184,106 @@ def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker
 
 BASELINE = "raw aiohttp (baseline)"
 TRANSPORTS = ("aiohttp", "httpx2")
+BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+BEDROCK_MESSAGES = [{"role": "user", "content": [{"text": "hello"}]}]
 
 
-async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: int) -> None:
+def bedrock_calls(bedrock_url: str, closables: list[Any]) -> list[tuple[str, str, Maker]]:
+    """boto3's bedrock-runtime client (the baseline: first) and ours on both transports."""
+    import boto3
+    import botocore.config
+
+    sdk = boto3.client(
+        "bedrock-runtime",
+        endpoint_url=bedrock_url,
+        config=botocore.config.Config(max_pool_connections=64, retries={"total_max_attempts": 1}),
+    )
+    threads = ThreadPoolExecutor(max_workers=32)
+
+    def converse() -> object:
+        return sdk.converse(modelId=BEDROCK_MODEL, messages=BEDROCK_MESSAGES)
+
+    def converse_stream() -> object:
+        response = sdk.converse_stream(modelId=BEDROCK_MODEL, messages=BEDROCK_MESSAGES)
+        return list(response["stream"])
+
+    def boto3_make(streaming: bool) -> Call:
+        work = converse_stream if streaming else converse
+        return lambda: asyncio.get_running_loop().run_in_executor(threads, work)
+
+    found: list[tuple[str, str, Maker]] = [("bedrock", "boto3 (baseline)", boto3_make)]
+    for transport in TRANSPORTS:
+        ours = BedrockChatClient(BEDROCK_MODEL, base_url=bedrock_url, transport=transport)
+        closables.append(ours)
+        found.append(("bedrock", f"BedrockChatClient, {transport}", client_calls(ours)))
+    return found
+
+
+def bedrock_environment() -> None:
+    """The fake's test key in this process's environment, and nothing else of AWS's."""
+    from pipeline.testing import FakeBedrockServer
+
+    os.environ.update(FakeBedrockServer().environment())
+    os.environ.pop("AWS_PROFILE", None)
+
+
+async def measure(
+    openai_url: str | None,
+    anthropic_url: str | None,
+    bedrock_url: str | None,
+    requests: int,
+    rounds: int,
+) -> None:
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
     raw = httpx2.AsyncClient(limits=limits, timeout=30)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+    closables: list[Any] = [raw]
+    contenders = (
+        openai_contenders(openai_url, anthropic_url, raw, session, closables)
+        if openai_url is not None and anthropic_url is not None
+        else []
+    )
+    if bedrock_url is not None:
+        contenders += bedrock_calls(bedrock_url, closables)
+    # The first contender of each format is its baseline.
+    baselines: dict[str, str] = {}
+    for fmt, label, _ in contenders:
+        baselines.setdefault(fmt, label)
+
+    for streaming in (False, True):
+        for concurrency in (1, 32):
+            kind = "streaming" if streaming else "non-streaming"
+            print(f"\n{kind}, concurrency {concurrency}, {requests} requests, best of {rounds}")
+            calls = [(fmt, label, make(streaming)) for fmt, label, make in contenders]
+            # Rounds interleave the contenders, so a noisy moment hits them alike; the best
+            # round of each is kept.
+            best: dict[tuple[str, str], tuple[float, float]] = {}
+            for _ in range(rounds):
+                for fmt, label, call in calls:
+                    rps, cpu = await run(requests, concurrency, call)
+                    if (fmt, label) not in best or rps > best[fmt, label][0]:
+                        best[fmt, label] = (rps, cpu)
+            for fmt, label, _ in calls:
+                base_rps, base_cpu = best[fmt, baselines[fmt]]
+                rps, cpu = best[fmt, label]
+                print(
+                    f"  {fmt:<9} {label:<30} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
+                    f"throughput {rps / base_rps:5.2f}x  CPU {cpu / base_cpu:5.2f}x"
+                )
+    for closable in closables:
+        await closable.aclose()
+    await session.close()
+
+
+def openai_contenders(
+    openai_url: str,
+    anthropic_url: str,
+    raw: httpx2.AsyncClient,
+    session: aiohttp.ClientSession,
+    closables: list[Any],
+) -> list[tuple[str, str, Maker]]:
     chat_url = f"{openai_url}/chat/completions"
     messages_url = f"{anthropic_url}/v1/messages"
-    closables: list[Any] = [raw]
     # (wire format, label, calls); the first of each format is its baseline.
     contenders: list[tuple[str, str, Maker]] = [
         ("openai", BASELINE,
@@ -222,30 +321,7 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
         )  # fmt: skip
     contenders += sdk_calls(openai_url, anthropic_url)
     contenders.sort(key=lambda c: c[0] != "openai")  # the formats in blocks, baseline first
-
-    for streaming in (False, True):
-        for concurrency in (1, 32):
-            kind = "streaming" if streaming else "non-streaming"
-            print(f"\n{kind}, concurrency {concurrency}, {requests} requests, best of {rounds}")
-            calls = [(fmt, label, make(streaming)) for fmt, label, make in contenders]
-            # Rounds interleave the contenders, so a noisy moment hits them alike; the best
-            # round of each is kept.
-            best: dict[tuple[str, str], tuple[float, float]] = {}
-            for _ in range(rounds):
-                for fmt, label, call in calls:
-                    rps, cpu = await run(requests, concurrency, call)
-                    if (fmt, label) not in best or rps > best[fmt, label][0]:
-                        best[fmt, label] = (rps, cpu)
-            for fmt, label, _ in calls:
-                base_rps, base_cpu = best[fmt, BASELINE]
-                rps, cpu = best[fmt, label]
-                print(
-                    f"  {fmt:<9} {label:<30} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
-                    f"throughput {rps / base_rps:5.2f}x  CPU {cpu / base_cpu:5.2f}x"
-                )
-    for closable in closables:
-        await closable.aclose()
-    await session.close()
+    return contenders
 
 
 @contextmanager
@@ -279,17 +355,34 @@ def fake_server(wire_format: str) -> Iterator[str]:
         server.wait(timeout=10)
 
 
-def main(requests: int, rounds: int) -> None:
-    with fake_server("openai") as openai_url, fake_server("anthropic") as anthropic_url:
+def main(requests: int, rounds: int, only: str | None) -> None:
+    bedrock_environment()
+    with contextlib.ExitStack() as servers:
+        urls = {
+            wire_format: servers.enter_context(fake_server(wire_format))
+            for wire_format in ("openai", "anthropic", "bedrock")
+            if only is None
+            or only == wire_format
+            or (only == "openai" and wire_format != "bedrock")
+        }
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
             os.sched_setaffinity(0, {0})
             print("servers pinned to CPU 1, client to CPU 0")
-        asyncio.run(measure(openai_url, anthropic_url, requests, rounds))
+        asyncio.run(
+            measure(
+                urls.get("openai"), urls.get("anthropic"), urls.get("bedrock"), requests, rounds
+            )
+        )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        choices=("openai", "bedrock"),
+        help="measure one block: the OpenAI and Anthropic formats, or Bedrock",
+    )
     args = parser.parse_args()
-    main(args.requests, args.rounds)
+    main(args.requests, args.rounds, args.only)

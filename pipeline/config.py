@@ -4,7 +4,9 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | scripted
+                                     # | anthropic | bedrock | scripted, or a vendor:
+                                     # groq | mistral | deepseek | together | fireworks
+                                     # | openrouter | xai | vllm
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -32,12 +34,12 @@ environment changes is replaced whole).
 
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
-`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
-`ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
-the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
-router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
-`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
-built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
+`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`, `BedrockRouteConfig`,
+`VendorRouteConfig`, `ScriptedRouteConfig`), each the provider's settings
+(`pipeline.providers._settings`) plus the route's facts (`RouteFacts`) and its own layers
+(`RetrySettings`, `BreakerConfig`); the router is a `RouterConfig`, one class per `kind`
+(`OrderedRouterConfig`, `BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`,
+`SemanticRouterConfig`), built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
 `HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
 classes; a new provider or router kind is one class and one member of its union.
 
@@ -93,6 +95,7 @@ from pipeline.errors import ConfigError
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
+    BedrockSettings,
     Credentials,
     EnvironmentVariable,
     HashingEmbeddingsSettings,
@@ -104,6 +107,7 @@ from pipeline.providers._settings import (
     OpenAIResponsesSettings,
     OpenAISettings,
     ScriptedSettings,
+    VendorSettings,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +119,7 @@ __all__ = [
     "BalancedRouterConfig",
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
+    "BedrockRouteConfig",
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
@@ -130,6 +135,7 @@ __all__ = [
     "RouteConfig",
     "RouterConfig",
     "ScriptedRouteConfig",
+    "VendorRouteConfig",
     "SemanticCacheConfig",
     "SemanticRouterConfig",
     "TieredRouterConfig",
@@ -242,6 +248,14 @@ class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
     """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
+class BedrockRouteConfig(_RouteTable, BedrockSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API."""
+
+
+class VendorRouteConfig(_RouteTable, VendorSettings):
+    """``provider = "groq"`` (or another vendor): an OpenAI-compatible vendor by name."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -252,6 +266,8 @@ RouteConfig: TypeAlias = Annotated[
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig
+    | BedrockRouteConfig
+    | VendorRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]

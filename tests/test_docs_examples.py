@@ -3,8 +3,8 @@
 How blocks are found and which run where: `tests.docs_examples`. Blocks that show a real
 provider run unchanged against the fakes: an autouse fixture starts `FakeOpenAIServer` and
 `FakeAnthropicServer` on 127.0.0.1 (in a thread of their own, so a block's own
-``asyncio.run`` reaches them too), makes them the providers' default endpoints and sets the
-API key variables to keys of no value.
+``asyncio.run`` reaches them too), makes them the providers' default endpoints (the
+OpenAI-compatible vendors' too) and sets the API key variables to keys of no value.
 """
 
 from __future__ import annotations
@@ -63,11 +63,19 @@ def servers() -> Iterator[_Servers]:
 
 @pytest.fixture(autouse=True)
 def _providers_use_the_fakes(servers: _Servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
     import pipeline.providers
+    from pipeline.providers._vendors import VENDORS
     from pipeline.providers.openai import OpenAIAPIClient
+    from pipeline.providers.vendors import VENDOR_CLIENTS
 
     for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY"):
         monkeypatch.setenv(variable, "sk-docs-example")
+    for name, vendor in VENDORS.items():
+        monkeypatch.setenv(vendor.key_variable, "sk-docs-example")
+        faked = dataclasses.replace(vendor, base_url=servers.openai.base_url)
+        monkeypatch.setattr(VENDOR_CLIENTS[name], "vendor", faked)
     fakes = {
         "https://api.openai.com/v1": servers.openai.base_url,
         "https://api.anthropic.com": servers.anthropic.base_url,
@@ -172,6 +180,10 @@ def test_toml_blocks_parse_and_configurations_load(
         return  # another file's TOML (a pyproject table, say): parsing it is the check
     # Every variable the block names (`*_env = "NAME"`), as the page's reader would set it.
     named_variables = set(re.findall(r'_env\s*=\s*"([A-Za-z_][A-Za-z0-9_]*)"', block.source))
+    # And the keys of the OpenAI-compatible vendors' presets (`provider = "groq"`).
+    from pipeline.providers._vendors import VENDORS
+
+    named_variables |= {vendor.key_variable for vendor in VENDORS.values()}
     for variable in {"GATEWAY_API_KEYS", "GATEWAY_REDIS_URL", "OPENAI_API_KEY"} | named_variables:
         monkeypatch.setenv(variable, "redis://127.0.0.1:1/0" if "REDIS" in variable else "k")
     text = block.source

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
-from pipeline.types import FunctionResultContent
+from pipeline.types import FunctionResultContent, UsageDetails
 
 __all__ = [
     "ToolSpec",
+    "cache_counted_apart",
     "error_from_payload",
     "int_or_none",
     "malformed",
@@ -39,6 +40,31 @@ def int_or_none(value: Any) -> int | None:
 
 def str_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def cache_counted_apart(
+    uncached: Any, read: Any, written: Any, output: Any, reasoning: Any = None
+) -> UsageDetails:
+    """Usage from an API that counts prompt-cache reads and writes apart from its input
+    tokens (Anthropic's Messages, Bedrock's Converse): input tokens include them, as
+    `UsageDetails` counts them, and they are told apart too. Non-integers are unknown."""
+    read, written = int_or_none(read), int_or_none(written)
+    known = [p for p in (int_or_none(uncached), written, read) if p is not None]
+    input_tokens = sum(known) if known else None
+    output_tokens = int_or_none(output)
+    total = (
+        input_tokens + output_tokens
+        if input_tokens is not None and output_tokens is not None
+        else None
+    )
+    return UsageDetails(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=total,
+        reasoning_tokens=int_or_none(reasoning),
+        cache_read_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 # -- errors -----------------------------------------------------------------------------------

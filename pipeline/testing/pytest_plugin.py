@@ -7,7 +7,9 @@ into every pytest run): name it in your top-level ``conftest.py``::
   ``get_streaming_response``), so a behaviour is asserted for both;
 * `fake_openai_server`, `fake_anthropic_server`: a started `FakeOpenAIServer` /
   `FakeAnthropicServer` on 127.0.0.1 (a free port) for the test, closed after it. The
-  async fixtures need pytest-asyncio.
+  async fixtures need pytest-asyncio;
+* `fake_bedrock_server`: a started `FakeBedrockServer`, with the environment botocore reads
+  pointed at it (its key, secret and region) for the test.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
+from pipeline.testing import FakeAnthropicServer, FakeBedrockServer, FakeOpenAIServer
 
-__all__ = ["fake_anthropic_server", "fake_openai_server", "streaming"]
+__all__ = ["fake_anthropic_server", "fake_bedrock_server", "fake_openai_server", "streaming"]
 
 
 @pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])
@@ -39,4 +41,17 @@ async def fake_openai_server() -> AsyncIterator[FakeOpenAIServer]:
 async def fake_anthropic_server() -> AsyncIterator[FakeAnthropicServer]:
     """A started `FakeAnthropicServer`."""
     async with FakeAnthropicServer() as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def fake_bedrock_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[FakeBedrockServer]:
+    """A started `FakeBedrockServer`, its credentials and region in the environment (so a
+    `BedrockChatClient` with ``base_url=server.base_url`` reaches it as it is)."""
+    async with FakeBedrockServer() as server:
+        for name, value in server.environment().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
         yield server

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline.config import parse_config
+from pipeline.testing import FakeBedrockServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import codex
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, running
@@ -261,3 +262,54 @@ async def test_failover_before_output_is_invisible(
         events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
     assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
     assert (upstream.count(), backup.count()) == (1, 1)
+
+
+@pytest.fixture
+def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
+
+
+def bedrock_config(bedrock: FakeBedrockServer, backup: FakeOpenAIServer | None = None) -> Any:
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    routes: dict[str, Any] = {
+        "claude": {"provider": "bedrock", "model": model, "base_url": bedrock.base_url}
+    }
+    data: dict[str, Any] = {"routes": routes, "gateway": {"models": MODELS}}
+    if backup is not None:
+        routes["backup"] = {"provider": "openai", "model": "m", "base_url": backup.base_url}
+        data["router"] = {"kind": "ordered", "order": ["claude", "backup"]}
+    return parse_config(data)
+
+
+async def test_exec_command_round_trip_over_a_bedrock_route(
+    codex_bin: Path, bedrock: FakeBedrockServer, tmp_path: Path
+) -> None:
+    """Codex (the Responses API) against a Bedrock route: its tools become Converse tool
+    specs (names the service takes), its command's output goes back as a tool result."""
+    bedrock.script(
+        FakeResponse(text="", tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))]),
+        FakeResponse(text="The command printed its argument."),
+    )
+    async with running(bedrock_config(bedrock)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    (command,) = items(events, "command_execution")
+    assert command["exit_code"] == 0 and "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "The command printed its argument."
+    first, second = bedrock.requests
+    names = {t["toolSpec"]["name"] for t in first.json["toolConfig"]["tools"] if "toolSpec" in t}
+    assert "exec_command" in names
+    results = [b["toolResult"] for b in second.json["messages"][-1]["content"] if "toolResult" in b]
+    assert len(results) == 1 and "CANARY-argument" in json.dumps(results)
+    assert bedrock.verified_signatures == 2
+
+
+async def test_failover_from_a_bedrock_route_is_invisible(
+    codex_bin: Path, bedrock: FakeBedrockServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    bedrock.script(FakeResponse.error(503, type="ServiceUnavailableException"))
+    backup.script(FakeResponse(text="Served by the backup."))
+    async with running(bedrock_config(bedrock, backup)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
+    assert (bedrock.count(), backup.count()) == (1, 1)

@@ -363,7 +363,8 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
         "routes.b.retry.jitter": "expected true or false, got str",
         "routes.c.provider": (
             "expected one of ['openai', 'openai_responses', 'azure_openai', 'ollama', "
-            "'anthropic', 'scripted'], got 'gemnii'"
+            "'anthropic', 'bedrock', 'groq', 'mistral', 'deepseek', 'together', 'fireworks', "
+            "'openrouter', 'xai', 'vllm', 'scripted'], got 'gemnii'"
         ),
         "router.max_attempts_per_request": "expected positive, got 0",
         "router.order[1]": "names no route: 'bb'; did you mean 'b'?",
@@ -621,7 +622,8 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
             {
                 "routes.a.provider": "is required (one of "
                 "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'])"
+                "'bedrock', 'groq', 'mistral', 'deepseek', 'together', 'fireworks', "
+                "'openrouter', 'xai', 'vllm', 'scripted'])"
             },
         ),
         (
@@ -629,7 +631,8 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
             {
                 "routes.a.provider": "expected one of "
                 "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'], got 'opnai'; did you mean 'openai'?"
+                "'bedrock', 'groq', 'mistral', 'deepseek', 'together', 'fireworks', "
+                "'openrouter', 'xai', 'vllm', 'scripted'], got 'opnai'; did you mean 'openai'?"
             },
         ),
         (
@@ -637,7 +640,8 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
             {
                 "routes.a.provider": "expected one of "
                 "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'], got int"
+                "'bedrock', 'groq', 'mistral', 'deepseek', 'together', 'fireworks', "
+                "'openrouter', 'xai', 'vllm', 'scripted'], got int"
             },
         ),
         (
@@ -706,6 +710,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     from pipeline.providers import (
         AnthropicChatClient,
         AzureOpenAIChatClient,
+        BedrockChatClient,
         HashingEmbeddingGenerator,
         OllamaChatClient,
         OpenAIChatClient,
@@ -716,6 +721,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     from pipeline.providers._settings import (
         AnthropicSettings,
         AzureOpenAISettings,
+        BedrockSettings,
         ChatCompletionsSettings,
         HashingEmbeddingsSettings,
         HTTPProviderSettings,
@@ -738,12 +744,21 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         (AnthropicSettings, "max_tokens", AnthropicChatClient, "max_tokens"),
         (AnthropicSettings, "anthropic_version", AnthropicChatClient, "anthropic_version"),
         (AzureOpenAISettings, "api_version", AzureOpenAIChatClient, "api_version"),
+        (BedrockSettings, "region", BedrockChatClient, "region"),
+        (BedrockSettings, "profile", BedrockChatClient, "profile"),
+        (BedrockSettings, "base_url", BedrockChatClient, "base_url"),
+        (BedrockSettings, "max_tokens", BedrockChatClient, "max_tokens"),
         (ScriptedSettings, "model", ScriptedChatClient, "model_id"),
         (HashingEmbeddingsSettings, "dimensions", HashingEmbeddingGenerator, "dimensions"),
         (OpenAIEmbeddingsSettings, "base_url", OpenAIEmbeddingGenerator, "base_url"),
         (TieredRouterConfig, "sticky_sessions", TieredRoutingChatClient, "sticky_sessions"),
     ]
-    for client in (OpenAIChatClient, OpenAIResponsesChatClient, AnthropicChatClient):
+    for client in (
+        OpenAIChatClient,
+        OpenAIResponsesChatClient,
+        AnthropicChatClient,
+        BedrockChatClient,
+    ):
         pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
         pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
         pairs.append((HTTPProviderSettings, "max_response_bytes", client, "max_response_bytes"))

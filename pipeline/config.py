@@ -4,7 +4,7 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | scripted
+                                     # | anthropic | gemini | vertex | scripted
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -33,13 +33,14 @@ environment changes is replaced whole).
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
 `AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
-`ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
-the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
-router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
-`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
-built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
-`HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
-classes; a new provider or router kind is one class and one member of its union.
+`GeminiRouteConfig`, `VertexRouteConfig`, `ScriptedRouteConfig`), each the provider's
+settings (`pipeline.providers._settings`) plus the route's facts (`RouteFacts`) and its
+own layers (`RetrySettings`, `BreakerConfig`); the router is a `RouterConfig`, one class
+per `kind` (`OrderedRouterConfig`, `BalancedRouterConfig`, `HedgedRouterConfig`,
+`TieredRouterConfig`, `SemanticRouterConfig`), built on the routers' own settings
+(`FailoverSettings`, `BalancedSettings`, `HedgingSettings`, `SemanticSettings`). A default
+or a check is written once, on those classes; a new provider or router kind is one class
+and one member of its union.
 
 Every problem is reported at once, each with its key path, as one `ConfigError`; an
 unknown key is an error with a suggestion (``routes.a.modle: unknown setting; did you mean
@@ -95,6 +96,7 @@ from pipeline.providers._settings import (
     AzureOpenAISettings,
     Credentials,
     EnvironmentVariable,
+    GeminiSettings,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
     LocalEmbeddingsSettings,
@@ -104,6 +106,7 @@ from pipeline.providers._settings import (
     OpenAIResponsesSettings,
     OpenAISettings,
     ScriptedSettings,
+    VertexSettings,
 )
 
 if TYPE_CHECKING:
@@ -118,6 +121,7 @@ __all__ = [
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
+    "GeminiRouteConfig",
     "GroupConfig",
     "HealthConfig",
     "HedgedRouterConfig",
@@ -133,6 +137,7 @@ __all__ = [
     "SemanticCacheConfig",
     "SemanticRouterConfig",
     "TieredRouterConfig",
+    "VertexRouteConfig",
     "build_pipeline",
     "load_config",
     "load_pipeline",
@@ -242,6 +247,14 @@ class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
     """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
+class GeminiRouteConfig(_RouteTable, GeminiSettings):
+    """``provider = "gemini"``: Google's Gemini API."""
+
+
+class VertexRouteConfig(_RouteTable, VertexSettings):
+    """``provider = "vertex"``: a Gemini or an Anthropic model on Vertex AI."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -252,6 +265,8 @@ RouteConfig: TypeAlias = Annotated[
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig
+    | GeminiRouteConfig
+    | VertexRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]

@@ -93,12 +93,14 @@ SURFACES = {
     "pipeline.providers": {
         "AnthropicChatClient",
         "AzureOpenAIChatClient",
+        "GeminiChatClient",
         "HashingEmbeddingGenerator",
         "LocalEmbeddingGenerator",
         "OllamaChatClient",
         "OpenAIChatClient",
         "OpenAIEmbeddingGenerator",
         "OpenAIResponsesChatClient",
+        "VertexChatClient",
     },
     "pipeline.testing": {
         "CHAT_PATH",

@@ -1,5 +1,5 @@
 """Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible (Chat Completions and the
-Responses API), Azure OpenAI, Ollama, Anthropic, and embeddings.
+Responses API), Azure OpenAI, Ollama, Anthropic, Gemini, Vertex AI, and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model. `LocalEmbeddingGenerator` runs a local encoder (a
@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.providers.anthropic import AnthropicChatClient
 from pipeline.providers.azure import AzureOpenAIChatClient
+from pipeline.providers.gemini import GeminiChatClient
 from pipeline.providers.ollama import OllamaChatClient
 from pipeline.providers.openai import OpenAIChatClient
 from pipeline.providers.openai_responses import OpenAIResponsesChatClient
+from pipeline.providers.vertex import VertexChatClient
 
 if TYPE_CHECKING:
     from pipeline.providers.embeddings import OpenAIEmbeddingGenerator
@@ -32,12 +34,14 @@ _EMBEDDINGS = {
 __all__ = [
     "AnthropicChatClient",
     "AzureOpenAIChatClient",
+    "GeminiChatClient",
     "HashingEmbeddingGenerator",
     "LocalEmbeddingGenerator",
     "OllamaChatClient",
     "OpenAIChatClient",
     "OpenAIEmbeddingGenerator",
     "OpenAIResponsesChatClient",
+    "VertexChatClient",
 ]
 
 

@@ -21,13 +21,18 @@ of (messages, options) returning a step, for replies that depend on the request.
 request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
 in-band errors, hangs), for testing real provider clients end to end.
 
+`FakeGeminiServer` is the same for Google's Gemini API, with Vertex AI's paths (Gemini and
+Anthropic's models) on it; `FakeGoogleTokenServer` is the token endpoint Google service
+accounts (made by it, with fresh keys) get their access tokens from.
+
 `FakeFleet` is several such deployments of one model, with latency drawn from seeded
 distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s, brownout,
 hang then recovery, cuts after output, down), for rehearsing a routing configuration
 against partial degradation; it counts what each deployment did (`FleetCounts`,
 `FleetCall`).
 
-Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`) are
+Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`,
+`fake_gemini_server`) are
 in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
 """
 
@@ -45,6 +50,12 @@ from pipeline.testing._fake_fleet import (
     FleetCall,
     FleetCounts,
     Latency,
+)
+from pipeline.testing._fake_gemini import (
+    GENERATE_CONTENT,
+    RAW_PREDICT,
+    FakeGeminiServer,
+    FakeGoogleTokenServer,
 )
 from pipeline.testing._fake_server import (
     CHAT_PATH,
@@ -70,13 +81,17 @@ from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messag
 __all__ = [
     "CHAT_PATH",
     "EMBEDDINGS_PATH",
+    "GENERATE_CONTENT",
     "MESSAGES_PATH",
     "MODELS_PATH",
+    "RAW_PREDICT",
     "RESPONSES_PATH",
     "Collected",
     "FakeAnthropicServer",
     "FakeDeployment",
     "FakeFleet",
+    "FakeGeminiServer",
+    "FakeGoogleTokenServer",
     "FakeOpenAIServer",
     "FakeResponse",
     "Fault",

@@ -200,7 +200,12 @@ async def test_errors_map_to_sdk_exceptions(
         await generate(client, "hi", streaming=streaming)
     assert isinstance(caught.value, errors.APIError) and caught.value.code == status
     details = caught.value.details["error"]
-    assert details["status"] in ("INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE")
+    assert details["status"] in (
+        "INVALID_ARGUMENT",
+        "RESOURCE_EXHAUSTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+    )
     assert details["details"] == [
         {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "7s"}
     ]

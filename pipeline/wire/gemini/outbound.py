@@ -206,8 +206,10 @@ def _declaration(tool: Any) -> dict[str, Any] | None:
                 tool = CustomTool(spec["name"], str_or_none(spec.get("description")))
         elif "input_schema" in tool:  # the Messages API's shape
             return _declared(tool.get("name"), tool.get("description"), tool["input_schema"])
+        elif "name" in tool:
+            return dict(tool)  # a function declaration in this API's shape
         else:
-            return None  # functionDeclarations, googleSearch, codeExecution...
+            return None  # a tool in this API's shape: googleSearch, codeExecution...
     spec = tool_spec(tool)
     assert spec is not None  # not a mapping
     return _declared(spec.name, spec.description, spec.parameters)

@@ -366,12 +366,13 @@ async def test_calls_without_a_signature_get_googles_placeholder(
 ) -> None:
     """A tool loop begun on another route (another API) has no signature: the current turn's
     calls get the documented placeholder, so a thinking model accepts the turn."""
+    calls = [FunctionCallContent("call_1", "f", {}), FunctionCallContent("call_2", "f", {})]
     history = [
         ChatMessage.user("go"),
-        ChatMessage.assistant([FunctionCallContent("call_1", "f", {}), FunctionCallContent("call_2", "f", {})]),
+        ChatMessage.assistant(calls),
         ChatMessage.tool(FunctionResultContent("call_1", "1")),
         ChatMessage.tool(FunctionResultContent("call_2", "2")),
-    ]  # fmt: skip
+    ]
     result = await collect(client, history, THINKING, streaming=streaming)
     assert result.error is None, result.error
     parts = server.requests[0].json["contents"][1]["parts"]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
 import logging
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pipeline.errors import FailureKind, ProviderError, provider_error
 
@@ -50,36 +51,54 @@ def _google_auth() -> Any:
 
 
 def load_credentials(path: str | None) -> Credentials:
-    """The credentials in the file at `path` (a service account key, an authorized user's,
-    an external account's), or Application Default Credentials when `path` is None,
-    scoped to Cloud Platform.
+    """The credentials in the file at `path` (a service account key, or an authorized
+    user's, each read by its own loader, as google-auth asks of files from elsewhere), or
+    Application Default Credentials when `path` is None, scoped to Cloud Platform.
 
     Raises `ValueError` saying what is missing, naming the file but never quoting it.
     """
     google_auth = _google_auth()
     from google.auth.exceptions import DefaultCredentialsError
 
-    if path is not None and not os.path.isfile(path):
+    if path is None:
+        try:
+            credentials, _ = google_auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+        except (DefaultCredentialsError, ValueError) as exc:
+            raise ValueError(
+                "no Google credentials were found (Application Default Credentials: "
+                f"{type(exc).__name__}): set credentials_file, or "
+                "GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login`"
+            ) from None
+        return cast("Credentials", credentials)
+    if not os.path.isfile(path):
         raise ValueError(f"the credentials file {path} does not exist")
     try:
-        if path is not None:
-            credentials, _ = google_auth.load_credentials_from_file(
-                path, scopes=[CLOUD_PLATFORM_SCOPE]
+        with open(path, encoding="utf-8") as file:
+            info = json.load(file)
+        kind = info.get("type") if isinstance(info, dict) else None
+        if kind == "service_account":
+            from google.oauth2 import service_account
+
+            loaded: Any = service_account.Credentials.from_service_account_info(  # type: ignore[no-untyped-call]
+                info, scopes=[CLOUD_PLATFORM_SCOPE]
             )
-        else:
-            credentials, _ = google_auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-    except (DefaultCredentialsError, ValueError, KeyError, TypeError) as exc:
-        if path is None:
-            raise ValueError(
-                "no Google credentials were found (Application Default Credentials): "
-                "set credentials_file, or GOOGLE_APPLICATION_CREDENTIALS, or run "
-                "`gcloud auth application-default login`"
-            ) from None
+            return cast("Credentials", loaded)
+        if kind == "authorized_user":
+            from google.oauth2 import credentials as user
+
+            loaded = user.Credentials.from_authorized_user_info(  # type: ignore[no-untyped-call]
+                info, scopes=[CLOUD_PLATFORM_SCOPE]
+            )
+            return cast("Credentials", loaded)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(
             f"the credentials file {path} holds no credentials google-auth can use "
             f"({type(exc).__name__})"
         ) from None
-    return credentials  # type: ignore[no-any-return]
+    raise ValueError(
+        f"the credentials file {path} is not a service account key or an authorized user's "
+        "credentials (other kinds: through Application Default Credentials)"
+    )
 
 
 def refusal(exc: BaseException) -> str | None:
@@ -180,10 +199,12 @@ class GoogleTokens:
         if exc is not None:
             # A request that needs the token raises it; a background refresh only warns,
             # the current token being still good.
+            error = self._error(exc)
             _logger.warning(
-                "refreshing the Google access token of %s failed: %s",
+                "refreshing the Google access token of %s failed: %s (%s)",
                 self._provider,
-                self._error(exc),
+                error,
+                error.code,
             )
 
     def _error(self, exc: BaseException) -> ProviderError:

@@ -4,12 +4,15 @@ Pure functions, no I/O. Anything the API sends that does not fit raises a `Provi
 saying what was wrong, never quoting the payload. Part kinds this module does not know
 (code execution, new ones) are skipped, as the API's versioning asks of clients.
 
-Thought signatures: a part's ``thoughtSignature`` becomes a `ReasoningContent` whose
-`protected` is the signature, placed just before what the part said; thought summaries
-(``thought: true`` parts) are `ReasoningContent` text. Going back, each signature is sent
-unchanged on the next part of its turn that is no thought (on an empty text part when none
-follows). An answer and a stream of the same parts give the same contents: the answer is
-read as one chunk of a stream.
+Thought signatures: the ``thoughtSignature`` of a function call (or of a data part)
+becomes a `ReasoningContent` whose `protected` is the signature, placed just before the
+call; thought summaries (``thought: true`` parts) are `ReasoningContent` text. Going back,
+each signature is sent unchanged on the next part of its turn that is no thought (on an
+empty text part when none follows). The signature Gemini puts on an answer's text (a
+streamed answer's last, empty, part) is not kept: the API checks only those of function
+calls, and a stream cannot put it before the text it follows, where the Messages API's
+clients look for reasoning. An answer and a stream of the same parts give the same
+contents: the answer is read as one chunk of a stream.
 """
 
 from __future__ import annotations
@@ -498,7 +501,10 @@ class GeminiStreamReader:
             if signature is not None:
                 if type(signature) is not str:
                     raise malformed(self.provider, "a thoughtSignature is not a string")
-                if signature:
+                # Kept where the API checks it: on a function call (or data); one on text
+                # ends a streamed answer, where no API that shows reasoning first has a
+                # place for it (see the module docstring).
+                if signature and "text" not in part:
                     contents.append(ReasoningContent(protected=signature))
             text = part.get("text")
             if text is not None:

@@ -162,10 +162,6 @@ _GOOGLE_TOKEN_URI = "https://oauth2.googleapis.com/token"
 _ERROR_INFO = "type.googleapis.com/google.rpc.ErrorInfo"
 
 
-class _Refused(Exception):
-    """A request the API would refuse with a 400 (the message is the API's)."""
-
-
 def _route(path: str) -> tuple[str, str, str] | None:
     """(publisher, model, method) of a Gemini API or a Vertex AI path, or None."""
     found = _GEMINI_PATH.match(path)
@@ -323,9 +319,9 @@ class FakeGeminiServer(MessagesAnswers):
         payload = _normalized(payload)
         try:
             if stream and "alt=sse" not in request.query.split("&"):
-                raise _Refused("this server streams server-sent events only: pass alt=sse")
+                raise ValueError("this server streams server-sent events only: pass alt=sse")
             returned = self._check(payload)
-        except _Refused as exc:
+        except ValueError as exc:  # a request the API would refuse: its words
             await self._google_error(writer, 400, "INVALID_ARGUMENT", str(exc))
             return True
         self.returned_signatures += returned[0]
@@ -411,115 +407,115 @@ class FakeGeminiServer(MessagesAnswers):
         return isinstance(thinking, Mapping) and thinking.get("thinkingBudget") != 0
 
     def _check(self, payload: Any) -> tuple[int, int]:
-        """Refuse what the API refuses (`_Refused`); the signatures that came back: (this
-        server's, placeholders)."""
+        """Refuse what the API refuses (a `ValueError` with the API's words); the signatures
+        that came back: (this server's, placeholders)."""
         if not isinstance(payload, dict):
-            raise _Refused("Invalid JSON payload received.")
+            raise ValueError("Invalid JSON payload received.")
         unknown = sorted(set(payload) - _FIELDS)
         if unknown:
-            raise _Refused(f'Invalid JSON payload received. Unknown name "{unknown[0]}"')
+            raise ValueError(f'Invalid JSON payload received. Unknown name "{unknown[0]}"')
         config = payload.get("generationConfig", {})
         if not isinstance(config, dict):
-            raise _Refused("generationConfig: expected an object")
+            raise ValueError("generationConfig: expected an object")
         unknown = sorted(set(config) - _GENERATION_FIELDS)
         if unknown:
-            raise _Refused(f"Unknown name \"{unknown[0]}\" at 'generation_config'")
+            raise ValueError(f"Unknown name \"{unknown[0]}\" at 'generation_config'")
         thinking = config.get("thinkingConfig", {})
         if not isinstance(thinking, dict) or set(thinking) - _THINKING_FIELDS:
-            raise _Refused("generation_config.thinking_config: unknown field")
+            raise ValueError("generation_config.thinking_config: unknown field")
         if "thinkingBudget" in thinking and "thinkingLevel" in thinking:
-            raise _Refused("thinking_budget and thinking_level are not supported together.")
+            raise ValueError("thinking_budget and thinking_level are not supported together.")
         level = thinking.get("thinkingLevel")
         if level is not None and level not in _THINKING_LEVELS:
-            raise _Refused("Invalid value at 'generation_config.thinking_config.thinking_level'")
+            raise ValueError("Invalid value at 'generation_config.thinking_config.thinking_level'")
         if "responseSchema" in config and "responseJsonSchema" in config:
-            raise _Refused("response_schema and response_json_schema cannot both be set")
+            raise ValueError("response_schema and response_json_schema cannot both be set")
         json_type = config.get("responseMimeType") == "application/json"
         if "responseJsonSchema" in config and not json_type:
-            raise _Refused("response_json_schema needs response_mime_type application/json")
+            raise ValueError("response_json_schema needs response_mime_type application/json")
         declared = self._check_tools(payload)
         system = payload.get("systemInstruction")
         if system is not None:
             parts = system.get("parts") if isinstance(system, dict) else None
             texts = isinstance(parts, list) and all(self._part_kind(p) == "text" for p in parts)
             if not texts:
-                raise _Refused("system_instruction: expected text parts")
+                raise ValueError("system_instruction: expected text parts")
         return self._check_contents(payload, declared)
 
     def _check_tools(self, payload: Mapping[str, Any]) -> set[str]:
         declared: set[str] = set()
         tools = payload.get("tools", [])
         if not isinstance(tools, list):
-            raise _Refused("tools: expected a list")
+            raise ValueError("tools: expected a list")
         for tool in tools:
             if not isinstance(tool, dict) or not tool or set(tool) - _TOOL_FIELDS:
-                raise _Refused("tools: a tool names one kind of tool")
+                raise ValueError("tools: a tool names one kind of tool")
             for function in tool.get("functionDeclarations", []):
                 name = function.get("name") if isinstance(function, dict) else None
                 if not isinstance(name, str) or not name:
-                    raise _Refused("function_declarations: a function needs a name")
+                    raise ValueError("function_declarations: a function needs a name")
                 if "parameters" in function and "parametersJsonSchema" in function:
-                    raise _Refused("parameters and parameters_json_schema cannot both be set")
+                    raise ValueError("parameters and parameters_json_schema cannot both be set")
                 declared.add(name)
         config = payload.get("toolConfig")
         if config is not None:
             calling = config.get("functionCallingConfig", {}) if isinstance(config, dict) else 0
             if not isinstance(calling, dict) or calling.get("mode", "AUTO") not in _MODES:
-                raise _Refused("tool_config.function_calling_config.mode: invalid value")
+                raise ValueError("tool_config.function_calling_config.mode: invalid value")
             for name in calling.get("allowedFunctionNames", []):
                 if calling.get("mode") not in ("ANY", "VALIDATED") or name not in declared:
-                    raise _Refused("allowed_function_names: names a function not declared")
+                    raise ValueError("allowed_function_names: names a function not declared")
         return declared
 
     @staticmethod
     def _part_kind(part: Any) -> str:
         if not isinstance(part, dict) or set(part) - _PART_FIELDS:
-            raise _Refused("a part has an unknown field")
+            raise ValueError("a part has an unknown field")
         kinds: list[str] = [key for key in part if key in _DATA_FIELDS]
         if len(kinds) != 1:
-            raise _Refused("a part must hold exactly one kind of data")
+            raise ValueError("a part must hold exactly one kind of data")
         return kinds[0]
 
     def _check_contents(self, payload: Mapping[str, Any], declared: set[str]) -> tuple[int, int]:
         contents = payload.get("contents")
         if not isinstance(contents, list) or not contents:
-            raise _Refused("contents is not specified")
+            raise ValueError("contents is not specified")
         returned = placeholders = 0
         current_turn = 0  # the first content after the last user input
         previous_calls = 0
         for index, content in enumerate(contents):
             if not isinstance(content, dict) or content.get("role") not in ("user", "model"):
-                raise _Refused(f"contents[{index}].role: expected user or model")
+                raise ValueError(f"contents[{index}].role: expected user or model")
             parts = content.get("parts")
             if not isinstance(parts, list) or not parts:
-                raise _Refused(f"contents[{index}].parts must not be empty")
+                raise ValueError(f"contents[{index}].parts must not be empty")
             kinds = [self._part_kind(part) for part in parts]
             responses = kinds.count("functionResponse")
             if responses and responses != previous_calls:
-                raise _Refused(
+                raise ValueError(
                     "Please ensure that the number of function response parts is equal to "
                     "the number of function call parts of the function call turn."
                 )
             for part, kind in zip(parts, kinds, strict=True):
                 if kind == "functionCall" and not isinstance(part[kind].get("name"), str):
-                    raise _Refused("function_call.name is required")
+                    raise ValueError("function_call.name is required")
                 if kind == "functionResponse" and (
                     not isinstance(part[kind].get("name"), str)
                     or not isinstance(part[kind].get("response"), dict)
                 ):
-                    raise _Refused("function_response needs a name and a response object")
+                    raise ValueError("function_response needs a name and a response object")
                 signature = part.get("thoughtSignature")
                 if signature is None:
                     continue
                 if content["role"] != "model":
-                    raise _Refused("a thought signature belongs to a model turn")
+                    raise ValueError("a thought signature belongs to a model turn")
                 signed = _signature_bytes(signature)
                 if signed == _PLACEHOLDER:
                     placeholders += 1
                 elif signed in self._issued:
                     returned += 1
                 else:
-                    raise _Refused("Thought signature is not valid.")
+                    raise ValueError("Thought signature is not valid.")
             if content["role"] == "user" and any(k != "functionResponse" for k in kinds):
                 current_turn = index + 1
             previous_calls = kinds.count("functionCall") if content["role"] == "model" else 0
@@ -527,7 +523,7 @@ class FakeGeminiServer(MessagesAnswers):
             for content in contents[current_turn:]:
                 calls = [p for p in content["parts"] if "functionCall" in p]
                 if content["role"] == "model" and calls and "thoughtSignature" not in calls[0]:
-                    raise _Refused(
+                    raise ValueError(
                         "Function call is missing a thought_signature in functionCall parts. "
                         "This is required for tools to work correctly."
                     )
@@ -826,11 +822,11 @@ class FakeGoogleTokenServer:
             self.requests += 1
             try:
                 if self.refusing is not None:
-                    raise _Refused(self.refusing)
+                    raise ValueError(self.refusing)
                 if form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"]:
-                    raise _Refused("unsupported_grant_type")
+                    raise ValueError("unsupported_grant_type")
                 self._verify((form.get("assertion") or [""])[0])
-            except _Refused as exc:
+            except ValueError as exc:  # a request the API would refuse: its words
                 return 400, {"error": str(exc), "error_description": "refused by the fake"}
             finally:
                 self._changed.notify_all()
@@ -855,10 +851,10 @@ class FakeGoogleTokenServer:
             signed = f"{head}.{claims}".encode()
             key.verify(decoded(signature), signed, padding.PKCS1v15(), hashes.SHA256())
         except (ValueError, KeyError, TypeError, InvalidSignature):
-            raise _Refused("invalid_grant") from None
+            raise ValueError("invalid_grant") from None
         # google-auth names Google's token endpoint as the audience whatever the URI is.
         audience = payload.get("aud")
         if payload.get("iss") != email or audience not in (self.token_uri, _GOOGLE_TOKEN_URI):
-            raise _Refused("invalid_grant")
+            raise ValueError("invalid_grant")
         if not isinstance(payload.get("exp"), int) or payload["exp"] < time.time():
-            raise _Refused("invalid_grant")
+            raise ValueError("invalid_grant")

@@ -26,6 +26,11 @@ from pipeline.testing import (
     FakeResponse,
 )
 
+# The SDK's own aiohttp session class, which aiohttp discourages: not ours to fix.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Inheritance class AiohttpClientSession:DeprecationWarning"
+)
+
 NO_RETRIES = types.HttpRetryOptions(attempts=1)
 WEATHER = json.dumps({"city": "Oslo"})
 THINKING = types.GenerateContentConfig(

@@ -2,9 +2,9 @@
 
 How blocks are found and which run where: `tests.docs_examples`. Blocks that show a real
 provider run unchanged against the fakes: an autouse fixture starts `FakeOpenAIServer`,
-`FakeAnthropicServer` and `FakeGeminiServer` on 127.0.0.1 (in a thread of their own, so a block's own
-``asyncio.run`` reaches them too), makes them the providers' default endpoints and sets the
-API key variables to keys of no value.
+`FakeAnthropicServer` and `FakeGeminiServer` on 127.0.0.1 (in a thread of their own, so a
+block's own ``asyncio.run`` reaches them too), makes them the providers' default endpoints
+and sets the API key variables to keys of no value.
 """
 
 from __future__ import annotations

@@ -1135,4 +1135,5 @@ Decision: TypeAlias = Literal[
     "embedding_timeout",
     "zero_query_vector",
 ]
-"""The values of `RouteDecision.reason` (and of the span's ``chat_pipeline.route.semantic.reason``)."""
+"""The values of `RouteDecision.reason` (and of the span's
+``chat_pipeline.route.semantic.reason``)."""

@@ -143,8 +143,7 @@ class VertexChatClient(HTTPChatClient):
             if code is not None:
                 raise ValueError(f"Google refused the credentials ({code})") from None
             _logger.warning(
-                "no Google access token for %s at startup (%s): the first request tries "
-                "again",
+                "no Google access token for %s at startup (%s): the first request tries again",
                 self.model,
                 type(exc).__name__,
             )

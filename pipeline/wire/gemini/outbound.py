@@ -295,9 +295,7 @@ def _output_format(value: Any) -> dict[str, Any]:
             schema = value.get("schema")  # a bare {"name", "schema"}
         if isinstance(schema, Mapping):
             return {"responseMimeType": "application/json", "responseJsonSchema": dict(schema)}
-    raise ValueError(
-        "response_format must be 'text', 'json' or a JSON-schema format with a schema"
-    )
+    raise ValueError("response_format must be 'text', 'json' or a JSON-schema format with a schema")
 
 
 def _merge(into: dict[str, Any], extras: Mapping[str, Any]) -> None:

@@ -16,7 +16,12 @@ import pytest
 
 from pipeline import ChatMessage, ChatOptions, FunctionResultContent, ReasoningOptions, UsageDetails
 from pipeline.config import parse_config
-from pipeline.errors import AuthenticationError, ConfigError, TransientProviderError
+from pipeline.errors import (
+    AuthenticationError,
+    ConfigError,
+    RateLimitedError,
+    TransientProviderError,
+)
 from pipeline.providers import VertexChatClient
 from pipeline.providers.vertex import VertexAnthropicChatClient, VertexGeminiChatClient
 from pipeline.testing import (
@@ -120,6 +125,27 @@ async def test_anthropic_on_vertex(
     assert second.error is None and second.text == "Done."
     assert server.count(RAW_PREDICT) == 2 and server.count() == 0
     assert client.metadata.provider_name == "gcp.vertex_ai"
+    await client.aclose()
+
+
+async def test_vertex_errors_in_googles_and_anthropics_shapes(
+    server: FakeGeminiServer, key_file: str, streaming: bool
+) -> None:
+    """Vertex AI's own errors (quota) are Google's shape whatever the publisher; a model's
+    own are its API's: both map to their kinds, with the wait asked for."""
+    client = vertex(server, key_file, "claude-test")
+    server.script(
+        FakeResponse.error(429, message="CANARY quota", retry_after="11"),
+        FakeResponse.error(529, type="overloaded_error", message="CANARY"),
+        path=RAW_PREDICT,
+    )
+    quota = await collect(client, "hi", streaming=streaming)
+    assert isinstance(quota.error, RateLimitedError) and quota.error.retry_after == 11.0
+    assert quota.error.code == "RESOURCE_EXHAUSTED" and "CANARY" not in str(quota.error)
+    overloaded = await collect(client, "hi", streaming=streaming)
+    assert isinstance(overloaded.error, TransientProviderError)
+    assert overloaded.error.code == "overloaded_error"
+    assert overloaded.error.provider == "gcp.vertex_ai"
     await client.aclose()
 
 

@@ -140,7 +140,7 @@ class GoogleTokens:
     token endpoint a `TransientProviderError`, both naming no secret.
     """
 
-    __slots__ = ("_credentials", "_provider", "_request", "_task")
+    __slots__ = ("_credentials", "_provider", "_request", "_task", "_watched")
 
     def __init__(self, credentials: Credentials, provider: str) -> None:
         _google_auth()
@@ -148,6 +148,7 @@ class GoogleTokens:
         self._provider = provider
         self._request = _Bounded(TOKEN_TIMEOUT)
         self._task: asyncio.Task[None] | None = None
+        self._watched: asyncio.Task[None] | None = None
 
     def _remaining(self) -> float | None:
         """Seconds the current token stays valid (None: there is none)."""
@@ -171,13 +172,17 @@ class GoogleTokens:
         """The ``Authorization`` header's value for a request now."""
         remaining = self._remaining()
         if remaining is None or remaining < MIN_VALIDITY:
-            task = self._refreshing()
             try:
-                await asyncio.shield(task)
+                # Shielded: a request cancelled meanwhile leaves the refresh to the others.
+                await asyncio.shield(self._refreshing())
             except Exception as exc:
-                raise self._error(exc) from None
+                raise self._error(exc) from exc
         elif remaining < REFRESH_AHEAD:
-            self._refreshing()
+            task = self._refreshing()
+            if task is not self._watched:
+                # Nobody waits for it: a failure is reported when it ends.
+                self._watched = task
+                task.add_done_callback(self._report)
         return f"Bearer {self._credentials.token}"
 
     def _refreshing(self) -> asyncio.Task[None]:
@@ -186,7 +191,6 @@ class GoogleTokens:
         loop = asyncio.get_running_loop()
         if task is None or task.done() or task.get_loop() is not loop:
             task = self._task = loop.create_task(self._refresh())
-            task.add_done_callback(self._report)
         return task
 
     async def _refresh(self) -> None:
@@ -197,8 +201,7 @@ class GoogleTokens:
             return
         exc = task.exception()
         if exc is not None:
-            # A request that needs the token raises it; a background refresh only warns,
-            # the current token being still good.
+            # The current token is still good: a warning, and the next request tries again.
             error = self._error(exc)
             _logger.warning(
                 "refreshing the Google access token of %s failed: %s (%s)",

@@ -156,6 +156,7 @@ async def test_a_token_is_refreshed_ahead_of_its_expiry_in_the_background(
     tokens.expires_in = 100
     client = vertex(server, key_file, "gemini-test")
     await client.get_response("one")  # no token yet: this request waits for one
+    tokens.expires_in = 3600  # the next token lasts: one refresh ahead, no more
     await client.get_response("two")  # the token is good: sent, and a refresh starts
     refresh = client._tokens._task
     assert refresh is not None

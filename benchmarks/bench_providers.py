@@ -1,16 +1,17 @@
 """Our HTTP clients and a full pipeline, on both transports, vs raw aiohttp and raw httpx2,
-against loopback fake servers; and `BedrockChatClient` vs boto3's ``bedrock-runtime`` client.
+against loopback fake servers.
 
 The baseline does the least any client must: POST, then decode the JSON body (or each SSE
 data payload), with a raw ``aiohttp.ClientSession``; raw ``httpx2.AsyncClient`` does the
-same. Both are measured per wire format (Chat Completions and Anthropic Messages) in the
-same run. Our clients and the full pipeline run once per transport (``transport="aiohttp"``,
-the default, and ``transport="httpx2"``), each with its own default pool. The fake servers
-run in their own processes (``chat-pipeline fake-server [--format anthropic]``) so the
-client process's CPU time is the client's alone. For concurrency 1 and 32, non-streaming and
-streaming, prints requests per second and client CPU milliseconds per 1,000 requests, and
-both ratios to the baseline of the same format. The old ``httpx`` and the official
-``openai`` and ``anthropic`` SDKs are measured too when they are installed.
+same. Both are measured per wire format (Chat Completions, Anthropic Messages and Gemini's
+``generateContent``) in the same run. Our clients and the full pipeline run once per
+transport (``transport="aiohttp"``, the default, and ``transport="httpx2"``), each with its
+own default pool. The fake servers run in their own processes (``chat-pipeline fake-server
+[--format anthropic|gemini]``) so the client process's CPU time is the client's alone. For
+concurrency 1 and 32, non-streaming and streaming, prints requests per second and client CPU
+milliseconds per 1,000 requests, and both ratios to the baseline of the same format. The
+old ``httpx`` and the official ``openai``, ``anthropic`` and ``google-genai`` SDKs are
+measured too when they are installed. ``--formats gemini`` (say) measures one format only.
 
 Bedrock Converse has no raw baseline worth the name (every request is signed): its baseline is
 boto3's ``bedrock-runtime`` client (``converse``, ``converse_stream`` read to its end), on
@@ -18,7 +19,7 @@ the same fake (``--format bedrock``, which checks every signature), run in 32 th
 concurrency 32 since boto3 is synchronous; ours signs with botocore and decodes the event
 stream with botocore's parser too.
 
-    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--only bedrock]
+    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--formats ...]
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ import httpx2
 
 from middleware.routing import Route
 from pipeline import ChatClient, ChatMessage, ChatPipeline
-from pipeline.providers import AnthropicChatClient, BedrockChatClient, OpenAIChatClient
+from pipeline.providers import (
+    AnthropicChatClient,
+    BedrockChatClient,
+    GeminiChatClient,
+    OpenAIChatClient,
+)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 OPENAI_BODY = {"model": "m", "messages": MESSAGES}
@@ -49,6 +55,11 @@ OPENAI_STREAM = {**OPENAI_BODY, "stream": True, "stream_options": {"include_usag
 ANTHROPIC_BODY = {"model": "m", "max_tokens": 64, "messages": MESSAGES}
 ANTHROPIC_STREAM = {**ANTHROPIC_BODY, "stream": True}
 ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+GEMINI_HEADERS = {"x-goog-api-key": "k"}
+BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+BEDROCK_MESSAGES = [{"role": "user", "content": [{"text": "hello"}]}]
+FORMATS = ("openai", "anthropic", "gemini", "bedrock")
 
 Call = Callable[[], Awaitable[object]]
 Maker = Callable[[bool], Call]
@@ -106,6 +117,26 @@ def raw_aiohttp_calls(session: aiohttp.ClientSession, url: str, body: dict[str, 
     return lambda streaming: stream if streaming else call
 
 
+def gemini_raw_calls(
+    raw: httpx2.AsyncClient, session: aiohttp.ClientSession, gemini_url: str
+) -> list[tuple[str, str, Maker]]:
+    """The baselines of Gemini's wire, which has a URL per call shape (the stream's with
+    ``alt=sse``)."""
+    whole = f"{gemini_url}/models/m:generateContent"
+    streamed = f"{gemini_url}/models/m:streamGenerateContent?alt=sse"
+    body = (GEMINI_BODY, GEMINI_BODY, GEMINI_HEADERS)
+
+    def split(whole_calls: Maker, streamed_calls: Maker) -> Maker:
+        return lambda streaming: streamed_calls(True) if streaming else whole_calls(False)
+
+    return [
+        ("gemini", BASELINE, split(raw_aiohttp_calls(session, whole, *body),
+                                   raw_aiohttp_calls(session, streamed, *body))),
+        ("gemini", "raw httpx2", split(raw_calls(raw, whole, *body),
+                                       raw_calls(raw, streamed, *body))),
+    ]  # fmt: skip
+
+
 def client_calls(client: ChatClient) -> Maker:
     messages = [ChatMessage.user("hello")]
 
@@ -130,6 +161,32 @@ def full_pipeline(primary: ChatClient, backup: ChatClient) -> ChatPipeline:
         .use_ordered_failover([Route("primary", route), Route("backup", backup)])
         .build()
     )
+
+
+def gemini_sdk_calls(gemini_url: str) -> list[tuple[str, str, Maker]]:
+    try:
+        from google import genai
+        from google.genai import types
+    except ImportError:
+        print("(google-genai SDK not installed: skipped)")
+        return []
+    origin, _, version = gemini_url.rpartition("/")
+    options = types.HttpOptions(
+        base_url=origin, api_version=version, retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    sdk = genai.Client(api_key="k", http_options=options)
+
+    def make(streaming: bool) -> Call:
+        if not streaming:
+            return lambda: sdk.aio.models.generate_content(model="m", contents="hello")
+
+        async def drain() -> object:
+            stream = await sdk.aio.models.generate_content_stream(model="m", contents="hello")
+            return [chunk async for chunk in stream]
+
+        return drain
+
+    return [("gemini", "google-genai SDK", make)]
 
 
 def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker]]:
@@ -184,8 +241,6 @@ def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker
 
 BASELINE = "raw aiohttp (baseline)"
 TRANSPORTS = ("aiohttp", "httpx2")
-BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
-BEDROCK_MESSAGES = [{"role": "user", "content": [{"text": "hello"}]}]
 
 
 def bedrock_calls(bedrock_url: str, closables: list[Any]) -> list[tuple[str, str, Maker]]:
@@ -228,27 +283,68 @@ def bedrock_environment() -> None:
 
 
 async def measure(
-    openai_url: str | None,
-    anthropic_url: str | None,
-    bedrock_url: str | None,
-    requests: int,
-    rounds: int,
+    urls: dict[str, str], requests: int, rounds: int, formats: tuple[str, ...] = FORMATS
 ) -> None:
+    openai_url, anthropic_url, gemini_url = urls["openai"], urls["anthropic"], urls["gemini"]
+    bedrock_url = urls.get("bedrock")
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
     raw = httpx2.AsyncClient(limits=limits, timeout=30)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+    chat_url = f"{openai_url}/chat/completions"
+    messages_url = f"{anthropic_url}/v1/messages"
     closables: list[Any] = [raw]
-    contenders = (
-        openai_contenders(openai_url, anthropic_url, raw, session, closables)
-        if openai_url is not None and anthropic_url is not None
-        else []
+    # (wire format, label, calls); the first of each format is its baseline.
+    contenders: list[tuple[str, str, Maker]] = [
+        ("openai", BASELINE,
+         raw_aiohttp_calls(session, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        ("openai", "raw httpx2", raw_calls(raw, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        ("anthropic", BASELINE,
+         raw_aiohttp_calls(session, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM,
+                           ANTHROPIC_HEADERS)),
+        ("anthropic", "raw httpx2",
+         raw_calls(raw, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM, ANTHROPIC_HEADERS)),
+    ]  # fmt: skip
+    contenders += gemini_raw_calls(raw, session, gemini_url)
+    makers: tuple[tuple[str, Any], ...] = (
+        ("openai", OpenAIChatClient),
+        ("anthropic", AnthropicChatClient),
+        ("gemini", GeminiChatClient),
     )
+    for transport in TRANSPORTS:
+        for fmt, make in makers:
+            url = urls[fmt]
+            single = make("m", api_key="k", base_url=url, transport=transport)
+            full = full_pipeline(
+                make("m", api_key="k", base_url=url, transport=transport),
+                make("m", api_key="k", base_url=url, transport=transport),
+            )
+            closables += [single, full]
+            contenders.append((fmt, f"{make.__name__}, {transport}", client_calls(single)))
+            contenders.append((fmt, f"full pipeline, {transport}", client_calls(full)))
+    try:
+        import httpx
+    except ImportError:
+        print("(old httpx not installed: skipped)")
+    else:
+        legacy = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=30
+        )
+        closables.append(legacy)
+        contenders.append(
+            ("openai", f"raw httpx {httpx.__version__}",
+             raw_calls(legacy, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
+        )  # fmt: skip
+    contenders += sdk_calls(openai_url, anthropic_url)
+    contenders += gemini_sdk_calls(gemini_url)
     if bedrock_url is not None:
         contenders += bedrock_calls(bedrock_url, closables)
-    # The first contender of each format is its baseline.
+    # The first contender of each format is its baseline (boto3's client for Bedrock).
     baselines: dict[str, str] = {}
     for fmt, label, _ in contenders:
         baselines.setdefault(fmt, label)
+    # The formats in blocks, baseline first.
+    contenders = [c for c in contenders if c[0] in formats]
+    contenders.sort(key=lambda c: FORMATS.index(c[0]))
 
     for streaming in (False, True):
         for concurrency in (1, 32):
@@ -273,55 +369,6 @@ async def measure(
     for closable in closables:
         await closable.aclose()
     await session.close()
-
-
-def openai_contenders(
-    openai_url: str,
-    anthropic_url: str,
-    raw: httpx2.AsyncClient,
-    session: aiohttp.ClientSession,
-    closables: list[Any],
-) -> list[tuple[str, str, Maker]]:
-    chat_url = f"{openai_url}/chat/completions"
-    messages_url = f"{anthropic_url}/v1/messages"
-    # (wire format, label, calls); the first of each format is its baseline.
-    contenders: list[tuple[str, str, Maker]] = [
-        ("openai", BASELINE,
-         raw_aiohttp_calls(session, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
-        ("openai", "raw httpx2", raw_calls(raw, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
-        ("anthropic", BASELINE,
-         raw_aiohttp_calls(session, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM,
-                           ANTHROPIC_HEADERS)),
-        ("anthropic", "raw httpx2",
-         raw_calls(raw, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM, ANTHROPIC_HEADERS)),
-    ]  # fmt: skip
-    for transport in TRANSPORTS:
-        for fmt, make in (("openai", OpenAIChatClient), ("anthropic", AnthropicChatClient)):
-            url = openai_url if fmt == "openai" else anthropic_url
-            single = make("m", api_key="k", base_url=url, transport=transport)
-            full = full_pipeline(
-                make("m", api_key="k", base_url=url, transport=transport),
-                make("m", api_key="k", base_url=url, transport=transport),
-            )
-            closables += [single, full]
-            contenders.append((fmt, f"{make.__name__}, {transport}", client_calls(single)))
-            contenders.append((fmt, f"full pipeline, {transport}", client_calls(full)))
-    try:
-        import httpx
-    except ImportError:
-        print("(old httpx not installed: skipped)")
-    else:
-        legacy = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=30
-        )
-        closables.append(legacy)
-        contenders.append(
-            ("openai", f"raw httpx {httpx.__version__}",
-             raw_calls(legacy, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
-        )  # fmt: skip
-    contenders += sdk_calls(openai_url, anthropic_url)
-    contenders.sort(key=lambda c: c[0] != "openai")  # the formats in blocks, baseline first
-    return contenders
 
 
 @contextmanager
@@ -355,34 +402,23 @@ def fake_server(wire_format: str) -> Iterator[str]:
         server.wait(timeout=10)
 
 
-def main(requests: int, rounds: int, only: str | None) -> None:
+def main(requests: int, rounds: int, formats: tuple[str, ...] = FORMATS) -> None:
     bedrock_environment()
+    # The three HTTP formats' servers always run (their contenders are built together);
+    # Bedrock's only when asked for.
+    wanted = ("openai", "anthropic", "gemini", *(("bedrock",) if "bedrock" in formats else ()))
     with contextlib.ExitStack() as servers:
-        urls = {
-            wire_format: servers.enter_context(fake_server(wire_format))
-            for wire_format in ("openai", "anthropic", "bedrock")
-            if only is None
-            or only == wire_format
-            or (only == "openai" and wire_format != "bedrock")
-        }
+        urls = {fmt: servers.enter_context(fake_server(fmt)) for fmt in wanted}
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
             os.sched_setaffinity(0, {0})
             print("servers pinned to CPU 1, client to CPU 0")
-        asyncio.run(
-            measure(
-                urls.get("openai"), urls.get("anthropic"), urls.get("bedrock"), requests, rounds
-            )
-        )
+        asyncio.run(measure(urls, requests, rounds, formats))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--only",
-        choices=("openai", "bedrock"),
-        help="measure one block: the OpenAI and Anthropic formats, or Bedrock",
-    )
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     args = parser.parse_args()
-    main(args.requests, args.rounds, args.only)
+    main(args.requests, args.rounds, tuple(args.formats))

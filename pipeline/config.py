@@ -4,9 +4,9 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | bedrock | scripted, or a vendor:
-                                     # groq | mistral | deepseek | together | fireworks
-                                     # | openrouter | xai | vllm
+                                     # | anthropic | gemini | vertex | bedrock | scripted,
+                                     # or a vendor: groq | mistral | deepseek | together
+                                     # | fireworks | openrouter | xai | vllm
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -34,12 +34,13 @@ environment changes is replaced whole).
 
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
-`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`, `BedrockRouteConfig`,
-`VendorRouteConfig`, `ScriptedRouteConfig`), each the provider's settings
-(`pipeline.providers._settings`) plus the route's facts (`RouteFacts`) and its own layers
-(`RetrySettings`, `BreakerConfig`); the router is a `RouterConfig`, one class per `kind`
-(`OrderedRouterConfig`, `BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`,
-`SemanticRouterConfig`), built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
+`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
+`GeminiRouteConfig`, `VertexRouteConfig`, `BedrockRouteConfig`, `VendorRouteConfig`,
+`ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
+the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
+router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
+`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
+built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
 `HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
 classes; a new provider or router kind is one class and one member of its union.
 
@@ -98,6 +99,7 @@ from pipeline.providers._settings import (
     BedrockSettings,
     Credentials,
     EnvironmentVariable,
+    GeminiSettings,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
     LocalEmbeddingsSettings,
@@ -108,6 +110,7 @@ from pipeline.providers._settings import (
     OpenAISettings,
     ScriptedSettings,
     VendorSettings,
+    VertexSettings,
 )
 
 if TYPE_CHECKING:
@@ -123,6 +126,7 @@ __all__ = [
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
+    "GeminiRouteConfig",
     "GroupConfig",
     "HealthConfig",
     "HedgedRouterConfig",
@@ -139,6 +143,7 @@ __all__ = [
     "SemanticCacheConfig",
     "SemanticRouterConfig",
     "TieredRouterConfig",
+    "VertexRouteConfig",
     "build_pipeline",
     "load_config",
     "load_pipeline",
@@ -256,6 +261,14 @@ class VendorRouteConfig(_RouteTable, VendorSettings):
     """``provider = "groq"`` (or another vendor): an OpenAI-compatible vendor by name."""
 
 
+class GeminiRouteConfig(_RouteTable, GeminiSettings):
+    """``provider = "gemini"``: Google's Gemini API."""
+
+
+class VertexRouteConfig(_RouteTable, VertexSettings):
+    """``provider = "vertex"``: a Gemini or an Anthropic model on Vertex AI."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -268,6 +281,8 @@ RouteConfig: TypeAlias = Annotated[
     | AnthropicRouteConfig
     | BedrockRouteConfig
     | VendorRouteConfig
+    | GeminiRouteConfig
+    | VertexRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]

@@ -1,7 +1,7 @@
 """Real providers over HTTP (aiohttp or httpx2): OpenAI-compatible (Chat Completions and the
-Responses API), Azure OpenAI, Ollama, Anthropic, Amazon Bedrock (Converse), the
-OpenAI-compatible vendors by name (Groq, Mistral, DeepSeek, Together, Fireworks, OpenRouter,
-xAI, vLLM), and embeddings.
+Responses API), Azure OpenAI, Ollama, Anthropic, Gemini, Vertex AI, Amazon Bedrock
+(Converse), the OpenAI-compatible vendors by name (Groq, Mistral, DeepSeek, Together,
+Fireworks, OpenRouter, xAI, vLLM), and embeddings.
 
 `HashingEmbeddingGenerator` is an offline, deterministic embedding generator for tests and
 demos: it is not a semantic model. `LocalEmbeddingGenerator` runs a local encoder (a
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.providers.anthropic import AnthropicChatClient
 from pipeline.providers.azure import AzureOpenAIChatClient
+from pipeline.providers.gemini import GeminiChatClient
 from pipeline.providers.ollama import OllamaChatClient
 from pipeline.providers.openai import OpenAIChatClient
 from pipeline.providers.openai_responses import OpenAIResponsesChatClient
@@ -27,6 +28,7 @@ from pipeline.providers.vendors import (
     VLLMChatClient,
     XAIChatClient,
 )
+from pipeline.providers.vertex import VertexChatClient
 
 if TYPE_CHECKING:
     from pipeline.providers.bedrock import BedrockChatClient
@@ -51,6 +53,7 @@ __all__ = [
     "DeepSeekChatClient",
     "FireworksChatClient",
     "GroqChatClient",
+    "GeminiChatClient",
     "HashingEmbeddingGenerator",
     "LocalEmbeddingGenerator",
     "MistralChatClient",
@@ -62,6 +65,7 @@ __all__ = [
     "TogetherChatClient",
     "VLLMChatClient",
     "XAIChatClient",
+    "VertexChatClient",
 ]
 
 

@@ -78,6 +78,9 @@ class HTTPChatClient(AsyncClosing):
     # How a complete stream ends: its last payload's ``type`` is one of these (none: a
     # ``[DONE]`` line).
     stream_end_types: ClassVar[frozenset[str]] = frozenset()
+    # A stream without an end event (Gemini's): the body's end ends it, and the reader's
+    # `finish` says whether it was complete.
+    stream_ends_with_body: ClassVar[bool] = False
     # The `ChatOptions.additional_properties` scope (`pipeline.types.PROVIDER_EXTRAS`) this
     # format reads; the other scopes are left out of its requests.
     extras_scope: ClassVar[str | None] = None
@@ -139,6 +142,11 @@ class HTTPChatClient(AsyncClosing):
         self._url = self._chat_url()
         self._endpoint = endpoint(self._url)
         self._target = self._transport.target(self._url)
+        stream_url = self._stream_url()
+        self._stream_endpoint = self._endpoint if stream_url is self._url else endpoint(stream_url)
+        self._stream_target = (
+            self._target if stream_url is self._url else self._transport.target(stream_url)
+        )
 
     @property
     def transport(self) -> TransportName:
@@ -160,6 +168,10 @@ class HTTPChatClient(AsyncClosing):
     def _chat_url(self) -> httpx2.URL:
         raise NotImplementedError
 
+    def _stream_url(self) -> httpx2.URL:
+        """Where streamed requests go (by default where the others go)."""
+        return self._url
+
     def _static_auth_headers(self) -> dict[str, str]:
         return {}
 
@@ -175,7 +187,10 @@ class HTTPChatClient(AsyncClosing):
 
     def _destination(self, options: ChatOptions | None, stream: bool) -> tuple[Any, str]:
         """Where one request goes: the transport's target and the endpoint (by default the
-        client's one URL; an API that names the model or the call shape in the path says)."""
+        client's URL, or `_stream_url` when streaming; an API that names the model or the call
+        shape in the path says)."""
+        if stream:
+            return self._stream_target, self._stream_endpoint
         return self._target, self._endpoint
 
     def _status_error(
@@ -280,7 +295,7 @@ class HTTPChatClient(AsyncClosing):
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
-        target, where = destination or (self._target, self._endpoint)
+        target, where = destination or (self._stream_target, self._stream_endpoint)
         provider = self.provider_name
         headers = await self._request_headers() if self._dynamic_headers else self._headers
         headers = {**headers, **extra} if extra else headers
@@ -315,7 +330,7 @@ class HTTPChatClient(AsyncClosing):
                             batch = await next_payloads(read, payloads)
                 except errors as exc:
                     raise transport_error(exc, provider, where) from exc
-            if not payloads.done:
+            if not payloads.done and not self.stream_ends_with_body:
                 raise provider_error(
                     FailureKind.TRANSIENT,
                     f"the stream ended before {self.stream_end()}",

@@ -155,10 +155,12 @@ def transport_error(exc: BaseException, provider: str, url: str) -> ProviderErro
 def status_error(
     status: int, retry_after: str | None, body: bytes, provider: str, url: str
 ) -> ProviderError:
-    """The `ProviderError` for an HTTP error status, with `retry_after` and the error code.
+    """The `ProviderError` for an HTTP error status, with `retry_after` (``Retry-After``,
+    else a Google error's ``RetryInfo``) and the error code.
 
     The body is read only for its machine-readable ``error.code``/``error.type`` (the shape
-    of both the Chat Completions and the Anthropic Messages APIs).
+    of the Chat Completions and the Anthropic Messages APIs) or ``error.status`` and
+    ``error.details`` (Google's).
     """
     error: Any = None
     try:
@@ -168,7 +170,9 @@ def status_error(
     if isinstance(decoded, dict):
         error = decoded.get("error")
     result = error_from_payload(error, provider, status_code=status, url=url)
-    result.retry_after = parse_retry_after(retry_after)
+    header = parse_retry_after(retry_after)
+    if header is not None or result.retry_after is None:
+        result.retry_after = header  # the header, else what the body said (Google's)
     return result
 
 

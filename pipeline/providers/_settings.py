@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import abc
 import re
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from pipeline._settings import Settings
+from pipeline.errors import ConfigError
 from pipeline.providers._vendors import VENDORS, VendorName
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ __all__ = [
     "Credentials",
     "EmbeddingsSettings",
     "EnvironmentVariable",
+    "GeminiSettings",
     "HTTPProviderSettings",
     "HashingEmbeddingsSettings",
     "HttpUrl",
@@ -49,6 +51,7 @@ __all__ = [
     "ScriptedSettings",
     "Seconds",
     "VendorSettings",
+    "VertexSettings",
 ]
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -389,6 +392,87 @@ class VendorSettings(KeyedEndpoint, ChatCompletionsSettings):
             )
         vendor = VENDOR_CLIENTS[self.provider]
         return vendor(self.model, api_key=api_key, base_url=self.base_url, **options)
+class GeminiSettings(KeyedEndpoint, HTTPProviderSettings):
+    """``provider = "gemini"``: Google's Gemini API (`GeminiChatClient`); its key
+    (``GEMINI_API_KEY`` unless named) is required on generativelanguage.googleapis.com."""
+
+    default_key_variable: ClassVar[str] = "GEMINI_API_KEY"
+
+    provider: Literal["gemini"] = "gemini"
+    """`gemini`: Google's Gemini API (`GeminiChatClient`); its key (`GEMINI_API_KEY` unless
+    `api_key_env` names another) is required on generativelanguage.googleapis.com."""
+    model: Name
+    """The model name (`gemini-2.5-flash`)."""
+    base_url: HttpUrl = "https://generativelanguage.googleapis.com/v1beta"
+    """The API version's root (the client calls `{base_url}/models/{model}:generateContent`)."""
+
+    def requires_key(self) -> bool:
+        return self.base_url.startswith("https://generativelanguage.googleapis.com")
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.gemini import GeminiChatClient
+
+        return GeminiChatClient(
+            self.model, api_key=api_key, base_url=self.base_url, **self._http_options(name)
+        )
+
+
+def _google_credentials(path: str | None) -> str | None:
+    # Checked when the file is read: a route whose credentials are missing fails at
+    # startup, naming this key, never on each request.
+    from pipeline.providers._google_auth import load_credentials
+
+    load_credentials(path)
+    return path
+
+
+class VertexSettings(HTTPProviderSettings):
+    """``provider = "vertex"``: a model on Google Cloud's Vertex AI (`VertexChatClient`):
+    Gemini, or Anthropic's (``claude-...``), with Google credentials (`credentials_file`, else
+    Application Default Credentials), checked when the file is read and again, for a token,
+    when the route is built."""
+
+    provider: Literal["vertex"] = "vertex"
+    """`vertex`: a Gemini or an Anthropic model on Vertex AI (`VertexChatClient`)."""
+    model: Name
+    """The model name (`gemini-2.5-flash`, `claude-sonnet-4-5@20250929`)."""
+    project: Name
+    """The Google Cloud project."""
+    location: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]+$")]
+    """The Vertex AI location (`us-central1`, `europe-west4`, `global`)."""
+    credentials_file: Annotated[str | None, AfterValidator(_google_credentials)] = Field(
+        default=None, validate_default=True
+    )
+    """A Google credentials file (a service account key); unset: Application Default
+    Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or the metadata server's)."""
+    publisher: Literal["google", "anthropic"] | None = None
+    """Who publishes the model: `google` or `anthropic`; unset: `anthropic` for `claude-*`
+    models, `google` for the others."""
+    base_url: HttpUrl | None = None
+    """Vertex AI's endpoint; unset: the location's (`https://{location}-aiplatform.googleapis.com`)."""
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Anthropic models only: the output limit sent when a request sets none."""
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.vertex import VertexChatClient, publisher_of
+
+        options: dict[str, Any] = dict(self._http_options(name))
+        if publisher_of(self.model, self.publisher) == "anthropic":
+            options["max_tokens"] = self.max_tokens
+        client = VertexChatClient(
+            self.model,
+            project=self.project,
+            location=self.location,
+            credentials=self.credentials_file,
+            publisher=self.publisher,
+            base_url=self.base_url,
+            **options,
+        )
+        try:
+            client.check_credentials()
+        except ValueError as exc:
+            raise ConfigError(f"routes.{name}.credentials_file", str(exc)) from None
+        return client
 
 
 class ScriptedSettings(ProviderSettings):

@@ -181,6 +181,8 @@ class RecordedRequest:
     headers: Mapping[str, str]
     json: Any
     body: bytes = b""
+    query: str = ""
+    """The query string, without its ``?``."""
 
 
 def fake_embedding(text: str, dimensions: int) -> list[float]:
@@ -345,12 +347,12 @@ class FakeServer:
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        path = target.split("?", 1)[0]
+        path, _, query = target.partition("?")
         try:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
-        request = RecordedRequest(method, path, headers, payload, body)
+        request = RecordedRequest(method, path, headers, payload, body, query)
         self.requests.append(request)
         self._request_waiters.notify(len(self.requests))
         response = self.response_for(request)

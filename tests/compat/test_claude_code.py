@@ -10,7 +10,8 @@ takes seconds.
 
 Client (``claude -p ... --output-format json``) -> gateway (uvicorn, in this test's event
 loop) -> fake upstreams (Chat Completions, or the fake Anthropic server, which checks
-strictly that thinking blocks come back with their signatures unchanged).
+strictly that thinking blocks come back with their signatures unchanged, or the fake Gemini
+server, which checks thought signatures as strictly).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from pipeline.config import parse_config
-from pipeline.testing import FakeAnthropicServer, FakeBedrockServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import (
+    FakeAnthropicServer,
+    FakeBedrockServer,
+    FakeGeminiServer,
+    FakeOpenAIServer,
+    FakeResponse,
+)
 from tests.compat.node import claude_code
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, running
@@ -296,6 +303,37 @@ async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(
     assert result["usage"]["cache_read_input_tokens"] > 0
     # Canaries: no prompt, reasoning text, signature, tool argument or key in spans or logs.
     assert_never_recorded([CANARY, thinking["signature"]], caplog, otel)
+
+
+async def test_a_read_tool_loop_with_thought_signatures_over_a_gemini_route(
+    claude: Path, otel: Otel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code served by Gemini: its thinking asks the route to think, the thought
+    signature of the Read call travels as a thinking block's signature and comes back to
+    the route unchanged (the fake refuses the turn otherwise)."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    notes = tmp_path / "notes.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    async with FakeGeminiServer() as gemini:
+        gemini.script(
+            FakeResponse(text="", tool_calls=[("Read", json.dumps({"file_path": str(notes)}))]),
+            FakeResponse(text="The file holds a launch code."),
+        )
+        cfg = gateway_config({"gemini": ("gemini", gemini.base_url)})
+        async with running(cfg, **otel.providers) as gateway:
+            result = await ask(claude, gateway, tmp_path, "What is in notes.txt?")
+            await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    assert gemini.count() == 2
+    first, second = (r.json for r in gemini.requests)
+    assert "thinkingConfig" in first["generationConfig"]  # Claude Code's thinking, mapped
+    model_turn = [c for c in second["contents"] if c["role"] == "model"][-1]
+    call = next(p for p in model_turn["parts"] if "functionCall" in p)
+    assert call["functionCall"]["name"] == "Read"
+    assert gemini.returned_signatures == 1 and gemini.placeholder_signatures == 0
+    answer = next(p for c in second["contents"] for p in c["parts"] if "functionResponse" in p)
+    assert CANARY in json.dumps(answer)  # Claude Code read the file and sent it
 
 
 async def test_failover_before_output_is_invisible(

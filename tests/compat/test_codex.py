@@ -8,7 +8,8 @@ The gateway's config names the models Codex sends (its default ``gpt-6.2-sol``;
 ``gpt-5.1-codex`` with ``-m``) in ``[gateway] models``.
 
 Client (Codex, its native binary) -> gateway (in this test's event loop) -> fake upstreams
-(Chat Completions, or the Responses API with encrypted reasoning).
+(Chat Completions, the Responses API with encrypted reasoning, or Gemini with thought
+signatures).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.testing import FakeBedrockServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import FakeBedrockServer, FakeGeminiServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import codex
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, running
@@ -250,6 +251,44 @@ async def test_encrypted_reasoning_round_trips_over_a_responses_upstream(
         assert not any(secret in text for secret in encrypted)
     attributes = [dict(s.attributes or {}) for s in otel.finished()]
     assert any(a.get("gen_ai.usage.reasoning.output_tokens") == 3 for a in attributes)
+
+
+async def test_a_gemini_route_serves_a_tool_loop_with_its_thought_signatures(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Codex served by Gemini: its reasoning asks for thought summaries, the signature of
+    the exec_command call travels as the reasoning item's encrypted content, and the
+    route gets it back unchanged (the fake refuses the turn otherwise)."""
+    monkeypatch.setenv("CODEX_TEST_GEMINI_KEY", "gm-key")
+    async with FakeGeminiServer() as gemini:
+        gemini.script(
+            FakeResponse(
+                text="",
+                thinking=REASONING,
+                tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))],
+                usage=(10, 6),
+                reasoning_tokens=2,
+            ),
+            FakeResponse(text="Done."),
+        )
+        route = {"provider": "gemini", "api_key_env": "CODEX_TEST_GEMINI_KEY"}
+        cfg = config(
+            {"primary": gemini},  # type: ignore[dict-item]
+            gateway={"models": MODELS},
+            route_options={"primary": route},
+        )
+        async with running(cfg) as gateway:
+            events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert items(events, "reasoning")[0]["text"] == REASONING
+    (command,) = items(events, "command_execution")
+    assert "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "Done."
+    first, second = (r.json for r in gemini.requests)
+    assert first["generationConfig"]["thinkingConfig"]["includeThoughts"] is True
+    assert gemini.returned_signatures == 1 and gemini.placeholder_signatures == 0
+    answer = next(p for c in second["contents"] for p in c["parts"] if "functionResponse" in p)
+    assert "CANARY-argument" in json.dumps(answer)
+    assert usage(events)["reasoning_output_tokens"] == 2
 
 
 async def test_failover_before_output_is_invisible(

@@ -46,11 +46,11 @@
   kept in this process (at most `max_candidates` per partition); their answers are in the
   store;
 * **telemetry**: ``chat_pipeline.cache.result``, ``chat_pipeline.cache.kind`` and
-  ``chat_pipeline.cache.similarity`` on the current span (the request's: put
-  ``use_telemetry`` outside the cache, or serve it through the gateway); counter
-  ``chat_pipeline.cache.lookups`` by result and kind; counter
-  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a
-  prompt, answer or key.
+  ``chat_pipeline.cache.similarity`` on the
+  current span (the request's: put ``use_telemetry`` outside the cache, or serve it through
+  the gateway); counter ``chat_pipeline.cache.lookups`` by result and kind; counter
+  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a prompt,
+  answer or key.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ histogram and the request's log line.
   the model asked for, and, once the request ended, the routing story a trace list shows:
   ``chat_pipeline.route.name`` (the route that served, or the last one tried),
   ``chat_pipeline.route.attempts``, ``chat_pipeline.route.fallback``, the served model as
-  ``gen_ai.response.model``, the response id as ``gen_ai.response.id``, and OpenInference's
-  span kind (``CHAIN``: the request runs a chain of attempts; the chat span beneath, when
-  the telemetry layer is on, is the ``LLM`` one).
+  ``gen_ai.response.model``, the response id as
+  ``gen_ai.response.id``, and OpenInference's span kind (``CHAIN``: the request runs a chain
+  of attempts; the chat span beneath, when the telemetry layer is on, is the ``LLM`` one).
 * ``http.server.request.duration`` uses the duration buckets the GenAI conventions advise
   (10 ms to 82 s), never the SDK's default ones (0, 5, 10 ... s), so an LLM request's p95
   means something.

@@ -109,7 +109,8 @@ async def test_generate_stream_tools_and_a_failure_after_output(
     sent = upstream.requests[3].json["messages"]
     assert sent[1]["content"] == "Let me check."
     assert sent[1]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert sent[2] == {"role": "tool", "tool_call_id": "call_0", "content": "Sunny in Paris"}
+    call_id = sent[1]["tool_calls"][0]["id"]
+    assert sent[2] == {"role": "tool", "tool_call_id": call_id, "content": "Sunny in Paris"}
 
     # Without store: false, the second step refers to the first one's text by id: a 400
     # naming the item and saying what to do, before any upstream call.

@@ -94,6 +94,7 @@ async def ask(
     prompt: str,
     *options: str,
     bound: float = RUN_TIMEOUT,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``claude -p PROMPT --output-format json [OPTIONS]`` with only the base URL and a key
     set; its JSON result (the test fails when it takes more than `bound` seconds)."""
@@ -104,6 +105,7 @@ async def ask(
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": gateway.url,
         "ANTHROPIC_API_KEY": f"sk-gateway-{CANARY}",
+        **(env or {}),
     }
     process = await asyncio.create_subprocess_exec(
         str(claude),
@@ -385,6 +387,42 @@ async def test_every_route_rate_limited_ends_within_20_s_with_the_error_shown(
     assert result["result"]  # the error is shown
     posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
     assert 1 <= len(posts) <= 4
+
+
+async def test_every_route_rate_limited_bounded_on_claude_codes_side(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    backup_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLAUDE_CODE_MAX_RETRIES`` bounds Claude Code's retries whatever the gateway says:
+    with 0, every route rate limited ends after one request, the error shown."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    limited = FakeResponse.error(429, retry_after="1")
+    openai_upstream.script(*[limited] * 30)
+    backup_upstream.script(*[limited] * 30)
+    cfg = gateway_config(
+        {
+            "primary": ("openai", openai_upstream.base_url),
+            "backup": ("openai", backup_upstream.base_url),
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(
+            claude,
+            gateway,
+            tmp_path,
+            "Say hello",
+            bound=RATE_LIMITED_BOUND,
+            env={"CLAUDE_CODE_MAX_RETRIES": "0"},
+        )
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is True, result
+    assert result["result"]  # the error is shown
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    assert len(posts) == 1
 
 
 def cached(cfg: Any) -> Any:

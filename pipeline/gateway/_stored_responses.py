@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -33,7 +32,7 @@ from pipeline import _redis
 from pipeline.errors import RedisUnavailable as _Unavailable
 from pipeline.gateway._exchange import EXCHANGE, JSON, Exchange, Receive, Scope, Send
 from pipeline.gateway._responses import ENCRYPTED_REASONING, ResponsesRequest, resume
-from pipeline.gateway.response_store import ResponseStore
+from pipeline.gateway.response_store import MemoryResponseStore, ResponseStore
 from pipeline.gateway.wire import ChatRequest, WireError, _dumps
 
 __all__ = ["NoStoredResponses", "StoredResponseEndpoint", "StoredResponses"]
@@ -73,10 +72,6 @@ def _not_found(param: str | None, what: str, unavailable: bool) -> WireError:
     return WireError(404, f"{what} not found: {detail}", param=param, code="not_found")
 
 
-def _new_id(prefix: str) -> str:
-    return prefix + os.urandom(12).hex()
-
-
 class _Guarded:
     """A store whose every call is bounded by `timeout`, skipped for a second after a
     failure (one warning per outage, the error's type only). A call not made, or failed,
@@ -86,6 +81,8 @@ class _Guarded:
     def __init__(self, store: ResponseStore, timeout: float) -> None:
         self.store = store
         self.timeout = timeout
+        # The memory store never waits nor fails: nothing to bound.
+        self._direct = isinstance(store, MemoryResponseStore)
         self._outage = _redis.Outage(
             _logger,
             f"response store ({type(store).__name__})",
@@ -94,6 +91,8 @@ class _Guarded:
         )
 
     async def __call__(self, call: Callable[[ResponseStore], Awaitable[_T]]) -> _T:
+        if self._direct:
+            return await call(self.store)
         outage = self._outage
         if outage.skipping():
             raise _Unavailable
@@ -159,12 +158,14 @@ def _shown(items: Iterable[Any], include: bool) -> list[Any]:
     ]
 
 
-def _stored_input(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request's input as stored and listed: each item with an id, a message's content
-    as parts (as the API lists input items)."""
-    stored: list[dict[str, Any]] = []
-    for raw in items:
-        item = dict(raw)
+def _stored_input(items: list[dict[str, Any]], response_id: str) -> list[str]:
+    """Make the request's input (the request's own objects: nothing reads them after the
+    answer) what is stored and listed: each item with an id (one the response's id makes
+    unique, when it came without), a message's content as parts (as the API lists input
+    items). Returns the ids an item reference may name."""
+    ids: list[str] = []
+    tag = response_id.removeprefix("resp_")
+    for index, item in enumerate(items):
         kind = item.setdefault("type", "message")
         if kind == "message":
             content = item.get("content")
@@ -175,10 +176,13 @@ def _stored_input(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     text_part["annotations"] = []
                 item["content"] = [text_part]
             item.setdefault("status", "completed")
-        if not isinstance(item.get("id"), str):
-            item["id"] = _new_id(_ID_PREFIXES.get(str(kind), "item_"))
-        stored.append(item)
-    return stored
+        item_id = item.get("id")
+        if not isinstance(item_id, str):
+            item["id"] = f"{_ID_PREFIXES.get(str(kind), 'item_')}{tag}_{index}"
+            ids.append(item["id"])
+        elif _ID.match(item_id):
+            ids.append(item_id)
+    return ids
 
 
 def _full_output(request: ResponsesRequest, answer: dict[str, Any]) -> dict[str, Any]:
@@ -316,12 +320,12 @@ class StoredResponses:
         response_id = exchange.response_id
         if answer is None or response_id is None:
             return
-        record = _Record(
-            _stored_input(request.items),
-            _full_output(request, answer),
-            request.include_reasoning,
-        )
-        items = [str(item["id"]) for item in record.items() if _ID.match(str(item.get("id")))]
+        items = _stored_input(request.items, response_id)
+        record = _Record(request.items, _full_output(request, answer), request.include_reasoning)
+        for item in record.output:
+            item_id = item.get("id") if isinstance(item, dict) else None
+            if isinstance(item_id, str) and _ID.match(item_id):
+                items.append(item_id)
         raw = record.encode()
         partition = self.partition(exchange)
         try:

@@ -28,9 +28,12 @@ _OVERHEAD = 64
 """Bytes counted per record, and per item id indexed, beyond the bytes themselves."""
 
 
-def _checked_bounds(ttl: float, max_bytes: int, max_count: int) -> None:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < float("inf"):
-        raise ValueError("ttl must be a positive number of seconds")
+def _checked_bounds(ttl: float, max_bytes: int, max_count: int, timeout: float = 1.0) -> None:
+    for name, seconds in (("ttl", ttl), ("timeout", timeout)):
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            raise ValueError(f"{name} must be a positive number of seconds")
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"{name} must be a positive number of seconds")
     for name, value in (("max_bytes", max_bytes), ("max_count", max_count)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer")
@@ -261,11 +264,7 @@ class RedisResponseStore:
         namespace: str = "chat_pipeline:responses",
         timeout: float = 0.5,
     ) -> None:
-        _checked_bounds(ttl, max_bytes, max_count)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            raise TypeError("timeout must be a number of seconds")
-        if not 0 < timeout < float("inf"):
-            raise ValueError("timeout must be a positive number of seconds")
+        _checked_bounds(ttl, max_bytes, max_count, timeout)
         if not isinstance(namespace, str) or not namespace or " " in namespace:
             raise ValueError("namespace must be a non-empty string without spaces")
         try:

@@ -136,6 +136,20 @@ async def ask(
     return result
 
 
+def every_route(
+    openai_upstream: FakeOpenAIServer, backup_upstream: FakeOpenAIServer, answer: FakeResponse
+) -> Any:
+    """Two routes in order, each answering `answer` to every request (30 of them)."""
+    openai_upstream.script(*[answer] * 30)
+    backup_upstream.script(*[answer] * 30)
+    return gateway_config(
+        {
+            "primary": ("openai", openai_upstream.base_url),
+            "backup": ("openai", backup_upstream.base_url),
+        }
+    )
+
+
 def server_spans(otel: Otel) -> list[Any]:
     return [s for s in otel.finished() if s.kind is SpanKind.SERVER]
 
@@ -331,15 +345,7 @@ async def test_every_route_down_ends_after_one_request(
     status: int,
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
-    down = FakeResponse.error(status)
-    openai_upstream.script(*[down] * 30)
-    backup_upstream.script(*[down] * 30)
-    cfg = gateway_config(
-        {
-            "primary": ("openai", openai_upstream.base_url),
-            "backup": ("openai", backup_upstream.base_url),
-        }
-    )
+    cfg = every_route(openai_upstream, backup_upstream, FakeResponse.error(status))
     async with running(cfg, **otel.providers) as gateway:
         result = await ask(claude, gateway, tmp_path, "Say hello", bound=GIVE_UP_BOUND)
         await gateway.gateway.wait_idle()
@@ -354,6 +360,7 @@ async def test_every_route_down_ends_after_one_request(
 
 RATE_LIMITED_BOUND = 20.0
 """The bound within which Claude Code, every route rate limited, gives up."""
+RATE_LIMITED = FakeResponse.error(429, retry_after="1")
 
 
 @pytest.mark.xfail(
@@ -371,15 +378,7 @@ async def test_every_route_rate_limited_ends_within_20_s_with_the_error_shown(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
-    limited = FakeResponse.error(429, retry_after="1")
-    openai_upstream.script(*[limited] * 30)
-    backup_upstream.script(*[limited] * 30)
-    cfg = gateway_config(
-        {
-            "primary": ("openai", openai_upstream.base_url),
-            "backup": ("openai", backup_upstream.base_url),
-        }
-    )
+    cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
     async with running(cfg, **otel.providers) as gateway:
         result = await ask(claude, gateway, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND)
         await gateway.gateway.wait_idle()
@@ -400,15 +399,7 @@ async def test_every_route_rate_limited_bounded_on_claude_codes_side(
     """``CLAUDE_CODE_MAX_RETRIES`` bounds Claude Code's retries whatever the gateway says:
     with 0, every route rate limited ends after one request, the error shown."""
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
-    limited = FakeResponse.error(429, retry_after="1")
-    openai_upstream.script(*[limited] * 30)
-    backup_upstream.script(*[limited] * 30)
-    cfg = gateway_config(
-        {
-            "primary": ("openai", openai_upstream.base_url),
-            "backup": ("openai", backup_upstream.base_url),
-        }
-    )
+    cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
     async with running(cfg, **otel.providers) as gateway:
         result = await ask(
             claude,

@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK (``openai-agents``) against the gateway: ``Runner.run`` and
 ``Runner.run_streamed`` of an agent with a function tool, over ``/v1/responses``
-(`OpenAIResponsesModel`) and ``/v1/chat/completions`` (`OpenAIChatCompletionsModel`).
+(`OpenAIResponsesModel`) and ``/v1/chat/completions`` (`OpenAIChatCompletionsModel`), and
+its stateful mode (``previous_response_id``) on the gateway's stored responses.
 
 The SDK runs the tool itself and sends its output back; the upstream's reasoning and
 prompt-cache counts reach the run's usage.
@@ -36,6 +37,18 @@ pytestmark = pytest.mark.compat
 set_tracing_disabled(True)  # the SDK's own traces would go to OpenAI
 
 
+def weather_tool(cities: list[str]) -> Any:
+    """A function tool the SDK runs, noting each city it is asked about."""
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return f"It is sunny in {city}."
+
+    return get_weather
+
+
 @pytest.fixture
 async def upstream() -> AsyncIterator[FakeOpenAIServer]:
     async with FakeOpenAIServer() as server:
@@ -48,12 +61,7 @@ async def test_an_agent_with_a_function_tool(
     upstream: FakeOpenAIServer, api: str, streamed: bool
 ) -> None:
     cities: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        cities.append(city)
-        return f"It is sunny in {city}."
+    get_weather = weather_tool(cities)
 
     upstream.script(
         FakeResponse(
@@ -107,12 +115,7 @@ async def test_a_conversation_chained_by_previous_response_id(
     first by its last response's id. The gateway keeps the responses (its default store),
     so the model always sees the whole conversation; a stored response is its key's alone."""
     cities: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The weather in a city."""
-        cities.append(city)
-        return f"It is sunny in {city}."
+    get_weather = weather_tool(cities)
 
     upstream.script(
         FakeResponse(text="", tool_calls=[("get_weather", json.dumps({"city": "Paris"}))]),

@@ -235,6 +235,20 @@ async def test_a_gateway_that_stores_nothing_says_so(primary: FakeOpenAIServer) 
 
 # -- reasoning kept as the route gave it --------------------------------------------------------
 
+THINKING = {"reasoning": {"effort": "low"}, "tools": [WEATHER_TOOL]}
+
+
+async def tool_loop(client: openai.AsyncOpenAI, streaming: bool) -> tuple[Any, Any]:
+    """A reasoning model's tool call, then the tool's output continuing it by
+    `previous_response_id`: both responses."""
+    first = await create(client, streaming, input="hi", **THINKING)
+    call = first.output[-1]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "ok"}
+    second = await create(
+        client, streaming, previous_response_id=first.id, input=[output], **THINKING
+    )
+    return first, second
+
 
 async def test_encrypted_reasoning_is_stored_as_received(
     primary: FakeOpenAIServer, streaming: bool
@@ -249,20 +263,9 @@ async def test_encrypted_reasoning_is_stored_as_received(
     cfg = config({"primary": primary}, route_options={"primary": {"provider": "openai_responses"}})
     async with running(cfg) as gateway:
         client = strict(gateway)
-        first = await create(
-            client, streaming, input="hi", tools=[WEATHER_TOOL], reasoning={"effort": "low"}
-        )
+        first, second = await tool_loop(client, streaming)
         reasoning = first.output[0]
         assert reasoning.type == "reasoning" and reasoning.encrypted_content is None
-        call = first.output[-1]
-        second = await create(
-            client,
-            streaming,
-            tools=[WEATHER_TOOL],
-            reasoning={"effort": "low"},
-            previous_response_id=first.id,
-            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "ok"}],
-        )
         assert second.output_text == "Done."
         assert primary.returned_reasoning == 1  # came back, and the upstream verified it
         shown = await client.responses.retrieve(first.id)
@@ -272,9 +275,12 @@ async def test_encrypted_reasoning_is_stored_as_received(
         await client.close()
 
 
-async def test_signed_thinking_is_stored_as_received(streaming: bool) -> None:
+async def test_signed_thinking_is_stored_as_received(
+    streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An Anthropic route's thinking comes back, by previous_response_id, with the
     signature it was given (the fake refuses anything else)."""
+    monkeypatch.setenv("STORED_RESPONSES_TEST_ANTHROPIC_KEY", "upstream-key")
     async with FakeAnthropicServer() as claude:
         claude.script(
             FakeResponse(text="", thinking="think", tool_calls=[("get_weather", "{}")]),
@@ -287,25 +293,14 @@ async def test_signed_thinking_is_stored_as_received(streaming: bool) -> None:
                         "provider": "anthropic",
                         "model": "claude-test",
                         "base_url": claude.base_url,
-                        "api_key_env": "HOME",
+                        "api_key_env": "STORED_RESPONSES_TEST_ANTHROPIC_KEY",
                     }
                 }
             }
         )
         async with running(cfg) as gateway:
             client = strict(gateway)
-            first = await create(
-                client, streaming, input="hi", tools=[WEATHER_TOOL], reasoning={"effort": "low"}
-            )
-            call = first.output[-1]
-            await create(
-                client,
-                streaming,
-                tools=[WEATHER_TOOL],
-                reasoning={"effort": "low"},
-                previous_response_id=first.id,
-                input=[{"type": "function_call_output", "call_id": call.call_id, "output": "ok"}],
-            )
+            await tool_loop(client, streaming)
             await client.close()
         assert claude.count() == 2
         assistant = claude.requests[1].json["messages"][1]

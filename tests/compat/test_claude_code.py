@@ -150,6 +150,18 @@ def every_route(
     )
 
 
+async def served(
+    claude: Path, cfg: Any, otel: Otel, workdir: Path, prompt: str, **ask_options: Any
+) -> tuple[dict[str, Any], int]:
+    """One ``claude -p`` run against a gateway serving `cfg`: its result, and how many
+    ``POST /v1/messages`` the gateway served."""
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, workdir, prompt, **ask_options)
+        await gateway.gateway.wait_idle()
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    return result, len(posts)
+
+
 def server_spans(otel: Otel) -> list[Any]:
     return [s for s in otel.finished() if s.kind is SpanKind.SERVER]
 
@@ -346,14 +358,11 @@ async def test_every_route_down_ends_after_one_request(
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
     cfg = every_route(openai_upstream, backup_upstream, FakeResponse.error(status))
-    async with running(cfg, **otel.providers) as gateway:
-        result = await ask(claude, gateway, tmp_path, "Say hello", bound=GIVE_UP_BOUND)
-        await gateway.gateway.wait_idle()
+    result, posts = await served(claude, cfg, otel, tmp_path, "Say hello", bound=GIVE_UP_BOUND)
     assert result["is_error"] is True, result
     # One request: nothing tells when a route may serve again, so the gateway said a retry
     # cannot help (api_error, x-should-retry: false) and Claude Code did not retry.
-    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
-    assert len(posts) == 1
+    assert posts == 1
     assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
     assert result["result"]  # the error is shown
 
@@ -379,13 +388,10 @@ async def test_every_route_rate_limited_ends_within_20_s_with_the_error_shown(
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
     cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
-    async with running(cfg, **otel.providers) as gateway:
-        result = await ask(claude, gateway, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND)
-        await gateway.gateway.wait_idle()
+    result, posts = await served(claude, cfg, otel, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND)
     assert result["is_error"] is True, result
     assert result["result"]  # the error is shown
-    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
-    assert 1 <= len(posts) <= 4
+    assert 1 <= posts <= 4
 
 
 async def test_every_route_rate_limited_bounded_on_claude_codes_side(
@@ -400,20 +406,13 @@ async def test_every_route_rate_limited_bounded_on_claude_codes_side(
     with 0, every route rate limited ends after one request, the error shown."""
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
     cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
-    async with running(cfg, **otel.providers) as gateway:
-        result = await ask(
-            claude,
-            gateway,
-            tmp_path,
-            "Say hello",
-            bound=RATE_LIMITED_BOUND,
-            env={"CLAUDE_CODE_MAX_RETRIES": "0"},
-        )
-        await gateway.gateway.wait_idle()
+    bounded = {"CLAUDE_CODE_MAX_RETRIES": "0"}
+    result, posts = await served(
+        claude, cfg, otel, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND, env=bounded
+    )
     assert result["is_error"] is True, result
     assert result["result"]  # the error is shown
-    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
-    assert len(posts) == 1
+    assert posts == 1
 
 
 def cached(cfg: Any) -> Any:
@@ -473,9 +472,7 @@ async def test_two_successive_tool_calls_over_the_fake_anthropic_server(
         FakeResponse(text="Both files read."),
     )
     cfg = gateway_config({"claude": ("anthropic", anthropic_upstream.base_url)})
-    async with running(cfg, **otel.providers) as gateway:
-        result = await ask(claude, gateway, tmp_path, "Read first.txt, then second.txt")
-        await gateway.gateway.wait_idle()
+    result, _ = await served(claude, cfg, otel, tmp_path, "Read first.txt, then second.txt")
     assert result["is_error"] is False, result
     assert result["result"] == "Both files read."
     assert anthropic_upstream.count() == 3

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from pipeline import _scope
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
 from pipeline._scope import RouteReport
-from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send, loggable
 from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
@@ -106,11 +106,12 @@ class _Started:
 
 def _cache(exchange: Exchange, request: ChatRequest) -> Any:
     """The response cache's side of a request (`middleware.cache`): its partition (the
-    caller's key and the model asked for: entries never cross them), the mode the
+    caller's identity and the model asked for: entries never cross them; the user the
+    request names, for a cache partitioned by user), the mode the
     ``cache-control`` request header asks for (``no-store``: bypass, ``no-cache``:
     refresh), and ``x-cache`` (``hit``, ``miss``, ``bypass``) with ``age`` on the response
     when a cache answered. Returns the token that ends the cache's report."""
-    report = CacheReport(f"{exchange.key}\x00{request.model}")
+    report = CacheReport(f"{exchange.key}\x00{request.model}", request.user)
     if request.options.cache is None:
         for name, value in exchange.scope["headers"]:
             if name == b"cache-control":
@@ -227,7 +228,7 @@ class FormatHandler:
                 exchange.scope["method"],
                 self.format.path,
                 type(exc).__name__,
-                exchange.request_id,
+                loggable(exchange.request_id),
                 exc_info=exc,
             )
             await self._unfinished(

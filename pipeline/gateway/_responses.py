@@ -44,6 +44,7 @@ for Chat Completions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    user_of,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -279,26 +281,61 @@ def _output_text(output: Any, param: str) -> str:
 
 
 class _Names:
-    """Tool names as the pipeline sees them: a tool of a ``namespace`` is flattened to its
-    own name, or ``namespace__name`` where two namespaces share that name."""
+    """Tool names as the pipeline sees them, one per tool: a tool of a ``namespace`` is
+    flattened to its own name, or ``namespace__name`` where another tool has that name.
+    Every flattened name is unique: one that would still collide (a tool named
+    ``namespace__name`` itself, two namespaces flattening alike) or run past the 64
+    characters a function name may have gets a name of its own made from a hash of both
+    parts, so each call the model makes maps back to exactly the tool it was made for."""
 
     def __init__(self) -> None:
         self.flat: dict[tuple[str | None, str], str] = {}
         self.back: dict[str, tuple[str, str]] = {}
 
     def plan(self, entries: list[tuple[str | None, str]]) -> None:
+        tools = list(dict.fromkeys(entries))  # a tool listed twice is one tool
         counts: dict[str, int] = {}
-        for _, name in entries:
+        for _, name in tools:
             counts[name] = counts.get(name, 0) + 1
-        for namespace, name in entries:
-            flat = name if counts[name] == 1 or namespace is None else f"{namespace}__{name}"
+        taken: set[str] = set()
+        qualified: list[tuple[str, str]] = []
+        # Names kept as they are first (top-level tools, and namespaced ones whose name no
+        # other tool has), so a qualified name never takes a name a tool has of its own.
+        for namespace, name in tools:
+            if namespace is None or counts[name] == 1:
+                self.flat[(namespace, name)] = name
+                taken.add(name)
+                if namespace is not None:
+                    self.back[name] = (namespace, name)
+            else:
+                qualified.append((namespace, name))
+        for namespace, name in qualified:
+            flat = f"{namespace}__{name}"
+            if flat in taken or len(flat) > _MAX_TOOL_NAME:
+                flat = _hashed_name(namespace, name, taken)
             self.flat[(namespace, name)] = flat
-            if namespace is not None:
-                self.back[flat] = (namespace, name)
+            self.back[flat] = (namespace, name)
+            taken.add(flat)
 
     def of(self, namespace: Any, name: str) -> str:
         key = (namespace if isinstance(namespace, str) and namespace else None, name)
         return self.flat.get(key, name)
+
+
+_MAX_TOOL_NAME = 64
+
+
+def _hashed_name(namespace: str, name: str, taken: set[str]) -> str:
+    """A function name for a namespaced tool whose plain qualified name is taken or too
+    long: a prefix of it and a hash of both parts (deterministic: the same tools get the
+    same names on every turn)."""
+    digest = hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()
+    prefix = "".join(c if c.isalnum() or c in "_-" else "_" for c in f"{namespace}__{name}")
+    for attempt in range(len(digest) // 8):
+        candidate = f"{prefix[: _MAX_TOOL_NAME - 9]}_{digest[attempt * 8 : attempt * 8 + 8]}"
+        if candidate not in taken:
+            return candidate
+    raise _invalid("tools", "too many tools flatten to the same name")  # pragma: no cover
 
 
 def _assistant(messages: list[ChatMessage]) -> ChatMessage:
@@ -425,6 +462,8 @@ def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Na
     kept: list[tuple[str, dict[str, Any], str | None, str]] = []
     for where, tool, namespace in entries:
         kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "expected a tool type")
         if kind in _BUILTIN:
             request.builtin_tools.append(str(kind))
             continue
@@ -636,6 +675,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("metadata", "expected an object")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
+    request.user = user_of(payload)
     return request
 
 

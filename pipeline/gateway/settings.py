@@ -21,10 +21,10 @@ __all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys", "is_pattern"]
 PIPELINE_MODEL = "pipeline"
 """The model name that means the whole configured pipeline (router, failover and layers)."""
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 # A glob pattern of model names (fnmatch: `*`, `?`, `[...]`), e.g. ``claude-*``.
-_MODEL_PATTERN = re.compile(r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}$")
+_MODEL_PATTERN = re.compile(r"[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}")
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -34,14 +34,14 @@ def is_pattern(name: str) -> bool:
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise ValueError("expected the name of an environment variable (letters, digits, _)")
     return value
 
 
 def _model_names(value: dict[str, str]) -> dict[str, str]:
     for alias in value:
-        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).match(alias):
+        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).fullmatch(alias):
             raise ValueError(
                 "model names are 1-128 letters, digits and . _ : / - (starting with a letter "
                 "or digit), or glob patterns of them (* ? [...])"
@@ -68,10 +68,11 @@ class GatewaySettings(Settings):
     * `max_concurrent_per_key`: requests one key (without keys: one client address) may
       have in flight in one worker process (``None``: no limit); one more gets 429 with
       ``Retry-After: retry_after``;
-    * `retry_after`: seconds a 429 without the provider's own hint (and the gateway's own
-      429s and shutdown 503s, and a stream cut after output) asks to wait. A 503 because
-      every route failed asks to wait only as long as a provider or an open breaker said;
-      without such a hint it says ``x-should-retry: false`` (a retry cannot help soon);
+    * `retry_after`: seconds the gateway's own 429s and shutdown 503s, a stream cut after
+      output, and a rate limit that said no time ask to wait. A 503 because every route
+      failed asks to wait until the earliest time any route said it may serve again (a
+      provider's ``Retry-After``, an open breaker, a cooldown); when none said, it says
+      ``x-should-retry: false`` (a retry cannot help soon);
     * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
       before they are cancelled (a stream cancelled this way ends with an in-band error);
     * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``
@@ -119,7 +120,8 @@ class GatewaySettings(Settings):
     """Requests one key (without keys: one client address) may have in flight in one worker process;
     one more gets 429 with `Retry-After` (in code, `None`: no limit)."""
     retry_after: Annotated[float, Field(gt=0, le=3600)] = 1.0
-    """Seconds a 429 (or a 503 without the provider's own hint) asks the client to wait."""
+    """Seconds the gateway's own 429s (and a route's rate limit that said no time) ask the client
+    to wait."""
     drain_timeout: Annotated[float, Field(ge=0, le=3600)] = 30.0
     """On shutdown, seconds the requests in flight may take to finish before they are cancelled (a
     stream cancelled this way ends with an in-band error)."""

@@ -283,6 +283,13 @@ def serve(
     if environment is not None:
         os.environ[ENVIRONMENT_VARIABLE] = environment
     _raise_file_limit(settings.max_connections)
+    if workers > 1 and settings.responses_store == "memory":
+        _logger.warning(
+            "responses_store = 'memory' keeps each worker's stored responses apart: a "
+            "continuation (previous_response_id, item_reference) served by another of the %d "
+            "workers finds nothing; set [gateway] responses_store = 'redis'",
+            workers,
+        )
     server_config = uvicorn.Config(
         "pipeline.gateway.server:app_from_environment",
         factory=True,

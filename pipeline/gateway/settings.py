@@ -84,7 +84,10 @@ class GatewaySettings(Settings):
       session affinity is checked too); `readiness_timeout` bounds each check;
     * `prometheus_metrics`: serve ``GET /metrics`` in the Prometheus text format, from the
       meters the spans' metrics come from (``chat-pipeline serve --prometheus-metrics``
-      turns it on too).
+      turns it on too);
+    * `responses_store`, `responses_ttl`, `responses_max_bytes`, `responses_max_count`,
+      `responses_timeout`: where and how long the Responses API's stored responses are
+      kept (``store``, ``previous_response_id``, ``item_reference``, ``GET /v1/responses/{id}``).
 
     Slow and idle clients (what `chat-pipeline serve` enforces on each connection, see
     `pipeline.gateway.server`):
@@ -151,6 +154,27 @@ class GatewaySettings(Settings):
     without them, ``"refuse"`` answers 400 naming the tool. Either way the response header
     ``x-chat-pipeline-builtin-tools`` and the log line say what was done."""
 
+    responses_store: Literal["memory", "redis", "none"] = "memory"
+    """Where the Responses API's stored responses are kept (a request stores its response
+    unless it says `store: false`, as OpenAI's API does), for `previous_response_id`,
+    `item_reference` input items and `GET`/`DELETE /v1/responses/{id}`: `"memory"` (this worker
+    process's own: with several workers or replicas, a continuation served by another one finds
+    nothing), `"redis"` (the Redis `redis_url_env` names, shared by every worker and replica), or
+    `"none"` (nothing is stored: `store: true` and the fields that need a stored response are a
+    400). Each caller's key sees only its own."""
+    responses_ttl: Annotated[float, Field(gt=0, le=30 * 86400)] = 86400.0
+    """Seconds a stored response is kept after it was stored (at most 30 days, OpenAI's own)."""
+    responses_max_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 64 << 20
+    """Bytes of stored responses kept (per worker in memory, in all in Redis), the oldest dropped
+    first; a response larger than this is not stored. A response continued with
+    `previous_response_id` holds the whole conversation before it."""
+    responses_max_count: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
+    """Stored responses kept (per worker in memory, in all in Redis), the oldest dropped first."""
+    responses_timeout: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """Seconds a call to the response store may take; past it (or while the store fails) a stored
+    response is answered as not found, with an error saying the store is unavailable, and an
+    answer is not stored. A failed store is skipped for a second before it is tried again."""
+
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
         """Model name (or glob pattern) -> route name or ``"pipeline"``: what clients may
         ask for."""
@@ -180,6 +204,13 @@ class GatewaySettings(Settings):
                         "(expected comma-separated keys)",
                     )
                 )
+        if self.responses_store == "redis" and self.redis_url_env is None:
+            found.append(
+                (
+                    "gateway.responses_store",
+                    "'redis' needs redis_url_env (the environment variable holding the URL)",
+                )
+            )
         if self.redis_url_env is not None and not os.environ.get(self.redis_url_env):
             found.append(
                 (
@@ -187,6 +218,16 @@ class GatewaySettings(Settings):
                     f"the environment variable {self.redis_url_env} is not set",
                 )
             )
+        elif self.responses_store == "redis" and self.redis_url_env is not None:
+            from pipeline import _redis
+
+            try:
+                _redis.check_url(os.environ[self.redis_url_env])
+            except ValueError as exc:  # never the URL: it may hold a password
+                variable = self.redis_url_env
+                found.append(
+                    ("gateway.redis_url_env", f"the environment variable {variable} {exc}")
+                )
         for alias, target in (self.models or {}).items():
             if target != PIPELINE_MODEL and target not in route_names:
                 found.append(

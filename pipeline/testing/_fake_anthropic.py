@@ -230,11 +230,12 @@ class MessagesAnswers(FakeServer):
             content.append(thinking)
         if response.text:
             content.append({"type": "text", "text": response.text})
+        tag = self.answer_tag()
         for index, (name, arguments) in enumerate(response.tool_calls):
             content.append(
                 {
                     "type": "tool_use",
-                    "id": f"toolu_{index}",
+                    "id": f"toolu_{tag}_{index}",
                     "name": name,
                     "input": json.loads(arguments or "{}"),
                 }
@@ -268,8 +269,9 @@ class MessagesAnswers(FakeServer):
         if pieces:
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
             blocks.append(({"type": "text", "text": ""}, deltas))
+        tag = self.answer_tag()
         for call, (name, arguments) in enumerate(response.tool_calls):
-            tool_use = {"type": "tool_use", "id": f"toolu_{call}", "name": name, "input": {}}
+            tool_use = {"type": "tool_use", "id": f"toolu_{tag}_{call}", "name": name, "input": {}}
             deltas = [
                 {"type": "input_json_delta", "partial_json": part}
                 for part in response.argument_pieces(arguments)

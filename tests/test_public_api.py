@@ -144,6 +144,7 @@ SURFACES = {
         "RateLimitedError",
         "RequestBudgetExceededError",
         "RequestInvalidError",
+        "RequestRefusedError",
         "RequestTimeoutError",
         "ResponseValidationError",
         "RoutingError",

@@ -124,6 +124,15 @@ def _cache(exchange: Exchange, request: ChatRequest) -> Any:
 _X_CACHE = {"hit": b"hit", "miss": b"miss", "refresh": b"miss", "bypass": b"bypass"}
 
 
+def _reached(exchange: Exchange) -> str | None:
+    """The route a request reached: the router's last attempt's, else the one its model
+    name serves (an error that names a route names this one)."""
+    report = exchange.report
+    if report is not None and report.route_name is not None:
+        return report.route_name
+    return exchange.route
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -249,7 +258,7 @@ class FormatHandler:
                 self._messages(request, target), request.options
             )
         except Exception as exc:
-            error = error_for(exc, self.gateway.settings.retry_after)
+            error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
             watch.done = True
             await exchange.error(error)
             return exc
@@ -268,9 +277,17 @@ class FormatHandler:
         watch: _Disconnect,
         started: _Started,
     ) -> BaseException | None:
-        stream = target.client.get_streaming_response(
-            self._messages(request, target), request.options
-        )
+        try:
+            stream = target.client.get_streaming_response(
+                self._messages(request, target), request.options
+            )
+        except Exception as exc:
+            # Refused before any stream began (the pipeline's own checks): a status, as a
+            # failure before the first update is.
+            error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
+            watch.done = True
+            await exchange.error(error)
+            return exc
         send = exchange.send
         try:
             # The status line waits for the first update: until then the router may still
@@ -280,7 +297,7 @@ class FormatHandler:
             except StopAsyncIteration:
                 first = None
             except Exception as exc:
-                error = error_for(exc, self.gateway.settings.retry_after)
+                error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
                 watch.done = True
                 await exchange.error(error)
                 return exc

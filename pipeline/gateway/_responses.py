@@ -57,6 +57,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    enum_value,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -538,6 +539,8 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("instructions", "expected a string")
         if instructions:
             messages.insert(0, ChatMessage(ChatRole.SYSTEM, instructions))
+    if not messages:  # only ``additional_tools`` items: nothing to answer
+        raise _invalid("input", "holds no message and no instructions", "missing_required")
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "expected true or false")
@@ -569,13 +572,17 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("parallel_tool_calls", "expected true or false")
         request.parallel_tool_calls = parallel
         options.additional_properties["parallel_tool_calls"] = parallel
+    # Vendor enums are open: any string (see `enum_value`).
+    enum_value(payload.get("service_tier"), "service_tier")
+    enum_value(payload.get("prompt_cache_retention"), "prompt_cache_retention")
     prompt_cache = {key: payload[key] for key in _PROMPT_CACHE if payload.get(key) is not None}
     if prompt_cache:
         options.additional_properties[OPENAI_RESPONSES_EXTRAS] = prompt_cache
     if payload.get("text") is not None:
         request.text_format, options.response_format = _text_format(payload["text"])
-        if payload["text"].get("verbosity") is not None:
-            options.additional_properties["verbosity"] = payload["text"]["verbosity"]
+        verbosity = enum_value(payload["text"].get("verbosity"), "text.verbosity")
+        if verbosity is not None:
+            options.additional_properties["verbosity"] = verbosity
     reasoning = payload.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
@@ -585,12 +592,13 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
                 raise _unsupported(
                     f"reasoning.{key}", "only reasoning.effort and reasoning.summary are supported"
                 )
-        effort = reasoning.get("effort")
-        if effort is not None and not isinstance(effort, str):
-            raise _invalid("reasoning.effort", "expected a string")
-        summary = reasoning.get("summary", reasoning.get("generate_summary"))
-        if summary is not None and summary not in ("auto", "concise", "detailed", "none"):
-            raise _invalid("reasoning.summary", "expected auto, concise, detailed or none")
+        effort = enum_value(reasoning.get("effort"), "reasoning.effort")
+        summary_param = (
+            "reasoning.summary" if "summary" in reasoning else "reasoning.generate_summary"
+        )
+        summary = enum_value(
+            reasoning.get("summary", reasoning.get("generate_summary")), summary_param
+        )
         if summary == "none":
             summary = None
         request.reasoning = {"effort": effort, "summary": summary}

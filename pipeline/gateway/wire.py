@@ -30,6 +30,7 @@ from typing import Any
 from pipeline.errors import (
     FailureKind,
     ProviderError,
+    RequestRefusedError,
     RequestTimeoutError,
     RoutingError,
     WireError,
@@ -59,6 +60,7 @@ __all__ = [
     "WireError",
     "completion",
     "error_body",
+    "enum_value",
     "error_for",
     "finish_reason",
     "parse_request",
@@ -125,7 +127,10 @@ _KNOWN = frozenset(
     }
 )
 _ACCEPTED = _KNOWN | _PASSED | _DROPPED
-_REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
+# Fields whose values are one of a vendor's enums. A vendor's enum is open: any string is
+# taken (a value the gateway does not know yet goes on as it is) and only its type is
+# checked here; a route of another API refuses what it cannot translate.
+_ENUMS = ("reasoning_effort", "verbosity", "service_tier")
 
 
 def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
@@ -137,6 +142,14 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float
     if not low <= value <= high:
         raise _invalid(key, f"expected a number from {low:g} to {high:g}")
     return float(value)
+
+
+def enum_value(value: Any, param: str) -> str | None:
+    """The value of a vendor's enum: any string (the enum is open), or None; `WireError`
+    naming `param` for another type."""
+    if value is not None and not isinstance(value, str):
+        raise _invalid(param, "expected a string")
+    return value
 
 
 def _integer(body: Mapping[str, Any], key: str, low: int) -> int | None:
@@ -362,11 +375,9 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         if kind not in ("text", "json_object", "json_schema"):
             raise _invalid("response_format.type", "expected text, json_object or json_schema")
         options.response_format = response_format
-    effort = payload.get("reasoning_effort")
-    if effort is not None:
-        if effort not in _REASONING_EFFORTS:
-            raise _invalid("reasoning_effort", f"expected one of {sorted(_REASONING_EFFORTS)}")
-        options.reasoning_effort = effort
+    for key in _ENUMS:
+        enum_value(payload.get(key), key)
+    options.reasoning_effort = payload.get("reasoning_effort")
     for key in _PASSED:
         if key in payload:
             options.additional_properties[key] = payload[key]
@@ -626,22 +637,32 @@ NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
 5xx) do not retry them."""
 
 
-def error_for(exc: BaseException, retry_after: float, *, after_output: bool = False) -> WireError:
+def error_for(
+    exc: BaseException,
+    retry_after: float,
+    *,
+    after_output: bool = False,
+    route: str | None = None,
+) -> WireError:
     """The HTTP status and OpenAI error a failure of the pipeline becomes.
 
-    Timeouts (the request's deadline, or an attempt cut short with nothing left to try)
-    are 504; the other kinds map as in `pipeline.errors`: rate limits 429 (with the
-    provider's ``Retry-After``, else `retry_after`), request errors 400 with their code
-    (a context overflow in OpenAI's words, ``param: messages``), the provider refusing
-    our credentials 502, everything else 503: with ``Retry-After`` when the failure says
-    when a route may serve again (a provider's ``Retry-After``, an open breaker's time to
-    its probe), else `should_retry` False (``x-should-retry: false``); a failure
-    `after_output` (one route's, mid-stream) asks for a retry after `retry_after`. The
-    message is ours:
-    a kind and, for a provider error, which provider and what status it answered.
+    A request the pipeline refused before any provider was called (`RequestRefusedError`: the
+    caller's mistake) is a 400 naming its field, its message ours, and `route` (the one it
+    reached, when known) named. Timeouts (the request's deadline, or an attempt cut short with
+    nothing left to try) are 504; the other kinds map as in `pipeline.errors`: rate limits 429
+    (with the provider's ``Retry-After``, else `retry_after`), request errors 400 with their
+    code (a context overflow in OpenAI's words, ``param: messages``), the provider refusing our
+    credentials 502, everything else 503: with ``Retry-After`` when the failure says when a
+    route may serve again (a provider's ``Retry-After``, an open breaker's time to its probe),
+    else `should_retry` False (``x-should-retry: false``); a failure `after_output` (one
+    route's, mid-stream) asks for a retry after `retry_after`. The message is ours: a kind and,
+    for a provider error, which provider and what status it answered.
     """
     if isinstance(exc, WireError):
         return exc
+    if isinstance(exc, RequestRefusedError):
+        message = exc.message if route is None else f"{exc.message} (route {route})"
+        return WireError(400, message, param=exc.param, code="invalid_value")
     if isinstance(exc, TimeoutError):  # RequestTimeoutError, AttemptTimeoutError, others
         what = (
             "the request's deadline passed before the model answered"

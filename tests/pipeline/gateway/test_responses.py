@@ -321,7 +321,7 @@ async def test_failure_after_output_is_an_error_event_then_response_failed(
         ({"tools": [{"type": "frobnicator"}]}, "tools[0].type", "unsupported_parameter"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice", "unsupported_parameter"),
         ({"reasoning": {"frobnicate": "x"}}, "reasoning.frobnicate", "unsupported_parameter"),
-        ({"reasoning": {"summary": "verbose"}}, "reasoning.summary", "invalid_value"),
+        ({"reasoning": {"summary": 1}}, "reasoning.summary", "invalid_value"),
         ({"frobnicate": 1}, "frobnicate", "unsupported_parameter"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", None),
         ({"input": [{"role": "wizard", "content": "secret words"}]}, "input[0].role", None),

@@ -34,7 +34,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--conformance-examples",
         type=int,
         default=None,
-        help="examples per conformance property test (CI: 100; also "
+        help="examples per conformance property test (CI: 200; also "
         "CHAT_PIPELINE_CONFORMANCE_EXAMPLES)",
     )
     parser.addoption(

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, seed, settings
 
 from tests.conformance.harness import Rig, Tally
 
-CI_EXAMPLES = 100
-"""Examples per property test in CI: about 2,000 requests in all (see docs/development.md
-for the figures and the time they take)."""
+CI_EXAMPLES = 200
+"""Examples per property test in CI (docs/development.md has the requests they send and
+the time they take)."""
 CI_SEED = 45
 EXAMPLES_VARIABLE = "CHAT_PIPELINE_CONFORMANCE_EXAMPLES"
 # The options are tests/conftest.py's (pytest reads options only from the root conftest).

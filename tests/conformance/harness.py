@@ -51,6 +51,8 @@ LOG_LINE = re.compile(
     r"key=\S+( builtin_tools=\S+)?: \S.*\n?"
 )
 _STARTED = "Application startup complete"
+# How many lines may stand between a request's line and where it was expected.
+_LOOK_AHEAD = 200
 
 
 @dataclass(frozen=True)
@@ -306,16 +308,22 @@ class Rig:
         """The request's log line: the next line of the gateway's output, whole."""
         if request_id is None:
             return ["no x-request-id header"]
-        try:
-            line = self.gateway.line(self._cursor, timeout=30)
-        except StartError as exc:
-            return [f"no log line for request {request_id}: {exc}"]
-        self._cursor += 1
-        if f"request_id={request_id} " not in line:
-            return [f"the next log line is not request {request_id}'s: {line!r}"]
-        if not LOG_LINE.fullmatch(line):
-            return [f"request {request_id}'s log line is broken: {line!r}"]
-        return []
+        marker = f"request_id={request_id} "
+        problems = []
+        # The request's line is the next one; lines before it are none of its own (a
+        # traceback, a forged line): reported, and read past, so one failure is told once.
+        for skipped in range(_LOOK_AHEAD):
+            try:
+                line = self.gateway.line(self._cursor, timeout=30 if skipped == 0 else 2)
+            except StartError:
+                return [*problems, f"no log line for request {request_id}"]
+            self._cursor += 1
+            if marker in line:
+                if not LOG_LINE.fullmatch(line):
+                    problems.append(f"request {request_id}'s log line is broken: {line!r}")
+                return problems
+            problems.append(f"a log line no request accounts for: {line!r}")
+        return [*problems, f"no log line for request {request_id}"]
 
     def resync(self) -> list[str]:
         """The lines logged since the last request's own, up to a request sent now (which

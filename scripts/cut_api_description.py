@@ -119,8 +119,11 @@ def cut(document: dict[str, Any], operations: list[tuple[str, str]], schemas: li
     paths: dict[str, Any] = {}
     for path, method in operations:
         operation = document["paths"][path][method]
-        kept = {k: v for k, v in operation.items() if k in ("operationId", "parameters",
-                                                               "requestBody", "responses")}
+        kept = {
+            k: v
+            for k, v in operation.items()
+            if k in ("operationId", "parameters", "requestBody", "responses")
+        }
         paths.setdefault(path, {})[method] = strip(kept)
     components: dict[str, dict[str, Any]] = {}
     pending = [f"#/components/schemas/{name}" for name in schemas]

@@ -250,6 +250,16 @@ class FormatHandler:
 
         return with_instructions(request.messages, target.instructions)
 
+    async def _before_output(
+        self, exchange: Exchange, watch: _Disconnect, exc: Exception
+    ) -> BaseException:
+        """Answer a failure before any output with its status (the route it reached named
+        where the error names one); the request's failure."""
+        error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
+        watch.done = True
+        await exchange.error(error)
+        return exc
+
     async def _complete(
         self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
     ) -> BaseException | None:
@@ -258,10 +268,7 @@ class FormatHandler:
                 self._messages(request, target), request.options
             )
         except Exception as exc:
-            error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
-            watch.done = True
-            await exchange.error(error)
-            return exc
+            return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()
         exchange.response_model = response.model_id
         body = self.format.completion(response, request, response_id=response_id, created=now())
@@ -284,10 +291,7 @@ class FormatHandler:
         except Exception as exc:
             # Refused before any stream began (the pipeline's own checks): a status, as a
             # failure before the first update is.
-            error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
-            watch.done = True
-            await exchange.error(error)
-            return exc
+            return await self._before_output(exchange, watch, exc)
         send = exchange.send
         try:
             # The status line waits for the first update: until then the router may still
@@ -297,10 +301,7 @@ class FormatHandler:
             except StopAsyncIteration:
                 first = None
             except Exception as exc:
-                error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
-                watch.done = True
-                await exchange.error(error)
-                return exc
+                return await self._before_output(exchange, watch, exc)
             model = first.model_id if first is not None else None
             exchange.response_model = model
             response_id = exchange.response_id = self.format.new_response_id()

@@ -7,7 +7,7 @@ generator would do, pins jsonschema-rs below the version the project's test extr
 covers the JSON Schema the two descriptions use (``type``, ``enum``, ``const``,
 ``properties``/``required``, ``items`` with their bounds, ``anyOf``/``oneOf``/``allOf``,
 local ``$ref``s, ``pattern``, numeric and length bounds). Whether a drawn body is valid is
-never assumed: jsonschema-rs says (`Description.request_errors`), so a draw the generator got
+never assumed: jsonschema-rs says (`Description.violated_by`), so a draw the generator got
 wrong is counted as the schema-violating request it is.
 """
 
@@ -17,8 +17,8 @@ import copy
 import functools
 import json
 import math
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ class Description:
                 return name
         return None
 
-    def request_errors(self, name: str, body: Json) -> bool:
+    def violated_by(self, name: str, body: Json) -> bool:
         """Whether `body` violates request schema `name` as published."""
         return not self._published(name).is_valid(body)
 
@@ -191,8 +191,9 @@ def _json_values() -> st.SearchStrategy[Json]:
     scalars = st.none() | st.booleans() | st.integers(-(2**31), 2**31) | st.text(max_size=8)
     return st.recursive(
         scalars,
-        lambda inner: st.lists(inner, max_size=2)
-        | st.dictionaries(st.text(max_size=6), inner, max_size=2),
+        lambda inner: (
+            st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=6), inner, max_size=2)
+        ),
         max_leaves=4,
     )
 
@@ -320,9 +321,7 @@ class _Drawer:
                 }
             if not properties and schema.get("additionalProperties", True) is not False:
                 extra = schema.get("additionalProperties", True)
-                values = (
-                    _json_values() if extra is True else self.strategy(extra, stack, depth + 1)
-                )
+                values = _json_values() if extra is True else self.strategy(extra, stack, depth + 1)
                 return st.dictionaries(st.text(min_size=1, max_size=8), values, max_size=2)
             return st.fixed_dictionaries(fixed, optional=optional)
         return _json_values()

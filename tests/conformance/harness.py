@@ -193,9 +193,7 @@ class Rig:
         except StartError:
             self.close()
             raise
-        self._cursor = next(
-            i for i, line in enumerate(self.gateway.lines) if _STARTED in line
-        ) + 1
+        self._cursor = next(i for i, line in enumerate(self.gateway.lines) if _STARTED in line) + 1
         self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
 
     def close(self) -> None:
@@ -372,4 +370,3 @@ def _json(text: str) -> Json:
         return json.loads(text)
     except ValueError:
         return {"not JSON": text[:200]}
-

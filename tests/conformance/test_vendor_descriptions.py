@@ -208,27 +208,67 @@ _NEEDED = {"responses": ["input"]}
 _REFUSED = {
     "chat": Served(
         fields=frozenset(
-            {"audio", "modalities", "prediction", "web_search_options", "functions",
-             "function_call", "logprobs", "top_logprobs", "n", "moderation",
-             "prompt_cache_options", "prompt_cache_retention"}
+            {
+                "audio",
+                "modalities",
+                "prediction",
+                "web_search_options",
+                "functions",
+                "function_call",
+                "logprobs",
+                "top_logprobs",
+                "n",
+                "moderation",
+                "prompt_cache_options",
+                "prompt_cache_retention",
+            }
         ),
         types=frozenset({"input_audio", "file", "custom"}),
         roles=frozenset({"function"}),
     ),
     "responses": Served(
         fields=frozenset(
-            {"previous_response_id", "conversation", "background", "prompt", "max_tool_calls",
-             "include", "truncation", "top_logprobs", "store", "context_management",
-             "moderation", "prompt_cache_options"}
+            {
+                "previous_response_id",
+                "conversation",
+                "background",
+                "prompt",
+                "max_tool_calls",
+                "include",
+                "truncation",
+                "top_logprobs",
+                "store",
+                "context_management",
+                "moderation",
+                "prompt_cache_options",
+            }
         ),
         types=frozenset(
-            {"item_reference", "input_file", "allowed_tools", "apply_patch_call",
-             "apply_patch_call_output", "code_interpreter_call", "compaction", "computer_call",
-             "computer_call_output", "file_search_call", "image_generation_call",
-             "local_shell_call", "local_shell_call_output", "mcp_approval_request",
-             "mcp_approval_response", "mcp_call", "mcp_list_tools", "shell_call",
-             "shell_call_output", "tool_search_call", "tool_search_output", "program",
-             "program_output"}
+            {
+                "item_reference",
+                "input_file",
+                "allowed_tools",
+                "apply_patch_call",
+                "apply_patch_call_output",
+                "code_interpreter_call",
+                "compaction",
+                "computer_call",
+                "computer_call_output",
+                "file_search_call",
+                "image_generation_call",
+                "local_shell_call",
+                "local_shell_call_output",
+                "mcp_approval_request",
+                "mcp_approval_response",
+                "mcp_call",
+                "mcp_list_tools",
+                "shell_call",
+                "shell_call_output",
+                "tool_search_call",
+                "tool_search_output",
+                "program",
+                "program_output",
+            }
         ),
     ),
     "messages": Served(types=frozenset({"image", "document"})),
@@ -277,7 +317,7 @@ def without(body: Json, field: str) -> Json | None:
     steps: list[Any] = []
     for name, index in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]", field):
         steps.append(name if name else int(index))
-    if not steps or steps[0] in _REQUIRED and len(steps) == 1:
+    if not steps or (steps[0] in _REQUIRED and len(steps) == 1):
         return None
     cut = max((i for i, step in enumerate(steps) if isinstance(step, int)), default=0)
     target = steps[: cut + 1]
@@ -299,7 +339,7 @@ def judged(rig: Rig, api: Api, case: Case, stream: bool) -> None:
     problems: list[str] = []
     for _ in range(_RESENDS + 1):
         rig.upstreams.answer(case.route, case.answer)
-        invalid = api.description.request_errors(api.request or "", body)
+        invalid = api.description.violated_by(api.request or "", body)
         outcome = rig.exchange(api, body, stream=stream, invalid=invalid, echoed=case.made_up)
         problems += outcome.problems
         if outcome.status != 400 or invalid or problems:

@@ -607,8 +607,9 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             options.reasoning_effort = effort  # for layers that read the older field
     metadata = payload.get("metadata")
     if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise _invalid("metadata", "expected an object")
+        # Echoed in the answer, where the API declares it strings: checked as the API does.
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise _invalid("metadata", "expected an object of strings")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
     return request

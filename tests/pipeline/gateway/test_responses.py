@@ -322,6 +322,7 @@ async def test_failure_after_output_is_an_error_event_then_response_failed(
         ({"tool_choice": {"type": "file_search"}}, "tool_choice", "unsupported_parameter"),
         ({"reasoning": {"frobnicate": "x"}}, "reasoning.frobnicate", "unsupported_parameter"),
         ({"reasoning": {"summary": 1}}, "reasoning.summary", "invalid_value"),
+        ({"metadata": {"k": 1}}, "metadata", "invalid_value"),
         ({"frobnicate": 1}, "frobnicate", "unsupported_parameter"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", None),
         ({"input": [{"role": "wizard", "content": "secret words"}]}, "input[0].role", None),

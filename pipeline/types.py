@@ -401,7 +401,7 @@ def as_messages(messages: Messages) -> list[ChatMessage]:
                 )
         if not messages:
             raise RequestRefusedError(
-                "messages: the conversation holds no message", param="messages"
+                "messages: must not be empty (the conversation holds no message)", param="messages"
             )
         return messages
     if isinstance(messages, str):

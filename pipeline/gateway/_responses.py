@@ -386,7 +386,9 @@ def _tool_entries(value: Any, param: str) -> list[tuple[str, dict[str, Any], str
             namespace = tool.get("name")
             if not isinstance(namespace, str) or not namespace:
                 raise _invalid(f"{where}.name", "expected a namespace name")
-            inner = _tool_entries(tool.get("tools", []), f"{where}.tools")
+            if not tool.get("tools"):  # as the API: a namespace holds tools
+                raise _invalid(f"{where}.tools", "expected a non-empty list of tools")
+            inner = _tool_entries(tool["tools"], f"{where}.tools")
             entries += [(w, t, namespace) for w, t, ns in inner if ns is None]
         else:
             entries.append((where, tool, None))

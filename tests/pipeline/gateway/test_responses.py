@@ -323,6 +323,11 @@ async def test_failure_after_output_is_an_error_event_then_response_failed(
         ({"reasoning": {"frobnicate": "x"}}, "reasoning.frobnicate", "unsupported_parameter"),
         ({"reasoning": {"summary": 1}}, "reasoning.summary", "invalid_value"),
         ({"metadata": {"k": 1}}, "metadata", "invalid_value"),
+        (
+            {"tools": [{"type": "namespace", "name": "n", "description": "", "tools": []}]},
+            "tools[0].tools",
+            "invalid_value",
+        ),
         ({"frobnicate": 1}, "frobnicate", "unsupported_parameter"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", None),
         ({"input": [{"role": "wizard", "content": "secret words"}]}, "input[0].role", None),

@@ -406,8 +406,8 @@ def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Na
     kept: list[tuple[str, dict[str, Any], str | None, str]] = []
     for where, tool, namespace in entries:
         kind = tool.get("type")
-        if kind in _BUILTIN:
-            request.builtin_tools.append(str(kind))
+        if isinstance(kind, str) and kind in _BUILTIN:  # a set: an object would not hash
+            request.builtin_tools.append(kind)
             continue
         if kind not in ("function", "custom"):
             raise _unsupported(

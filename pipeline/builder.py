@@ -62,7 +62,8 @@ class ChatPipeline(AsyncClosing):
     """A built pipeline: a `ChatClient` that validates its input once and calls its layers.
 
     Messages may be a str, a `ChatMessage` or a sequence of them; anything else raises
-    `TypeError`, an empty sequence `ValueError`, before any layer runs.
+    `TypeError`, an empty sequence `RequestRefusedError` (a `ValueError`), before any layer
+    runs.
     """
 
     def __init__(

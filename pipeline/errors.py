@@ -8,6 +8,8 @@
     │                                  (also a ValueError)
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
+    ├── RequestRefusedError            the pipeline refused the request before any provider
+    │                                  was called; names the field (also a ValueError)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
@@ -81,6 +83,7 @@ __all__ = [
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
+    "RequestRefusedError",
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
@@ -196,6 +199,34 @@ class WireError(ChatPipelineError):
         if self.retry_after is None:
             return []
         return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
+
+
+class RequestRefusedError(ChatPipelineError, ValueError):
+    """The pipeline refused the request before any provider was called: the caller's
+    mistake, never a provider's (an empty conversation; a value the API of the route it
+    reached cannot express). `param` names the field (``messages``, ``reasoning.effort``);
+    the message is ours and quotes no content.
+
+    `classify` makes it `REQUEST_INVALID`: never retried nor failed over, and a breaker
+    counts it as nothing (no deployment was asked). The gateway answers it with a 400
+    naming `param`, in every format.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    @classmethod
+    def untranslatable(
+        cls, param: str, value: object, api: str, known: Sequence[str] = ()
+    ) -> RequestRefusedError:
+        """`param`'s value has no equivalent in `api` (the API of the route the request
+        reached), which takes the `known` values. The value is named when it looks like
+        an enum's value (letters, digits and ``_.-``), else only described."""
+        shown = f"{value!r}" if type(value) is str and _SAFE_CODE.fullmatch(value) else "its value"
+        takes = f" (it takes {', '.join(known)})" if known else ""
+        return cls(f"{param}: {shown} has no equivalent in {api}{takes}", param=param)
 
 
 class RoutingError(ChatPipelineError):
@@ -490,6 +521,8 @@ def classify(exc: BaseException) -> FailureKind:
     """
     if isinstance(exc, ProviderError):
         return exc.kind
+    if isinstance(exc, RequestRefusedError):
+        return FailureKind.REQUEST_INVALID
     if isinstance(exc, httpx2.HTTPStatusError):
         return kind_for_status(exc.response.status_code)
     if isinstance(exc, httpx2.TransportError | TimeoutError | ConnectionError):

@@ -29,6 +29,19 @@ _ENCODER_DESELECTED = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # The conformance suite's (tests/conformance/conftest.py reads them).
+    parser.addoption(
+        "--conformance-examples",
+        type=int,
+        default=None,
+        help="examples per conformance property test (CI: 200; also "
+        "CHAT_PIPELINE_CONFORMANCE_EXAMPLES)",
+    )
+    parser.addoption(
+        "--conformance-seed",
+        default=None,
+        help="the seed of the conformance draws (CI: 45); 'random' for a new one",
+    )
     parser.addoption(
         "--run-encoder",
         action="store_true",

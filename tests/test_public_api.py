@@ -169,6 +169,7 @@ SURFACES = {
         "RateLimitedError",
         "RequestBudgetExceededError",
         "RequestInvalidError",
+        "RequestRefusedError",
         "RequestTimeoutError",
         "ResponseValidationError",
         "RoutingError",

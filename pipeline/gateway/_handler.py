@@ -138,6 +138,15 @@ def _cache(exchange: Exchange, request: ChatRequest) -> Any:
 _X_CACHE = {"hit": b"hit", "miss": b"miss", "refresh": b"miss", "bypass": b"bypass"}
 
 
+def _reached(exchange: Exchange) -> str | None:
+    """The route a request reached: the router's last attempt's, else the one its model
+    name serves (an error that names a route names this one)."""
+    report = exchange.report
+    if report is not None and report.route_name is not None:
+        return report.route_name
+    return exchange.route
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -260,6 +269,16 @@ class FormatHandler:
 
         return with_instructions(request.messages, target.instructions)
 
+    async def _before_output(
+        self, exchange: Exchange, watch: _Disconnect, exc: Exception
+    ) -> BaseException:
+        """Answer a failure before any output with its status (the route it reached named
+        where the error names one); the request's failure."""
+        error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
+        watch.done = True
+        await exchange.error(error)
+        return exc
+
     async def _complete(
         self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
     ) -> BaseException | None:
@@ -268,10 +287,7 @@ class FormatHandler:
                 self._messages(request, target), request.options
             )
         except Exception as exc:
-            error = error_for(exc, self.gateway.settings.retry_after)
-            watch.done = True
-            await exchange.error(error)
-            return exc
+            return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()
         exchange.response_model = response.model_id
         body = self.format.completion(response, request, response_id=response_id, created=now())
@@ -289,9 +305,14 @@ class FormatHandler:
         watch: _Disconnect,
         started: _Started,
     ) -> BaseException | None:
-        stream = target.client.get_streaming_response(
-            self._messages(request, target), request.options
-        )
+        try:
+            stream = target.client.get_streaming_response(
+                self._messages(request, target), request.options
+            )
+        except Exception as exc:
+            # Refused before any stream began (the pipeline's own checks): a status, as a
+            # failure before the first update is.
+            return await self._before_output(exchange, watch, exc)
         send = exchange.send
         try:
             # The status line waits for the first update: until then the router may still
@@ -301,10 +322,7 @@ class FormatHandler:
             except StopAsyncIteration:
                 first = None
             except Exception as exc:
-                error = error_for(exc, self.gateway.settings.retry_after)
-                watch.done = True
-                await exchange.error(error)
-                return exc
+                return await self._before_output(exchange, watch, exc)
             model = first.model_id if first is not None else None
             exchange.response_model = model
             response_id = exchange.response_id = self.format.new_response_id()

@@ -84,6 +84,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "SchemaVersionError",
     "SemanticIndexError",
     "ToolArgumentsError",
     "TransientProviderError",
@@ -360,6 +361,17 @@ class ResponseValidationError(ProviderError):
     ) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
         super().__init__(message, **fields)
+
+
+class SchemaVersionError(ChatPipelineError):
+    """A database's schema is not the one this code needs: behind it (``chat-pipeline db
+    upgrade`` applies the missing migrations) or ahead of it (newer code wrote it). `found`
+    and `expected` are the versions."""
+
+    def __init__(self, message: str, *, found: int, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class MalformedSSE(ValueError):

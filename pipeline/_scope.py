@@ -222,17 +222,24 @@ class AttemptLog:
     """The priced attempts of one request, in the order they ended (see the module
     docstring); `prices` is the book attempts without a route price are priced by (None:
     only routes with a `Price` are priced); `attribution` is whose request it is, as the
-    server in front says (the spend layer's to read); `recorded` counts the attempts a
-    ledger has already taken; `late`, when set (by a ledger that already took the request's
-    attempts), is called with the log for an attempt added after that (a response cache's
-    call that went on for other requests after this one's caller left)."""
+    server in front says (the spend layer's to read), and `request_id` its id there;
+    `recorded` counts the attempts a ledger has already taken; `late`, when set (by a
+    ledger that already took the request's attempts), is called with the log for an
+    attempt added after that (a response cache's call that went on for other requests after
+    this one's caller left)."""
 
-    __slots__ = ("attempts", "attribution", "late", "prices", "recorded")
+    __slots__ = ("attempts", "attribution", "late", "prices", "recorded", "request_id")
 
-    def __init__(self, prices: PriceBook | None = None, attribution: Any = None) -> None:
+    def __init__(
+        self,
+        prices: PriceBook | None = None,
+        attribution: Any = None,
+        request_id: str | None = None,
+    ) -> None:
         self.attempts: list[PricedAttempt] = []
         self.prices = prices
         self.attribution = attribution
+        self.request_id = request_id
         self.recorded = 0
         self.late: Callable[[AttemptLog], None] | None = None
 

@@ -348,6 +348,8 @@ class ResponseValidationError(ProviderError):
     (``items[0].price``; ``$`` for the whole answer) and an error type (``missing``,
     ``json_invalid``, ``required``, ...). Neither the message nor `problems` ever quotes the
     response: locations name only the validator's own fields (other keys show as ``*``).
+    `usage` is the refused response's token usage (`UsageDetails`), when it reported one:
+    what getting it cost, which the spend ledger records.
     """
 
     default_kind = FailureKind.INVALID_RESPONSE
@@ -357,9 +359,11 @@ class ResponseValidationError(ProviderError):
         message: str = "",
         *,
         problems: Sequence[tuple[str, str]] = (),
+        usage: Any = None,
         **fields: Any,
     ) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        self.usage = usage
         super().__init__(message, **fields)
 
 

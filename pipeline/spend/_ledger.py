@@ -124,6 +124,7 @@ class SpendLedger:
         self._wake: asyncio.Event | None = None
         self._closing = False
         self._closed = False
+        self._draining = asyncio.Lock()
         self._labels: dict[tuple[Any, ...], dict[str, str]] = {}
         instruments = meter(SPEND_SCOPE, meter_provider)
         self._cost = instruments.create_counter(
@@ -247,8 +248,13 @@ class SpendLedger:
         self._outage.failed(exc)
 
     async def _drain(self, *, final: bool = False) -> bool:
-        """Write the spool, then the queue. When the database fails (or is being skipped
-        after a failure), queued records go to the spool. True when nothing is left."""
+        """Write the spool, then the queue, one drain at a time (the writer's, a flush's).
+        When the database fails (or is being skipped after a failure), queued records go
+        to the spool. True when nothing is left."""
+        async with self._draining:
+            return await self._drain_now(final)
+
+    async def _drain_now(self, final: bool) -> bool:
         if self._outage.skipping() and not final:
             await self._spool_queue()
             return False

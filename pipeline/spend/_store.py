@@ -287,6 +287,7 @@ class SqlSpendStore:
         until: datetime | None = None,
         where: Mapping[str, Any] | None = None,
     ) -> list[SpendSummary]:
+        await self.prepare()
         names = list(dict.fromkeys(group_by))
         if "currency" not in names:
             names.append("currency")  # amounts are never added across currencies
@@ -299,7 +300,7 @@ class SqlSpendStore:
                 if self.database.dialect == "postgres"
                 else " LEFT JOIN json_each(s.tags) AS t"
             )
-        hit = "s.cache = 'hit'"
+        hit = "COALESCE(s.cache, '') = 'hit'"
         select = ", ".join(
             [
                 *expressions,
@@ -357,6 +358,7 @@ class SqlSpendStore:
         where: Mapping[str, Any] | None = None,
         limit: int = 1000,
     ) -> list[SpendRecord]:
+        await self.prepare()
         clauses, params = self._where(since, until, where)
         sql = f"SELECT {', '.join('s.' + c for c in _COLUMNS)} FROM {TABLE} s"
         if clauses:

@@ -121,8 +121,10 @@ class GatewayState(Protocol):
     @property
     def spend(self) -> Any:
         """The worker's `pipeline.spend.SpendLedger` (``[spend]``), or None."""
+
     @property
     def admin_key(self) -> bytes | None:
         """The admin endpoints' key (``[gateway] admin_key_env``), or None."""
+
     async def readiness(self) -> tuple[bool, dict[str, str]]:
         """Whether this worker is ready, and each check's result."""

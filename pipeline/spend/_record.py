@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from pipeline._scope import PricedAttempt
@@ -48,30 +48,77 @@ def _tags(values: Iterable[Any]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-@dataclass(frozen=True, slots=True)
+_ATTRIBUTION_FIELDS = ("key", "key_name", "user", "team", "tags", "endpoint", "session")
+
+
 class Attribution:
     """Whose request it was: the caller's `key` (a virtual key's id; never a secret) and
     its `key_name`, the `user`, the `team`, free `tags`, the `endpoint` (the gateway's
     path, or a label of your own in library use) and the conversation's `session`.
 
     Values are kept to 256 characters, tags to 32 of 64 characters each, so a caller cannot
-    grow a record without bound."""
+    grow a record without bound. Immutable."""
 
-    key: str | None = None
-    key_name: str | None = None
-    user: str | None = None
-    team: str | None = None
-    tags: tuple[str, ...] = ()
-    endpoint: str | None = None
-    session: str | None = None
+    __slots__ = _ATTRIBUTION_FIELDS
 
-    def __post_init__(self) -> None:
-        for name in ("key", "key_name", "user", "team", "endpoint", "session"):
-            object.__setattr__(self, name, _bounded(getattr(self, name)))
-        tags = self.tags
+    key: str | None
+    key_name: str | None
+    user: str | None
+    team: str | None
+    tags: tuple[str, ...]
+    endpoint: str | None
+    session: str | None
+
+    def __init__(
+        self,
+        key: str | None = None,
+        key_name: str | None = None,
+        user: str | None = None,
+        team: str | None = None,
+        tags: Iterable[str] | str = (),
+        endpoint: str | None = None,
+        session: str | None = None,
+    ) -> None:
         if isinstance(tags, str):
-            tags = tuple(part for part in tags.split(","))
-        object.__setattr__(self, "tags", _tags(tags))
+            tags = tags.split(",")
+        set_ = object.__setattr__
+        set_(self, "key", _bounded(key))
+        set_(self, "key_name", _bounded(key_name))
+        set_(self, "user", _bounded(user))
+        set_(self, "team", _bounded(team))
+        set_(self, "tags", _tags(tags) if tags else ())
+        set_(self, "endpoint", _bounded(endpoint))
+        set_(self, "session", _bounded(session))
+
+    @classmethod
+    def _of_checked(cls, *values: Any) -> Attribution:
+        """An attribution of values already bounded (`over`): no checks again."""
+        made = object.__new__(cls)
+        for name, value in zip(_ATTRIBUTION_FIELDS, values, strict=True):
+            object.__setattr__(made, name, value)
+        return made
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Attribution is immutable")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _ATTRIBUTION_FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Attribution):
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={value!r}"
+            for name, value in zip(_ATTRIBUTION_FIELDS, self._values(), strict=True)
+            if value
+        )
+        return f"Attribution({shown})"
 
     @classmethod
     def of(cls, value: Attribution | Mapping[str, Any] | None) -> Attribution | None:
@@ -79,12 +126,11 @@ class Attribution:
         if value is None or isinstance(value, Attribution):
             return value
         if isinstance(value, Mapping):
-            known = {f.name for f in fields(cls)}
-            unknown = sorted(str(k) for k in value if k not in known)
+            unknown = sorted(str(k) for k in value if k not in _ATTRIBUTION_FIELDS)
             if unknown:
                 raise ValueError(
                     f"unknown attribution field(s) {', '.join(unknown)}; "
-                    f"expected some of {', '.join(sorted(known))}"
+                    f"expected some of {', '.join(sorted(_ATTRIBUTION_FIELDS))}"
                 )
             return cls(**value)
         raise TypeError(
@@ -95,14 +141,17 @@ class Attribution:
         """This attribution's fields where set, else `base`'s; the tags of both."""
         if base is None:
             return self
-        return Attribution(
-            key=self.key if self.key is not None else base.key,
-            key_name=self.key_name if self.key_name is not None else base.key_name,
-            user=self.user if self.user is not None else base.user,
-            team=self.team if self.team is not None else base.team,
-            tags=(*base.tags, *self.tags),
-            endpoint=self.endpoint if self.endpoint is not None else base.endpoint,
-            session=self.session if self.session is not None else base.session,
+        tags = self.tags
+        if base.tags:
+            tags = _tags((*base.tags, *tags))
+        return Attribution._of_checked(
+            self.key if self.key is not None else base.key,
+            self.key_name if self.key_name is not None else base.key_name,
+            self.user if self.user is not None else base.user,
+            self.team if self.team is not None else base.team,
+            tags,
+            self.endpoint if self.endpoint is not None else base.endpoint,
+            self.session if self.session is not None else base.session,
         )
 
 
@@ -116,8 +165,7 @@ def new_record_id() -> str:
     return f"{_PREFIX}{next(_counter):x}"
 
 
-@dataclass(frozen=True, slots=True)
-class SpendRecord:
+class SpendRecord(NamedTuple):
     """One provider attempt (or one cache hit), as the ledger keeps it.
 
     `cost` is in `currency` units (None: no price was known: the record is *unpriced*);
@@ -125,7 +173,8 @@ class SpendRecord:
     stream was cut before it did). A cache hit (`cache` ``"hit"``) used nothing, cost 0 and
     `saved_cost` what the stored answer had cost. `attempt` numbers the request's attempts
     from 1 (0 for a cache hit); `outcome` is the attempt's (``completed``,
-    ``failed_before_output``, ``failed_after_output``, ``abandoned``, ``canceled``)."""
+    ``failed_before_output``, ``failed_after_output``, ``abandoned``, ``canceled``).
+    Immutable (a named tuple: cheap to make, one per attempt)."""
 
     id: str
     time: datetime
@@ -201,8 +250,7 @@ class SpendRecord:
         """This record with `attribution`'s fields."""
         if attribution is None:
             return self
-        return replace(
-            self,
+        return self._replace(
             key=attribution.key,
             key_name=attribution.key_name,
             user=attribution.user,
@@ -215,15 +263,15 @@ class SpendRecord:
     def as_dict(self) -> dict[str, Any]:
         """The record as JSON-ready values (costs as strings, the time as ISO 8601)."""
         out: dict[str, Any] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
+        value: Any
+        for name, value in zip(self._fields, self, strict=True):
             if isinstance(value, Decimal):
                 value = str(value)
             elif isinstance(value, datetime):
                 value = value.isoformat()
             elif isinstance(value, tuple):
                 value = list(value)
-            out[item.name] = value
+            out[name] = value
         return out
 
     @classmethod
@@ -238,7 +286,7 @@ class SpendRecord:
         return cls(**values)
 
 
-FIELDS = tuple(item.name for item in fields(SpendRecord))
+FIELDS = SpendRecord._fields
 _NOBODY = Attribution()
 """The record's fields, in order."""
 

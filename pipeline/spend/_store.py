@@ -322,7 +322,9 @@ class SqlSpendStore:
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
         positions = ", ".join(str(i + 1) for i in range(len(expressions)))
-        sql += f" GROUP BY {positions} ORDER BY {positions}"
+        # The same order in both dialects: groups without a value last.
+        order = ", ".join(f"{i + 1} NULLS LAST" for i in range(len(expressions)))
+        sql += f" GROUP BY {positions} ORDER BY {order}"
         rows = await self.database.fetch(sql, params)
         summaries = []
         for row in rows:

@@ -38,8 +38,13 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from pipeline.pricing import Cost, PriceBook
     from pipeline.types import UsageDetails
+
+# `pipeline.pricing` builds on this module (its `priced_attempt` makes `PricedAttempt`s), so
+# its types are named here in words: `Cost` is `pipeline.pricing.Cost`, a book a
+# `pipeline.pricing.PriceBook`.
+Cost = Any
+PriceBook = Any
 
 __all__ = [
     "AttemptLog",

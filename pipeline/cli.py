@@ -382,6 +382,17 @@ def _fake_fleet(args: argparse.Namespace) -> int:
         return 0
 
 
+def _database_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which database a command works on: a file's ``[spend]`` table's, or a URL's."""
+    parser.add_argument("--config", metavar="FILE", help="the TOML file with a [spend] table")
+    parser.add_argument("--env", metavar="NAME", help="environment overlay")
+    parser.add_argument(
+        "--database-env",
+        metavar="VAR",
+        help="the environment variable holding the database's URL (instead of --config)",
+    )
+
+
 def _database_of(args: argparse.Namespace) -> object:
     """The database a ``db`` command names (`pipeline._db.Database`): ``--database-env``'s
     URL, else the ``[spend]`` table's of ``--config``. `ConfigError` when there is none."""
@@ -589,23 +600,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "db", help="apply the database's migrations, or show its schema's version"
     )
     database.add_argument("action", choices=("upgrade", "status"))
-    database.add_argument("--config", metavar="FILE", help="the TOML file with a [spend] table")
-    database.add_argument("--env", metavar="NAME", help="environment overlay")
-    database.add_argument(
-        "--database-env",
-        metavar="VAR",
-        help="the environment variable holding the database's URL (instead of --config)",
-    )
+    _database_arguments(database)
     spend = commands.add_parser(
         "spend", help="add up the spend ledger's records by key, team, user, tag, route ..."
     )
-    spend.add_argument("--config", metavar="FILE", help="the TOML file with a [spend] table")
-    spend.add_argument("--env", metavar="NAME", help="environment overlay")
-    spend.add_argument(
-        "--database-env",
-        metavar="VAR",
-        help="the environment variable holding the database's URL (instead of --config)",
-    )
+    _database_arguments(spend)
     spend.add_argument(
         "--group-by",
         metavar="F,G",

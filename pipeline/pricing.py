@@ -16,12 +16,13 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import Field, PrivateAttr, StringConstraints
 
+from pipeline._scope import PricedAttempt
 from pipeline._settings import Settings
 from pipeline.errors import CircuitOpenError, ProviderError, UnsendableRequestError
 from pipeline.types import (
@@ -49,6 +50,7 @@ __all__ = [
     "estimate_input_tokens",
     "estimated_output_tokens",
     "priced",
+    "priced_attempt",
     "reached_provider",
     "response_characters",
     "streamed_characters",
@@ -278,10 +280,9 @@ def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
 def _valid(usage: UsageDetails) -> bool:
     """Whether genai-prices would price `usage` (a part never larger than its whole)."""
     total_input = _count(usage.input_tokens)
-    return (
-        _count(usage.cache_read_tokens) + _count(usage.cache_write_tokens) <= total_input
-        and _count(usage.reasoning_tokens) <= _count(usage.output_tokens)
-    )
+    return _count(usage.cache_read_tokens) + _count(
+        usage.cache_write_tokens
+    ) <= total_input and _count(usage.reasoning_tokens) <= _count(usage.output_tokens)
 
 
 class _Model:
@@ -497,6 +498,59 @@ def attempt_usage(
             reported.cache_write_tokens if reported is not None else None,
         ),
         estimated,
+    )
+
+
+def priced_attempt(
+    *,
+    route: str,
+    number: int,
+    outcome: str,
+    provider: str | None,
+    model_requested: str | None,
+    model_served: str | None,
+    reported: UsageDetails | None,
+    characters: int,
+    messages: Sequence[ChatMessage],
+    error: BaseException | None,
+    price: Price | None,
+    book: PriceBook | None,
+    started_at: float,
+    duration: float,
+    time_to_first_update: float | None,
+) -> PricedAttempt:
+    """One attempt that reached a provider, priced: what it used (`attempt_usage`) at the
+    route's `price` or the `book`'s (`priced`), for the request's attempt log. Every router
+    and the spend layer (a call without a router) price attempts here, once."""
+    usage, estimated = attempt_usage(
+        reported,
+        completed=outcome == "completed",
+        characters=characters,
+        messages=messages,
+        error=error,
+    )
+    cost = priced(
+        price,
+        book,
+        provider,
+        model_served or model_requested,
+        usage,
+        at=datetime.fromtimestamp(started_at, UTC),
+        estimated=estimated,
+    )
+    return PricedAttempt(
+        route=route,
+        number=number,
+        outcome=outcome,
+        provider=provider,
+        model_requested=model_requested,
+        model_served=model_served,
+        usage=usage,
+        estimated=estimated,
+        cost=cost,
+        started_at=started_at,
+        duration=duration,
+        time_to_first_update=time_to_first_update,
     )
 
 

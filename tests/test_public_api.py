@@ -104,6 +104,7 @@ SURFACES = {
         "estimate_input_tokens",
         "estimated_output_tokens",
         "priced",
+        "priced_attempt",
         "reached_provider",
         "response_characters",
         "streamed_characters",

@@ -39,7 +39,6 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
@@ -74,8 +73,7 @@ from pipeline.errors import (
 from pipeline.pricing import (
     Cost,
     Price,
-    attempt_usage,
-    priced,
+    priced_attempt,
     reached_provider,
     response_characters,
     streamed_characters,
@@ -644,51 +642,33 @@ class AttemptEngine(abc.ABC):
         response: ChatResponse | None,
         log: _scope.AttemptLog | None,
     ) -> Cost | None:
-        """Price the attempt (the route's `Price`, else the log's book) and, when the request
-        is logged, add it to the log: what it used (`pipeline.pricing.attempt_usage`), the
-        models asked for and served."""
-        completed = record.outcome == "completed"
+        """Price the attempt (`pipeline.pricing.priced_attempt`: the route's `Price`, else
+        the log's book) and, when the request is logged, add it to the log."""
         characters = attempt.characters
-        if response is not None and (response.usage is None or not completed):
+        if response is not None and (response.usage is None or record.outcome != "completed"):
             characters = response_characters(response)
-        usage, estimated = attempt_usage(
-            attempt.usage,
-            completed=completed,
+        metadata = metadata_of(attempt.client)
+        requested = attempt.options.model_id or metadata.model_id
+        spent = priced_attempt(
+            route=record.route_name,
+            number=record.number,
+            outcome=record.outcome,
+            provider=metadata.provider_name,
+            model_requested=requested,
+            model_served=attempt.model,
+            reported=attempt.usage,
             characters=characters,
             messages=attempt.messages,
             error=record.exception,
-        )
-        metadata = metadata_of(attempt.client)
-        requested = attempt.options.model_id or metadata.model_id
-        served = attempt.model or requested
-        started = attempt.started_at or time.time() - record.duration
-        cost = priced(
-            attempt.price,
-            log.prices if log is not None else None,
-            metadata.provider_name,
-            served,
-            usage,
-            at=datetime.fromtimestamp(started, UTC),
-            estimated=estimated,
+            price=attempt.price,
+            book=log.prices if log is not None else None,
+            started_at=attempt.started_at or time.time() - record.duration,
+            duration=record.duration,
+            time_to_first_update=record.time_to_first_update,
         )
         if log is not None:
-            log.add(
-                _scope.PricedAttempt(
-                    route=record.route_name,
-                    number=record.number,
-                    outcome=record.outcome,
-                    provider=metadata.provider_name,
-                    model_requested=requested,
-                    model_served=attempt.model,
-                    usage=usage,
-                    estimated=estimated,
-                    cost=cost,
-                    started_at=started,
-                    duration=record.duration,
-                    time_to_first_update=record.time_to_first_update,
-                )
-            )
-        return cost
+            log.add(spent)
+        return spent.cost
 
     async def _caller_left(
         self,

@@ -8,6 +8,8 @@
     │                                  (also a ValueError)
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
+    ├── SchemaVersionError             a database's schema is not this code's (run
+    │                                  `chat-pipeline db upgrade`, or upgrade the code)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent

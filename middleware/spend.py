@@ -266,7 +266,7 @@ class _SpendWatch(StreamWatcher):
     """A streamed call through the layer: its attempt log current in its first step (where
     the router beneath starts its request and takes it), its records made at its end."""
 
-    __slots__ = ("call", "layer", "messages", "options", "scoped", "steps", "token")
+    __slots__ = ("call", "layer", "messages", "options", "own", "scoped", "steps")
 
     def __init__(
         self, layer: SpendChatClient, messages: Messages, options: ChatOptions | None
@@ -284,11 +284,11 @@ class _SpendWatch(StreamWatcher):
             outer.prices = self.layer.ledger.prices
         log = outer if outer is not None else _scope.AttemptLog(self.layer.ledger.prices)
         self.call = _Call(self.layer, self.messages, self.options, log)
-        self.token = outer is None  # made current around steps only when it is ours
+        self.own = outer is None  # made current around steps only when it is ours
 
     def enter(self) -> Any:
         call = self.call
-        if call is None or not self.token:
+        if call is None or not self.own:
             return None
         return _scope.enter_attempt_log(call.log)
 

@@ -250,12 +250,14 @@ def _compile(model_price: ModelPrice) -> _Rates:
 def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
     """genai-prices' ``ModelPrice.calc_price`` for the usage we report, from `rates`: each
     priced unit's own tokens (a whole's count less its priced parts'), at its price (a
-    tiered price by the total input tokens), over its unit's size."""
-    total_input = input_tokens = _count(usage.input_tokens)
-    output_tokens = _count(usage.output_tokens)
-    read = _count(usage.cache_read_tokens)
-    written = _count(usage.cache_write_tokens)
-    reasoning = _count(usage.reasoning_tokens)
+    tiered price by the total input tokens), over its unit's size. None when genai-prices
+    would refuse the usage (a part larger than its whole)."""
+    total_input = usage.input_tokens or 0
+    output_tokens = usage.output_tokens or 0
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    reasoning = usage.reasoning_tokens or 0
+    input_tokens = total_input
     if rates.less_read:
         input_tokens -= read
     if rates.less_written:
@@ -266,6 +268,9 @@ def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
     amount = _ZERO
     tiered = rates.tiered
     for index, value, per in rates.units:
+        count = counts[index]
+        if not count:
+            continue  # adds nothing (and Decimal arithmetic is what a price costs here)
         price = value
         if tiered and type(value) is not Decimal:
             price = value.base
@@ -273,16 +278,23 @@ def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
                 if total_input > tier.start:
                     price = tier.price
                     break
-        amount += price * Decimal(counts[index]) / per
+        amount += price * count / per
     return amount
 
 
 def _valid(usage: UsageDetails) -> bool:
-    """Whether genai-prices would price `usage` (a part never larger than its whole)."""
-    total_input = _count(usage.input_tokens)
-    return _count(usage.cache_read_tokens) + _count(
-        usage.cache_write_tokens
-    ) <= total_input and _count(usage.reasoning_tokens) <= _count(usage.output_tokens)
+    """Whether genai-prices would price `usage`: no count negative, no part larger than its
+    whole."""
+    total_input = usage.input_tokens or 0
+    output = usage.output_tokens or 0
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    reasoning = usage.reasoning_tokens or 0
+    return (
+        min(total_input, output, read, written, reasoning) >= 0
+        and read + written <= total_input
+        and reasoning <= output
+    )
 
 
 class _Model:
@@ -538,19 +550,25 @@ def priced_attempt(
         at=datetime.fromtimestamp(started_at, UTC),
         estimated=estimated,
     )
-    return PricedAttempt(
-        route=route,
-        number=number,
-        outcome=outcome,
-        provider=provider,
-        model_requested=model_requested,
-        model_served=model_served,
-        usage=usage,
-        estimated=estimated,
-        cost=cost,
-        started_at=started_at,
-        duration=duration,
-        time_to_first_update=time_to_first_update,
+    # Positionally, in the fields' order (one per attempt, on the request's path).
+    return tuple.__new__(
+        PricedAttempt,
+        (
+            route,
+            number,
+            outcome,
+            provider,
+            model_requested,
+            model_served,
+            usage,
+            estimated,
+            cost,
+            started_at,
+            duration,
+            time_to_first_update,
+            None,
+            None,
+        ),
     )
 
 

@@ -48,29 +48,32 @@ def _tags(values: Iterable[Any]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-_ATTRIBUTION_FIELDS = ("key", "key_name", "user", "team", "tags", "endpoint", "session")
+class _Attributed(NamedTuple):
+    key: str | None = None
+    key_name: str | None = None
+    user: str | None = None
+    team: str | None = None
+    tags: tuple[str, ...] = ()
+    endpoint: str | None = None
+    session: str | None = None
 
 
-class Attribution:
+_ATTRIBUTION_FIELDS = _Attributed._fields
+
+
+class Attribution(_Attributed):
     """Whose request it was: the caller's `key` (a virtual key's id; never a secret) and
     its `key_name`, the `user`, the `team`, free `tags`, the `endpoint` (the gateway's
     path, or a label of your own in library use) and the conversation's `session`.
 
     Values are kept to 256 characters, tags to 32 of 64 characters each, so a caller cannot
-    grow a record without bound. Immutable."""
+    grow a record without bound. Immutable (a named tuple: its fields are the last seven
+    of a `SpendRecord`)."""
 
-    __slots__ = _ATTRIBUTION_FIELDS
+    __slots__ = ()
 
-    key: str | None
-    key_name: str | None
-    user: str | None
-    team: str | None
-    tags: tuple[str, ...]
-    endpoint: str | None
-    session: str | None
-
-    def __init__(
-        self,
+    def __new__(
+        cls,
         key: str | None = None,
         key_name: str | None = None,
         user: str | None = None,
@@ -78,45 +81,25 @@ class Attribution:
         tags: Iterable[str] | str = (),
         endpoint: str | None = None,
         session: str | None = None,
-    ) -> None:
+    ) -> Attribution:
         if isinstance(tags, str):
             tags = tags.split(",")
-        set_ = object.__setattr__
-        set_(self, "key", _bounded(key))
-        set_(self, "key_name", _bounded(key_name))
-        set_(self, "user", _bounded(user))
-        set_(self, "team", _bounded(team))
-        set_(self, "tags", _tags(tags) if tags else ())
-        set_(self, "endpoint", _bounded(endpoint))
-        set_(self, "session", _bounded(session))
-
-    @classmethod
-    def _of_checked(cls, *values: Any) -> Attribution:
-        """An attribution of values already bounded (`over`): no checks again."""
-        made = object.__new__(cls)
-        for name, value in zip(_ATTRIBUTION_FIELDS, values, strict=True):
-            object.__setattr__(made, name, value)
-        return made
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Attribution is immutable")
-
-    def _values(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, name) for name in _ATTRIBUTION_FIELDS)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Attribution):
-            return NotImplemented
-        return self._values() == other._values()
-
-    def __hash__(self) -> int:
-        return hash(self._values())
+        return tuple.__new__(
+            cls,
+            (
+                _bounded(key),
+                _bounded(key_name),
+                _bounded(user),
+                _bounded(team),
+                _tags(tags) if tags else (),
+                _bounded(endpoint),
+                _bounded(session),
+            ),
+        )
 
     def __repr__(self) -> str:
         shown = ", ".join(
-            f"{name}={value!r}"
-            for name, value in zip(_ATTRIBUTION_FIELDS, self._values(), strict=True)
-            if value
+            f"{name}={value!r}" for name, value in zip(self._fields, self, strict=True) if value
         )
         return f"Attribution({shown})"
 
@@ -144,14 +127,18 @@ class Attribution:
         tags = self.tags
         if base.tags:
             tags = _tags((*base.tags, *tags))
-        return Attribution._of_checked(
-            self.key if self.key is not None else base.key,
-            self.key_name if self.key_name is not None else base.key_name,
-            self.user if self.user is not None else base.user,
-            self.team if self.team is not None else base.team,
-            tags,
-            self.endpoint if self.endpoint is not None else base.endpoint,
-            self.session if self.session is not None else base.session,
+        # Both were bounded when made: no checks again.
+        return tuple.__new__(
+            Attribution,
+            (
+                self.key if self.key is not None else base.key,
+                self.key_name if self.key_name is not None else base.key_name,
+                self.user if self.user is not None else base.user,
+                self.team if self.team is not None else base.team,
+                tags,
+                self.endpoint if self.endpoint is not None else base.endpoint,
+                self.session if self.session is not None else base.session,
+            ),
         )
 
 
@@ -213,37 +200,35 @@ class SpendRecord(NamedTuple):
         usage = attempt.usage
         cost, saved = attempt.cost, attempt.saved
         priced = cost if cost is not None else saved
-        who = attribution or _NOBODY
         ttfu = attempt.time_to_first_update
-        return cls(
-            id=new_record_id(),
-            time=datetime.fromtimestamp(attempt.started_at, UTC),
-            request_id=request_id,
-            attempt=attempt.number,
-            route=attempt.route,
-            provider=attempt.provider,
-            model_requested=attempt.model_requested,
-            model_served=attempt.model_served,
-            input_tokens=usage.input_tokens or 0,
-            output_tokens=usage.output_tokens or 0,
-            cache_read_tokens=usage.cache_read_tokens or 0,
-            cache_write_tokens=usage.cache_write_tokens or 0,
-            reasoning_tokens=usage.reasoning_tokens or 0,
-            cost=cost.amount if cost is not None else None,
-            currency=priced.currency if priced is not None else "USD",
-            estimated=attempt.estimated,
-            outcome=attempt.outcome,
-            cache=attempt.cache,
-            saved_cost=saved.amount if saved is not None else None,
-            duration_ms=attempt.duration * 1000.0,
-            time_to_first_update_ms=None if ttfu is None else ttfu * 1000.0,
-            key=who.key,
-            key_name=who.key_name,
-            user=who.user,
-            team=who.team,
-            tags=who.tags,
-            endpoint=who.endpoint,
-            session=who.session,
+        # Positionally, in the fields' order: a record per attempt is made on the request's
+        # path, and keywords would cost twice as much.
+        return tuple.__new__(
+            cls,
+            (
+                new_record_id(),
+                datetime.fromtimestamp(attempt.started_at, UTC),
+                request_id,
+                attempt.number,
+                attempt.route,
+                attempt.provider,
+                attempt.model_requested,
+                attempt.model_served,
+                usage.input_tokens or 0,
+                usage.output_tokens or 0,
+                usage.cache_read_tokens or 0,
+                usage.cache_write_tokens or 0,
+                usage.reasoning_tokens or 0,
+                cost.amount if cost is not None else None,
+                priced.currency if priced is not None else "USD",
+                attempt.estimated,
+                attempt.outcome,
+                attempt.cache,
+                saved.amount if saved is not None else None,
+                attempt.duration * 1000.0,
+                None if ttfu is None else ttfu * 1000.0,
+                *(attribution or _NOBODY),
+            ),
         )
 
     def attributed(self, attribution: Attribution | None) -> SpendRecord:

@@ -90,7 +90,9 @@ async def test_the_librarys_telemetry_uses_no_foreign_namespace(
         assert (await collect(demo, "hi", streaming=streaming)).error is None
 
     # A retry, then a breaker that opens, then a failover to the backup.
-    flaky = ScriptedChatClient([fail(TransientProviderError(status_code=503))] * 4, name="flaky")
+    flaky = ScriptedChatClient(
+        [fail(TransientProviderError(status_code=503))] * 4, name="flaky"
+    )
     backup = ScriptedChatClient(reply("from backup"), name="backup")
     resilient = (
         ChatPipeline.builder(**otel.providers)
@@ -116,9 +118,7 @@ async def test_the_librarys_telemetry_uses_no_foreign_namespace(
     hedged = (
         ChatPipeline.builder(**otel.providers)
         .use_telemetry()
-        .use_hedging(
-            [Route("slow", slow), Route("fast", fast)], strategy="round_robin", delay=0.001
-        )
+        .use_hedging([Route("slow", slow), Route("fast", fast)], strategy="round_robin", delay=0.001)
         .build()
     )
     async with hedged:
@@ -168,10 +168,9 @@ async def test_the_gateways_telemetry_uses_no_foreign_namespace(
                 "cache": {"store": "memory"},
             }
         )
-        async with (
-            running(cfg, **otel.providers) as gateway,
-            httpx.AsyncClient(base_url=gateway.url, timeout=30) as client,
-        ):
+        async with running(cfg, **otel.providers) as gateway, httpx.AsyncClient(
+            base_url=gateway.url, timeout=30
+        ) as client:
             message = {"role": "user", "content": "hi"}
             for _ in range(2):  # a cache miss, then a hit
                 bodies = [

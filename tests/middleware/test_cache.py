@@ -271,9 +271,7 @@ async def test_an_option_the_key_cannot_represent_bypasses(otel: Otel) -> None:
     await chat.get_response("q", odd)
     await chat.get_response("q", odd)
     assert inner.call_count == 2
-    assert (
-        otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": "bypass"}) == 2
-    )
+    assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": "bypass"}) == 2
 
 
 # -- ttl and bounds --------------------------------------------------------------------------
@@ -484,9 +482,7 @@ async def test_results_on_the_request_span_and_the_lookup_metric(
     assert results == ["miss", "hit", "refresh", "bypass"]
     assert {s.attributes.get("chat_pipeline.cache.kind") for s in otel.finished()} == {"exact"}
     for result in ("miss", "hit", "refresh", "bypass"):
-        assert (
-            otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": result}) == 1
-        )
+        assert otel.total("chat_pipeline.cache.lookups", **{"chat_pipeline.cache.result": result}) == 1
 
 
 async def test_hits_count_the_cost_they_saved(otel: Otel, streaming: bool) -> None:
@@ -584,11 +580,7 @@ async def test_a_paraphrase_is_a_semantic_hit(otel: Otel, streaming: bool) -> No
     assert third.text != first.text
     spans = otel.finished()
     assert [s.attributes.get("chat_pipeline.cache.kind") for s in spans] == ["semantic"] * 3
-    assert [s.attributes.get("chat_pipeline.cache.result") for s in spans] == [
-        "miss",
-        "hit",
-        "miss",
-    ]
+    assert [s.attributes.get("chat_pipeline.cache.result") for s in spans] == ["miss", "hit", "miss"]
     assert spans[1].attributes["chat_pipeline.cache.similarity"] >= 0.9
 
 

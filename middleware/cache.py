@@ -13,7 +13,9 @@
   is not cached (``bypass``) rather than risk a wrong answer;
 * **what is stored**: the answer as the miss returned it (messages or updates, usage,
   finish reason, served model, response id), with when it was stored, the route that
-  served it and what it cost (when the route has a `Price`). Never stored: errors, cut or
+  served it and what it cost (as the router priced it: a route's `Price`, or a spend
+  ledger's price book). A hit tells the request's attempt log (`pipeline._scope`), so a
+  spend ledger records it with what it saved. Never stored: errors, cut or
   abandoned streams, cancelled calls, responses a validation layer beneath rejected (they
   are errors), responses with a finish reason outside `CacheSettings.finish_reasons`, and
   answers larger than `max_entry_bytes`. `ChatResponse.value` is not stored: validate

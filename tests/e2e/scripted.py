@@ -231,6 +231,7 @@ class FleetRun:
 # Dashboard series no run here makes yet, by metric: a query that reads one is expected to
 # answer nothing (the dashboard suites mark it so, strictly: once a run makes the series,
 # the mark must go).
+NO_HEDGES = "the fleet gateway runs a balanced router, no hedges"
 _LEDGER_HEALTHY = "the e2e runs' spend databases never fail: nothing is spooled or dropped"
 AWAITING: dict[str, dict[str, str]] = {
     "library": {
@@ -240,8 +241,8 @@ AWAITING: dict[str, dict[str, str]] = {
     "gateway": {
         "chat_pipeline_spend_spooled_total": _LEDGER_HEALTHY,
         "chat_pipeline_spend_dropped_total": _LEDGER_HEALTHY,
-        "chat_pipeline_route_hedges_started_total": "the fleet gateway runs a balanced router, no hedges",
-        "chat_pipeline_route_hedges_won_total": "the fleet gateway runs a balanced router, no hedges",
+        "chat_pipeline_route_hedges_started_total": NO_HEDGES,
+        "chat_pipeline_route_hedges_won_total": NO_HEDGES,
         "chat_pipeline_cache_lookups_total": "the e2e gateways run no response cache",
         "chat_pipeline_cache_saved_cost_total": "the e2e gateways run no response cache",
     },

@@ -66,6 +66,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
     enum_value,
     request_object,
     unsupported_parameter,
@@ -572,6 +573,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         tool_names=names,
         builtin_tools=builtin,
         user=user if isinstance(user, str) and user else None,
+        caller=caller_of(payload),
     )
 
 

@@ -17,7 +17,9 @@ shares:
 * a request cancelled by the server (shutdown past ``drain_timeout``) ends with a 503, or
   with an in-band error when its stream had started;
 * the routing story (served route, attempts, fallback, served model, response id) is left
-  on the `Exchange` for the server span and the log line.
+  on the `Exchange` for the server span and the log line;
+* with ``[spend]``, the request's `AttemptLog` (`pipeline._scope`) is open while it runs,
+  with whose request it is (`attribution`), and left on the `Exchange` (``attempts``).
 
 Authentication, the body, limits, request ids and telemetry are the layers around it
 (`pipeline.gateway.app` assembles them): a new format adds a module with its
@@ -38,9 +40,10 @@ from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
+from pipeline.spend import Attribution
 from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 
-__all__ = ["AnswerHooks", "FormatHandler", "InboundFormat", "StreamEncoder"]
+__all__ = ["AnswerHooks", "FormatHandler", "InboundFormat", "StreamEncoder", "attribution"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -145,6 +148,39 @@ def _reached(exchange: Exchange) -> str | None:
     if report is not None and report.route_name is not None:
         return report.route_name
     return exchange.route
+def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
+    """Whose request it is, for the spend ledger: the caller's key (its id and name when it
+    is a virtual key, its position in ``api_keys_env`` otherwise; never the key), the body's
+    ``user`` and ``metadata`` (``user``/``user_id``, ``team``, ``tags``, ``session``), the
+    ``x-chat-pipeline-tags`` header, the endpoint's path and the session header. A virtual
+    key's own team and user win over what the body says."""
+    caller = request.caller or {}
+    tags = [*(caller.get("tags") or "").split(",")]
+    if exchange.tags:
+        tags += exchange.tags.decode("latin-1").split(",")
+    key = exchange.key
+    key_id = key_name = team = user = None
+    if isinstance(key, int):
+        if key >= 0:
+            key_id = key_name = f"key-{key}"
+    elif key is not None:  # a virtual key: what it says of itself
+        key_id = _text(getattr(key, "id", None))
+        key_name = _text(getattr(key, "name", None))
+        team = _text(getattr(key, "team", None))
+        user = _text(getattr(key, "user", None))
+    return Attribution(
+        key=key_id,
+        key_name=key_name,
+        user=user or caller.get("user") or caller.get("user_id") or request.user,
+        team=team or caller.get("team"),
+        tags=tuple(tags),
+        endpoint=endpoint,
+        session=exchange.session or caller.get("session") or caller.get("session_id"),
+    )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 class FormatHandler:
@@ -176,6 +212,14 @@ class FormatHandler:
         request = exchange.request
         if request is None:  # pragma: no cover - the body layer runs first
             raise RuntimeError("the request's body was not read")
+        log_token = None
+        if self.gateway.spend is not None:
+            # The request's priced attempts, with whose request it is, for the spend layer.
+            log = exchange.attempts = _scope.AttemptLog(
+                attribution=attribution(exchange, request, self.format.path),
+                request_id=exchange.request_id,
+            )
+            log_token = _scope.enter_attempt_log(log)
         try:
             target = self.gateway.target(request.model)
             if target is None:
@@ -247,6 +291,8 @@ class FormatHandler:
             )
         finally:
             _scope.exit_report(token)
+            if log_token is not None:
+                _scope.exit_attempt_log(log_token)
             if cache_token is not None:
                 exit_cache_report(cache_token)
             if watch is not None:

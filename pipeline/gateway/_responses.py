@@ -59,6 +59,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
     enum_value,
     user_of,
 )
@@ -688,6 +689,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
     request.user = user_of(payload)
+    request.caller = caller_of(payload)
     return request
 
 

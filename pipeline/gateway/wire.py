@@ -60,6 +60,7 @@ __all__ = [
     "ChatRequest",
     "ChunkEncoder",
     "WireError",
+    "caller_of",
     "completion",
     "error_body",
     "enum_value",
@@ -98,6 +99,8 @@ class ChatRequest:
     """The end user the request names (``user`` or ``safety_identifier``; Anthropic's
     ``metadata.user_id``), for a response cache partitioned by user; None when it names
     none."""
+    caller: dict[str, str] | None = None
+    """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
 
 
 def user_of(payload: Mapping[str, Any]) -> str | None:
@@ -107,6 +110,26 @@ def user_of(payload: Mapping[str, Any]) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+_CALLER_KEYS = frozenset({"user", "user_id", "team", "tags", "session", "session_id"})
+
+
+def caller_of(payload: dict[str, Any]) -> dict[str, str] | None:
+    """The body's ``user`` and the attribution keys of its ``metadata`` (``user``,
+    ``user_id``, ``team``, ``tags``, ``session``, ``session_id``), string values only, each
+    cut to 256 characters: whose request it says it is (never anything else of the body)."""
+    found: dict[str, str] = {}
+    metadata = payload.get("metadata")
+    if isinstance(metadata, dict):
+        for key in _CALLER_KEYS:
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                found[key] = value[:256]
+    user = payload.get("user")
+    if isinstance(user, str) and user:
+        found["user"] = user[:256]
+    return found or None
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -405,6 +428,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         include_usage=include_usage,
         tool_names=names,
         user=user_of(payload),
+        caller=caller_of(payload),
     )
 
 

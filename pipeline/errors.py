@@ -14,6 +14,9 @@
     │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
     └── ProviderError                  a provider failed; `kind` says how (FailureKind)
         ├── RateLimitedError           RATE_LIMITED             429
+        ├── QuotaExhaustedError        QUOTA_EXHAUSTED          the provider account's quota or
+        │                                                       credit ran out (402,
+        │                                                       insufficient_quota)
         ├── TransientProviderError     TRANSIENT                5xx, timeouts, resets, cut streams
         │   └── AttemptTimeoutError    TRANSIENT                the router cut an attempt short
         │                                                       (also a TimeoutError)
@@ -42,11 +45,12 @@ application already imported them, or unknown) to a `FailureKind`; `retry_after_
 reads the wait a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a
 response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
-`is_failover_eligible` (those, an open circuit, an invalid response and unknown failures):
-a malformed answer is that deployment's failure, another route may answer well, but the
-same route asked again usually answers the same way, so it is not retried. Request errors
-(invalid, too long, filtered, unauthenticated) are never retried nor failed over: another
-deployment would refuse them the same way.
+`is_failover_eligible` (those, an exhausted quota, an open circuit, an invalid response and
+unknown failures): a malformed answer is that deployment's failure, another route may answer
+well, but the same route asked again usually answers the same way, so it is not retried; an
+exhausted quota or credit balance stays exhausted for hours, so it is never retried either.
+Request errors (invalid, too long, filtered, unauthenticated) are never retried nor failed
+over: another deployment would refuse them the same way.
 
 Messages never contain prompt text, response text or credentials: provider errors are
 built from status codes and provider error codes, never from echoed request bodies, and a
@@ -78,6 +82,7 @@ __all__ = [
     "ContextLengthExceededError",
     "FailureKind",
     "ProviderError",
+    "QuotaExhaustedError",
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
@@ -104,6 +109,7 @@ class FailureKind(StrEnum):
     """Why a call failed, as far as routing and retry care."""
 
     RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
     TRANSIENT = "transient"
     CIRCUIT_OPEN = "circuit_open"
     REQUEST_INVALID = "request_invalid"
@@ -297,6 +303,14 @@ class RateLimitedError(ProviderError):
     default_kind = FailureKind.RATE_LIMITED
 
 
+class QuotaExhaustedError(ProviderError):
+    """The provider account's own quota or credit ran out (OpenAI's ``insufficient_quota``,
+    Anthropic's credit-balance refusal, a 402 from an OpenAI-compatible vendor): the route
+    cannot serve for a long while. Failed over before output, never retried on that route."""
+
+    default_kind = FailureKind.QUOTA_EXHAUSTED
+
+
 class TransientProviderError(ProviderError):
     default_kind = FailureKind.TRANSIENT
 
@@ -375,6 +389,7 @@ _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
     cls.default_kind: cls
     for cls in (
         RateLimitedError,
+        QuotaExhaustedError,
         TransientProviderError,
         CircuitOpenError,
         RequestInvalidError,
@@ -433,6 +448,11 @@ def provider_error(
 
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 _FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "content_filtered"})
+# OpenAI answers an account out of quota 429 ``insufficient_quota`` (a rate limit's status:
+# only the code tells that waiting will not help); vendors say the same in these words.
+_QUOTA_CODES = frozenset(
+    {"insufficient_quota", "billing_hard_limit_reached", "insufficient_balance", "quota_exceeded"}
+)
 
 
 def kind_for_status(status_code: int, code: str | None = None) -> FailureKind:
@@ -441,6 +461,8 @@ def kind_for_status(status_code: int, code: str | None = None) -> FailureKind:
         return FailureKind.CONTEXT_LENGTH_EXCEEDED
     if code in _FILTER_CODES:
         return FailureKind.CONTENT_FILTERED
+    if code in _QUOTA_CODES or status_code == 402:
+        return FailureKind.QUOTA_EXHAUSTED
     if status_code == 429:
         return FailureKind.RATE_LIMITED
     if status_code in (401, 403):
@@ -555,6 +577,7 @@ _RETRYABLE = frozenset({FailureKind.RATE_LIMITED, FailureKind.TRANSIENT})
 _FAILOVER = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.CIRCUIT_OPEN,
         FailureKind.INVALID_RESPONSE,
@@ -571,8 +594,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_failover_eligible(exc: BaseException) -> bool:
-    """Default failover policy: deployment failures, an open circuit, an invalid response
-    and unknown failures.
+    """Default failover policy: deployment failures (an exhausted quota included), an open
+    circuit, an invalid response and unknown failures.
 
     A `CancelledError` raised by a client while its caller is not being cancelled counts as
     an unknown failure; the routers decide about caller cancellation before asking.

@@ -48,6 +48,8 @@ def str_or_none(value: Any) -> str | None:
 _IN_BAND_KINDS = {
     "rate_limit_exceeded": FailureKind.RATE_LIMITED,
     "rate_limit_error": FailureKind.RATE_LIMITED,
+    "insufficient_quota": FailureKind.QUOTA_EXHAUSTED,
+    "billing_error": FailureKind.QUOTA_EXHAUSTED,
     "server_error": FailureKind.TRANSIENT,
     "api_error": FailureKind.TRANSIENT,
     "overloaded_error": FailureKind.TRANSIENT,
@@ -67,6 +69,10 @@ _IN_BAND_KINDS = {
 # "This model's maximum context length is ..."). Only the start is compared, and the
 # message is never copied anywhere.
 _CONTEXT_MESSAGES = ("prompt is too long", "this model's maximum context length")
+# Anthropic refuses a request of an account out of credit as a 400 invalid_request_error
+# ("Your credit balance is too low to access the Anthropic API. ..."): only these words tell
+# it from a bad request. Compared the same way, never copied.
+_QUOTA_MESSAGES = ("your credit balance is too low",)
 
 
 def _status_of(code: Any) -> int | None:
@@ -105,6 +111,12 @@ def error_from_payload(
         and message[:40].lower().startswith(_CONTEXT_MESSAGES)
     ):
         kind = FailureKind.CONTEXT_LENGTH_EXCEEDED
+    elif (
+        message is not None
+        and type_ in (None, "invalid_request_error", "billing_error")
+        and message[:40].lower().startswith(_QUOTA_MESSAGES)
+    ):
+        kind = FailureKind.QUOTA_EXHAUSTED
     elif status_code is not None or numeric is not None:
         kind = kind_for_status(status_code or numeric or 0, name)
     else:

@@ -61,6 +61,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, runtime_checkable
 
 from opentelemetry import trace
@@ -82,6 +83,7 @@ from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forward
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
 from pipeline.errors import RedisUnavailable
+from pipeline.pricing import Cost
 from pipeline.types import (
     CacheMode,
     ChatMessage,
@@ -774,12 +776,14 @@ class _Flight:
 
     __slots__ = (
         "cancelled",
+        "cost",
         "done",
         "error",
         "finished",
         "key",
         "listeners",
         "response",
+        "route",
         "streaming",
         "task",
         "tick",
@@ -788,6 +792,9 @@ class _Flight:
 
     def __init__(self, key: str, streaming: bool) -> None:
         self.key = key
+        # What the call cost and which route served it (a follower's hit saved that).
+        self.cost: Cost | None = None
+        self.route: str | None = None
         self.streaming = streaming
         self.updates: list[ChatResponseUpdate] = []
         self.response: ChatResponse | None = None
@@ -977,8 +984,10 @@ class CachingChatClient(DelegatingChatClient):
         if labels is None:
             labels = _LABELS[(result, kind)] = {CACHE_RESULT: result, CACHE_KIND: kind}
         self._lookups.add(1, labels)
-        if entry is not None and entry.cost and result == "hit":
-            self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
+        if entry is not None and result == "hit":
+            if entry.cost:
+                self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
+            _log_hit(_scope.current_attempt_log(), entry.route, _model_of(entry), entry.cost)
         report = current_cache_report()
         if report is not None:
             report.result = result
@@ -1093,26 +1102,17 @@ class CachingChatClient(DelegatingChatClient):
         """The entry to store for a completed answer, or None when it may not be stored."""
         if request.mode is CacheMode.BYPASS or request.key is None:
             return None
-        price = report.price
         if response is not None:
-            finish_reason, usage = response.finish_reason, response.usage
+            finish_reason = response.finish_reason
         else:
-            # The last finish reason wins, as when the updates are assembled; the usage
-            # (summed over the updates) is needed only to price the answer.
+            # The last finish reason wins, as when the updates are assembled.
             finish_reason = next(
                 (u.finish_reason for u in reversed(updates or ()) if u.finish_reason), None
             )
-            usage = None
-            if price is not None:
-                usage = ChatResponse.from_updates(updates or ()).usage
         if not self._storable(finish_reason):
             return None
-        cost = None
-        if price is not None and usage is not None:
-            try:
-                cost = float(price.cost(usage.input_tokens, usage.output_tokens))
-            except Exception:  # a price of the caller's own that fails: no cost known
-                cost = None
+        # What the attempt that served it cost, as the router priced it (None: unpriced).
+        cost = float(report.cost.amount) if report.cost is not None else None
         try:
             value = _encode_entry(response, updates, report.route_name, cost)
         except _UNCACHEABLE:
@@ -1208,6 +1208,7 @@ class CachingChatClient(DelegatingChatClient):
             self._forget(flight)
             self._end_flight(flight)
             return
+        flight.cost, flight.route = report.cost, report.route_name
         self._end_flight(flight)
         try:
             await self._store(request, None, flight.updates, report)
@@ -1261,7 +1262,9 @@ class CachingChatClient(DelegatingChatClient):
             finally:
                 flight.listeners -= 1
             if flight.error is None:
-                return _copy_response(flight.result_response())
+                answer = _copy_response(flight.result_response())
+                _log_hit(_scope.current_attempt_log(), flight.route, answer.model_id, flight)
+                return answer
             if flight.cancelled:
                 continue  # the leader's caller left: its call is no answer; call again
             if called_again:
@@ -1286,6 +1289,7 @@ class CachingChatClient(DelegatingChatClient):
             if token is not None:
                 _scope.exit_report(token)
         flight.response = response
+        flight.cost, flight.route = report.cost, report.route_name
         self._end_flight(flight)
         write = self._store_now(request, response, None, report)
         if write is None:
@@ -1318,6 +1322,7 @@ class CachingChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         request = self._begin(messages, options)
+        log = _scope.current_attempt_log()  # current at the first read, maybe not after
         if request.key is None:
             self._record("bypass", request)
             async for update in forward(
@@ -1381,6 +1386,8 @@ class CachingChatClient(DelegatingChatClient):
             finally:
                 self._leave(flight)
             if flight.error is None:
+                if not leading:
+                    _log_hit(log, flight.route, _first_model(flight.updates), flight)
                 return
             if leading or sent:
                 raise flight.error
@@ -1450,6 +1457,50 @@ async def _then_forget(write: Awaitable[None], layer: CachingChatClient, flight:
 
 _LABELS: dict[tuple[str, str], dict[str, str]] = {}
 """The lookup counter's labels by (result, kind): a handful, made once."""
+
+
+def _model_of(entry: _Entry) -> str | None:
+    if entry.response is not None:
+        return entry.response.model_id
+    return _first_model(entry.updates or ())
+
+
+def _first_model(updates: Sequence[ChatResponseUpdate]) -> str | None:
+    return next((u.model_id for u in updates if u.model_id), None)
+
+
+def _log_hit(
+    log: _scope.AttemptLog | None,
+    route: str | None,
+    model: str | None,
+    saved: float | _Flight | None,
+) -> None:
+    """Tell the request's attempt log (when a spend layer or the gateway opened one) that
+    the cache answered: nothing used, and `saved` what the answer had cost (a stored entry's
+    cost, or the cost of the call a follower waited for)."""
+    if log is None:
+        return
+    amount = saved.cost if isinstance(saved, _Flight) else saved
+    if isinstance(amount, float):
+        amount = Cost(Decimal(repr(amount)))
+    log.add(
+        _scope.PricedAttempt(
+            route=route or "",
+            number=0,
+            outcome="completed",
+            provider=None,
+            model_requested=None,
+            model_served=model,
+            usage=UsageDetails(0, 0, 0),
+            estimated=False,
+            cost=Cost(Decimal(0), amount.currency if amount is not None else "USD"),
+            started_at=time.time(),
+            duration=0.0,
+            time_to_first_update=None,
+            cache="hit",
+            saved=amount,
+        )
+    )
 
 
 def _miss_result(request: _Request) -> str:

@@ -105,6 +105,7 @@ from pipeline.providers._settings import (
     OpenAISettings,
     ScriptedSettings,
 )
+from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
@@ -132,6 +133,7 @@ __all__ = [
     "ScriptedRouteConfig",
     "SemanticCacheConfig",
     "SemanticRouterConfig",
+    "SpendConfig",
     "TieredRouterConfig",
     "build_pipeline",
     "load_config",
@@ -730,6 +732,41 @@ class CacheConfig(CacheSettings):
         builder.use(layer)
 
 
+# -- the spend ledger ------------------------------------------------------------------------
+
+
+class SpendConfig(LedgerSettings):
+    """``[spend]``: the spend ledger, one record per provider attempt (`pipeline.spend`), kept
+    in a SQLite file (``store = "sqlite"``, the default: no server) or in PostgreSQL (``store =
+    "postgres"``, shared by replicas; the URL comes from the variable `dsn_env` names)."""
+
+    enabled: bool = True
+    """Whether spend is recorded (an environment may turn it off)."""
+    store: Literal["sqlite", "postgres"] = "sqlite"
+    """Where records are kept: ``sqlite`` (the file `path`) or ``postgres`` (the database `dsn_env`
+    names)."""
+    path: Annotated[str, Field(min_length=1)] = "chat-pipeline-spend.db"
+    """The SQLite file (relative paths are taken from the working directory)."""
+    dsn_env: EnvironmentVariable | None = None
+    """The environment variable holding the PostgreSQL URL (``postgresql://user:password@host/db``)
+    for ``store = "postgres"``: a URL may hold a password, so it is never written in the file."""
+    auto_upgrade: bool | None = None
+    """Whether the ledger applies missing migrations itself when it first connects (unset: yes for
+    SQLite, no for PostgreSQL, whose schema `chat-pipeline db upgrade` applies)."""
+
+    @model_validator(mode="after")
+    def _postgres_is_named(self) -> Any:
+        if self.store == "postgres" and self.dsn_env is None:
+            raise ValueError("store = 'postgres' needs dsn_env (the URL's variable)")
+        return self
+
+    def database_url(self) -> str:
+        """The database's URL (read from the environment for PostgreSQL)."""
+        if self.store == "postgres":
+            return os.environ[self.dsn_env or ""]
+        return self.path
+
+
 # -- overlays ----------------------------------------------------------------------------------
 
 
@@ -780,6 +817,7 @@ _GROUP: _Schema[GroupConfig] = _Schema(GroupConfig)
 _ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
 _LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
 _CACHE: _Schema[CacheConfig] = _Schema(CacheConfig)
+_SPEND: _Schema[SpendConfig] = _Schema(SpendConfig)
 _ROUTER_KINDS: dict[str, type[_RouterTable]] = {
     kind: table
     for table in get_args(get_args(RouterConfig)[0])
@@ -837,7 +875,16 @@ def _names(
             problems.add(where, f"names no route: {name!r}{suggest(name, routes)}")
 
 
-_SECTIONS = ("routes", "groups", "router", "layers", "cache", "gateway", "environments")
+_SECTIONS = (
+    "routes",
+    "groups",
+    "router",
+    "layers",
+    "cache",
+    "gateway",
+    "spend",
+    "environments",
+)
 
 
 @dataclass(frozen=True)
@@ -860,6 +907,8 @@ class PipelineConfig:
     """The ``[groups.NAME]`` tables: routes a router names as one."""
     cache: CacheConfig | None = None
     """The ``[cache]`` table, if any."""
+    spend: SpendConfig | None = None
+    """The ``[spend]`` table, if any."""
 
     @property
     def route_names(self) -> list[str]:
@@ -987,7 +1036,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             )
         base = _overlay(base, overlay)
     for key in base:
-        if key not in ("routes", "groups", "router", "layers", "cache", "gateway"):
+        if key not in _SECTIONS[:-1]:
             problems.add(
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
@@ -1058,9 +1107,17 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             secrets["cache.semantic.embeddings"] = _secret(
                 problems, cache.semantic.embeddings, "cache.semantic.embeddings"
             )
+    spend = None
+    if "spend" in base:
+        spend = problems.validate(_SPEND, base["spend"], "spend")
+        variable = spend.dsn_env if spend is not None and spend.store == "postgres" else None
+        if variable and not os.environ.get(variable):
+            problems.add("spend.dsn_env", f"the environment variable {variable} is not set")
     problems.raise_if_any()
     assert layers is not None  # no problem was found, so every table validated
-    return PipelineConfig(routes, router, layers, environment, secrets, gateway, groups, cache)
+    return PipelineConfig(
+        routes, router, layers, environment, secrets, gateway, groups, cache, spend
+    )
 
 
 def _groups(

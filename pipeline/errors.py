@@ -89,6 +89,7 @@ __all__ = [
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "SchemaVersionError",
     "SemanticIndexError",
     "ToolArgumentsError",
     "TransientProviderError",
@@ -361,6 +362,8 @@ class ResponseValidationError(ProviderError):
     (``items[0].price``; ``$`` for the whole answer) and an error type (``missing``,
     ``json_invalid``, ``required``, ...). Neither the message nor `problems` ever quotes the
     response: locations name only the validator's own fields (other keys show as ``*``).
+    `usage` is the refused response's token usage (`UsageDetails`), when it reported one:
+    what getting it cost, which the spend ledger records.
     """
 
     default_kind = FailureKind.INVALID_RESPONSE
@@ -370,10 +373,23 @@ class ResponseValidationError(ProviderError):
         message: str = "",
         *,
         problems: Sequence[tuple[str, str]] = (),
+        usage: Any = None,
         **fields: Any,
     ) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        self.usage = usage
         super().__init__(message, **fields)
+
+
+class SchemaVersionError(ChatPipelineError):
+    """A database's schema is not the one this code needs: behind it (``chat-pipeline db
+    upgrade`` applies the missing migrations) or ahead of it (newer code wrote it). `found`
+    and `expected` are the versions."""
+
+    def __init__(self, message: str, *, found: int, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class MalformedSSE(ValueError):

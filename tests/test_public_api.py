@@ -147,6 +147,7 @@ SURFACES = {
         "RequestTimeoutError",
         "ResponseValidationError",
         "RoutingError",
+        "SchemaVersionError",
         "SemanticIndexError",
         "ToolArgumentsError",
         "TransientProviderError",

@@ -19,6 +19,7 @@ from pipeline.keys._model import (
 )
 from pipeline.keys._ring import KeyRing, Lookup
 from pipeline.keys._store import (
+    DatabaseKeyStore,
     KeyNotFoundError,
     KeyRecord,
     KeyStore,
@@ -30,6 +31,7 @@ from pipeline.keys._store import (
 __all__ = [
     "SECRET_PREFIX",
     "Budget",
+    "DatabaseKeyStore",
     "IssuedKey",
     "KeyNotFoundError",
     "KeyRecord",

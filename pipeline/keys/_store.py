@@ -1,6 +1,6 @@
 """Where virtual keys live: `KeyStore` (the operations, checked once here) over three
-backends: `MemoryKeyStore` (tests, one process), `SQLiteKeyStore` (one host) and
-`PostgresKeyStore` (replicas).
+backends: `MemoryKeyStore` (tests, one process), and a `pipeline._db` database (the spend ledger's:
+`SQLiteKeyStore` for one host, `PostgresKeyStore` for replicas).
 
 Every change (create, update, rotate, revoke) gets the next number of one counter, taken
 in the change's own transaction (a row lock in PostgreSQL, the single writer in SQLite), so
@@ -10,15 +10,14 @@ the last number it saw (`KeyStore.changes`) never misses one.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pipeline import _db
 from pipeline.keys._model import (
     SHOWN,
     Budget,
@@ -34,6 +33,7 @@ from pipeline.keys._model import (
 )
 
 __all__ = [
+    "DatabaseKeyStore",
     "KeyNotFoundError",
     "KeyRecord",
     "KeyStore",
@@ -102,9 +102,7 @@ class KeyStore:
         """A new key and its secret (shown once: only its hash is kept)."""
         checked = _checked({"name": name, **fields})
         secret = new_secret()
-        key = VirtualKey(
-            id=new_key_id(), prefix=secret[:SHOWN], created_at=_now(), **checked
-        )
+        key = VirtualKey(id=new_key_id(), prefix=secret[:SHOWN], created_at=_now(), **checked)
         await self._insert(key, hash_secret(secret))
         return IssuedKey(key, secret)
 
@@ -206,21 +204,6 @@ class MemoryKeyStore(KeyStore):
 
 # -- SQL -------------------------------------------------------------------------------------
 
-_SCHEMA = [
-    """CREATE TABLE IF NOT EXISTS chat_pipeline_key_changes (
-        id INTEGER PRIMARY KEY, last BIGINT NOT NULL)""",
-    """INSERT INTO chat_pipeline_key_changes (id, last) VALUES (1, 0)
-        ON CONFLICT (id) DO NOTHING""",
-    """CREATE TABLE IF NOT EXISTS chat_pipeline_keys (
-        id TEXT PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        body TEXT NOT NULL,
-        secrets TEXT NOT NULL,
-        version BIGINT NOT NULL)""",
-    """CREATE INDEX IF NOT EXISTS chat_pipeline_keys_version
-        ON chat_pipeline_keys (version)""",
-]
-
 
 def _encode(key: VirtualKey, secrets: Sequence[tuple[str, datetime | None]]) -> tuple[str, str]:
     body = key.as_dict()
@@ -256,16 +239,33 @@ def _decode(body: str, secrets: str, version: int) -> KeyRecord:
     return KeyRecord(key, listed, int(version))
 
 
-class _SQLKeyStore(KeyStore):
-    """The statements both SQL backends run (`_run` executes them in one transaction)."""
+_BUMP = "UPDATE chat_pipeline_key_changes SET last = last + 1 WHERE id = 1 RETURNING last"
+_INSERT = "INSERT INTO chat_pipeline_keys (id, name, body, secrets, version) VALUES (?, ?, ?, ?, ?)"
+_UPDATE = "UPDATE chat_pipeline_keys SET name = ?, body = ?, secrets = ?, version = ? WHERE id = ?"
+_SELECT = "SELECT body, secrets, version FROM chat_pipeline_keys"
 
-    _mark = "?"
 
-    async def _run(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        raise NotImplementedError
+class DatabaseKeyStore(KeyStore):
+    """Keys in a `pipeline._db` database (the spend ledger's: migration ``0002_keys``). The
+    schema is checked at the first call: applied when missing or behind with
+    `auto_upgrade`, else refused (`SchemaVersionError`: run ``chat-pipeline db upgrade``)."""
 
-    def _sql(self, statement: str) -> str:
-        return statement.replace("?", self._mark)
+    def __init__(self, database: _db.Database, *, auto_upgrade: bool) -> None:
+        self.database = database
+        self.auto_upgrade = auto_upgrade
+        self._ready = False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.database.describe()})"
+
+    async def _prepare(self) -> None:
+        if self._ready:
+            return
+        if self.auto_upgrade:
+            await _db.upgrade(self.database)
+        else:
+            await _db.require_schema(self.database)
+        self._ready = True
 
     async def _insert(self, key: VirtualKey, digest: str) -> None:
         await self._save(key, [(digest, None)], new=True)
@@ -276,132 +276,67 @@ class _SQLKeyStore(KeyStore):
     async def _save(
         self, key: VirtualKey, secrets: list[tuple[str, datetime | None]], *, new: bool
     ) -> None:
+        await self._prepare()
         body, listed = _encode(key, secrets)
-        bump = "UPDATE chat_pipeline_key_changes SET last = last + 1 WHERE id = 1 RETURNING last"
-        if new:
-            write = (
-                "INSERT INTO chat_pipeline_keys (id, name, body, secrets, version) "
-                "VALUES (?, ?, ?, ?, (SELECT last FROM chat_pipeline_key_changes WHERE id = 1))"
-            )
-            args: tuple[Any, ...] = (key.id, key.name, body, listed)
-        else:
-            write = (
-                "UPDATE chat_pipeline_keys SET name = ?, body = ?, secrets = ?, "
-                "version = (SELECT last FROM chat_pipeline_key_changes WHERE id = 1) WHERE id = ?"
-            )
-            args = (key.name, body, listed, key.id)
-        try:
-            await self._run([(bump, ()), (write, args)])
-        except Exception as exc:
-            if "unique" in str(exc).lower() or "duplicate" in str(exc).lower():
-                raise ValueError("name: another key has it") from None
-            raise
+
+        async def write(connection: _db.Connection) -> None:
+            # The counter's row lock (PostgreSQL) or the single writer (SQLite) holds every
+            # other change back until this one commits: numbers commit in order.
+            (version,) = (await connection.fetch(_BUMP))[0]
+            if new:
+                taken = await connection.fetch(
+                    "SELECT 1 FROM chat_pipeline_keys WHERE name = ?", (key.name,)
+                )
+                if taken:
+                    raise ValueError("name: another key has it")
+                await connection.execute(_INSERT, (key.id, key.name, body, listed, version))
+            else:
+                taken = await connection.fetch(
+                    "SELECT 1 FROM chat_pipeline_keys WHERE name = ? AND id <> ?",
+                    (key.name, key.id),
+                )
+                if taken:
+                    raise ValueError("name: another key has it")
+                await connection.execute(_UPDATE, (key.name, body, listed, version, key.id))
+
+        await self.database.transaction(write)
 
     async def _load(self, ref: str) -> KeyRecord | None:
-        rows = await self._run(
-            [
-                (
-                    "SELECT body, secrets, version FROM chat_pipeline_keys "
-                    "WHERE id = ? OR name = ?",
-                    (ref, ref),
-                )
-            ]
-        )
+        await self._prepare()
+        rows = await self.database.fetch(f"{_SELECT} WHERE id = ? OR name = ?", (ref, ref))
         return _decode(*rows[0]) if rows else None
 
     async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
-        rows = await self._run(
-            [
-                ("SELECT 0, '', last FROM chat_pipeline_key_changes WHERE id = 1", ()),
-                (
-                    "SELECT body, secrets, version FROM chat_pipeline_keys WHERE version > ? "
-                    "ORDER BY version",
-                    (since,),
-                ),
-            ]
-        )
-        last = int(rows[0][2])
-        return last, [_decode(*row) for row in rows[1:]]
-
-
-class SQLiteKeyStore(_SQLKeyStore):
-    """Keys in a SQLite file (one host; its statements run off the event loop)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = str(path)
-        self._lock = asyncio.Lock()
-        self._ready = False
-
-    def _execute(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        connection = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
-        try:
-            if not self._ready:
-                for statement in _SCHEMA:
-                    connection.execute(statement)
-                self._ready = True
-            connection.execute("BEGIN IMMEDIATE")
-            rows: list[Any] = []
-            for statement, args in statements:
-                rows += connection.execute(statement, args).fetchall()
-            connection.execute("COMMIT")
-            return rows
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-        finally:
-            connection.close()
-
-    async def _run(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        async with self._lock:
-            return await asyncio.to_thread(self._execute, statements)
-
-
-class PostgresKeyStore(_SQLKeyStore):
-    """Keys in PostgreSQL (replicas share them), through psycopg 3 (one connection: key
-    changes and the replicas' polls are a few statements a second)."""
-
-    _mark = "%s"
-
-    def __init__(self, dsn: str) -> None:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError as exc:  # pragma: no cover - only without the postgres extra
-            raise ValueError(
-                "PostgreSQL key stores need psycopg: pip install 'chat-pipeline[postgres]'"
-            ) from exc
-        self._dsn = dsn
-        self._connection: Any = None
-        self._lock = asyncio.Lock()
-
-    async def _connect(self) -> Any:
-        import psycopg
-
-        if self._connection is None or self._connection.closed:
-            connection = await psycopg.AsyncConnection.connect(self._dsn, autocommit=False)
-            async with connection.transaction():
-                for statement in _SCHEMA:
-                    await connection.execute(statement)
-            self._connection = connection
-        return self._connection
-
-    async def _run(self, statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-        async with self._lock:
-            connection = await self._connect()
-            try:
-                rows: list[Any] = []
-                async with connection.transaction():
-                    for statement, args in statements:
-                        cursor = await connection.execute(self._sql(statement), args)
-                        if cursor.description is not None:
-                            rows += await cursor.fetchall()
-                return rows
-            except Exception:
-                if connection.broken:
-                    self._connection = None
-                raise
+        await self._prepare()
+        rows = await self.database.fetch(f"{_SELECT} WHERE version > ? ORDER BY version", (since,))
+        records = [_decode(*row) for row in rows]
+        return max([since, *(record.version for record in records)]), records
 
     async def aclose(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            await connection.close()
+        await self.database.aclose()
+
+
+class SQLiteKeyStore(DatabaseKeyStore):
+    """Keys in a SQLite file (one host; the spend ledger's file may hold them too). Its
+    schema is brought up to date at the first call."""
+
+    def __init__(
+        self, path: str | Path, *, timeout: float = 5.0, auto_upgrade: bool = True
+    ) -> None:
+        super().__init__(_db.open_database(Path(path), timeout=timeout), auto_upgrade=auto_upgrade)
+
+
+class PostgresKeyStore(DatabaseKeyStore):
+    """Keys in PostgreSQL (`dsn`: a ``postgresql://`` URL), shared by replicas. Its schema
+    is ``chat-pipeline db upgrade``'s to apply (`auto_upgrade` to apply it at the first
+    call instead)."""
+
+    def __init__(
+        self, dsn: str, *, timeout: float = 5.0, pool_size: int = 2, auto_upgrade: bool = False
+    ) -> None:
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError("PostgresKeyStore needs a postgresql:// URL")
+        super().__init__(
+            _db.open_database(dsn, timeout=timeout, pool_size=pool_size),
+            auto_upgrade=auto_upgrade,
+        )

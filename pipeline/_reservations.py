@@ -151,7 +151,7 @@ for n = 1, #ARGV do
           refused, left = b, check.limit - used
           break
         end
-        if check.soft >= 0 and used + tonumber(amount) >= check.soft then
+        if check.soft >= 0 and used >= check.soft then
           local remaining = check.limit - used
           if soft_left == nil or remaining < soft_left then soft_left = remaining end
         end
@@ -460,6 +460,25 @@ class Reservations:
         if self._scheduled is None:
             self._schedule(self.settle_delay)
 
+    async def prepare(self, bound: float = 10.0) -> bool:
+        """Make sure the counters exist (a fresh or restarted Redis has them rebuilt now,
+        not at a request), within `bound` seconds; whether Redis answered."""
+        try:
+            async with asyncio.timeout(bound):
+                while True:
+                    answer = await self.reserve(Demand())
+                    if not isinstance(answer, Unavailable):
+                        return True
+                    if answer.reason != "rebuilding":
+                        return False
+                    rebuilding = self._rebuilding
+                    if rebuilding is not None:
+                        await asyncio.wait({rebuilding})
+                    else:
+                        await asyncio.sleep(0.05)  # another replica rebuilds
+        except TimeoutError:
+            return False
+
     async def flush(self) -> None:
         """Send what waits now, and wait for the calls under way (what fails is kept for
         the next call)."""
@@ -514,18 +533,7 @@ class Reservations:
         """One argument per operation, its fields joined by spaces (keys by index)."""
         args: list[str] = []
         key = batch.key
-        for demand, _ in batch.reserves:
-            fields = [
-                f"R {demand.token} {int(demand.lease * 1000)} {demand.amount} "
-                f"{len(demand.budgets)}"
-            ]
-            for budget in demand.budgets:
-                soft = -1 if budget.soft is None else budget.soft
-                fields.append(f"{key(budget.key)} {budget.limit} {soft} {budget.expire_at}")
-            fields.append(str(len(demand.rates)))
-            for rate in demand.rates:
-                fields.append(f"{key(rate.key)} {rate.interval!r} {rate.tolerance!r} {rate.cost}")
-            args.append(" ".join(fields))
+        # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
             demand = settlement.demand
             fields = [
@@ -539,6 +547,18 @@ class Reservations:
             for rate in tokens:
                 fields.append(f"{key(rate.key)} {rate.interval!r} {deltas[rate.key]}")
             args.append(" ".join(fields))
+        for demand, _ in batch.reserves:
+            fields = [
+                f"R {demand.token} {int(demand.lease * 1000)} {demand.amount} "
+                f"{len(demand.budgets)}"
+            ]
+            for budget in demand.budgets:
+                soft = -1 if budget.soft is None else budget.soft
+                fields.append(f"{key(budget.key)} {budget.limit} {soft} {budget.expire_at}")
+            fields.append(str(len(demand.rates)))
+            for rate in demand.rates:
+                fields.append(f"{key(rate.key)} {rate.interval!r} {rate.tolerance!r} {rate.cost}")
+            args.append(" ".join(fields))
         return args
 
     def _replied(self, batch: _Batch, reply: asyncio.Future[Any]) -> None:
@@ -548,8 +568,9 @@ class Reservations:
             self._failed(batch, error)
             return
         self.outage.succeeded()
-        replies = reply.result()
-        for (demand, future), answer in zip(batch.reserves, replies, strict=False):
+        # The settlements' replies come first (they were sent first).
+        replies = reply.result()[len(batch.settles) :]
+        for (demand, future), answer in zip(batch.reserves, replies, strict=True):
             if not future.done():
                 future.set_result(self._answer(demand, answer))
 

@@ -32,17 +32,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline.errors import RespError
+
 __all__ = ["RespClient", "RespError", "Script", "encode_command"]
 
 _URL_REQUIRED = "must be a redis://, rediss:// or unix:// URL with a valid host and port"
-
-
-class RespError(Exception):
-    """An error reply of Redis: `code` is its first word (``NOSCRIPT``, ``ERR``, ...)."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(f"Redis answered {code}")
-        self.code = code
 
 
 def _arg(value: Any) -> bytes:
@@ -143,7 +137,9 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(count)]
         self.waiting.extend(futures)
-        self.transport.write(data)
+        transport = self.transport
+        assert transport is not None  # open
+        transport.write(data)
         return futures
 
     def close(self) -> None:
@@ -170,7 +166,7 @@ def _options(url: str) -> dict[str, Any]:
     except ImportError as exc:  # pragma: no cover - only without the redis extra
         raise ValueError("needs the redis package: pip install 'chat-pipeline[redis]'") from exc
     try:
-        options: dict[str, Any] = parse_url(url)
+        options: dict[str, Any] = dict(parse_url(url))
     except (ValueError, TypeError):
         raise ValueError(_URL_REQUIRED) from None
     if not options.get("host") and not options.get("path"):

@@ -8,6 +8,10 @@
     │                                  (also a ValueError)
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
+    ├── BudgetExceededError            a budget of the caller (key, team, user) is spent
+    ├── RateLimitExceededError         the caller's own rate limit is reached (retry_after)
+    ├── BudgetUnavailableError         budgets could not be checked and fail_closed is set
+    ├── KeyNotFoundError               no virtual key has that id or name (also a LookupError)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
@@ -31,12 +35,14 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-Three more live here that never reach a caller (not exported: the library catches them)::
+Four more live here that never reach a caller (not exported: the library catches them)::
 
     MalformedSSE                       a line of a provider's stream is not server-sent
                                        events (a ValueError; becomes a ProviderError)
     RedisUnavailable                   Redis was not used for a call (skipped during an
                                        outage, or failed): the component fails open
+    RespError                          an error reply of Redis to the budgets' connection
+                                       (its first word only)
     _VectorShapeError                  an embedding matrix of the wrong shape (a ValueError;
                                        becomes a typed error where an embedder is checked)
 
@@ -75,14 +81,18 @@ import httpx2
 __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
+    "BudgetExceededError",
+    "BudgetUnavailableError",
     "ChatPipelineError",
     "CircuitOpenError",
     "ConfigError",
     "ContentFilteredError",
     "ContextLengthExceededError",
     "FailureKind",
+    "KeyNotFoundError",
     "ProviderError",
     "QuotaExhaustedError",
+    "RateLimitExceededError",
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
@@ -203,6 +213,53 @@ class WireError(ChatPipelineError):
         if self.retry_after is None:
             return []
         return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
+
+
+class BudgetExceededError(ChatPipelineError):
+    """A budget the request counts against is spent (`scope`: ``key``, ``team`` or
+    ``user``): no provider was called. Retrying cannot help before the budget's period ends
+    or it is raised."""
+
+    def __init__(self, scope: str = "key", name: str | None = None) -> None:
+        self.scope = scope
+        self.name = name
+        super().__init__(f"the {scope}'s budget is spent")
+
+
+class RateLimitExceededError(ChatPipelineError):
+    """The caller's own rate limit is reached (`scope` ``key`` or ``team``, `unit`
+    ``requests`` or ``tokens``, `limit` a minute): no provider was called; a retry after
+    `retry_after` seconds can be admitted. `states` holds each limit's remaining and reset
+    (the response headers' figures)."""
+
+    def __init__(
+        self,
+        scope: str = "key",
+        unit: str = "requests",
+        limit: int = 0,
+        *,
+        retry_after: float = 1.0,
+        states: Sequence[Any] = (),
+    ) -> None:
+        self.scope = scope
+        self.unit = unit
+        self.limit = limit
+        self.retry_after = retry_after
+        self.states = tuple(states)
+        super().__init__(f"the {scope}'s limit of {limit} {unit} a minute is reached")
+
+
+class BudgetUnavailableError(ChatPipelineError):
+    """Budgets and rate limits could not be checked (their Redis did not answer) and they
+    are configured to fail closed: the request was refused, not served unchecked."""
+
+    def __init__(self, *, retry_after: float = 1.0) -> None:
+        self.retry_after = retry_after
+        super().__init__("budgets could not be checked; retry later")
+
+
+class KeyNotFoundError(ChatPipelineError, LookupError):
+    """No virtual key has that id or name."""
 
 
 class RoutingError(ChatPipelineError):
@@ -394,6 +451,15 @@ class SchemaVersionError(ChatPipelineError):
 
 class MalformedSSE(ValueError):
     """A line that is not server-sent events."""
+
+
+class RespError(Exception):
+    """An error reply of Redis on the budgets' bare connection (`pipeline._resp`): `code`
+    is its first word (``NOSCRIPT``, ``ERR``, ...), the rest may echo arguments."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(f"Redis answered {code}")
+        self.code = code
 
 
 class RedisUnavailable(Exception):

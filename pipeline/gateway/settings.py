@@ -110,6 +110,9 @@ class GatewaySettings(Settings):
     """The environment variable holding the accepted API keys, comma-separated; clients send one as
     `Authorization: Bearer KEY` (or `x-api-key`). Unset: any caller is accepted (a warning says so
     at startup)."""
+    admin_key_env: _EnvName | None = None
+    """The environment variable holding the admin key: `/admin/keys` (managing virtual keys) answers
+    only a request carrying it (`Authorization: Bearer KEY`); unset, `/admin/keys` is not served."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     """The largest request body, in bytes: a larger one gets 413."""
     max_concurrent_per_key: Annotated[int, Field(ge=1, le=1_000_000)] | None = 64
@@ -178,6 +181,13 @@ class GatewaySettings(Settings):
                         "(expected comma-separated keys)",
                     )
                 )
+        if self.admin_key_env is not None and not os.environ.get(self.admin_key_env, "").strip():
+            found.append(
+                (
+                    "gateway.admin_key_env",
+                    f"the environment variable {self.admin_key_env} is not set",
+                )
+            )
         if self.redis_url_env is not None and not os.environ.get(self.redis_url_env):
             found.append(
                 (

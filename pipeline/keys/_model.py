@@ -217,7 +217,7 @@ class VirtualKey:
         counters): never its secret."""
         return "vk:" + self.id
 
-    def usable(self, now: datetime) -> str | None:
+    def usable(self, now: datetime) -> Literal["revoked", "expired"] | None:
         """Why the key cannot be used at `now` (``revoked``, ``expired``), or None."""
         if self.revoked_at is not None and self.revoked_at <= now:
             return "revoked"

@@ -10,6 +10,7 @@ the last number it saw (`KeyStore.changes`) never misses one.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import _db
+from pipeline.errors import KeyNotFoundError
 from pipeline.keys._model import (
     SHOWN,
     Budget,
@@ -41,10 +43,6 @@ __all__ = [
     "PostgresKeyStore",
     "SQLiteKeyStore",
 ]
-
-
-class KeyNotFoundError(LookupError):
-    """No key has that id or name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +113,7 @@ class KeyStore:
             raise KeyNotFoundError(f"no key {ref!r}" if _printable(ref) else "no such key")
         return found
 
-    async def list(self) -> list[VirtualKey]:
+    async def list(self) -> builtins.list[VirtualKey]:
         _, records = await self.changes(0)
         return sorted((r.key for r in records), key=lambda k: (k.created_at or _now(), k.id))
 
@@ -149,7 +147,7 @@ class KeyStore:
         await self._write(key, list(record.secrets))
         return key
 
-    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
+    async def changes(self, since: int) -> tuple[int, builtins.list[KeyRecord]]:
         """The keys changed after change number `since` (every key for 0), and the number
         of the last change."""
         raise NotImplementedError
@@ -162,7 +160,7 @@ class KeyStore:
     async def _insert(self, key: VirtualKey, digest: str) -> None:
         raise NotImplementedError
 
-    async def _write(self, key: VirtualKey, secrets: list[tuple[str, datetime | None]]) -> None:
+    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
         raise NotImplementedError
 
     async def _load(self, ref: str) -> KeyRecord | None:
@@ -186,7 +184,7 @@ class MemoryKeyStore(KeyStore):
         self._version += 1
         self._records[key.id] = KeyRecord(key, ((digest, None),), self._version)
 
-    async def _write(self, key: VirtualKey, secrets: list[tuple[str, datetime | None]]) -> None:
+    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
         if any(r.key.name == key.name and r.key.id != key.id for r in self._records.values()):
             raise ValueError("name: another key has it")
         self._version += 1
@@ -198,7 +196,7 @@ class MemoryKeyStore(KeyStore):
             found = next((r for r in self._records.values() if r.key.name == ref), None)
         return found
 
-    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
+    async def changes(self, since: int) -> tuple[int, builtins.list[KeyRecord]]:
         return self._version, [r for r in self._records.values() if r.version > since]
 
 
@@ -270,11 +268,11 @@ class DatabaseKeyStore(KeyStore):
     async def _insert(self, key: VirtualKey, digest: str) -> None:
         await self._save(key, [(digest, None)], new=True)
 
-    async def _write(self, key: VirtualKey, secrets: list[tuple[str, datetime | None]]) -> None:
+    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
         await self._save(key, secrets, new=False)
 
     async def _save(
-        self, key: VirtualKey, secrets: list[tuple[str, datetime | None]], *, new: bool
+        self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]], *, new: bool
     ) -> None:
         await self._prepare()
         body, listed = _encode(key, secrets)
@@ -306,7 +304,7 @@ class DatabaseKeyStore(KeyStore):
         rows = await self.database.fetch(f"{_SELECT} WHERE id = ? OR name = ?", (ref, ref))
         return _decode(*rows[0]) if rows else None
 
-    async def changes(self, since: int) -> tuple[int, list[KeyRecord]]:
+    async def changes(self, since: int) -> tuple[int, builtins.list[KeyRecord]]:
         await self._prepare()
         rows = await self.database.fetch(f"{_SELECT} WHERE version > ? ORDER BY version", (since,))
         records = [_decode(*row) for row in rows]

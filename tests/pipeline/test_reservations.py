@@ -163,10 +163,13 @@ async def test_a_soft_limit_passed_says_what_remains(redis_url: str) -> None:
     reservations = await ready(redis_url)
     soft = budget(reservations, "k3", "1.00", soft=nanos(Decimal("0.50")))
     amount = nanos(Decimal("0.30"))
+    # Spent and reserved before a request are what passes a soft limit.
     first = await reservations.reserve(Demand([soft], amount))
     assert isinstance(first, Granted) and first.soft_remaining is None
     second = await reservations.reserve(Demand([soft], amount))
-    assert isinstance(second, Granted) and second.soft_remaining == Decimal("0.70")
+    assert isinstance(second, Granted) and second.soft_remaining is None
+    third = await reservations.reserve(Demand([soft], amount))
+    assert isinstance(third, Granted) and third.soft_remaining == Decimal("0.40")
     await reservations.aclose()
 
 

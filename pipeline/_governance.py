@@ -336,6 +336,9 @@ class Governor:
                     name = summary.group.get(field)
                     if name is None or not summary.cost:
                         continue
-                    key = self.reservations.key("b", kind, scope_name(str(name)), ident)
+                    name = str(name)
+                    if field == "key" and not name.startswith("k:"):
+                        name = "vk:" + name  # the ledger keeps a virtual key's id
+                    key = self.reservations.key("b", kind, scope_name(name), ident)
                     found.append((key, nanos(summary.cost), expire))
         return found

@@ -21,6 +21,10 @@ on stdin).
 of the file's ``[spend]`` table lacks (``--database-env VAR``: the database whose URL the
 variable holds, instead); ``chat-pipeline db status`` says its schema's version.
 
+``chat-pipeline spend --config FILE [--group-by key,team] [--since 24h] [--until T]
+[--where FIELD=VALUE ...] [--format table|json|csv]`` adds up the spend ledger's records (see
+`pipeline.spend.SpendLedger.summary`).
+
 ``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
 [--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
 OpenAI-compatible API (`pipeline.gateway`; needs the ``gateway`` extra).
@@ -441,6 +445,42 @@ def _database(args: argparse.Namespace) -> int:
         return 1
 
 
+def _spend(args: argparse.Namespace) -> int:
+    from pipeline import _db
+    from pipeline.errors import ConfigError, SchemaVersionError
+    from pipeline.spend import SqlSpendStore
+    from pipeline.spend._report import parse_time, parse_where, render
+
+    try:
+        database = _database_of(args)
+        group_by = [g.strip() for g in (args.group_by or "").split(",") if g.strip()]
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+        where = parse_where(args.where or [])
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    assert isinstance(database, _db.Database)
+    store = SqlSpendStore(database, auto_upgrade=False)
+
+    async def run() -> str:
+        try:
+            found = await store.summary(group_by, since=since, until=until, where=where)
+        finally:
+            await store.aclose()
+        return render(found, group_by, args.format)
+
+    try:
+        print(asyncio.run(run()), end="")
+    except (SchemaVersionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except Exception as exc:  # the database's failure, told by its type
+        print(f"{database.describe()} failed ({type(exc).__name__})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
 
@@ -556,9 +596,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="VAR",
         help="the environment variable holding the database's URL (instead of --config)",
     )
+    spend = commands.add_parser(
+        "spend", help="add up the spend ledger's records by key, team, user, tag, route ..."
+    )
+    spend.add_argument("--config", metavar="FILE", help="the TOML file with a [spend] table")
+    spend.add_argument("--env", metavar="NAME", help="environment overlay")
+    spend.add_argument(
+        "--database-env",
+        metavar="VAR",
+        help="the environment variable holding the database's URL (instead of --config)",
+    )
+    spend.add_argument(
+        "--group-by",
+        metavar="F,G",
+        help="fields to group by: key, key_name, user, team, tag, endpoint, session, route, "
+        "provider, model_requested, model_served, outcome, cache, request_id, day, hour",
+    )
+    spend.add_argument("--since", metavar="T", help="from this time: ISO 8601, or 24h, 7d ago")
+    spend.add_argument("--until", metavar="T", help="before this time (same forms)")
+    spend.add_argument(
+        "--where",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="only records whose field has the value (repeat a field for any of several)",
+    )
+    spend.add_argument("--format", choices=("table", "json", "csv"), default="table")
     args = parser.parse_args(argv)
     if args.command == "db":
         return _database(args)
+    if args.command == "spend":
+        return _spend(args)
     if args.command == "demo":
         return asyncio.run(_demo(args.question, args.otlp))
     if args.command == "ask":

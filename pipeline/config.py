@@ -110,6 +110,7 @@ from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
+    from pipeline.spend import SpendLedger
 
 __all__ = [
     "ENVIRONMENT_VARIABLE",
@@ -767,6 +768,23 @@ class SpendConfig(LedgerSettings):
             return os.environ[self.dsn_env or ""]
         return self.path
 
+    def ledger(self, *, meter_provider: Any = None) -> SpendLedger:
+        """A `SpendLedger` writing to the store this table names (nothing is connected yet)."""
+        from pipeline.spend import PostgresSpendStore, SpendLedger, SQLiteSpendStore
+
+        store: PostgresSpendStore | SQLiteSpendStore
+        if self.store == "postgres":
+            store = PostgresSpendStore(
+                self.database_url(), timeout=self.timeout, auto_upgrade=bool(self.auto_upgrade)
+            )
+        else:
+            store = SQLiteSpendStore(
+                self.path,
+                timeout=self.timeout,
+                auto_upgrade=self.auto_upgrade is None or self.auto_upgrade,
+            )
+        return SpendLedger(store, _settings_of(LedgerSettings, self), meter_provider=meter_provider)
+
 
 # -- overlays ----------------------------------------------------------------------------------
 
@@ -929,9 +947,12 @@ class PipelineConfig:
         tools: Sequence[Any] = (),
         tracer_provider: Any = None,
         meter_provider: Any = None,
+        spend_ledger: SpendLedger | None = None,
     ) -> ChatPipeline:
         """The pipeline the file describes. Tools are code: pass them when the file turns
-        ``layers.function_invocation`` on."""
+        ``layers.function_invocation`` on. With a ``[spend]`` table, its spend layer records
+        in `spend_ledger` (yours to close), or in a ledger of the pipeline's own, closed
+        with it."""
         problems = _Problems()
         layers = self.layers
         if layers.function_invocation and not tools:
@@ -950,6 +971,7 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
+        self.install_spend(builder, spend_ledger)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
         if self.router is None:
@@ -960,6 +982,24 @@ class PipelineConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
+
+    def install_spend(
+        self, builder: ChatPipelineBuilder, ledger: SpendLedger | None = None
+    ) -> None:
+        """Add the ``[spend]`` layer to `builder`, when the file has one and it is enabled:
+        recording in `ledger`, or in a ledger made here that the layer closes."""
+        spend = self.spend
+        if spend is None or not spend.enabled:
+            return
+        owned = ledger is None
+        used = ledger if ledger is not None else spend.ledger(meter_provider=builder.meter_provider)
+
+        def layer(inner: ChatClient) -> ChatClient:
+            from middleware.spend import SpendChatClient
+
+            return SpendChatClient(inner, used, close_ledger=owned)
+
+        builder.use(layer)
 
     def install_cache(self, builder: ChatPipelineBuilder) -> None:
         """Add the ``[cache]`` layer to `builder`, when the file has one and it is enabled."""

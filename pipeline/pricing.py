@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -52,7 +52,6 @@ __all__ = [
     "reached_provider",
     "response_characters",
     "streamed_characters",
-    "totals",
 ]
 
 CHARS_PER_TOKEN = 4
@@ -481,8 +480,3 @@ def priced(
     if cost is None or not estimated:
         return cost
     return Cost(cost.amount, cost.currency, True)
-
-
-def totals(costs: Iterable[Cost | None]) -> Decimal:
-    """The sum of the known amounts among `costs`."""
-    return sum((cost.amount for cost in costs if cost is not None), _ZERO)

@@ -28,7 +28,7 @@ of an applied one.
 
 from __future__ import annotations
 
-from pipeline._db._base import Connection, Database, open_database, placeholders
+from pipeline._db._base import Connection, Database, placeholders
 from pipeline._db._migrations import (
     MIGRATIONS_TABLE,
     Migration,
@@ -38,6 +38,7 @@ from pipeline._db._migrations import (
     schema_version,
     upgrade,
 )
+from pipeline._db._open import open_database
 
 __all__ = [
     "MIGRATIONS_TABLE",

@@ -6,11 +6,16 @@ import abc
 import functools
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
-from urllib.parse import unquote, urlsplit
 
-__all__ = ["Connection", "Database", "Dialect", "open_database", "placeholders"]
+__all__ = [
+    "DEFAULT_POOL_SIZE",
+    "DEFAULT_TIMEOUT",
+    "Connection",
+    "Database",
+    "Dialect",
+    "placeholders",
+]
 
 Dialect = Literal["sqlite", "postgres"]
 _T = TypeVar("_T")
@@ -106,33 +111,3 @@ def placeholders(sql: str) -> str:
         return f"${count}"
 
     return _QUESTION.sub(number, sql)
-
-
-def open_database(
-    url: str | Path,
-    *,
-    timeout: float = DEFAULT_TIMEOUT,
-    pool_size: int = DEFAULT_POOL_SIZE,
-) -> Database:
-    """The database `url` names: ``postgresql://...`` (or ``postgres://``), or
-    ``sqlite:///path`` / a plain file path. Nothing is connected yet. `ValueError` for
-    anything else, in words that never echo the URL."""
-    text = str(url)
-    if text.startswith(("postgresql://", "postgres://")):
-        from pipeline._db._postgres import PostgresDatabase
-
-        return PostgresDatabase(text, timeout=timeout, pool_size=pool_size)
-    if "://" in text:
-        # SQLAlchemy's convention: sqlite:///relative.db, sqlite:////absolute/path.db.
-        if not text.startswith("sqlite:///"):
-            scheme = urlsplit(text).scheme
-            raise ValueError(
-                "a database is a postgresql:// URL, a sqlite:/// URL or a file path "
-                f"(got a {scheme or 'malformed'} URL)"
-            )
-        text = unquote(text[len("sqlite:///") :])
-    if not text:
-        raise ValueError("a SQLite database needs a file path")
-    from pipeline._db._sqlite import SQLiteDatabase
-
-    return SQLiteDatabase(Path(text), timeout=timeout)

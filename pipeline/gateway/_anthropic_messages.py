@@ -66,6 +66,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
     request_object,
     unsupported_parameter,
 )
@@ -545,6 +546,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         stream=bool(stream),
         tool_names=names,
         builtin_tools=builtin,
+        caller=caller_of(payload),
     )
 
 

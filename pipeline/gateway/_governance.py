@@ -345,14 +345,13 @@ class GovernanceMiddleware:
             return
         self._headers(exchange, admission)
         log, token = _scope.open_attempt_log(governance.prices)
-        if log.attribution is None:
-            log.attribution = _attribution(exchange, subject, self._path)
         try:
             await self.app(scope, receive, send)
         finally:
             if token is not None:
                 _scope.exit_attempt_log(token)
-            admission.settle(log)
+            # With [spend], the handler keeps the request's log (with whose request it is).
+            admission.settle(exchange.attempts if exchange.attempts is not None else log)
 
     def _headers(self, exchange: Exchange, admission: Admission) -> None:
         rates = admission.rates
@@ -362,19 +361,6 @@ class GovernanceMiddleware:
         if remaining is not None:
             shown = max(remaining, Decimal(0)).quantize(Decimal("0.000001"))
             exchange.extra_headers.append((_BUDGET_HEADER, str(shown).encode()))
-
-
-def _attribution(exchange: Exchange, subject: Subject, path: str) -> Any:
-    from pipeline.spend import Attribution
-
-    return Attribution(
-        key=subject.identity,
-        key_name=subject.name,
-        user=subject.user,
-        team=subject.team,
-        endpoint=path,
-        session=exchange.session,
-    )
 
 
 # -- what a target without a router cost ---------------------------------------------------

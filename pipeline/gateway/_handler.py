@@ -17,7 +17,9 @@ shares:
 * a request cancelled by the server (shutdown past ``drain_timeout``) ends with a 503, or
   with an in-band error when its stream had started;
 * the routing story (served route, attempts, fallback, served model, response id) is left
-  on the `Exchange` for the server span and the log line.
+  on the `Exchange` for the server span and the log line;
+* with ``[spend]``, the request's `AttemptLog` (`pipeline._scope`) is open while it runs,
+  with whose request it is (`attribution`), and left on the `Exchange` (``attempts``).
 
 Authentication, the body, limits, request ids and telemetry are the layers around it
 (`pipeline.gateway.app` assembles them): a new format adds a module with its
@@ -38,9 +40,10 @@ from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
+from pipeline.spend import Attribution
 from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 
-__all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
+__all__ = ["FormatHandler", "InboundFormat", "StreamEncoder", "attribution"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -124,6 +127,41 @@ def _cache(exchange: Exchange, request: ChatRequest) -> Any:
 _X_CACHE = {"hit": b"hit", "miss": b"miss", "refresh": b"miss", "bypass": b"bypass"}
 
 
+def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
+    """Whose request it is, for the spend ledger: the caller's key (its id and name when it
+    is a virtual key, its identity for an ``api_keys_env`` key; never the key), the body's
+    ``user`` and ``metadata`` (``user``/``user_id``, ``team``, ``tags``, ``session``), the
+    ``x-chat-pipeline-tags`` header, the endpoint's path and the session header. A virtual
+    key's own team and user win over what the body says."""
+    caller = request.caller or {}
+    tags = [*(caller.get("tags") or "").split(",")]
+    if exchange.tags:
+        tags += exchange.tags.decode("latin-1").split(",")
+    key_id = key_name = team = user = None
+    virtual = exchange.virtual_key
+    if virtual is not None:  # a virtual key: what it says of itself
+        key_id = _text(getattr(virtual, "id", None))
+        key_name = _text(getattr(virtual, "name", None))
+        team = _text(getattr(virtual, "team", None))
+        user = _text(getattr(virtual, "user", None))
+    elif exchange.key:  # an api_keys_env key: its identity (a keyed hash), never its place
+        key_id = exchange.key
+        key_name = exchange.key_name
+    return Attribution(
+        key=key_id,
+        key_name=key_name,
+        user=user or caller.get("user") or caller.get("user_id"),
+        team=team or caller.get("team"),
+        tags=tuple(tags),
+        endpoint=endpoint,
+        session=exchange.session or caller.get("session") or caller.get("session_id"),
+    )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -150,6 +188,14 @@ class FormatHandler:
         request = exchange.request
         if request is None:  # pragma: no cover - the body layer runs first
             raise RuntimeError("the request's body was not read")
+        log_token = None
+        if self.gateway.spend is not None:
+            # The request's priced attempts, with whose request it is, for the spend layer.
+            log = exchange.attempts = _scope.AttemptLog(
+                attribution=attribution(exchange, request, self.format.path),
+                request_id=exchange.request_id,
+            )
+            log_token = _scope.enter_attempt_log(log)
         try:
             target = self.gateway.target(request.model)
             if target is None:
@@ -219,6 +265,8 @@ class FormatHandler:
             )
         finally:
             _scope.exit_report(token)
+            if log_token is not None:
+                _scope.exit_attempt_log(log_token)
             if cache_token is not None:
                 exit_cache_report(cache_token)
             if watch is not None:

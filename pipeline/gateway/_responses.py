@@ -57,6 +57,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -603,6 +604,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("metadata", "expected an object")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
+    request.caller = caller_of(payload)
     return request
 
 

@@ -14,7 +14,9 @@ stops. Endpoints:
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the model names `[gateway] models` exposes;
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers a PING within ``readiness_timeout``;
-* ``GET /metrics`` with ``prometheus_metrics``: the Prometheus text of the meters.
+* ``GET /metrics`` with ``prometheus_metrics``: the Prometheus text of the meters;
+* ``GET /admin/spend`` with ``admin_key_env`` and ``[spend]``: the spend ledger's summary
+  (`pipeline.gateway._endpoints`), for the admin key only.
 
 An inbound format's endpoint is a stack of layers, each a module of its own, outermost
 first:
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from pipeline.config import PipelineConfig
+    from pipeline.spend import SpendLedger
 
 __all__ = ["CHAT_ROUTE", "FORMATS", "SESSION_HEADER", "Gateway", "Target", "create_app"]
 
@@ -157,6 +160,11 @@ class Gateway:
             config, retry_after=self.settings.retry_after, meter_provider=meter_provider
         )
         self._costs: dict[str, Any] = {}
+        admin = self.settings.admin_key_env
+        self.admin_key: bytes | None = (
+            os.environ.get(admin, "").strip().encode() or None if admin is not None else None
+        )
+        self.spend: SpendLedger | None = None  # made at start, when [spend] is on
         self.source = source
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -180,10 +188,15 @@ class Gateway:
         tracer_provider, meter_provider = self.tracer_provider, self.meter_provider
         built: dict[str, Target] = {}
         try:
+            if config.spend is not None and config.spend.enabled:
+                # One ledger per worker, for the pipeline and every route called by name.
+                self.spend = config.spend.ledger(meter_provider=meter_provider)
             for target in dict.fromkeys(self.models.values()):
                 if target == PIPELINE_MODEL:
                     pipeline = config.build(
-                        tracer_provider=tracer_provider, meter_provider=meter_provider
+                        tracer_provider=tracer_provider,
+                        meter_provider=meter_provider,
+                        spend_ledger=self.spend,
                     )
                     # Without a router the pipeline is its only route.
                     only = config.route_names[0] if config.router is None else None
@@ -202,6 +215,8 @@ class Gateway:
                     .use_telemetry(enabled=config.layers.telemetry)
                     .use_logging(enabled=config.layers.logging)
                 )
+                if self.spend is not None:
+                    config.install_spend(builder, self.spend)
                 config.install_cache(builder)
                 client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)
@@ -328,7 +343,10 @@ class Gateway:
     async def _close(self) -> None:
         closers, self._closers = self._closers, []
         errors: list[Exception] = []
-        for close in [*closers, *(r.aclose for r in self._redis.values())]:
+        spend, self.spend = self.spend, None
+        # The ledger last: what the pipelines' last requests spent is written (or spooled).
+        last = [spend.aclose] if spend is not None else []
+        for close in [*closers, *(r.aclose for r in self._redis.values()), *last]:
             try:
                 await close()
             except Exception as exc:  # close the others, then report every failure
@@ -505,6 +523,8 @@ def create_app(
     ]
     if settings.prometheus_metrics:
         routes.append(Route("/metrics", endpoints.metrics, methods=["GET"]))
+    if settings.admin_key_env is not None and config.spend is not None:
+        routes.append(Route("/admin/spend", endpoints.spend, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

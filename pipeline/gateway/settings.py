@@ -110,9 +110,6 @@ class GatewaySettings(Settings):
     """The environment variable holding the accepted API keys, comma-separated; clients send one as
     `Authorization: Bearer KEY` (or `x-api-key`). Unset: any caller is accepted (a warning says so
     at startup)."""
-    admin_key_env: _EnvName | None = None
-    """The environment variable holding the admin key: `/admin/keys` (managing virtual keys) answers
-    only a request carrying it (`Authorization: Bearer KEY`); unset, `/admin/keys` is not served."""
     max_body_bytes: Annotated[int, Field(ge=1024, le=256 * 1024 * 1024)] = 4 * 1024 * 1024
     """The largest request body, in bytes: a larger one gets 413."""
     max_concurrent_per_key: Annotated[int, Field(ge=1, le=1_000_000)] | None = 64
@@ -146,6 +143,10 @@ class GatewaySettings(Settings):
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     """Open connections per worker process: one more closes the connection idle the longest, or,
     with none idle, is answered 503 with `Retry-After`."""
+    admin_key_env: _EnvName | None = None
+    """The environment variable holding the admin key, which the admin endpoints (`GET
+    /admin/spend`, `/admin/keys`) take as `Authorization: Bearer KEY` (or `x-api-key`); unset:
+    no admin endpoint is served."""
     builtin_tools: Literal["drop", "refuse"] = "drop"
     """What happens to a provider's built-in tools a request offers (``web_search``, Anthropic
     server tools), which no route behind the gateway can run: ``"drop"`` serves the request

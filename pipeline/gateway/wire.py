@@ -57,6 +57,7 @@ __all__ = [
     "ChatRequest",
     "ChunkEncoder",
     "WireError",
+    "caller_of",
     "completion",
     "error_body",
     "error_for",
@@ -89,6 +90,28 @@ class ChatRequest:
     builtin_tools: list[str] = field(default_factory=list)
     """The types of the provider-side tools the request offered, left out of the pipeline's
     tools (see `pipeline.gateway._builtin_tools`)."""
+    caller: dict[str, str] | None = None
+    """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
+
+
+_CALLER_KEYS = frozenset({"user", "user_id", "team", "tags", "session", "session_id"})
+
+
+def caller_of(payload: dict[str, Any]) -> dict[str, str] | None:
+    """The body's ``user`` and the attribution keys of its ``metadata`` (``user``,
+    ``user_id``, ``team``, ``tags``, ``session``, ``session_id``), string values only, each
+    cut to 256 characters: whose request it says it is (never anything else of the body)."""
+    found: dict[str, str] = {}
+    metadata = payload.get("metadata")
+    if isinstance(metadata, dict):
+        for key in _CALLER_KEYS:
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                found[key] = value[:256]
+    user = payload.get("user")
+    if isinstance(user, str) and user:
+        found["user"] = user[:256]
+    return found or None
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -377,6 +400,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         stream=bool(stream),
         include_usage=include_usage,
         tool_names=names,
+        caller=caller_of(payload),
     )
 
 

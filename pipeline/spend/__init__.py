@@ -10,7 +10,13 @@ In a pipeline: ``ChatPipeline.builder().use_spend(ledger, attribution=...)`` (se
 from pipeline.spend._ledger import SpendLedger
 from pipeline.spend._record import Attribution, SpendRecord, SpendSummary
 from pipeline.spend._settings import LedgerSettings
-from pipeline.spend._store import GROUPS, PostgresSpendStore, SpendStore, SQLiteSpendStore
+from pipeline.spend._store import (
+    GROUPS,
+    PostgresSpendStore,
+    SpendStore,
+    SQLiteSpendStore,
+    SqlSpendStore,
+)
 
 __all__ = [
     "GROUPS",
@@ -22,4 +28,5 @@ __all__ = [
     "SpendRecord",
     "SpendStore",
     "SpendSummary",
+    "SqlSpendStore",
 ]

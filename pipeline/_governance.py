@@ -41,7 +41,7 @@ from pipeline.keys._model import Budget, period_bounds
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
-    from pipeline._scope import AttemptLog
+    from pipeline._scope import AttemptLog, PricedAttempt
     from pipeline.spend import SpendLedger
 
 __all__ = ["Admission", "Governor", "RateCost", "Subject", "scope_name"]
@@ -126,8 +126,13 @@ class Admission:
     def soft_remaining(self) -> Decimal | None:
         return self.granted.soft_remaining if self.granted is not None else None
 
-    def settle(self, log: AttemptLog | None) -> None:
-        """Release the reservation with what the attempts in `log` cost and used."""
+    def settle(
+        self,
+        log: AttemptLog | None,
+        price_of: Callable[[PricedAttempt], Decimal | None] | None = None,
+    ) -> None:
+        """Release the reservation with what the attempts in `log` cost and used (an
+        attempt logged unpriced is priced by `price_of`, when it knows its route)."""
         if self.settled:
             return
         self.settled = True
@@ -137,6 +142,8 @@ class Admission:
             for attempt in log.attempts:
                 if attempt.cost is not None:
                     cost += attempt.cost.amount
+                elif price_of is not None:
+                    cost += price_of(attempt) or 0
                 usage = attempt.usage
                 tokens += (usage.input_tokens or 0) + (usage.output_tokens or 0)
         self.governor.settle(self, cost, tokens)

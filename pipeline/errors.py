@@ -12,6 +12,8 @@
     ├── RateLimitExceededError         the caller's own rate limit is reached (retry_after)
     ├── BudgetUnavailableError         budgets could not be checked and fail_closed is set
     ├── KeyNotFoundError               no virtual key has that id or name (also a LookupError)
+    ├── SchemaVersionError             a database's schema is not this code's (run
+    │                                  `chat-pipeline db upgrade`)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent

@@ -114,6 +114,7 @@ class Governance:
     governor: Governor | None = None
     settings: BudgetsSettings | None = None
     costs_for: Callable[[str], RateCost] = lambda model: RateCost()
+    price_of: Callable[[Any], Decimal | None] | None = None
     prices: Any = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
 
@@ -351,7 +352,9 @@ class GovernanceMiddleware:
             if token is not None:
                 _scope.exit_attempt_log(token)
             # With [spend], the handler keeps the request's log (with whose request it is).
-            admission.settle(exchange.attempts if exchange.attempts is not None else log)
+            admission.settle(
+                exchange.attempts if exchange.attempts is not None else log, governance.price_of
+            )
 
     def _headers(self, exchange: Exchange, admission: Admission) -> None:
         rates = admission.rates

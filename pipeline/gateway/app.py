@@ -58,6 +58,7 @@ from starlette.routing import Route, request_response
 
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.gateway._admin import KeysAdmin
 from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
@@ -533,6 +534,13 @@ def create_app(
         routes.append(Route("/metrics", endpoints.metrics, methods=["GET"]))
     if settings.admin_key_env is not None and config.spend is not None:
         routes.append(Route("/admin/spend", endpoints.spend, methods=["GET"]))
+    if settings.admin_key_env is not None and gateway.governance.store is not None:
+        admin = KeysAdmin(gateway.governance, gateway.admin_key)
+        routes += [
+            Route("/admin/keys", admin.handle, methods=["GET", "POST"]),
+            Route("/admin/keys/{ref}", admin.handle, methods=["GET", "PATCH"]),
+            Route("/admin/keys/{ref}/{action:str}", admin.handle, methods=["POST"]),
+        ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -160,7 +160,9 @@ class KeyStore:
     async def _insert(self, key: VirtualKey, digest: str) -> None:
         raise NotImplementedError
 
-    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
+    async def _write(
+        self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]
+    ) -> None:
         raise NotImplementedError
 
     async def _load(self, ref: str) -> KeyRecord | None:
@@ -184,7 +186,9 @@ class MemoryKeyStore(KeyStore):
         self._version += 1
         self._records[key.id] = KeyRecord(key, ((digest, None),), self._version)
 
-    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
+    async def _write(
+        self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]
+    ) -> None:
         if any(r.key.name == key.name and r.key.id != key.id for r in self._records.values()):
             raise ValueError("name: another key has it")
         self._version += 1
@@ -268,7 +272,9 @@ class DatabaseKeyStore(KeyStore):
     async def _insert(self, key: VirtualKey, digest: str) -> None:
         await self._save(key, [(digest, None)], new=True)
 
-    async def _write(self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]) -> None:
+    async def _write(
+        self, key: VirtualKey, secrets: builtins.list[tuple[str, datetime | None]]
+    ) -> None:
         await self._save(key, secrets, new=False)
 
     async def _save(

@@ -208,3 +208,60 @@ async def test_a_change_on_one_replica_reaches_another_within_the_interval(
         await ring.aclose()
         await here.aclose()
         await there.aclose()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def test_the_keys_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "pipeline.toml"
+    config.write_text(
+        '[routes.a]\nprovider = "scripted"\nreply = "hi"\n\n[spend]\npath = "ledger.db"\n\n[keys]\n'
+    )
+    assert main(["db", "upgrade", "--config", str(config)]) == 0
+    capsys.readouterr()
+    args = ["--config", str(config)]
+    assert (
+        main(
+            [
+                "keys",
+                "create",
+                "ci",
+                "--models",
+                "gpt-*",
+                "--rpm",
+                "60",
+                "--budget",
+                "2",
+                "--period",
+                "day",
+                "--expires",
+                "30d",
+                *args,
+            ]
+        )
+        == 0
+    )
+    created = capsys.readouterr().out
+    secret = created.split()[1]
+    assert secret.startswith(SECRET_PREFIX) and "shown once" in created
+    assert main(["keys", "list", *args]) == 0
+    listed = capsys.readouterr().out
+    assert "ci" in listed and "2/day" in listed and secret not in listed
+    assert main(["keys", "rotate", "ci", "--grace", "60", "--format", "json", *args]) == 0
+    import json
+
+    rotated = json.loads(capsys.readouterr().out)
+    assert rotated["secret"] != secret and rotated["name"] == "ci"
+    assert main(["keys", "update", "ci", "--rpm", "120", "--format", "json", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["rpm"] == 120
+    assert main(["keys", "revoke", "ci", *args]) == 0
+    assert "revoked_at" in capsys.readouterr().out
+    assert main(["keys", "show", "nobody", *args]) == 1
+    assert main(["keys", "create", "bad name", *args]) == 2
+    assert "name" in capsys.readouterr().err

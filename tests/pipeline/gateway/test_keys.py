@@ -85,15 +85,25 @@ async def call(
 ) -> httpx.Response:
     """One request of `format`, as its clients send it (the whole stream read)."""
     if format == "chat_completions":
-        path, body = "/chat/completions", {"model": model, "messages": [{"role": "user", "content": CANARY}]}
+        path, body = (
+            "/chat/completions",
+            {"model": model, "messages": [{"role": "user", "content": CANARY}]},
+        )
         headers = {"authorization": f"Bearer {secret}"}
         body["max_tokens"] = max_tokens
     elif format == "responses":
-        path, body = "/responses", {"model": model, "input": CANARY, "max_output_tokens": max_tokens}
+        path, body = (
+            "/responses",
+            {"model": model, "input": CANARY, "max_output_tokens": max_tokens},
+        )
         headers = {"authorization": f"Bearer {secret}"}
     else:
         path = "/messages"
-        body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": CANARY}]}
+        body = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": CANARY}],
+        }
         headers = {"x-api-key": secret, "anthropic-version": "2023-06-01"}
     body["stream"] = stream
     async with httpx.AsyncClient(base_url=run.base_url, timeout=30) as client:
@@ -175,7 +185,9 @@ async def test_expired_revoked_and_rotated_out_keys_get_401(
         for response in refused:
             assert response.status_code == 401, response.text
             kind, code = error_of(response, format)
-            assert kind == ("authentication_error" if format == "messages" else "invalid_request_error")
+            assert kind == (
+                "authentication_error" if format == "messages" else "invalid_request_error"
+            )
             assert code in ("", "invalid_api_key")
     assert len(setup.upstream.requests) == 3
 
@@ -203,7 +215,9 @@ async def test_api_keys_env_keys_keep_working_beside_virtual_keys(
     cfg = setup.config()
     config = parse_config(
         {
-            "routes": {"primary": {"provider": "openai", "model": "m", "base_url": setup.upstream.base_url}},
+            "routes": {
+                "primary": {"provider": "openai", "model": "m", "base_url": setup.upstream.base_url}
+            },
             "gateway": {"api_keys_env": "KEYS_TEST_ENV_KEYS"},
             "spend": {"path": str(setup.path)},
             "keys": {},
@@ -236,7 +250,9 @@ async def test_a_spent_budget_is_402_budget_exceeded_and_not_retried(
         assert refused.headers["x-should-retry"] == "false"
         kind, code = error_of(refused, format)
         if format == "messages":
-            assert kind == "billing_error" and "budget_exceeded" in refused.json()["error"]["message"]
+            assert (
+                kind == "billing_error" and "budget_exceeded" in refused.json()["error"]["message"]
+            )
         else:
             assert (kind, code) == ("budget_exceeded", "budget_exceeded")
     assert len(setup.upstream.requests) == 3
@@ -251,9 +267,7 @@ async def test_the_sdks_do_not_retry_a_402(setup: Setup) -> None:
                 model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
             )
         assert caught.value.status_code == 402
-        claude = anthropic.AsyncAnthropic(
-            base_url=run.url, api_key=issued.secret, max_retries=3
-        )
+        claude = anthropic.AsyncAnthropic(base_url=run.url, api_key=issued.secret, max_retries=3)
         with pytest.raises(anthropic.APIStatusError) as refused:
             await claude.messages.create(
                 model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
@@ -353,9 +367,14 @@ async def test_fail_open_serves_and_fail_closed_refuses_while_redis_is_down(
     setup: Setup, own_redis: RedisServer, streaming: bool
 ) -> None:
     issued = await setup.store.create("while-down", budget=Budget("1000"))
-    async with gateway(setup, timeout=0.2) as open_, gateway(setup, fail_closed=True, timeout=0.2) as closed:
+    async with (
+        gateway(setup, timeout=0.2) as open_,
+        gateway(setup, fail_closed=True, timeout=0.2) as closed,
+    ):
         for run in (open_, closed):
-            assert (await call(run, "chat_completions", issued.secret, stream=streaming)).status_code == 200
+            assert (
+                await call(run, "chat_completions", issued.secret, stream=streaming)
+            ).status_code == 200
         own_redis.stop()
         served = await call(open_, "chat_completions", issued.secret, stream=streaming)
         assert served.status_code == 200
@@ -368,9 +387,7 @@ async def test_fail_open_serves_and_fail_closed_refuses_while_redis_is_down(
 # -- secrets stay secret ---------------------------------------------------------------------
 
 
-async def test_no_secret_reaches_a_log_line(
-    setup: Setup, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_no_secret_reaches_a_log_line(setup: Setup, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("DEBUG")
     issued = await setup.store.create("quiet", budget=Budget("0"), models=["gpt-*"])
     async with gateway(setup) as run:
@@ -382,3 +399,56 @@ async def test_no_secret_reaches_a_log_line(
     assert "key=quiet" in text
     assert CANARY not in text
     assert json.dumps(issued.secret) not in text
+
+
+# -- /admin/keys -----------------------------------------------------------------------------
+
+
+async def test_admin_keys_manage_keys_for_the_admin_key_only(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYS_TEST_ADMIN", "admin-secret-1")
+    config = setup.config()
+    config = parse_config(
+        {
+            "routes": {
+                "primary": {"provider": "openai", "model": "m", "base_url": setup.upstream.base_url}
+            },
+            "gateway": {"admin_key_env": "KEYS_TEST_ADMIN", "models": {"gpt-*": "pipeline"}},
+            "spend": {"path": str(setup.path)},
+            "keys": {},
+        }
+    )
+    admin = {"authorization": "Bearer admin-secret-1"}
+    async with running(config) as run, httpx.AsyncClient(base_url=run.url, timeout=10) as client:
+        for headers in ({}, {"authorization": "Bearer nope"}):
+            refused = await client.get("/admin/keys", headers=headers)
+            assert refused.status_code == 401 and "admin-secret-1" not in refused.text
+        made = await client.post(
+            "/admin/keys",
+            json={
+                "name": "svc",
+                "models": ["gpt-*"],
+                "rpm": 60,
+                "budget": {"limit": "5", "period": "day"},
+            },
+            headers=admin,
+        )
+        assert made.status_code == 201, made.text
+        secret = made.json()["secret"]
+        assert (await call(run, "chat_completions", secret)).status_code == 200  # seen at once
+        listed = (await client.get("/admin/keys", headers=admin)).json()["data"]
+        assert [k["name"] for k in listed] == ["svc"] and secret not in json.dumps(listed)
+        changed = await client.patch("/admin/keys/svc", json={"rpm": 120}, headers=admin)
+        assert changed.json()["rpm"] == 120
+        rotated = await client.post("/admin/keys/svc/rotate", json={"grace": 0}, headers=admin)
+        assert rotated.status_code == 200 and rotated.json()["secret"] != secret
+        assert (await call(run, "chat_completions", secret)).status_code == 401
+        revoked = await client.post("/admin/keys/svc/revoke", headers=admin)
+        assert revoked.json()["revoked_at"] is not None
+        assert (await call(run, "chat_completions", rotated.json()["secret"])).status_code == 401
+        assert (await client.get("/admin/keys/nobody", headers=admin)).status_code == 404
+        taken = await client.post("/admin/keys", json={"name": "svc"}, headers=admin)
+        assert taken.status_code == 409
+        bad = await client.post("/admin/keys", json={"name": "x", "rpm": 0}, headers=admin)
+        assert bad.status_code == 400 and "rpm" in bad.json()["error"]["message"]

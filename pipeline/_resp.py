@@ -54,9 +54,11 @@ def _arg(value: Any) -> bytes:
 def encode_command(args: Sequence[Any]) -> bytes:
     """One command in the Redis protocol (an array of bulk strings)."""
     parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
     for value in args:
-        data = _arg(value)
-        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        # Strings (keys, operations) are nearly every argument: their path first.
+        data = value.encode() if type(value) is str else _arg(value)
+        append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(parts)
 
 

@@ -251,6 +251,8 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "middleware.idempotency",
         "middleware.response_validation",
         "middleware.cache",
+        "middleware.budgets",
+        "pipeline.keys",
         "pipeline.config",
         "pipeline.evals",
         "pipeline.errors",

@@ -90,6 +90,7 @@ from pipeline._settings import Settings, collecting_problems, problems_of, sugge
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.keys._settings import BudgetsSettings, KeysSettings
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
@@ -105,7 +106,6 @@ from pipeline.providers._settings import (
     OpenAISettings,
     ScriptedSettings,
 )
-from pipeline.keys._settings import BudgetsSettings, KeysSettings
 from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:

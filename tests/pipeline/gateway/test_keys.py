@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.config import PipelineConfig, parse_config
 from pipeline.keys import Budget, SQLiteKeyStore
-from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline.testing import FakeOpenAIServer
 from tests.pipeline.gateway.conftest import Running, running
 from tests.redis_server import RedisServer
 
@@ -358,9 +358,9 @@ async def test_the_sdks_read_the_headers_and_wait_out_a_429(setup: Setup) -> Non
 
 
 @pytest.fixture
-def own_redis(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisServer]:
+def own_redis(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
     monkeypatch.setenv("KEYS_TEST_REDIS", redis_server.url)
-    yield redis_server
+    return redis_server
 
 
 async def test_fail_open_serves_and_fail_closed_refuses_while_redis_is_down(

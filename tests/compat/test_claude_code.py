@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -86,7 +87,12 @@ def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
 
 
 async def ask(
-    claude: Path, gateway: Running, workdir: Path, prompt: str, *options: str
+    claude: Path,
+    gateway: Running,
+    workdir: Path,
+    prompt: str,
+    *options: str,
+    api_key: str = f"sk-gateway-{CANARY}",
 ) -> dict[str, Any]:
     """``claude -p PROMPT --output-format json [OPTIONS]`` with only the base URL and a key
     set; its JSON result."""
@@ -96,7 +102,7 @@ async def ask(
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": gateway.url,
-        "ANTHROPIC_API_KEY": f"sk-gateway-{CANARY}",
+        "ANTHROPIC_API_KEY": api_key,
     }
     process = await asyncio.create_subprocess_exec(
         str(claude),
@@ -337,3 +343,101 @@ async def test_every_route_down_ends_after_one_request(
     posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
     assert len(posts) == 1
     assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+
+
+# -- keys, budgets and rate limits -----------------------------------------------------------
+
+
+async def governed(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, upstream: FakeOpenAIServer
+) -> tuple[Any, Any]:
+    """A gateway configuration with virtual keys and budgets, and its key store."""
+    from pipeline.keys import SQLiteKeyStore
+
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    monkeypatch.setenv("CLAUDE_CODE_TEST_REDIS", redis_url)
+    data = {
+        "routes": {
+            "primary": {
+                "provider": "openai",
+                "model": "model-primary",
+                "base_url": upstream.base_url,
+                "api_key_env": "CLAUDE_CODE_TEST_UPSTREAM_KEY",
+                "price": {"input_per_million": 1.0, "output_per_million": 1.0},
+            }
+        },
+        "gateway": {"models": {"claude-*": "pipeline"}},
+        "layers": {"telemetry": True},
+        "spend": {"path": str(tmp_path / "ledger.db")},
+        "keys": {"refresh_interval": 0.1},
+        "budgets": {
+            "redis_url_env": "CLAUDE_CODE_TEST_REDIS",
+            "namespace": f"cc-{uuid.uuid4().hex[:8]}",
+        },
+    }
+    return parse_config(data), SQLiteKeyStore(tmp_path / "ledger.db")
+
+
+async def test_a_spent_budget_stops_claude_code_after_one_request(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.keys import Budget
+
+    cfg, store = await governed(tmp_path, redis_url, monkeypatch, openai_upstream)
+    issued = await store.create("agent", budget=Budget("0"))
+    async with running(cfg, **otel.providers) as gateway:
+        async with asyncio.timeout(GIVE_UP_BOUND):
+            result = await ask(claude, gateway, tmp_path, "Say hello", api_key=issued.secret)
+        await gateway.gateway.wait_idle()
+    await store.aclose()
+    assert result["is_error"] is True, result
+    assert "budget_exceeded" in json.dumps(result)
+    # One request, refused with the 402 (no retry loop), and no provider call.
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    assert [dict(s.attributes or {}).get("http.response.status_code") for s in posts] == [402]
+    assert openai_upstream.count() == 0
+
+
+async def test_a_rate_limited_claude_code_waits_and_goes_on(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    cfg, store = await governed(tmp_path, redis_url, monkeypatch, openai_upstream)
+    issued = await store.create("agent", rpm=60)
+    openai_upstream.script(*[FakeResponse(text="Hello!")] * 10)
+    async with running(cfg, **otel.providers) as gateway:
+        # The key's burst used up: Claude Code's first request is refused with 429 and
+        # retry-after, which it waits out before asking again.
+        async with httpx.AsyncClient(base_url=gateway.url) as client:
+            body = {
+                "model": "claude-x",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "x"}],
+            }
+            headers = {"x-api-key": issued.secret, "anthropic-version": "2023-06-01"}
+            while (
+                await client.post("/v1/messages", json=body, headers=headers)
+            ).status_code == 200:
+                pass
+        async with asyncio.timeout(GIVE_UP_BOUND):
+            result = await ask(claude, gateway, tmp_path, "Say hello", api_key=issued.secret)
+        await gateway.gateway.wait_idle()
+    await store.aclose()
+    assert result["is_error"] is False, result
+    statuses = [
+        dict(s.attributes or {}).get("http.response.status_code")
+        for s in server_spans(otel)
+        if s.name == "POST /v1/messages"
+    ]
+    assert statuses.count(429) >= 2 and statuses[-1] == 200  # ours, then Claude Code's

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any

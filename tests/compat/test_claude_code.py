@@ -414,7 +414,8 @@ async def test_a_rate_limited_claude_code_waits_and_goes_on(
     import httpx
 
     cfg, store = await governed(tmp_path, redis_url, monkeypatch, openai_upstream)
-    issued = await store.create("agent", rpm=60)
+    # One every 5 s: the limit is still reached when Claude Code, a second later, starts.
+    issued = await store.create("agent", rpm=12)
     openai_upstream.script(*[FakeResponse(text="Hello!")] * 10)
     async with running(cfg, **otel.providers) as gateway:
         # The key's burst used up: Claude Code's first request is refused with 429 and

@@ -7,10 +7,11 @@ Promises:
   estimated cost on each of its budgets and takes its rate-limit cells, all or nothing;
   settles a request (its reservation released, its actual cost spent, its token estimate
   corrected by its usage); and rebuilds lost counters;
-* the operations of one turn of the event loop go out as one call of that script: a
-  request's reservation and the settlements waiting since the last call share one round
-  trip, so a request costs Redis one round trip at most, and several requests may share
-  one. A settlement waits for the next reservation (or `SETTLE_DELAY` seconds);
+* one call of that script is on the way at a time: a reservation goes out at once when
+  none is, else it waits with the others that come meanwhile and they go out together when
+  the reply comes; the settlements waiting since the last call go with them. So a request
+  costs Redis one round trip at most, and under load many requests share one. A settlement
+  waits for the next reservation (or `SETTLE_DELAY` seconds);
 * a budget admits a request while what is spent and reserved is under its limit, so what
   a budget's scope spends ends under its limit plus one request's cost; a refusal names the
   budget's scope; a soft limit passed is told in the grant (what remains);
@@ -445,8 +446,12 @@ class Reservations:
         batch = self._open()
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         batch.reserves.append((demand, future))
-        if not self._soon:
-            self._schedule(0.0)
+        if not self._pending:
+            # Nothing on the way: out now (no extra turn of the loop). While a call is on
+            # the way, reservations gather and go out together when its reply comes.
+            if self._scheduled is not None:
+                self._scheduled.cancel()
+            self._send()
         # A caller cancelled cancels its own answer only; the call goes on for the others.
         return await future
 
@@ -563,6 +568,12 @@ class Reservations:
 
     def _replied(self, batch: _Batch, reply: asyncio.Future[Any]) -> None:
         self._pending.discard(reply)
+        waiting = self._batch
+        if waiting is not None and waiting.reserves and not self._pending:
+            # What gathered while this call was on the way goes out now.
+            if self._scheduled is not None:
+                self._scheduled.cancel()
+            self._send()
         error = asyncio.CancelledError() if reply.cancelled() else reply.exception()
         if error is not None:
             self._failed(batch, error)

@@ -21,6 +21,7 @@ import pytest
 from pipeline.config import PipelineConfig, parse_config
 from pipeline.keys import Budget, SQLiteKeyStore
 from pipeline.testing import FakeOpenAIServer
+from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, running
 from tests.redis_server import RedisServer
 
@@ -452,3 +453,20 @@ async def test_admin_keys_manage_keys_for_the_admin_key_only(
         assert taken.status_code == 409
         bad = await client.post("/admin/keys", json={"name": "x", "rpm": 0}, headers=admin)
         assert bad.status_code == 400 and "rpm" in bad.json()["error"]["message"]
+
+
+async def test_no_secret_reaches_a_span_or_a_metric(setup: Setup, otel: Otel) -> None:
+    issued = await setup.store.create("traced", budget=Budget("0.00002"), rpm=60, models=["gpt-*"])
+    async with running(setup.config(), **otel.providers) as run:
+        await known(run)
+        statuses = [
+            (await call(run, "chat_completions", issued.secret, model=model)).status_code
+            for model in ("gpt-4o", "gpt-4o", "claude-x", "gpt-4o")
+        ]
+        await call(run, "messages", issued.secret[:-3] + "abc")
+    assert 200 in statuses and 403 in statuses and ({402, 429} & set(statuses))
+    exported = "\n".join(otel.everything_exported())
+    assert issued.secret not in exported and issued.secret[6:24] not in exported
+    assert CANARY not in exported
+    refusals = otel.total("chat_pipeline.budget.refusals", **{"chat_pipeline.budget.scope": "key"})
+    assert refusals >= 1

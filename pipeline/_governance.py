@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline._reservations import (
     NANOS,
@@ -183,6 +183,7 @@ class Governor:
         self.default_max_output_tokens = default_max_output_tokens
         self.retry_after = retry_after
         self._periods: dict[str | None, tuple[float, str, int]] = {}
+        self._made: dict[str, tuple[Subject, float, list[BudgetCheck], list[Any]]] = {}
         self._soft_warned: dict[str, float] = {}
 
     # -- building a demand -------------------------------------------------------------------
@@ -209,19 +210,6 @@ class Governor:
             scope,
         )
 
-    def _rate(
-        self, kind: str, name: str, unit: str, limit: int, cost: int, scope: str
-    ) -> RateCheck:
-        key = self.reservations.key("r", kind, scope_name(name), unit)
-        return RateCheck(
-            key,
-            limit,
-            cost,
-            "requests" if unit == "rpm" else "tokens",
-            scope,
-            self.burst,
-        )
-
     def demand(
         self, subject: Subject, *, input_tokens: int, max_output_tokens: int | None, costs: RateCost
     ) -> tuple[Demand, int]:
@@ -229,6 +217,20 @@ class Governor:
         output = max_output_tokens or self.default_max_output_tokens
         tokens = input_tokens + output
         amount = math.ceil(input_tokens * costs.input + output * costs.output)
+        budgets, limits = self._checks(subject)
+        rates = [
+            RateCheck(key, limit, 1 if unit == "requests" else tokens, unit, scope, self.burst)
+            for key, limit, unit, scope in limits
+        ]
+        return Demand(budgets, amount, rates, self.lease), tokens
+
+    def _checks(self, subject: Subject) -> tuple[list[BudgetCheck], list[Any]]:
+        """A subject's budget checks and rate limits (key, limit, unit, scope), made once a
+        minute (a period ends on a whole minute) per subject."""
+        now = time.time()
+        cached = self._made.get(subject.identity)
+        if cached is not None and cached[0] is subject and now < cached[1]:
+            return cached[2], cached[3]
         budgets: list[BudgetCheck] = []
         if subject.budget is not None:
             budgets.append(self._budget("k", subject.identity, subject.budget, "key"))
@@ -236,17 +238,23 @@ class Governor:
             budgets.append(self._budget("t", subject.team, subject.team_budget, "team"))
         if subject.user is not None and subject.user_budget is not None:
             budgets.append(self._budget("u", subject.user, subject.user_budget, "user"))
-        rates: list[RateCheck] = []
+        limits: list[Any] = []
+        key = self.reservations.key
+        mine = scope_name(subject.identity)
         if subject.rpm:
-            rates.append(self._rate("k", subject.identity, "rpm", subject.rpm, 1, "key"))
+            limits.append((key("r", "k", mine, "rpm"), subject.rpm, "requests", "key"))
         if subject.tpm:
-            rates.append(self._rate("k", subject.identity, "tpm", subject.tpm, tokens, "key"))
+            limits.append((key("r", "k", mine, "tpm"), subject.tpm, "tokens", "key"))
         if subject.team is not None:
+            team = scope_name(subject.team)
             if subject.team_rpm:
-                rates.append(self._rate("t", subject.team, "rpm", subject.team_rpm, 1, "team"))
+                limits.append((key("r", "t", team, "rpm"), subject.team_rpm, "requests", "team"))
             if subject.team_tpm:
-                rates.append(self._rate("t", subject.team, "tpm", subject.team_tpm, tokens, "team"))
-        return Demand(budgets, amount, rates, self.lease), tokens
+                limits.append((key("r", "t", team, "tpm"), subject.team_tpm, "tokens", "team"))
+        if len(self._made) >= 10_000:
+            self._made.clear()
+        self._made[subject.identity] = (subject, math.floor(now / 60) * 60 + 60, budgets, limits)
+        return budgets, limits
 
     # -- admitting and settling --------------------------------------------------------------
 

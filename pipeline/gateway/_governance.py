@@ -117,6 +117,9 @@ class Governance:
     price_of: Callable[[Any], Decimal | None] | None = None
     prices: Any = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    # Subjects by identity, with the key object they were made from (a key changed in the
+    # ring is a new object: its subject is made again).
+    _subjects: dict[str, tuple[Any, Subject]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -207,6 +210,17 @@ class Governance:
         if settings is None or not identity:
             return None
         key = exchange.virtual_key
+        found = self._subjects.get(identity)
+        if found is not None and found[0] is key:
+            return found[1]
+        if len(self._subjects) >= 10_000:
+            self._subjects.clear()
+        made = self._subject(identity, exchange.key_name, key, settings)
+        self._subjects[identity] = (key, made)
+        return made
+
+    @staticmethod
+    def _subject(identity: str, name: str | None, key: Any, settings: BudgetsSettings) -> Subject:
         team = user = None
         budget = settings.key
         rpm = tpm = None
@@ -218,7 +232,7 @@ class Governance:
         user_limits = settings.users.get(user) if user is not None else None
         return Subject(
             identity,
-            exchange.key_name,
+            name,
             budget,
             rpm,
             tpm,

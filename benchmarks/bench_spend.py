@@ -196,6 +196,14 @@ def records_part(args: argparse.Namespace, workdir: Path, postgres: object) -> N
         sys.stdout.flush()
 
 
+async def upgrade(dsn: str) -> None:
+    database = _db.open_database(dsn)
+    try:
+        await _db.upgrade(database)
+    finally:
+        await database.aclose()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -212,9 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-spend-"))
     try:
         with running_postgres() as postgres:
-            database = _db.open_database(postgres.dsn)
-            asyncio.run(_db.upgrade(database))
-            asyncio.run(database.aclose())
+            asyncio.run(upgrade(postgres.dsn))
             if args.gateway:
                 gateway_part(args, workdir, postgres.dsn)
             if args.writes:

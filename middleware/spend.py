@@ -27,15 +27,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from pipeline import _scope
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name, metadata_of
 from pipeline.pricing import (
-    attempt_usage,
-    priced,
+    priced_attempt,
     reached_provider,
     response_characters,
     streamed_characters,
@@ -238,40 +236,25 @@ class _Call:
                 if self.first_update is not None
                 else "failed_before_output"
             )
-        completed = outcome == "completed"
         if response is not None:
             self.usage, self.model = response.usage, response.model_id
             self.characters = response_characters(response)
             self.first_update = layer._clock() - self.started
-        messages = as_messages(self.messages)
-        usage, estimated = attempt_usage(
-            self.usage,
-            completed=completed,
-            characters=self.characters,
-            messages=messages,
-            error=error,
-        )
         requested = (self.options.model_id if self.options else None) or metadata.model_id
-        cost = priced(
-            None,
-            self.log.prices,
-            metadata.provider_name,
-            self.model or requested,
-            usage,
-            at=datetime.fromtimestamp(self.started_at, UTC),
-            estimated=estimated,
-        )
         self.log.add(
-            _scope.PricedAttempt(
+            priced_attempt(
                 route=layer._name,
                 number=1,
                 outcome=outcome,
                 provider=metadata.provider_name,
                 model_requested=requested,
                 model_served=self.model,
-                usage=usage,
-                estimated=estimated,
-                cost=cost,
+                reported=self.usage,
+                characters=self.characters,
+                messages=as_messages(self.messages),
+                error=error,
+                price=None,
+                book=self.log.prices,
                 started_at=self.started_at,
                 duration=layer._clock() - self.started,
                 time_to_first_update=self.first_update,
@@ -283,7 +266,7 @@ class _SpendWatch(StreamWatcher):
     """A streamed call through the layer: its attempt log current in its first step (where
     the router beneath starts its request and takes it), its records made at its end."""
 
-    __slots__ = ("call", "layer", "messages", "options", "scoped", "steps", "token")
+    __slots__ = ("call", "layer", "messages", "options", "own", "scoped", "steps")
 
     def __init__(
         self, layer: SpendChatClient, messages: Messages, options: ChatOptions | None
@@ -301,11 +284,11 @@ class _SpendWatch(StreamWatcher):
             outer.prices = self.layer.ledger.prices
         log = outer if outer is not None else _scope.AttemptLog(self.layer.ledger.prices)
         self.call = _Call(self.layer, self.messages, self.options, log)
-        self.token = outer is None  # made current around steps only when it is ours
+        self.own = outer is None  # made current around steps only when it is ours
 
     def enter(self) -> Any:
         call = self.call
-        if call is None or not self.token:
+        if call is None or not self.own:
             return None
         return _scope.enter_attempt_log(call.log)
 

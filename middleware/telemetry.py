@@ -181,7 +181,8 @@ class TelemetryChatClient(DelegatingChatClient):
     def _routed(self, span: Span, request: dict[str, Any], report: RouteReport) -> dict[str, Any]:
         """The request's attributes once a router below said which route served: that
         route's provider, server and (when the caller named none) model, and the routing
-        story (`chat_pipeline.route.name`, `chat_pipeline.route.attempts`, `chat_pipeline.route.fallback`)."""
+        story (`chat_pipeline.route.name`, `chat_pipeline.route.attempts`,
+        `chat_pipeline.route.fallback`)."""
         served = dict(request)
         for key in (self._provider_key, SERVER_ADDRESS, SERVER_PORT):
             served.pop(key, None)

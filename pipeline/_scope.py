@@ -35,12 +35,16 @@ import contextvars
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from pipeline.pricing import Cost, PriceBook
     from pipeline.types import UsageDetails
+
+# `pipeline.pricing` builds on this module (its `priced_attempt` makes `PricedAttempt`s), so
+# its types are named here in words: `Cost` is `pipeline.pricing.Cost`, a book a
+# `pipeline.pricing.PriceBook`.
+Cost = Any
+PriceBook = Any
 
 __all__ = [
     "AttemptLog",
@@ -193,14 +197,13 @@ enter_report = _report.set
 exit_report = _report.reset
 
 
-@dataclass(frozen=True, slots=True)
-class PricedAttempt:
+class PricedAttempt(NamedTuple):
     """One attempt that reached a provider, as the ledger records it: its route, number and
     outcome (a `FailoverAttempt`'s), the provider and the models asked for and served, what
     it used (`usage`: the provider's counts, or estimates where none came, then `estimated`)
     and what that cost (None: no price known), when it started (seconds since the epoch)
     and how long it took. A cache hit is one too: `cache` is ``"hit"``, nothing was used,
-    and `saved` is what the stored answer had cost."""
+    and `saved` is what the stored answer had cost. Immutable (a named tuple)."""
 
     route: str
     number: int

@@ -4,7 +4,9 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | scripted
+                                     # | anthropic | gemini | vertex | bedrock | scripted,
+                                     # or a vendor: groq | mistral | deepseek | together
+                                     # | fireworks | openrouter | xai | vllm
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -33,6 +35,7 @@ environment changes is replaced whole).
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
 `AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
+`GeminiRouteConfig`, `VertexRouteConfig`, `BedrockRouteConfig`, `VendorRouteConfig`,
 `ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
 the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
 router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
@@ -94,8 +97,10 @@ from pipeline.keys._settings import BudgetsSettings, KeysSettings
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
+    BedrockSettings,
     Credentials,
     EnvironmentVariable,
+    GeminiSettings,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
     LocalEmbeddingsSettings,
@@ -105,6 +110,8 @@ from pipeline.providers._settings import (
     OpenAIResponsesSettings,
     OpenAISettings,
     ScriptedSettings,
+    VendorSettings,
+    VertexSettings,
 )
 from pipeline.spend._settings import LedgerSettings
 
@@ -118,9 +125,11 @@ __all__ = [
     "BalancedRouterConfig",
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
+    "BedrockRouteConfig",
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
+    "GeminiRouteConfig",
     "GroupConfig",
     "HealthConfig",
     "HedgedRouterConfig",
@@ -133,10 +142,12 @@ __all__ = [
     "RouteConfig",
     "RouterConfig",
     "ScriptedRouteConfig",
+    "VendorRouteConfig",
     "SemanticCacheConfig",
     "SemanticRouterConfig",
     "SpendConfig",
     "TieredRouterConfig",
+    "VertexRouteConfig",
     "build_pipeline",
     "load_config",
     "load_pipeline",
@@ -246,6 +257,22 @@ class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
     """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
+class BedrockRouteConfig(_RouteTable, BedrockSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API."""
+
+
+class VendorRouteConfig(_RouteTable, VendorSettings):
+    """``provider = "groq"`` (or another vendor): an OpenAI-compatible vendor by name."""
+
+
+class GeminiRouteConfig(_RouteTable, GeminiSettings):
+    """``provider = "gemini"``: Google's Gemini API."""
+
+
+class VertexRouteConfig(_RouteTable, VertexSettings):
+    """``provider = "vertex"``: a Gemini or an Anthropic model on Vertex AI."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -256,6 +283,10 @@ RouteConfig: TypeAlias = Annotated[
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig
+    | BedrockRouteConfig
+    | VendorRouteConfig
+    | GeminiRouteConfig
+    | VertexRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]
@@ -644,6 +675,9 @@ class SemanticCacheConfig(Settings):
     """Answers per semantic partition kept as candidates."""
     max_partitions: Annotated[int, Field(ge=1)] = 10_000
     """Semantic partitions kept per process."""
+    max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
+    """Bytes the candidates (vectors and keys) may hold per process; with ``store =
+    "memory"`` they count in the store's `max_bytes` too."""
     embedding_timeout: Annotated[float, Field(gt=0)] = 2.0
     """Seconds embedding a query may take before the lookup is a miss."""
     max_query_chars: Annotated[int, Field(ge=1)] = 2000
@@ -655,6 +689,7 @@ class SemanticCacheConfig(Settings):
             threshold=self.threshold,
             max_candidates=self.max_candidates,
             max_partitions=self.max_partitions,
+            max_bytes=self.max_bytes,
             embedding_timeout=self.embedding_timeout,
             max_query_chars=self.max_query_chars,
         )

@@ -13,7 +13,7 @@
     ├── BudgetUnavailableError         budgets could not be checked and fail_closed is set
     ├── KeyNotFoundError               no virtual key has that id or name (also a LookupError)
     ├── SchemaVersionError             a database's schema is not this code's (run
-    │                                  `chat-pipeline db upgrade`)
+    │                                  `chat-pipeline db upgrade`, or upgrade the code)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent

@@ -16,12 +16,13 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, Protocol, runtime_checkable
 
 from pydantic import Field, PrivateAttr, StringConstraints
 
+from pipeline._scope import PricedAttempt
 from pipeline._settings import Settings
 from pipeline.errors import CircuitOpenError, ProviderError, UnsendableRequestError
 from pipeline.types import (
@@ -49,6 +50,7 @@ __all__ = [
     "estimate_input_tokens",
     "estimated_output_tokens",
     "priced",
+    "priced_attempt",
     "reached_provider",
     "response_characters",
     "streamed_characters",
@@ -61,17 +63,14 @@ _MILLION = Decimal(1_000_000)
 _ZERO = Decimal(0)
 
 
-@dataclass(frozen=True, slots=True)
-class Cost:
+class Cost(NamedTuple):
     """What an attempt cost: `amount` in `currency` units; `estimated` when some of its token
-    counts were estimated (the provider reported none, or the stream was cut before it did)."""
+    counts were estimated (the provider reported none, or the stream was cut before it did).
+    Immutable (a named tuple)."""
 
     amount: Decimal
     currency: str = "USD"
     estimated: bool = False
-
-    def __float__(self) -> float:
-        return float(self.amount)
 
 
 @runtime_checkable
@@ -197,29 +196,37 @@ PROVIDERS: Mapping[str, str | None] = {
 }
 """Our providers' names (`gen_ai.provider.name`) -> genai-prices' provider ids."""
 
-# The usage keys of genai-prices we report, and the priced units they are.
-_INPUT, _OUTPUT = "input_tokens", "output_tokens"
-_CACHE_READ, _CACHE_WRITE = "cache_read_tokens", "cache_write_tokens"
-_REASONING, _REQUESTS = "output_reasoning_tokens", "requests"
-_PARENT = {_CACHE_READ: _INPUT, _CACHE_WRITE: _INPUT, _REASONING: _OUTPUT}
+# The usage keys of genai-prices we report, by their place in `_price`'s counts.
+_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "output_reasoning_tokens",
+    "requests",
+)
+_INPUT, _OUTPUT, _CACHE_READ, _CACHE_WRITE, _REASONING, _REQUESTS = range(len(_KEYS))
 
 
 @dataclass(frozen=True, slots=True)
 class _Rates:
-    """One model's prices of one period, read from genai-prices once: per usage key we
-    report, the price (a `Decimal` or a tiered price) and its unit's size; `requests` is a
-    price per request."""
+    """One model's prices of one period, read from genai-prices once: per usage count we
+    report (by its place in `_KEYS`), the price (a `Decimal`, or a tiered price) and its
+    unit's size; which priced parts leave their whole's count; whether any is tiered."""
 
-    units: tuple[tuple[str, Any, int], ...]
-    children: frozenset[str]  # priced keys whose tokens leave their parent's count
+    units: tuple[tuple[int, Any, int], ...]
+    less_read: bool  # cache reads are priced apart: not at the input price too
+    less_written: bool
+    less_reasoning: bool
     tiered: bool
 
 
 def _compile(model_price: ModelPrice) -> _Rates:
+    from genai_prices.types import TieredPrices
     from genai_prices.units import _get_registry
 
     registry = _get_registry()
-    units: list[tuple[str, Any, int]] = []
+    units: list[tuple[int, Any, int]] = []
     for key, value in model_price.__dict__.items():
         if key.startswith("_") or value is None:
             continue
@@ -227,53 +234,91 @@ def _compile(model_price: ModelPrice) -> _Rates:
             unit = registry.unit_for_price_key(key)
         except KeyError:
             continue  # genai-prices ignores it too (with a warning)
-        if unit.usage_key in (_INPUT, _OUTPUT, _CACHE_READ, _CACHE_WRITE, _REASONING, _REQUESTS):
-            units.append((unit.usage_key, value, unit.per))
+        if unit.usage_key in _KEYS:
+            units.append((_KEYS.index(unit.usage_key), value, unit.per))
         # Any other unit (audio, images, searches ...) counts what we never report: zero.
-    from genai_prices.types import TieredPrices
-
+    priced = {index for index, _, _ in units}
     return _Rates(
         tuple(units),
-        frozenset(key for key, _, _ in units if key in _PARENT),
+        _CACHE_READ in priced,
+        _CACHE_WRITE in priced,
+        _REASONING in priced,
         any(isinstance(value, TieredPrices) for _, value, _ in units),
     )
 
 
 def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
     """genai-prices' ``ModelPrice.calc_price`` for the usage we report, from `rates`: each
-    priced unit's own tokens (a parent's count less its priced children's), at its price
-    (a tiered price by the total input tokens), over its unit's size."""
-    counts = {
-        _INPUT: _count(usage.input_tokens),
-        _OUTPUT: _count(usage.output_tokens),
-        _CACHE_READ: _count(usage.cache_read_tokens),
-        _CACHE_WRITE: _count(usage.cache_write_tokens),
-        _REASONING: _count(usage.reasoning_tokens),
-        _REQUESTS: 1,
-    }
-    for child in rates.children:
-        counts[_PARENT[child]] -= counts[child]
-    total_input = _count(usage.input_tokens)
+    priced unit's own tokens (a whole's count less its priced parts'), at its price (a
+    tiered price by the total input tokens), over its unit's size. None when genai-prices
+    would refuse the usage (a part larger than its whole)."""
+    total_input = usage.input_tokens or 0
+    output_tokens = usage.output_tokens or 0
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    reasoning = usage.reasoning_tokens or 0
+    input_tokens = total_input
+    if rates.less_read:
+        input_tokens -= read
+    if rates.less_written:
+        input_tokens -= written
+    if rates.less_reasoning:
+        output_tokens -= reasoning
+    counts = (input_tokens, output_tokens, read, written, reasoning, 1)
     amount = _ZERO
-    for key, value, per in rates.units:
-        count = counts[key]
+    tiered = rates.tiered
+    for index, value, per in rates.units:
+        count = counts[index]
+        if not count:
+            continue  # adds nothing (and Decimal arithmetic is what a price costs here)
         price = value
-        if rates.tiered and not isinstance(value, Decimal):
+        if tiered and type(value) is not Decimal:
             price = value.base
             for tier in reversed(value.tiers):
                 if total_input > tier.start:
                     price = tier.price
                     break
-        amount += price * Decimal(count) / per
+        amount += price * count / per
     return amount
 
 
 def _valid(usage: UsageDetails) -> bool:
-    """Whether genai-prices would price `usage` (a part never larger than its whole)."""
-    total_input = _count(usage.input_tokens)
-    return _count(usage.cache_read_tokens) + _count(
-        usage.cache_write_tokens
-    ) <= total_input and _count(usage.reasoning_tokens) <= _count(usage.output_tokens)
+    """Whether genai-prices would price `usage`: no count negative, no part larger than its
+    whole."""
+    total_input = usage.input_tokens or 0
+    output = usage.output_tokens or 0
+    read = usage.cache_read_tokens or 0
+    written = usage.cache_write_tokens or 0
+    reasoning = usage.reasoning_tokens or 0
+    return (
+        min(total_input, output, read, written, reasoning) >= 0
+        and read + written <= total_input
+        and reasoning <= output
+    )
+
+
+class _Model:
+    """What the book knows of one (provider, model): its genai-prices entry, its rates when
+    they never change, and those of the days asked so far when they change by date."""
+
+    __slots__ = ("by_day", "fixed", "info")
+
+    def __init__(self, info: ModelInfo) -> None:
+        from genai_prices.types import ModelPrice, StartDateConstraint
+
+        self.info = info
+        prices = info.prices
+        self.fixed: _Rates | None = None
+        # Rates of dated prices, by day: only when every period starts on a date (a price
+        # by the time of day, such as an off-peak rate, is read for each attempt).
+        self.by_day: dict[int, _Rates] | None = None
+        if isinstance(prices, ModelPrice) and not info.price_variants:
+            self.fixed = _compile(prices)
+        elif all(
+            c.constraint is None or isinstance(c.constraint, StartDateConstraint)
+            for c in (prices if isinstance(prices, list) else [])
+        ):
+            self.by_day = {}
 
 
 class GenAIPricesBook:
@@ -289,18 +334,18 @@ class GenAIPricesBook:
     ) -> None:
         self.providers: dict[str, str | None] = {**PROVIDERS, **(providers or {})}
         self.max_models = max_models
-        self._models: dict[tuple[str, str], ModelInfo | None] = {}
+        self._models: dict[tuple[str, str], _Model | None] = {}
         self._rates: dict[int, tuple[ModelPrice, _Rates]] = {}
         self._lock = threading.Lock()
         self._snapshot: Any = None
 
-    def _model(self, provider: str, model: str) -> ModelInfo | None:
+    def _model(self, provider: str, model: str) -> _Model | None:
         key = (provider, model)
         found = self._models.get(key, self)
         if found is not self:
             return found  # type: ignore[return-value]
         provider_id = self.providers.get(provider, provider)
-        info: ModelInfo | None = None
+        known: _Model | None = None
         if provider_id is not None:
             snapshot = self._snapshot
             if snapshot is None:
@@ -310,24 +355,36 @@ class GenAIPricesBook:
             try:
                 _, info = snapshot.find_provider_model(model, None, provider_id, None)
             except LookupError:
-                info = None
+                known = None
+            else:
+                known = _Model(info)
         with self._lock:
             if len(self._models) < self.max_models:
-                self._models[key] = info
-        return info
+                self._models[key] = known
+        return known
 
     def rates(self, provider: str, model: str, at: datetime) -> _Rates | None:
         """The rates of `model` at `provider` in force at `at`, or None when unknown."""
-        info = self._model(provider, model)
-        if info is None:
+        known = self._model(provider, model)
+        if known is None:
             return None
-        model_price = info.get_prices(at)
+        if known.fixed is not None:
+            return known.fixed
+        by_day = known.by_day
+        day = at.toordinal() if by_day is not None else 0
+        if by_day is not None:
+            found = by_day.get(day)
+            if found is not None:
+                return found
+        model_price = known.info.get_prices(at)
         cached = self._rates.get(id(model_price))
         if cached is None or cached[0] is not model_price:
             cached = (model_price, _compile(model_price))
             with self._lock:
                 if len(self._rates) < self.max_models:
                     self._rates[id(model_price)] = cached
+        if by_day is not None and len(by_day) < 8:
+            by_day[day] = cached[1]
         return cached[1]
 
     def cost(
@@ -453,6 +510,65 @@ def attempt_usage(
             reported.cache_write_tokens if reported is not None else None,
         ),
         estimated,
+    )
+
+
+def priced_attempt(
+    *,
+    route: str,
+    number: int,
+    outcome: str,
+    provider: str | None,
+    model_requested: str | None,
+    model_served: str | None,
+    reported: UsageDetails | None,
+    characters: int,
+    messages: Sequence[ChatMessage],
+    error: BaseException | None,
+    price: Price | None,
+    book: PriceBook | None,
+    started_at: float,
+    duration: float,
+    time_to_first_update: float | None,
+) -> PricedAttempt:
+    """One attempt that reached a provider, priced: what it used (`attempt_usage`) at the
+    route's `price` or the `book`'s (`priced`), for the request's attempt log. Every router
+    and the spend layer (a call without a router) price attempts here, once."""
+    usage, estimated = attempt_usage(
+        reported,
+        completed=outcome == "completed",
+        characters=characters,
+        messages=messages,
+        error=error,
+    )
+    cost = priced(
+        price,
+        book,
+        provider,
+        model_served or model_requested,
+        usage,
+        at=datetime.fromtimestamp(started_at, UTC),
+        estimated=estimated,
+    )
+    # Positionally, in the fields' order (one per attempt, on the request's path).
+    return tuple.__new__(
+        PricedAttempt,
+        (
+            route,
+            number,
+            outcome,
+            provider,
+            model_requested,
+            model_served,
+            usage,
+            estimated,
+            cost,
+            started_at,
+            duration,
+            time_to_first_update,
+            None,
+            None,
+        ),
     )
 
 

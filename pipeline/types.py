@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
 
 __all__ = [
     "ANTHROPIC_EXTRAS",
+    "BEDROCK_EXTRAS",
     "CacheMode",
     "ChatMessage",
     "ChatOptions",
@@ -28,6 +29,7 @@ __all__ = [
     "FinishReason",
     "FunctionCallContent",
     "FunctionResultContent",
+    "GEMINI_EXTRAS",
     "Messages",
     "OPENAI_RESPONSES_EXTRAS",
     "ReasoningContent",
@@ -458,7 +460,17 @@ OPENAI_RESPONSES_EXTRAS = "openai_responses"
 (``prompt_cache_key``, ``prompt_cache_retention``: OpenAI's prompt cache, which no other
 API has)."""
 
-PROVIDER_EXTRAS = frozenset({ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS})
+BEDROCK_EXTRAS = "bedrock"
+"""The `ChatOptions.additional_properties` key whose dict only Bedrock routes send (Converse
+fields: ``guardrailConfig``, ``additionalModelRequestFields``, ``performanceConfig``...)."""
+
+GEMINI_EXTRAS = "gemini"
+"""The `ChatOptions.additional_properties` key whose dict only Gemini and Vertex AI Gemini
+routes send (``safetySettings``, ``cachedContent``, ``generationConfig`` fields...)."""
+
+PROVIDER_EXTRAS = frozenset(
+    {ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS, BEDROCK_EXTRAS, GEMINI_EXTRAS}
+)
 """Keys of `ChatOptions.additional_properties` scoped to one provider's format: every other
 provider leaves them out of its requests."""
 
@@ -473,7 +485,9 @@ class ChatOptions:
     details, ``context_management``, ``output_config``, ``metadata``...) that only Anthropic
     routes send, each as given, and every other route drops: so a caller's own Messages
     fields reach an Anthropic route untouched without being refused elsewhere. Likewise
-    ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only.
+    ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only,
+    ``"bedrock"`` (`BEDROCK_EXTRAS`) for Bedrock routes only, and ``"gemini"``
+    (`GEMINI_EXTRAS`) for Gemini routes (Gemini API and Vertex AI) only.
     """
 
     model_id: str | None = None

@@ -99,11 +99,7 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """A real PostgreSQL cluster on a free loopback port, started for this test session
-    (Debian's server programs; as root, run as the postgres user). Fails, never skips, when
-    it cannot start. Tests take a database of their own from it: `postgres_dsn`."""
+def _postgres() -> Iterator[PostgresServer]:
     from tests.postgres_server import running_postgres
 
     try:
@@ -111,6 +107,14 @@ def postgres() -> Iterator[PostgresServer]:
             yield server
     except (FileNotFoundError, StartError) as exc:
         pytest.fail(f"POSTGRESQL CANNOT RUN: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL cluster on a free loopback port, started for this test session
+    (Debian's server programs; as root, run as the postgres user). Fails, never skips, when
+    it cannot start. Tests take a database of their own from it: `postgres_dsn`."""
+    yield from _postgres()
 
 
 @pytest.fixture
@@ -122,13 +126,7 @@ def postgres_dsn(postgres: PostgresServer) -> str:
 @pytest.fixture
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL cluster of this test's own, which the test may stop, kill or restart."""
-    from tests.postgres_server import running_postgres
-
-    try:
-        with running_postgres() as server:
-            yield server
-    except (FileNotFoundError, StartError) as exc:
-        pytest.fail(f"POSTGRESQL CANNOT RUN: {exc}", pytrace=False)
+    yield from _postgres()
 
 
 @pytest.fixture

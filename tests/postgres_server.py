@@ -180,38 +180,23 @@ class PostgresServer:
             self._child = child
             break
         if not self.started:
-            self._run(
-                [
-                    str(self.bin / "createdb"),
-                    "-h",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                    "-U",
-                    USER,
-                    DATABASE,
-                ]
-            )
+            self._create(DATABASE)
         self.started = True
+
+    def _create(self, name: str) -> None:
+        self._run(
+            [
+                str(self.bin / "createdb"),
+                *("-h", "127.0.0.1", "-p", str(self.port), "-U", USER, "-T", "template0"),
+                name,
+            ]
+        )
 
     def new_database(self) -> str:
         """The URL of a new, empty database of this cluster (each test takes its own)."""
         self._databases += 1
         name = f"test_{os.getpid()}_{self._databases}"
-        self._run(
-            [
-                str(self.bin / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                USER,
-                "-T",
-                "template0",
-                name,
-            ]
-        )
+        self._create(name)
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{name}"
 
     def stop(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+
 import httpx
 import pytest
 
@@ -90,9 +91,7 @@ async def test_the_librarys_telemetry_uses_no_foreign_namespace(
         assert (await collect(demo, "hi", streaming=streaming)).error is None
 
     # A retry, then a breaker that opens, then a failover to the backup.
-    flaky = ScriptedChatClient(
-        [fail(TransientProviderError(status_code=503))] * 4, name="flaky"
-    )
+    flaky = ScriptedChatClient([fail(TransientProviderError(status_code=503))] * 4, name="flaky")
     backup = ScriptedChatClient(reply("from backup"), name="backup")
     resilient = (
         ChatPipeline.builder(**otel.providers)
@@ -118,7 +117,9 @@ async def test_the_librarys_telemetry_uses_no_foreign_namespace(
     hedged = (
         ChatPipeline.builder(**otel.providers)
         .use_telemetry()
-        .use_hedging([Route("slow", slow), Route("fast", fast)], strategy="round_robin", delay=0.001)
+        .use_hedging(
+            [Route("slow", slow), Route("fast", fast)], strategy="round_robin", delay=0.001
+        )
         .build()
     )
     async with hedged:
@@ -168,9 +169,10 @@ async def test_the_gateways_telemetry_uses_no_foreign_namespace(
                 "cache": {"store": "memory"},
             }
         )
-        async with running(cfg, **otel.providers) as gateway, httpx.AsyncClient(
-            base_url=gateway.url, timeout=30
-        ) as client:
+        async with (
+            running(cfg, **otel.providers) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=30) as client,
+        ):
             message = {"role": "user", "content": "hi"}
             for _ in range(2):  # a cache miss, then a hit
                 bodies = [
@@ -200,15 +202,17 @@ async def test_the_gateways_telemetry_uses_no_foreign_namespace(
 async def test_the_http_duration_metric_carries_scheme_and_protocol_version(
     otel: Otel,
 ) -> None:
-    async with FakeOpenAIServer() as primary:
-        async with running(config({"primary": primary}), **otel.providers) as gateway:
-            async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
-                response = await client.post(
-                    "/v1/chat/completions",
-                    json={"model": "pipeline", "messages": [{"role": "user", "content": "hi"}]},
-                )
-                assert response.status_code == 200
-            await gateway.gateway.wait_idle()
+    async with (
+        FakeOpenAIServer() as primary,
+        running(config({"primary": primary}), **otel.providers) as gateway,
+    ):
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+            response = await client.post(
+                "/v1/chat/completions",
+                json={"model": "pipeline", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert response.status_code == 200
+        await gateway.gateway.wait_idle()
     points = otel.points("http.server.request.duration")
     assert points
     for attributes, count in points:

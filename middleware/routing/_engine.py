@@ -39,7 +39,6 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
@@ -60,6 +59,10 @@ from middleware.routing.context import (
     with_instructions,
 )
 from pipeline import _scope
+from pipeline._retry_signal import NOTHING as NO_SIGNAL
+from pipeline._retry_signal import RetrySignal
+from pipeline._retry_signal import attach as attach_retry_signal
+from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
@@ -74,8 +77,7 @@ from pipeline.errors import (
 from pipeline.pricing import (
     Cost,
     Price,
-    attempt_usage,
-    priced,
+    priced_attempt,
     reached_provider,
     response_characters,
     streamed_characters,
@@ -227,6 +229,8 @@ class RequestState:
     alternatives: Alternatives | None = None
     watch: Watch | None = None
     running: str | None = None  # the route of the attempt in progress
+    # What the attempts that failed before output said about asking again, together.
+    signal: RetrySignal = NO_SIGNAL
     # The request's attempt log (a spend layer or the gateway above opened it), taken when
     # the request starts: each attempt is priced and added to it as it ends.
     log: _scope.AttemptLog | None = field(default_factory=_scope.current_attempt_log)
@@ -340,6 +344,11 @@ class AttemptEngine(abc.ABC):
         """The routes a session's preferred route may name."""
         return {}
 
+    def _standing_signal(self) -> RetrySignal:
+        """What the router knows of when its routes may serve again beside what this
+        request's attempts said (a balanced router: its routes' cooldowns)."""
+        return NO_SIGNAL
+
     # -- the pieces of a request -------------------------------------------------------------
 
     def _context(
@@ -438,9 +447,11 @@ class AttemptEngine(abc.ABC):
         """Spend the attempt's provider call and start its span."""
         budget = request.budget
         if budget is not None and not budget.take_call():
-            raise RequestBudgetExceededError(
+            exhausted = RequestBudgetExceededError(
                 f"{self._router_name}: the request used every provider call it was allowed"
             )
+            attach_retry_signal(exhausted, request.signal.joined(self._standing_signal()))
+            raise exhausted
         if not attempt.number:
             attempt.number = len(request.context.attempts) + 1
         span = self._telemetry.start(
@@ -644,51 +655,33 @@ class AttemptEngine(abc.ABC):
         response: ChatResponse | None,
         log: _scope.AttemptLog | None,
     ) -> Cost | None:
-        """Price the attempt (the route's `Price`, else the log's book) and, when the request
-        is logged, add it to the log: what it used (`pipeline.pricing.attempt_usage`), the
-        models asked for and served."""
-        completed = record.outcome == "completed"
+        """Price the attempt (`pipeline.pricing.priced_attempt`: the route's `Price`, else
+        the log's book) and, when the request is logged, add it to the log."""
         characters = attempt.characters
-        if response is not None and (response.usage is None or not completed):
+        if response is not None and (response.usage is None or record.outcome != "completed"):
             characters = response_characters(response)
-        usage, estimated = attempt_usage(
-            attempt.usage,
-            completed=completed,
+        metadata = metadata_of(attempt.client)
+        requested = attempt.options.model_id or metadata.model_id
+        spent = priced_attempt(
+            route=record.route_name,
+            number=record.number,
+            outcome=record.outcome,
+            provider=metadata.provider_name,
+            model_requested=requested,
+            model_served=attempt.model,
+            reported=attempt.usage,
             characters=characters,
             messages=attempt.messages,
             error=record.exception,
-        )
-        metadata = metadata_of(attempt.client)
-        requested = attempt.options.model_id or metadata.model_id
-        served = attempt.model or requested
-        started = attempt.started_at or time.time() - record.duration
-        cost = priced(
-            attempt.price,
-            log.prices if log is not None else None,
-            metadata.provider_name,
-            served,
-            usage,
-            at=datetime.fromtimestamp(started, UTC),
-            estimated=estimated,
+            price=attempt.price,
+            book=log.prices if log is not None else None,
+            started_at=attempt.started_at or time.time() - record.duration,
+            duration=record.duration,
+            time_to_first_update=record.time_to_first_update,
         )
         if log is not None:
-            log.add(
-                _scope.PricedAttempt(
-                    route=record.route_name,
-                    number=record.number,
-                    outcome=record.outcome,
-                    provider=metadata.provider_name,
-                    model_requested=requested,
-                    model_served=attempt.model,
-                    usage=usage,
-                    estimated=estimated,
-                    cost=cost,
-                    started_at=started,
-                    duration=record.duration,
-                    time_to_first_update=record.time_to_first_update,
-                )
-            )
-        return cost
+            log.add(spent)
+        return spent.cost
 
     async def _caller_left(
         self,
@@ -761,6 +754,7 @@ class AttemptEngine(abc.ABC):
             )
         else:
             outcome = "failed_before_output"
+            request.signal = request.signal.joined(retry_signal_of(error))
         terminal = await self._is_terminal(request, attempt, error, outcome)
         pending = self._finish(
             request,
@@ -774,6 +768,9 @@ class AttemptEngine(abc.ABC):
         if pending is not None:
             await pending
         if terminal:
+            if outcome == "failed_before_output":
+                # Whoever answers the caller hears every attempt, not the last one alone.
+                attach_retry_signal(error, request.signal.joined(self._standing_signal()))
             raise error
 
     # -- requests ----------------------------------------------------------------------------

@@ -35,7 +35,8 @@ request scope tells a route's retry layer so (`failover_possible`): it does not 
 session's route; the winner's route is recorded for the session.
 
 Telemetry: each attempt's span is a sibling under the request's span, with
-``chat_pipeline.route.selection`` (``hedge`` for a hedge) and ``chat_pipeline.route.hedge``; hedges started and
+``chat_pipeline.route.selection`` (``hedge`` for a hedge) and ``chat_pipeline.route.hedge``;
+hedges started and
 won are counted by route; the request span's routing story names the winner, and its
 attempt count includes the hedges.
 """

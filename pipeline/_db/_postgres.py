@@ -129,9 +129,10 @@ class PostgresDatabase(Database):
         return await self._call(run)
 
     async def aclose(self) -> None:
-        ready, self._ready, self._loop = self._ready, None, None
-        if ready is None:
-            return
+        ready, loop = self._ready, self._loop
+        self._ready = self._loop = None
+        if ready is None or loop is not asyncio.get_running_loop():
+            return  # a pool of another event loop goes with that loop
         pool = await ready
         try:
             async with asyncio.timeout(self.timeout):

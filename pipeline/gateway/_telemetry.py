@@ -5,8 +5,9 @@ histogram and the request's log line.
   ``traceparent``/``tracestate`` and is the parent of the pipeline's spans; without one it
   is the trace's root. It carries the request id (``http.response.header.x-request-id``),
   the model asked for, and, once the request ended, the routing story a trace list shows:
-  ``chat_pipeline.route.name`` (the route that served, or the last one tried), ``chat_pipeline.route.attempts``,
-  ``chat_pipeline.route.fallback``, the served model as ``gen_ai.response.model``, the response id as
+  ``chat_pipeline.route.name`` (the route that served, or the last one tried),
+  ``chat_pipeline.route.attempts``, ``chat_pipeline.route.fallback``, the served model as
+  ``gen_ai.response.model``, the response id as
   ``gen_ai.response.id``, and OpenInference's span kind (``CHAIN``: the request runs a chain
   of attempts; the chat span beneath, when the telemetry layer is on, is the ``LLM`` one).
 * ``http.server.request.duration`` uses the duration buckets the GenAI conventions advise
@@ -58,7 +59,15 @@ from pipeline._semconv import (
     meter,
     tracer,
 )
-from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import (
+    EXCHANGE,
+    ASGIApp,
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    loggable,
+)
 from pipeline.gateway.wire import WireError
 
 if TYPE_CHECKING:
@@ -210,15 +219,17 @@ class TelemetryMiddleware:
                     self._route,
                     status or "-",
                     duration * 1000,
-                    exchange.request_id,
+                    # What the client wrote is escaped: it cannot forge a field or a line.
+                    loggable(exchange.request_id),
                     exchange.response_id or "-",
-                    exchange.model or "-",
+                    loggable(exchange.model) if exchange.model else "-",
                     route or "-",
                     attempts if route is not None else "-",
                     str(fallback).lower() if route is not None else "-",
                     served or "-",
                     key or "-",
                     # Only a request that offered built-in tools says what became of them.
+                    # Percent-encoded tokens (`_builtin_tools.header_value`).
                     "" if builtin is None else f" builtin_tools={builtin}",
                     outcome,
                 ),

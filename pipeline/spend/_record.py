@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from pipeline._scope import PricedAttempt
@@ -48,15 +48,7 @@ def _tags(values: Iterable[Any]) -> tuple[str, ...]:
     return tuple(kept)
 
 
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """Whose request it was: the caller's `key` (a virtual key's id; never a secret) and
-    its `key_name`, the `user`, the `team`, free `tags`, the `endpoint` (the gateway's
-    path, or a label of your own in library use) and the conversation's `session`.
-
-    Values are kept to 256 characters, tags to 32 of 64 characters each, so a caller cannot
-    grow a record without bound."""
-
+class _Attributed(NamedTuple):
     key: str | None = None
     key_name: str | None = None
     user: str | None = None
@@ -65,13 +57,51 @@ class Attribution:
     endpoint: str | None = None
     session: str | None = None
 
-    def __post_init__(self) -> None:
-        for name in ("key", "key_name", "user", "team", "endpoint", "session"):
-            object.__setattr__(self, name, _bounded(getattr(self, name)))
-        tags = self.tags
+
+_ATTRIBUTION_FIELDS = _Attributed._fields
+
+
+class Attribution(_Attributed):
+    """Whose request it was: the caller's `key` (a virtual key's id; never a secret) and
+    its `key_name`, the `user`, the `team`, free `tags`, the `endpoint` (the gateway's
+    path, or a label of your own in library use) and the conversation's `session`.
+
+    Values are kept to 256 characters, tags to 32 of 64 characters each, so a caller cannot
+    grow a record without bound. Immutable (a named tuple: its fields are the last seven
+    of a `SpendRecord`)."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        key: str | None = None,
+        key_name: str | None = None,
+        user: str | None = None,
+        team: str | None = None,
+        tags: Iterable[str] | str = (),
+        endpoint: str | None = None,
+        session: str | None = None,
+    ) -> Attribution:
         if isinstance(tags, str):
-            tags = tuple(part for part in tags.split(","))
-        object.__setattr__(self, "tags", _tags(tags))
+            tags = tags.split(",")
+        return tuple.__new__(
+            cls,
+            (
+                _bounded(key),
+                _bounded(key_name),
+                _bounded(user),
+                _bounded(team),
+                _tags(tags) if tags else (),
+                _bounded(endpoint),
+                _bounded(session),
+            ),
+        )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={value!r}" for name, value in zip(self._fields, self, strict=True) if value
+        )
+        return f"Attribution({shown})"
 
     @classmethod
     def of(cls, value: Attribution | Mapping[str, Any] | None) -> Attribution | None:
@@ -79,12 +109,11 @@ class Attribution:
         if value is None or isinstance(value, Attribution):
             return value
         if isinstance(value, Mapping):
-            known = {f.name for f in fields(cls)}
-            unknown = sorted(str(k) for k in value if k not in known)
+            unknown = sorted(str(k) for k in value if k not in _ATTRIBUTION_FIELDS)
             if unknown:
                 raise ValueError(
                     f"unknown attribution field(s) {', '.join(unknown)}; "
-                    f"expected some of {', '.join(sorted(known))}"
+                    f"expected some of {', '.join(sorted(_ATTRIBUTION_FIELDS))}"
                 )
             return cls(**value)
         raise TypeError(
@@ -95,14 +124,21 @@ class Attribution:
         """This attribution's fields where set, else `base`'s; the tags of both."""
         if base is None:
             return self
-        return Attribution(
-            key=self.key if self.key is not None else base.key,
-            key_name=self.key_name if self.key_name is not None else base.key_name,
-            user=self.user if self.user is not None else base.user,
-            team=self.team if self.team is not None else base.team,
-            tags=(*base.tags, *self.tags),
-            endpoint=self.endpoint if self.endpoint is not None else base.endpoint,
-            session=self.session if self.session is not None else base.session,
+        tags = self.tags
+        if base.tags:
+            tags = _tags((*base.tags, *tags))
+        # Both were bounded when made: no checks again.
+        return tuple.__new__(
+            Attribution,
+            (
+                self.key if self.key is not None else base.key,
+                self.key_name if self.key_name is not None else base.key_name,
+                self.user if self.user is not None else base.user,
+                self.team if self.team is not None else base.team,
+                tags,
+                self.endpoint if self.endpoint is not None else base.endpoint,
+                self.session if self.session is not None else base.session,
+            ),
         )
 
 
@@ -116,8 +152,7 @@ def new_record_id() -> str:
     return f"{_PREFIX}{next(_counter):x}"
 
 
-@dataclass(frozen=True, slots=True)
-class SpendRecord:
+class SpendRecord(NamedTuple):
     """One provider attempt (or one cache hit), as the ledger keeps it.
 
     `cost` is in `currency` units (None: no price was known: the record is *unpriced*);
@@ -125,7 +160,8 @@ class SpendRecord:
     stream was cut before it did). A cache hit (`cache` ``"hit"``) used nothing, cost 0 and
     `saved_cost` what the stored answer had cost. `attempt` numbers the request's attempts
     from 1 (0 for a cache hit); `outcome` is the attempt's (``completed``,
-    ``failed_before_output``, ``failed_after_output``, ``abandoned``, ``canceled``)."""
+    ``failed_before_output``, ``failed_after_output``, ``abandoned``, ``canceled``).
+    Immutable (a named tuple: cheap to make, one per attempt)."""
 
     id: str
     time: datetime
@@ -164,45 +200,42 @@ class SpendRecord:
         usage = attempt.usage
         cost, saved = attempt.cost, attempt.saved
         priced = cost if cost is not None else saved
-        who = attribution or _NOBODY
         ttfu = attempt.time_to_first_update
-        return cls(
-            id=new_record_id(),
-            time=datetime.fromtimestamp(attempt.started_at, UTC),
-            request_id=request_id,
-            attempt=attempt.number,
-            route=attempt.route,
-            provider=attempt.provider,
-            model_requested=attempt.model_requested,
-            model_served=attempt.model_served,
-            input_tokens=usage.input_tokens or 0,
-            output_tokens=usage.output_tokens or 0,
-            cache_read_tokens=usage.cache_read_tokens or 0,
-            cache_write_tokens=usage.cache_write_tokens or 0,
-            reasoning_tokens=usage.reasoning_tokens or 0,
-            cost=cost.amount if cost is not None else None,
-            currency=priced.currency if priced is not None else "USD",
-            estimated=attempt.estimated,
-            outcome=attempt.outcome,
-            cache=attempt.cache,
-            saved_cost=saved.amount if saved is not None else None,
-            duration_ms=attempt.duration * 1000.0,
-            time_to_first_update_ms=None if ttfu is None else ttfu * 1000.0,
-            key=who.key,
-            key_name=who.key_name,
-            user=who.user,
-            team=who.team,
-            tags=who.tags,
-            endpoint=who.endpoint,
-            session=who.session,
+        # Positionally, in the fields' order: a record per attempt is made on the request's
+        # path, and keywords would cost twice as much.
+        return tuple.__new__(
+            cls,
+            (
+                new_record_id(),
+                datetime.fromtimestamp(attempt.started_at, UTC),
+                request_id,
+                attempt.number,
+                attempt.route,
+                attempt.provider,
+                attempt.model_requested,
+                attempt.model_served,
+                usage.input_tokens or 0,
+                usage.output_tokens or 0,
+                usage.cache_read_tokens or 0,
+                usage.cache_write_tokens or 0,
+                usage.reasoning_tokens or 0,
+                cost.amount if cost is not None else None,
+                priced.currency if priced is not None else "USD",
+                attempt.estimated,
+                attempt.outcome,
+                attempt.cache,
+                saved.amount if saved is not None else None,
+                attempt.duration * 1000.0,
+                None if ttfu is None else ttfu * 1000.0,
+                *(attribution or _NOBODY),
+            ),
         )
 
     def attributed(self, attribution: Attribution | None) -> SpendRecord:
         """This record with `attribution`'s fields."""
         if attribution is None:
             return self
-        return replace(
-            self,
+        return self._replace(
             key=attribution.key,
             key_name=attribution.key_name,
             user=attribution.user,
@@ -215,15 +248,15 @@ class SpendRecord:
     def as_dict(self) -> dict[str, Any]:
         """The record as JSON-ready values (costs as strings, the time as ISO 8601)."""
         out: dict[str, Any] = {}
-        for item in fields(self):
-            value = getattr(self, item.name)
+        value: Any
+        for name, value in zip(self._fields, self, strict=True):
             if isinstance(value, Decimal):
                 value = str(value)
             elif isinstance(value, datetime):
                 value = value.isoformat()
             elif isinstance(value, tuple):
                 value = list(value)
-            out[item.name] = value
+            out[name] = value
         return out
 
     @classmethod
@@ -238,7 +271,7 @@ class SpendRecord:
         return cls(**values)
 
 
-FIELDS = tuple(item.name for item in fields(SpendRecord))
+FIELDS = SpendRecord._fields
 _NOBODY = Attribution()
 """The record's fields, in order."""
 

@@ -90,7 +90,9 @@ def _nanos(amount: Decimal | None) -> int | None:
     """An amount in billionths of its currency unit (rounded half to even)."""
     if amount is None:
         return None
-    return int((amount * _NANOS).quantize(_ONE, rounding=ROUND_HALF_EVEN))
+    if not amount:
+        return 0
+    return int(amount.scaleb(9).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def _amount(nanos: int | None) -> Decimal | None:
@@ -103,7 +105,9 @@ def _amount(nanos: int | None) -> Decimal | None:
 
 
 def _micros(moment: datetime) -> int:
-    return int(utc(moment).timestamp() * 1_000_000)
+    if moment.tzinfo is not UTC:
+        moment = utc(moment)
+    return int(moment.timestamp() * 1_000_000)
 
 
 @runtime_checkable
@@ -322,7 +326,9 @@ class SqlSpendStore:
         if clauses:
             sql += " WHERE " + " AND ".join(clauses)
         positions = ", ".join(str(i + 1) for i in range(len(expressions)))
-        sql += f" GROUP BY {positions} ORDER BY {positions}"
+        # The same order in both dialects: groups without a value last.
+        order = ", ".join(f"{i + 1} NULLS LAST" for i in range(len(expressions)))
+        sql += f" GROUP BY {positions} ORDER BY {order}"
         rows = await self.database.fetch(sql, params)
         summaries = []
         for row in rows:

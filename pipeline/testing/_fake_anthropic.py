@@ -12,7 +12,9 @@ answer starts with a ``thinking`` block (`FakeResponse.thinking`, streamed as
 ``thinking_delta`` then ``signature_delta``) signed by this server, and it checks strictly
 what comes back: a thinking block whose signature is not one it made for that text, or a
 last assistant turn with ``tool_use`` but without its thinking while thinking is on, is a
-400. It counts prompt caching when the request has ``cache_control`` breakpoints: the first
+400, and so is a request with more than four ``cache_control`` breakpoints (tools, system,
+messages and a top-level one counted together). It counts prompt caching when the request
+has ``cache_control`` breakpoints: the first
 request with a prefix writes it (``cache_creation_input_tokens``), later ones read it
 (``cache_read_input_tokens``), about four characters a token.
 """
@@ -30,7 +32,7 @@ from typing import Any
 
 from pipeline.testing._fake_server import FakeResponse, FakeServer
 
-__all__ = ["MESSAGES_PATH", "FakeAnthropicServer"]
+__all__ = ["MESSAGES_PATH", "FakeAnthropicServer", "MessagesAnswers"]
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -51,58 +53,18 @@ def _event(name: str, **fields: Any) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **fields})}\n\n"
 
 
-class FakeAnthropicServer(FakeServer):
-    """A Messages API server on ``127.0.0.1``: ``POST /v1/messages``.
+class MessagesAnswers(FakeServer):
+    """The Messages API's answers on any path: `FakeAnthropicServer`'s, and Anthropic's
+    models on Vertex AI (`pipeline.testing.FakeGeminiServer`)."""
 
-    `base_url` is the server's root, as `AnthropicChatClient` and the ``anthropic`` SDK
-    take it. Requests without ``x-api-key`` or ``anthropic-version`` are answered as the
-    API would (401, 400). In `FakeResponse`, `stop_reason` is the Messages API's own value
-    (``end_turn``, ``max_tokens``, ``tool_use``, ``stop_sequence``, ``refusal``), and
-    `in_band_error` an error object such as ``{"type": "overloaded_error", "message": ...}``.
-    """
-
-    default_path = MESSAGES_PATH
-
-    @property
-    def base_url(self) -> str:
-        return self.origin
-
-    async def _handle(
-        self,
-        writer: asyncio.StreamWriter,
-        method: str,
-        path: str,
-        payload: Any,
-        response: FakeResponse,
+    async def _answer_messages(
+        self, writer: asyncio.StreamWriter, payload: Any, response: FakeResponse
     ) -> bool:
-        request = self.requests[-1]
-        if method != "POST" or path != MESSAGES_PATH:
-            await self._error(writer, 404, "not_found_error", "not found")
-            return True
-        if response.status >= 400:
-            if response.body is not None:
-                await self._send_json(writer, response.status, response.body, response.headers)
-            else:
-                await self._error(
-                    writer,
-                    response.status,
-                    response.error_type or response.error_code,
-                    response.error_message,
-                    response.headers,
-                )
-            return True
-        if "x-api-key" not in request.headers and "authorization" not in request.headers:
-            await self._error(writer, 401, "authentication_error", "x-api-key header is required")
-            return True
-        if "anthropic-version" not in request.headers:
-            await self._error(
-                writer, 400, "invalid_request_error", "anthropic-version header is required"
-            )
-            return True
+        """Answer a request that passed the path's own checks (headers, auth)."""
         if not isinstance(payload, dict) or not isinstance(payload.get("max_tokens"), int):
             await self._error(writer, 400, "invalid_request_error", "max_tokens: Field required")
             return True
-        refusal = self._check_thinking(payload)
+        refusal = self._check_thinking(payload) or _check_breakpoints(payload)
         if refusal is not None:
             await self._error(writer, 400, "invalid_request_error", refusal)
             return True
@@ -268,11 +230,12 @@ class FakeAnthropicServer(FakeServer):
             content.append(thinking)
         if response.text:
             content.append({"type": "text", "text": response.text})
+        tag = self.answer_tag()
         for index, (name, arguments) in enumerate(response.tool_calls):
             content.append(
                 {
                     "type": "tool_use",
-                    "id": f"toolu_{index}",
+                    "id": f"toolu_{tag}_{index}",
                     "name": name,
                     "input": json.loads(arguments or "{}"),
                 }
@@ -306,8 +269,9 @@ class FakeAnthropicServer(FakeServer):
         if pieces:
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
             blocks.append(({"type": "text", "text": ""}, deltas))
+        tag = self.answer_tag()
         for call, (name, arguments) in enumerate(response.tool_calls):
-            tool_use = {"type": "tool_use", "id": f"toolu_{call}", "name": name, "input": {}}
+            tool_use = {"type": "tool_use", "id": f"toolu_{tag}_{call}", "name": name, "input": {}}
             deltas = [
                 {"type": "input_json_delta", "partial_json": part}
                 for part in response.argument_pieces(arguments)
@@ -322,3 +286,68 @@ class FakeAnthropicServer(FakeServer):
         delta = {"stop_reason": self._stop_reason(response), "stop_sequence": None}
         out.append(_event("message_delta", delta=delta, usage=self._usage(response)))
         return out
+
+
+class FakeAnthropicServer(MessagesAnswers):
+    """A Messages API server on ``127.0.0.1``: ``POST /v1/messages``.
+
+    `base_url` is the server's root, as `AnthropicChatClient` and the ``anthropic`` SDK
+    take it. Requests without ``x-api-key`` or ``anthropic-version`` are answered as the
+    API would (401, 400). In `FakeResponse`, `stop_reason` is the Messages API's own value
+    (``end_turn``, ``max_tokens``, ``tool_use``, ``stop_sequence``, ``refusal``), and
+    `in_band_error` an error object such as ``{"type": "overloaded_error", "message": ...}``.
+    """
+
+    default_path = MESSAGES_PATH
+
+    @property
+    def base_url(self) -> str:
+        return self.origin
+
+    async def _handle(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        payload: Any,
+        response: FakeResponse,
+    ) -> bool:
+        request = self.requests[-1]
+        if method != "POST" or path != MESSAGES_PATH:
+            await self._error(writer, 404, "not_found_error", "not found")
+            return True
+        if response.status >= 400:
+            if response.body is not None:
+                await self._send_json(writer, response.status, response.body, response.headers)
+            else:
+                await self._error(
+                    writer,
+                    response.status,
+                    response.error_type or response.error_code,
+                    response.error_message,
+                    response.headers,
+                )
+            return True
+        if "x-api-key" not in request.headers and "authorization" not in request.headers:
+            await self._error(writer, 401, "authentication_error", "x-api-key header is required")
+            return True
+        if "anthropic-version" not in request.headers:
+            await self._error(
+                writer, 400, "invalid_request_error", "anthropic-version header is required"
+            )
+            return True
+        return await self._answer_messages(writer, payload, response)
+
+
+def _check_breakpoints(payload: Mapping[str, Any]) -> str | None:
+    """Why the API would refuse the request's prompt-cache breakpoints (more than four), or
+    None."""
+    count = 1 if payload.get("cache_control") is not None else 0
+    parts: list[Any] = [payload.get("tools"), payload.get("system")]
+    parts += [m.get("content") for m in payload.get("messages") or () if isinstance(m, Mapping)]
+    for part in parts:
+        if isinstance(part, list):
+            count += sum(1 for b in part if isinstance(b, Mapping) and "cache_control" in b)
+    if count > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {count}."
+    return None

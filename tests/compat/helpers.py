@@ -69,7 +69,10 @@ def failover(otel: Otel, primary: Any, backup: Any) -> ChatPipeline:
 def outcomes(otel: Otel) -> list[tuple[str, str]]:
     """(route, outcome) of every finished failover attempt span, in order."""
     return [
-        (str(span.attributes["chat_pipeline.route.name"]), str(span.attributes["chat_pipeline.route.outcome"]))
+        (
+            str(span.attributes["chat_pipeline.route.name"]),
+            str(span.attributes["chat_pipeline.route.outcome"]),
+        )
         for span in otel.attempt_spans()
         if span.attributes is not None
     ]

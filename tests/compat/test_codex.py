@@ -8,12 +8,14 @@ The gateway's config names the models Codex sends (its default ``gpt-6.2-sol``;
 ``gpt-5.1-codex`` with ``-m``) in ``[gateway] models``.
 
 Client (Codex, its native binary) -> gateway (in this test's event loop) -> fake upstreams
-(Chat Completions, or the Responses API with encrypted reasoning).
+(Chat Completions, the Responses API with encrypted reasoning, or Gemini with thought
+signatures).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +25,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline._semconv import CACHE_RESULT
+from pipeline.config import CacheConfig, parse_config
+from pipeline.testing import FakeBedrockServer, FakeGeminiServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import codex
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, running
@@ -57,24 +61,25 @@ async def backup() -> AsyncIterator[FakeOpenAIServer]:
         yield server
 
 
-def codex_home(home: Path, gateway: Running) -> Path:
+def codex_home(home: Path, gateway: Running, provider_extra: str = "") -> Path:
     """A ``CODEX_HOME`` holding the one provider entry, and a working directory beside it."""
     home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(provider_entry(gateway))
+    (home / "config.toml").write_text(provider_entry(gateway, provider_extra))
     work = home.parent / "work"
     work.mkdir(exist_ok=True)
     return work
 
 
-def provider_entry(gateway: Running) -> str:
-    """The one provider entry Codex is given: a base URL, a key variable, the wire API."""
+def provider_entry(gateway: Running, extra: str = "") -> str:
+    """The one provider entry Codex is given: a base URL, a key variable, the wire API
+    (and `extra` lines)."""
     return (
         "[model_providers.gateway]\n"
         'name = "chat-pipeline"\n'
         f'base_url = "{gateway.base_url}"\n'
         'env_key = "GATEWAY_KEY"\n'
         'wire_api = "responses"\n'
-    )
+    ) + extra
 
 
 async def run_codex(
@@ -89,7 +94,28 @@ async def run_codex(
 ) -> list[dict[str, Any]]:
     """``codex exec --json`` once; its JSON events (with `succeed`, it must exit 0 and
     report no error)."""
-    work = codex_home(home, gateway)
+    returncode, events, err = await exec_codex(codex_bin, gateway, home, prompt, model, key=key)
+    if not succeed:
+        return events
+    if returncode != 0:
+        pytest.fail(f"codex exec failed (exit {returncode}):\n{err[-4000:]}")
+    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    assert not errors, errors
+    return events
+
+
+async def exec_codex(
+    codex_bin: Path,
+    gateway: Running,
+    home: Path,
+    prompt: str = PROMPT,
+    model: str | None = None,
+    provider_extra: str = "",
+    *,
+    key: str = "test-key",
+) -> tuple[int, list[dict[str, Any]], str]:
+    """``codex exec --json`` once: its exit code, JSON events and standard error."""
+    work = codex_home(home, gateway, provider_extra)
     command = [
         str(codex_bin),
         "exec",
@@ -118,13 +144,9 @@ async def run_codex(
         process.kill()
         await process.wait()
         pytest.fail(f"codex exec did not finish in {RUN_TIMEOUT:.0f} s")
-    if succeed and process.returncode != 0:
-        pytest.fail(f"codex exec failed (exit {process.returncode}):\n{err.decode()[-4000:]}")
     events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
-    if succeed:
-        assert not errors, errors
-    return events
+    assert process.returncode is not None
+    return process.returncode, events, err.decode()
 
 
 def items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -260,6 +282,44 @@ async def test_encrypted_reasoning_round_trips_over_a_responses_upstream(
     assert any(a.get("gen_ai.usage.reasoning.output_tokens") == 3 for a in attributes)
 
 
+async def test_a_gemini_route_serves_a_tool_loop_with_its_thought_signatures(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Codex served by Gemini: its reasoning asks for thought summaries, the signature of
+    the exec_command call travels as the reasoning item's encrypted content, and the
+    route gets it back unchanged (the fake refuses the turn otherwise)."""
+    monkeypatch.setenv("CODEX_TEST_GEMINI_KEY", "gm-key")
+    async with FakeGeminiServer() as gemini:
+        gemini.script(
+            FakeResponse(
+                text="",
+                thinking=REASONING,
+                tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))],
+                usage=(10, 6),
+                reasoning_tokens=2,
+            ),
+            FakeResponse(text="Done."),
+        )
+        route = {"provider": "gemini", "api_key_env": "CODEX_TEST_GEMINI_KEY"}
+        cfg = config(
+            {"primary": gemini},  # type: ignore[dict-item]
+            gateway={"models": MODELS},
+            route_options={"primary": route},
+        )
+        async with running(cfg) as gateway:
+            events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert items(events, "reasoning")[0]["text"] == REASONING
+    (command,) = items(events, "command_execution")
+    assert "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "Done."
+    first, second = (r.json for r in gemini.requests)
+    assert first["generationConfig"]["thinkingConfig"]["includeThoughts"] is True
+    assert gemini.returned_signatures == 1 and gemini.placeholder_signatures == 0
+    answer = next(p for c in second["contents"] for p in c["parts"] if "functionResponse" in p)
+    assert "CANARY-argument" in json.dumps(answer)
+    assert usage(events)["reasoning_output_tokens"] == 2
+
+
 async def test_failover_before_output_is_invisible(
     codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
 ) -> None:
@@ -373,3 +433,98 @@ async def test_a_rate_limited_codex_waits_and_goes_on(
     assert [m["text"] for m in items(events, "agent_message")] == ["Hello!"]
     statuses = responses_statuses(otel)
     assert statuses.count(429) >= 2 and statuses[-1] == 200
+
+
+@pytest.fixture
+def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
+
+
+def bedrock_config(bedrock: FakeBedrockServer, backup: FakeOpenAIServer | None = None) -> Any:
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    routes: dict[str, Any] = {
+        "claude": {"provider": "bedrock", "model": model, "base_url": bedrock.base_url}
+    }
+    data: dict[str, Any] = {"routes": routes, "gateway": {"models": MODELS}}
+    if backup is not None:
+        routes["backup"] = {"provider": "openai", "model": "m", "base_url": backup.base_url}
+        data["router"] = {"kind": "ordered", "order": ["claude", "backup"]}
+    return parse_config(data)
+
+
+async def test_exec_command_round_trip_over_a_bedrock_route(
+    codex_bin: Path, bedrock: FakeBedrockServer, tmp_path: Path
+) -> None:
+    """Codex (the Responses API) against a Bedrock route: its tools become Converse tool
+    specs (names the service takes), its command's output goes back as a tool result."""
+    bedrock.script(
+        FakeResponse(text="", tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))]),
+        FakeResponse(text="The command printed its argument."),
+    )
+    async with running(bedrock_config(bedrock)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    (command,) = items(events, "command_execution")
+    assert command["exit_code"] == 0 and "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "The command printed its argument."
+    first, second = bedrock.requests
+    names = {t["toolSpec"]["name"] for t in first.json["toolConfig"]["tools"] if "toolSpec" in t}
+    assert "exec_command" in names
+    results = [b["toolResult"] for b in second.json["messages"][-1]["content"] if "toolResult" in b]
+    assert len(results) == 1 and "CANARY-argument" in json.dumps(results)
+    assert bedrock.verified_signatures == 2
+
+
+async def test_failover_from_a_bedrock_route_is_invisible(
+    codex_bin: Path, bedrock: FakeBedrockServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    bedrock.script(FakeResponse.error(503, type="ServiceUnavailableException"))
+    backup.script(FakeResponse(text="Served by the backup."))
+    async with running(bedrock_config(bedrock, backup)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
+    assert (bedrock.count(), backup.count()) == (1, 1)
+
+
+async def test_every_route_down_with_codexs_retries_bounded(
+    codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """Codex retries whatever the gateway says (``x-should-retry: false`` included): 30
+    requests in about 25 s with every route answering 500. Its provider entry bounds that:
+    with ``request_max_retries = 0`` and ``stream_max_retries = 0`` it sends one request and
+    shows the error."""
+    down = FakeResponse.error(500)
+    upstream.script(*[down] * 40)
+    backup.script(*[down] * 40)
+    cfg = config({"primary": upstream, "backup": backup}, gateway={"models": MODELS})
+    bounded = "request_max_retries = 0\nstream_max_retries = 0\n"
+    async with running(cfg) as gateway:
+        returncode, events, _ = await exec_codex(
+            codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL, provider_extra=bounded
+        )
+    assert returncode != 0
+    (failed,) = [e for e in events if e.get("type") == "turn.failed"]
+    assert "503" in failed["error"]["message"]  # the gateway's answer, shown
+    assert (upstream.count(), backup.count()) == (1, 1)  # one request: one try per route
+
+
+async def test_a_second_identical_exec_is_a_cache_hit(
+    codex_bin: Path, upstream: FakeOpenAIServer, tmp_path: Path, otel: Otel
+) -> None:
+    upstream.script(FakeResponse(text="Hello, once."))
+    cfg = dataclasses.replace(
+        config({"primary": upstream}, gateway={"models": MODELS}), cache=CacheConfig()
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        first = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+        second = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+        await gateway.gateway.wait_idle()
+    texts = [items(events, "agent_message")[-1]["text"] for events in (first, second)]
+    assert texts == ["Hello, once.", "Hello, once."]
+    assert upstream.count() == 1
+    results = [
+        (s.attributes or {})[CACHE_RESULT]
+        for s in sorted(otel.finished(), key=lambda span: span.start_time or 0)
+        if CACHE_RESULT in (s.attributes or {})
+    ]
+    assert results == ["miss", "hit"]  # what x-cache said

@@ -570,7 +570,9 @@ def test_jaeger_shows_why_each_fleet_attempt_chose_its_route(
     for trace in traces:
         (chat,) = trace.children(trace.root())
         attempts = trace.attempts(chat)
-        assert [tags(a)["chat_pipeline.route.attempt"] for a in attempts] == list(range(1, len(attempts) + 1))
+        assert [tags(a)["chat_pipeline.route.attempt"] for a in attempts] == list(
+            range(1, len(attempts) + 1)
+        )
         for before, attempt in zip([None, *attempts], attempts, strict=False):
             reason = tags(attempt)["chat_pipeline.route.selection"]
             assert reason in SELECTION_REASONS, reason
@@ -578,7 +580,9 @@ def test_jaeger_shows_why_each_fleet_attempt_chose_its_route(
             if reason == "failover":  # the attempt before it failed before output
                 assert before is not None
                 assert tags(before)["chat_pipeline.route.outcome"] == "failed_before_output"
-        assert tags(attempts[-1])["chat_pipeline.route.outcome"] == "completed"  # every one answered
+        assert (
+            tags(attempts[-1])["chat_pipeline.route.outcome"] == "completed"
+        )  # every one answered
     assert reasons.get("strategy") and reasons.get("failover"), reasons
 
 
@@ -618,7 +622,9 @@ def test_jaeger_search_finds_failovers_and_requests_by_tag(
 ) -> None:
     traces = _gateway_traces(exported, jaeger)
     fallbacks = {
-        rid for rid, t in traces.items() if tags(t.root()).get("chat_pipeline.route.fallback") is True
+        rid
+        for rid, t in traces.items()
+        if tags(t.root()).get("chat_pipeline.route.fallback") is True
     }
     assert set(exported.answered) <= fallbacks
     found = jaeger.traces(GATEWAY_SERVICE, tags={"chat_pipeline.route.fallback": "true"})

@@ -131,7 +131,9 @@ def test_each_attempt_span_carries_its_routes_model(demo: DemoRun) -> None:
     for root in demo.roots():
         for attempt in demo.children(root):
             attributes = attempt["attributes"]
-            assert attributes["gen_ai.request.model"] == models[attributes["chat_pipeline.route.name"]]
+            assert (
+                attributes["gen_ai.request.model"] == models[attributes["chat_pipeline.route.name"]]
+            )
 
 
 # -- the demo says what Phoenix refused ----------------------------------------------------

@@ -195,7 +195,15 @@ def test_the_dashboard_covers_every_metric_emitted(
     names = {
         name
         for name in response.json()["data"]
-        if name.startswith(("chat_pipeline_route_", "chat_pipeline_cache_", "gen_ai_", "chat_pipeline_", "http_server_"))
+        if name.startswith(
+            (
+                "chat_pipeline_route_",
+                "chat_pipeline_cache_",
+                "gen_ai_",
+                "chat_pipeline_",
+                "http_server_",
+            )
+        )
     }
     queries = " ".join(query for _, _, query, _ in dashboard_targets())
     # A histogram is queried through its buckets (quantiles) or its sum (rates).

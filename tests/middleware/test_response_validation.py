@@ -396,7 +396,12 @@ async def test_unbuffered_streamed_malformed_answer_is_terminal_after_output(
     assert attempts(otel) == [
         ("route_attempt small", "failed_after_output", "ResponseValidationError")
     ]
-    assert otel.total("chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "small"}) == 1
+    assert (
+        otel.total(
+            "chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "small"}
+        )
+        == 1
+    )
     exported = "\n".join(otel.everything_exported())
     assert CANARY not in str(error) and CANARY not in repr(error)
     assert CANARY not in exported and CANARY not in caplog.text

@@ -123,7 +123,10 @@ async def test_an_attempt_that_answers_in_time_is_the_only_one(otel: Otel, strea
     assert (a.call_count, b.call_count) == (1, 0)
     (span,) = otel.attempt_spans()
     attributes = dict(span.attributes or {})
-    assert attributes["chat_pipeline.route.selection"] == "strategy" and attributes["chat_pipeline.route.hedge"] is False
+    assert (
+        attributes["chat_pipeline.route.selection"] == "strategy"
+        and attributes["chat_pipeline.route.hedge"] is False
+    )
     assert otel.total("chat_pipeline.route.hedges.started") == 0
     nothing_left_running()
 
@@ -138,7 +141,9 @@ async def test_a_slow_attempt_is_hedged_and_the_hedge_wins(otel: Otel, streaming
     assert router.updates == [("a", 1, "abandoned", False), ("b", 2, "completed", True)]
     closed_every_stream(a, b)
     assert a.streams_opened == (1 if streaming else 0)
-    assert otel.total("chat_pipeline.route.hedges.started", **{"chat_pipeline.route.name": "b"}) == 1
+    assert (
+        otel.total("chat_pipeline.route.hedges.started", **{"chat_pipeline.route.name": "b"}) == 1
+    )
     assert otel.total("chat_pipeline.route.hedges.won", **{"chat_pipeline.route.name": "b"}) == 1
     nothing_left_running()
 
@@ -294,7 +299,10 @@ async def test_when_the_last_attempt_standing_fails_the_router_fails_over(
     assert router.updates == [("a", 1, "failed_before_output", False), ("b", 2, "completed", True)]
     second = otel.attempt_spans()[1]
     attributes = dict(second.attributes or {})
-    assert attributes["chat_pipeline.route.selection"] == "failover" and attributes["chat_pipeline.route.hedge"] is False
+    assert (
+        attributes["chat_pipeline.route.selection"] == "failover"
+        and attributes["chat_pipeline.route.hedge"] is False
+    )
     assert otel.total("chat_pipeline.route.hedges.started") == 0
     nothing_left_running()
 
@@ -515,13 +523,27 @@ async def test_hedged_attempts_are_sibling_spans_under_the_request(
         assert span.context.trace_id == request_span.context.trace_id
     first = dict(attempts["route_attempt a"].attributes or {})
     hedge = dict(attempts["route_attempt b"].attributes or {})
-    assert (first["chat_pipeline.route.selection"], first["chat_pipeline.route.hedge"]) == ("strategy", False)
-    assert (first["chat_pipeline.route.attempt"], first["chat_pipeline.route.outcome"]) == (1, "abandoned")
-    assert (hedge["chat_pipeline.route.selection"], hedge["chat_pipeline.route.hedge"]) == ("hedge", True)
-    assert (hedge["chat_pipeline.route.attempt"], hedge["chat_pipeline.route.outcome"]) == (2, "completed")
+    assert (first["chat_pipeline.route.selection"], first["chat_pipeline.route.hedge"]) == (
+        "strategy",
+        False,
+    )
+    assert (first["chat_pipeline.route.attempt"], first["chat_pipeline.route.outcome"]) == (
+        1,
+        "abandoned",
+    )
+    assert (hedge["chat_pipeline.route.selection"], hedge["chat_pipeline.route.hedge"]) == (
+        "hedge",
+        True,
+    )
+    assert (hedge["chat_pipeline.route.attempt"], hedge["chat_pipeline.route.outcome"]) == (
+        2,
+        "completed",
+    )
     story = dict(request_span.attributes or {})
     assert story["chat_pipeline.route.name"] == "b"
-    assert story["chat_pipeline.route.attempts"] == 2 and story["chat_pipeline.route.fallback"] is True
+    assert (
+        story["chat_pipeline.route.attempts"] == 2 and story["chat_pipeline.route.fallback"] is True
+    )
     await chat.aclose()
     nothing_left_running()
 

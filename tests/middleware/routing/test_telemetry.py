@@ -40,11 +40,19 @@ async def test_success_is_one_completed_attempt(otel: Otel, streaming: bool) -> 
     assert summary(otel) == [("route_attempt r0", "completed", True, True)]
     (span,) = otel.attempt_spans()
     attributes = dict(span.attributes or {})
-    assert attributes["chat_pipeline.route.name"] == "r0" and attributes["chat_pipeline.route.attempt"] == 1
+    assert (
+        attributes["chat_pipeline.route.name"] == "r0"
+        and attributes["chat_pipeline.route.attempt"] == 1
+    )
     assert attributes["chat_pipeline.route.duration"] >= 0
     assert attributes["chat_pipeline.route.time_to_first_update"] >= 0
     assert "error.type" not in attributes
-    assert otel.total("chat_pipeline.route.attempt.count", **{"chat_pipeline.route.outcome": "completed"}) == 1
+    assert (
+        otel.total(
+            "chat_pipeline.route.attempt.count", **{"chat_pipeline.route.outcome": "completed"}
+        )
+        == 1
+    )
     assert otel.total("chat_pipeline.route.backup_calls") == 0
 
 
@@ -68,7 +76,12 @@ async def test_failure_after_output_commits_and_calls_no_backup(otel: Otel) -> N
     assert isinstance(result.error, TransientProviderError)
     assert summary(otel) == [("route_attempt r0", "failed_after_output", True, True)]
     assert otel.total("chat_pipeline.route.backup_calls") == 0
-    assert otel.total("chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "r0"}) == 1
+    assert (
+        otel.total(
+            "chat_pipeline.route.output_committed_failures", **{"chat_pipeline.route.name": "r0"}
+        )
+        == 1
+    )
 
 
 async def test_cancellation_is_canceled_with_no_backup(otel: Otel, streaming: bool) -> None:
@@ -135,7 +148,9 @@ async def test_cost_when_a_route_has_prices(otel: Otel, streaming: bool) -> None
     route = Route("priced", client, price=Price(input_per_million=2.0, output_per_million=8.0))
     chat = OrderedFailoverChatClient([route], **otel.providers)
     await collect(chat, "hi", streaming=streaming)
-    assert otel.total("chat_pipeline.route.cost", **{"chat_pipeline.route.name": "priced"}) == pytest.approx(0.006)
+    assert otel.total(
+        "chat_pipeline.route.cost", **{"chat_pipeline.route.name": "priced"}
+    ) == pytest.approx(0.006)
 
 
 class _DropChatRoots(Sampler):

@@ -82,7 +82,10 @@ async def test_a_route_asked_for_by_name_is_its_own_story(
         await gateway.gateway.wait_idle()
         await client.close()
     attributes = server_span(otel).attributes or {}
-    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == ("backup", 1)
+    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == (
+        "backup",
+        1,
+    )
     assert attributes["chat_pipeline.route.fallback"] is False
     assert attributes["gen_ai.response.model"] == "model-backup"
 
@@ -101,7 +104,10 @@ async def test_a_request_every_route_failed_names_the_last_route_tried(
         await client.close()
     span = server_span(otel)
     attributes = span.attributes or {}
-    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == ("backup", 2)
+    assert (attributes["chat_pipeline.route.name"], attributes["chat_pipeline.route.attempts"]) == (
+        "backup",
+        2,
+    )
     assert attributes["http.response.status_code"] == 503
     assert attributes["error.type"] == "TransientProviderError"
     assert "gen_ai.response.model" not in attributes

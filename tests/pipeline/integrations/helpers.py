@@ -27,7 +27,10 @@ def failover(routes: Sequence[ChatClient], otel: Otel, *, telemetry: bool = True
 def outcomes(otel: Otel) -> list[tuple[str, str]]:
     """(route, outcome) of every attempt span, in the order they ended."""
     return [
-        (str(s.attributes["chat_pipeline.route.name"]), str(s.attributes["chat_pipeline.route.outcome"]))
+        (
+            str(s.attributes["chat_pipeline.route.name"]),
+            str(s.attributes["chat_pipeline.route.outcome"]),
+        )
         for s in otel.attempt_spans()
         if s.attributes is not None
     ]

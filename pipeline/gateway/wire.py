@@ -684,6 +684,7 @@ NOT_RETRYABLE = frozenset({"upstream_authentication_failed", "upstream_quota_exh
 _EVERY_ROUTE_FAILED = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.CIRCUIT_OPEN,
         FailureKind.INVALID_RESPONSE,

@@ -218,9 +218,10 @@ class Governor:
         tokens = input_tokens + output
         amount = math.ceil(input_tokens * costs.input + output * costs.output)
         budgets, limits = self._checks(subject)
+        burst = self.burst
         rates = [
-            RateCheck(key, limit, 1 if unit == "requests" else tokens, unit, scope, self.burst)
-            for key, limit, unit, scope in limits
+            RateCheck(key, limit, 1 if unit == "requests" else tokens, unit, scope, burst, wire)
+            for key, limit, unit, scope, wire in limits
         ]
         return Demand(budgets, amount, rates, self.lease), tokens
 
@@ -251,6 +252,8 @@ class Governor:
                 limits.append((key("r", "t", team, "rpm"), subject.team_rpm, "requests", "team"))
             if subject.team_tpm:
                 limits.append((key("r", "t", team, "tpm"), subject.team_tpm, "tokens", "team"))
+        # Each limit's interval and tolerance as the script reads them, made once.
+        limits = [(*limit, f"{60_000.0 / limit[1]!r} {self.burst * 1000.0!r}") for limit in limits]
         if len(self._made) >= 10_000:
             self._made.clear()
         self._made[subject.identity] = (subject, math.floor(now / 60) * 60 + 60, budgets, limits)

@@ -274,6 +274,12 @@ class BudgetCheck:
     soft: int | None = None
     expire_at: int = 0
     scope: str = "key"
+    wire: str = field(init=False, repr=False, compare=False)
+    """Its fields as the script reads them, after its key's index (made once)."""
+
+    def __post_init__(self) -> None:
+        soft = -1 if self.soft is None else self.soft
+        object.__setattr__(self, "wire", f" {self.limit} {soft} {self.expire_at}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +293,9 @@ class RateCheck:
     unit: Literal["requests", "tokens"] = "requests"
     scope: str = "key"
     burst: float = 1.0
+    wire: str = field(default="", repr=False, compare=False)
+    """Its interval and tolerance as the script reads them (made once by whoever makes the
+    same limit for many requests; else made when encoded)."""
 
     @property
     def interval(self) -> float:
@@ -541,9 +550,7 @@ class Reservations:
         # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
             demand = settlement.demand
-            fields = [
-                f"S {demand.token} {demand.amount} {settlement.actual} {len(demand.budgets)}"
-            ]
+            fields = [f"S {demand.token} {demand.amount} {settlement.actual} {len(demand.budgets)}"]
             for budget in demand.budgets:
                 fields.append(f"{key(budget.key)} {budget.expire_at}")
             deltas = settlement.token_deltas
@@ -554,15 +561,14 @@ class Reservations:
             args.append(" ".join(fields))
         for demand, _ in batch.reserves:
             fields = [
-                f"R {demand.token} {int(demand.lease * 1000)} {demand.amount} "
-                f"{len(demand.budgets)}"
+                f"R {demand.token} {int(demand.lease * 1000)} {demand.amount} {len(demand.budgets)}"
             ]
             for budget in demand.budgets:
-                soft = -1 if budget.soft is None else budget.soft
-                fields.append(f"{key(budget.key)} {budget.limit} {soft} {budget.expire_at}")
+                fields.append(f"{key(budget.key)}{budget.wire}")
             fields.append(str(len(demand.rates)))
             for rate in demand.rates:
-                fields.append(f"{key(rate.key)} {rate.interval!r} {rate.tolerance!r} {rate.cost}")
+                static = rate.wire or f"{rate.interval!r} {rate.tolerance!r}"
+                fields.append(f"{key(rate.key)} {static} {rate.cost}")
             args.append(" ".join(fields))
         return args
 

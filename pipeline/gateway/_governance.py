@@ -77,7 +77,7 @@ def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tupl
     its team's), OpenAI's or Anthropic's."""
     headers: list[tuple[bytes, bytes]] = []
     seen: set[str] = set()
-    now = datetime.now(UTC)
+    now = datetime.now(UTC) if anthropic else None
     for state in states:
         unit = state.check.unit
         if unit in seen:
@@ -85,7 +85,7 @@ def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tupl
         seen.add(unit)
         limit = str(state.check.limit).encode()
         remaining = str(state.remaining).encode()
-        if anthropic:
+        if now is not None:
             reset = (now + timedelta(milliseconds=state.reset_ms)).replace(microsecond=0)
             prefix = b"anthropic-ratelimit-" + unit.encode()
             headers += [

@@ -283,6 +283,28 @@ def measure(
     )
 
 
+def measure_round(
+    servers: Sequence[Server],
+    best: dict[str, Result],
+    shape: str,
+    concurrency: int,
+    args: argparse.Namespace,
+) -> None:
+    """One round: each server measured in turn; `best` keeps each one's least CPU time a
+    request (a busy machine slows every server of a round alike)."""
+    for server in servers:
+        result = measure(
+            server,
+            stream=shape == "streaming",
+            concurrency=concurrency,
+            requests=args.requests,
+            warmup=args.warmup,
+        )
+        kept = best.get(server.name)
+        if kept is None or result.cpu_per_request < kept.cpu_per_request:
+            best[server.name] = result
+
+
 # -- the servers ------------------------------------------------------------------------------
 
 
@@ -508,17 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     key = f"{shape}, concurrency {concurrency}"
                     best: dict[str, Result] = {}
                     for _ in range(args.rounds):
-                        for server in servers:
-                            result = measure(
-                                server,
-                                stream=shape == "streaming",
-                                concurrency=concurrency,
-                                requests=args.requests,
-                                warmup=args.warmup,
-                            )
-                            kept = best.get(server.name)
-                            if kept is None or result.cpu_per_request < kept.cpu_per_request:
-                                best[server.name] = result
+                        measure_round(servers, best, shape, concurrency, args)
                     results[key] = best
                     report(key, best)
     finally:
@@ -680,17 +692,7 @@ def governed(args: argparse.Namespace) -> int:
                     best: dict[str, Result] = {}
                     floor = math.inf
                     for _ in range(args.rounds):
-                        for server in (plain, governed_server):
-                            result = measure(
-                                server,
-                                stream=shape == "streaming",
-                                concurrency=concurrency,
-                                requests=args.requests,
-                                warmup=args.warmup,
-                            )
-                            kept = best.get(server.name)
-                            if kept is None or result.cpu_per_request < kept.cpu_per_request:
-                                best[server.name] = result
+                        measure_round([plain, governed_server], best, shape, concurrency, args)
                         floor = min(floor, bare_reservations(redis_url, concurrency, args.requests))
                     report(key, best)
                     off, on = best[PLAIN_NAME], best[GOVERNED_NAME]

@@ -76,7 +76,6 @@ from tests.processes import UVICORN_PORT, uvicorn_log_config
 
 SERVER_CORE = 0
 CLIENT_CORE = 1
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # Both servers authenticate each request with the same key (LiteLLM refuses to start
@@ -89,17 +88,28 @@ FAKE_SERVER_URL = re.compile(r"fake OpenAI-compatible server on (http://\S+)")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of `pid` and its live descendants."""
+    """User + system CPU time of `pid` and its live descendants, in nanoseconds' resolution:
+    each process's CPU clock (``clock_getcpuclockid``, which Python lacks: the kernel's
+    encoding of a process's clock id), counting its threads, the ended ones too. ``/proc``'s
+    clock ticks (10 ms) would be 5% of a 2,000-request cell at 0.1 ms a request."""
     total = 0.0
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        total += time.clock_gettime(_process_clock(pid))
+    except OSError:  # the process has gone
+        return total
+    try:
         for task in Path(f"/proc/{pid}/task").iterdir():
             for child in (task / "children").read_text().split():
                 total += cpu_seconds(int(child))
     except (FileNotFoundError, ProcessLookupError):
         pass
     return total
+
+
+def _process_clock(pid: int) -> int:
+    """The clock id of `pid`'s process CPU time (Linux: ``CPUCLOCK_SCHED`` of the process,
+    as glibc's ``clock_getcpuclockid`` makes it)."""
+    return ((~pid) << 3) | 2
 
 
 @dataclass
@@ -111,6 +121,37 @@ class Server:
     model: str
     log: Path
     api_key: str = API_KEY
+    # Under callgrind: where its counts are dumped (`instructions_between`).
+    callgrind: Path | None = None
+
+
+# --instructions: every server runs under valgrind's callgrind, which counts the instructions
+# it executes (the same figure on a busy machine as on an idle one, unlike CPU time).
+CALLGRIND = False
+
+
+def under_callgrind(argv: Sequence[str], out: Path) -> list[str]:
+    """`argv` run by callgrind, dumping its counts to `out`.PID.N (`instructions_between`)."""
+    return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *argv]
+
+
+def callgrind_summary(server: Server) -> int:
+    """Dump `server`'s instruction count since it was last zeroed (and zero it)."""
+    pid = server.process.pid
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    assert server.callgrind is not None
+    dumps = server.callgrind.parent.glob(f"{server.callgrind.name}.{pid}.*")
+    latest = max(dumps, key=lambda path: int(path.suffix[1:]))
+    for line in latest.read_text().splitlines():
+        if line.startswith("summary:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no summary in {latest}")
+
+
+def callgrind_zero(server: Server) -> None:
+    subprocess.run(
+        ["callgrind_control", "-z", str(server.process.pid)], check=True, capture_output=True
+    )
 
 
 def _pinned(core: int) -> object:
@@ -136,8 +177,13 @@ def started(
     api_key: str = API_KEY,
 ) -> Iterator[Server]:
     """Run `argv`, a uvicorn server told to listen on port 0, until the block ends: ready
-    once uvicorn logged the port it got and `ready_path` answers there."""
+    once uvicorn logged the port it got and `ready_path` answers there. With `CALLGRIND`,
+    under callgrind."""
     log = workdir / f"{name.replace(' ', '-')}.log"
+    callgrind = workdir / f"callgrind.{name.replace(' ', '-')}" if CALLGRIND else None
+    if callgrind is not None:
+        argv = under_callgrind(argv, callgrind)
+        timeout *= 4  # valgrind runs the start-up some 50 times slower
     with open(log, "wb") as out:
         process = subprocess.Popen(
             list(argv),
@@ -167,7 +213,7 @@ def started(
                 except (urllib.error.URLError, OSError):
                     pass
             time.sleep(0.2)
-        yield Server(name, process, port, path, model, log, api_key)
+        yield Server(name, process, port, path, model, log, api_key, callgrind)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -197,9 +243,12 @@ def request_bytes(server: Server, stream: bool) -> bytes:
     return head.encode() + data
 
 
-async def one_response(reader: asyncio.StreamReader) -> int:
-    """Read one HTTP/1.1 response (Content-Length or chunked); its status."""
-    status = int((await reader.readline()).split(b" ", 2)[1])
+async def one_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Read one HTTP/1.1 response (Content-Length or chunked); its status and body."""
+    line = await reader.readline()
+    if not line.startswith(b"HTTP/1.1 "):
+        raise RuntimeError(f"not an HTTP/1.1 response: {line[:100]!r} (connection closed?)")
+    status = int(line.split(b" ", 2)[1])
     length = None
     chunked = False
     while True:
@@ -212,21 +261,39 @@ async def one_response(reader: asyncio.StreamReader) -> int:
             length = int(value)
         elif name == b"transfer-encoding" and b"chunked" in value.lower():
             chunked = True
+    body = b""
     if chunked:
+        parts = []
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
-            await reader.readexactly(size + 2)
+            parts.append((await reader.readexactly(size + 2))[:-2])
             if size == 0:
                 break
+        body = b"".join(parts)
     elif length is not None:
-        await reader.readexactly(length)
-    return status
+        body = await reader.readexactly(length)
+    return status, body
+
+
+def check_answer(server: Server, stream: bool, status: int, body: bytes) -> None:
+    """Raise unless the response is a whole answer of the upstream's: a 200 whose body is
+    the completion (with the upstream's text), or a stream ending with ``[DONE]``."""
+    if status != 200:
+        raise RuntimeError(f"{server.name} answered HTTP {status}: {body[:300]!r}")
+    if stream:
+        if not body.rstrip().endswith(b"data: [DONE]"):
+            raise RuntimeError(f"{server.name}: a stream that did not end: {body[-300:]!r}")
+        return
+    answer = json.loads(body)
+    if not answer["choices"][0]["message"]["content"]:
+        raise RuntimeError(f"{server.name}: an answer without text: {body[:300]!r}")
 
 
 async def load(
     server: Server, *, stream: bool, concurrency: int, requests: int, deadline: float
 ) -> list[float]:
-    """Latencies of `requests` requests over `concurrency` keep-alive connections."""
+    """Latencies of `requests` requests over `concurrency` keep-alive connections, each
+    response checked (`check_answer`)."""
     payload = request_bytes(server, stream)
     latencies: list[float] = []
     per_connection = [
@@ -239,10 +306,12 @@ async def load(
             for _ in range(count):
                 started = time.perf_counter()
                 writer.write(payload)
-                status = await one_response(reader)
+                try:
+                    status, body = await one_response(reader)
+                except (RuntimeError, ValueError, asyncio.IncompleteReadError) as exc:
+                    raise RuntimeError(f"{server.name}: {exc}") from exc
                 latencies.append(time.perf_counter() - started)
-                if status != 200:
-                    raise RuntimeError(f"{server.name} answered HTTP {status}")
+                check_answer(server, stream, status, body)
         finally:
             writer.close()
 
@@ -257,6 +326,7 @@ class Result:
     p50: float  # seconds
     p99: float
     cpu_per_request: float  # server CPU seconds per request
+    instructions: float | None = None  # per request, under callgrind (--instructions)
 
     @property
     def per_core(self) -> float:
@@ -266,20 +336,27 @@ class Result:
 def measure(
     server: Server, *, stream: bool, concurrency: int, requests: int, warmup: int
 ) -> Result:
-    asyncio.run(load(server, stream=stream, concurrency=concurrency, requests=warmup, deadline=300))
+    slow = 20 if server.callgrind is not None else 1  # valgrind's pace
+    asyncio.run(
+        load(server, stream=stream, concurrency=concurrency, requests=warmup, deadline=300 * slow)
+    )
+    if server.callgrind is not None:
+        callgrind_zero(server)
     before = cpu_seconds(server.process.pid)
     started = time.perf_counter()
     latencies = asyncio.run(
-        load(server, stream=stream, concurrency=concurrency, requests=requests, deadline=600)
+        load(server, stream=stream, concurrency=concurrency, requests=requests, deadline=600 * slow)
     )
     elapsed = time.perf_counter() - started
     cpu = cpu_seconds(server.process.pid) - before
+    counted = callgrind_summary(server) if server.callgrind is not None else None
     latencies.sort()
     return Result(
         throughput=len(latencies) / elapsed,
         p50=statistics.median(latencies),
         p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         cpu_per_request=cpu / len(latencies),
+        instructions=counted / len(latencies) if counted is not None else None,
     )
 
 
@@ -421,10 +498,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=shutil.which("nginx") is not None or Path("/usr/sbin/nginx").exists(),
         help="measure nginx's proxy_pass (default: when nginx is installed)",
     )
+    parser.add_argument(
+        "--ledger",
+        action="store_true",
+        help="also measure the gateway with the spend ledger on ([spend] in a throwaway "
+        "PostgreSQL), reported beside the floor table",
+    )
+    parser.add_argument(
+        "--governance",
+        action="store_true",
+        help="also measure the gateway with keys, budgets and limits on (a virtual key in "
+        "PostgreSQL, counters in redis-server), reported beside the floor table",
+    )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run every server under valgrind's callgrind and report instructions per "
+        "request too (steady on a busy machine; some 50x slower: use a few hundred requests)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.governed:
         return governed(args)
+    if args.instructions:
+        global CALLGRIND
+        CALLGRIND = True
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {CLIENT_CORE})
     workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -478,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                     )
                 )
+            servers += stack.enter_context(_beside(args, workdir, upstream))
             if args.floor:
                 servers.append(
                     stack.enter_context(
@@ -546,9 +645,67 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _beside(args: argparse.Namespace, workdir: Path, upstream: str) -> Iterator[list[Server]]:
+    """The gateway with the spend ledger on (`--ledger`) and with keys, budgets and limits
+    on (`--governance`), with the PostgreSQL and redis-server they need."""
+    if not (args.ledger or args.governance):
+        yield []
+        return
+    from tests.postgres_server import running_postgres
+
+    servers: list[Server] = []
+    with contextlib.ExitStack() as stack:
+        postgres = stack.enter_context(running_postgres())
+        env = {**os.environ, KEYS_VARIABLE: API_KEY}
+        argv = [sys.executable, "-m", "pipeline", "serve", "--port", "0", "--log-level", "info"]
+        if args.ledger:
+            env["BENCH_LEDGER_DSN"] = postgres.new_database()
+            config = workdir / "gateway-ledger.toml"
+            config.write_text(
+                gateway_config(workdir, upstream, False).read_text()
+                + '\n[spend]\nstore = "postgres"\ndsn_env = "BENCH_LEDGER_DSN"\n'
+            )
+            servers.append(
+                stack.enter_context(
+                    started(
+                        LEDGER_NAME,
+                        [*argv, "--config", str(config)],
+                        ready_path="/readyz",
+                        workdir=workdir,
+                        env=env,
+                    )
+                )
+            )
+        if args.governance:
+            from tests.redis_server import running_redis
+
+            redis_url = stack.enter_context(running_redis())
+            dsn = postgres.new_database()
+            secret = asyncio.run(_virtual_key(dsn))
+            env = {**env, "BENCH_GOVERNED_DSN": dsn, "BENCH_GOVERNED_REDIS": redis_url}
+            config = governed_config(
+                workdir, upstream, "BENCH_GOVERNED_DSN", "BENCH_GOVERNED_REDIS"
+            )
+            servers.append(
+                stack.enter_context(
+                    started(
+                        GOVERNED_NAME,
+                        [*argv, "--config", str(config)],
+                        ready_path="/readyz",
+                        workdir=workdir,
+                        env=env,
+                        api_key=secret,
+                    )
+                )
+            )
+        yield servers
+
+
 # -- governance: keys, budgets and rate limits --------------------------------------------------
 
 GOVERNED_NAME = "chat-pipeline serve (keys, budgets, limits)"
+LEDGER_NAME = "chat-pipeline serve ([spend] ledger)"
 PLAIN_NAME = "chat-pipeline serve"
 
 
@@ -743,6 +900,7 @@ FLOOR = "Python floor (forwarder)"
 NGINX = "nginx proxy_pass"
 
 NGINX_CONFIG = """\
+{master}
 worker_processes 1;
 daemon off;
 pid {workdir}/nginx.pid;
@@ -755,7 +913,7 @@ http {{
     fastcgi_temp_path {workdir}/nginx-fastcgi;
     uwsgi_temp_path {workdir}/nginx-uwsgi;
     scgi_temp_path {workdir}/nginx-scgi;
-    upstream fake {{ server {upstream}; keepalive 64; }}
+    upstream fake {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}
     server {{
         listen 127.0.0.1:{port};
         location = /readyz {{ return 200 "ok"; }}
@@ -766,6 +924,10 @@ http {{
             proxy_set_header Connection "";
             proxy_buffering off;
         }}
+        # As the Python servers: a client's connection is kept for every request it sends
+        # (nginx closes one after 1,000 by default, which a cell's single connection
+        # outlives).
+        keepalive_requests 1000000;
     }}
 }}
 """
@@ -781,11 +943,20 @@ def started_nginx(workdir: Path, upstream: str) -> Iterator[Server]:
         port = probe.getsockname()[1]
     host = upstream.removeprefix("http://").split("/", 1)[0]
     config = workdir / "nginx.conf"
-    config.write_text(NGINX_CONFIG.format(workdir=workdir, upstream=host, port=port, key=API_KEY))
+    # Under callgrind, one process serves (no master forking a worker): its counts are the
+    # worker's.
+    master = "master_process off;" if CALLGRIND else ""
+    config.write_text(
+        NGINX_CONFIG.format(workdir=workdir, upstream=host, port=port, key=API_KEY, master=master)
+    )
     log = workdir / "nginx.log"
+    argv = [nginx, "-p", str(workdir), "-c", str(config)]
+    callgrind = workdir / "callgrind.nginx" if CALLGRIND else None
+    if callgrind is not None:
+        argv = under_callgrind(argv, callgrind)
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [nginx, "-p", str(workdir), "-c", str(config)],
+            argv,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -793,7 +964,7 @@ def started_nginx(workdir: Path, upstream: str) -> Iterator[Server]:
             preexec_fn=_pinned(SERVER_CORE),  # type: ignore[arg-type]
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + (120 if CALLGRIND else 30)
         while True:  # bounded readiness poll of an external process
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("nginx did not start:\n" + log.read_text(errors="replace"))
@@ -802,7 +973,9 @@ def started_nginx(workdir: Path, upstream: str) -> Iterator[Server]:
                     break
             except (urllib.error.URLError, OSError):
                 time.sleep(0.1)
-        yield Server(NGINX, process, port, "/v1/chat/completions", "pipeline", log)
+        yield Server(
+            NGINX, process, port, "/v1/chat/completions", "pipeline", log, API_KEY, callgrind
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGQUIT)
@@ -814,14 +987,16 @@ def started_nginx(workdir: Path, upstream: str) -> Iterator[Server]:
 
 
 def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
-    """The gateway against its two floors, a row per cell: CPU per request and p99."""
+    """The gateway against its two floors, a row per cell: CPU per request and p99 (and
+    instructions per request under callgrind); then what the spend ledger and key
+    governance add, when they ran, beside."""
     gateway = "chat-pipeline serve"
     rows = []
     for key, servers in results.items():
         ours, floor, nginx = servers.get(gateway), servers.get(FLOOR), servers.get(NGINX)
         if ours is None or (floor is None and nginx is None):
             continue
-        rows.append((key, ours, floor, nginx))
+        rows.append((key, ours, floor, nginx, servers))
     if not rows:
         return
     print("\nthe gateway against its floors (CPU ms per request; p99 ms)")
@@ -837,15 +1012,45 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
         return f"{r.p99 * 1000:8.2f}" if r else f"{'-':>8}"
 
     def ratio(a: float, b: Result | None, field: str) -> str:
-        return f"{a / getattr(b, field):9.2f}" if b else f"{'-':>9}"
+        return f"{a / getattr(b, field):9.2f}" if b and getattr(b, field) else f"{'-':>9}"
 
-    for key, ours, floor, nginx in rows:
+    for key, ours, floor, nginx, _ in rows:
         print(
             f"  {key:34} {cpu(ours)} {cpu(floor)} {cpu(nginx)} "
             f"{ratio(ours.cpu_per_request, floor, 'cpu_per_request')} "
             f"{ratio(ours.cpu_per_request, nginx, 'cpu_per_request')} "
             f"{p99(ours)} {p99(floor)} {p99(nginx)} {ratio(ours.p99, floor, 'p99')}"
         )
+    if any(ours.instructions is not None for _, ours, *_ in rows):
+        print("\ninstructions per request (thousands, callgrind)")
+        print(
+            f"  {'cell':34} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
+            f"{'gw/nginx':>9}"
+        )
+
+        def count(r: Result | None) -> str:
+            return f"{r.instructions / 1000:8.1f}" if r and r.instructions else f"{'-':>8}"
+
+        for key, ours, floor, nginx, _ in rows:
+            print(
+                f"  {key:34} {count(ours)} {count(floor)} {count(nginx)} "
+                f"{ratio(ours.instructions or 0, floor, 'instructions')} "
+                f"{ratio(ours.instructions or 0, nginx, 'instructions')}"
+            )
+    beside = [name for name in (LEDGER_NAME, GOVERNED_NAME) if any(name in r[4] for r in rows)]
+    if beside:
+        print("\nbeside: the gateway with the spend ledger, or key governance, on (CPU ms per")
+        print("request; what it adds to the plain gateway's; its CPU over the floor's)")
+        for key, ours, floor, _, servers in rows:
+            for name in beside:
+                on = servers.get(name)
+                if on is None:
+                    continue
+                added = on.cpu_per_request - ours.cpu_per_request
+                print(
+                    f"  {key:34} {name:44} {cpu(on)} {added * 1000:+8.3f} "
+                    f"{ratio(on.cpu_per_request, floor, 'cpu_per_request')}"
+                )
     sys.stdout.flush()
 
 

@@ -1061,9 +1061,10 @@ def report(key: str, rows: Mapping[str, Result]) -> None:
         f"{'req/CPU-s':>10}"
     )
     for name, r in rows.items():
+        counted = f" {r.instructions / 1000:10.1f}k instructions" if r.instructions else ""
         print(
             f"  {name:44} {r.throughput:8.0f} {r.p50 * 1000:8.2f} {r.p99 * 1000:8.2f} "
-            f"{r.cpu_per_request * 1000:11.3f} {r.per_core:10.0f}"
+            f"{r.cpu_per_request * 1000:11.3f} {r.per_core:10.0f}{counted}"
         )
     for name, r in rows.items():
         base = rows.get(BASELINE + name)

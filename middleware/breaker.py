@@ -308,6 +308,8 @@ class CircuitBreakerChatClient(DelegatingChatClient):
       buckets ahead of it until they expire): the breaker opens late, never spuriously.
     """
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self,
         inner: ChatClient,

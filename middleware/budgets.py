@@ -38,6 +38,8 @@ class BudgetChatClient(DelegatingChatClient):
     docstring). `price` prices a call no router beneath logged attempts for, and bounds
     each call's reservation."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self,
         inner: ChatClient,

@@ -20,6 +20,8 @@ class ConfigureOptionsChatClient(DelegatingChatClient):
     object is never mutated, and nothing carries over from one request to the next.
     """
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self, inner: ChatClient, configure: OptionsConfigurer, *, leave_open: bool = False
     ) -> None:

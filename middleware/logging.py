@@ -23,6 +23,8 @@ class LoggingChatClient(DelegatingChatClient):
     """Logs request start (DEBUG) and end (INFO on success, WARNING on failure; INFO when
     the caller abandons or cancels a stream)."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self,
         inner: ChatClient,

@@ -87,6 +87,8 @@ class RetrySettings(Settings):
 class RetryChatClient(DelegatingChatClient):
     """Retries the inner client's retryable failures (see the module docstring)."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self,
         inner: ChatClient,

@@ -66,6 +66,8 @@ class SpendChatClient(DelegatingChatClient):
     """Records the spend of each request in `ledger` (see the module docstring). With
     `close_ledger`, closing the layer closes the ledger (after the layers beneath)."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(
         self,
         inner: ChatClient,

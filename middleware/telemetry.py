@@ -73,6 +73,8 @@ _OUTPUT = gen_ai.GenAiTokenTypeValues.OUTPUT.value
 class TelemetryChatClient(DelegatingChatClient):
     """Traces and measures each request (see the module docstring)."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __new__(cls, inner: ChatClient, **_: Any) -> TelemetryChatClient:
         # Never wrap twice: a telemetry layer directly around another is that layer.
         if type(inner) is cls:

@@ -66,6 +66,9 @@ class ChatPipeline(AsyncClosing):
     runs.
     """
 
+    # Its layers' answers pass on as they come (`pipeline._forward`).
+    keeps_raw_answers = True
+
     def __init__(
         self,
         client: ChatClient,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
 
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
@@ -173,6 +173,11 @@ class DelegatingChatClient(AsyncClosing):
     `aclose()` closes the inner client once, unless the layer was built with
     ``leave_open=True``.
     """
+
+    keeps_raw_answers: ClassVar[bool] = False
+    """Whether the layer passes its inner client's responses and updates on as it gets them
+    (observing, never changing or replacing them): a provider below only such layers may
+    answer with its own payload on the gateway's forwarded path (`pipeline._forward`)."""
 
     def __init__(self, inner: ChatClient, *, leave_open: bool = False) -> None:
         self.inner: ChatClient = ensure_chat_client(inner, "inner")

@@ -641,7 +641,9 @@ class ChatResponseUpdate:
 
     `value` is set only on the update a response-validation layer adds after a streamed
     response validated (an update with no contents): the validated object, as on
-    `ChatResponse.value`.
+    `ChatResponse.value`. `raw_representation` is what the provider sent for it, when the
+    provider was asked to keep it (the gateway's forwarded path: the decoded events of one
+    read of the stream); None otherwise.
     """
 
     role: ChatRole | None = ChatRole.ASSISTANT
@@ -651,6 +653,7 @@ class ChatResponseUpdate:
     finish_reason: str | None = None
     usage: UsageDetails | None = None
     value: Any = None
+    raw_representation: Any = field(default=None, compare=False, repr=False)
 
     @property
     def text(self) -> str:
@@ -688,7 +691,9 @@ class ChatResponse:
 
     `value` is the validated object when a response-validation layer checked the response
     (`use_response_validation`: the parsed model instance, the decoded JSON, or what the
-    caller's check returned); `None` otherwise.
+    caller's check returned); `None` otherwise. `raw_representation` is what the provider
+    sent, when it was asked to keep it (the gateway's forwarded path: the decoded body);
+    None otherwise.
     """
 
     messages: list[ChatMessage] = field(default_factory=list)
@@ -697,6 +702,7 @@ class ChatResponse:
     finish_reason: str | None = None
     usage: UsageDetails | None = None
     value: Any = None
+    raw_representation: Any = field(default=None, compare=False, repr=False)
 
     @property
     def text(self) -> str:

@@ -45,6 +45,9 @@ class RoutingChatClient(AsyncClosing, AttemptEngine):
     ``leave_open``.
     """
 
+    # Routes' answers pass on as they come (`pipeline._forward`).
+    keeps_raw_answers = True
+
     def __init__(
         self,
         *,

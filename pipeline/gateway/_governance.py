@@ -390,6 +390,8 @@ class MeteredClient(DelegatingChatClient):
     ended, so budgets settle with it. Routers log their own attempts; a cache hit logs
     itself (then nothing is added here)."""
 
+    keeps_raw_answers = True  # observes, never changes answers (`pipeline._forward`)
+
     def __init__(self, inner: ChatClient, *, route: str, price: Price | None) -> None:
         super().__init__(inner)
         self.route = route

@@ -19,7 +19,10 @@ shares:
 * the routing story (served route, attempts, fallback, served model, response id) is left
   on the `Exchange` for the server span and the log line;
 * with ``[spend]``, the request's `AttemptLog` (`pipeline._scope`) is open while it runs,
-  with whose request it is (`attribution`), and left on the `Exchange` (``attempts``).
+  with whose request it is (`attribution`), and left on the `Exchange` (``attempts``);
+* with a `Forwarder` (the format's forwarded path, `pipeline._forward`), a request whose
+  body may go as it came is forwarded by the routes that can, and their own answers are
+  written back (`pipeline.gateway._forwarding`).
 
 Authentication, the body, limits, request ids and telemetry are the layers around it
 (`pipeline.gateway.app` assembles them): a new format adds a module with its
@@ -34,10 +37,11 @@ from typing import Any, Protocol
 
 from pipeline import _scope
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
+from pipeline._forward import Forward, enter_forward, exit_forward
 from pipeline._scope import RouteReport
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send, loggable
+from pipeline.gateway._shared import ON_DISCONNECT, Forwarder, InboundFormat, StreamEncoder
 from pipeline.gateway._shared import GatewayState as Gateway
-from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
 from pipeline.spend import Attribution
@@ -74,27 +78,38 @@ class AnswerHooks(Protocol):
 
 class _Disconnect:
     """Watches the connection while a request runs: a client that goes away cancels the
-    task serving it (so the pipeline sees its caller cancelled, never a failure)."""
+    task serving it (so the pipeline sees its caller cancelled, never a failure). The
+    gateway's own connections call it when their client leaves (`ON_DISCONNECT`); under
+    another server a task waits on ``receive`` for ``http.disconnect``."""
 
-    __slots__ = ("_watch", "disconnected", "done")
+    __slots__ = ("_task", "_watch", "disconnected", "done")
 
-    def __init__(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+    def __init__(self, scope: Scope, receive: Receive, task: asyncio.Task[Any]) -> None:
         self.disconnected = False
         self.done = False  # set before the last write: the end of a response is no disconnect
-        self._watch = asyncio.ensure_future(self._run(receive, task))
+        self._task = task
+        self._watch: asyncio.Future[None] | None = None
+        if ON_DISCONNECT in scope:
+            scope[ON_DISCONNECT] = self._left
+        else:
+            self._watch = asyncio.ensure_future(self._run(receive))
 
-    async def _run(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+    def _left(self) -> None:
+        if not self.done:
+            self.disconnected = True
+            self._task.cancel()
+
+    async def _run(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self.done:
-                    self.disconnected = True
-                    task.cancel()
+                self._left()
                 return
 
     def close(self) -> None:
         self.done = True
-        self._watch.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
 
 
 class _Started:
@@ -148,6 +163,8 @@ def _reached(exchange: Exchange) -> str | None:
     if report is not None and report.route_name is not None:
         return report.route_name
     return exchange.route
+
+
 def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
     """Whose request it is, for the spend ledger: the caller's key (its id and name when it
     is a virtual key, its identity for an ``api_keys_env`` key; never the key), the body's
@@ -183,20 +200,31 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
+def _bytes(data: str | bytes) -> bytes:
+    """What an encoder wrote, as the bytes to send (a forwarded stream writes bytes)."""
+    return data.encode() if isinstance(data, str) else data
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
     The layers outside it read and parsed the body (`Exchange.request`) and took the
-    caller's slot. `hooks` run before the pipeline call and after a complete answer."""
+    caller's slot. `hooks` run before the pipeline call and after a complete answer;
+    `forwarder` is the format's forwarded path, if it has one."""
 
-    __slots__ = ("format", "gateway", "hooks")
+    __slots__ = ("format", "forwarder", "gateway", "hooks")
 
     def __init__(
-        self, gateway: Gateway, format: InboundFormat, hooks: AnswerHooks | None = None
+        self,
+        gateway: Gateway,
+        format: InboundFormat,
+        hooks: AnswerHooks | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self.gateway = gateway
         self.format = format
         self.hooks = hooks
+        self.forwarder = forwarder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -205,6 +233,8 @@ class FormatHandler:
             raise RuntimeError("the gateway serves requests from inside an asyncio task")
         watch: _Disconnect | None = None
         cache_token: Any = None
+        forward_token: Any = None
+        forward: Forward | None = None
         started = _Started()
         report = RouteReport()
         exchange.report = report
@@ -234,12 +264,19 @@ class FormatHandler:
                 await self.hooks.before(exchange, request)
             if exchange.anthropic_beta is not None:
                 _pass_betas(request, exchange.anthropic_beta)
-            cache_token = _cache(exchange, request)
-            watch = _Disconnect(receive, task)
+            if target.caches:
+                cache_token = _cache(exchange, request)
+            if self.forwarder is not None and target.forwards and target.instructions is None:
+                forward = self.forwarder.forward(request)
+                if forward is not None:
+                    forward_token = enter_forward(forward)
+            watch = _Disconnect(scope, receive, task)
             if request.stream:
-                exchange.failure = await self._stream(exchange, request, target, watch, started)
+                exchange.failure = await self._stream(
+                    exchange, request, target, watch, started, forward
+                )
             else:
-                exchange.failure = await self._complete(exchange, request, target, watch)
+                exchange.failure = await self._complete(exchange, request, target, watch, forward)
         except WireError as exc:
             exchange.failure = exc
             if exchange.status:
@@ -295,6 +332,8 @@ class FormatHandler:
                 _scope.exit_attempt_log(log_token)
             if cache_token is not None:
                 exit_cache_report(cache_token)
+            if forward_token is not None:
+                exit_forward(forward_token)
             if watch is not None:
                 watch.close()
 
@@ -305,7 +344,7 @@ class FormatHandler:
             await exchange.error(error)
             return
         event = started.encoder.error(error) if started.encoder is not None else ""
-        await exchange.body_part(event.encode(), False)
+        await exchange.body_part(_bytes(event), False)
 
     @staticmethod
     def _messages(request: ChatRequest, target: Target) -> list[ChatMessage]:
@@ -326,7 +365,12 @@ class FormatHandler:
         return exc
 
     async def _complete(
-        self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
+        self,
+        exchange: Exchange,
+        request: ChatRequest,
+        target: Target,
+        watch: _Disconnect,
+        forward: Forward | None,
     ) -> BaseException | None:
         try:
             response = await target.client.get_response(
@@ -336,7 +380,15 @@ class FormatHandler:
             return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()
         exchange.response_model = response.model_id
-        body = self.format.completion(response, request, response_id=response_id, created=now())
+        created = now()
+        body = None
+        raw = response.raw_representation
+        if forward is not None and raw is not None and self.forwarder is not None:
+            body = self.forwarder.completion(raw, request, response_id=response_id, created=created)
+        if body is None:
+            body = self.format.completion(
+                response, request, response_id=response_id, created=created
+            )
         if self.hooks is not None:
             await self.hooks.after(exchange, request)
         watch.done = True
@@ -350,6 +402,7 @@ class FormatHandler:
         target: Target,
         watch: _Disconnect,
         started: _Started,
+        forward: Forward | None,
     ) -> BaseException | None:
         try:
             stream = target.client.get_streaming_response(
@@ -372,24 +425,33 @@ class FormatHandler:
             model = first.model_id if first is not None else None
             exchange.response_model = model
             response_id = exchange.response_id = self.format.new_response_id()
+            created = now()
             encoder = self.format.encoder(
-                request, model=model or request.model, response_id=response_id, created=now()
+                request, model=model or request.model, response_id=response_id, created=created
             )
+            if forward is not None and self.forwarder is not None:
+                encoder = self.forwarder.encoder(
+                    encoder,
+                    request,
+                    model=model or request.model,
+                    response_id=response_id,
+                    created=created,
+                )
             started.encoder = encoder
             await exchange.start(200, self.format.stream_headers)
             if first is not None:
                 data = encoder.update(first)
                 if data:
                     await send(
-                        {"type": "http.response.body", "body": data.encode(), "more_body": True}
+                        {"type": "http.response.body", "body": _bytes(data), "more_body": True}
                     )
                 async for update in stream:
                     data = encoder.update(update)
                     if data:
                         await send(
-                            {"type": "http.response.body", "body": data.encode(), "more_body": True}
+                            {"type": "http.response.body", "body": _bytes(data), "more_body": True}
                         )
-            end = encoder.end().encode()
+            end = _bytes(encoder.end())
             if self.hooks is not None:
                 await self.hooks.after(exchange, request)
             watch.done = True
@@ -403,7 +465,7 @@ class FormatHandler:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": encoder.error(error).encode(),
+                    "body": _bytes(encoder.error(error)),
                     "more_body": False,
                 }
             )

@@ -13,16 +13,23 @@
   never the parser's message;
 * the bound costs two ``bytes.count`` calls for a body with fewer brackets than the bound
   (most requests); otherwise strings are cut out and the running depth of the brackets
-  left is computed with numpy, linear in the body's size.
+  left is computed with numpy, linear in the body's size;
+* it is decoded by `pipeline._json_codec` (orjson when installed, with the standard
+  library's answers); a body orjson does not take (``NaN``, an integer beyond 64 bits) is
+  marked, for the request it is parsed in, as one that cannot be forwarded as it came
+  (`decoded_exactly`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "json_body"]
+from pipeline._json_codec import FAST, fast_loads
+
+__all__ = ["MAX_JSON_DEPTH", "decoded_exactly", "json_body"]
 
 MAX_JSON_DEPTH = 128
 """How deep a request body may nest objects and arrays (tool schemas nest a dozen)."""
@@ -31,21 +38,47 @@ MAX_JSON_DEPTH = 128
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
+# Set (in the request's own context) once a body of the request was JSON that `dumps` would
+# not write back as it came: its forwarded path is off.
+_inexact: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "chat_pipeline_inexact_json", default=False
+)
+
+
+def decoded_exactly() -> bool:
+    """Whether every JSON document `json_body` decoded in this context (the request's task)
+    holds only what `pipeline._json_codec.dumps` writes back as it came."""
+    return not _inexact.get()
+
 
 def json_body(body: bytes) -> Any:
     """The JSON document of a request body; `ValueError` when it is not JSON in UTF-8 or
     nests deeper than `MAX_JSON_DEPTH`."""
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        _text(body)  # not UTF-8 is said first
+        # Fewer brackets than the bound cannot nest deeper (most bodies): no call at all.
+        if too_deep(body, MAX_JSON_DEPTH):
+            raise ValueError(f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep")
+    if FAST:
+        try:
+            return fast_loads(body)  # UTF-8 only: anything else is left to the checks below
+        except ValueError:
+            pass
+    text = _text(body)
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError("the request body is not valid JSON in UTF-8") from None
-    # Fewer brackets than the bound cannot nest deeper (most bodies): no call at all.
-    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and too_deep(body, MAX_JSON_DEPTH):
-        raise ValueError(f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        return json.loads(text)
+        value = json.loads(text)
     except (ValueError, RecursionError):
         raise ValueError("the request body is not valid JSON") from None
+    if FAST:
+        _inexact.set(True)  # JSON orjson refused: NaN, an integer beyond 64 bits
+    return value
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the request body is not valid JSON in UTF-8") from None
 
 
 def too_deep(body: bytes, limit: int) -> bool:

@@ -53,7 +53,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from pipeline.gateway._exchange import EXCHANGE, REQUEST_ID_HEADER, request_id_of
-from pipeline.gateway._shared import READ_TIMED_OUT
+from pipeline.gateway._shared import ON_DISCONNECT, READ_TIMED_OUT
 
 __all__ = ["DISCARD_BYTES", "LINGER", "ConnectionLimits", "GatewayProtocol", "protocol_factory"]
 
@@ -184,6 +184,12 @@ class GatewayProtocol(HttpToolsProtocol):
             self._lingers = False
             _lingering -= 1
         super().connection_lost(exc)
+        cycle = self.cycle
+        if cycle is not None and cycle.disconnected:
+            scope: Any = cycle.scope
+            on_disconnect = scope.get(ON_DISCONNECT)
+            if on_disconnect is not None:
+                on_disconnect()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
@@ -268,6 +274,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._in_body = True
         if self._deadline is not None:
             self._cancel_deadline()
+        # The app may leave a callable here: it is called if the client leaves early.
+        self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

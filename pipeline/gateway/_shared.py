@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from pipeline._forward import Forward
 from pipeline.client import ChatClient
 from pipeline.gateway.settings import GatewaySettings
 from pipeline.gateway.wire import ChatRequest, WireError
@@ -21,8 +22,10 @@ from pipeline.types import ChatResponse, ChatResponseUpdate
 
 __all__ = [
     "NO_KEY",
+    "ON_DISCONNECT",
     "READ_TIMED_OUT",
     "SSE_HEADERS",
+    "Forwarder",
     "GatewayState",
     "InboundFormat",
     "ServedTarget",
@@ -34,6 +37,11 @@ NO_KEY = ""
 
 READ_TIMED_OUT = "chat_pipeline.read_timed_out"
 """Scope key the connection sets when the request's body did not arrive in time."""
+
+ON_DISCONNECT = "chat_pipeline.on_disconnect"
+"""Scope key the gateway's connections set (to None) on every request: the callable the app
+leaves there is called when the client goes away before the response is complete (so the
+app need not wait on ``receive`` in a task of its own to find out)."""
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -47,10 +55,10 @@ SSE_HEADERS = [
 class StreamEncoder(Protocol):
     """The events of one streamed answer in an inbound format."""
 
-    def update(self, update: ChatResponseUpdate) -> str:
+    def update(self, update: ChatResponseUpdate) -> str | bytes:
         """The events for one update ("" when it carries nothing to send)."""
 
-    def end(self) -> str:
+    def end(self) -> str | bytes:
         """The events that end a complete stream."""
 
     def error(self, error: WireError) -> str:
@@ -91,6 +99,32 @@ class InboundFormat(Protocol):
         """The encoder of one streamed answer."""
 
 
+class Forwarder(Protocol):
+    """The forwarded path of an inbound format (`pipeline._forward`): which requests may go
+    as their clients wrote them, and how the providers' own answers are written back."""
+
+    def forward(self, request: ChatRequest) -> Forward | None:
+        """The request's `Forward`, or None when its body cannot go as it came."""
+
+    def completion(
+        self, payload: Any, request: ChatRequest, *, response_id: str, created: int
+    ) -> bytes | None:
+        """The body of a whole answer from the provider's payload, or None to write the
+        parsed answer."""
+
+    def encoder(
+        self,
+        parsed: StreamEncoder,
+        request: ChatRequest,
+        *,
+        model: str,
+        response_id: str,
+        created: int,
+    ) -> StreamEncoder:
+        """The encoder of a stream whose updates may carry the provider's events (`parsed`
+        writes the others)."""
+
+
 class ServedTarget(Protocol):
     """What the handler needs of what a model name serves (`pipeline.gateway.app.Target`)."""
 
@@ -100,6 +134,13 @@ class ServedTarget(Protocol):
     def instructions(self) -> str | None: ...
     @property
     def route(self) -> str | None: ...
+    @property
+    def forwards(self) -> bool:
+        """Whether a client below may forward requests (`pipeline._forward`)."""
+
+    @property
+    def caches(self) -> bool:
+        """Whether a response cache is among its layers."""
 
 
 class GatewayState(Protocol):

@@ -42,7 +42,7 @@ from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_PATH, URL_SCHEME
 from opentelemetry.semconv.metrics.http_metrics import HTTP_SERVER_REQUEST_DURATION
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import ProxyTracerProvider, SpanKind
 
 from pipeline._genai import ERROR_STATUS
 from pipeline._metrics import duration_histogram
@@ -83,7 +83,7 @@ class TelemetryMiddleware:
     """Traces, measures and logs each request of one inbound format's endpoint (see the
     module docstring)."""
 
-    __slots__ = ("_bases", "_duration", "_route", "_tracer", "app")
+    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer", "app")
 
     def __init__(
         self,
@@ -97,6 +97,9 @@ class TelemetryMiddleware:
         self._route = route
         self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
+        # With no provider given, spans are made once a global one is set (until then the
+        # API's would record nothing: the span and its context are skipped).
+        self._global = tracer_provider is None
         self._duration = duration_histogram(
             meter(GATEWAY_SCOPE, meter_provider),
             HTTP_SERVER_REQUEST_DURATION,
@@ -106,6 +109,12 @@ class TelemetryMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
         method = scope["method"]
+        if self._global and isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
+            try:  # no tracing: the API's span would be invalid, its context change nothing
+                await self.app(scope, receive, send)
+            finally:
+                self._finish(None, exchange, method, scope)
+            return
         carrier = exchange.carrier
         parent = propagate.extract(carrier) if carrier else None
         span = self._tracer.start_span(
@@ -147,7 +156,9 @@ class TelemetryMiddleware:
         attributes[GATEWAY_REQUEST_ID] = (request_id,)
         return attributes
 
-    def _finish(self, span: trace.Span, exchange: Exchange, method: str, scope: Scope) -> None:
+    def _finish(
+        self, span: trace.Span | None, exchange: Exchange, method: str, scope: Scope
+    ) -> None:
         status = exchange.status
         failure = exchange.failure
         duration = time.perf_counter() - exchange.started
@@ -168,7 +179,7 @@ class TelemetryMiddleware:
             attributes[ERROR_TYPE] = error_type
         self._duration.record(duration, attributes)
         route, attempts, fallback, served = _story(exchange)
-        if span.is_recording():
+        if span is not None and span.is_recording():
             ending: dict[str, Any] = {}
             if status:
                 ending[HTTP_RESPONSE_STATUS_CODE] = status
@@ -189,7 +200,8 @@ class TelemetryMiddleware:
                 ending[ERROR_TYPE] = error_type
                 span.set_status(ERROR_STATUS)
             span.set_attributes(ending)
-        span.end()
+        if span is not None:
+            span.end()
         level = logging.INFO
         if exchange.disconnected:
             outcome = "client disconnected"

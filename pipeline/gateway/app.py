@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fnmatch
 import gc
 import logging
@@ -59,6 +60,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route, request_response
 
+from pipeline._forward import forwarding_clients
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway._admin import KeysAdmin
@@ -78,6 +80,7 @@ from pipeline.gateway._exchange import (
     enter_request_id,
     exit_request_id,
 )
+from pipeline.gateway._forwarding import CHAT_FORWARDER
 from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
@@ -131,11 +134,14 @@ _BOOK_PROVIDERS = {
 class Target:
     """What a model name serves: the pipeline or one route (with its instructions), and
     the route it serves when that is known before the request (a route by name, or a
-    pipeline without a router)."""
+    pipeline without a router); whether a client below may forward requests
+    (`pipeline._forward`), and whether a response cache is among its layers."""
 
     client: ChatClient
     instructions: str | None = None
     route: str | None = None
+    forwards: bool = False
+    caches: bool = False
 
 
 class Gateway:
@@ -245,6 +251,9 @@ class Gateway:
                 self._closers.append(client.aclose)
             if self.governance.governor is not None:
                 built = {name: self._metered(target) for name, target in built.items()}
+            built = _with_forwarding(
+                built, caches=config.cache is not None and config.cache.enabled
+            )
             targets = {model: built[target] for model, target in self.models.items()}
             self.targets = {m: t for m, t in targets.items() if not is_pattern(m)}
             self._patterns = [(m, t) for m, t in targets.items() if is_pattern(m)]
@@ -256,14 +265,16 @@ class Gateway:
             await self._close()
             raise
         self.ready = True
-        if self.spend is not None:
-            # The spend ledger's price data (genai-prices: some 50,000 objects) lives as long
-            # as the worker: moved out of the collector's sight, a full collection no longer
-            # walks it (on a loaded 2-core machine, 115 ms instead of 17 ms each, which cost
-            # requests a tenth of their CPU). Undone when the worker stops.
-            gc.collect()
-            gc.freeze()
-            self._frozen = True
+        # What the worker built lives as long as it does (the modules, the pipeline, and with
+        # [spend] the price data of genai-prices: some 50,000 objects): moved out of the
+        # collector's sight, a full collection no longer walks it (with the price data, 115
+        # ms instead of 17 ms each on a loaded 2-core machine, a tenth of the requests' CPU;
+        # without, 5-10% of a streamed request's instructions). Undone when the worker stops.
+        # The young objects are collected first; a full collection only with the price data
+        # (it takes a tenth of a second in a large process).
+        gc.collect() if self.spend is not None else gc.collect(1)
+        gc.freeze()
+        self._frozen = True
         self._log_start()
 
     def target(self, model: str) -> Target | None:
@@ -432,6 +443,23 @@ class Gateway:
         return all(value == "ok" for value in checks.values()), checks
 
 
+def _with_forwarding(targets: dict[str, Target], *, caches: bool) -> dict[str, Target]:
+    """`targets` with what forwards and caches: the clients below layers that keep the
+    providers' answers whole (in every target) are told to forward (`pipeline._forward`)."""
+    forwarding = forwarding_clients(target.client for target in targets.values())
+    for client in forwarding:
+        client.forwarding = True
+    allowed = {id(client) for client in forwarding}
+    return {
+        name: dataclasses.replace(
+            target,
+            forwards=any(id(c) in allowed for c in forwarding_clients([target.client])),
+            caches=caches,
+        )
+        for name, target in targets.items()
+    }
+
+
 def _stored_responses(
     settings: GatewaySettings, store: ResponseStore | None
 ) -> StoredResponses | None:
@@ -525,7 +553,8 @@ def _format_endpoint(
         if format is RESPONSES:
             stored = gateway.stored_responses
             hooks = stored if stored is not None else NoStoredResponses()
-        inner = FormatHandler(gateway, format, hooks)
+        forwarder = CHAT_FORWARDER if format is CHAT_COMPLETIONS else None
+        inner = FormatHandler(gateway, format, hooks, forwarder)
         governance = gateway.governance
         if governance.active:
             inner = GovernanceMiddleware(inner, governance=governance, path=format.path)
@@ -660,7 +689,8 @@ def create_app(
                 if on_shutdown is not None:
                     on_shutdown()
 
-    app = Starlette(
+    app = _GatewayApp(
+        stacks,
         routes=routes,
         middleware=[
             Middleware(_FormatEndpoints, endpoints=stacks, stored=stored),
@@ -671,3 +701,22 @@ def create_app(
     )
     app.state.gateway = gateway
     return app
+
+
+class _GatewayApp(Starlette):
+    """The Starlette app, with the inbound formats' paths sent straight to their stacks:
+    those handle every failure of theirs (Starlette's error layer would only wrap each
+    request and its every ``send`` in one more call)."""
+
+    def __init__(self, formats: dict[str, ASGIApp], **options: Any) -> None:
+        super().__init__(**options)
+        self._formats = formats
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A coroutine function: servers tell ASGI 3 apps from ASGI 2 ones by that.
+        if scope["type"] == "http":
+            endpoint = self._formats.get(scope["path"])
+            if endpoint is not None:
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)

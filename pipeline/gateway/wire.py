@@ -69,6 +69,7 @@ __all__ = [
     "parse_request",
     "request_object",
     "unsupported_parameter",
+    "usage_payload",
     "user_of",
 ]
 
@@ -101,6 +102,8 @@ class ChatRequest:
     none."""
     caller: dict[str, str] | None = None
     """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
+    body: dict[str, Any] | None = None
+    """The body's JSON object as it came (a Chat Completions one: the forwarded path's)."""
 
 
 def user_of(payload: Mapping[str, Any]) -> str | None:
@@ -429,6 +432,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         tool_names=names,
         user=user_of(payload),
         caller=caller_of(payload),
+        body=payload,
     )
 
 
@@ -465,6 +469,10 @@ def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
     if usage.reasoning_tokens is not None:
         body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
     return body
+
+
+usage_payload = _usage
+"""A ``usage`` object of an answer (None for no usage)."""
 
 
 def _call_payload(call: FunctionCallContent, index: int | None) -> dict[str, Any]:

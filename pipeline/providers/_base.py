@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import httpx2
 
+from pipeline._forward import Forward, current_forward
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
 from pipeline.errors import (
     FailureKind,
@@ -21,6 +22,7 @@ from pipeline.errors import (
     UnsendableRequestError,
     provider_error,
 )
+from pipeline.providers._forwarding import ForwardedReads
 from pipeline.providers._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Deadline,
@@ -93,6 +95,9 @@ class HTTPChatClient(AsyncClosing):
     extras_scope: ClassVar[str | None] = None
     # The API in words, for the errors that name it ("the OpenAI Responses API").
     api_name: ClassVar[str] = ""
+    # The API whose requests this format may forward as a client wrote them
+    # (`pipeline._forward`); None: it never forwards.
+    forward_api: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -145,6 +150,9 @@ class HTTPChatClient(AsyncClosing):
             self._status_error,
         )
         self._dynamic_headers = type(self)._request_headers is not HTTPChatClient._request_headers
+        # Set by the gateway for a client below layers that keep raw answers only
+        # (`pipeline._forward.forwarding_clients`): it forwards the requests it may.
+        self.forwarding = False
         self._signs = type(self)._signed is not HTTPChatClient._signed
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.
@@ -269,6 +277,18 @@ class HTTPChatClient(AsyncClosing):
                 f"the request cannot be sent: {exc}", provider=self.provider_name
             ) from exc
 
+    def _forward_for(self, messages: Messages, options: ChatOptions | None) -> Forward | None:
+        """The current request's `Forward` when this client forwards it: of its API, and
+        handed what the gateway parsed (no layer above changed it)."""
+        forward = current_forward()
+        if forward is None or forward.api != self.forward_api:
+            return None
+        return forward if forward.matches(messages, options) else None
+
+    def _forwarded_body(self, forward: Forward, options: ChatOptions | None, stream: bool) -> bytes:
+        """The body of a forwarded request (a format with a `forward_api` says)."""
+        raise NotImplementedError
+
     def _refuse_untranslated(self, untranslated: Any) -> None:
         """Refuse values only another API's routes can take (`UNTRANSLATED`): this API has
         no word for them, and dropping them would change what the caller asked."""
@@ -284,7 +304,11 @@ class HTTPChatClient(AsyncClosing):
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
-        body = self._prepare(messages, options, stream=False)
+        forward = self._forward_for(messages, options) if self.forwarding else None
+        if forward is None:
+            body = self._prepare(messages, options, stream=False)
+        else:
+            body = self._forwarded_body(forward, options, False)
         # Static headers skip the coroutine: this is per request.
         headers = await self._request_headers() if self._dynamic_headers else self._headers
         extra = self._extra_headers(options)
@@ -296,16 +320,29 @@ class HTTPChatClient(AsyncClosing):
         payload = await self._transport.post_json(
             target, body, traced(headers), self.provider_name, where
         )
-        return self._parse_response_for(payload, options)
+        response = self._parse_response_for(payload, options)
+        if forward is not None:
+            response.raw_representation = payload
+        return response
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        forward = self._forward_for(messages, options) if self.forwarding else None
+        if forward is None:
+            return self._stream(
+                self._prepare(messages, options, stream=True),
+                self._stream_reader_for(options),
+                self._extra_headers(options),
+                self._destination(options, True),
+            )
+        reader = self._stream_reader_for(options)
         return self._stream(
-            self._prepare(messages, options, stream=True),
-            self._stream_reader_for(options),
+            self._forwarded_body(forward, options, True),
+            reader,
             self._extra_headers(options),
             self._destination(options, True),
+            ForwardedReads(reader),
         )
 
     async def _stream(
@@ -314,6 +351,7 @@ class HTTPChatClient(AsyncClosing):
         reader: StreamReader,
         extra: Mapping[str, str] | None = None,
         destination: tuple[Any, str] | None = None,
+        forwarded: ForwardedReads | None = None,
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
@@ -336,10 +374,17 @@ class HTTPChatClient(AsyncClosing):
                 raise transport_error(exc, provider, where) from exc
             idle = self.stream_idle_timeout
             while batch is not None:
-                for payload in batch:
-                    update = reader.feed(payload)
+                if forwarded is None:
+                    for payload in batch:
+                        update = reader.feed(payload)
+                        if update is not None:
+                            yield update
+                else:  # one update a read, keeping its events
+                    update, failure = forwarded.read(batch)
                     if update is not None:
                         yield update
+                    if failure is not None:
+                        raise failure
                 if payloads.done:
                     break
                 if payloads.failure is not None:
@@ -365,7 +410,7 @@ class HTTPChatClient(AsyncClosing):
                     await drain(read)
             except errors as exc:
                 raise transport_error(exc, provider, where) from exc
-            tail = reader.finish()
+            tail = reader.finish() if forwarded is None else forwarded.finish()
             if tail is not None:
                 yield tail
         finally:

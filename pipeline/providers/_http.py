@@ -24,8 +24,8 @@ import httpx2
 from opentelemetry.propagate import inject
 from opentelemetry.trace import get_current_span
 
+from pipeline._json_codec import loads
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
-from pipeline.providers._sse import scan_json
 from pipeline.providers._wire import error_from_payload, malformed
 
 __all__ = [
@@ -225,11 +225,7 @@ def positive_bytes(value: object, name: str) -> int:
 def decode_json(body: bytes, provider: str) -> Any:
     """A response body's JSON (UTF-8, or UTF-16/32 as `json.loads` detects them)."""
     try:
-        try:
-            text = body.decode()
-        except UnicodeDecodeError:
-            return json.loads(body)
-        return scan_json(text)  # the C scanner, without json.loads's frames around it
+        return loads(body)
     except ValueError:
         raise malformed(provider, "the body is not JSON") from None
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import codecs
-import json
-import json.scanner
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
+from pipeline._json_codec import loads
 from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._wire import error_from_payload, malformed
 
@@ -219,22 +218,9 @@ class Utf8Lines:
         return [line for line in _LINE_END.split(tail) if line]
 
 
-# The C scanner behind json.loads, called directly: json.loads spends three Python calls
-# and two regex matches around it, for every chunk of every stream.
-# (typeshed types the scanner's context as a scanner; any decoder's settings will do.)
-_scan_json = json.scanner.make_scanner(cast(Any, json.JSONDecoder()))
-
-
 def scan_json(data: str) -> Any:
-    """`json.loads(data)`, with the C scanner called directly when `data` starts with a
-    JSON value (ValueError for what is not JSON)."""
-    try:
-        value, end = _scan_json(data, 0)
-    except StopIteration:
-        return json.loads(data)  # leading whitespace, or not JSON: json.loads decides
-    if end != len(data) and data[end:].strip():
-        raise ValueError("extra data after the JSON value")
-    return value
+    """`json.loads(data)` (ValueError for what is not JSON), by `pipeline._json_codec`."""
+    return loads(data)
 
 
 class Payloads(Protocol):

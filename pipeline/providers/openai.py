@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypedDict
 
 import httpx2
 
+from pipeline._forward import CHAT_COMPLETIONS, Forward
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._chat_completions import (
@@ -37,6 +38,7 @@ from pipeline.providers._chat_completions import (
     build_request,
     parse_response,
 )
+from pipeline.providers._forwarding import chat_completions_body
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages, custom_tool_names
 
@@ -140,6 +142,7 @@ class OpenAIChatClient(OpenAIAPIClient):
 
     max_tokens_field = "max_completion_tokens"
     api_name = "the Chat Completions API"
+    forward_api: ClassVar[str | None] = CHAT_COMPLETIONS
 
     def __init__(
         self,
@@ -195,6 +198,15 @@ class OpenAIChatClient(OpenAIAPIClient):
             model=self._request_model(options),
             stream=stream,
             max_tokens_field=self.max_tokens_field,
+        )
+
+    def _forwarded_body(self, forward: Forward, options: ChatOptions | None, stream: bool) -> bytes:
+        return chat_completions_body(
+            forward,
+            model=self._request_model(options),
+            max_tokens_field=self.max_tokens_field,
+            max_tokens=options.max_output_tokens if options is not None else None,
+            stream=stream,
         )
 
     def _parse_response(self, payload: Any) -> ChatResponse:

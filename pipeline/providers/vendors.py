@@ -55,6 +55,8 @@ class _VendorChatClient(OpenAIChatClient):
     """Request fields the vendor names otherwise: sent under its name."""
     names_messages: ClassVar[bool] = True
     """Whether the vendor takes a message's ``name`` (`ChatMessage.author_name`)."""
+    # A vendor's wire differs from OpenAI's: every request is encoded for it.
+    forward_api: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

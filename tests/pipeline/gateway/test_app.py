@@ -796,11 +796,14 @@ async def test_a_fault_of_the_gateway_itself_is_500_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     import pipeline.gateway._chat_completions as chat_completions
+    from pipeline.gateway._forwarding import CHAT_FORWARDER
 
     def broken(*args: object, **kwargs: object) -> bytes:
         raise RuntimeError("a bug")
 
+    # The answer's encoder on either path: the parsed one, and the forwarded one.
     monkeypatch.setattr(chat_completions, "completion", broken)
+    monkeypatch.setattr(CHAT_FORWARDER, "completion", broken)
     client = one_route.client()
     with pytest.raises(openai.InternalServerError) as raised:
         await ask(client, False)

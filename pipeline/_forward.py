@@ -1,0 +1,101 @@
+"""The forwarded path: a request sent on as its client wrote it, and the provider's own
+answer sent back, when the client's API and the route's are the same.
+
+The gateway makes a `Forward` for a request it parsed (the client's body, checked, and what
+it parsed from it) and makes it current while the pipeline runs (`enter_forward`). A
+provider client the gateway let forward (`forwarding`), of the same API, that is handed
+exactly what the gateway parsed (no layer changed the messages or the options) sends the
+client's body with its own model instead of encoding the request again, and answers with
+its provider's payload kept on the response (`ChatResponse.raw_representation`; a stream's
+updates keep the events of each read). Layers in between see the same responses and
+updates as ever, so routing, failover before output, retries, breakers, telemetry and spend
+work as they do on the parsed path.
+
+A provider may forward only below layers that pass answers on untouched
+(`keeps_raw_answers`, a class attribute every such layer sets): `forwarding_clients` finds
+them, so a cache, a response validation or a layer of the user's own keeps its provider on
+the parsed path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.types import ChatMessage, ChatOptions
+
+__all__ = [
+    "CHAT_COMPLETIONS",
+    "Forward",
+    "current_forward",
+    "enter_forward",
+    "exit_forward",
+    "forwarding_clients",
+]
+
+CHAT_COMPLETIONS = "chat_completions"
+"""The API name of OpenAI's Chat Completions (`Forward.api`, a provider's ``forward_api``)."""
+
+
+class Forward:
+    """One request's client body (`body`: a JSON object, checked and without what the
+    gateway drops; its ``model`` is the route's to set) and what the gateway parsed from it
+    (`messages`, `options`): a provider forwards the body only when it is handed those."""
+
+    __slots__ = ("api", "body", "messages", "options")
+
+    def __init__(
+        self, api: str, body: dict[str, Any], messages: list[ChatMessage], options: ChatOptions
+    ) -> None:
+        self.api = api
+        self.body = body
+        self.messages = messages
+        self.options = options
+
+    def matches(self, messages: Any, options: ChatOptions | None) -> bool:
+        """Whether `messages` and `options` are what the body says (the same, or equal:
+        routers copy the list and clone the options)."""
+        return (options is self.options or options == self.options) and (
+            messages is self.messages or messages == self.messages
+        )
+
+
+_forward: contextvars.ContextVar[Forward | None] = contextvars.ContextVar(
+    "chat_pipeline_forward", default=None
+)
+current_forward = _forward.get
+"""The current request's `Forward`, or None (the parsed path)."""
+enter_forward = _forward.set
+exit_forward = _forward.reset
+
+
+def forwarding_clients(roots: Iterable[Any]) -> list[Any]:
+    """The clients below `roots` that speak an API of their own (a ``forward_api``) and
+    that every path from a root reaches through layers keeping raw answers only
+    (``keeps_raw_answers``): those may forward. A client reached through any other layer,
+    or through a router whose routes are not known (``owned_clients`` empty), is left out."""
+    safe: dict[int, tuple[Any, bool]] = {}
+    pending: list[tuple[Any, bool]] = [(root, True) for root in roots]
+    seen: set[tuple[int, bool]] = set()
+    while pending:  # bounded: each (client, safety) is visited once
+        client, ok = pending.pop()
+        if (id(client), ok) in seen:
+            continue
+        seen.add((id(client), ok))
+        if getattr(client, "forward_api", None) is not None:
+            known = safe.get(id(client))
+            safe[id(client)] = (client, ok and (known is None or known[1]))
+            continue
+        passes = ok and getattr(client, "keeps_raw_answers", False) is True
+        below: list[Any] = []
+        for name in ("client", "inner"):
+            child = getattr(client, name, None)
+            if child is not None:
+                below.append(child)
+        owned = getattr(client, "owned_clients", None)
+        if callable(owned):
+            below.extend(owned())
+        pending.extend((child, passes) for child in below)
+    return [client for client, ok in safe.values() if ok]

@@ -1,0 +1,262 @@
+"""The gateway's side of the forwarded path (`pipeline._forward`) for Chat Completions: a
+body the route may get as the client wrote it, and the provider's own answer written back.
+
+`ChatForwarder.forward` says whether a parsed request may be forwarded: its body decoded
+exactly (`pipeline.gateway._json.decoded_exactly`) and every message in a shape the parsed
+path would send unchanged (string contents, no ``developer`` role, no field the parse leaves
+out); the body goes without the fields the parse drops (`parse_request`: the caller's and
+storage fields) and without empty or null ones. Then a provider that forwards it answers
+with its payload, and:
+
+* a whole answer is the provider's body with the gateway's ``id`` and ``created``, when
+  its choice is in the shape the parsed path writes (a known finish reason, a served model
+  named, reasoning under ``reasoning_content``); else the parsed answer is written;
+* a stream is the provider's events with the gateway's ``id`` and ``created`` (finish
+  reasons and reasoning named as the parsed path names them), without the usage the
+  client did not ask for, one write per read of the upstream; tool calls are written whole,
+  one chunk each, where the parsed path writes them (the upstream's pieces of them are
+  not); a finish chunk or usage chunk the upstream did not send is written at the end as
+  the parsed path writes it, then ``[DONE]``. Updates that carry no events (a route that
+  did not forward) are written by the parsed encoder.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline._forward import CHAT_COMPLETIONS, Forward
+from pipeline._json_codec import dumps
+from pipeline.gateway._json import decoded_exactly
+from pipeline.gateway._shared import StreamEncoder
+from pipeline.gateway.wire import ChatRequest, WireError, finish_reason, usage_payload
+from pipeline.types import ChatResponseUpdate, FinishReason, FunctionCallContent, UsageDetails
+
+__all__ = ["CHAT_FORWARDER", "ChatForwarder", "ForwardedChunks"]
+
+# What `parse_request` accepts and drops: the caller's and the storage's fields.
+_NOT_SENT = frozenset(
+    {"store", "metadata", "service_tier", "user", "safety_identifier", "prompt_cache_key"}
+)
+_ROLES = frozenset({"system", "user", "assistant", "tool"})
+_MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
+_CALL_FIELDS = frozenset({"id", "type", "function"})
+_FUNCTION_FIELDS = frozenset({"name", "arguments"})
+_FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
+
+
+def _sent_unchanged(message: Any) -> bool:
+    """Whether the parsed path would send `message` as it is (up to JSON spacing)."""
+    if type(message) is not dict or not _MESSAGE_FIELDS.issuperset(message):
+        return False
+    if message.get("role") not in _ROLES:
+        return False
+    content = message.get("content")
+    if type(content) is not str and not (content is None and message["role"] == "assistant"):
+        return False
+    name = message.get("name")
+    if name is not None and (type(name) is not str or not name):
+        return False
+    calls = message.get("tool_calls")
+    if calls is not None:
+        for call in calls:
+            if type(call) is not dict or not _CALL_FIELDS.issuperset(call):
+                return False
+            function = call.get("function")
+            if type(function) is not dict or not _FUNCTION_FIELDS.issuperset(function):
+                return False
+            if type(function.get("arguments")) is not str or type(call.get("id")) is not str:
+                return False
+    return True
+
+
+class ChatForwarder:
+    """The forwarded path of the Chat Completions format (see the module docstring)."""
+
+    def forward(self, request: ChatRequest) -> Forward | None:
+        """The request's `Forward`, or None when its body cannot go as it came."""
+        payload = request.body
+        if payload is None or not decoded_exactly():
+            return None
+        for message in payload["messages"]:
+            if not _sent_unchanged(message):
+                return None
+        body = {
+            key: value
+            for key, value in payload.items()
+            if value is not None and key not in _NOT_SENT
+        }
+        if not body.get("tools"):  # none offered: no choice among them either
+            body.pop("tools", None)
+            body.pop("tool_choice", None)
+        if body.get("stop") == []:
+            del body["stop"]
+        return Forward(CHAT_COMPLETIONS, body, request.messages, request.options)
+
+    def completion(
+        self, payload: Any, request: ChatRequest, *, response_id: str, created: int
+    ) -> bytes | None:
+        """The provider's answer with the gateway's id, or None to write the parsed one."""
+        choices = payload.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        message = choice.get("message")
+        model = payload.get("model")
+        if (
+            choice.get("finish_reason") not in _FINISH_REASONS
+            or type(message) is not dict
+            or "reasoning" in message
+            or type(model) is not str
+            or not model
+        ):
+            return None
+        payload["id"] = response_id
+        payload["created"] = created
+        return dumps(payload)
+
+    def encoder(
+        self,
+        parsed: StreamEncoder,
+        request: ChatRequest,
+        *,
+        model: str,
+        response_id: str,
+        created: int,
+    ) -> StreamEncoder:
+        """The encoder of a stream whose updates may carry the provider's events."""
+        return ForwardedChunks(
+            parsed,
+            model=model,
+            response_id=response_id,
+            created=created,
+            include_usage=request.include_usage,
+        )
+
+
+CHAT_FORWARDER = ChatForwarder()
+
+
+class ForwardedChunks:
+    """A Chat Completions stream of forwarded events (see the module docstring); a stream
+    of parsed updates goes to `parsed`."""
+
+    __slots__ = (
+        "_called_tools",
+        "_calls_primed",
+        "_created",
+        "_finish",
+        "_finished",
+        "_id",
+        "_include_usage",
+        "_model",
+        "_parsed",
+        "_raw",
+        "_usage",
+        "_usage_sent",
+    )
+
+    def __init__(
+        self,
+        parsed: StreamEncoder,
+        *,
+        model: str,
+        response_id: str,
+        created: int,
+        include_usage: bool,
+    ) -> None:
+        self._parsed = parsed
+        self._model = model
+        self._id = response_id
+        self._created = created
+        self._include_usage = include_usage
+        self._raw = False  # an update carried events
+        self._finished = False  # a finish chunk was written
+        self._usage_sent = False
+        self._finish: str | None = None
+        self._usage: UsageDetails | None = None
+        self._called_tools = False
+        self._calls_primed = False  # the parsed encoder knows its role chunk went out
+
+    def update(self, update: ChatResponseUpdate) -> str | bytes:
+        events = update.raw_representation
+        if events is None:
+            return self._parsed.update(update)
+        self._raw = True
+        if update.finish_reason is not None:
+            self._finish = update.finish_reason
+        if update.usage is not None:
+            self._usage = update.usage if self._usage is None else self._usage + update.usage
+        calls = [c for c in update.contents if type(c) is FunctionCallContent]
+        if calls:
+            self._called_tools = True
+        out = []
+        include_usage = self._include_usage
+        for event in events:
+            if "usage" in event:
+                if not include_usage:
+                    if event.get("choices") == []:
+                        continue  # the usage chunk, which the client did not ask for
+                    del event["usage"]
+                else:
+                    self._usage_sent = True
+            event["id"] = self._id
+            event["created"] = self._created
+            choices = event.get("choices")
+            if choices:
+                choice = choices[0]
+                delta = choice.get("delta")
+                if type(delta) is dict and "tool_calls" in delta:
+                    del delta["tool_calls"]  # a piece of a call: the calls are written whole
+                    if choice.get("finish_reason") is None and all(
+                        value is None or key == "role" for key, value in delta.items()
+                    ):
+                        continue  # nothing else in it
+                reason = choice.get("finish_reason")
+                if reason is not None and calls:
+                    out.append(self._whole_calls(calls))
+                    calls = []
+                if reason is not None:
+                    self._finished = True
+                    if reason not in _FINISH_REASONS:
+                        choice["finish_reason"] = finish_reason(reason, self._called_tools)
+                if type(delta) is dict and "reasoning" in delta:
+                    delta.setdefault("reasoning_content", delta.pop("reasoning"))
+            out.append(b"data: " + dumps(event) + b"\n\n")
+        if calls:  # calls the stream's end completed (no finish reason came)
+            out.append(self._whole_calls(calls))
+        return b"".join(out)
+
+    def _whole_calls(self, calls: list[FunctionCallContent]) -> bytes:
+        """The parsed path's chunks of whole tool calls."""
+        parsed = self._parsed
+        if not self._calls_primed:
+            self._calls_primed = True
+            parsed.update(ChatResponseUpdate())  # its role chunk: written already
+        return _bytes(parsed.update(ChatResponseUpdate(contents=list(calls))))
+
+    def end(self) -> str | bytes:
+        if not self._raw:
+            return self._parsed.end()
+        out = []
+        head = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+        }
+        if not self._finished:
+            reason = finish_reason(self._finish, self._called_tools)
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+            out.append(b"data: " + dumps({**head, "choices": [choice]}) + b"\n\n")
+        if self._include_usage and not self._usage_sent:
+            usage = usage_payload(self._usage)
+            out.append(b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
+        out.append(b"data: [DONE]\n\n")
+        return b"".join(out)
+
+    def error(self, error: WireError) -> str:
+        return self._parsed.error(error)
+
+
+def _bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data

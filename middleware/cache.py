@@ -91,15 +91,20 @@ from pipeline.types import (
     ChatResponseUpdate,
     ChatRole,
     Content,
+    CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     Messages,
+    RawTool,
     ReasoningContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
     as_messages,
+    unknown_content,
 )
 
 if TYPE_CHECKING:
@@ -426,10 +431,23 @@ def _canonical(value: Any) -> bytes:
 
 
 def _tool_shape(tool: Any) -> Any:
-    if isinstance(tool, dict):
-        return tool
+    """What the key holds of a tool: everything a route may send of it."""
+    match tool:
+        case RawTool():
+            return {"$raw": tool.api, "body": dict(tool.body)}
+        case CustomTool():
+            return {"$custom": tool.name, "description": tool.description, "format": tool.format}
+        case FunctionTool():
+            return {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+                "fields": tool.additional_properties,
+            }
+        case dict():
+            return tool  # the deprecated untyped form, as given
     name = getattr(tool, "name", None)
-    if isinstance(name, str):
+    if isinstance(name, str):  # any other tool definition
         return {
             "name": name,
             "description": getattr(tool, "description", None),
@@ -465,33 +483,29 @@ class _Hasher:
 
 
 def _feed_content(hasher: _Hasher, content: Content) -> None:
-    kind = type(content)
-    if kind is TextContent:
-        hasher.text(b"T", content.text)  # type: ignore[union-attr]
-    elif kind is FunctionCallContent:
-        assert isinstance(content, FunctionCallContent)
-        hasher.text(b"C", content.call_id)
-        hasher.text(b"N", content.name)
-        hasher.data(b"A", _canonical(dict(content.arguments)))
-    elif kind is FunctionResultContent:
-        assert isinstance(content, FunctionResultContent)
-        hasher.text(b"R", content.call_id)
-        hasher.data(b"V", _canonical(content.result))
-        error = content.exception
-        hasher.text(b"E", None if error is None else f"{type(error).__qualname__}:{error}")
-    elif kind is DataContent:
-        assert isinstance(content, DataContent)
-        hasher.data(b"D", content.data or b"")
-        hasher.text(b"U", content.uri)
-        hasher.text(b"M", content.media_type)
-    elif kind is ReasoningContent:
-        assert isinstance(content, ReasoningContent)
-        hasher.text(b"G", content.text)
-        hasher.text(b"P", content.protected)
-        hasher.text(b"I", content.id)
-        hasher.update(b"X1" if content.redacted else b"X0")
-    else:
-        raise TypeError("no faithful key for this value")
+    match content:
+        case TextContent():
+            hasher.text(b"T", content.text)
+        case FunctionCallContent():
+            hasher.text(b"C", content.call_id)
+            hasher.text(b"N", content.name)
+            hasher.data(b"A", _canonical(dict(content.arguments)))
+        case FunctionResultContent():
+            hasher.text(b"R", content.call_id)
+            hasher.data(b"V", _canonical(content.result))
+            error = content.exception
+            hasher.text(b"E", None if error is None else f"{type(error).__qualname__}:{error}")
+        case DataContent():
+            hasher.data(b"D", content.data or b"")
+            hasher.text(b"U", content.uri)
+            hasher.text(b"M", content.media_type)
+        case ReasoningContent():
+            hasher.text(b"G", content.text)
+            hasher.text(b"P", content.protected)
+            hasher.text(b"I", content.id)
+            hasher.update(b"X1" if content.redacted else b"X0")
+        case _:
+            unknown_content(content)  # a TypeError: no faithful key, the request is not cached
 
 
 _ROLE_FRAMES: dict[str, str] = {role: f"\x1em{role.value}\x1f" for role in ChatRole}
@@ -542,6 +556,9 @@ def _feed_options(hasher: _Hasher, options: ChatOptions | None, per_session: boo
         kind = type(value)
         if kind is str:
             hasher.text(b"s", value)
+        elif kind is ToolChoice:
+            hasher.text(b"c", value.mode)
+            hasher.text(b"t", value.name)  # a named tool: "none" is no NONE
         elif name == "tools":
             hasher.data(b"j", _canonical([_tool_shape(tool) for tool in value]))
         else:

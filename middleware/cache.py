@@ -104,7 +104,6 @@ from pipeline.types import (
     ToolChoice,
     UsageDetails,
     as_messages,
-    unknown_content,
 )
 
 if TYPE_CHECKING:
@@ -431,29 +430,33 @@ def _canonical(value: Any) -> bytes:
 
 
 def _tool_shape(tool: Any) -> Any:
-    """What the key holds of a tool: everything a route may send of it."""
+    """What a tool is to a provider: a mapping (the deprecated untyped form) as it is; a
+    raw tool by its API and body; a custom tool by its kind, name, description and input
+    format; any other definition by its name, description and schema, and a function
+    tool's fields for each API too (but a prompt-cache breakpoint, which changes only the
+    bill)."""
     match tool:
+        case dict():
+            return tool
         case RawTool():
             return {"$raw": tool.api, "body": dict(tool.body)}
         case CustomTool():
             return {"$custom": tool.name, "description": tool.description, "format": tool.format}
-        case FunctionTool():
-            return {
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-                "fields": tool.additional_properties,
-            }
-        case dict():
-            return tool  # the deprecated untyped form, as given
     name = getattr(tool, "name", None)
-    if isinstance(name, str):  # any other tool definition
-        return {
-            "name": name,
-            "description": getattr(tool, "description", None),
-            "parameters": getattr(tool, "parameters", None),
+    if not isinstance(name, str):
+        return tool
+    shape = {
+        "name": name,
+        "description": getattr(tool, "description", None),
+        "parameters": getattr(tool, "parameters", None),
+    }
+    if type(tool) is FunctionTool and tool.additional_properties:
+        fields = {
+            api: {key: value for key, value in extra.items() if key != "cache_control"}
+            for api, extra in tool.additional_properties.items()
         }
-    return tool
+        shape["fields"] = {api: extra for api, extra in fields.items() if extra}
+    return shape
 
 
 _NOT_KEYED = frozenset({"cache", "session_id"})
@@ -483,29 +486,33 @@ class _Hasher:
 
 
 def _feed_content(hasher: _Hasher, content: Content) -> None:
-    match content:
-        case TextContent():
-            hasher.text(b"T", content.text)
-        case FunctionCallContent():
-            hasher.text(b"C", content.call_id)
-            hasher.text(b"N", content.name)
-            hasher.data(b"A", _canonical(dict(content.arguments)))
-        case FunctionResultContent():
-            hasher.text(b"R", content.call_id)
-            hasher.data(b"V", _canonical(content.result))
-            error = content.exception
-            hasher.text(b"E", None if error is None else f"{type(error).__qualname__}:{error}")
-        case DataContent():
-            hasher.data(b"D", content.data or b"")
-            hasher.text(b"U", content.uri)
-            hasher.text(b"M", content.media_type)
-        case ReasoningContent():
-            hasher.text(b"G", content.text)
-            hasher.text(b"P", content.protected)
-            hasher.text(b"I", content.id)
-            hasher.update(b"X1" if content.redacted else b"X0")
-        case _:
-            unknown_content(content)  # a TypeError: no faithful key, the request is not cached
+    kind = type(content)
+    if kind is TextContent:
+        hasher.text(b"T", content.text)  # type: ignore[union-attr]
+    elif kind is FunctionCallContent:
+        assert isinstance(content, FunctionCallContent)
+        hasher.text(b"C", content.call_id)
+        hasher.text(b"N", content.name)
+        hasher.data(b"A", _canonical(dict(content.arguments)))
+    elif kind is FunctionResultContent:
+        assert isinstance(content, FunctionResultContent)
+        hasher.text(b"R", content.call_id)
+        hasher.data(b"V", _canonical(content.result))
+        error = content.exception
+        hasher.text(b"E", None if error is None else f"{type(error).__qualname__}:{error}")
+    elif kind is DataContent:
+        assert isinstance(content, DataContent)
+        hasher.data(b"D", content.data or b"")
+        hasher.text(b"U", content.uri)
+        hasher.text(b"M", content.media_type)
+    elif kind is ReasoningContent:
+        assert isinstance(content, ReasoningContent)
+        hasher.text(b"G", content.text)
+        hasher.text(b"P", content.protected)
+        hasher.text(b"I", content.id)
+        hasher.update(b"X1" if content.redacted else b"X0")
+    else:
+        raise TypeError("no faithful key for this value")
 
 
 _ROLE_FRAMES: dict[str, str] = {role: f"\x1em{role.value}\x1f" for role in ChatRole}

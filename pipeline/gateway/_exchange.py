@@ -34,6 +34,7 @@ __all__ = [
     "ASGIApp",
     "JSON",
     "REQUEST_ID_HEADER",
+    "SESSION_HEADER",
     "Exchange",
     "Message",
     "Receive",
@@ -54,6 +55,9 @@ EXCHANGE = "chat_pipeline.exchange"
 """The ASGI scope key of a request's `Exchange`."""
 
 REQUEST_ID_HEADER = b"x-request-id"
+SESSION_HEADER = b"x-session-id"
+"""The request header carrying the session id (`Exchange.session`: session affinity keeps
+its route)."""
 JSON = [(b"content-type", b"application/json")]
 
 _VALID_ID = re.compile(rb"[\x20-\x7e]{1,256}")
@@ -129,7 +133,7 @@ class Exchange:
                 content_type = value
             elif name == REQUEST_ID_HEADER:
                 request_id = value
-            elif name == b"x-session-id":
+            elif name == SESSION_HEADER:
                 session = value.decode("latin-1")
             elif name == b"x-api-key":
                 x_api_key = value

@@ -81,13 +81,7 @@ def _tool_definition(tool: ChatTool) -> dict[str, Any]:
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:
-            spec = function_spec(definition, API)
-            function: dict[str, Any] = {"name": spec.name}
-            if spec.description:
-                function["description"] = spec.description
-            function["parameters"] = spec.parameters
-            for key, value in spec.fields.items():
-                function.setdefault(key, value)
+            function = function_spec(definition, API).definition("parameters")
             return {"type": "function", "function": function}
 
 

@@ -80,14 +80,7 @@ def _tool(tool: ChatTool) -> dict[str, Any]:
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:
-            spec = function_spec(definition, API)
-            block: dict[str, Any] = {"name": spec.name}
-            if spec.description:
-                block["description"] = spec.description
-            block["input_schema"] = spec.parameters
-            for key, value in spec.fields.items():
-                block.setdefault(key, value)
-            return block
+            return function_spec(definition, API).definition("input_schema")
 
 
 def _data_block(content: DataContent) -> dict[str, Any]:

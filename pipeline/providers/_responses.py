@@ -99,14 +99,7 @@ def tool_definition(tool: ChatTool) -> dict[str, Any]:
                 definition["format"] = dict(custom.format)
             return definition
         case other:
-            spec = function_spec(other, API)
-            definition = {"type": "function", "name": spec.name}
-            if spec.description:
-                definition["description"] = spec.description
-            definition["parameters"] = spec.parameters
-            for key, value in spec.fields.items():
-                definition.setdefault(key, value)
-            return definition
+            return {"type": "function", **function_spec(other, API).definition("parameters")}
 
 
 def _user_content(parts: list[TextContent | DataContent]) -> str | list[dict[str, Any]]:

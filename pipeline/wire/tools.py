@@ -47,6 +47,17 @@ class FunctionSpec(NamedTuple):
     parameters: dict[str, Any]
     fields: Mapping[str, Any]
 
+    def definition(self, schema_key: str) -> dict[str, Any]:
+        """``{"name", "description", <schema_key>: parameters}`` (no description when it
+        has none), with the API's own fields after, never replacing those."""
+        definition: dict[str, Any] = {"name": self.name}
+        if self.description:
+            definition["description"] = self.description
+        definition[schema_key] = self.parameters
+        for key, value in self.fields.items():
+            definition.setdefault(key, value)
+        return definition
+
 
 _NO_FIELDS: Mapping[str, Any] = {}
 

@@ -1,9 +1,10 @@
-"""The gateway under load, against LiteLLM's proxy in front of the same fake upstream.
+"""The gateway under load, against its floors and LiteLLM's proxy, in front of one fake upstream.
 
     python benchmarks/bench_gateway.py                       # both shapes, concurrency 1 and 16
     python benchmarks/bench_gateway.py --litellm-python /path/to/venv/bin/python
     python benchmarks/bench_gateway.py --no-litellm          # our gateway only
     python benchmarks/bench_gateway.py --no-litellm --baseline /path/to/other/checkout
+    python benchmarks/bench_gateway.py --no-litellm --no-scripted --no-full   # the floor table
 
 Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
 (``chat-pipeline fake-server``), ``chat-pipeline serve`` (one worker, one route to the
@@ -20,7 +21,8 @@ server it reports throughput, p50 and p99 latency (to the last byte), and the se
 time per request, read from ``/proc`` (the server process and its children) before and
 after: "per core" is requests per CPU-second of the server. Rounds interleave the servers,
 and the best round of each is kept, so a busy machine slows every server alike; ratios
-compare figures from the same run.
+compare figures from the same run. Last, a table of the gateway against both floors: CPU
+per request and p99 of each, and the ratios gateway / Python floor and gateway / nginx.
 
 LiteLLM runs from the interpreter given by ``--litellm-python`` (default: this one), which
 needs ``pip install 'litellm[proxy]'``.
@@ -42,6 +44,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -360,6 +363,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=True,
         help="also measure the gateway with an in-process scripted route (its own work)",
     )
+    parser.add_argument(
+        "--full",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure the gateway with failover, a breaker and retry in front",
+    )
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the Python floor (_floor.py: a byte-forwarder on the same stack)",
+    )
+    parser.add_argument(
+        "--nginx",
+        action=argparse.BooleanOptionalAction,
+        default=shutil.which("nginx") is not None or Path("/usr/sbin/nginx").exists(),
+        help="measure nginx's proxy_pass (default: when nginx is installed)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
@@ -388,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for (full, suffix), (prefix, env) in itertools.product(variants.items(), checkouts):
                 if full is None and (prefix or not args.scripted):
                     continue
+                if full is True and not args.full:
+                    continue
                 name = prefix + "chat-pipeline serve" + suffix
                 servers.append(
                     stack.enter_context(
@@ -413,6 +436,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         )
                     )
                 )
+            if args.floor:
+                servers.append(
+                    stack.enter_context(
+                        started(
+                            FLOOR,
+                            [
+                                sys.executable,
+                                str(Path(__file__).resolve().parent / "_floor.py"),
+                                "--upstream",
+                                upstream,
+                            ],
+                            ready_path="/readyz",
+                            workdir=workdir,
+                            env={**os.environ, KEYS_VARIABLE: API_KEY},
+                        )
+                    )
+                )
+            if args.nginx:
+                servers.append(stack.enter_context(started_nginx(workdir, upstream)))
             if not args.no_litellm:
                 env = litellm_env()
                 servers.append(
@@ -461,6 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     report(key, best)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    floor_table(results)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -499,6 +542,116 @@ def _fake_upstream(workdir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
+
+
+FLOOR = "Python floor (forwarder)"
+NGINX = "nginx proxy_pass"
+
+NGINX_CONFIG = """\
+worker_processes 1;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log {workdir}/nginx-access.log;
+    client_body_temp_path {workdir}/nginx-body;
+    proxy_temp_path {workdir}/nginx-proxy;
+    fastcgi_temp_path {workdir}/nginx-fastcgi;
+    uwsgi_temp_path {workdir}/nginx-uwsgi;
+    scgi_temp_path {workdir}/nginx-scgi;
+    upstream fake {{ server {upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location = /readyz {{ return 200 "ok"; }}
+        location / {{
+            if ($http_authorization != "Bearer {key}") {{ return 401; }}
+            proxy_pass http://fake;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def started_nginx(workdir: Path, upstream: str) -> Iterator[Server]:
+    """nginx in front of the upstream (one worker, keep-alive to the upstream, the key
+    checked, an access log), pinned to the servers' core."""
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    with contextlib.closing(socket.socket()) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    host = upstream.removeprefix("http://").split("/", 1)[0]
+    config = workdir / "nginx.conf"
+    config.write_text(NGINX_CONFIG.format(workdir=workdir, upstream=host, port=port, key=API_KEY))
+    log = workdir / "nginx.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [nginx, "-p", str(workdir), "-c", str(config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_pinned(SERVER_CORE),  # type: ignore[arg-type]
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # bounded readiness poll of an external process
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("nginx did not start:\n" + log.read_text(errors="replace"))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        yield Server(NGINX, process, port, "/v1/chat/completions", "pipeline", log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGQUIT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
+    """The gateway against its two floors, a row per cell: CPU per request and p99."""
+    gateway = "chat-pipeline serve"
+    rows = []
+    for key, servers in results.items():
+        ours, floor, nginx = servers.get(gateway), servers.get(FLOOR), servers.get(NGINX)
+        if ours is None or (floor is None and nginx is None):
+            continue
+        rows.append((key, ours, floor, nginx))
+    if not rows:
+        return
+    print("\nthe gateway against its floors (CPU ms per request; p99 ms)")
+    print(
+        f"  {'cell':34} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
+        f"{'gw/nginx':>9} {'p99 gw':>8} {'p99 fl':>8} {'p99 ngx':>8} {'p99 gw/fl':>9}"
+    )
+
+    def cpu(r: Result | None) -> str:
+        return f"{r.cpu_per_request * 1000:8.3f}" if r else f"{'-':>8}"
+
+    def p99(r: Result | None) -> str:
+        return f"{r.p99 * 1000:8.2f}" if r else f"{'-':>8}"
+
+    def ratio(a: float, b: Result | None, field: str) -> str:
+        return f"{a / getattr(b, field):9.2f}" if b else f"{'-':>9}"
+
+    for key, ours, floor, nginx in rows:
+        print(
+            f"  {key:34} {cpu(ours)} {cpu(floor)} {cpu(nginx)} "
+            f"{ratio(ours.cpu_per_request, floor, 'cpu_per_request')} "
+            f"{ratio(ours.cpu_per_request, nginx, 'cpu_per_request')} "
+            f"{p99(ours)} {p99(floor)} {p99(nginx)} {ratio(ours.p99, floor, 'p99')}"
+        )
+    sys.stdout.flush()
 
 
 def report(key: str, rows: Mapping[str, Result]) -> None:

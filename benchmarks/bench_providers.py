@@ -3,28 +3,37 @@ against loopback fake servers.
 
 The baseline does the least any client must: POST, then decode the JSON body (or each SSE
 data payload), with a raw ``aiohttp.ClientSession``; raw ``httpx2.AsyncClient`` does the
-same. Both are measured per wire format (Chat Completions and Anthropic Messages) in the
-same run. Our clients and the full pipeline run once per transport (``transport="aiohttp"``,
-the default, and ``transport="httpx2"``), each with its own default pool. The fake servers
-run in their own processes (``chat-pipeline fake-server [--format anthropic]``) so the
-client process's CPU time is the client's alone. For concurrency 1 and 32, non-streaming and
-streaming, prints requests per second and client CPU milliseconds per 1,000 requests, and
-both ratios to the baseline of the same format. The old ``httpx`` and the official
-``openai`` and ``anthropic`` SDKs are measured too when they are installed.
+same. Both are measured per wire format (Chat Completions, Anthropic Messages and Gemini's
+``generateContent``) in the same run. Our clients and the full pipeline run once per
+transport (``transport="aiohttp"``, the default, and ``transport="httpx2"``), each with its
+own default pool. The fake servers run in their own processes (``chat-pipeline fake-server
+[--format anthropic|gemini]``) so the client process's CPU time is the client's alone. For
+concurrency 1 and 32, non-streaming and streaming, prints requests per second and client CPU
+milliseconds per 1,000 requests, and both ratios to the baseline of the same format. The
+old ``httpx`` and the official ``openai``, ``anthropic`` and ``google-genai`` SDKs are
+measured too when they are installed. ``--formats gemini`` (say) measures one format only.
 
-    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3]
+Bedrock Converse has no raw baseline worth the name (every request is signed): its baseline is
+boto3's ``bedrock-runtime`` client (``converse``, ``converse_stream`` read to its end), on
+the same fake (``--format bedrock``, which checks every signature), run in 32 threads for
+concurrency 32 since boto3 is synchronous; ours signs with botocore and decodes the event
+stream with botocore's parser too.
+
+    python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--formats ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,7 +42,12 @@ import httpx2
 
 from middleware.routing import Route
 from pipeline import ChatClient, ChatMessage, ChatPipeline
-from pipeline.providers import AnthropicChatClient, OpenAIChatClient
+from pipeline.providers import (
+    AnthropicChatClient,
+    BedrockChatClient,
+    GeminiChatClient,
+    OpenAIChatClient,
+)
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 OPENAI_BODY = {"model": "m", "messages": MESSAGES}
@@ -41,6 +55,11 @@ OPENAI_STREAM = {**OPENAI_BODY, "stream": True, "stream_options": {"include_usag
 ANTHROPIC_BODY = {"model": "m", "max_tokens": 64, "messages": MESSAGES}
 ANTHROPIC_STREAM = {**ANTHROPIC_BODY, "stream": True}
 ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+GEMINI_BODY = {"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}
+GEMINI_HEADERS = {"x-goog-api-key": "k"}
+BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+BEDROCK_MESSAGES = [{"role": "user", "content": [{"text": "hello"}]}]
+FORMATS = ("openai", "anthropic", "gemini", "bedrock")
 
 Call = Callable[[], Awaitable[object]]
 Maker = Callable[[bool], Call]
@@ -98,6 +117,26 @@ def raw_aiohttp_calls(session: aiohttp.ClientSession, url: str, body: dict[str, 
     return lambda streaming: stream if streaming else call
 
 
+def gemini_raw_calls(
+    raw: httpx2.AsyncClient, session: aiohttp.ClientSession, gemini_url: str
+) -> list[tuple[str, str, Maker]]:
+    """The baselines of Gemini's wire, which has a URL per call shape (the stream's with
+    ``alt=sse``)."""
+    whole = f"{gemini_url}/models/m:generateContent"
+    streamed = f"{gemini_url}/models/m:streamGenerateContent?alt=sse"
+    body = (GEMINI_BODY, GEMINI_BODY, GEMINI_HEADERS)
+
+    def split(whole_calls: Maker, streamed_calls: Maker) -> Maker:
+        return lambda streaming: streamed_calls(True) if streaming else whole_calls(False)
+
+    return [
+        ("gemini", BASELINE, split(raw_aiohttp_calls(session, whole, *body),
+                                   raw_aiohttp_calls(session, streamed, *body))),
+        ("gemini", "raw httpx2", split(raw_calls(raw, whole, *body),
+                                       raw_calls(raw, streamed, *body))),
+    ]  # fmt: skip
+
+
 def client_calls(client: ChatClient) -> Maker:
     messages = [ChatMessage.user("hello")]
 
@@ -122,6 +161,32 @@ def full_pipeline(primary: ChatClient, backup: ChatClient) -> ChatPipeline:
         .use_ordered_failover([Route("primary", route), Route("backup", backup)])
         .build()
     )
+
+
+def gemini_sdk_calls(gemini_url: str) -> list[tuple[str, str, Maker]]:
+    try:
+        from google import genai
+        from google.genai import types
+    except ImportError:
+        print("(google-genai SDK not installed: skipped)")
+        return []
+    origin, _, version = gemini_url.rpartition("/")
+    options = types.HttpOptions(
+        base_url=origin, api_version=version, retry_options=types.HttpRetryOptions(attempts=1)
+    )
+    sdk = genai.Client(api_key="k", http_options=options)
+
+    def make(streaming: bool) -> Call:
+        if not streaming:
+            return lambda: sdk.aio.models.generate_content(model="m", contents="hello")
+
+        async def drain() -> object:
+            stream = await sdk.aio.models.generate_content_stream(model="m", contents="hello")
+            return [chunk async for chunk in stream]
+
+        return drain
+
+    return [("gemini", "google-genai SDK", make)]
 
 
 def sdk_calls(openai_url: str, anthropic_url: str) -> list[tuple[str, str, Maker]]:
@@ -178,7 +243,50 @@ BASELINE = "raw aiohttp (baseline)"
 TRANSPORTS = ("aiohttp", "httpx2")
 
 
-async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: int) -> None:
+def bedrock_calls(bedrock_url: str, closables: list[Any]) -> list[tuple[str, str, Maker]]:
+    """boto3's bedrock-runtime client (the baseline: first) and ours on both transports."""
+    import boto3
+    import botocore.config
+
+    sdk = boto3.client(
+        "bedrock-runtime",
+        endpoint_url=bedrock_url,
+        config=botocore.config.Config(max_pool_connections=64, retries={"total_max_attempts": 1}),
+    )
+    threads = ThreadPoolExecutor(max_workers=32)
+
+    def converse() -> object:
+        return sdk.converse(modelId=BEDROCK_MODEL, messages=BEDROCK_MESSAGES)
+
+    def converse_stream() -> object:
+        response = sdk.converse_stream(modelId=BEDROCK_MODEL, messages=BEDROCK_MESSAGES)
+        return list(response["stream"])
+
+    def boto3_make(streaming: bool) -> Call:
+        work = converse_stream if streaming else converse
+        return lambda: asyncio.get_running_loop().run_in_executor(threads, work)
+
+    found: list[tuple[str, str, Maker]] = [("bedrock", "boto3 (baseline)", boto3_make)]
+    for transport in TRANSPORTS:
+        ours = BedrockChatClient(BEDROCK_MODEL, base_url=bedrock_url, transport=transport)
+        closables.append(ours)
+        found.append(("bedrock", f"BedrockChatClient, {transport}", client_calls(ours)))
+    return found
+
+
+def bedrock_environment() -> None:
+    """The fake's test key in this process's environment, and nothing else of AWS's."""
+    from pipeline.testing import FakeBedrockServer
+
+    os.environ.update(FakeBedrockServer().environment())
+    os.environ.pop("AWS_PROFILE", None)
+
+
+async def measure(
+    urls: dict[str, str], requests: int, rounds: int, formats: tuple[str, ...] = FORMATS
+) -> None:
+    openai_url, anthropic_url, gemini_url = urls["openai"], urls["anthropic"], urls["gemini"]
+    bedrock_url = urls.get("bedrock")
     limits = httpx2.Limits(max_connections=64, max_keepalive_connections=64)
     raw = httpx2.AsyncClient(limits=limits, timeout=30)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
@@ -196,9 +304,15 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
         ("anthropic", "raw httpx2",
          raw_calls(raw, messages_url, ANTHROPIC_BODY, ANTHROPIC_STREAM, ANTHROPIC_HEADERS)),
     ]  # fmt: skip
+    contenders += gemini_raw_calls(raw, session, gemini_url)
+    makers: tuple[tuple[str, Any], ...] = (
+        ("openai", OpenAIChatClient),
+        ("anthropic", AnthropicChatClient),
+        ("gemini", GeminiChatClient),
+    )
     for transport in TRANSPORTS:
-        for fmt, make in (("openai", OpenAIChatClient), ("anthropic", AnthropicChatClient)):
-            url = openai_url if fmt == "openai" else anthropic_url
+        for fmt, make in makers:
+            url = urls[fmt]
             single = make("m", api_key="k", base_url=url, transport=transport)
             full = full_pipeline(
                 make("m", api_key="k", base_url=url, transport=transport),
@@ -221,7 +335,16 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
              raw_calls(legacy, chat_url, OPENAI_BODY, OPENAI_STREAM, {})),
         )  # fmt: skip
     contenders += sdk_calls(openai_url, anthropic_url)
-    contenders.sort(key=lambda c: c[0] != "openai")  # the formats in blocks, baseline first
+    contenders += gemini_sdk_calls(gemini_url)
+    if bedrock_url is not None:
+        contenders += bedrock_calls(bedrock_url, closables)
+    # The first contender of each format is its baseline (boto3's client for Bedrock).
+    baselines: dict[str, str] = {}
+    for fmt, label, _ in contenders:
+        baselines.setdefault(fmt, label)
+    # The formats in blocks, baseline first.
+    contenders = [c for c in contenders if c[0] in formats]
+    contenders.sort(key=lambda c: FORMATS.index(c[0]))
 
     for streaming in (False, True):
         for concurrency in (1, 32):
@@ -237,7 +360,7 @@ async def measure(openai_url: str, anthropic_url: str, requests: int, rounds: in
                     if (fmt, label) not in best or rps > best[fmt, label][0]:
                         best[fmt, label] = (rps, cpu)
             for fmt, label, _ in calls:
-                base_rps, base_cpu = best[fmt, BASELINE]
+                base_rps, base_cpu = best[fmt, baselines[fmt]]
                 rps, cpu = best[fmt, label]
                 print(
                     f"  {fmt:<9} {label:<30} {rps:8.0f} req/s  {cpu:7.1f} ms CPU/1k  "
@@ -279,17 +402,23 @@ def fake_server(wire_format: str) -> Iterator[str]:
         server.wait(timeout=10)
 
 
-def main(requests: int, rounds: int) -> None:
-    with fake_server("openai") as openai_url, fake_server("anthropic") as anthropic_url:
+def main(requests: int, rounds: int, formats: tuple[str, ...] = FORMATS) -> None:
+    bedrock_environment()
+    # The three HTTP formats' servers always run (their contenders are built together);
+    # Bedrock's only when asked for.
+    wanted = ("openai", "anthropic", "gemini", *(("bedrock",) if "bedrock" in formats else ()))
+    with contextlib.ExitStack() as servers:
+        urls = {fmt: servers.enter_context(fake_server(fmt)) for fmt in wanted}
         if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) >= 2:
             os.sched_setaffinity(0, {0})
             print("servers pinned to CPU 1, client to CPU 0")
-        asyncio.run(measure(openai_url, anthropic_url, requests, rounds))
+        asyncio.run(measure(urls, requests, rounds, formats))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     args = parser.parse_args()
-    main(args.requests, args.rounds)
+    main(args.requests, args.rounds, tuple(args.formats))

@@ -11,11 +11,11 @@ traces-only backend such as Arize Phoenix).
 pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl`` sends a
 case set to each route of a TOML file directly and prints a per-route table (see
 `pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
-configuration error. ``chat-pipeline fake-server --port N [--format anthropic]`` serves a
-fake OpenAI-compatible (or Anthropic Messages) API on 127.0.0.1. ``chat-pipeline fake-fleet
---scenario FILE`` serves a `pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints
-each deployment's URL (see `pipeline.testing.FakeFleet.from_scenario` and the commands it reads
-on stdin).
+configuration error. ``chat-pipeline fake-server --port N [--format
+anthropic|gemini|bedrock]`` serves a fake OpenAI-compatible (or Anthropic Messages, Gemini, or
+Bedrock Converse) API on 127.0.0.1. ``chat-pipeline fake-fleet --scenario FILE`` serves a
+`pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints each deployment's URL (see
+`pipeline.testing.FakeFleet.from_scenario` and the commands it reads on stdin).
 
 ``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
 [--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
@@ -326,13 +326,27 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 async def _fake_server(port: int, wire_format: str = "openai") -> int:
-    from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
+    from pipeline.testing import (
+        FakeAnthropicServer,
+        FakeBedrockServer,
+        FakeGeminiServer,
+        FakeOpenAIServer,
+    )
 
-    server: FakeOpenAIServer | FakeAnthropicServer
+    server: FakeOpenAIServer | FakeAnthropicServer | FakeBedrockServer | FakeGeminiServer
     if wire_format == "anthropic":
         server = FakeAnthropicServer(port=port)
         await server.start()
         print(f"fake Anthropic Messages server on {server.base_url}", flush=True)
+    elif wire_format == "bedrock":
+        # It accepts its default test key (`FakeBedrockServer.environment()`), in us-east-1.
+        server = FakeBedrockServer(port=port)
+        await server.start()
+        print(f"fake Bedrock Converse server on {server.base_url}", flush=True)
+    elif wire_format == "gemini":
+        server = FakeGeminiServer(port=port)
+        await server.start()
+        print(f"fake Gemini API server on {server.base_url}", flush=True)
     else:
         server = FakeOpenAIServer(port=port)
         await server.start()
@@ -443,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--port", type=int, default=8765)
     server.add_argument(
         "--format",
-        choices=("openai", "anthropic"),
+        choices=("openai", "anthropic", "gemini", "bedrock"),
         default="openai",
         help="the wire format to speak (default: openai)",
     )

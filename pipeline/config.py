@@ -4,7 +4,9 @@
 
     [routes.small]
     provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | scripted
+                                     # | anthropic | gemini | vertex | bedrock | scripted,
+                                     # or a vendor: groq | mistral | deepseek | together
+                                     # | fireworks | openrouter | xai | vllm
     model = "gpt-4o-mini"
     api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
     max_input_tokens = 8000
@@ -33,6 +35,7 @@ environment changes is replaced whole).
 Each table is a typed, frozen settings class, and the file is a union of them: a route is a
 `RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
 `AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
+`GeminiRouteConfig`, `VertexRouteConfig`, `BedrockRouteConfig`, `VendorRouteConfig`,
 `ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
 the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
 router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
@@ -93,8 +96,10 @@ from pipeline.errors import ConfigError
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
+    BedrockSettings,
     Credentials,
     EnvironmentVariable,
+    GeminiSettings,
     HashingEmbeddingsSettings,
     KeyedEndpoint,
     LocalEmbeddingsSettings,
@@ -104,6 +109,8 @@ from pipeline.providers._settings import (
     OpenAIResponsesSettings,
     OpenAISettings,
     ScriptedSettings,
+    VendorSettings,
+    VertexSettings,
 )
 
 if TYPE_CHECKING:
@@ -115,9 +122,11 @@ __all__ = [
     "BalancedRouterConfig",
     "AnthropicRouteConfig",
     "AzureOpenAIRouteConfig",
+    "BedrockRouteConfig",
     "BreakerConfig",
     "CacheConfig",
     "EmbeddingsConfig",
+    "GeminiRouteConfig",
     "GroupConfig",
     "HealthConfig",
     "HedgedRouterConfig",
@@ -130,9 +139,11 @@ __all__ = [
     "RouteConfig",
     "RouterConfig",
     "ScriptedRouteConfig",
+    "VendorRouteConfig",
     "SemanticCacheConfig",
     "SemanticRouterConfig",
     "TieredRouterConfig",
+    "VertexRouteConfig",
     "build_pipeline",
     "load_config",
     "load_pipeline",
@@ -242,6 +253,22 @@ class AnthropicRouteConfig(_RouteTable, AnthropicSettings):
     """``provider = "anthropic"``: the Anthropic Messages API."""
 
 
+class BedrockRouteConfig(_RouteTable, BedrockSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API."""
+
+
+class VendorRouteConfig(_RouteTable, VendorSettings):
+    """``provider = "groq"`` (or another vendor): an OpenAI-compatible vendor by name."""
+
+
+class GeminiRouteConfig(_RouteTable, GeminiSettings):
+    """``provider = "gemini"``: Google's Gemini API."""
+
+
+class VertexRouteConfig(_RouteTable, VertexSettings):
+    """``provider = "vertex"``: a Gemini or an Anthropic model on Vertex AI."""
+
+
 class ScriptedRouteConfig(_RouteTable, ScriptedSettings):
     """``provider = "scripted"``: an in-process simulated model."""
 
@@ -252,6 +279,10 @@ RouteConfig: TypeAlias = Annotated[
     | AzureOpenAIRouteConfig
     | OllamaRouteConfig
     | AnthropicRouteConfig
+    | BedrockRouteConfig
+    | VendorRouteConfig
+    | GeminiRouteConfig
+    | VertexRouteConfig
     | ScriptedRouteConfig,
     Field(discriminator="provider"),
 ]

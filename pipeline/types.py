@@ -26,6 +26,7 @@ from typing import (
 
 __all__ = [
     "ANTHROPIC_EXTRAS",
+    "BEDROCK_EXTRAS",
     "CacheMode",
     "ChatMessage",
     "ChatOptions",
@@ -40,6 +41,7 @@ __all__ = [
     "FunctionCallContent",
     "FunctionResultContent",
     "FunctionTool",
+    "GEMINI_EXTRAS",
     "Messages",
     "OPENAI_RESPONSES_EXTRAS",
     "ReasoningContent",
@@ -413,7 +415,8 @@ class RawTool:
     (`UnsendableRequestError`) rather than answer without the tool.
 
     `api` is the wire API's name, as the packages of `pipeline.wire` are named:
-    ``"chat_completions"``, ``"responses"`` (OpenAI's), ``"messages"`` (Anthropic's).
+    ``"chat_completions"``, ``"responses"`` (OpenAI's), ``"messages"`` (Anthropic's),
+    ``"gemini"`` (Google's, Vertex AI's too), ``"bedrock"`` (Bedrock's Converse).
     """
 
     api: str
@@ -436,8 +439,8 @@ API writes in its own shape, and `RawTool`s, which only their own API's routes s
 
 A mapping in a provider's shape (a Chat Completions ``{"type": "function", "function":
 {...}}``, a Messages ``{"name", "input_schema"}``) is still read, as the function or custom
-tool it describes, with a `DeprecationWarning`; one of another shape is refused: wrap it in
-a `RawTool`."""
+tool it describes, with a `DeprecationWarning`; one of another shape is taken, as before, for
+a tool in the shape of whichever route's API sends it: a `RawTool` says which API it is."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +593,17 @@ OPENAI_RESPONSES_EXTRAS = "openai_responses"
 (``prompt_cache_key``, ``prompt_cache_retention``: OpenAI's prompt cache, which no other
 API has)."""
 
-PROVIDER_EXTRAS = frozenset({ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS})
+BEDROCK_EXTRAS = "bedrock"
+"""The `ChatOptions.additional_properties` key whose dict only Bedrock routes send (Converse
+fields: ``guardrailConfig``, ``additionalModelRequestFields``, ``performanceConfig``...)."""
+
+GEMINI_EXTRAS = "gemini"
+"""The `ChatOptions.additional_properties` key whose dict only Gemini and Vertex AI Gemini
+routes send (``safetySettings``, ``cachedContent``, ``generationConfig`` fields...)."""
+
+PROVIDER_EXTRAS = frozenset(
+    {ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS, BEDROCK_EXTRAS, GEMINI_EXTRAS}
+)
 """Keys of `ChatOptions.additional_properties` scoped to one provider's format: every other
 provider leaves them out of its requests."""
 
@@ -605,7 +618,9 @@ class ChatOptions:
     details, ``context_management``, ``output_config``, ``metadata``...) that only Anthropic
     routes send, each as given, and every other route drops: so a caller's own Messages
     fields reach an Anthropic route untouched without being refused elsewhere. Likewise
-    ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only.
+    ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only,
+    ``"bedrock"`` (`BEDROCK_EXTRAS`) for Bedrock routes only, and ``"gemini"``
+    (`GEMINI_EXTRAS`) for Gemini routes (Gemini API and Vertex AI) only.
 
     `tool_mode` is a `ToolChoice`; a string is still taken where it is unambiguous, with a
     `DeprecationWarning` (see `as_tool_choice`).

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from tests.processes import ChildProcess
 
 # Printed once the server listens, with the port it got.
-_LISTENING = re.compile(r" server on (http://127\.0\.0\.1:\d+(?:/v1)?)$")
+_LISTENING = re.compile(r" server on (http://127\.0\.0\.1:\d+(?:/v1\w*)?)$")
 
 
 @contextmanager

@@ -1,10 +1,10 @@
 """Every Python block of README.md and docs/ runs; every TOML block goes through the loader.
 
 How blocks are found and which run where: `tests.docs_examples`. Blocks that show a real
-provider run unchanged against the fakes: an autouse fixture starts `FakeOpenAIServer` and
-`FakeAnthropicServer` on 127.0.0.1 (in a thread of their own, so a block's own
-``asyncio.run`` reaches them too), makes them the providers' default endpoints and sets the
-API key variables to keys of no value.
+provider run unchanged against the fakes: an autouse fixture starts `FakeOpenAIServer`,
+`FakeAnthropicServer` and `FakeGeminiServer` on 127.0.0.1 (in a thread of their own, so a
+block's own ``asyncio.run`` reaches them too), makes them the providers' default endpoints
+(the OpenAI-compatible vendors' too) and sets the API key variables to keys of no value.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import inspect
 import io
+import json
 import os
 import re
 import threading
@@ -34,21 +35,22 @@ class _Servers:
     """The fake servers, served by an event loop on a thread of its own."""
 
     def __init__(self) -> None:
-        from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer
+        from pipeline.testing import FakeAnthropicServer, FakeGeminiServer, FakeOpenAIServer
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.openai = FakeOpenAIServer()
         self.anthropic = FakeAnthropicServer()
+        self.gemini = FakeGeminiServer()
 
     def __enter__(self) -> _Servers:
         self.thread.start()
-        for server in (self.openai, self.anthropic):
+        for server in (self.openai, self.anthropic, self.gemini):
             asyncio.run_coroutine_threadsafe(server.start(), self.loop).result(timeout=30)
         return self
 
     def __exit__(self, *_: object) -> None:
-        for server in (self.openai, self.anthropic):
+        for server in (self.openai, self.anthropic, self.gemini):
             asyncio.run_coroutine_threadsafe(server.stop(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=30)
@@ -63,14 +65,24 @@ def servers() -> Iterator[_Servers]:
 
 @pytest.fixture(autouse=True)
 def _providers_use_the_fakes(servers: _Servers, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline.providers
-    from pipeline.providers.openai import OpenAIAPIClient
+    import dataclasses
 
-    for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY"):
+    import pipeline.providers
+    from pipeline.providers._vendors import VENDORS
+    from pipeline.providers.openai import OpenAIAPIClient
+    from pipeline.providers.vendors import VENDOR_CLIENTS
+
+    keys = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AZURE_OPENAI_API_KEY", "GEMINI_API_KEY")
+    for variable in keys:
         monkeypatch.setenv(variable, "sk-docs-example")
+    for name, vendor in VENDORS.items():
+        monkeypatch.setenv(vendor.key_variable, "sk-docs-example")
+        faked = dataclasses.replace(vendor, base_url=servers.openai.base_url)
+        monkeypatch.setattr(VENDOR_CLIENTS[name], "vendor", faked)
     fakes = {
         "https://api.openai.com/v1": servers.openai.base_url,
         "https://api.anthropic.com": servers.anthropic.base_url,
+        "https://generativelanguage.googleapis.com/v1beta": servers.gemini.base_url,
     }
     classes = [
         OpenAIAPIClient,
@@ -172,6 +184,10 @@ def test_toml_blocks_parse_and_configurations_load(
         return  # another file's TOML (a pyproject table, say): parsing it is the check
     # Every variable the block names (`*_env = "NAME"`), as the page's reader would set it.
     named_variables = set(re.findall(r'_env\s*=\s*"([A-Za-z_][A-Za-z0-9_]*)"', block.source))
+    # And the keys of the OpenAI-compatible vendors' presets (`provider = "groq"`).
+    from pipeline.providers._vendors import VENDORS
+
+    named_variables |= {vendor.key_variable for vendor in VENDORS.values()}
     for variable in {"GATEWAY_API_KEYS", "GATEWAY_REDIS_URL", "OPENAI_API_KEY"} | named_variables:
         monkeypatch.setenv(variable, "redis://127.0.0.1:1/0" if "REDIS" in variable else "k")
     text = block.source
@@ -183,6 +199,14 @@ def test_toml_blocks_parse_and_configurations_load(
         text += f'\n[routes.{_key(name)}]\nprovider = "scripted"\n'
     if "routes" not in data and not named:
         text += '\n[routes.only]\nprovider = "scripted"\n'
+    if 'provider = "vertex"' in text:
+        # Application Default Credentials, as the page's reader would have them set.
+        from pipeline.testing import FakeGoogleTokenServer
+
+        with FakeGoogleTokenServer() as tokens:
+            key = tmp_path / "service-account.json"
+            key.write_text(json.dumps(tokens.service_account_info()))
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
     path = tmp_path / "pipeline.toml"
     path.write_text(text)
     load_config(path)

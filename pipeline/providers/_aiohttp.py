@@ -33,12 +33,13 @@ from yarl import URL
 
 from pipeline.providers._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
+    StatusError,
     TransportName,
     basic_auth,
     bounded_body,
     capped_body,
     decode_json,
-    status_error,
+    status_error_of,
     transport_error,
 )
 
@@ -98,6 +99,7 @@ class AiohttpTransport:
         "_proxy_request_headers",
         "_timeout",
         "max_response_bytes",
+        "status_error",
         "timeout",
     )
 
@@ -111,8 +113,10 @@ class AiohttpTransport:
         timeout: float | httpx2.Timeout,
         base_url: httpx2.URL,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        status_error: StatusError = status_error_of,
     ) -> None:
         self.max_response_bytes = max_response_bytes
+        self.status_error = status_error
         self.timeout = timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
         self._timeout = client_timeout(self.timeout)
         self._base_url = base_url
@@ -198,9 +202,7 @@ class AiohttpTransport:
                 error_body = await bounded_body(response.content.readany, self.errors)
             finally:
                 response.release()
-            raise status_error(
-                status, response.headers.get("Retry-After"), error_body, provider, where
-            )
+            raise self.status_error(status, response.headers, error_body, provider, where)
         return response
 
     async def aclose(self) -> None:

@@ -26,10 +26,11 @@ from pipeline.providers._http import (
     positive_bytes,
     positive_or_none,
     service_url,
+    status_error_of,
     traced,
     transport_error,
 )
-from pipeline.providers._sse import SSEPayloads, next_payloads
+from pipeline.providers._sse import Payloads, SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
 from pipeline.types import (
     PROVIDER_EXTRAS,
@@ -77,6 +78,9 @@ class HTTPChatClient(AsyncClosing):
     # How a complete stream ends: its last payload's ``type`` is one of these (none: a
     # ``[DONE]`` line).
     stream_end_types: ClassVar[frozenset[str]] = frozenset()
+    # A stream without an end event (Gemini's): the body's end ends it, and the reader's
+    # `finish` says whether it was complete.
+    stream_ends_with_body: ClassVar[bool] = False
     # The `ChatOptions.additional_properties` scope (`pipeline.types.PROVIDER_EXTRAS`) this
     # format reads; the other scopes are left out of its requests.
     extras_scope: ClassVar[str | None] = None
@@ -129,13 +133,20 @@ class HTTPChatClient(AsyncClosing):
             timeout,
             self._base_url,
             positive_bytes(max_response_bytes, "max_response_bytes"),
+            self._status_error,
         )
         self._dynamic_headers = type(self)._request_headers is not HTTPChatClient._request_headers
+        self._signs = type(self)._signed is not HTTPChatClient._signed
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.
         self._url = self._chat_url()
         self._endpoint = endpoint(self._url)
         self._target = self._transport.target(self._url)
+        stream_url = self._stream_url()
+        self._stream_endpoint = self._endpoint if stream_url is self._url else endpoint(stream_url)
+        self._stream_target = (
+            self._target if stream_url is self._url else self._transport.target(stream_url)
+        )
 
     @property
     def transport(self) -> TransportName:
@@ -157,12 +168,37 @@ class HTTPChatClient(AsyncClosing):
     def _chat_url(self) -> httpx2.URL:
         raise NotImplementedError
 
+    def _stream_url(self) -> httpx2.URL:
+        """Where streamed requests go (by default where the others go)."""
+        return self._url
+
     def _static_auth_headers(self) -> dict[str, str]:
         return {}
 
     async def _request_headers(self) -> dict[str, str]:
         """The headers of one request (async: a subclass may fetch a fresh token)."""
         return self._headers
+
+    async def _signed(self, url: str, body: bytes, headers: dict[str, str]) -> dict[str, str]:
+        """`headers` for a request with `body` to `url`: a format whose requests are signed
+        (AWS SigV4) adds the signature here (before the trace context, which stays
+        unsigned)."""
+        return headers
+
+    def _destination(self, options: ChatOptions | None, stream: bool) -> tuple[Any, str]:
+        """Where one request goes: the transport's target and the endpoint (by default the
+        client's URL, or `_stream_url` when streaming; an API that names the model or the call
+        shape in the path says)."""
+        if stream:
+            return self._stream_target, self._stream_endpoint
+        return self._target, self._endpoint
+
+    def _status_error(
+        self, status: int, headers: Mapping[str, str], body: bytes, provider: str, where: str
+    ) -> ProviderError:
+        """The `ProviderError` of an error status (`pipeline.providers._http.StatusError`):
+        a format whose errors say more in their headers reads those."""
+        return status_error_of(status, headers, body, provider, where)
 
     def _body(
         self, messages: Messages, options: ChatOptions | None, stream: bool
@@ -187,6 +223,11 @@ class HTTPChatClient(AsyncClosing):
     def _stream_reader_for(self, options: ChatOptions | None) -> StreamReader:
         """`_stream_reader` for a request's options."""
         return self._stream_reader()
+
+    def _stream_payloads(self) -> Payloads:
+        """The decoder of one stream's body: server-sent events, ending as
+        `stream_end_types` says (a binary framing brings its own)."""
+        return SSEPayloads(self.provider_name, end_types=self.stream_end_types)
 
     @classmethod
     def stream_end(cls) -> str:
@@ -227,8 +268,11 @@ class HTTPChatClient(AsyncClosing):
         extra = self._extra_headers(options)
         if extra:
             headers = {**headers, **extra}
+        target, where = self._destination(options, False)
+        if self._signs:
+            headers = await self._signed(where, body, headers)
         payload = await self._transport.post_json(
-            self._target, body, traced(headers), self.provider_name, self._endpoint
+            target, body, traced(headers), self.provider_name, where
         )
         return self._parse_response_for(payload, options)
 
@@ -239,25 +283,31 @@ class HTTPChatClient(AsyncClosing):
             self._prepare(messages, options, stream=True),
             self._stream_reader_for(options),
             self._extra_headers(options),
+            self._destination(options, True),
         )
 
     async def _stream(
-        self, body: bytes, reader: StreamReader, extra: Mapping[str, str] | None = None
+        self,
+        body: bytes,
+        reader: StreamReader,
+        extra: Mapping[str, str] | None = None,
+        destination: tuple[Any, str] | None = None,
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         transport = self._transport
         errors = transport.errors
-        where = self._endpoint
+        target, where = destination or (self._stream_target, self._stream_endpoint)
         provider = self.provider_name
         headers = await self._request_headers() if self._dynamic_headers else self._headers
-        headers = traced({**headers, **extra} if extra else headers)
-        payloads = SSEPayloads(provider, end_types=self.stream_end_types)
+        headers = {**headers, **extra} if extra else headers
+        if self._signs:
+            headers = await self._signed(where, body, headers)
+        headers = traced(headers)
+        payloads = self._stream_payloads()
         stream: StreamBody | None = None
         try:
             try:
                 async with Deadline(self.first_chunk_timeout, provider, "first chunk"):
-                    stream = await transport.open_stream(
-                        self._target, body, headers, provider, where
-                    )
+                    stream = await transport.open_stream(target, body, headers, provider, where)
                     read = stream.read
                     batch = await next_payloads(read, payloads)
             except errors as exc:
@@ -280,7 +330,7 @@ class HTTPChatClient(AsyncClosing):
                             batch = await next_payloads(read, payloads)
                 except errors as exc:
                     raise transport_error(exc, provider, where) from exc
-            if not payloads.done:
+            if not payloads.done and not self.stream_ends_with_body:
                 raise provider_error(
                     FailureKind.TRANSIENT,
                     f"the stream ended before {self.stream_end()}",

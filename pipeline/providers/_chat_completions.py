@@ -77,7 +77,7 @@ MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 def _tool_definition(tool: ChatTool) -> dict[str, Any]:
     """A tool as a function (a custom tool as the function of one string argument its
     `CustomTool.parameters` describe), or a raw tool of this API as it is."""
-    match as_tool(tool):
+    match as_tool(tool, API):
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:

@@ -16,7 +16,7 @@ import asyncio
 import base64
 import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, get_args
 
@@ -38,6 +38,7 @@ __all__ = [
     "Transport",
     "TransportName",
     "Deadline",
+    "StatusError",
     "basic_auth",
     "bounded_body",
     "capped_body",
@@ -49,6 +50,7 @@ __all__ = [
     "positive_or_none",
     "service_url",
     "status_error",
+    "status_error_of",
     "traced",
     "transport_error",
 ]
@@ -73,6 +75,11 @@ DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 _MAX_DRAINED_CHUNKS = 100
 
 Read: TypeAlias = Callable[[], Awaitable[bytes]]
+
+StatusError: TypeAlias = Callable[[int, Mapping[str, str], bytes, str, str], ProviderError]
+"""How a transport turns an error status into its `ProviderError`: (status, response
+headers, the body's first bytes, provider, endpoint). `status_error_of` reads the body's
+``error`` object and ``Retry-After``; an API whose errors say more in headers reads those."""
 
 
 # -- URLs -------------------------------------------------------------------------------------
@@ -148,10 +155,12 @@ def transport_error(exc: BaseException, provider: str, url: str) -> ProviderErro
 def status_error(
     status: int, retry_after: str | None, body: bytes, provider: str, url: str
 ) -> ProviderError:
-    """The `ProviderError` for an HTTP error status, with `retry_after` and the error code.
+    """The `ProviderError` for an HTTP error status, with `retry_after` (``Retry-After``,
+    else a Google error's ``RetryInfo``) and the error code.
 
     The body is read only for its machine-readable ``error.code``/``error.type`` (the shape
-    of both the Chat Completions and the Anthropic Messages APIs).
+    of the Chat Completions and the Anthropic Messages APIs) or ``error.status`` and
+    ``error.details`` (Google's).
     """
     error: Any = None
     try:
@@ -161,8 +170,17 @@ def status_error(
     if isinstance(decoded, dict):
         error = decoded.get("error")
     result = error_from_payload(error, provider, status_code=status, url=url)
-    result.retry_after = parse_retry_after(retry_after)
+    header = parse_retry_after(retry_after)
+    if header is not None or result.retry_after is None:
+        result.retry_after = header  # the header, else what the body said (Google's)
     return result
+
+
+def status_error_of(
+    status: int, headers: Mapping[str, str], body: bytes, provider: str, url: str
+) -> ProviderError:
+    """`status_error` of a response: its ``Retry-After`` and body (the default `StatusError`)."""
+    return status_error(status, headers.get("retry-after"), body, provider, url)
 
 
 async def bounded_body(read: Read, errors: tuple[type[Exception], ...]) -> bytes:
@@ -298,6 +316,7 @@ class Transport(Protocol):
 
     name: TransportName
     errors: tuple[type[Exception], ...]
+    status_error: StatusError
 
     @property
     def timeout(self) -> httpx2.Timeout:
@@ -326,7 +345,7 @@ class Httpx2Transport:
     """Calls through an ``httpx2.AsyncClient``: the client's own (a pool of 100
     connections, every one kept alive when idle) or one the caller gave."""
 
-    __slots__ = ("_owned", "http", "max_response_bytes")
+    __slots__ = ("_owned", "http", "max_response_bytes", "status_error")
 
     name: TransportName = "httpx2"
     errors: tuple[type[Exception], ...] = (httpx2.HTTPError,)
@@ -337,10 +356,12 @@ class Httpx2Transport:
         *,
         owned: bool,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        status_error: StatusError = status_error_of,
     ) -> None:
         self.http = http
         self._owned = owned
         self.max_response_bytes = max_response_bytes
+        self.status_error = status_error
 
     @property
     def timeout(self) -> httpx2.Timeout:
@@ -376,10 +397,9 @@ class Httpx2Transport:
                 error_body = await bounded_body(stream.read, self.errors)
             finally:
                 await stream.aclose()
-            raise status_error(
-                response.status_code, response.headers.get("retry-after"), error_body,
-                provider, where,
-            )  # fmt: skip
+            raise self.status_error(
+                response.status_code, response.headers, error_body, provider, where
+            )
         return stream
 
     async def aclose(self) -> None:

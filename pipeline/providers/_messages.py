@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.providers._wire import (
+    cache_counted_apart,
     error_from_payload,
-    int_or_none,
     malformed,
     parse_arguments,
     str_or_none,
@@ -76,7 +76,7 @@ def _tool(tool: ChatTool) -> dict[str, Any]:
     """A tool as the API takes it, ``{"name", "description", "input_schema"}`` and the
     Messages fields a `FunctionTool` carries for this API (``cache_control``,
     ``defer_loading``...); a raw tool of this API as it is."""
-    match as_tool(tool):
+    match as_tool(tool, API):
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:
@@ -386,26 +386,13 @@ def parse_usage(value: Any) -> UsageDetails | None:
     `reasoning_tokens` when the API counts them (``output_tokens_details``)."""
     if not isinstance(value, Mapping):
         return None
-    written = int_or_none(value.get("cache_creation_input_tokens"))
-    read = int_or_none(value.get("cache_read_input_tokens"))
-    parts = [int_or_none(value.get("input_tokens")), written, read]
-    known = [p for p in parts if p is not None]
-    input_tokens = sum(known) if known else None
-    output_tokens = int_or_none(value.get("output_tokens"))
-    total = (
-        input_tokens + output_tokens
-        if input_tokens is not None and output_tokens is not None
-        else None
-    )
     details = value.get("output_tokens_details")
-    thinking = int_or_none(details.get("thinking_tokens")) if isinstance(details, Mapping) else None
-    return UsageDetails(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        total_tokens=total,
-        reasoning_tokens=thinking,
-        cache_read_tokens=read,
-        cache_write_tokens=written,
+    return cache_counted_apart(
+        value.get("input_tokens"),
+        value.get("cache_read_input_tokens"),
+        value.get("cache_creation_input_tokens"),
+        value.get("output_tokens"),
+        details.get("thinking_tokens") if isinstance(details, Mapping) else None,
     )
 
 

@@ -88,7 +88,7 @@ def tool_definition(tool: ChatTool) -> dict[str, Any]:
     """A tool as the Responses API takes it: a function flat, ``{"type": "function",
     "name", "description", "parameters"}``; a custom tool as ``{"type": "custom"}``; a raw
     tool of this API as it is."""
-    match as_tool(tool):
+    match as_tool(tool, API):
         case RawTool() as raw:
             return raw_body(raw, API)
         case CustomTool() as custom:

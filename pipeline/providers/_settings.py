@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import abc
 import re
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from pipeline._settings import Settings
+from pipeline.errors import ConfigError
+from pipeline.providers._vendors import VENDORS, VendorName
 
 if TYPE_CHECKING:
     from pipeline.client import ChatClient, EmbeddingGenerator
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
 __all__ = [
     "AnthropicSettings",
     "AzureOpenAISettings",
+    "BedrockSettings",
     "ChatCompletionsSettings",
     "Credentials",
     "EmbeddingsSettings",
     "EnvironmentVariable",
+    "GeminiSettings",
     "HTTPProviderSettings",
     "HashingEmbeddingsSettings",
     "HttpUrl",
@@ -46,6 +50,8 @@ __all__ = [
     "ProviderSettings",
     "ScriptedSettings",
     "Seconds",
+    "VendorSettings",
+    "VertexSettings",
 ]
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
@@ -304,6 +310,171 @@ class AnthropicSettings(KeyedEndpoint, HTTPProviderSettings):
             anthropic_version=self.anthropic_version,
             **self._http_options(name),
         )
+
+
+class BedrockSettings(HTTPProviderSettings):
+    """``provider = "bedrock"``: Amazon Bedrock's Converse API (`BedrockChatClient`, the
+    ``bedrock`` extra), signed with the credentials botocore's chain finds (the environment,
+    `profile`, a role); none found, or expired, is a configuration error at startup."""
+
+    provider: Literal["bedrock"] = "bedrock"
+    """`bedrock`: Amazon Bedrock's Converse API (`BedrockChatClient`); AWS credentials from the
+    environment (`AWS_ACCESS_KEY_ID`...), the shared config's `profile`, or a role."""
+    model: Name
+    """The model id, inference profile or ARN (`anthropic.claude-sonnet-4-5-20250929-v1:0`,
+    `us.amazon.nova-pro-v1:0`)."""
+    region: Name | None = None
+    """The AWS region (unset: `AWS_REGION`, or the profile's)."""
+    profile: Name | None = None
+    """A profile of the shared AWS config and credentials files (unset: the default chain)."""
+    base_url: HttpUrl | None = None
+    """An endpoint in place of the region's `https://bedrock-runtime.{region}.amazonaws.com` (a
+    VPC endpoint, a proxy)."""
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    """The output limit sent when a request sets none (unset: the model's own)."""
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.bedrock import BedrockChatClient
+
+        return BedrockChatClient(
+            self.model,
+            region=self.region,
+            profile=self.profile,
+            base_url=self.base_url,
+            max_tokens=self.max_tokens,
+            **self._http_options(name),
+        )
+
+
+class VendorSettings(KeyedEndpoint, ChatCompletionsSettings):
+    """``provider = "groq" | "mistral" | "deepseek" | "together" | "fireworks" | "openrouter" |
+    "xai" | "vllm"``: an OpenAI-compatible vendor by name (`pipeline.providers.vendors`): its
+    endpoint, key variable and quirks are the preset's, so a route is a provider and a
+    model."""
+
+    provider: VendorName
+    """The vendor: `groq`, `mistral`, `deepseek`, `together`, `fireworks`, `openrouter`, `xai` or
+    `vllm` (its endpoint, key variable and the fields it refuses or renames come with it)."""
+    model: Name
+    """The model name, as the vendor knows it (`llama-3.3-70b-versatile`, `deepseek-chat`)."""
+    base_url: HttpUrl | None = None
+    """Another endpoint of the vendor's API (unset: the vendor's own; for `vllm`,
+    `http://localhost:8000/v1`)."""
+    app_url: HttpUrl | None = None
+    """OpenRouter only: your site's URL, sent as `HTTP-Referer` (OpenRouter's attribution)."""
+    app_name: Name | None = None
+    """OpenRouter only: your app's name, sent as `X-Title`."""
+
+    @model_validator(mode="after")
+    def _openrouter_only(self) -> VendorSettings:
+        if self.provider != "openrouter" and (self.app_url or self.app_name):
+            raise ValueError("app_url and app_name are OpenRouter's: no other vendor reads them")
+        return self
+
+    def key_variable(self) -> str | None:
+        return self.api_key_env or VENDORS[self.provider].key_variable
+
+    def requires_key(self) -> bool:
+        return self.base_url is None and VENDORS[self.provider].key_required
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.vendors import VENDOR_CLIENTS, OpenRouterChatClient
+
+        options = self._chat_options(name)
+        if self.provider == "openrouter":
+            return OpenRouterChatClient(
+                self.model,
+                api_key=api_key,
+                base_url=self.base_url,
+                app_url=self.app_url,
+                app_name=self.app_name,
+                **options,
+            )
+        vendor = VENDOR_CLIENTS[self.provider]
+        return vendor(self.model, api_key=api_key, base_url=self.base_url, **options)
+
+
+class GeminiSettings(KeyedEndpoint, HTTPProviderSettings):
+    """``provider = "gemini"``: Google's Gemini API (`GeminiChatClient`); its key
+    (``GEMINI_API_KEY`` unless named) is required on generativelanguage.googleapis.com."""
+
+    default_key_variable: ClassVar[str] = "GEMINI_API_KEY"
+
+    provider: Literal["gemini"] = "gemini"
+    """`gemini`: Google's Gemini API (`GeminiChatClient`); its key (`GEMINI_API_KEY` unless
+    `api_key_env` names another) is required on generativelanguage.googleapis.com."""
+    model: Name
+    """The model name (`gemini-2.5-flash`)."""
+    base_url: HttpUrl = "https://generativelanguage.googleapis.com/v1beta"
+    """The API version's root (the client calls `{base_url}/models/{model}:generateContent`)."""
+
+    def requires_key(self) -> bool:
+        return self.base_url.startswith("https://generativelanguage.googleapis.com")
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.gemini import GeminiChatClient
+
+        return GeminiChatClient(
+            self.model, api_key=api_key, base_url=self.base_url, **self._http_options(name)
+        )
+
+
+def _google_credentials(path: str | None) -> str | None:
+    # Checked when the file is read: a route whose credentials are missing fails at
+    # startup, naming this key, never on each request.
+    from pipeline.providers._google_auth import load_credentials
+
+    load_credentials(path)
+    return path
+
+
+class VertexSettings(HTTPProviderSettings):
+    """``provider = "vertex"``: a model on Google Cloud's Vertex AI (`VertexChatClient`):
+    Gemini, or Anthropic's (``claude-...``), with Google credentials (`credentials_file`, else
+    Application Default Credentials), checked when the file is read and again, for a token,
+    when the route is built."""
+
+    provider: Literal["vertex"] = "vertex"
+    """`vertex`: a Gemini or an Anthropic model on Vertex AI (`VertexChatClient`)."""
+    model: Name
+    """The model name (`gemini-2.5-flash`, `claude-sonnet-4-5@20250929`)."""
+    project: Name
+    """The Google Cloud project."""
+    location: Annotated[str, StringConstraints(pattern=r"^[a-z0-9-]+$")]
+    """The Vertex AI location (`us-central1`, `europe-west4`, `global`)."""
+    credentials_file: Annotated[str | None, AfterValidator(_google_credentials)] = Field(
+        default=None, validate_default=True
+    )
+    """A Google credentials file (a service account key); unset: Application Default
+    Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's, or the metadata server's)."""
+    publisher: Literal["google", "anthropic"] | None = None
+    """Who publishes the model: `google` or `anthropic`; unset: `anthropic` for `claude-*`
+    models, `google` for the others."""
+    base_url: HttpUrl | None = None
+    """Vertex AI's endpoint; unset: the location's (`https://{location}-aiplatform.googleapis.com`)."""
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Anthropic models only: the output limit sent when a request sets none."""
+
+    def client(self, name: str, api_key: str | None) -> ChatClient:
+        from pipeline.providers.vertex import VertexChatClient, publisher_of
+
+        options: dict[str, Any] = dict(self._http_options(name))
+        if publisher_of(self.model, self.publisher) == "anthropic":
+            options["max_tokens"] = self.max_tokens
+        client = VertexChatClient(
+            self.model,
+            project=self.project,
+            location=self.location,
+            credentials=self.credentials_file,
+            publisher=self.publisher,
+            base_url=self.base_url,
+            **options,
+        )
+        try:
+            client.check_credentials()
+        except ValueError as exc:
+            raise ConfigError(f"routes.{name}.credentials_file", str(exc)) from None
+        return client
 
 
 class ScriptedSettings(ProviderSettings):

@@ -17,7 +17,7 @@ import json
 import json.scanner
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from pipeline.errors import MalformedSSE, ProviderError
 from pipeline.providers._wire import error_from_payload, malformed
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_EVENT",
     "MAX_LINE",
     "YIELD_EVERY",
+    "Payloads",
     "SSEDecoder",
     "SSEPayloads",
     "Utf8Lines",
@@ -236,6 +237,20 @@ def scan_json(data: str) -> Any:
     return value
 
 
+class Payloads(Protocol):
+    """A stream's decoded payloads, fed its body chunk by chunk (`SSEPayloads` for server-sent
+    events; a binary framing has its own): what `next_payloads` reads."""
+
+    done: bool
+    failure: ProviderError | None
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        """The payloads `chunk` completes (a failure after some is kept in `failure`)."""
+
+    def finish(self) -> list[Any]:
+        """The payloads the body's end completes."""
+
+
 class SSEPayloads:
     """The decoded JSON payloads of a server-sent event byte stream, fed chunk by chunk.
 
@@ -324,7 +339,7 @@ class SSEPayloads:
 
 
 async def next_payloads(
-    read: Callable[[], Awaitable[bytes]], payloads: SSEPayloads
+    read: Callable[[], Awaitable[bytes]], payloads: Payloads
 ) -> list[Any] | None:
     """The payloads of the next chunks that complete any (None once the body ended and
     left none). `read` returns the body's next chunk, and ``b""`` at its end.

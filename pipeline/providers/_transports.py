@@ -15,7 +15,9 @@ from pipeline.providers._http import (
     DEFAULT_TRANSPORT,
     TRANSPORTS,
     Httpx2Transport,
+    StatusError,
     Transport,
+    status_error_of,
 )
 
 __all__ = ["make_transport"]
@@ -27,12 +29,14 @@ def make_transport(
     timeout: float | httpx2.Timeout,
     base_url: httpx2.URL,
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    status_error: StatusError = status_error_of,
 ) -> Transport:
     """The transport a client asked for: `transport` (``"aiohttp"`` or ``"httpx2"``; None:
     the one `http_client` implies, else `DEFAULT_TRANSPORT`) over `http_client` (an
     ``httpx2.AsyncClient`` or an ``aiohttp.ClientSession``, used as is and left open) or a
     client of the transport's own with `timeout`, for the service at `base_url`; a
-    non-streamed answer's decoded body may hold `max_response_bytes`.
+    non-streamed answer's decoded body may hold `max_response_bytes`; an error status becomes
+    the `ProviderError` `status_error` makes of it.
 
     Raises `ValueError` for an unknown transport or one that contradicts `http_client`, and
     `TypeError` for an `http_client` of another kind.
@@ -48,16 +52,26 @@ def make_transport(
                 httpx2.AsyncClient(timeout=timeout, limits=DEFAULT_LIMITS),
                 owned=True,
                 max_response_bytes=max_response_bytes,
+                status_error=status_error,
             )
         from pipeline.providers._aiohttp import AiohttpTransport
 
         return AiohttpTransport(
-            None, timeout=timeout, base_url=base_url, max_response_bytes=max_response_bytes
+            None,
+            timeout=timeout,
+            base_url=base_url,
+            max_response_bytes=max_response_bytes,
+            status_error=status_error,
         )
     if isinstance(http_client, httpx2.AsyncClient):
         if transport not in (None, "httpx2"):
             raise ValueError(f"transport={transport!r} cannot call through an httpx2.AsyncClient")
-        return Httpx2Transport(http_client, owned=False, max_response_bytes=max_response_bytes)
+        return Httpx2Transport(
+            http_client,
+            owned=False,
+            max_response_bytes=max_response_bytes,
+            status_error=status_error,
+        )
     # An aiohttp session is one only if aiohttp was imported to make it.
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None and isinstance(http_client, aiohttp.ClientSession):
@@ -66,7 +80,11 @@ def make_transport(
         from pipeline.providers._aiohttp import AiohttpTransport
 
         return AiohttpTransport(
-            http_client, timeout=timeout, base_url=base_url, max_response_bytes=max_response_bytes
+            http_client,
+            timeout=timeout,
+            base_url=base_url,
+            max_response_bytes=max_response_bytes,
+            status_error=status_error,
         )
     raise TypeError(
         "http_client must be an httpx2.AsyncClient or an aiohttp.ClientSession, "

@@ -27,7 +27,7 @@ Stop reasons become the finish reasons other clients report: ``end_turn`` and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx2
 
@@ -59,7 +59,7 @@ class AnthropicChatClient(HTTPChatClient):
     """
 
     provider_name = "anthropic"
-    api_key_env = "ANTHROPIC_API_KEY"
+    api_key_env: ClassVar[str | None] = "ANTHROPIC_API_KEY"
     default_base_url = DEFAULT_ANTHROPIC_URL
     stream_end_types = frozenset({"message_stop"})
     extras_scope = ANTHROPIC_EXTRAS

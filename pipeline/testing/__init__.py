@@ -21,13 +21,21 @@ of (messages, options) returning a step, for replies that depend on the request.
 request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
 in-band errors, hangs), for testing real provider clients end to end.
 
+`FakeBedrockServer` is Amazon Bedrock's Converse and ConverseStream on 127.0.0.1, scripted
+with the same `FakeResponse`: it verifies every request's SigV4 signature and streams AWS's
+binary event-stream frames (`environment()` points botocore's credentials at it).
+`FakeGeminiServer` is the same for Google's Gemini API, with Vertex AI's paths (Gemini and
+Anthropic's models) on it; `FakeGoogleTokenServer` is the token endpoint Google service
+accounts (made by it, with fresh keys) get their access tokens from.
+
 `FakeFleet` is several such deployments of one model, with latency drawn from seeded
 distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s, brownout,
 hang then recovery, cuts after output, down), for rehearsing a routing configuration
 against partial degradation; it counts what each deployment did (`FleetCounts`,
 `FleetCall`).
 
-Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`) are
+Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`,
+`fake_bedrock_server`, `fake_gemini_server`) are
 in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
 """
 
@@ -38,6 +46,7 @@ from dataclasses import dataclass
 
 from pipeline.client import ChatClient as ChatClientLike
 from pipeline.testing._fake_anthropic import MESSAGES_PATH, FakeAnthropicServer
+from pipeline.testing._fake_bedrock import CONVERSE_PATH, FakeBedrockServer
 from pipeline.testing._fake_fleet import (
     FakeDeployment,
     FakeFleet,
@@ -45,6 +54,12 @@ from pipeline.testing._fake_fleet import (
     FleetCall,
     FleetCounts,
     Latency,
+)
+from pipeline.testing._fake_gemini import (
+    GENERATE_CONTENT,
+    RAW_PREDICT,
+    FakeGeminiServer,
+    FakeGoogleTokenServer,
 )
 from pipeline.testing._fake_server import (
     CHAT_PATH,
@@ -69,14 +84,20 @@ from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messag
 
 __all__ = [
     "CHAT_PATH",
+    "CONVERSE_PATH",
     "EMBEDDINGS_PATH",
+    "GENERATE_CONTENT",
     "MESSAGES_PATH",
     "MODELS_PATH",
+    "RAW_PREDICT",
     "RESPONSES_PATH",
     "Collected",
     "FakeAnthropicServer",
+    "FakeBedrockServer",
     "FakeDeployment",
     "FakeFleet",
+    "FakeGeminiServer",
+    "FakeGoogleTokenServer",
     "FakeOpenAIServer",
     "FakeResponse",
     "Fault",

@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline.testing._fake_server import FakeResponse, FakeServer
 
-__all__ = ["MESSAGES_PATH", "FakeAnthropicServer"]
+__all__ = ["MESSAGES_PATH", "FakeAnthropicServer", "MessagesAnswers"]
 
 MESSAGES_PATH = "/v1/messages"
 
@@ -51,54 +51,14 @@ def _event(name: str, **fields: Any) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **fields})}\n\n"
 
 
-class FakeAnthropicServer(FakeServer):
-    """A Messages API server on ``127.0.0.1``: ``POST /v1/messages``.
+class MessagesAnswers(FakeServer):
+    """The Messages API's answers on any path: `FakeAnthropicServer`'s, and Anthropic's
+    models on Vertex AI (`pipeline.testing.FakeGeminiServer`)."""
 
-    `base_url` is the server's root, as `AnthropicChatClient` and the ``anthropic`` SDK
-    take it. Requests without ``x-api-key`` or ``anthropic-version`` are answered as the
-    API would (401, 400). In `FakeResponse`, `stop_reason` is the Messages API's own value
-    (``end_turn``, ``max_tokens``, ``tool_use``, ``stop_sequence``, ``refusal``), and
-    `in_band_error` an error object such as ``{"type": "overloaded_error", "message": ...}``.
-    """
-
-    default_path = MESSAGES_PATH
-
-    @property
-    def base_url(self) -> str:
-        return self.origin
-
-    async def _handle(
-        self,
-        writer: asyncio.StreamWriter,
-        method: str,
-        path: str,
-        payload: Any,
-        response: FakeResponse,
+    async def _answer_messages(
+        self, writer: asyncio.StreamWriter, payload: Any, response: FakeResponse
     ) -> bool:
-        request = self.requests[-1]
-        if method != "POST" or path != MESSAGES_PATH:
-            await self._error(writer, 404, "not_found_error", "not found")
-            return True
-        if response.status >= 400:
-            if response.body is not None:
-                await self._send_json(writer, response.status, response.body, response.headers)
-            else:
-                await self._error(
-                    writer,
-                    response.status,
-                    response.error_type or response.error_code,
-                    response.error_message,
-                    response.headers,
-                )
-            return True
-        if "x-api-key" not in request.headers and "authorization" not in request.headers:
-            await self._error(writer, 401, "authentication_error", "x-api-key header is required")
-            return True
-        if "anthropic-version" not in request.headers:
-            await self._error(
-                writer, 400, "invalid_request_error", "anthropic-version header is required"
-            )
-            return True
+        """Answer a request that passed the path's own checks (headers, auth)."""
         if not isinstance(payload, dict) or not isinstance(payload.get("max_tokens"), int):
             await self._error(writer, 400, "invalid_request_error", "max_tokens: Field required")
             return True
@@ -322,3 +282,54 @@ class FakeAnthropicServer(FakeServer):
         delta = {"stop_reason": self._stop_reason(response), "stop_sequence": None}
         out.append(_event("message_delta", delta=delta, usage=self._usage(response)))
         return out
+
+
+class FakeAnthropicServer(MessagesAnswers):
+    """A Messages API server on ``127.0.0.1``: ``POST /v1/messages``.
+
+    `base_url` is the server's root, as `AnthropicChatClient` and the ``anthropic`` SDK
+    take it. Requests without ``x-api-key`` or ``anthropic-version`` are answered as the
+    API would (401, 400). In `FakeResponse`, `stop_reason` is the Messages API's own value
+    (``end_turn``, ``max_tokens``, ``tool_use``, ``stop_sequence``, ``refusal``), and
+    `in_band_error` an error object such as ``{"type": "overloaded_error", "message": ...}``.
+    """
+
+    default_path = MESSAGES_PATH
+
+    @property
+    def base_url(self) -> str:
+        return self.origin
+
+    async def _handle(
+        self,
+        writer: asyncio.StreamWriter,
+        method: str,
+        path: str,
+        payload: Any,
+        response: FakeResponse,
+    ) -> bool:
+        request = self.requests[-1]
+        if method != "POST" or path != MESSAGES_PATH:
+            await self._error(writer, 404, "not_found_error", "not found")
+            return True
+        if response.status >= 400:
+            if response.body is not None:
+                await self._send_json(writer, response.status, response.body, response.headers)
+            else:
+                await self._error(
+                    writer,
+                    response.status,
+                    response.error_type or response.error_code,
+                    response.error_message,
+                    response.headers,
+                )
+            return True
+        if "x-api-key" not in request.headers and "authorization" not in request.headers:
+            await self._error(writer, 401, "authentication_error", "x-api-key header is required")
+            return True
+        if "anthropic-version" not in request.headers:
+            await self._error(
+                writer, 400, "invalid_request_error", "anthropic-version header is required"
+            )
+            return True
+        return await self._answer_messages(writer, payload, response)

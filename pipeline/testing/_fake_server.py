@@ -68,8 +68,9 @@ class FakeResponse:
     * `stop_reason`: the format's own finish/stop reason (default: the natural one; in the
       Responses API, ``max_output_tokens`` or ``content_filter`` answer ``incomplete``);
     * `status` with `error_type`, `error_code`, `error_message`: an error answered in the
-      format's own error body (`body` replaces it verbatim); ``Retry-After`` goes in
-      `headers`;
+      format's own error body (`body` replaces it verbatim; with a success status, `body` is
+      the answer, for a format's variants: Chat Completions, Bedrock); ``Retry-After`` goes
+      in `headers`;
     * `latency` before the response starts, `first_chunk_delay`, `chunk_delay`;
     * `disconnect_after`: send that many SSE events, then drop the connection. The first
       events carry no content: the role chunk (OpenAI); ``response.created``,
@@ -77,9 +78,10 @@ class FakeResponse:
       ``response.content_part.added`` (Responses); ``message_start``,
       ``content_block_start`` and ``ping`` (Anthropic);
     * `in_band_error` (an ``error`` object) sent after `error_after` events on a 200 stream;
-    * `raw_lines`: SSE lines sent as they are (for malformed streams); `omit_done` leaves
-      out ``[DONE]`` (OpenAI), ``response.completed`` (Responses) or ``message_stop``
-      (Anthropic);
+    * `raw_lines`: SSE lines sent as they are (for malformed streams); `raw_body`: bytes
+      sent as a stream's body as they are (a binary framing's: Bedrock's event stream);
+      `omit_done` leaves out ``[DONE]`` (OpenAI), ``response.completed`` (Responses),
+      ``message_stop`` (Anthropic) or ``metadata`` (Bedrock);
     * `hang`: never answer, until the client goes away; `hang_after`: send that many SSE
       events, then wait until the client goes away (both count in `disconnects`);
     * `usage`: (input, output) tokens; `cache_usage`: (written, read) prompt-cache tokens
@@ -116,6 +118,7 @@ class FakeResponse:
     in_band_error: Mapping[str, Any] | None = None
     error_after: int = 0
     raw_lines: Sequence[str] | None = None
+    raw_body: bytes | None = None
     omit_done: bool = False
     hang: bool = False
     hang_after: int | None = None
@@ -170,10 +173,16 @@ class FakeResponse:
 
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
+    """One request a fake server received: its method, path (as sent, query left out),
+    headers (names lowercased), decoded JSON body (None if it was not JSON) and raw body."""
+
     method: str
     path: str
     headers: Mapping[str, str]
     json: Any
+    body: bytes = b""
+    query: str = ""
+    """The query string, without its ``?``."""
 
 
 def fake_embedding(text: str, dimensions: int) -> list[float]:
@@ -338,12 +347,12 @@ class FakeServer:
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        path = target.split("?", 1)[0]
+        path, _, query = target.partition("?")
         try:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
-        request = RecordedRequest(method, path, headers, payload)
+        request = RecordedRequest(method, path, headers, payload, body, query)
         self.requests.append(request)
         self._request_waiters.notify(len(self.requests))
         response = self.response_for(request)
@@ -503,6 +512,9 @@ class FakeOpenAIServer(FakeServer):
             return True
         if is_responses:
             return await self._responses(writer, payload, response)
+        if response.body is not None and not payload.get("stream"):
+            await self._send_json(writer, 200, response.body, response.headers)
+            return True
         if payload.get("stream"):
             events = [f"data: {data}\n\n" for data in self._chunk_payloads(payload, response)]
             error = "data: " + json.dumps({"error": dict(response.in_band_error or {})}) + "\n\n"

@@ -140,25 +140,21 @@ def _read(tool: Mapping[str, Any]) -> ToolDefinition | None:
     return None
 
 
-def as_tool(tool: object) -> ToolDefinition | RawTool:
-    """A tool of `ChatOptions.tools` as the typed tool it is: a `RawTool` or a tool
-    definition as it is; a mapping in a provider's shape (deprecated) as the function or
-    custom tool it describes, with a `DeprecationWarning`. `TypeError` for anything else
-    (a mapping of another shape belongs in a `RawTool`)."""
+def as_tool(tool: object, api: str) -> ToolDefinition | RawTool:
+    """A tool of `ChatOptions.tools`, for a route speaking `api`, as the typed tool it is: a
+    `RawTool` or a tool definition as it is. A mapping (the deprecated untyped form, with a
+    `DeprecationWarning`) in a provider's shape is the function or custom tool it describes;
+    one of no shape known here is taken, as it always was, for a tool in `api`'s own shape
+    (say so with a `RawTool`, which no route of another API sends)."""
     if not isinstance(tool, Mapping):
         return cast("ToolDefinition | RawTool", tool)  # a definition: `function_spec` checks
-    read = _read(tool)
-    if read is None:
-        raise TypeError(
-            "a tool mapping of no known shape: wrap a tool in one API's own shape in "
-            "RawTool(api, body)"
-        )
     warnings.warn(
         "tools as mappings are deprecated: use FunctionTool, CustomTool or RawTool",
         DeprecationWarning,
         stacklevel=2,
     )
-    return read
+    read = _read(tool)
+    return RawTool(api, tool) if read is None else read
 
 
 def custom_tool_names(tools: Iterable[object] | None) -> frozenset[str]:

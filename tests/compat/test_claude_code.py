@@ -10,7 +10,8 @@ takes seconds.
 
 Client (``claude -p ... --output-format json``) -> gateway (uvicorn, in this test's event
 loop) -> fake upstreams (Chat Completions, or the fake Anthropic server, which checks
-strictly that thinking blocks come back with their signatures unchanged).
+strictly that thinking blocks come back with their signatures unchanged, or the fake Gemini
+server, which checks thought signatures as strictly).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 from pipeline.config import parse_config
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import (
+    FakeAnthropicServer,
+    FakeBedrockServer,
+    FakeGeminiServer,
+    FakeOpenAIServer,
+    FakeResponse,
+)
 from tests.compat.node import claude_code
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, running
@@ -62,6 +69,17 @@ async def backup_upstream() -> AsyncIterator[FakeOpenAIServer]:
 async def anthropic_upstream() -> AsyncIterator[FakeAnthropicServer]:
     async with FakeAnthropicServer() as server:
         yield server
+
+
+@pytest.fixture
+def bedrock_upstream(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
+
+
+def bedrock_route(server: FakeBedrockServer) -> dict[str, Any]:
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    return {"provider": "bedrock", "model": model, "base_url": server.base_url}
 
 
 def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
@@ -123,6 +141,15 @@ async def ask(
         pytest.fail(f"claude printed nothing (exit {process.returncode}):\n{err.decode()[-4000:]}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def assert_never_recorded(secrets: list[str], caplog: pytest.LogCaptureFixture, otel: Otel) -> None:
+    """None of `secrets` in the logs (the SDKs' own aside) or in anything exported."""
+    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
+    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
+    for secret in secrets:
+        assert not [line for line in logged if secret in line]
+        assert not [text for text in otel.everything_exported() if secret in text]
 
 
 def server_spans(otel: Otel) -> list[Any]:
@@ -275,12 +302,38 @@ async def test_thinking_with_signatures_round_trips_over_an_anthropic_route(
     # Cache tokens reached Claude Code: the second request read the prefix the first wrote.
     assert result["usage"]["cache_read_input_tokens"] > 0
     # Canaries: no prompt, reasoning text, signature, tool argument or key in spans or logs.
-    secrets = [CANARY, thinking["signature"]]
-    records = [r for r in caplog.records if not r.name.startswith(("anthropic", "openai"))]
-    logged = [r.getMessage() for r in records] + [str(r.args) for r in records]
-    for secret in secrets:
-        assert not [line for line in logged if secret in line]
-        assert not [text for text in otel.everything_exported() if secret in text]
+    assert_never_recorded([CANARY, thinking["signature"]], caplog, otel)
+
+
+async def test_a_read_tool_loop_with_thought_signatures_over_a_gemini_route(
+    claude: Path, otel: Otel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claude Code served by Gemini: its thinking asks the route to think, the thought
+    signature of the Read call travels as a thinking block's signature and comes back to
+    the route unchanged (the fake refuses the turn otherwise)."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    notes = tmp_path / "notes.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    async with FakeGeminiServer() as gemini:
+        gemini.script(
+            FakeResponse(text="", tool_calls=[("Read", json.dumps({"file_path": str(notes)}))]),
+            FakeResponse(text="The file holds a launch code."),
+        )
+        cfg = gateway_config({"gemini": ("gemini", gemini.base_url)})
+        async with running(cfg, **otel.providers) as gateway:
+            result = await ask(claude, gateway, tmp_path, "What is in notes.txt?")
+            await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    assert gemini.count() == 2
+    first, second = (r.json for r in gemini.requests)
+    assert "thinkingConfig" in first["generationConfig"]  # Claude Code's thinking, mapped
+    model_turn = [c for c in second["contents"] if c["role"] == "model"][-1]
+    call = next(p for p in model_turn["parts"] if "functionCall" in p)
+    assert call["functionCall"]["name"] == "Read"
+    assert gemini.returned_signatures == 1 and gemini.placeholder_signatures == 0
+    answer = next(p for c in second["contents"] for p in c["parts"] if "functionResponse" in p)
+    assert CANARY in json.dumps(answer)  # Claude Code read the file and sent it
 
 
 async def test_failover_before_output_is_invisible(
@@ -337,3 +390,81 @@ async def test_every_route_down_ends_after_one_request(
     posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
     assert len(posts) == 1
     assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+
+
+async def test_thinking_and_a_read_tool_round_trip_over_a_bedrock_route(
+    claude: Path,
+    bedrock_upstream: FakeBedrockServer,
+    otel: Otel,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Claude Code against a Claude model on Bedrock: its thinking goes out as Converse
+    reasoning and comes back signed; its Read tool runs; its cache breakpoints are cache
+    points (the fake refuses a tool turn without its signed reasoning, and checks every
+    request's SigV4 signature)."""
+    caplog.set_level(logging.DEBUG)
+    notes = tmp_path / f"notes-{CANARY}.txt"
+    notes.write_text(f"the launch code is {CANARY}\n")
+    bedrock_upstream.script(
+        FakeResponse(
+            text="",
+            thinking=f"I should read the file {CANARY}.",
+            tool_calls=[("Read", json.dumps({"file_path": str(notes)}))],
+        ),
+        FakeResponse(text="The file holds a launch code.", thinking=f"Done {CANARY}."),
+    )
+    cfg = parse_config(
+        {
+            "routes": {"claude": bedrock_route(bedrock_upstream)},
+            "gateway": {"models": {"claude-*": "pipeline"}},
+            "layers": {"telemetry": True, "logging": True},
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, f"What is in the notes file? {CANARY}")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "The file holds a launch code."
+    assert bedrock_upstream.count() == 2 and bedrock_upstream.verified_signatures == 2
+    first, second = (r.json for r in bedrock_upstream.requests)
+    assert "thinking" in first["additionalModelRequestFields"]
+    assert any("cachePoint" in block for block in first["system"])
+    assistant = [m for m in second["messages"] if m["role"] == "assistant"][-1]
+    reasoning = assistant["content"][0]["reasoningContent"]["reasoningText"]
+    assert reasoning["signature"] == bedrock_upstream.reasoning_signature(reasoning["text"])
+    results = [b["toolResult"] for b in second["messages"][-1]["content"] if "toolResult" in b]
+    assert CANARY in json.dumps(results)  # Claude Code read the file and sent it
+    assert result["usage"]["cache_read_input_tokens"] > 0
+    assert_never_recorded([CANARY, reasoning["signature"]], caplog, otel)
+
+
+async def test_failover_from_a_bedrock_route_is_invisible(
+    claude: Path,
+    bedrock_upstream: FakeBedrockServer,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+) -> None:
+    bedrock_upstream.script(FakeResponse.error(429, type="ThrottlingException", retry_after="30"))
+    openai_upstream.script(FakeResponse(text="Served by the backup."))
+    cfg = parse_config(
+        {
+            "routes": {
+                "claude": bedrock_route(bedrock_upstream),
+                "backup": {
+                    "provider": "openai",
+                    "model": "model-backup",
+                    "base_url": openai_upstream.base_url,
+                },
+            },
+            "router": {"kind": "ordered", "order": ["claude", "backup"]},
+            "gateway": {"models": {"claude-*": "pipeline"}},
+        }
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Served by the backup."
+    assert (bedrock_upstream.count(), openai_upstream.count()) == (1, 1)

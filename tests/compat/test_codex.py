@@ -8,7 +8,8 @@ The gateway's config names the models Codex sends (its default ``gpt-6.2-sol``;
 ``gpt-5.1-codex`` with ``-m``) in ``[gateway] models``.
 
 Client (Codex, its native binary) -> gateway (in this test's event loop) -> fake upstreams
-(Chat Completions, or the Responses API with encrypted reasoning).
+(Chat Completions, the Responses API with encrypted reasoning, or Gemini with thought
+signatures).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline.config import parse_config
+from pipeline.testing import FakeBedrockServer, FakeGeminiServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import codex
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, running
@@ -251,6 +253,44 @@ async def test_encrypted_reasoning_round_trips_over_a_responses_upstream(
     assert any(a.get("gen_ai.usage.reasoning.output_tokens") == 3 for a in attributes)
 
 
+async def test_a_gemini_route_serves_a_tool_loop_with_its_thought_signatures(
+    codex_bin: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Codex served by Gemini: its reasoning asks for thought summaries, the signature of
+    the exec_command call travels as the reasoning item's encrypted content, and the
+    route gets it back unchanged (the fake refuses the turn otherwise)."""
+    monkeypatch.setenv("CODEX_TEST_GEMINI_KEY", "gm-key")
+    async with FakeGeminiServer() as gemini:
+        gemini.script(
+            FakeResponse(
+                text="",
+                thinking=REASONING,
+                tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))],
+                usage=(10, 6),
+                reasoning_tokens=2,
+            ),
+            FakeResponse(text="Done."),
+        )
+        route = {"provider": "gemini", "api_key_env": "CODEX_TEST_GEMINI_KEY"}
+        cfg = config(
+            {"primary": gemini},  # type: ignore[dict-item]
+            gateway={"models": MODELS},
+            route_options={"primary": route},
+        )
+        async with running(cfg) as gateway:
+            events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert items(events, "reasoning")[0]["text"] == REASONING
+    (command,) = items(events, "command_execution")
+    assert "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "Done."
+    first, second = (r.json for r in gemini.requests)
+    assert first["generationConfig"]["thinkingConfig"]["includeThoughts"] is True
+    assert gemini.returned_signatures == 1 and gemini.placeholder_signatures == 0
+    answer = next(p for c in second["contents"] for p in c["parts"] if "functionResponse" in p)
+    assert "CANARY-argument" in json.dumps(answer)
+    assert usage(events)["reasoning_output_tokens"] == 2
+
+
 async def test_failover_before_output_is_invisible(
     codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
 ) -> None:
@@ -261,3 +301,54 @@ async def test_failover_before_output_is_invisible(
         events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
     assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
     assert (upstream.count(), backup.count()) == (1, 1)
+
+
+@pytest.fixture
+def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
+    """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
+    return fake_bedrock_server
+
+
+def bedrock_config(bedrock: FakeBedrockServer, backup: FakeOpenAIServer | None = None) -> Any:
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    routes: dict[str, Any] = {
+        "claude": {"provider": "bedrock", "model": model, "base_url": bedrock.base_url}
+    }
+    data: dict[str, Any] = {"routes": routes, "gateway": {"models": MODELS}}
+    if backup is not None:
+        routes["backup"] = {"provider": "openai", "model": "m", "base_url": backup.base_url}
+        data["router"] = {"kind": "ordered", "order": ["claude", "backup"]}
+    return parse_config(data)
+
+
+async def test_exec_command_round_trip_over_a_bedrock_route(
+    codex_bin: Path, bedrock: FakeBedrockServer, tmp_path: Path
+) -> None:
+    """Codex (the Responses API) against a Bedrock route: its tools become Converse tool
+    specs (names the service takes), its command's output goes back as a tool result."""
+    bedrock.script(
+        FakeResponse(text="", tool_calls=[("exec_command", json.dumps({"cmd": COMMAND}))]),
+        FakeResponse(text="The command printed its argument."),
+    )
+    async with running(bedrock_config(bedrock)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    (command,) = items(events, "command_execution")
+    assert command["exit_code"] == 0 and "CANARY-argument" in command["aggregated_output"]
+    assert items(events, "agent_message")[-1]["text"] == "The command printed its argument."
+    first, second = bedrock.requests
+    names = {t["toolSpec"]["name"] for t in first.json["toolConfig"]["tools"] if "toolSpec" in t}
+    assert "exec_command" in names
+    results = [b["toolResult"] for b in second.json["messages"][-1]["content"] if "toolResult" in b]
+    assert len(results) == 1 and "CANARY-argument" in json.dumps(results)
+    assert bedrock.verified_signatures == 2
+
+
+async def test_failover_from_a_bedrock_route_is_invisible(
+    codex_bin: Path, bedrock: FakeBedrockServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    bedrock.script(FakeResponse.error(503, type="ServiceUnavailableException"))
+    backup.script(FakeResponse(text="Served by the backup."))
+    async with running(bedrock_config(bedrock, backup)) as gateway:
+        events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+    assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
+    assert (bedrock.count(), backup.count()) == (1, 1)

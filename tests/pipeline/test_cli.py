@@ -113,6 +113,18 @@ def test_fake_server_command_speaks_the_anthropic_format() -> None:
         ]
 
 
+def test_fake_server_command_speaks_the_gemini_format() -> None:
+    with fake_server_process("gemini") as base_url:
+        response = httpx2.post(
+            f"{base_url}/models/m:generateContent",
+            json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+            headers={"x-goog-api-key": "k"},
+            timeout=10,
+        )
+        [candidate] = response.json()["candidates"]
+        assert candidate["content"]["parts"] == [{"text": "Hello from the fake server."}]
+
+
 def test_ask_uses_a_config_file(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
     assert main(["ask", "--config", str(example), "--env", "development", "hello"]) == 0

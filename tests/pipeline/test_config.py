@@ -25,6 +25,7 @@ from pipeline.config import (
     LayersConfig,
     OllamaRouteConfig,
     OpenAIRouteConfig,
+    RouteConfig,
     ScriptedRouteConfig,
     TieredRouterConfig,
     build_pipeline,
@@ -35,6 +36,17 @@ from pipeline.config import (
 from pipeline.errors import ConfigError, ProviderError
 from pipeline.testing import FakeOpenAIServer, FakeResponse, collect
 from tests.otel import Otel
+
+# The `provider` of each route class, in the union's order (as problems list them).
+PROVIDERS = str(
+    [
+        name
+        for table in typing.get_args(typing.get_args(RouteConfig)[0])
+        for name in typing.get_args(table.model_fields["provider"].annotation)
+    ]
+)
+"""Every route table's provider names, in the order of the route union (a vendor table
+names several)."""
 
 BASE = """
 [routes.small]
@@ -222,7 +234,7 @@ async def test_function_invocation_takes_tools_from_code(tmp_path: Path) -> None
             "routes.small.max_input_tokens: expected at least 1, got 0",
         ),
         (
-            ('provider = "scripted"\nreply = "small answer"', 'provider = "gemini"'),
+            ('provider = "scripted"\nreply = "small answer"', 'provider = "mistery"'),
             "routes.small.provider: expected one of",
         ),
         (
@@ -361,10 +373,7 @@ def test_every_problem_is_reported_at_once_with_suggestions() -> None:
         "routes.a.timeout": "expected a finite number, got nan",
         "routes.b.retry.max_attempts": "expected at least 1, got 0",
         "routes.b.retry.jitter": "expected true or false, got str",
-        "routes.c.provider": (
-            "expected one of ['openai', 'openai_responses', 'azure_openai', 'ollama', "
-            "'anthropic', 'scripted'], got 'gemnii'"
-        ),
+        "routes.c.provider": (f"expected one of {PROVIDERS}, got 'gemnii'; did you mean 'gemini'?"),
         "router.max_attempts_per_request": "expected positive, got 0",
         "router.order[1]": "names no route: 'bb'; did you mean 'b'?",
     }
@@ -618,27 +627,18 @@ def test_routes_and_routers_are_typed_by_their_discriminator(
     [
         (
             {"routes": {"a": {"model": "m"}}},
-            {
-                "routes.a.provider": "is required (one of "
-                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'])"
-            },
+            {"routes.a.provider": f"is required (one of {PROVIDERS})"},
         ),
         (
             {"routes": {"a": {"provider": "opnai", "model": "m"}}},
             {
-                "routes.a.provider": "expected one of "
-                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'], got 'opnai'; did you mean 'openai'?"
+                "routes.a.provider": f"expected one of {PROVIDERS}, got 'opnai'; "
+                "did you mean 'openai'?"
             },
         ),
         (
             {"routes": {"a": {"provider": 7}}},
-            {
-                "routes.a.provider": "expected one of "
-                "['openai', 'openai_responses', 'azure_openai', 'ollama', 'anthropic', "
-                "'scripted'], got int"
-            },
+            {"routes.a.provider": f"expected one of {PROVIDERS}, got int"},
         ),
         (
             {"routes": {"a": {"provider": "scripted", "breaker": {"fail_mx": 2}}}},
@@ -706,6 +706,8 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     from pipeline.providers import (
         AnthropicChatClient,
         AzureOpenAIChatClient,
+        BedrockChatClient,
+        GeminiChatClient,
         HashingEmbeddingGenerator,
         OllamaChatClient,
         OpenAIChatClient,
@@ -716,7 +718,9 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
     from pipeline.providers._settings import (
         AnthropicSettings,
         AzureOpenAISettings,
+        BedrockSettings,
         ChatCompletionsSettings,
+        GeminiSettings,
         HashingEmbeddingsSettings,
         HTTPProviderSettings,
         OllamaSettings,
@@ -724,6 +728,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OpenAIResponsesSettings,
         OpenAISettings,
         ScriptedSettings,
+        VertexSettings,
     )
     from pipeline.testing import ScriptedChatClient
 
@@ -738,12 +743,24 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         (AnthropicSettings, "max_tokens", AnthropicChatClient, "max_tokens"),
         (AnthropicSettings, "anthropic_version", AnthropicChatClient, "anthropic_version"),
         (AzureOpenAISettings, "api_version", AzureOpenAIChatClient, "api_version"),
+        (BedrockSettings, "region", BedrockChatClient, "region"),
+        (BedrockSettings, "profile", BedrockChatClient, "profile"),
+        (BedrockSettings, "base_url", BedrockChatClient, "base_url"),
+        (BedrockSettings, "max_tokens", BedrockChatClient, "max_tokens"),
+        (GeminiSettings, "base_url", GeminiChatClient, "base_url"),
+        (VertexSettings, "max_tokens", AnthropicChatClient, "max_tokens"),
         (ScriptedSettings, "model", ScriptedChatClient, "model_id"),
         (HashingEmbeddingsSettings, "dimensions", HashingEmbeddingGenerator, "dimensions"),
         (OpenAIEmbeddingsSettings, "base_url", OpenAIEmbeddingGenerator, "base_url"),
         (TieredRouterConfig, "sticky_sessions", TieredRoutingChatClient, "sticky_sessions"),
     ]
-    for client in (OpenAIChatClient, OpenAIResponsesChatClient, AnthropicChatClient):
+    for client in (
+        OpenAIChatClient,
+        OpenAIResponsesChatClient,
+        AnthropicChatClient,
+        BedrockChatClient,
+        GeminiChatClient,
+    ):
         pairs.append((HTTPProviderSettings, "first_chunk_timeout", client, "first_chunk_timeout"))
         pairs.append((HTTPProviderSettings, "stream_idle_timeout", client, "stream_idle_timeout"))
         pairs.append((HTTPProviderSettings, "max_response_bytes", client, "max_response_bytes"))
@@ -757,6 +774,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OpenAIResponsesSettings: OpenAIResponsesChatClient,
         AzureOpenAISettings: AzureOpenAIChatClient,
         AnthropicSettings: AnthropicChatClient,
+        GeminiSettings: GeminiChatClient,
         OpenAIEmbeddingsSettings: OpenAIChatClient,
     }
     for settings, client in keyed.items():

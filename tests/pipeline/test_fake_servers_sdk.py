@@ -1,13 +1,26 @@
 """The official SDKs, validating their response types strictly, as clients of the fake
-servers: every success is accepted and every error shape maps to the SDK's own exception."""
+servers: every success is accepted and every error shape maps to the SDK's own exception.
+boto3's ``bedrock-runtime`` client judges the Bedrock fake: its signer must pass the fake's
+signature check, and its own event-stream parser must read the fake's streams."""
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anthropic
+import boto3
+import botocore.config
+import botocore.exceptions
 import openai
 import pytest
 
-from pipeline.testing import RESPONSES_PATH, FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from pipeline.testing import (
+    RESPONSES_PATH,
+    FakeAnthropicServer,
+    FakeBedrockServer,
+    FakeOpenAIServer,
+    FakeResponse,
+)
 
 ARGUMENTS = '{"city": "Oslo", "days": 3}'
 
@@ -374,3 +387,201 @@ async def test_anthropic_requires_its_headers(
             extra_headers={"anthropic-version": anthropic.Omit()},
         )
     assert server.count() == 1
+
+
+# -- Bedrock (boto3) --------------------------------------------------------------------------
+
+MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+USER = [{"role": "user", "content": [{"text": "hi"}]}]
+
+
+@pytest.fixture
+async def brk(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[FakeBedrockServer, Any]]:
+    async with FakeBedrockServer(session_tokens={"AKIDFAKEBEDROCK0001": "token-1"}) as server:
+        for name, value in server.environment().items():
+            monkeypatch.setenv(name, value)  # no shared config files, no instance metadata
+        sdk = boto3.session.Session().client(
+            "bedrock-runtime",
+            endpoint_url=server.base_url,
+            config=botocore.config.Config(retries={"total_max_attempts": 1}),
+        )
+        yield server, sdk
+        sdk.close()
+
+
+async def _call(sdk: Any, operation: str, **request: Any) -> Any:
+    return await asyncio.to_thread(getattr(sdk, operation), modelId=MODEL, **request)
+
+
+async def _events(sdk: Any, **request: Any) -> list[dict[str, Any]]:
+    response = await _call(sdk, "converse_stream", **request)
+    return await asyncio.to_thread(list, response["stream"])
+
+
+async def test_bedrock_converse_is_read_by_boto3(brk: tuple[FakeBedrockServer, Any]) -> None:
+    server, sdk = brk
+    server.script(
+        FakeResponse(
+            text="one two",
+            tool_calls=[("get_weather", ARGUMENTS)],
+            usage=(11, 4),
+            cache_usage=(2, 3),
+        )
+    )
+    tools = {"tools": [{"toolSpec": {"name": "get_weather", "inputSchema": {"json": {}}}}]}
+    answer = await _call(sdk, "converse", messages=USER, toolConfig=tools)
+    assert answer["stopReason"] == "tool_use"
+    text, tool = answer["output"]["message"]["content"]
+    assert text == {"text": "one two"}
+    assert tool["toolUse"]["name"] == "get_weather"
+    assert tool["toolUse"]["input"] == {"city": "Oslo", "days": 3}
+    assert answer["usage"] == {
+        "inputTokens": 11,
+        "outputTokens": 4,
+        "totalTokens": 20,
+        "cacheReadInputTokens": 3,
+        "cacheWriteInputTokens": 2,
+    }
+    assert server.verified_signatures == 1 and server.models == [MODEL]
+
+
+async def test_bedrock_streams_are_read_by_boto3s_event_stream_parser(
+    brk: tuple[FakeBedrockServer, Any],
+) -> None:
+    server, sdk = brk
+    server.script(FakeResponse(text="a b", tool_calls=[("f", ARGUMENTS)], thinking="hmm"))
+    thinking = {"thinking": {"type": "enabled", "budget_tokens": 1024}}
+    events = await _events(sdk, messages=USER, additionalModelRequestFields=thinking)
+    kinds = [next(iter(event)) for event in events]
+    assert kinds == [
+        "messageStart",
+        *["contentBlockDelta"] * 2,  # reasoning text, then its signature
+        "contentBlockStop",
+        *["contentBlockDelta"] * 2,  # "a ", "b"
+        "contentBlockStop",
+        "contentBlockStart",
+        *["contentBlockDelta"] * 3,  # the tool's input in three pieces
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    ]
+    deltas = [e["contentBlockDelta"]["delta"] for e in events if "contentBlockDelta" in e]
+    assert deltas[0] == {"reasoningContent": {"text": "hmm"}}
+    assert deltas[1] == {"reasoningContent": {"signature": server.reasoning_signature("hmm")}}
+    assert "".join(d["toolUse"]["input"] for d in deltas if "toolUse" in d) == ARGUMENTS
+    assert events[-2]["messageStop"]["stopReason"] == "tool_use"
+    assert events[-1]["metadata"]["usage"]["totalTokens"] == 12
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        (429, "ThrottlingException"),
+        (429, "ModelNotReadyException"),
+        (503, "ServiceUnavailableException"),
+        (500, "InternalServerException"),
+        (408, "ModelTimeoutException"),
+        (424, "ModelErrorException"),
+        (400, "ValidationException"),
+        (403, "AccessDeniedException"),
+        (404, "ResourceNotFoundException"),
+    ],
+)
+async def test_bedrock_errors_are_boto3s_modeled_exceptions(
+    brk: tuple[FakeBedrockServer, Any], status: int, error_type: str, streaming: bool
+) -> None:
+    server, sdk = brk
+    server.script(FakeResponse.error(status, type=error_type, message="m", retry_after="4"))
+    error = getattr(sdk.exceptions, error_type)
+    with pytest.raises(error) as caught:
+        if streaming:
+            await _events(sdk, messages=USER)
+        else:
+            await _call(sdk, "converse", messages=USER)
+    assert caught.value.response["Error"]["Code"] == error_type
+    assert caught.value.response["Error"]["Message"] == "m"
+    metadata = caught.value.response["ResponseMetadata"]
+    assert metadata["HTTPStatusCode"] == status
+    assert metadata["HTTPHeaders"]["retry-after"] == "4"
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        "throttlingException",
+        "modelStreamErrorException",
+        "serviceUnavailableException",
+        "internalServerException",
+        "validationException",
+    ],
+)
+async def test_bedrock_stream_exceptions_are_boto3_event_stream_errors(
+    brk: tuple[FakeBedrockServer, Any], member: str
+) -> None:
+    server, sdk = brk
+    server.script(
+        FakeResponse(text="a b c", in_band_error={"type": member, "message": "m"}, error_after=2)
+    )
+    response = await _call(sdk, "converse_stream", messages=USER)
+    seen: list[str] = []
+
+    def read() -> None:
+        for event in response["stream"]:
+            seen.append(next(iter(event)))
+
+    with pytest.raises(botocore.exceptions.EventStreamError) as caught:
+        await asyncio.to_thread(read)
+    assert seen == ["messageStart", "contentBlockDelta"]
+    assert caught.value.response["Error"] == {"Code": member, "Message": "m"}
+
+
+async def test_bedrock_refuses_what_the_service_refuses(brk: tuple[FakeBedrockServer, Any]) -> None:
+    server, sdk = brk
+    refused = [
+        [{"role": "assistant", "content": [{"text": "first"}]}],
+        [{"role": "user", "content": [{"text": " "}]}],
+        [
+            {"role": "user", "content": [{"text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [{"toolUse": {"toolUseId": "t", "name": "f", "input": {}}}],
+            },
+            {
+                "role": "user",
+                "content": [{"toolResult": {"toolUseId": "t", "content": [{"text": "x"}]}}],
+            },
+        ],  # tool blocks without a toolConfig
+        [
+            {"role": "user", "content": [{"text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"reasoningContent": {"reasoningText": {"text": "x", "signature": "forged"}}}
+                ],
+            },
+            {"role": "user", "content": [{"text": "more"}]},
+        ],
+    ]
+    for messages in refused:
+        with pytest.raises(sdk.exceptions.ValidationException):
+            await _call(sdk, "converse", messages=messages)
+    assert server.count() == len(refused)
+
+
+async def test_bedrock_checks_every_signature(brk: tuple[FakeBedrockServer, Any]) -> None:
+    server, _ = brk
+    forger = boto3.session.Session(
+        aws_access_key_id="AKIDFAKEBEDROCK0001",
+        aws_secret_access_key="the-wrong-secret",
+        aws_session_token="token-1",
+    ).client(
+        "bedrock-runtime",
+        endpoint_url=server.base_url,
+        config=botocore.config.Config(retries={"total_max_attempts": 1}),
+    )
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        await _call(forger, "converse", messages=USER)
+    forger.close()
+    assert caught.value.response["Error"]["Code"] == "InvalidSignatureException"
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert server.verified_signatures == 0

@@ -3,8 +3,14 @@ top-level conftest as a user's would load it."""
 
 import pytest
 
-from pipeline.providers import AnthropicChatClient, OpenAIChatClient
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
+from pipeline.providers import AnthropicChatClient, BedrockChatClient, OpenAIChatClient
+from pipeline.testing import (
+    FakeAnthropicServer,
+    FakeBedrockServer,
+    FakeOpenAIServer,
+    FakeResponse,
+    collect,
+)
 
 
 def test_streaming_runs_a_test_once_per_call_shape(
@@ -36,6 +42,18 @@ async def test_fake_anthropic_server_is_started_for_the_test(
         result = await collect(client, "hi", streaming=streaming)
     assert result.error is None and result.text == "one two"
     assert fake_anthropic_server.count() == 1
+
+
+async def test_fake_bedrock_server_is_started_with_its_credentials_in_the_environment(
+    fake_bedrock_server: FakeBedrockServer, streaming: bool
+) -> None:
+    fake_bedrock_server.script(FakeResponse(text="one two"))
+    async with BedrockChatClient(
+        "amazon.nova-lite-v1:0", base_url=fake_bedrock_server.base_url
+    ) as client:
+        result = await collect(client, "hi", streaming=streaming)
+    assert result.error is None and result.text == "one two"
+    assert fake_bedrock_server.count() == 1 and fake_bedrock_server.verified_signatures == 1
 
 
 def test_no_entry_point_loads_the_plugin() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 from pipeline.client import ChatClient
 from pipeline.providers import (
     AnthropicChatClient,
+    BedrockChatClient,
+    GeminiChatClient,
     OpenAIChatClient,
     OpenAIResponsesChatClient,
     _chat_completions,
@@ -22,14 +24,20 @@ from pipeline.providers import (
 )
 from pipeline.testing import (
     CHAT_PATH,
+    CONVERSE_PATH,
+    GENERATE_CONTENT,
     MESSAGES_PATH,
     RESPONSES_PATH,
     FakeAnthropicServer,
+    FakeBedrockServer,
+    FakeGeminiServer,
     FakeOpenAIServer,
     FakeResponse,
 )
 from pipeline.testing._fake_server import FakeServer
 from pipeline.types import ChatMessage, ReasoningOptions, UsageDetails
+from pipeline.wire.bedrock import outbound as _bedrock
+from pipeline.wire.gemini import outbound as _gemini
 
 KEY = "sk-CANARY-wire-key"
 KEY_VARIABLE = "WIRE_TEST_UPSTREAM_KEY"  # the routes' api_key_env (tests set it)
@@ -169,9 +177,9 @@ class WireApi:
     quiet_events: int
     """How many events a stream sends before its first text (role chunks, starts, pings)."""
     named: Callable[[str], Any]
-    """``tool_choice`` naming a tool."""
+    """The tool choice naming a tool (what `choice` reads of a request)."""
     none: Any
-    """``tool_choice`` asking for no tool call."""
+    """The tool choice asking for no tool call (None: no choice is sent)."""
     usage: Callable[[FakeResponse], UsageDetails]
     """The usage a client reads from the fake's answer to a script."""
     reasoning: ReasoningOptions
@@ -180,6 +188,10 @@ class WireApi:
     """Whether the API takes its reasoning back, unchanged (a signature, encrypted
     content), on the next turn; else the reasoning is not sent back at all."""
     inbound: Inbound | None
+    choice: Callable[[Mapping[str, Any]], Any] = lambda body: body.get("tool_choice")
+    """Where a request says its tool choice."""
+    environment: Callable[[Any], Mapping[str, str]] = lambda server: {}
+    """What a client's environment needs to reach the fake (credentials)."""
 
 
 def _openai_usage(response: FakeResponse, *, writes: bool) -> UsageDetails:
@@ -374,7 +386,71 @@ MESSAGES = WireApi(
     ),
 )
 
-APIS: tuple[WireApi, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
+CLAUDE_ON_BEDROCK = "anthropic.claude-sonnet-4-5-20250929-v1:0"
+
+
+def _gemini_usage(response: FakeResponse) -> UsageDetails:
+    (prompt, completion), read = response.usage, response.cache_usage[1]
+    return UsageDetails(
+        input_tokens=prompt,
+        output_tokens=completion,  # thoughts included
+        total_tokens=prompt + completion,
+        reasoning_tokens=response.reasoning_tokens or None,
+        cache_read_tokens=read or None,
+    )
+
+
+GEMINI = WireApi(
+    name="gemini",
+    fake=FakeGeminiServer,
+    path=GENERATE_CONTENT,
+    client=lambda server, name: GeminiChatClient(
+        "gemini-test", api_key=KEY, base_url=server.base_url, name=name
+    ),
+    route=lambda server: {
+        "provider": "gemini",
+        "model": "gemini-test",
+        "base_url": server.base_url,
+        "api_key_env": KEY_VARIABLE,
+    },
+    build=lambda messages: _gemini.build_request(messages, None),
+    quiet_events=0,  # every chunk carries content
+    named=lambda name: {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [name]}},
+    none={"functionCallingConfig": {"mode": "NONE"}},
+    choice=lambda body: body.get("toolConfig"),
+    usage=_gemini_usage,
+    reasoning=ReasoningOptions(effort="low", summary="auto"),
+    reasoning_returns=True,  # thought signatures
+    inbound=None,
+)
+
+BEDROCK = WireApi(
+    name="bedrock",
+    fake=FakeBedrockServer,
+    path=CONVERSE_PATH,
+    client=lambda server, name: BedrockChatClient(
+        CLAUDE_ON_BEDROCK, base_url=server.base_url, name=name
+    ),
+    route=lambda server: {
+        "provider": "bedrock",
+        "model": CLAUDE_ON_BEDROCK,
+        "base_url": server.base_url,
+    },
+    build=lambda messages: _bedrock.build_request(
+        messages, None, model=CLAUDE_ON_BEDROCK, max_tokens=16
+    ),
+    quiet_events=1,  # messageStart
+    named=lambda name: {"tool": {"name": name}},
+    none=None,  # no toolChoice member says it
+    choice=lambda body: (body.get("toolConfig") or {}).get("toolChoice"),
+    usage=_messages_usage,  # counted apart from the cache, as Anthropic counts
+    reasoning=ReasoningOptions(budget_tokens=1024),
+    reasoning_returns=True,  # signed reasoning blocks
+    inbound=None,
+    environment=lambda server: server.environment(),
+)
+
+APIS: tuple[WireApi, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES, GEMINI, BEDROCK)
 """Every wire API a provider client speaks."""
 
 INBOUND: tuple[WireApi, ...] = tuple(api for api in APIS if api.inbound is not None)

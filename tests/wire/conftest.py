@@ -19,8 +19,11 @@ def api(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Wire
 
 
 @pytest.fixture
-async def upstream(api: WireApi) -> AsyncIterator[FakeServer]:
+async def upstream(api: WireApi, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeServer]:
     async with api.fake() as server:
+        for name, value in api.environment(server).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.delenv("AWS_PROFILE", raising=False)
         yield server
 
 

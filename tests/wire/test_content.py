@@ -66,6 +66,20 @@ DROPS: dict[str, dict[type, frozenset[ChatRole]]] = {
         FunctionCallContent: frozenset({ChatRole.SYSTEM}),
         FunctionResultContent: frozenset({ChatRole.SYSTEM}),
     },
+    "gemini": {
+        ReasoningContent: _ALL_ROLES,  # another API's reasoning item: no thought signature
+        # The system instruction is text.
+        DataContent: frozenset({ChatRole.SYSTEM}),
+        FunctionCallContent: frozenset({ChatRole.SYSTEM}),
+        FunctionResultContent: frozenset({ChatRole.SYSTEM}),
+    },
+    "bedrock": {
+        ReasoningContent: _ALL_ROLES,  # another API's reasoning item: no Converse signature
+        # The system prompt is text.
+        DataContent: frozenset({ChatRole.SYSTEM}),
+        FunctionCallContent: frozenset({ChatRole.SYSTEM}),
+        FunctionResultContent: frozenset({ChatRole.SYSTEM}),
+    },
 }
 """Per API, the content classes its codec leaves out, and in which roles (the module
 docstrings say so)."""
@@ -85,9 +99,12 @@ def test_each_content_is_sent_or_a_documented_drop(
     api: WireApi, kind: type, role: ChatRole
 ) -> None:
     content, shows = SAMPLES[kind]
-    # A user turn first and an answer after it: every API then has a conversation to send.
+    # A call and its result first (an API that matches results to calls by name finds it),
+    # and a user turn after: every API then has a conversation to send.
     conversation = [
         ChatMessage.user("hi"),
+        ChatMessage.assistant(FunctionCallContent("call_1", "lookup", {"q": "x"})),
+        ChatMessage.tool(FunctionResultContent("call_1", "x")),
         ChatMessage(role, [content]),
         ChatMessage.user("and?"),
     ]

@@ -37,7 +37,7 @@ async def test_a_provider_sends_the_choice_its_api_means(
     async with api.client(upstream, "route") as chat:
         result = await collect(chat, "hi", options, streaming=streaming)
     assert result.error is None
-    assert sent(upstream)["tool_choice"] == expected(api)
+    assert api.choice(sent(upstream)) == expected(api)
 
 
 async def test_a_string_tool_mode_still_works_and_says_it_is_deprecated(
@@ -49,9 +49,9 @@ async def test_a_string_tool_mode_still_works_and_says_it_is_deprecated(
         none = ChatOptions(tools=[FunctionTool("get_weather")], tool_mode="none")
     async with api.client(upstream, "route") as chat:
         await chat.get_response("hi", options)
-        assert sent(upstream)["tool_choice"] == api.named("get_weather")
+        assert api.choice(sent(upstream)) == api.named("get_weather")
         await chat.get_response("hi", none)
-        assert sent(upstream)["tool_choice"] == api.none
+        assert api.choice(sent(upstream)) == api.none
 
 
 def test_a_mode_word_as_a_string_is_refused_when_a_tool_has_that_name() -> None:
@@ -96,6 +96,6 @@ async def test_the_gateway_passes_a_choice_of_a_tool_named_none_to_every_api(
             form.path, json=body, headers={"x-api-key": "unused", **form.headers}
         )
     assert answer.status_code == 200, answer.text
-    assert sent(upstream)["tool_choice"] == api.named("none")
+    assert api.choice(sent(upstream)) == api.named("none")
     # The model's call of that tool reaches the client (its arguments say Paris).
     assert "Paris" in (answer.text if streaming else json.dumps(answer.json()))

@@ -11,6 +11,9 @@ Reasoning: ``reasoningContent`` blocks (their text and ``signature``, or their
 redacted data), read from answers and streams and sent back in assistant turns exactly as
 received; reasoning without a signature, or another API's reasoning item (an `id`), is left
 out. How much a model may think goes where its family takes it (`_reasoning`).
+
+Every content type is matched (mypy checks none is forgotten); a system message's contents
+other than text are left out (the system prompt is text).
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ streamed answer's last, empty, part) is not kept: the API checks only those of f
 calls, and a stream cannot put it before the text it follows, where the Messages API's
 clients look for reasoning. An answer and a stream of the same parts give the same
 contents: the answer is read as one chunk of a stream.
+
+Every content type is matched (mypy checks none is forgotten). Left out: a system message's
+contents other than text (the system instruction is text), and reasoning Gemini did not make
+in a form it could (Anthropic's redacted thinking, a Responses reasoning item).
 """
 
 from __future__ import annotations
@@ -140,9 +144,10 @@ def _parts(message: ChatMessage, names: dict[str, str]) -> list[dict[str, Any]]:
             case FunctionResultContent():
                 part = _function_response(content, names)
             case ReasoningContent():
-                # Another API's encrypted reasoning (Anthropic's redacted thinking) means
-                # nothing here; thought text and signatures go back on a model turn only.
-                if not model or content.redacted:
+                # Another API's encrypted reasoning (Anthropic's redacted thinking, a
+                # Responses reasoning item) means nothing here; thought text and signatures
+                # go back on a model turn only.
+                if not model or content.redacted or content.id is not None:
                     continue
                 if content.text:
                     parts.append({"text": content.text, "thought": True})

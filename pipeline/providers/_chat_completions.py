@@ -54,7 +54,7 @@ from pipeline.types import (
     unknown_content,
 )
 from pipeline.wire.chat_completions.vocab import API, tool_choice
-from pipeline.wire.tools import as_tool, function_spec, raw_body
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "MAX_TOKENS_FIELDS",
@@ -81,8 +81,10 @@ def _tool_definition(tool: ChatTool) -> dict[str, Any]:
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:
-            function = function_spec(definition, API).definition("parameters")
-            return {"type": "function", "function": function}
+            return {
+                "type": "function",
+                "function": function_definition(definition, API, "parameters"),
+            }
 
 
 def data_url(content: DataContent) -> str:

@@ -53,7 +53,7 @@ from pipeline.types import (
     unknown_content,
 )
 from pipeline.wire.messages.vocab import API, tool_choice
-from pipeline.wire.tools import as_tool, function_spec, raw_body
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "ANTHROPIC_EFFORTS",
@@ -80,7 +80,7 @@ def _tool(tool: ChatTool) -> dict[str, Any]:
         case RawTool() as raw:
             return raw_body(raw, API)
         case definition:
-            return function_spec(definition, API).definition("input_schema")
+            return function_definition(definition, API, "input_schema")
 
 
 def _data_block(content: DataContent) -> dict[str, Any]:

@@ -60,7 +60,7 @@ from pipeline.types import (
     unknown_content,
 )
 from pipeline.wire.responses.vocab import API, tool_choice
-from pipeline.wire.tools import as_tool, custom_tool_names, function_spec, raw_body
+from pipeline.wire.tools import as_tool, custom_tool_names, function_definition, raw_body
 
 __all__ = [
     "END_EVENTS",
@@ -99,7 +99,7 @@ def tool_definition(tool: ChatTool) -> dict[str, Any]:
                 definition["format"] = dict(custom.format)
             return definition
         case other:
-            return {"type": "function", **function_spec(other, API).definition("parameters")}
+            return function_definition(other, API, "parameters", kind="function")
 
 
 def _user_content(parts: list[TextContent | DataContent]) -> str | list[dict[str, Any]]:
@@ -128,23 +128,26 @@ def _reasoning_item(content: ReasoningContent) -> dict[str, Any] | None:
     }
 
 
+def _flush(
+    items: list[dict[str, Any]], parts: list[TextContent | DataContent], role: ChatRole
+) -> None:
+    """The text (and a user's images) gathered so far as one message item."""
+    if not parts:
+        return
+    if role is ChatRole.USER:
+        items.append({"role": "user", "content": _user_content(parts)})
+    elif role is not ChatRole.TOOL:  # a tool message is its results
+        text = "".join(part.text for part in parts if isinstance(part, TextContent))
+        items.append({"role": role.value, "content": text})
+    parts.clear()
+
+
 def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str, Any]]:
     """A message as input items, in its order: a user message's text and images, another
     role's text, the model's reasoning and calls, tool results as output items."""
     role = message.role
     items: list[dict[str, Any]] = []
     parts: list[TextContent | DataContent] = []
-
-    def flush() -> None:
-        if not parts:
-            return
-        if role is ChatRole.USER:
-            items.append({"role": "user", "content": _user_content(parts)})
-        elif role is not ChatRole.TOOL:  # a tool message is its results
-            text = "".join(part.text for part in parts if isinstance(part, TextContent))
-            items.append({"role": role.value, "content": text})
-        parts.clear()
-
     for content in message.contents:
         match content:
             case TextContent():
@@ -155,10 +158,10 @@ def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str,
             case ReasoningContent():
                 item = _reasoning_item(content) if role is ChatRole.ASSISTANT else None
                 if item is not None:
-                    flush()
+                    _flush(items, parts, role)
                     items.append(item)
             case FunctionCallContent():
-                flush()
+                _flush(items, parts, role)
                 if content.custom:
                     items.append(
                         {
@@ -178,7 +181,7 @@ def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str,
                         }
                     )
             case FunctionResultContent():
-                flush()
+                _flush(items, parts, role)
                 custom = content.call_id in custom_calls
                 items.append(
                     {
@@ -189,7 +192,7 @@ def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str,
                 )
             case _:
                 unknown_content(content)
-    flush()
+    _flush(items, parts, role)
     if not items and role is not ChatRole.TOOL and role is not ChatRole.ASSISTANT:
         items.append({"role": role.value, "content": ""})  # as an empty message was
     return items
@@ -253,7 +256,8 @@ def build_request(
         body["tools"] = [tool_definition(t) for t in options.tools]
         choice = as_tool_choice(options.tool_mode, options.tools)
         if choice is not None:
-            body["tool_choice"] = tool_choice(choice, custom_tool_names(options.tools))
+            custom = custom_tool_names(options.tools) if choice.name else frozenset[str]()
+            body["tool_choice"] = tool_choice(choice, custom)
     text: dict[str, Any] = {}
     if options.response_format is not None:
         text["format"] = text_format(chat_response_format(options.response_format))

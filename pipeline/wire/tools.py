@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple, cast
+from typing import Any, TypeGuard, cast
 
 from pipeline.types import (
     ChatTool,
@@ -24,7 +24,6 @@ from pipeline.wire.responses.vocab import API as RESPONSES
 __all__ = [
     "ChatTool",
     "CustomTool",
-    "FunctionSpec",
     "FunctionTool",
     "RawTool",
     "ToolChoice",
@@ -32,51 +31,45 @@ __all__ = [
     "as_tool",
     "as_tool_choice",
     "custom_tool_names",
-    "function_spec",
+    "function_definition",
     "openai_function_fields",
     "raw_body",
 ]
 
 
-class FunctionSpec(NamedTuple):
-    """What one API sends of a tool definition: its name, description (None when it has
-    none), JSON schema, and the fields only that API has (`FunctionTool`'s)."""
-
-    name: str
-    description: str | None
-    parameters: dict[str, Any]
-    fields: Mapping[str, Any]
-
-    def definition(self, schema_key: str) -> dict[str, Any]:
-        """``{"name", "description", <schema_key>: parameters}`` (no description when it
-        has none), with the API's own fields after, never replacing those."""
-        definition: dict[str, Any] = {"name": self.name}
-        if self.description:
-            definition["description"] = self.description
-        definition[schema_key] = self.parameters
-        for key, value in self.fields.items():
-            definition.setdefault(key, value)
-        return definition
-
-
-_NO_FIELDS: Mapping[str, Any] = {}
-
-
-def function_spec(tool: ToolDefinition, api: str) -> FunctionSpec:
-    """`tool` as the API called `api` sends it: any object with a `name`, a `description`
-    and `parameters` (or `json_schema`); `TypeError` for one without a name."""
-    name = getattr(tool, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"tools must be tool definitions or RawTools, not {type(tool).__name__}")
-    parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
-    description = getattr(tool, "description", None)
-    fields = tool.additional_properties.get(api) if type(tool) is FunctionTool else None
-    return FunctionSpec(
-        name,
-        description if isinstance(description, str) and description else None,
-        dict(parameters) if parameters else {"type": "object", "properties": {}},
-        fields or _NO_FIELDS,
+def function_definition(
+    tool: ToolDefinition, api: str, schema_key: str, *, kind: str | None = None
+) -> dict[str, Any]:
+    """`tool` as the API called `api` declares a function: ``{"type": kind, "name",
+    "description", <schema_key>: parameters}`` (no type without a `kind`, no description
+    when it has none), then the fields only that API has (a `FunctionTool`'s), never
+    replacing those. Any object with a `name`, a `description` and `parameters` (or
+    `json_schema`) is a tool; one without a name is a `TypeError`."""
+    name: Any
+    description: Any
+    parameters: Any
+    fields: Mapping[str, Any] | None = None
+    if type(tool) is FunctionTool:  # the usual one, read directly
+        name, description, parameters = tool.name, tool.description, tool.parameters
+        fields = tool.additional_properties.get(api)
+    else:
+        name = getattr(tool, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"tools must be tool definitions or RawTools, not {type(tool).__name__}"
+            )
+        description = getattr(tool, "description", None)
+        parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
+    definition: dict[str, Any] = {"name": name} if kind is None else {"type": kind, "name": name}
+    if description and isinstance(description, str):
+        definition["description"] = description
+    definition[schema_key] = (
+        dict(parameters) if parameters else {"type": "object", "properties": {}}
     )
+    if fields:
+        for key, value in fields.items():
+            definition.setdefault(key, value)
+    return definition
 
 
 def raw_body(tool: RawTool, api: str) -> dict[str, Any]:
@@ -94,6 +87,7 @@ def openai_function_fields(fields: Mapping[str, Any]) -> dict[str, Mapping[str, 
     return {CHAT_COMPLETIONS: fields, RESPONSES: fields} if fields else {}
 
 
+_TYPED = frozenset({FunctionTool, CustomTool, RawTool})
 _FUNCTION_FIELDS = frozenset({"type", "name", "description", "parameters"})
 _MESSAGES_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 
@@ -146,8 +140,8 @@ def as_tool(tool: object, api: str) -> ToolDefinition | RawTool:
     `DeprecationWarning`) in a provider's shape is the function or custom tool it describes;
     one of no shape known here is taken, as it always was, for a tool in `api`'s own shape
     (say so with a `RawTool`, which no route of another API sends)."""
-    if not isinstance(tool, Mapping):
-        return cast("ToolDefinition | RawTool", tool)  # a definition: `function_spec` checks
+    if not _untyped(tool):
+        return cast("ToolDefinition | RawTool", tool)  # a definition: checked where it is read
     warnings.warn(
         "tools as mappings are deprecated: use FunctionTool, CustomTool or RawTool",
         DeprecationWarning,
@@ -162,11 +156,22 @@ def custom_tool_names(tools: Iterable[object] | None) -> frozenset[str]:
     provider's shape), whose calls a codec reads back as custom calls."""
     names: set[str] = set()
     for tool in tools or ():
-        if isinstance(tool, Mapping):
+        if _untyped(tool):
             try:
                 tool = _read(tool)
             except (TypeError, ValueError):
                 continue  # the request's encoding refuses it
-        if isinstance(tool, CustomTool):
+        if type(tool) is CustomTool:
             names.add(tool.name)
     return frozenset(names)
+
+
+def _untyped(tool: object) -> TypeGuard[Mapping[str, Any]]:
+    """Whether a tool is a mapping (the deprecated untyped form): told cheaply, since tool
+    definitions have a name and mappings none (a per-request check, for every tool)."""
+    kind = type(tool)
+    if kind is dict:
+        return True
+    if kind in _TYPED or hasattr(tool, "name"):
+        return False
+    return isinstance(tool, Mapping)

@@ -70,7 +70,7 @@ from pipeline.wire.bedrock.vocab import (
     tool_choice,
 )
 from pipeline.wire.messages.vocab import API as MESSAGES
-from pipeline.wire.tools import as_tool, function_spec, raw_body
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "ConverseStreamReader",
@@ -236,9 +236,8 @@ def _tool(tool: ChatTool) -> list[dict[str, Any]]:
         case RawTool() as raw:
             return [raw_body(raw, API)]
         case definition:
-            spec = function_spec(definition, API)
-            described = spec.definition("inputSchema")
-            described["inputSchema"] = {"json": spec.parameters}
+            described = function_definition(definition, API, "inputSchema")
+            described["inputSchema"] = {"json": described["inputSchema"]}
             entries: list[dict[str, Any]] = [{"toolSpec": described}]
             if type(definition) is FunctionTool:
                 point = _breakpoint_of(definition.additional_properties.get(MESSAGES))

@@ -69,7 +69,7 @@ from pipeline.wire.gemini.vocab import (
     UNSENT_EXTRAS,
     tool_config,
 )
-from pipeline.wire.tools import as_tool, function_spec, raw_body
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = ["GeminiStreamReader", "build_request", "parse_response", "parse_usage"]
 
@@ -217,8 +217,7 @@ def _tools(tools: Sequence[ChatTool]) -> list[dict[str, Any]]:
                 body = raw_body(raw, API)
                 (declarations if "name" in body else own).append(body)
             case definition:
-                spec = function_spec(definition, API)
-                declarations.append(spec.definition("parametersJsonSchema"))
+                declarations.append(function_definition(definition, API, "parametersJsonSchema"))
     return ([{"functionDeclarations": declarations}] if declarations else []) + own
 
 

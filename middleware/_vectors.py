@@ -31,9 +31,18 @@ def unit_vector(values: Sequence[float] | npt.NDArray[np.floating]) -> Vector | 
     return unit
 
 
+_KEY_BYTES = 64
+"""Bytes counted per row beyond its vector and its key's characters (the key's string
+object and its slot in the list)."""
+
+
 class RingIndex:
     """At most `capacity` unit vectors, each with a key; adding past the capacity replaces
-    the oldest row. `best(query)` is the key and cosine similarity of the closest row."""
+    the oldest row. `best(query)` is the key and cosine similarity of the closest row.
+
+    Memory follows what is held: the rows are one matrix grown by doubling from a single
+    row (and halved when removals leave it a quarter full), so an index holds at most twice
+    the rows it has; `nbytes` counts it."""
 
     __slots__ = ("_keys", "_next", "_rows", "capacity", "dimensions", "size")
 
@@ -42,11 +51,20 @@ class RingIndex:
             raise ValueError("a vector index needs positive dimensions and capacity")
         self.dimensions = dimensions
         self.capacity = capacity
-        # Grown on demand (doubling) up to the capacity: most partitions hold a few rows.
-        self._rows: Vector = np.empty((min(capacity, 8), dimensions), dtype=np.float32)
+        self._rows: Vector = np.empty((1, dimensions), dtype=np.float32)
         self._keys: list[str] = []
         self._next = 0
         self.size = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes this index holds: its matrix and its keys."""
+        return int(self._rows.nbytes) + sum(len(key) + _KEY_BYTES for key in self._keys)
+
+    def _resize(self, rows: int) -> None:
+        resized = np.empty((rows, self.dimensions), dtype=np.float32)
+        resized[: self.size] = self._rows[: self.size]
+        self._rows = resized
 
     def add(self, vector: Vector, key: str) -> None:
         """Add `vector` (unit length, `dimensions` long) under `key`."""
@@ -57,12 +75,7 @@ class RingIndex:
             return
         if self.size < self.capacity:
             if self.size == self._rows.shape[0]:
-                grown = np.empty(
-                    (min(self.capacity, 2 * self._rows.shape[0]), self.dimensions),
-                    dtype=np.float32,
-                )
-                grown[: self.size] = self._rows[: self.size]
-                self._rows = grown
+                self._resize(min(self.capacity, 2 * self._rows.shape[0]))
             self._rows[self.size] = vector
             self._keys.append(key)
             self.size += 1
@@ -82,6 +95,8 @@ class RingIndex:
         self._keys.pop()
         self.size = last
         self._next = 0 if self.size < self.capacity else self._next % max(1, self.size)
+        if 0 < self.size <= self._rows.shape[0] // 4:
+            self._resize(self._rows.shape[0] // 2)
 
     def best(self, query: Vector) -> tuple[str, float] | None:
         """The closest row's key and its cosine similarity to the unit `query`."""

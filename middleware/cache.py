@@ -5,10 +5,13 @@
 * **exact keys over everything that changes the answer**: every message (roles, author
   names, text, tool calls and results, data, reasoning contents with their protected
   parts), every option that reaches a provider (tools, temperature, model, response
-  format, reasoning, extras: every `ChatOptions` field but `ChatOptions.cache` and, unless
-  ``per_session``, `ChatOptions.session_id`), the client beneath (its name and model), the
-  `scope` function's value and the partition a server gives (`pipeline._cache_scope`: the
-  gateway's caller key and model asked for). Keys are SHA-256 hashes: no text in a key. A
+  format, reasoning, extras: every `ChatOptions` field but `ChatOptions.cache`, the extras
+  that cannot change the answer (`CacheSettings.ignore_fields`: ``metadata``, ``user``,
+  ``prompt_cache_key``...) and, unless partitioned by session, `ChatOptions.session_id`),
+  the client beneath (its name and model), the `scope` function's value and the partition
+  a server gives (`pipeline._cache_scope`: the gateway's caller identity and model asked
+  for; with `CacheSettings.partition_by`, the user or session too). Keys are SHA-256
+  hashes: no text in a key. A
   request with a value the key cannot represent (an object of unknown shape in the options)
   is not cached (``bypass``) rather than risk a wrong answer;
 * **what is stored**: the answer as the miss returned it (messages or updates, usage,
@@ -59,16 +62,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from opentelemetry import trace
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pipeline import _redis, _scope
-from pipeline._cache_scope import current_cache_report
+from pipeline._cache_scope import CacheReport, current_cache_report
 from pipeline._semconv import (
     CACHE_KIND,
     CACHE_LOOKUPS_METRIC,
@@ -84,6 +88,7 @@ from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forwa
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
 from pipeline.errors import RedisUnavailable
 from pipeline.types import (
+    PROVIDER_EXTRAS,
     CacheMode,
     ChatMessage,
     ChatOptions,
@@ -110,6 +115,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
 __all__ = [
+    "DEFAULT_IGNORE_FIELDS",
     "CacheMode",
     "CacheSettings",
     "CacheStore",
@@ -136,6 +142,25 @@ page). Another embedding model needs its own measurement."""
 # -- settings ----------------------------------------------------------------------------------
 
 
+DEFAULT_IGNORE_FIELDS = frozenset(
+    {
+        "metadata",
+        "user",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "client_metadata",
+        "store",
+        "stream_options",
+        "safety_identifier",
+        "service_tier",
+    }
+)
+"""Request fields that cannot change an answer (who asks, for which session, how it is
+billed, cached upstream, stored or streamed), left out of every cache key: two runs of an
+agent that differ only in them (Claude Code's ``metadata.user_id``, Codex's
+``prompt_cache_key``: both per session) share their entries."""
+
+
 class CacheSettings(Settings):
     """How a response cache keys, keeps and shares answers."""
 
@@ -150,7 +175,17 @@ class CacheSettings(Settings):
     """Concurrent identical requests make one provider call; the others wait for it (within
     their own deadlines) or stream along."""
     per_session: bool = False
-    """Whether `ChatOptions.session_id` is part of the key (each session its own answers)."""
+    """Whether `ChatOptions.session_id` is part of the key (each session its own answers;
+    the same as ``"session"`` in `partition_by`)."""
+    ignore_fields: frozenset[str] = Field(default=DEFAULT_IGNORE_FIELDS, strict=False)
+    """Fields of `ChatOptions.additional_properties` (and of its provider-scoped tables, such
+    as Anthropic's ``metadata``) left out of the key: they describe the caller, its billing,
+    its session or the transport, and cannot change the answer. The defaults always apply;
+    names given here are added to them."""
+    partition_by: frozenset[Literal["user", "session"]] = Field(default=frozenset(), strict=False)
+    """What besides the caller's identity (the partition a server gives: the gateway's
+    caller key) keeps entries apart: ``"user"`` (the user a server names, else a ``user``
+    in `ChatOptions.additional_properties`), ``"session"`` (`ChatOptions.session_id`)."""
     finish_reasons: frozenset[str] = Field(
         default=frozenset({"stop", "tool_calls", "length"}), strict=False
     )
@@ -163,6 +198,11 @@ class CacheSettings(Settings):
     (the built-in stores bring their own bound)."""
     retry_interval: Annotated[float, Field(ge=0, le=3600)] = 1.0
     """Seconds a store of your own that failed is skipped before it is tried again."""
+
+    @field_validator("ignore_fields")
+    @classmethod
+    def _with_the_defaults(cls, value: frozenset[str]) -> frozenset[str]:
+        return DEFAULT_IGNORE_FIELDS | value
 
 
 class SemanticCacheSettings(Settings):
@@ -182,6 +222,10 @@ class SemanticCacheSettings(Settings):
     """Answers per semantic partition kept as candidates (the oldest are forgotten)."""
     max_partitions: Annotated[int, Field(ge=1)] = 10_000
     """Semantic partitions kept in this process (least recently used first out)."""
+    max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
+    """Bytes the candidates (vectors and keys) may hold in this process, least recently used
+    partition first out; with a `MemoryCacheStore` they count in its `max_bytes` too (the
+    bound of answers and candidates together)."""
     embedding_timeout: Annotated[float, Field(gt=0)] = 2.0
     """Seconds embedding a query may take; a slower, failed or empty embedding is a miss."""
     max_query_chars: Annotated[int, Field(ge=1)] = 2000
@@ -204,9 +248,15 @@ class CacheStore(Protocol):
         ...
 
 
+# A store may also have ``async delete(key)``: an entry that no longer decodes (tampered,
+# another version) is then deleted when read; without it, the entry expires with its TTL.
+
+
 _ENTRY_OVERHEAD = 64
 """Bytes counted per entry beyond its key and value (the bound is of what is stored, plus
 this much for the bookkeeping)."""
+_PARTITION_BYTES = 256
+"""Bytes counted per semantic partition beyond its index's own (its key, the objects)."""
 
 
 class MemoryCacheStore:
@@ -251,8 +301,24 @@ class MemoryCacheStore:
             return
         self._entries[key] = (value, self._clock() + ttl)
         self.bytes += size
-        while self.bytes > self.max_bytes:
+        while self.bytes > self.max_bytes and self._entries:
             self._drop(next(iter(self._entries)))
+
+    def hold(self, change: int) -> None:
+        """Count `change` bytes held beside the entries (a semantic cache's candidates) in
+        `bytes`; entries are dropped, least recently used first, to stay within
+        `max_bytes` (what is held beside them is its holder's to shed)."""
+        self.bytes += change
+        while self.bytes > self.max_bytes and self._entries:
+            self._drop(next(iter(self._entries)))
+
+    async def delete(self, key: str) -> None:
+        self.delete_now(key)
+
+    def delete_now(self, key: str) -> None:
+        """`delete` without awaiting: forget `key`'s entry, if any."""
+        if key in self._entries:
+            self._drop(key)
 
     def _drop(self, key: str) -> None:
         value, _ = self._entries.pop(key)
@@ -334,6 +400,12 @@ class RedisCacheStore:
         with contextlib.suppress(RedisUnavailable):  # logged; the answer stands
             await self._redis.attempt(self._outage, write)
 
+    async def delete(self, key: str) -> None:
+        """Forget `key`'s entry (bounded like every call; a failure is logged, not raised)."""
+        name = f"{self.namespace}:{key}"
+        with contextlib.suppress(RedisUnavailable):
+            await self._redis.attempt(self._outage, lambda client: client.delete(name))
+
     async def aclose(self) -> None:
         """Close the client made from a URL (a client of your own stays open)."""
         await self._lookups.aclose()
@@ -380,6 +452,11 @@ class _GuardedStore:
 
     async def set(self, key: str, value: bytes, ttl: float) -> None:
         await self._guarded(lambda: self.store.set(key, value, ttl))
+
+    async def delete(self, key: str) -> None:
+        delete = getattr(self.store, "delete", None)
+        if delete is not None:
+            await self._guarded(lambda: delete(key))
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -494,6 +571,8 @@ def _feed_content(hasher: _Hasher, content: Content) -> None:
         hasher.text(b"C", content.call_id)
         hasher.text(b"N", content.name)
         hasher.data(b"A", _canonical(dict(content.arguments)))
+        # A custom tool's call and a JSON call of one "input" argument are different turns.
+        hasher.update(b"K1" if content.custom else b"K0")
     elif kind is FunctionResultContent:
         assert isinstance(content, FunctionResultContent)
         hasher.text(b"R", content.call_id)
@@ -550,13 +629,40 @@ def _feed_messages(hasher: _Hasher, messages: Sequence[ChatMessage], skip_last: 
         hasher.update("".join(parts).encode("utf-8", "surrogatepass"))
 
 
-def _feed_options(hasher: _Hasher, options: ChatOptions | None, per_session: bool) -> None:
+def _answering(extras: dict[str, Any], ignored: frozenset[str]) -> dict[str, Any]:
+    """`extras` without the `ignored` fields, at the top and in the provider-scoped tables
+    (a table left empty goes too): what of them can change the answer."""
+    if ignored.isdisjoint(extras) and not any(
+        key in PROVIDER_EXTRAS and isinstance(value, dict) and not ignored.isdisjoint(value)
+        for key, value in extras.items()
+    ):
+        return extras
+    kept: dict[str, Any] = {}
+    for key, value in extras.items():
+        if key in ignored:
+            continue
+        if key in PROVIDER_EXTRAS and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in ignored}
+            if not value:
+                continue
+        kept[key] = value
+    return kept
+
+
+def _feed_options(
+    hasher: _Hasher,
+    options: ChatOptions | None,
+    per_session: bool,
+    ignored: frozenset[str] = DEFAULT_IGNORE_FIELDS,
+) -> None:
     # No options and options with nothing set are the same request.
     hasher.update(b"o")
     if options is None:
         return
     for name in _KEYED_OPTIONS:
         value = getattr(options, name)
+        if name == "additional_properties" and value:
+            value = _answering(value, ignored)
         if value is None or (name == "additional_properties" and not value):
             continue
         hasher.text(b"f", name)
@@ -581,12 +687,16 @@ def cache_key(
     scope: str | None = None,
     per_session: bool = False,
     namespace: str = "",
+    ignore_fields: frozenset[str] = DEFAULT_IGNORE_FIELDS,
 ) -> str:
     """The exact key of a request: a SHA-256 hex digest over the messages, every option
-    that reaches a provider, `scope` and `namespace` (see the module docstring). `TypeError`
-    when the request holds a value no key can represent."""
+    that reaches a provider but the `ignore_fields` of its additional properties, `scope`
+    and `namespace` (see the module docstring). `TypeError` when the request holds a value
+    no key can represent."""
     try:
-        return _digest(as_messages(messages), options, scope, per_session, namespace, False)
+        return _digest(
+            as_messages(messages), options, scope, per_session, namespace, False, ignore_fields
+        )
     except _UNCACHEABLE:
         raise TypeError("the request holds a value a cache key cannot represent") from None
 
@@ -598,6 +708,7 @@ def _digest(
     per_session: bool,
     namespace: str,
     semantic: bool,
+    ignored: frozenset[str] = DEFAULT_IGNORE_FIELDS,
 ) -> str:
     digest = hashlib.sha256(
         b"chat_pipeline.cache/1\x00semantic" if semantic else b"chat_pipeline.cache/1"
@@ -605,9 +716,18 @@ def _digest(
     hasher = _Hasher(digest)
     hasher.text(b"n", namespace)
     hasher.text(b"p", scope)
-    _feed_options(hasher, options, per_session)
+    _feed_options(hasher, options, per_session, ignored)
     _feed_messages(hasher, messages, semantic)
     return digest.hexdigest()
+
+
+def _user_of(report: CacheReport | None, options: ChatOptions | None) -> str:
+    """The user a request is for: the one its server named, else a ``user`` string in its
+    additional properties, else "" (no user: every such request shares one partition)."""
+    if report is not None and report.user is not None:
+        return report.user
+    user = options.additional_properties.get("user") if options is not None else None
+    return user if isinstance(user, str) else ""
 
 
 def _query_of(messages: Sequence[ChatMessage]) -> str | None:
@@ -624,6 +744,7 @@ def _query_of(messages: Sequence[ChatMessage]) -> str | None:
 # -- entries -----------------------------------------------------------------------------------
 
 _ROLES = {role.value: role for role in ChatRole}
+_ENTRY_VERSION = 2
 
 
 def _encode_content(content: Content) -> list[Any]:
@@ -632,7 +753,7 @@ def _encode_content(content: Content) -> list[Any]:
         return ["t", content.text]  # type: ignore[union-attr]
     if kind is FunctionCallContent:
         assert isinstance(content, FunctionCallContent)
-        return ["f", content.call_id, content.name, dict(content.arguments)]
+        return ["f", content.call_id, content.name, dict(content.arguments), content.custom]
     if kind is ReasoningContent:
         assert isinstance(content, ReasoningContent)
         return ["g", content.text, content.protected, content.id, content.redacted]
@@ -648,20 +769,70 @@ def _encode_content(content: Content) -> list[Any]:
     raise TypeError("no faithful key for this value")
 
 
-def _decode_content(item: list[Any]) -> Content:
+def _string(value: Any) -> str:
+    if type(value) is not str:
+        raise ValueError("expected a string")
+    return value
+
+
+def _optional_string(value: Any) -> str | None:
+    return None if value is None else _string(value)
+
+
+def _flag(value: Any) -> bool:
+    if type(value) is not bool:
+        raise ValueError("expected true or false")
+    return value
+
+
+def _fields(item: Any, count: int) -> list[Any]:
+    if type(item) is not list or len(item) != count:
+        raise ValueError("a record of another shape")
+    return item
+
+
+def _decode_content(item: Any) -> Content:
+    if type(item) is not list or not item:
+        raise ValueError("a content of another shape")
     tag = item[0]
     if tag == "t":
-        return TextContent(item[1])
+        return TextContent(_string(_fields(item, 2)[1]))
     if tag == "f":
-        return FunctionCallContent(item[1], item[2], item[3])
+        _, call_id, name, arguments, custom = _fields(item, 5)
+        if type(arguments) is not dict:
+            raise ValueError("tool call arguments that are no object")
+        return FunctionCallContent(_string(call_id), _string(name), arguments, custom=_flag(custom))
     if tag == "g":
-        return ReasoningContent(item[1], protected=item[2], id=item[3], redacted=item[4])
+        _, text, protected, item_id, redacted = _fields(item, 5)
+        return ReasoningContent(
+            _string(text),
+            protected=_optional_string(protected),
+            id=_optional_string(item_id),
+            redacted=_flag(redacted),
+        )
     if tag == "d":
-        data = None if item[1] is None else base64.b64decode(item[1])
-        return DataContent(data=data, uri=item[2], media_type=item[3])
+        _, data, uri, media_type = _fields(item, 4)
+        decoded = None if data is None else base64.b64decode(_string(data), validate=True)
+        return DataContent(
+            data=decoded, uri=_optional_string(uri), media_type=_optional_string(media_type)
+        )
     if tag == "r":
-        return FunctionResultContent(item[1], item[2])
+        _, call_id, result = _fields(item, 3)
+        return FunctionResultContent(_string(call_id), result)
     raise ValueError("unknown content in a cache entry")
+
+
+def _decode_contents(items: Any) -> list[Content]:
+    if type(items) is not list:
+        raise ValueError("contents that are no list")
+    return [_decode_content(item) for item in items]
+
+
+def _role(value: Any) -> ChatRole:
+    role = _ROLES.get(value) if type(value) is str else None
+    if role is None:
+        raise ValueError("an unknown role")
+    return role
 
 
 def _encode_usage(usage: UsageDetails | None) -> list[int | None] | None:
@@ -677,8 +848,22 @@ def _encode_usage(usage: UsageDetails | None) -> list[int | None] | None:
     ]
 
 
-def _decode_usage(item: list[int | None] | None) -> UsageDetails | None:
-    return None if item is None else UsageDetails(*item)
+def _count(value: Any) -> int | None:
+    if value is None or (type(value) is int and value >= 0):
+        return value
+    raise ValueError("a token count that is no whole number")
+
+
+def _decode_usage(item: Any) -> UsageDetails | None:
+    if item is None:
+        return None
+    return UsageDetails(*(_count(value) for value in _fields(item, 6)))
+
+
+def _finite(value: Any) -> float:
+    if type(value) is not float or not math.isfinite(value):
+        raise ValueError("a time or cost that is no finite number")
+    return value
 
 
 @dataclasses.dataclass(slots=True)
@@ -717,10 +902,17 @@ def _encode_entry(
     route: str | None,
     cost: float | None,
 ) -> bytes:
-    body: dict[str, Any] = {"v": 1, "t": time.time(), "n": route, "c": cost}
+    if cost is not None and not math.isfinite(cost):
+        cost = None  # a price of the caller's own that said NaN: no cost known
+    body: dict[str, Any] = {"v": _ENTRY_VERSION, "t": time.time(), "n": route, "c": cost}
     if response is not None:
         body["m"] = [
-            [m.role.value, [_encode_content(c) for c in m.contents], m.author_name]
+            [
+                m.role.value,
+                [_encode_content(c) for c in m.contents],
+                m.author_name,
+                m.additional_properties,
+            ]
             for m in response.messages
         ]
         body["r"] = [
@@ -748,35 +940,59 @@ def _encode_entry(
 
 
 def _decode_entry(raw: bytes) -> _Entry:
+    """The entry `raw` holds, checked to be exactly what `_encode_entry` writes (its
+    types, shapes and finite numbers); `ValueError` (or `TypeError`) otherwise."""
     body = json.loads(raw.decode("utf-8", "surrogatepass"))
-    if body.get("v") != 1:
+    if type(body) is not dict or body.get("v") != _ENTRY_VERSION:
         raise ValueError("a cache entry of another version")
+    created = _finite(body.get("t"))
+    route = _optional_string(body.get("n"))
+    cost = body.get("c")
+    if cost is not None:
+        cost = _finite(cost)
     response = updates = None
     if "m" in body:
-        response_id, model_id, finish_reason, usage = body["r"]
+        if type(body["m"]) is not list:
+            raise ValueError("messages that are no list")
+        messages = []
+        for item in body["m"]:
+            role, contents, name, extra = _fields(item, 4)
+            if extra is not None and type(extra) is not dict:
+                raise ValueError("message properties that are no object")
+            messages.append(
+                ChatMessage(
+                    _role(role),
+                    _decode_contents(contents),
+                    author_name=_optional_string(name),
+                    additional_properties=extra,
+                )
+            )
+        response_id, model_id, finish_reason, usage = _fields(body.get("r"), 4)
         response = ChatResponse(
-            messages=[
-                ChatMessage(_ROLES[role], [_decode_content(c) for c in contents], author_name=name)
-                for role, contents, name in body["m"]
-            ],
-            response_id=response_id,
-            model_id=model_id,
-            finish_reason=finish_reason,
+            messages=messages,
+            response_id=_optional_string(response_id),
+            model_id=_optional_string(model_id),
+            finish_reason=_optional_string(finish_reason),
             usage=_decode_usage(usage),
         )
     else:
-        updates = [
-            ChatResponseUpdate(
-                role=None if role is None else _ROLES[role],
-                contents=[_decode_content(c) for c in contents],
-                response_id=response_id,
-                model_id=model_id,
-                finish_reason=finish_reason,
-                usage=_decode_usage(usage),
+        items = body.get("u")
+        if type(items) is not list:
+            raise ValueError("updates that are no list")
+        updates = []
+        for item in items:
+            role, contents, response_id, model_id, finish_reason, usage = _fields(item, 6)
+            updates.append(
+                ChatResponseUpdate(
+                    role=None if role is None else _role(role),
+                    contents=_decode_contents(contents),
+                    response_id=_optional_string(response_id),
+                    model_id=_optional_string(model_id),
+                    finish_reason=_optional_string(finish_reason),
+                    usage=_decode_usage(usage),
+                )
             )
-            for role, contents, response_id, model_id, finish_reason, usage in body["u"]
-        ]
-    return _Entry(float(body["t"]), response, updates, body.get("n"), body.get("c"))
+    return _Entry(created, response, updates, route, cost)
 
 
 def _copy_update(update: ChatResponseUpdate) -> ChatResponseUpdate:
@@ -917,6 +1133,7 @@ class CachingChatClient(DelegatingChatClient):
         self._flights: dict[str, _Flight] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._partitions: OrderedDict[str, Any] = OrderedDict()
+        self._candidate_bytes = 0  # what the semantic candidates hold, in bytes
         self._embedding_outage = _redis.Outage(
             _logger, "semantic cache embeddings", "looking answers up exactly only", 1.0
         )
@@ -966,9 +1183,14 @@ class CachingChatClient(DelegatingChatClient):
                     f"the cache scope must return a str or None, not {type(value).__name__}"
                 )
             partition = f"{partition}\x00{value}"
+        partition_by = settings.partition_by
+        if "user" in partition_by:
+            partition = f"{partition}\x00user\x00{_user_of(report, options)}"
+        per_session = settings.per_session or "session" in partition_by
         namespace = self._namespace
+        ignored = settings.ignore_fields
         try:
-            key = _digest(listed, options, partition, settings.per_session, namespace, False)
+            key = _digest(listed, options, partition, per_session, namespace, False, ignored)
         except _UNCACHEABLE:
             return _Request(CacheMode.BYPASS, None, listed, options)
         request = _Request(mode, key, listed, options)
@@ -977,7 +1199,7 @@ class CachingChatClient(DelegatingChatClient):
             if query is not None and len(query) <= self.semantic.max_query_chars:
                 request.query = query
                 request.partition = _digest(
-                    listed, options, partition, settings.per_session, namespace, True
+                    listed, options, partition, per_session, namespace, True, ignored
                 )
         return request
 
@@ -1018,8 +1240,21 @@ class CachingChatClient(DelegatingChatClient):
             return None
         try:
             return _decode_entry(raw)
-        except Exception:  # another writer's garbage, or an older format: a miss
+        except Exception:
+            # Another writer's garbage, an older format, a tampered entry: a miss, and gone
+            # before this request stores its answer in its place (a store's call is bounded
+            # and never raises; this is the rare path).
+            await self._delete(key)
             return None
+
+    async def _delete(self, key: str) -> None:
+        memory = self._memory
+        if memory is not None:
+            memory.delete_now(key)
+            return
+        delete = getattr(self._reader, "delete", None)
+        if delete is not None:
+            await delete(key)
 
     async def _look_up(self, request: _Request) -> _Entry | None:
         assert request.key is not None
@@ -1077,7 +1312,9 @@ class CachingChatClient(DelegatingChatClient):
             return None
         entry = await self._read(key)
         if entry is None:
+            before = index.nbytes
             index.remove(key)  # expired or evicted from the store
+            self._count_candidates(index.nbytes - before)
         return entry
 
     def _remember(self, request: _Request) -> None:
@@ -1090,14 +1327,35 @@ class CachingChatClient(DelegatingChatClient):
         partitions = self._partitions
         index = partitions.get(request.partition)
         if index is None or index.dimensions != request.vector.shape[0]:
+            if index is not None:
+                self._count_candidates(-index.nbytes - _PARTITION_BYTES)
             index = partitions[request.partition] = RingIndex(
                 request.vector.shape[0], semantic.max_candidates
             )
-            while len(partitions) > semantic.max_partitions:
-                partitions.popitem(last=False)
+            self._count_candidates(index.nbytes + _PARTITION_BYTES)
         partitions.move_to_end(request.partition)
         assert request.key is not None
+        before = index.nbytes
         index.add(request.vector, request.key)
+        self._count_candidates(index.nbytes - before)
+        bound = semantic.max_bytes
+        memory = self._memory
+        if memory is not None:
+            bound = min(bound, memory.max_bytes)
+        # Least recently used partitions out, past the count or the bytes (the one just
+        # added to last: alone larger than the bound, it is not kept either).
+        while len(partitions) > semantic.max_partitions or (
+            self._candidate_bytes > bound and partitions
+        ):
+            _, dropped = partitions.popitem(last=False)
+            self._count_candidates(-dropped.nbytes - _PARTITION_BYTES)
+
+    def _count_candidates(self, change: int) -> None:
+        """The candidates' bytes changed by `change` (counted in a memory store's bound)."""
+        self._candidate_bytes += change
+        memory = self._memory
+        if memory is not None:
+            memory.hold(change)
 
     def _storable(self, finish_reason: str | None) -> bool:
         if finish_reason is None:
@@ -1240,6 +1498,10 @@ class CachingChatClient(DelegatingChatClient):
             self._forget(flight)
 
     def _leave(self, flight: _Flight) -> None:
+        """A listener leaves `flight` (whatever its call shape, however it ends): when it
+        was the last one and the call runs in a task of its own, the call is cancelled and
+        forgotten, so nobody joins a call nobody waits for (and `aclose` does not wait
+        for it)."""
         flight.listeners -= 1
         if flight.listeners == 0 and not flight.finished and flight.task is not None:
             # Nobody listens any more: the call is cancelled, and a newcomer starts afresh.
@@ -1284,7 +1546,8 @@ class CachingChatClient(DelegatingChatClient):
             try:
                 await flight.ended()
             finally:
-                flight.listeners -= 1
+                # The one way out of a flight: the last listener to leave cancels its call.
+                self._leave(flight)
             if flight.error is None:
                 return _copy_response(flight.result_response())
             if flight.cancelled:

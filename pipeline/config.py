@@ -671,6 +671,9 @@ class SemanticCacheConfig(Settings):
     """Answers per semantic partition kept as candidates."""
     max_partitions: Annotated[int, Field(ge=1)] = 10_000
     """Semantic partitions kept per process."""
+    max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
+    """Bytes the candidates (vectors and keys) may hold per process; with ``store =
+    "memory"`` they count in the store's `max_bytes` too."""
     embedding_timeout: Annotated[float, Field(gt=0)] = 2.0
     """Seconds embedding a query may take before the lookup is a miss."""
     max_query_chars: Annotated[int, Field(ge=1)] = 2000
@@ -682,6 +685,7 @@ class SemanticCacheConfig(Settings):
             threshold=self.threshold,
             max_candidates=self.max_candidates,
             max_partitions=self.max_partitions,
+            max_bytes=self.max_bytes,
             embedding_timeout=self.embedding_timeout,
             max_query_chars=self.max_query_chars,
         )

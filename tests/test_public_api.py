@@ -147,7 +147,15 @@ SURFACES = {
         "hang",
         "reply",
     },
-    "pipeline.gateway": {"GatewaySettings", "PIPELINE_MODEL", "create_app", "serve"},
+    "pipeline.gateway": {
+        "GatewaySettings",
+        "MemoryResponseStore",
+        "PIPELINE_MODEL",
+        "RedisResponseStore",
+        "ResponseStore",
+        "create_app",
+        "serve",
+    },
     "pipeline.integrations": set(),
     "pipeline.integrations.pydantic_ai": {"PipelineModel", "PipelineStreamedResponse"},
     "pipeline.integrations.langchain": {"PipelineChatModel"},
@@ -224,6 +232,7 @@ def test_all_is_exactly_the_public_surface(module_name: str) -> None:
         "pipeline.gateway.wire",
         "pipeline.gateway.app",
         "pipeline.gateway.server",
+        "pipeline.gateway.response_store",
     ],
 )
 def test_every_module_declares_all(module_name: str) -> None:

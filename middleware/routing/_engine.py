@@ -60,6 +60,10 @@ from middleware.routing.context import (
     with_instructions,
 )
 from pipeline import _scope
+from pipeline._retry_signal import NOTHING as NO_SIGNAL
+from pipeline._retry_signal import RetrySignal
+from pipeline._retry_signal import attach as attach_retry_signal
+from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline._settings import Settings
 from pipeline._streams import caller_cancelling, close_stream, ending_of
@@ -218,6 +222,8 @@ class RequestState:
     alternatives: Alternatives | None = None
     watch: Watch | None = None
     running: str | None = None  # the route of the attempt in progress
+    # What the attempts that failed before output said about asking again, together.
+    signal: RetrySignal = NO_SIGNAL
 
     def room_for_another(self, needed: float) -> bool:
         """Whether the limits leave room for an attempt after the one in progress (not in
@@ -312,6 +318,11 @@ class AttemptEngine(abc.ABC):
     def _affinity_routes(self) -> Mapping[str, Route]:
         """The routes a session's preferred route may name."""
         return {}
+
+    def _standing_signal(self) -> RetrySignal:
+        """What the router knows of when its routes may serve again beside what this
+        request's attempts said (a balanced router: its routes' cooldowns)."""
+        return NO_SIGNAL
 
     # -- the pieces of a request -------------------------------------------------------------
 
@@ -411,9 +422,11 @@ class AttemptEngine(abc.ABC):
         """Spend the attempt's provider call and start its span."""
         budget = request.budget
         if budget is not None and not budget.take_call():
-            raise RequestBudgetExceededError(
+            exhausted = RequestBudgetExceededError(
                 f"{self._router_name}: the request used every provider call it was allowed"
             )
+            attach_retry_signal(exhausted, request.signal.joined(self._standing_signal()))
+            raise exhausted
         if not attempt.number:
             attempt.number = len(request.context.attempts) + 1
         span = self._telemetry.start(
@@ -669,6 +682,7 @@ class AttemptEngine(abc.ABC):
             )
         else:
             outcome = "failed_before_output"
+            request.signal = request.signal.joined(retry_signal_of(error))
         terminal = await self._is_terminal(request, attempt, error, outcome)
         pending = self._finish(
             request,
@@ -682,6 +696,9 @@ class AttemptEngine(abc.ABC):
         if pending is not None:
             await pending
         if terminal:
+            if outcome == "failed_before_output":
+                # Whoever answers the caller hears every attempt, not the last one alone.
+                attach_retry_signal(error, request.signal.joined(self._standing_signal()))
             raise error
 
     # -- requests ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import itertools
 import random
+import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -40,6 +41,8 @@ from middleware.routing._engine import AttemptState, AttemptWatch, FailoverSetti
 from middleware.routing.context import Route, RoutingContext, RoutingSelection
 from middleware.routing.failover import ListedRoutesFailover
 from middleware.routing.health import AttemptTicket, HealthStore, Judgement, RouteHealth
+from pipeline._retry_signal import NOTHING as NO_SIGNAL
+from pipeline._retry_signal import RetrySignal
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline.client import ChatClient, circuit_open
 from pipeline.errors import RoutingError
@@ -171,6 +174,12 @@ class BalancedFailoverChatClient(ListedRoutesFailover):
         tried = self._tried(context)
         tried.add(running)
         return any(route.name not in tried and self._available(route, now) for route in self.routes)
+
+    def _standing_signal(self) -> RetrySignal:
+        # A route cooling down said (to an earlier request) when it may serve again.
+        left = [self.health.cooldown_left(route.name) for route in self.routes]
+        soonest = min((seconds for seconds in left if seconds > 0), default=None)
+        return NO_SIGNAL if soonest is None else RetrySignal(time.monotonic() + soonest)
 
     # -- choosing --------------------------------------------------------------------------
 

@@ -481,6 +481,11 @@ class RouteHealth:
         signals = self._routes.get(route)
         return signals is not None and signals.cooldown_until > self._clock()
 
+    def cooldown_left(self, route: str) -> float:
+        """Seconds left of `route`'s cooldown (0 when it has none)."""
+        signals = self._routes.get(route)
+        return 0.0 if signals is None else max(0.0, signals.cooldown_until - self._clock())
+
     def judge(self, routes: Iterable[str]) -> Judgement:
         """How `routes` compare now: each one's cost inputs and which are outliers."""
         return Judgement(self, list(routes), self._clock())

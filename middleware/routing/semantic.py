@@ -1013,43 +1013,28 @@ class SemanticRoutingChatClient(RoutingChatClient):
         where = os.fspath(path)
         try:
             arrays = await asyncio.to_thread(_read_index, where)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # empty, truncated, not a zip, one .npy, pickled objects
             raise SemanticIndexError(
                 f"{where}: not a saved semantic index ({type(exc).__name__})"
             ) from None
-        try:
-            meta = json.loads(bytes(arrays["meta"]).decode())
-            vectors = arrays["vectors"]
-            saved_probes = arrays["probes"]
-            if meta.get("format") != INDEX_FORMAT:
-                raise ValueError("format")
-        except (KeyError, ValueError, UnicodeDecodeError, AttributeError):
-            raise SemanticIndexError(f"{where}: not a saved semantic index") from None
-        if meta.get("version") != INDEX_VERSION:
-            raise SemanticIndexError(
-                f"{where}: index format version {meta.get('version')!r}; this version reads "
-                f"{INDEX_VERSION}"
-            )
+        saved_index = _SavedIndex.read(arrays, where)
+        meta, vectors, saved_probes = saved_index.meta, saved_index.vectors, saved_index.probes
         identity = embedder_identity(self.generator)
-        if meta.get("embedder") != identity:
+        if meta["embedder"] != identity:
             raise SemanticIndexError(
-                f"{where} was made with embedder {meta.get('embedder')!r}; this router embeds "
+                f"{where} was made with embedder {meta['embedder']!r}; this router embeds "
                 f"with {identity!r}: embed again (warm()) and save"
             )
         probes = self._unit(
             await self.generator.generate(list(PROBES)), len(PROBES), None, "probe texts"
         )
-        saved_dimensions = int(meta.get("dimensions", -1))
-        if (
-            probes.shape[1] != saved_dimensions
-            or vectors.ndim != 2
-            or vectors.shape[1] != saved_dimensions
-        ):
+        saved_dimensions = saved_index.dimensions
+        if probes.shape[1] != saved_dimensions:
             raise SemanticIndexError(
                 f"{where} holds vectors of dimension {saved_dimensions}; this router's embedder "
                 f"gives dimension {probes.shape[1]}"
             )
-        agreement = np.sum(probes * saved_probes.astype(np.float32), axis=1)
+        agreement = np.sum(probes * saved_probes, axis=1)
         if not np.all(agreement >= PROBE_AGREEMENT):
             raise SemanticIndexError(
                 f"{where}: the embedder {identity!r} gives other vectors than the one that "
@@ -1060,12 +1045,10 @@ class SemanticRoutingChatClient(RoutingChatClient):
         thresholds: dict[str, float | None] = {}
         row = 0
         for entry in meta["routes"]:
-            thresholds[entry["name"]] = entry.get("threshold")
+            thresholds[entry["name"]] = entry["threshold"]
             for utterance in entry["utterances"]:
                 saved.setdefault(utterance, row)
                 row += 1
-        if row != vectors.shape[0]:
-            raise SemanticIndexError(f"{where}: its utterances and vectors do not match")
         async with self._lock():
             snapshot = await self._settled()
             missing = [u for u in dict.fromkeys(snapshot.utterances) if u not in saved]
@@ -1095,13 +1078,8 @@ class SemanticRoutingChatClient(RoutingChatClient):
                     for r, p in zip(snapshot.routes, profiles, strict=True)
                 )
                 names = tuple(r.name for r in snapshot.routes)
-                if meta.get("head") is not None and tuple(meta["head"]) == names:
-                    head = LinearHead(
-                        names,
-                        arrays["head_weights"].astype(np.float32),
-                        arrays["head_bias"].astype(np.float32),
-                        arrays["head_thresholds"].astype(np.float64),
-                    )
+                if saved_index.head is not None and saved_index.head.routes == names:
+                    head = saved_index.head
             self._replace(snapshot.with_(profiles=profiles, index=VectorIndex(matrix), head=head))
             return len(missing)
 
@@ -1118,8 +1096,120 @@ def _write_index(target: Path, arrays: dict[str, npt.NDArray[Any]]) -> None:
 
 
 def _read_index(where: str) -> dict[str, npt.NDArray[Any]]:
-    with np.load(where, allow_pickle=False) as data:
+    loaded = np.load(where, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError("not an .npz archive")
+    with loaded as data:
         return {key: data[key] for key in data.files}
+
+
+_UNIT_TOLERANCE = 1e-3
+"""How far from 1 a saved vector's norm may be (float32 rounding is far smaller)."""
+
+
+def _refused(where: str, what: str) -> SemanticIndexError:
+    return SemanticIndexError(f"{where}: not a saved semantic index ({what})")
+
+
+def _unit_matrix(value: Any, rows: int | None, dimensions: int, where: str, what: str) -> Any:
+    """`value` as a float32 matrix of finite unit rows of `dimensions` (and `rows`), or
+    `SemanticIndexError`."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.ndim != 2:
+        raise _refused(where, f"{what}: not a matrix of floats")
+    if value.shape[1] != dimensions or (rows is not None and value.shape[0] != rows):
+        raise _refused(where, f"{what}: of shape {value.shape}")
+    matrix = value.astype(np.float32)
+    if not np.all(np.isfinite(matrix)):
+        raise _refused(where, f"{what}: NaN or infinity")
+    if matrix.shape[0] and not np.all(
+        np.abs(np.linalg.norm(matrix, axis=1) - 1.0) <= _UNIT_TOLERANCE
+    ):
+        raise _refused(where, f"{what}: vectors that are not of unit length")
+    return matrix
+
+
+def _finite_array(value: Any, shape: tuple[int, ...], where: str, what: str) -> Any:
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.shape != shape:
+        raise _refused(where, f"{what}: not floats of shape {shape}")
+    if not np.all(np.isfinite(value)):
+        raise _refused(where, f"{what}: NaN or infinity")
+    return value
+
+
+def _is_text_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(item) is str for item in value)
+
+
+@dataclass(frozen=True, slots=True)
+class _SavedIndex:
+    """What a saved index holds, every part checked (types, shapes, finiteness, norms)
+    before the router uses any of it: `read` raises `SemanticIndexError` otherwise."""
+
+    meta: dict[str, Any]
+    dimensions: int
+    vectors: Any
+    probes: Any
+    head: LinearHead | None
+
+    @classmethod
+    def read(cls, arrays: dict[str, npt.NDArray[Any]], where: str) -> _SavedIndex:
+        raw = arrays.get("meta")
+        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 1:
+            raise _refused(where, "no metadata")
+        try:
+            meta = json.loads(raw.tobytes().decode())
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise _refused(where, "unreadable metadata") from None
+        if not isinstance(meta, dict) or meta.get("format") != INDEX_FORMAT:
+            raise _refused(where, "another format")
+        if meta.get("version") != INDEX_VERSION:
+            raise SemanticIndexError(
+                f"{where}: index format version {meta.get('version')!r}; this version reads "
+                f"{INDEX_VERSION}"
+            )
+        dimensions = meta.get("dimensions")
+        if type(dimensions) is not int or dimensions < 1:
+            raise _refused(where, "dimensions: not a positive integer")
+        if type(meta.get("embedder")) is not str:
+            raise _refused(where, "embedder: not a string")
+        routes = meta.get("routes")
+        if not isinstance(routes, list):
+            raise _refused(where, "routes: not a list")
+        count = 0
+        for entry in routes:
+            threshold = entry.get("threshold") if isinstance(entry, dict) else None
+            if (
+                not isinstance(entry, dict)
+                or type(entry.get("name")) is not str
+                or not _is_text_list(entry.get("utterances"))
+                or not (
+                    threshold is None
+                    or (type(threshold) in (int, float) and math.isfinite(threshold))
+                )
+            ):
+                raise _refused(where, "routes: an entry that is no route")
+            count += len(entry["utterances"])
+        vectors = _unit_matrix(arrays.get("vectors"), count, dimensions, where, "vectors")
+        probes = _unit_matrix(arrays.get("probes"), len(PROBES), dimensions, where, "probes")
+        names = meta.get("head")
+        head = None
+        if names is not None:
+            if not _is_text_list(names) or not names:
+                raise _refused(where, "head: not a list of route names")
+            classes = len(names) + 1  # the routes, then out of scope
+            head = LinearHead(
+                tuple(names),
+                _finite_array(
+                    arrays.get("head_weights"), (dimensions, classes), where, "head weights"
+                ).astype(np.float32),
+                _finite_array(arrays.get("head_bias"), (classes,), where, "head bias").astype(
+                    np.float32
+                ),
+                _finite_array(
+                    arrays.get("head_thresholds"), (len(names),), where, "head thresholds"
+                ).astype(np.float64),
+            )
+        return cls(meta, dimensions, vectors, probes, head)
 
 
 Decision: TypeAlias = Literal[

@@ -8,7 +8,9 @@
   layers, one private module each (request ids, telemetry, auth, body, limits, the
   format's handler), and the plain endpoints (models, health, readiness, metrics);
 * `pipeline.gateway.server`: running it on uvicorn, one or more worker processes (`serve`),
-  with deadlines and a bound on connections (`pipeline.gateway._protocol`).
+  with deadlines and a bound on connections (`pipeline.gateway._protocol`);
+* `pipeline.gateway.response_store`: where the Responses API's stored responses are kept
+  (`ResponseStore`, `MemoryResponseStore`, `RedisResponseStore`).
 
 Install the extra: ``pip install 'chat-pipeline[gateway]'``.
 """
@@ -17,13 +19,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipeline.gateway.response_store import (
+    MemoryResponseStore,
+    RedisResponseStore,
+    ResponseStore,
+)
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.app import create_app
     from pipeline.gateway.server import serve
 
-__all__ = ["PIPELINE_MODEL", "GatewaySettings", "create_app", "serve"]
+__all__ = [
+    "PIPELINE_MODEL",
+    "GatewaySettings",
+    "MemoryResponseStore",
+    "RedisResponseStore",
+    "ResponseStore",
+    "create_app",
+    "serve",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -142,6 +142,7 @@ _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "x
 # Tool fields besides the definition: passed to Anthropic routes on the tool.
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_TOOL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Tools Anthropic's servers run (the type's prefix; a version date follows): built-in tools,
 # left out of the request or refused as ``[gateway] builtin_tools`` says.
 _SERVER_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_")
@@ -358,7 +359,9 @@ def _tools(value: Any, builtin: list[str]) -> tuple[list[ChatTool], frozenset[st
         if not isinstance(tool, dict):
             raise _invalid(where, "expected a tool object")
         kind = tool.get("type") or "custom"
-        if not isinstance(kind, str):
+        # A type is a token (``web_search_20250305``): it reaches a response header and the
+        # log line when the tool is a built-in one, so nothing else is taken.
+        if not isinstance(kind, str) or not _TOOL_TYPE.fullmatch(kind):
             raise _invalid(f"{where}.type", "expected a tool type")
         if kind != "custom":
             if kind.startswith(_SERVER_TOOL_PREFIXES):
@@ -433,11 +436,13 @@ def _output_config(value: Any, options: ChatOptions) -> str | None:
     if not isinstance(value, dict):
         raise _invalid("output_config", "expected an object")
     effort = value.get("effort")
-    if effort is not None and effort not in _EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in _EFFORTS):
         raise _invalid("output_config.effort", "expected low, medium, high or max")
     output_format = value.get("format")
     if output_format is not None:
-        schema = output_format.get("schema") if isinstance(output_format, dict) else None
+        if not isinstance(output_format, dict):
+            raise _invalid("output_config.format", "expected a json_schema format object")
+        schema = output_format.get("schema")
         if output_format.get("type") != "json_schema" or not isinstance(schema, dict):
             raise _invalid("output_config.format", "expected a json_schema format with a schema")
         options.response_format = {
@@ -524,6 +529,8 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
             raise _invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode
+    metadata = payload.get("metadata")
+    user = metadata.get("user_id") if isinstance(metadata, dict) else None
     return ChatRequest(
         model=model,
         messages=messages,
@@ -531,6 +538,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         stream=bool(stream),
         tool_names=names,
         builtin_tools=builtin,
+        user=user if isinstance(user, str) and user else None,
     )
 
 

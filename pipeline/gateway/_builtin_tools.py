@@ -23,6 +23,7 @@ layer applies the policy (`apply`) once the request is parsed.
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import quote
 
 from pipeline.gateway.wire import ChatRequest, WireError
 
@@ -41,14 +42,17 @@ def header_value(request: ChatRequest, policy: BuiltinToolPolicy) -> str | None:
     if not request.builtin_tools:
         return None
     verb = "refused" if policy == "refuse" else "dropped"
-    return verb + "=" + ",".join(dict.fromkeys(request.builtin_tools))
+    # The types are what the client wrote (the formats take only tokens): percent-encoded
+    # all the same, so a header value never carries a line break or a byte beyond ASCII.
+    kinds = (quote(kind, safe="_.-") for kind in dict.fromkeys(request.builtin_tools))
+    return verb + "=" + ",".join(kinds)
 
 
 def apply(request: ChatRequest, policy: BuiltinToolPolicy, param: str = "tools") -> None:
     """Apply the policy to a parsed request: nothing to do for ``drop`` (the format left
     the tools out), a `WireError` (400) for ``refuse`` when the request offered any."""
     if policy == "refuse" and request.builtin_tools:
-        kind = request.builtin_tools[0]
+        kind = quote(request.builtin_tools[0], safe="_.-")
         raise WireError(
             400,
             f"{param}: the built-in tool {kind!r} cannot run behind this gateway "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import json
 import os
 import re
 import time
@@ -42,6 +43,7 @@ __all__ = [
     "Scope",
     "Send",
     "current_request_id",
+    "loggable",
     "request_id_of",
 ]
 
@@ -69,6 +71,23 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 current_request_id = _request_id.get
 """The id of the gateway request being served in this context (for log lines), if any."""
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9._:/@+*#,-]{1,256}")
+_LOGGED_CHARACTERS = 256
+
+
+def loggable(value: str) -> str:
+    """`value` (something a client wrote: a model name, a request id) as one field of a
+    log line: as it is when it holds only characters that can neither end the line nor
+    start another field (letters, digits, ``._:/@+*#,-``); otherwise quoted as a JSON
+    string (so spaces, ``=``, quotes, line breaks, NUL and anything outside ASCII are
+    escaped), its first 256 characters only."""
+    if _PLAIN.fullmatch(value):
+        return value
+    if len(value) > _LOGGED_CHARACTERS:
+        return json.dumps(value[:_LOGGED_CHARACTERS])[:-1] + '..."'
+    return json.dumps(value)
 
 
 def request_id_of(value: bytes | None) -> str:

@@ -28,19 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline import _scope
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
 from pipeline._scope import RouteReport
-from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send, loggable
 from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
 from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 
-__all__ = ["FormatHandler", "InboundFormat", "StreamEncoder"]
+__all__ = ["AnswerHooks", "FormatHandler", "InboundFormat", "StreamEncoder"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -54,6 +54,19 @@ def _pass_betas(request: ChatRequest, header: bytes) -> None:
         extras = request.options.additional_properties
         scoped = extras.get(ANTHROPIC_EXTRAS)
         extras[ANTHROPIC_EXTRAS] = {**(scoped if isinstance(scoped, dict) else {}), "betas": betas}
+
+
+class AnswerHooks(Protocol):
+    """What a format's handler does around the pipeline call besides answering (the
+    Responses format's stored responses: `pipeline.gateway._stored_responses`)."""
+
+    async def before(self, exchange: Exchange, request: ChatRequest) -> None:
+        """Before the pipeline is called: complete the request, or refuse it
+        (`WireError`)."""
+
+    async def after(self, exchange: Exchange, request: ChatRequest) -> None:
+        """Once the whole answer is encoded, before its last bytes are sent (so a client
+        that reads the end of an answer finds whatever this did done). Never raises."""
 
 
 class _Disconnect:
@@ -93,11 +106,12 @@ class _Started:
 
 def _cache(exchange: Exchange, request: ChatRequest) -> Any:
     """The response cache's side of a request (`middleware.cache`): its partition (the
-    caller's key and the model asked for: entries never cross them), the mode the
+    caller's identity and the model asked for: entries never cross them; the user the
+    request names, for a cache partitioned by user), the mode the
     ``cache-control`` request header asks for (``no-store``: bypass, ``no-cache``:
     refresh), and ``x-cache`` (``hit``, ``miss``, ``bypass``) with ``age`` on the response
     when a cache answered. Returns the token that ends the cache's report."""
-    report = CacheReport(f"{exchange.key}\x00{request.model}")
+    report = CacheReport(f"{exchange.key}\x00{request.model}", request.user)
     if request.options.cache is None:
         for name, value in exchange.scope["headers"]:
             if name == b"cache-control":
@@ -128,13 +142,16 @@ class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
     The layers outside it read and parsed the body (`Exchange.request`) and took the
-    caller's slot."""
+    caller's slot. `hooks` run before the pipeline call and after a complete answer."""
 
-    __slots__ = ("format", "gateway")
+    __slots__ = ("format", "gateway", "hooks")
 
-    def __init__(self, gateway: Gateway, format: InboundFormat) -> None:
+    def __init__(
+        self, gateway: Gateway, format: InboundFormat, hooks: AnswerHooks | None = None
+    ) -> None:
         self.gateway = gateway
         self.format = format
+        self.hooks = hooks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -160,6 +177,8 @@ class FormatHandler:
                     code="model_not_found",
                 )
             exchange.route = target.route
+            if self.hooks is not None:
+                await self.hooks.before(exchange, request)
             if exchange.anthropic_beta is not None:
                 _pass_betas(request, exchange.anthropic_beta)
             cache_token = _cache(exchange, request)
@@ -209,7 +228,7 @@ class FormatHandler:
                 exchange.scope["method"],
                 self.format.path,
                 type(exc).__name__,
-                exchange.request_id,
+                loggable(exchange.request_id),
                 exc_info=exc,
             )
             await self._unfinished(
@@ -256,6 +275,8 @@ class FormatHandler:
         response_id = exchange.response_id = self.format.new_response_id()
         exchange.response_model = response.model_id
         body = self.format.completion(response, request, response_id=response_id, created=now())
+        if self.hooks is not None:
+            await self.hooks.after(exchange, request)
         watch.done = True
         await exchange.whole(200, body)
         return None
@@ -304,10 +325,11 @@ class FormatHandler:
                         await send(
                             {"type": "http.response.body", "body": data.encode(), "more_body": True}
                         )
+            end = encoder.end().encode()
+            if self.hooks is not None:
+                await self.hooks.after(exchange, request)
             watch.done = True
-            await send(
-                {"type": "http.response.body", "body": encoder.end().encode(), "more_body": False}
-            )
+            await send({"type": "http.response.body", "body": end, "more_body": False})
             return None
         except Exception as exc:
             # Output reached the client: the failure is told in-band, then the stream ends.

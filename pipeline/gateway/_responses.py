@@ -13,17 +13,18 @@ does), ``include: ["reasoning.encrypted_content"]``, ``parallel_tool_calls``, ``
 ``prompt_cache_key`` and ``prompt_cache_retention`` go to OpenAI Responses routes only
 (`OPENAI_RESPONSES_EXTRAS`: OpenAI's prompt cache). ``metadata``, ``user``,
 ``service_tier``, ``safety_identifier``, ``client_metadata`` and ``stream_options``
-describe the caller or the transport and are accepted and not passed on; ``store: false``
-and ``truncation: "disabled"`` are what the gateway does anyway. Built-in tools
+describe the caller or the transport and are accepted and not passed on;
+``truncation: "disabled"`` is what the gateway does anyway. Built-in tools
 (``web_search``, ``file_search``...) follow ``[gateway] builtin_tools``
-(`pipeline.gateway._builtin_tools`): left out by default, or refused.
+(`pipeline.gateway._builtin_tools`): left out by default, or refused. Stored responses
+(``store``, ``previous_response_id``, ``item_reference`` items) are read here and served by
+`pipeline.gateway._stored_responses`, which completes the conversation (`resume`) before
+the pipeline is called and keeps the answer (`ResponsesRequest.answer`) after.
 
 What is refused with a 400 naming the parameter, since answering without it would change
-what the request means: conversation state (``previous_response_id``, ``conversation``,
-``store: true``, ``item_reference`` items: this gateway keeps none; send the whole
-conversation), ``background``, ``prompt`` templates, ``max_tool_calls``, any other
-``include``, ``truncation: "auto"``, ``top_logprobs``, files and file ids, and any
-parameter it does not know.
+what the request means: ``conversation``, ``background``, ``prompt`` templates,
+``max_tool_calls``, any other ``include``, ``truncation: "auto"``, ``top_logprobs``, files
+and file ids, and any parameter it does not know.
 
 Answers are ``response`` objects: ``output`` holds a ``message`` item (one ``output_text``
 part) and a ``function_call`` item per tool call, in the order the model produced them;
@@ -43,6 +44,7 @@ for Chat Completions.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    user_of,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -83,7 +86,14 @@ from pipeline.types import (
 from pipeline.wire.responses.vocab import read_tool_choice
 from pipeline.wire.tools import openai_function_fields
 
-__all__ = ["RESPONSES", "Responses", "ResponsesEncoder", "ResponsesRequest", "parse_responses"]
+__all__ = [
+    "RESPONSES",
+    "Responses",
+    "ResponsesEncoder",
+    "ResponsesRequest",
+    "parse_responses",
+    "resume",
+]
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -150,18 +160,18 @@ _REASONING_KEYS = frozenset({"effort", "summary", "generate_summary", "context"}
 _GATEWAY_REASONING = "rs_gw_"
 # Fields whose meaning the gateway cannot keep, and why.
 _REFUSED = {
-    "previous_response_id": (
-        "this gateway keeps no conversation state: send the whole conversation in input"
-    ),
     "conversation": (
-        "this gateway keeps no conversation state: send the whole conversation in input"
+        "conversations are not supported by this gateway: send the whole conversation in "
+        "input, or continue a stored response with previous_response_id"
     ),
     "background": "background responses are not supported by this gateway",
     "prompt": "prompt templates are not supported by this gateway",
     "max_tool_calls": "built-in tools are not supported by this gateway",
 }
 # Every top-level field the format knows (the others are a 400): checked once per field.
-_ACCEPTED = _KNOWN | _DROPPED | frozenset(_REFUSED) | frozenset(_PROMPT_CACHE)
+_ACCEPTED = (
+    _KNOWN | _DROPPED | frozenset(_REFUSED) | frozenset(_PROMPT_CACHE) | {"previous_response_id"}
+)
 _ROLES = {
     "user": ChatRole.USER,
     "system": ChatRole.SYSTEM,
@@ -190,6 +200,23 @@ class ResponsesRequest(ChatRequest):
     """Flattened tool name -> (namespace, name), for tools sent inside a ``namespace``."""
     custom_tools: frozenset[str] = field(default_factory=frozenset)
     """The (flattened) names of the custom (free-form) tools."""
+    store: bool | None = None
+    """``store`` as sent (None: not sent, which the API takes as true)."""
+    previous_response_id: str | None = None
+    """The stored response this one continues."""
+    items: list[dict[str, Any]] = field(default_factory=list)
+    """``input`` as a list of items (a string is one user message), as sent."""
+    references: list[int] = field(default_factory=list)
+    """The positions in `items` of ``item_reference`` items (left out of `messages` until
+    `resume` put the items they name in their place)."""
+    names: _Names | None = None
+    """How the request's tool names were flattened (for `resume`)."""
+    answer: dict[str, Any] | None = None
+    """The ``response`` object the client was sent, once the answer is complete."""
+    withheld: dict[str, str] = field(default_factory=dict)
+    """The encrypted content of the answer's reasoning items that the answer did not show
+    (the request did not include it), by item id: kept with a stored response, as the
+    route gave it, so a continuation passes it back."""
 
 
 def _unsupported(param: str, why: str) -> WireError:
@@ -259,26 +286,61 @@ def _output_text(output: Any, param: str) -> str:
 
 
 class _Names:
-    """Tool names as the pipeline sees them: a tool of a ``namespace`` is flattened to its
-    own name, or ``namespace__name`` where two namespaces share that name."""
+    """Tool names as the pipeline sees them, one per tool: a tool of a ``namespace`` is
+    flattened to its own name, or ``namespace__name`` where another tool has that name.
+    Every flattened name is unique: one that would still collide (a tool named
+    ``namespace__name`` itself, two namespaces flattening alike) or run past the 64
+    characters a function name may have gets a name of its own made from a hash of both
+    parts, so each call the model makes maps back to exactly the tool it was made for."""
 
     def __init__(self) -> None:
         self.flat: dict[tuple[str | None, str], str] = {}
         self.back: dict[str, tuple[str, str]] = {}
 
     def plan(self, entries: list[tuple[str | None, str]]) -> None:
+        tools = list(dict.fromkeys(entries))  # a tool listed twice is one tool
         counts: dict[str, int] = {}
-        for _, name in entries:
+        for _, name in tools:
             counts[name] = counts.get(name, 0) + 1
-        for namespace, name in entries:
-            flat = name if counts[name] == 1 or namespace is None else f"{namespace}__{name}"
+        taken: set[str] = set()
+        qualified: list[tuple[str, str]] = []
+        # Names kept as they are first (top-level tools, and namespaced ones whose name no
+        # other tool has), so a qualified name never takes a name a tool has of its own.
+        for namespace, name in tools:
+            if namespace is None or counts[name] == 1:
+                self.flat[(namespace, name)] = name
+                taken.add(name)
+                if namespace is not None:
+                    self.back[name] = (namespace, name)
+            else:
+                qualified.append((namespace, name))
+        for namespace, name in qualified:
+            flat = f"{namespace}__{name}"
+            if flat in taken or len(flat) > _MAX_TOOL_NAME:
+                flat = _hashed_name(namespace, name, taken)
             self.flat[(namespace, name)] = flat
-            if namespace is not None:
-                self.back[flat] = (namespace, name)
+            self.back[flat] = (namespace, name)
+            taken.add(flat)
 
     def of(self, namespace: Any, name: str) -> str:
         key = (namespace if isinstance(namespace, str) and namespace else None, name)
         return self.flat.get(key, name)
+
+
+_MAX_TOOL_NAME = 64
+
+
+def _hashed_name(namespace: str, name: str, taken: set[str]) -> str:
+    """A function name for a namespaced tool whose plain qualified name is taken or too
+    long: a prefix of it and a hash of both parts (deterministic: the same tools get the
+    same names on every turn)."""
+    digest = hashlib.sha256(f"{namespace}\x00{name}".encode()).hexdigest()
+    prefix = "".join(c if c.isalnum() or c in "_-" else "_" for c in f"{namespace}__{name}")
+    for attempt in range(len(digest) // 8):
+        candidate = f"{prefix[: _MAX_TOOL_NAME - 9]}_{digest[attempt * 8 : attempt * 8 + 8]}"
+        if candidate not in taken:
+            return candidate
+    raise _invalid("tools", "too many tools flatten to the same name")  # pragma: no cover
 
 
 def _assistant(messages: list[ChatMessage]) -> ChatMessage:
@@ -363,16 +425,13 @@ def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
         elif kind == "additional_tools":
             continue
         elif kind == "item_reference":
-            raise _unsupported(
-                f"{where}.type",
-                "this gateway stores no responses, so a reference finds nothing: send the "
-                "item itself (clients do with store: false)",
-            )
+            # A stored item, put in its place by `resume` before the pipeline is called.
+            _string(item, "id", where)
         else:
             raise _invalid(
                 f"{where}.type",
                 "expected message, reasoning, function_call, function_call_output, "
-                "custom_tool_call, custom_tool_call_output or additional_tools",
+                "custom_tool_call, custom_tool_call_output, item_reference or additional_tools",
             )
     return messages
 
@@ -410,6 +469,8 @@ def _tools(
     kept: list[tuple[str, dict[str, Any], str | None, str]] = []
     for where, tool, namespace in entries:
         kind = tool.get("type")
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "expected a tool type")
         if kind in _BUILTIN:
             request.builtin_tools.append(str(kind))
             continue
@@ -497,10 +558,11 @@ def _refuse_what_changes_meaning(payload: Mapping[str, Any]) -> None:
         if payload.get(key) is not None:
             raise _unsupported(key, why)
     store = payload.get("store")
-    if store is not None and store is not False:
-        raise _unsupported(
-            "store", "this gateway stores no responses: set store to false or leave it out"
-        )
+    if store is not None and not isinstance(store, bool):
+        raise _invalid("store", "expected true or false")
+    previous = payload.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise _invalid("previous_response_id", "expected a response id")
     if payload.get("truncation") not in (None, "disabled"):
         raise _unsupported("truncation", "only truncation 'disabled' is supported")
     include = payload.get("include")
@@ -552,6 +614,16 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("instructions", "expected a string")
         if instructions:
             messages.insert(0, ChatMessage(ChatRole.SYSTEM, instructions))
+    request.names = names
+    request.store = payload.get("store")
+    request.previous_response_id = payload.get("previous_response_id")
+    if isinstance(source, str):
+        request.items = [{"type": "message", "role": "user", "content": source}]
+    elif isinstance(source, list):  # (`_conversation` checked it is one)
+        request.items = source
+        request.references = [
+            index for index, item in enumerate(source) if item.get("type") == "item_reference"
+        ]
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "expected true or false")
@@ -617,7 +689,20 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("metadata", "expected an object")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
+    request.user = user_of(payload)
     return request
+
+
+def resume(request: ResponsesRequest, items: list[dict[str, Any]]) -> None:
+    """Make `items` (a stored conversation, then the request's input with its references
+    resolved) the conversation the pipeline is asked, after the request's own
+    instructions (a stored response's are not carried over, as the API does)."""
+    messages = _conversation(items, request.names or _Names()) if items else []
+    if request.instructions:
+        messages.insert(0, ChatMessage(ChatRole.SYSTEM, request.instructions))
+    if not messages:
+        raise _invalid("input", "the conversation is empty", "missing_required")
+    request.messages = messages
 
 
 # -- answers ----------------------------------------------------------------------------------
@@ -714,12 +799,14 @@ def _reasoning_item(
     item_id: str, text: str, protected: str | None, request: ChatRequest, *, done: bool
 ) -> dict[str, Any]:
     """A ``reasoning`` item: its text as the summary, its protected part as the encrypted
-    content when the request includes it."""
+    content when the request includes it (else withheld, for a stored response)."""
     summary = [{"type": "summary_text", "text": text}] if done and text else []
     item: dict[str, Any] = {"type": "reasoning", "id": item_id, "summary": summary}
-    include = isinstance(request, ResponsesRequest) and request.include_reasoning
-    if done and include and protected is not None:
-        item["encrypted_content"] = protected
+    if done and protected is not None and isinstance(request, ResponsesRequest):
+        if request.include_reasoning:
+            item["encrypted_content"] = protected
+        else:
+            request.withheld[item_id] = protected
     return item
 
 
@@ -766,12 +853,12 @@ def _response(
         "model": model,
         "output": output,
         "parallel_tool_calls": echo.parallel_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": echo.previous_response_id,
         "reasoning": {
             "effort": echo.reasoning.get("effort", options.reasoning_effort),
             "summary": echo.reasoning.get("summary"),
         },
-        "store": False,
+        "store": echo.store is not False,
         "temperature": options.temperature,
         "text": {"format": echo.text_format},
         "tool_choice": echo.tool_choice,
@@ -836,6 +923,8 @@ def completion(
         usage=_usage(response.usage),
         incomplete=incomplete,
     )
+    if isinstance(request, ResponsesRequest):
+        request.answer = body
     return _dumps(body).encode()
 
 
@@ -1048,6 +1137,8 @@ class ResponsesEncoder:
         final = self._response(
             status, output=self._output, usage=_usage(self._usage), incomplete=incomplete
         )
+        if isinstance(self._request, ResponsesRequest):
+            self._request.answer = final
         return out + self._event(f"response.{status}", {"response": final})
 
     def error(self, error: WireError) -> str:

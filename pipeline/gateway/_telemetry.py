@@ -59,7 +59,15 @@ from pipeline._semconv import (
     meter,
     tracer,
 )
-from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
+from pipeline.gateway._exchange import (
+    EXCHANGE,
+    ASGIApp,
+    Exchange,
+    Receive,
+    Scope,
+    Send,
+    loggable,
+)
 from pipeline.gateway.wire import WireError
 
 if TYPE_CHECKING:
@@ -213,15 +221,17 @@ class TelemetryMiddleware:
                     self._route,
                     status or "-",
                     duration * 1000,
-                    exchange.request_id,
+                    # What the client wrote is escaped: it cannot forge a field or a line.
+                    loggable(exchange.request_id),
                     exchange.response_id or "-",
-                    exchange.model or "-",
+                    loggable(exchange.model) if exchange.model else "-",
                     route or "-",
                     attempts if route is not None else "-",
                     str(fallback).lower() if route is not None else "-",
                     served or "-",
                     "-" if key is None or key == _NO_KEY else f"#{key}",
                     # Only a request that offered built-in tools says what became of them.
+                    # Percent-encoded tokens (`_builtin_tools.header_value`).
                     "" if builtin is None else f" builtin_tools={builtin}",
                     outcome,
                 ),

@@ -7,7 +7,9 @@ stops. Endpoints:
 * ``POST /v1/chat/completions``: non-streaming and streaming (SSE) answers, tools, usage
   (the Chat Completions format, `pipeline.gateway._chat_completions`);
 * ``POST /v1/responses``: the Responses API over the same pipeline
-  (`pipeline.gateway._responses`);
+  (`pipeline.gateway._responses`), and its stored responses (``GET``/``DELETE
+  /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``:
+  `pipeline.gateway._stored_responses`, over ``[gateway] responses_store``);
 * ``POST /v1/messages``: Anthropic's Messages API over the same pipeline
   (`pipeline.gateway._anthropic_messages`), and ``POST /v1/messages/count_tokens`` (an
   estimate); every other path under ``/v1/messages`` answers errors in Anthropic's shape;
@@ -72,10 +74,23 @@ from pipeline.gateway._exchange import (
     exit_request_id,
 )
 from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
-from pipeline.gateway._handler import FormatHandler, InboundFormat
+from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
 from pipeline.gateway._responses import RESPONSES
+from pipeline.gateway._stored_responses import (
+    PATH as STORED_RESPONSES_PATH,
+)
+from pipeline.gateway._stored_responses import (
+    NoStoredResponses,
+    StoredResponseEndpoint,
+    StoredResponses,
+)
 from pipeline.gateway._telemetry import TelemetryMiddleware
+from pipeline.gateway.response_store import (
+    MemoryResponseStore,
+    RedisResponseStore,
+    ResponseStore,
+)
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
 from pipeline.gateway.wire import now
 
@@ -113,7 +128,9 @@ class Gateway:
     and its readiness (the state the request layers share).
 
     `start()` builds the pipeline and the exposed routes' clients (once per worker);
-    `stop()` waits (briefly) for requests still finishing, then closes every client.
+    `stop()` waits (briefly) for requests still finishing, then closes every client and
+    the response store (`stored_responses`: ``[gateway] responses_store``, or the
+    `response_store` given).
     Code tools cannot run in a server, so a configuration that turns
     ``layers.function_invocation`` on is refused: clients declare their tools and run them.
     """
@@ -125,6 +142,7 @@ class Gateway:
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
         source: str | None = None,
+        response_store: ResponseStore | None = None,
     ) -> None:
         if config.layers.function_invocation:
             raise ConfigError(
@@ -155,6 +173,7 @@ class Gateway:
         self._idle.set()
         self.started_at = now()
         self.ready = False
+        self.stored_responses = _stored_responses(self.settings, response_store)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -257,7 +276,8 @@ class Gateway:
     async def _close(self) -> None:
         closers, self._closers = self._closers, []
         errors: list[Exception] = []
-        for close in [*closers, *(r.aclose for r in self._redis.values())]:
+        stored = [self.stored_responses.aclose] if self.stored_responses is not None else []
+        for close in [*closers, *(r.aclose for r in self._redis.values()), *stored]:
             try:
                 await close()
             except Exception as exc:  # close the others, then report every failure
@@ -297,6 +317,30 @@ class Gateway:
         return all(value == "ok" for value in checks.values()), checks
 
 
+def _stored_responses(
+    settings: GatewaySettings, store: ResponseStore | None
+) -> StoredResponses | None:
+    """The stored responses a worker serves: over `store`, else the one ``[gateway]
+    responses_store`` names (None for ``"none"``)."""
+    if store is None:
+        if settings.responses_store == "none":
+            return None
+        ttl, max_bytes = settings.responses_ttl, settings.responses_max_bytes
+        max_count = settings.responses_max_count
+        if settings.responses_store == "redis":
+            url = os.environ[settings.redis_url_env or ""]  # checked when the file was loaded
+            store = RedisResponseStore(
+                url,
+                ttl=ttl,
+                max_bytes=max_bytes,
+                max_count=max_count,
+                timeout=settings.responses_timeout,
+            )
+        else:
+            store = MemoryResponseStore(ttl=ttl, max_bytes=max_bytes, max_count=max_count)
+    return StoredResponses(store, timeout=settings.responses_timeout)
+
+
 class _Endpoint:
     """The outermost layer of an inbound format's endpoint: the request's `Exchange`
     (its id, current for log lines), counted in flight until its response is written."""
@@ -325,17 +369,32 @@ class _Endpoint:
 
 
 class _FormatEndpoints:
-    """Sends the requests of the inbound formats' paths to their stacks, and everything
-    else on (to the plain endpoints)."""
+    """Sends the requests of the inbound formats' paths to their stacks, the stored
+    responses' paths (``/v1/responses/{id}`` and ``.../input_items``) to theirs, and
+    everything else on (to the plain endpoints)."""
 
-    __slots__ = ("_endpoints", "app")
+    __slots__ = ("_endpoints", "_stored", "app")
 
-    def __init__(self, app: ASGIApp, *, endpoints: dict[str, ASGIApp]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        endpoints: dict[str, ASGIApp],
+        stored: tuple[ASGIApp, ASGIApp] | None = None,
+    ) -> None:
         self.app = app
         self._endpoints = endpoints
+        self._stored = stored
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self._endpoints.get(scope["path"]) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        endpoint = self._endpoints.get(path)
+        if endpoint is None and self._stored is not None and path.startswith(STORED_RESPONSES_PATH):
+            one, items = self._stored
+            endpoint = items if path.endswith("/input_items") else one
         await (endpoint or self.app)(scope, receive, send)
 
 
@@ -345,7 +404,12 @@ def _format_endpoint(
     """The stack of layers of one inbound format (see the module docstring) around its
     handler (the pipeline call, unless given)."""
     settings = gateway.settings
-    handler = handler or FormatHandler(gateway, format)
+    if handler is None:
+        hooks: AnswerHooks | None = None
+        if format is RESPONSES:
+            stored = gateway.stored_responses
+            hooks = stored if stored is not None else NoStoredResponses()
+        handler = FormatHandler(gateway, format, hooks)
     limited = LimitsMiddleware(handler, slots=slots)
     read = BodyMiddleware(
         limited, max_body_bytes=settings.max_body_bytes, builtin_tools=settings.builtin_tools
@@ -360,6 +424,20 @@ def _format_endpoint(
     return _Endpoint(traced, gateway=gateway, format=format)
 
 
+def _stored_endpoint(gateway: Gateway, route: str) -> ASGIApp:
+    """The stack of one stored responses' path: request id, telemetry, auth (the caller's
+    key is the partition), then the store."""
+    endpoint = StoredResponseEndpoint(gateway.stored_responses)
+    authenticated = AuthMiddleware(endpoint, keys=gateway.keys, x_api_key=RESPONSES.x_api_key)
+    traced = TelemetryMiddleware(
+        authenticated,
+        route=route,
+        tracer_provider=gateway.tracer_provider,
+        meter_provider=gateway.meter_provider,
+    )
+    return _Endpoint(traced, gateway=gateway, format=RESPONSES)
+
+
 def create_app(
     config: PipelineConfig,
     *,
@@ -370,6 +448,7 @@ def create_app(
     prometheus_close: bool = False,
     source: str | None = None,
     formats: Sequence[InboundFormat] = FORMATS,
+    response_store: ResponseStore | None = None,
 ) -> Starlette:
     """The gateway for `config` as an ASGI app (its lifespan builds and closes the
     pipeline). `on_shutdown` runs last, after every client closed (e.g. to flush
@@ -380,7 +459,8 @@ def create_app(
     the app makes one with such a reader (and shuts it down when it stops).
     `prometheus_close` answers ``/metrics`` with ``connection: close`` (so that, with
     several workers, each scrape may reach another one). `source` names where the
-    configuration came from, for the startup log line."""
+    configuration came from, for the startup log line. `response_store` keeps the Responses
+    API's stored responses instead of the store ``[gateway] responses_store`` names."""
     settings = config.gateway or GatewaySettings()
     owned_meters = None
     if settings.prometheus_metrics and prometheus_registry is None:
@@ -394,7 +474,11 @@ def create_app(
         reader, prometheus_registry = prometheus_reader()
         meter_provider = owned_meters = SDKMeterProvider(metric_readers=[reader])
     gateway = Gateway(
-        config, tracer_provider=tracer_provider, meter_provider=meter_provider, source=source
+        config,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        source=source,
+        response_store=response_store,
     )
     slots = Slots(settings.max_concurrent_per_key, settings.retry_after)
     stacks = {format.path: _format_endpoint(gateway, format, slots) for format in formats}
@@ -402,6 +486,10 @@ def create_app(
         stacks[COUNT_TOKENS.path] = _format_endpoint(
             gateway, COUNT_TOKENS, slots, CountTokensHandler(gateway)
         )
+    stored = None
+    if RESPONSES in formats:
+        one = f"{STORED_RESPONSES_PATH}{{response_id}}"
+        stored = (_stored_endpoint(gateway, one), _stored_endpoint(gateway, f"{one}/input_items"))
     endpoints = Endpoints(
         gateway,
         registry=prometheus_registry if settings.prometheus_metrics else None,
@@ -438,7 +526,7 @@ def create_app(
     app = Starlette(
         routes=routes,
         middleware=[
-            Middleware(_FormatEndpoints, endpoints=stacks),
+            Middleware(_FormatEndpoints, endpoints=stacks, stored=stored),
             Middleware(RequestIdMiddleware),
         ],
         exception_handlers={404: endpoints.not_found, 405: endpoints.not_found},

@@ -53,7 +53,7 @@ import uvicorn.config
 import uvicorn.logging
 
 from pipeline.config import ENVIRONMENT_VARIABLE, load_config
-from pipeline.gateway._exchange import current_request_id
+from pipeline.gateway._exchange import current_request_id, loggable
 from pipeline.gateway._protocol import ConnectionLimits, protocol_factory
 from pipeline.gateway.settings import GatewaySettings
 
@@ -151,7 +151,7 @@ class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         request_id = current_request_id()
         record.request = (
-            f" request_id={request_id}"
+            f" request_id={loggable(request_id)}"
             if request_id is not None and not record.name.startswith(_logger.name)
             else ""
         )
@@ -283,6 +283,13 @@ def serve(
     if environment is not None:
         os.environ[ENVIRONMENT_VARIABLE] = environment
     _raise_file_limit(settings.max_connections)
+    if workers > 1 and settings.responses_store == "memory":
+        _logger.warning(
+            "responses_store = 'memory' keeps each worker's stored responses apart: a "
+            "continuation (previous_response_id, item_reference) served by another of the %d "
+            "workers finds nothing; set [gateway] responses_store = 'redis'",
+            workers,
+        )
     server_config = uvicorn.Config(
         "pipeline.gateway.server:app_from_environment",
         factory=True,

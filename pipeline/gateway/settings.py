@@ -21,10 +21,10 @@ __all__ = ["PIPELINE_MODEL", "GatewaySettings", "api_keys", "is_pattern"]
 PIPELINE_MODEL = "pipeline"
 """The model name that means the whole configured pipeline (router, failover and layers)."""
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 # A glob pattern of model names (fnmatch: `*`, `?`, `[...]`), e.g. ``claude-*``.
-_MODEL_PATTERN = re.compile(r"^[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}$")
+_MODEL_PATTERN = re.compile(r"[A-Za-z0-9*?\[][A-Za-z0-9._:/*?\[\]!-]{0,127}")
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -34,14 +34,14 @@ def is_pattern(name: str) -> bool:
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise ValueError("expected the name of an environment variable (letters, digits, _)")
     return value
 
 
 def _model_names(value: dict[str, str]) -> dict[str, str]:
     for alias in value:
-        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).match(alias):
+        if not (_MODEL_PATTERN if is_pattern(alias) else _MODEL_NAME).fullmatch(alias):
             raise ValueError(
                 "model names are 1-128 letters, digits and . _ : / - (starting with a letter "
                 "or digit), or glob patterns of them (* ? [...])"
@@ -68,10 +68,11 @@ class GatewaySettings(Settings):
     * `max_concurrent_per_key`: requests one key (without keys: one client address) may
       have in flight in one worker process (``None``: no limit); one more gets 429 with
       ``Retry-After: retry_after``;
-    * `retry_after`: seconds a 429 without the provider's own hint (and the gateway's own
-      429s and shutdown 503s, and a stream cut after output) asks to wait. A 503 because
-      every route failed asks to wait only as long as a provider or an open breaker said;
-      without such a hint it says ``x-should-retry: false`` (a retry cannot help soon);
+    * `retry_after`: seconds the gateway's own 429s and shutdown 503s, a stream cut after
+      output, and a rate limit that said no time ask to wait. A 503 because every route
+      failed asks to wait until the earliest time any route said it may serve again (a
+      provider's ``Retry-After``, an open breaker, a cooldown); when none said, it says
+      ``x-should-retry: false`` (a retry cannot help soon);
     * `drain_timeout`: on shutdown, seconds the requests in flight may take to finish
       before they are cancelled (a stream cancelled this way ends with an in-band error);
     * `models`: the model names clients may ask for, each naming a route or ``"pipeline"``
@@ -83,7 +84,10 @@ class GatewaySettings(Settings):
       session affinity is checked too); `readiness_timeout` bounds each check;
     * `prometheus_metrics`: serve ``GET /metrics`` in the Prometheus text format, from the
       meters the spans' metrics come from (``chat-pipeline serve --prometheus-metrics``
-      turns it on too).
+      turns it on too);
+    * `responses_store`, `responses_ttl`, `responses_max_bytes`, `responses_max_count`,
+      `responses_timeout`: where and how long the Responses API's stored responses are
+      kept (``store``, ``previous_response_id``, ``item_reference``, ``GET /v1/responses/{id}``).
 
     Slow and idle clients (what `chat-pipeline serve` enforces on each connection, see
     `pipeline.gateway.server`):
@@ -116,7 +120,8 @@ class GatewaySettings(Settings):
     """Requests one key (without keys: one client address) may have in flight in one worker process;
     one more gets 429 with `Retry-After` (in code, `None`: no limit)."""
     retry_after: Annotated[float, Field(gt=0, le=3600)] = 1.0
-    """Seconds a 429 (or a 503 without the provider's own hint) asks the client to wait."""
+    """Seconds the gateway's own 429s (and a route's rate limit that said no time) ask the client
+    to wait."""
     drain_timeout: Annotated[float, Field(ge=0, le=3600)] = 30.0
     """On shutdown, seconds the requests in flight may take to finish before they are cancelled (a
     stream cancelled this way ends with an in-band error)."""
@@ -149,6 +154,27 @@ class GatewaySettings(Settings):
     without them, ``"refuse"`` answers 400 naming the tool. Either way the response header
     ``x-chat-pipeline-builtin-tools`` and the log line say what was done."""
 
+    responses_store: Literal["memory", "redis", "none"] = "memory"
+    """Where the Responses API's stored responses are kept (a request stores its response
+    unless it says `store: false`, as OpenAI's API does), for `previous_response_id`,
+    `item_reference` input items and `GET`/`DELETE /v1/responses/{id}`: `"memory"` (this worker
+    process's own: with several workers or replicas, a continuation served by another one finds
+    nothing), `"redis"` (the Redis `redis_url_env` names, shared by every worker and replica), or
+    `"none"` (nothing is stored: `store: true` and the fields that need a stored response are a
+    400). Each caller's key sees only its own."""
+    responses_ttl: Annotated[float, Field(gt=0, le=30 * 86400)] = 86400.0
+    """Seconds a stored response is kept after it was stored (at most 30 days, OpenAI's own)."""
+    responses_max_bytes: Annotated[int, Field(ge=1024, le=1 << 40)] = 64 << 20
+    """Bytes of stored responses kept (per worker in memory, in all in Redis), the oldest dropped
+    first; a response larger than this is not stored. A response continued with
+    `previous_response_id` holds the whole conversation before it."""
+    responses_max_count: Annotated[int, Field(ge=1, le=100_000_000)] = 10_000
+    """Stored responses kept (per worker in memory, in all in Redis), the oldest dropped first."""
+    responses_timeout: Annotated[float, Field(gt=0, le=60)] = 0.5
+    """Seconds a call to the response store may take; past it (or while the store fails) a stored
+    response is answered as not found, with an error saying the store is unavailable, and an
+    answer is not stored. A failed store is skipped for a second before it is tried again."""
+
     def exposed_models(self, route_names: Collection[str]) -> dict[str, str]:
         """Model name (or glob pattern) -> route name or ``"pipeline"``: what clients may
         ask for."""
@@ -178,6 +204,13 @@ class GatewaySettings(Settings):
                         "(expected comma-separated keys)",
                     )
                 )
+        if self.responses_store == "redis" and self.redis_url_env is None:
+            found.append(
+                (
+                    "gateway.responses_store",
+                    "'redis' needs redis_url_env (the environment variable holding the URL)",
+                )
+            )
         if self.redis_url_env is not None and not os.environ.get(self.redis_url_env):
             found.append(
                 (
@@ -185,6 +218,16 @@ class GatewaySettings(Settings):
                     f"the environment variable {self.redis_url_env} is not set",
                 )
             )
+        elif self.responses_store == "redis" and self.redis_url_env is not None:
+            from pipeline import _redis
+
+            try:
+                _redis.check_url(os.environ[self.redis_url_env])
+            except ValueError as exc:  # never the URL: it may hold a password
+                variable = self.redis_url_env
+                found.append(
+                    ("gateway.redis_url_env", f"the environment variable {variable} {exc}")
+                )
         for alias, target in (self.models or {}).items():
             if target != PIPELINE_MODEL and target not in route_names:
                 found.append(

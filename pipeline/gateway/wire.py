@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline.errors import (
     FailureKind,
     ProviderError,
@@ -35,6 +36,7 @@ from pipeline.errors import (
     RoutingError,
     WireError,
     classify,
+    retry_after_of,
 )
 from pipeline.gateway._json import json_body
 from pipeline.types import (
@@ -70,6 +72,7 @@ __all__ = [
     "parse_request",
     "request_object",
     "unsupported_parameter",
+    "user_of",
 ]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -95,6 +98,19 @@ class ChatRequest:
     builtin_tools: list[str] = field(default_factory=list)
     """The types of the provider-side tools the request offered, left out of the pipeline's
     tools (see `pipeline.gateway._builtin_tools`)."""
+    user: str | None = None
+    """The end user the request names (``user`` or ``safety_identifier``; Anthropic's
+    ``metadata.user_id``), for a response cache partitioned by user; None when it names
+    none."""
+
+
+def user_of(payload: Mapping[str, Any]) -> str | None:
+    """The end user an OpenAI-format body names: ``user``, else ``safety_identifier``."""
+    for name in ("user", "safety_identifier"):
+        value = payload.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -381,7 +397,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         options.response_format = response_format
     effort = payload.get("reasoning_effort")
     if effort is not None:
-        if effort not in _REASONING_EFFORTS:
+        if not isinstance(effort, str) or effort not in _REASONING_EFFORTS:
             raise _invalid("reasoning_effort", f"expected one of {sorted(_REASONING_EFFORTS)}")
         options.reasoning_effort = effort
     for key in _PASSED:
@@ -394,6 +410,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         stream=bool(stream),
         include_usage=include_usage,
         tool_names=names,
+        user=user_of(payload),
     )
 
 
@@ -575,7 +592,7 @@ class ChunkEncoder:
 
 # -- errors -----------------------------------------------------------------------------------
 
-_SAFE_CODE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_SAFE_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 # kind -> (status, type, code, our words)
 _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
@@ -583,7 +600,7 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
         429,
         "rate_limit_error",
         "rate_limit_exceeded",
-        "the model provider is rate limiting requests; retry later",
+        "the model provider is rate limiting requests",
     ),
     FailureKind.REQUEST_INVALID: (
         400,
@@ -621,13 +638,19 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
         503,
         "server_error",
         "upstream_unavailable",
-        "the model provider is unavailable; retry later",
+        "the model provider is unavailable",
     ),
     FailureKind.CIRCUIT_OPEN: (
         503,
         "server_error",
         "circuit_open",
-        "every route is unavailable (circuit open); retry later",
+        "the route is unavailable (circuit open)",
+    ),
+    FailureKind.INVALID_RESPONSE: (
+        503,
+        "server_error",
+        "upstream_invalid_response",
+        "the model provider's answer failed the route's response validation",
     ),
     FailureKind.UNKNOWN: (
         503,
@@ -643,19 +666,44 @@ NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
 5xx) do not retry them."""
 
 
+_EVERY_ROUTE_FAILED = frozenset(
+    {
+        FailureKind.RATE_LIMITED,
+        FailureKind.TRANSIENT,
+        FailureKind.CIRCUIT_OPEN,
+        FailureKind.INVALID_RESPONSE,
+        FailureKind.UNKNOWN,
+    }
+)
+"""The kinds of a failure before output that mean every route the request could take
+failed (the others are the request's own fault, or the gateway's configuration)."""
+
+
+def _said_wait(exc: BaseException, retry_after: float) -> float | None:
+    """How long the routes said to wait, the earliest of every attempt (a rate limit that
+    said no time: `retry_after`), or None when none said."""
+    signal = retry_signal_of(exc)
+    wait = signal.wait()
+    if wait is None and signal.rate_limited:
+        wait = retry_after
+    return wait
+
+
 def error_for(exc: BaseException, retry_after: float, *, after_output: bool = False) -> WireError:
     """The HTTP status and OpenAI error a failure of the pipeline becomes.
 
     Timeouts (the request's deadline, or an attempt cut short with nothing left to try)
-    are 504; the other kinds map as in `pipeline.errors`: rate limits 429 (with the
-    provider's ``Retry-After``, else `retry_after`), request errors 400 with their code
-    (a context overflow in OpenAI's words, ``param: messages``), the provider refusing
-    our credentials 502, everything else 503: with ``Retry-After`` when the failure says
-    when a route may serve again (a provider's ``Retry-After``, an open breaker's time to
-    its probe), else `should_retry` False (``x-should-retry: false``); a failure
-    `after_output` (one route's, mid-stream) asks for a retry after `retry_after`. The
-    message is ours:
-    a kind and, for a provider error, which provider and what status it answered.
+    are 504; request errors 400 with their code (a context overflow in OpenAI's words,
+    ``param: messages``); the provider refusing our credentials 502. Every other failure
+    before output means every route failed, whatever each answered (rate limits, 5xx, open
+    breakers, invalid answers): 503, read from every attempt (`pipeline._retry_signal`),
+    with ``Retry-After`` the earliest time any route said it may serve again (a provider's
+    ``Retry-After``, an open breaker's next probe; a rate limit that said no time counts as
+    `retry_after`), or, when none said, `should_retry` False (``x-should-retry: false``:
+    agents otherwise retry for minutes before their user sees anything). A failure
+    `after_output` is one route's, mid-stream: its own status (429 for a rate limit), and
+    a retry after its own ``Retry-After``, else `retry_after`. The message is ours: a kind
+    and, for a provider error, which provider and what status it answered.
     """
     if isinstance(exc, WireError):
         return exc
@@ -667,18 +715,34 @@ def error_for(exc: BaseException, retry_after: float, *, after_output: bool = Fa
         )
         return WireError(504, what, type="timeout_error", code="timeout")
     if isinstance(exc, RoutingError):
-        # Nothing tells when a route could serve it: a retry cannot help soon.
+        wait = retry_after if after_output else _said_wait(exc, retry_after)
         return WireError(
             503,
-            "no route could serve the request",
+            "no route could serve the request"
+            + ("" if wait is not None else "; no route says when it may serve again"),
             type="server_error",
             code="no_route",
-            retry_after=retry_after if after_output else None,
-            should_retry=None if after_output else False,
+            retry_after=wait,
+            should_retry=None if wait is not None else False,
         )
     kind = classify(exc)
-    status, type_, code, message = _KINDS[kind]
-    provider_retry = None
+    status, type_, code, message = _KINDS.get(kind, _KINDS[FailureKind.UNKNOWN])
+    wait = None
+    should_retry = None
+    if after_output:
+        if status in (429, 503):
+            # One route failed mid-answer: asking again may well be served.
+            own = retry_after_of(exc)
+            wait = own if own is not None else retry_after
+            message += "; retry later"
+    elif kind in _EVERY_ROUTE_FAILED:
+        status, type_ = 503, "server_error"
+        wait = _said_wait(exc, retry_after)
+        if wait is None:
+            should_retry = False
+            message += "; no route says when it may serve again"
+        else:
+            message += "; retry later"
     if isinstance(exc, ProviderError):
         details = []
         if exc.provider:
@@ -687,25 +751,8 @@ def error_for(exc: BaseException, retry_after: float, *, after_output: bool = Fa
             details.append(f"HTTP {exc.status_code}")
         if details:
             message += f" ({', '.join(details)})"
-        if code is None and exc.code and _SAFE_CODE.match(exc.code):
+        if code is None and exc.code and _SAFE_CODE.fullmatch(exc.code):
             code = exc.code
-        provider_retry = exc.retry_after
-    wait = None
-    should_retry = None
-    if status == 429:
-        wait = provider_retry if provider_retry is not None else retry_after
-    elif status == 503 and after_output:
-        # One route failed mid-answer: asking again may well be served.
-        wait = provider_retry if provider_retry is not None else retry_after
-    elif status == 503:
-        # Every route failed. When a provider's Retry-After or an open breaker tells when
-        # one may serve again, the client is told to wait that long; otherwise nothing will
-        # change soon, and the client is told not to retry (agents otherwise retry for
-        # minutes before their user sees anything).
-        wait = provider_retry
-        if wait is None:
-            should_retry = False
-            message = message.replace("; retry later", "; no route says when it may serve again")
     param = "messages" if kind is FailureKind.CONTEXT_LENGTH_EXCEEDED else None
     return WireError(
         status,

@@ -20,6 +20,7 @@ other than text are left out (the system prompt is text); a tool message is a us
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -64,6 +65,8 @@ __all__ = [
     "parse_response",
     "parse_usage",
 ]
+
+_logger = logging.getLogger("chat_pipeline.providers.anthropic")
 
 _ASSISTANT = ChatRole.ASSISTANT
 
@@ -190,18 +193,13 @@ def _conversation(
 
     Every system message, one in the middle of the conversation too (the API has no place
     for those), is folded into the request's ``system``, in order. A message's
-    ``cache_control`` goes on its last block; beyond the API's limit of
-    `MAX_CACHE_BREAKPOINTS`, the earliest are left out (a later breakpoint caches a longer
-    prefix, the earlier ones included)."""
+    ``cache_control`` goes on its last block (`build_request` keeps the request within
+    `MAX_CACHE_BREAKPOINTS`)."""
     system: list[dict[str, Any]] = []
     turns: list[dict[str, Any]] = []
-    marked: list[dict[str, Any]] = []
     for message in messages:
         if message.role is ChatRole.SYSTEM:
-            blocks = _system_blocks(message)
-            system += blocks
-            if blocks and "cache_control" in blocks[-1]:
-                marked.append(blocks[-1])
+            system += _system_blocks(message)
             continue
         role = "assistant" if message.role is ChatRole.ASSISTANT else "user"
         blocks = message_blocks(message)
@@ -210,23 +208,60 @@ def _conversation(
         breakpoint_ = _cache_control(message)
         if breakpoint_ is not None:
             blocks[-1]["cache_control"] = breakpoint_
-            marked.append(blocks[-1])
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:
             turns.append({"role": role, "content": blocks})
-    if len(marked) > MAX_CACHE_BREAKPOINTS:
-        # The order the API reads them in: system first, then the turns.
-        in_system = {id(block) for block in system}
-        ordered = [b for b in marked if id(b) in in_system]
-        ordered += [b for b in marked if id(b) not in in_system]
-        for block in ordered[: len(ordered) - MAX_CACHE_BREAKPOINTS]:
-            del block["cache_control"]
     return system, turns
 
 
 MAX_CACHE_BREAKPOINTS = 4
-"""The most blocks with ``cache_control`` one request may have (the API refuses more)."""
+"""The most blocks with ``cache_control`` one request may have (the API refuses more), a
+top-level ``cache_control`` (automatic caching) included."""
+
+
+def _capped(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` within `MAX_CACHE_BREAKPOINTS` (`_cap_breakpoints`), saying what was left out
+    on a log line: where they were, never what they mark (the gateway's log configuration
+    adds the request id)."""
+    total, dropped = _cap_breakpoints(body)
+    if dropped:
+        _logger.info(
+            "anthropic request: %d cache_control breakpoints, the API takes %d: left out "
+            "the earliest, %s",
+            total,
+            MAX_CACHE_BREAKPOINTS,
+            " ".join(dropped),
+        )
+    return body
+
+
+def _cap_breakpoints(body: dict[str, Any]) -> tuple[int, list[str]]:
+    """Keep `body` within `MAX_CACHE_BREAKPOINTS`, counting tools, system and messages
+    together, in the order the API reads them (tools, system, messages): the last ones are
+    kept (a later breakpoint caches a longer prefix, the earlier ones' included; a
+    top-level ``cache_control`` marks the last block, so it is kept first). Returns how
+    many there were and where the ones left out were (``tools[1]``, ``system[0]``,
+    ``messages[2].content[0]``)."""
+    marked: list[tuple[str, dict[str, Any]]] = []
+    for index, tool in enumerate(body.get("tools") or ()):
+        if isinstance(tool, dict) and "cache_control" in tool:
+            marked.append((f"tools[{index}]", tool))
+    system = body.get("system")
+    if isinstance(system, list):
+        for index, block in enumerate(system):
+            if isinstance(block, dict) and "cache_control" in block:
+                marked.append((f"system[{index}]", block))
+    for turn_index, turn in enumerate(body.get("messages") or ()):
+        content = turn.get("content") if isinstance(turn, dict) else None
+        for index, block in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(block, dict) and "cache_control" in block:
+                marked.append((f"messages[{turn_index}].content[{index}]", block))
+    top_level = 1 if body.get("cache_control") is not None else 0
+    dropped = marked[: max(0, len(marked) + top_level - MAX_CACHE_BREAKPOINTS)]
+    for _, holder in dropped:
+        del holder["cache_control"]
+    return len(marked) + top_level, [where for where, _ in dropped]
 
 
 ANTHROPIC_EFFORTS: dict[str, str] = {"minimal": "low", "xhigh": "max"}
@@ -325,7 +360,9 @@ def build_request(
     as given (object fields merged into what the options made); the other
     `additional_properties` are merged in for anything else (``top_k``, ``metadata``...),
     never overriding what the request needs. A ``clear_thinking`` context-management edit
-    is left out when the request does not think.
+    is left out when the request does not think. Prompt-cache breakpoints beyond
+    `MAX_CACHE_BREAKPOINTS` (tools, system and messages counted together) are left out, the
+    earliest first, and a log line says where they were.
     """
     system, turns = _conversation(messages)
     if not turns:
@@ -340,7 +377,7 @@ def build_request(
     if stream:
         body["stream"] = True
     if options is None:
-        return body
+        return _capped(body)
     if options.max_output_tokens is not None:
         body["max_tokens"] = options.max_output_tokens
     if options.temperature is not None:
@@ -374,7 +411,7 @@ def build_request(
         _merge_extras(body, scoped)
     elif "context_management" in body:
         _merge_extras(body, {})
-    return body
+    return _capped(body)
 
 
 # -- responses --------------------------------------------------------------------------------

@@ -56,11 +56,11 @@ __all__ = [
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
+    if not _ENV_NAME.fullmatch(value):
         raise ValueError("expected the name of an environment variable (letters, digits, _)")
     return value
 

@@ -12,7 +12,9 @@ answer starts with a ``thinking`` block (`FakeResponse.thinking`, streamed as
 ``thinking_delta`` then ``signature_delta``) signed by this server, and it checks strictly
 what comes back: a thinking block whose signature is not one it made for that text, or a
 last assistant turn with ``tool_use`` but without its thinking while thinking is on, is a
-400. It counts prompt caching when the request has ``cache_control`` breakpoints: the first
+400, and so is a request with more than four ``cache_control`` breakpoints (tools, system,
+messages and a top-level one counted together). It counts prompt caching when the request
+has ``cache_control`` breakpoints: the first
 request with a prefix writes it (``cache_creation_input_tokens``), later ones read it
 (``cache_read_input_tokens``), about four characters a token.
 """
@@ -62,7 +64,7 @@ class MessagesAnswers(FakeServer):
         if not isinstance(payload, dict) or not isinstance(payload.get("max_tokens"), int):
             await self._error(writer, 400, "invalid_request_error", "max_tokens: Field required")
             return True
-        refusal = self._check_thinking(payload)
+        refusal = self._check_thinking(payload) or _check_breakpoints(payload)
         if refusal is not None:
             await self._error(writer, 400, "invalid_request_error", refusal)
             return True
@@ -228,11 +230,12 @@ class MessagesAnswers(FakeServer):
             content.append(thinking)
         if response.text:
             content.append({"type": "text", "text": response.text})
+        tag = self.answer_tag()
         for index, (name, arguments) in enumerate(response.tool_calls):
             content.append(
                 {
                     "type": "tool_use",
-                    "id": f"toolu_{index}",
+                    "id": f"toolu_{tag}_{index}",
                     "name": name,
                     "input": json.loads(arguments or "{}"),
                 }
@@ -266,8 +269,9 @@ class MessagesAnswers(FakeServer):
         if pieces:
             deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
             blocks.append(({"type": "text", "text": ""}, deltas))
+        tag = self.answer_tag()
         for call, (name, arguments) in enumerate(response.tool_calls):
-            tool_use = {"type": "tool_use", "id": f"toolu_{call}", "name": name, "input": {}}
+            tool_use = {"type": "tool_use", "id": f"toolu_{tag}_{call}", "name": name, "input": {}}
             deltas = [
                 {"type": "input_json_delta", "partial_json": part}
                 for part in response.argument_pieces(arguments)
@@ -333,3 +337,17 @@ class FakeAnthropicServer(MessagesAnswers):
             )
             return True
         return await self._answer_messages(writer, payload, response)
+
+
+def _check_breakpoints(payload: Mapping[str, Any]) -> str | None:
+    """Why the API would refuse the request's prompt-cache breakpoints (more than four), or
+    None."""
+    count = 1 if payload.get("cache_control") is not None else 0
+    parts: list[Any] = [payload.get("tools"), payload.get("system")]
+    parts += [m.get("content") for m in payload.get("messages") or () if isinstance(m, Mapping)]
+    for part in parts:
+        if isinstance(part, list):
+            count += sum(1 for b in part if isinstance(b, Mapping) and "cache_control" in b)
+    if count > 4:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {count}."
+    return None

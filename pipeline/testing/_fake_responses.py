@@ -228,22 +228,22 @@ def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
-def _call(index: int, name: str, arguments: str, status: str) -> dict[str, Any]:
+def _call(tag: str, index: int, name: str, arguments: str, status: str) -> dict[str, Any]:
     return {
         "type": "function_call",
-        "id": f"fc_{index}",
-        "call_id": f"call_{index}",
+        "id": f"fc_{tag}_{index}",
+        "call_id": f"call_{tag}_{index}",
         "name": name,
         "arguments": arguments,
         "status": status,
     }
 
 
-def _custom_call(index: int, name: str, text: str, status: str) -> dict[str, Any]:
+def _custom_call(tag: str, index: int, name: str, text: str, status: str) -> dict[str, Any]:
     return {
         "type": "custom_tool_call",
-        "id": f"ctc_{index}",
-        "call_id": f"call_custom_{index}",
+        "id": f"ctc_{tag}_{index}",
+        "call_id": f"call_custom_{tag}_{index}",
         "name": name,
         "input": text,
         "status": status,
@@ -274,14 +274,15 @@ class _Reasoning:
 
 
 def _output(
-    response: FakeResponse, message_id: str, reasoning: _Reasoning | None
+    response: FakeResponse, message_id: str, reasoning: _Reasoning | None, tag: str
 ) -> list[dict[str, Any]]:
     output = [reasoning.item(done=True)] if reasoning is not None else []
     if response.text:
         output.append(_message(message_id, response.text, "completed"))
-    output += [_call(i, n, a, "completed") for i, (n, a) in enumerate(response.tool_calls)]
+    output += [_call(tag, i, n, a, "completed") for i, (n, a) in enumerate(response.tool_calls)]
     output += [
-        _custom_call(i, n, t, "completed") for i, (n, t) in enumerate(response.custom_tool_calls)
+        _custom_call(tag, i, n, t, "completed")
+        for i, (n, t) in enumerate(response.custom_tool_calls)
     ]
     return output
 
@@ -358,11 +359,13 @@ def response_body(
     response: FakeResponse,
     number: int,
     issued: set[str] | None = None,
+    *,
+    tag: str,
 ) -> Any:
     """The body of a non-streaming answer to request `number` (`issued` collects the
-    encrypted reasoning it gives out)."""
+    encrypted reasoning it gives out; `tag`, unique to this answer, makes its call ids)."""
     reasoning = _reasoning_of(payload, response, number, issued)
-    output = _output(response, f"msg_fake_{number}", reasoning)
+    output = _output(response, f"msg_fake_{number}", reasoning, tag)
     return _response(
         payload, response, number, status=_status(response), output=output, usage=_usage(response)
     )
@@ -379,10 +382,13 @@ def events(
     response: FakeResponse,
     number: int,
     issued: set[str] | None = None,
+    *,
+    tag: str,
 ) -> tuple[list[str], str, str, int]:
     """A streamed answer to request `number`: its events (the last, which ends the stream,
     apart), the ``error`` event `in_band_error` injects, and the index of the first
-    event with content (`issued` collects the encrypted reasoning it gives out)."""
+    event with content (`issued` collects the encrypted reasoning it gives out; `tag`,
+    unique to this answer, makes its call ids)."""
     message_id = f"msg_fake_{number}"
     reasoning = _reasoning_of(payload, response, number, issued)
     start = _response(payload, response, number, status="in_progress", output=[], usage=None)
@@ -451,11 +457,11 @@ def events(
     for call, (name, arguments) in enumerate(response.tool_calls):
         index = output_index
         output_index += 1
-        where = {"item_id": f"fc_{call}", "output_index": index}
+        where = {"item_id": f"fc_{tag}_{call}", "output_index": index}
         kinds.append(
             (
                 "response.output_item.added",
-                {"output_index": index, "item": _call(call, name, "", "in_progress")},
+                {"output_index": index, "item": _call(tag, call, name, "", "in_progress")},
             )
         )
         kinds += [
@@ -465,16 +471,16 @@ def events(
         kinds.append(("response.function_call_arguments.done", {**where, "arguments": arguments}))
         content(
             "response.output_item.done",
-            {"output_index": index, "item": _call(call, name, arguments, "completed")},
+            {"output_index": index, "item": _call(tag, call, name, arguments, "completed")},
         )
     for call, (name, text) in enumerate(response.custom_tool_calls):
         index = output_index
         output_index += 1
-        where = {"item_id": f"ctc_{call}", "output_index": index}
+        where = {"item_id": f"ctc_{tag}_{call}", "output_index": index}
         kinds.append(
             (
                 "response.output_item.added",
-                {"output_index": index, "item": _custom_call(call, name, "", "in_progress")},
+                {"output_index": index, "item": _custom_call(tag, call, name, "", "in_progress")},
             )
         )
         kinds += [
@@ -484,7 +490,7 @@ def events(
         kinds.append(("response.custom_tool_call_input.done", {**where, "input": text}))
         content(
             "response.output_item.done",
-            {"output_index": index, "item": _custom_call(call, name, text, "completed")},
+            {"output_index": index, "item": _custom_call(tag, call, name, text, "completed")},
         )
     out = [_event(kind, sequence, **fields) for sequence, (kind, fields) in enumerate(kinds)]
     status = _status(response)
@@ -493,7 +499,7 @@ def events(
         response,
         number,
         status=status,
-        output=_output(response, message_id, reasoning),
+        output=_output(response, message_id, reasoning, tag),
         usage=_usage(response),
     )
     end = _event(f"response.{status}", len(out), response=final)

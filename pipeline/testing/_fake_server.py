@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -245,6 +247,14 @@ class FakeServer:
         self.connections_accepted = 0  # a client whose pool churns opens many
         self._disconnect_waiters = CountWaiters()
         self._readers: dict[asyncio.StreamWriter, asyncio.StreamReader] = {}
+        self._id_tag = os.urandom(4).hex()
+        self._answers = itertools.count(1)
+
+    def answer_tag(self) -> str:
+        """A tag no other answer of this server (nor of any other server) has: the ids of an
+        answer's tool calls are made from it, so no two calls ever share an id (an agent
+        treats a call id it has seen as answered already)."""
+        return f"{self._id_tag}{next(self._answers)}"
 
     @property
     def port(self) -> int:
@@ -562,11 +572,13 @@ class FakeOpenAIServer(FakeServer):
         self.returned_reasoning += _fake_responses.reasoning_returned(payload)
         number = len(self.requests)
         if not payload.get("stream"):
-            body = _fake_responses.response_body(payload, response, number, self.issued_reasoning)
+            body = _fake_responses.response_body(
+                payload, response, number, self.issued_reasoning, tag=self.answer_tag()
+            )
             await self._send_json(writer, 200, body)
             return True
         events, end, in_band, first_content = _fake_responses.events(
-            payload, response, number, self.issued_reasoning
+            payload, response, number, self.issued_reasoning, tag=self.answer_tag()
         )
         return await self._send_events(
             writer,
@@ -622,8 +634,13 @@ class FakeOpenAIServer(FakeServer):
             message["reasoning_content"] = response.reasoning
         calls = response.chat_tool_calls()
         if calls:
+            tag = self.answer_tag()
             message["tool_calls"] = [
-                {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                {
+                    "id": f"call_{tag}_{i}",
+                    "type": "function",
+                    "function": {"name": n, "arguments": a},
+                }
                 for i, (n, a) in enumerate(calls)
             ]
         choices = self._choices(payload)
@@ -675,6 +692,7 @@ class FakeOpenAIServer(FakeServer):
             return json.dumps({**base, "choices": [choice]})
 
         out: list[str] = []
+        tag = self.answer_tag()
         # Choice by choice, each a chunk of its own (a client reads them by index).
         for index in range(choices):
             out.append(chunk(index, {"role": "assistant", "content": ""}))
@@ -686,7 +704,7 @@ class FakeOpenAIServer(FakeServer):
             for call, (name, arguments) in enumerate(response.chat_tool_calls()):
                 start = {
                     "index": call,
-                    "id": f"call_{call}",
+                    "id": f"call_{tag}_{call}",
                     "type": "function",
                     "function": {"name": name, "arguments": ""},
                 }

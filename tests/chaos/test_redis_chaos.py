@@ -31,9 +31,7 @@ from typing import Any
 import pytest
 import redis.asyncio as redis_asyncio
 
-from middleware.breaker import CircuitBreakerChatClient
-from pipeline.errors import TransientProviderError
-from pipeline.testing import ScriptedChatClient, collect, fail
+from tests.chaos.breakers import trip
 from tests.chaos.redis_replica import Replica
 from tests.middleware.remote_replica import Remote, remote
 from tests.redis_server import RedisServer
@@ -159,17 +157,7 @@ async def test_shared_state_through_a_redis_pause_with_1000_requests_in_flight_p
             assert log.get("affinity back") == 1 and log.get("breaker back", 0) >= 1, log
 
         # 5. Shared again.
-        tripper = CircuitBreakerChatClient(
-            ScriptedChatClient(fail(TransientProviderError())),
-            name=f"{namespace}-a",
-            redis=redis_server.url,
-            redis_timeout=5,
-            fail_max=1,
-            reset_timeout=600,
-        )
-        await collect(tripper, "hi", streaming=False)
-        assert tripper.state == "open"
-        await tripper.aclose()
+        await trip(f"{namespace}-a", redis_server.url)
         await record_sessions(keys, namespace, "p5", "c")
         warned = await replicas.logs()
         mine, theirs = await replicas.burst("p5", gated=False)

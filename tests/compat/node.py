@@ -1,9 +1,10 @@
 """Node clients of the compatibility suite: the Vercel AI SDK (npm packages ``ai`` and
 ``@ai-sdk/openai``, as ``tests/compat/ai_sdk/package.json`` pins them), Claude Code
-(``@anthropic-ai/claude-code``, ``tests/compat/claude_code/package.json``) and the OpenAI
-Codex CLI (``@openai/codex``, ``tests/compat/codex/package.json``), installed from the npm
-registry into ``.servers/ai-sdk``, ``.servers/claude-code`` and ``.servers/codex`` once and
-reused while those files stay the same.
+(``@anthropic-ai/claude-code``, ``tests/compat/claude_code/package.json``), the OpenAI
+Codex CLI (``@openai/codex``, ``tests/compat/codex/package.json``) and opencode
+(``opencode-ai``, ``tests/compat/opencode/package.json``), installed from the npm registry
+into ``.servers/ai-sdk``, ``.servers/claude-code``, ``.servers/codex`` and
+``.servers/opencode`` once and reused while those files stay the same.
 
 Node and npm are Debian's (``nodejs``, ``npm``; ``scripts/test`` installs them). A missing
 tool or a failed install fails the test loudly, with npm's own words: never a skip.
@@ -115,3 +116,23 @@ def codex() -> Path:
     if not executable.exists():
         pytest.fail(f"the Codex CLI install has no {executable.name} executable", pytrace=False)
     return executable
+
+
+OPENCODE_SOURCE = Path(__file__).parent / "opencode"
+OPENCODE_DIR = ROOT / ".servers" / "opencode"
+
+
+def opencode() -> Path:
+    """The ``opencode`` executable of the pinned opencode (its package ships the native
+    binary), installed into ``.servers/opencode`` once. At its first run it installs the
+    provider package a configuration names (``@ai-sdk/openai-compatible``) from the npm
+    registry into its cache (`OPENCODE_CACHE`, kept between runs)."""
+    _npm_install(OPENCODE_SOURCE, OPENCODE_DIR, "opencode")
+    executable = OPENCODE_DIR / "node_modules" / ".bin" / "opencode"
+    if not executable.exists():
+        pytest.fail(f"the opencode install has no {executable.name} executable", pytrace=False)
+    return executable
+
+
+OPENCODE_CACHE = OPENCODE_DIR / "cache"
+"""opencode's cache (``XDG_CACHE_HOME``) and npm's, kept between runs."""

@@ -17,6 +17,7 @@ server, which checks thought signatures as strictly).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -26,7 +27,8 @@ from typing import Any
 import pytest
 from opentelemetry.trace import SpanKind
 
-from pipeline.config import parse_config
+from pipeline._semconv import CACHE_RESULT
+from pipeline.config import CacheConfig, parse_config
 from pipeline.testing import (
     FakeAnthropicServer,
     FakeBedrockServer,
@@ -104,10 +106,16 @@ def gateway_config(routes: dict[str, tuple[str, str]], **router: Any) -> Any:
 
 
 async def ask(
-    claude: Path, gateway: Running, workdir: Path, prompt: str, *options: str
+    claude: Path,
+    gateway: Running,
+    workdir: Path,
+    prompt: str,
+    *options: str,
+    bound: float = RUN_TIMEOUT,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``claude -p PROMPT --output-format json [OPTIONS]`` with only the base URL and a key
-    set; its JSON result."""
+    set; its JSON result (the test fails when it takes more than `bound` seconds)."""
     home = workdir / "home"
     home.mkdir(exist_ok=True)
     env = {
@@ -115,6 +123,7 @@ async def ask(
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": gateway.url,
         "ANTHROPIC_API_KEY": f"sk-gateway-{CANARY}",
+        **(env or {}),
     }
     process = await asyncio.create_subprocess_exec(
         str(claude),
@@ -130,12 +139,14 @@ async def ask(
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        async with asyncio.timeout(RUN_TIMEOUT):
+        async with asyncio.timeout(bound):
             out, err = await process.communicate()
     except TimeoutError:
-        process.kill()
-        await process.wait()
-        pytest.fail(f"claude did not finish in {RUN_TIMEOUT:.0f} s")
+        pytest.fail(f"claude did not finish in {bound:.0f} s")
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     lines = out.decode().strip().splitlines()
     if not lines:
         pytest.fail(f"claude printed nothing (exit {process.returncode}):\n{err.decode()[-4000:]}")
@@ -150,6 +161,30 @@ def assert_never_recorded(secrets: list[str], caplog: pytest.LogCaptureFixture, 
     for secret in secrets:
         assert not [line for line in logged if secret in line]
         assert not [text for text in otel.everything_exported() if secret in text]
+def every_route(
+    openai_upstream: FakeOpenAIServer, backup_upstream: FakeOpenAIServer, answer: FakeResponse
+) -> Any:
+    """Two routes in order, each answering `answer` to every request (30 of them)."""
+    openai_upstream.script(*[answer] * 30)
+    backup_upstream.script(*[answer] * 30)
+    return gateway_config(
+        {
+            "primary": ("openai", openai_upstream.base_url),
+            "backup": ("openai", backup_upstream.base_url),
+        }
+    )
+
+
+async def served(
+    claude: Path, cfg: Any, otel: Otel, workdir: Path, prompt: str, **ask_options: Any
+) -> tuple[dict[str, Any], int]:
+    """One ``claude -p`` run against a gateway serving `cfg`: its result, and how many
+    ``POST /v1/messages`` the gateway served."""
+    async with running(cfg, **otel.providers) as gateway:
+        result = await ask(claude, gateway, workdir, prompt, **ask_options)
+        await gateway.gateway.wait_idle()
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    return result, len(posts)
 
 
 def server_spans(otel: Otel) -> list[Any]:
@@ -362,7 +397,33 @@ async def test_failover_before_output_is_invisible(
     assert len([s for s in server_spans(otel) if s.name == "POST /v1/messages"]) == 1
 
 
+@pytest.mark.parametrize("status", [503, 500])
 async def test_every_route_down_ends_after_one_request(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    backup_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    cfg = every_route(openai_upstream, backup_upstream, FakeResponse.error(status))
+    result, posts = await served(claude, cfg, otel, tmp_path, "Say hello", bound=GIVE_UP_BOUND)
+    assert result["is_error"] is True, result
+    # One request: nothing tells when a route may serve again, so the gateway said a retry
+    # cannot help (api_error, x-should-retry: false) and Claude Code did not retry.
+    assert posts == 1
+    assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+    assert result["result"]  # the error is shown
+
+
+RATE_LIMITED_BOUND = 20.0
+"""The bound within which Claude Code, every route rate limited, gives up."""
+RATE_LIMITED = FakeResponse.error(429, retry_after="1")
+
+
+async def test_every_route_rate_limited_ends_within_20_s_with_the_error_shown(
     claude: Path,
     openai_upstream: FakeOpenAIServer,
     backup_upstream: FakeOpenAIServer,
@@ -371,25 +432,110 @@ async def test_every_route_down_ends_after_one_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
-    down = FakeResponse.error(503)
-    openai_upstream.script(*[down] * 30)
-    backup_upstream.script(*[down] * 30)
-    cfg = gateway_config(
-        {
-            "primary": ("openai", openai_upstream.base_url),
-            "backup": ("openai", backup_upstream.base_url),
-        }
-    )
-    async with running(cfg, **otel.providers) as gateway:
-        async with asyncio.timeout(GIVE_UP_BOUND):
-            result = await ask(claude, gateway, tmp_path, "Say hello")
-        await gateway.gateway.wait_idle()
+    cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
+    result, posts = await served(claude, cfg, otel, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND)
     assert result["is_error"] is True, result
-    # One request: nothing tells when a route may serve again, so the gateway said a retry
-    # cannot help (api_error, x-should-retry: false) and Claude Code did not retry.
-    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
-    assert len(posts) == 1
-    assert (openai_upstream.count(), backup_upstream.count()) == (1, 1)
+    assert result["result"]  # the error is shown
+    assert 1 <= posts <= 4
+
+
+async def test_every_route_rate_limited_bounded_on_claude_codes_side(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    backup_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CLAUDE_CODE_MAX_RETRIES`` bounds Claude Code's retries whatever the gateway says:
+    with 0, every route rate limited ends after one request, the error shown."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    cfg = every_route(openai_upstream, backup_upstream, RATE_LIMITED)
+    bounded = {"CLAUDE_CODE_MAX_RETRIES": "0"}
+    result, posts = await served(
+        claude, cfg, otel, tmp_path, "Say hello", bound=RATE_LIMITED_BOUND, env=bounded
+    )
+    assert result["is_error"] is True, result
+    assert result["result"]  # the error is shown
+    assert posts == 1
+
+
+def cached(cfg: Any) -> Any:
+    """`cfg` with the response cache on (in memory)."""
+    return dataclasses.replace(cfg, cache=CacheConfig())
+
+
+def cache_results(otel: Otel) -> list[str]:
+    """What the cache said of each request (its `x-cache`), in order: the request's span
+    carries it."""
+    return [
+        str((s.attributes or {})[CACHE_RESULT])
+        for s in sorted(otel.finished(), key=lambda span: span.start_time or 0)
+        if CACHE_RESULT in (s.attributes or {})
+    ]
+
+
+async def test_a_second_identical_run_is_a_cache_hit(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    openai_upstream.script(FakeResponse(text="Hello, once."))
+    cfg = cached(gateway_config({"primary": ("openai", openai_upstream.base_url)}))
+    async with running(cfg, **otel.providers) as gateway:
+        # The same directory (Claude Code's prompt names it), a new session each time.
+        first = await ask(claude, gateway, tmp_path, "Say hello")
+        second = await ask(claude, gateway, tmp_path, "Say hello")
+        await gateway.gateway.wait_idle()
+    assert first["result"] == second["result"] == "Hello, once."
+    assert openai_upstream.count() == 1
+    assert cache_results(otel) == ["miss", "hit"]  # what x-cache said
+
+
+async def test_two_successive_tool_calls_over_the_fake_anthropic_server(
+    claude: Path,
+    anthropic_upstream: FakeAnthropicServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each tool call the fake answers has an id of its own: Claude Code runs both and
+    sends each result back under its call's id (a reused id looked answered already)."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("alpha\n")
+    second.write_text("beta\n")
+    anthropic_upstream.script(
+        FakeResponse(text="", tool_calls=[("Read", json.dumps({"file_path": str(first)}))]),
+        FakeResponse(text="", tool_calls=[("Read", json.dumps({"file_path": str(second)}))]),
+        FakeResponse(text="Both files read."),
+    )
+    cfg = gateway_config({"claude": ("anthropic", anthropic_upstream.base_url)})
+    result, _ = await served(claude, cfg, otel, tmp_path, "Read first.txt, then second.txt")
+    assert result["is_error"] is False, result
+    assert result["result"] == "Both files read."
+    assert anthropic_upstream.count() == 3
+    last = anthropic_upstream.requests[2].json["messages"]
+    calls = [
+        block
+        for message in last
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "tool_use"
+    ]
+    results = [
+        block
+        for message in last
+        if message["role"] == "user" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block["type"] == "tool_result"
+    ]
+    assert len(calls) == 2 and calls[0]["id"] != calls[1]["id"]
+    assert [r["tool_use_id"] for r in results] == [c["id"] for c in calls]
+    assert "alpha" in json.dumps(results[0]) and "beta" in json.dumps(results[1])
 
 
 async def test_thinking_and_a_read_tool_round_trip_over_a_bedrock_route(

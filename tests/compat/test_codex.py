@@ -15,6 +15,7 @@ signatures).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -24,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.config import parse_config
+from pipeline._semconv import CACHE_RESULT
+from pipeline.config import CacheConfig, parse_config
 from pipeline.testing import FakeBedrockServer, FakeGeminiServer, FakeOpenAIServer, FakeResponse
 from tests.compat.node import codex
 from tests.otel import Otel
@@ -59,31 +61,49 @@ async def backup() -> AsyncIterator[FakeOpenAIServer]:
         yield server
 
 
-def codex_home(home: Path, gateway: Running) -> Path:
+def codex_home(home: Path, gateway: Running, provider_extra: str = "") -> Path:
     """A ``CODEX_HOME`` holding the one provider entry, and a working directory beside it."""
     home.mkdir(exist_ok=True)
-    (home / "config.toml").write_text(provider_entry(gateway))
+    (home / "config.toml").write_text(provider_entry(gateway, provider_extra))
     work = home.parent / "work"
     work.mkdir(exist_ok=True)
     return work
 
 
-def provider_entry(gateway: Running) -> str:
-    """The one provider entry Codex is given: a base URL, a key variable, the wire API."""
+def provider_entry(gateway: Running, extra: str = "") -> str:
+    """The one provider entry Codex is given: a base URL, a key variable, the wire API
+    (and `extra` lines)."""
     return (
         "[model_providers.gateway]\n"
         'name = "chat-pipeline"\n'
         f'base_url = "{gateway.base_url}"\n'
         'env_key = "GATEWAY_KEY"\n'
         'wire_api = "responses"\n'
-    )
+    ) + extra
 
 
 async def run_codex(
     codex_bin: Path, gateway: Running, home: Path, prompt: str = PROMPT, model: str | None = None
 ) -> list[dict[str, Any]]:
     """``codex exec --json`` once; its JSON events (it must exit 0)."""
-    work = codex_home(home, gateway)
+    returncode, events, err = await exec_codex(codex_bin, gateway, home, prompt, model)
+    if returncode != 0:
+        pytest.fail(f"codex exec failed (exit {returncode}):\n{err[-4000:]}")
+    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
+    assert not errors, errors
+    return events
+
+
+async def exec_codex(
+    codex_bin: Path,
+    gateway: Running,
+    home: Path,
+    prompt: str = PROMPT,
+    model: str | None = None,
+    provider_extra: str = "",
+) -> tuple[int, list[dict[str, Any]], str]:
+    """``codex exec --json`` once: its exit code, JSON events and standard error."""
+    work = codex_home(home, gateway, provider_extra)
     command = [
         str(codex_bin),
         "exec",
@@ -112,12 +132,9 @@ async def run_codex(
         process.kill()
         await process.wait()
         pytest.fail(f"codex exec did not finish in {RUN_TIMEOUT:.0f} s")
-    if process.returncode != 0:
-        pytest.fail(f"codex exec failed (exit {process.returncode}):\n{err.decode()[-4000:]}")
     events = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-    errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
-    assert not errors, errors
-    return events
+    assert process.returncode is not None
+    return process.returncode, events, err.decode()
 
 
 def items(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -352,3 +369,45 @@ async def test_failover_from_a_bedrock_route_is_invisible(
         events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
     assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
     assert (bedrock.count(), backup.count()) == (1, 1)
+async def test_every_route_down_with_codexs_retries_bounded(
+    codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    """Codex retries whatever the gateway says (``x-should-retry: false`` included): 30
+    requests in about 25 s with every route answering 500. Its provider entry bounds that:
+    with ``request_max_retries = 0`` and ``stream_max_retries = 0`` it sends one request and
+    shows the error."""
+    down = FakeResponse.error(500)
+    upstream.script(*[down] * 40)
+    backup.script(*[down] * 40)
+    cfg = config({"primary": upstream, "backup": backup}, gateway={"models": MODELS})
+    bounded = "request_max_retries = 0\nstream_max_retries = 0\n"
+    async with running(cfg) as gateway:
+        returncode, events, _ = await exec_codex(
+            codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL, provider_extra=bounded
+        )
+    assert returncode != 0
+    (failed,) = [e for e in events if e.get("type") == "turn.failed"]
+    assert "503" in failed["error"]["message"]  # the gateway's answer, shown
+    assert (upstream.count(), backup.count()) == (1, 1)  # one request: one try per route
+
+
+async def test_a_second_identical_exec_is_a_cache_hit(
+    codex_bin: Path, upstream: FakeOpenAIServer, tmp_path: Path, otel: Otel
+) -> None:
+    upstream.script(FakeResponse(text="Hello, once."))
+    cfg = dataclasses.replace(
+        config({"primary": upstream}, gateway={"models": MODELS}), cache=CacheConfig()
+    )
+    async with running(cfg, **otel.providers) as gateway:
+        first = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+        second = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
+        await gateway.gateway.wait_idle()
+    texts = [items(events, "agent_message")[-1]["text"] for events in (first, second)]
+    assert texts == ["Hello, once.", "Hello, once."]
+    assert upstream.count() == 1
+    results = [
+        (s.attributes or {})[CACHE_RESULT]
+        for s in sorted(otel.finished(), key=lambda span: span.start_time or 0)
+        if CACHE_RESULT in (s.attributes or {})
+    ]
+    assert results == ["miss", "hit"]  # what x-cache said

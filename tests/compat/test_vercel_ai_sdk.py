@@ -1,8 +1,10 @@
 """The Vercel AI SDK's default OpenAI provider through Node against the gateway.
 
 ``createOpenAI({baseURL})(model)`` calls ``POST /v1/responses`` (the Responses API), not
-Chat Completions: `generateText`, `streamText`, a tool loop (the SDK runs the tool and
-sends its ``function_call_output`` back) and a stream that fails after output.
+Chat Completions: `generateText`, `streamText`, tool loops (the SDK runs the tool and
+sends its ``function_call_output`` back) with ``store: false`` and with the SDK's defaults
+(stored responses: the second step refers to the first one's output by ``item_reference``),
+for a plain and a reasoning model, and a stream that fails after output.
 
 Client (the ``ai`` and ``@ai-sdk/openai`` npm packages, in Node) -> gateway (in this test's
 event loop) -> fake upstream.
@@ -26,6 +28,7 @@ from tests.pipeline.gateway.conftest import config, running
 pytestmark = pytest.mark.compat
 
 SCRIPT_TIMEOUT = 120.0
+REASONING_MODEL = "gpt-5-mini"  # an id the SDK takes for a reasoning model
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +76,21 @@ async def test_generate_stream_tools_and_a_failure_after_output(
         ),
         FakeResponse(text="It is sunny in Paris.", usage=(30, 6)),
         FakeResponse(text="Let me check.", tool_calls=[("get_weather", '{"city": "Paris"}')]),
+        FakeResponse(text="Sunny, by reference."),
+        FakeResponse(
+            text="Let me check.",
+            reasoning="CANARY-reasoning the user wants the weather",
+            tool_calls=[("get_weather", '{"city": "Paris"}')],
+        ),
+        FakeResponse(text="Sunny, after thinking.", reasoning="CANARY-reasoning done"),
         FakeResponse(
             chunks=["Hello ", "wor", "ld"],
             in_band_error={"type": "server_error", "code": "server_error"},
             error_after=3,
         ),
     )
-    async with running(config({"primary": upstream})) as gateway:
+    models = {"pipeline": "pipeline", REASONING_MODEL: "pipeline"}
+    async with running(config({"primary": upstream}, gateway={"models": models})) as gateway:
         result = await run_script(
             sdk_dir,
             "ai_sdk.mjs",
@@ -87,6 +98,7 @@ async def test_generate_stream_tools_and_a_failure_after_output(
                 "GATEWAY_BASE_URL": gateway.base_url,
                 "GATEWAY_API_KEY": "unused",
                 "GATEWAY_MODEL": "pipeline",
+                "GATEWAY_REASONING_MODEL": REASONING_MODEL,
             },
         )
     generated = result["generated"]
@@ -101,7 +113,8 @@ async def test_generate_stream_tools_and_a_failure_after_output(
     assert streamed["usage"] == {"inputTokens": 9, "outputTokens": 4, "totalTokens": 13}
 
     tools = result["tools"]
-    assert tools["calls"] == ["Paris", "Paris"]  # the SDK ran the tool the model called
+    # The SDK ran the tool the model called, once in each of the three loops.
+    assert tools["calls"] == ["Paris", "Paris", "Paris"]
     assert tools["steps"] == 2
     assert tools["text"] == "It is sunny in Paris."  # the last step's
     assert tools["usage"] == {"inputTokens": 50, "outputTokens": 11, "totalTokens": 61}
@@ -109,16 +122,38 @@ async def test_generate_stream_tools_and_a_failure_after_output(
     sent = upstream.requests[3].json["messages"]
     assert sent[1]["content"] == "Let me check."
     assert sent[1]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert sent[2] == {"role": "tool", "tool_call_id": "call_0", "content": "Sunny in Paris"}
+    call_id = sent[1]["tool_calls"][0]["id"]
+    assert sent[2] == {"role": "tool", "tool_call_id": call_id, "content": "Sunny in Paris"}
 
-    # Without store: false, the second step refers to the first one's text by id: a 400
-    # naming the item and saying what to do, before any upstream call.
-    referenced = result["referenced"]
-    assert referenced["status"] == 400
-    assert referenced["message"].startswith("input[1].type: this gateway stores no responses")
-    assert "store: false" in referenced["message"]
+    # The SDK's defaults: the second step names the model's text by id; the gateway
+    # found it among the responses it stored and the model got the whole conversation.
+    defaults = result["defaults"]
+    assert (defaults["steps"], defaults["text"]) == (2, "Sunny, by reference.")
+    assert [s["input"] for s in defaults["sent"]] == [
+        ["message"],
+        ["message", "item_reference", "function_call", "function_call_output"],
+    ]
+    sent = upstream.requests[5].json["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["content"] == "Let me check."
+
+    # A reasoning model with the SDK's defaults: its reasoning and text by reference.
+    reasoning = result["reasoning"]
+    assert (reasoning["steps"], reasoning["text"]) == (2, "Sunny, after thinking.")
+    assert reasoning["reasoning"] == "CANARY-reasoning the user wants the weather"
+    assert reasoning["sent"][1]["input"] == [
+        "message",
+        "item_reference",
+        "item_reference",
+        "function_call",
+        "function_call_output",
+    ]
+    sent = upstream.requests[7].json["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["content"] == "Let me check."
+    assert sent[1]["tool_calls"][0]["function"]["name"] == "get_weather"
 
     broken = result["broken"]
     assert "".join(broken["chunks"]) == "Hello wor"  # nothing repeated, nothing lost
     assert len(broken["errors"]) == 1  # the error event, not twice with response.failed
-    assert upstream.count() == 6
+    assert upstream.count() == 9

@@ -4,12 +4,10 @@ knows."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import openai
@@ -17,23 +15,11 @@ import pytest
 
 from pipeline.gateway.app import SESSION_HEADER
 from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.gateway_replicas import EXAMPLE, started
 
 pytestmark = pytest.mark.gateway
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway" / "replicas.py"
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
-
-
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gateway_replicas_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-replicas_example = load_example()
 
 
 @pytest.fixture
@@ -47,9 +33,7 @@ def stack(upstreams: tuple[FakeOpenAIServer, FakeOpenAIServer], tmp_path: Path) 
     """Redis, two replicas and nginx for a configuration whose primary has a shared
     breaker and whose router keeps sessions in Redis."""
     primary, backup = upstreams
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f"""
+    configuration = f"""
 [routes.primary]
 provider = "openai"
 model = "model-primary"
@@ -69,16 +53,8 @@ affinity = {{ store = "redis", redis_url_env = "GATEWAY_REDIS_URL" }}
 [gateway]
 redis_url_env = "GATEWAY_REDIS_URL"
 """
-    )
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    workdir.chmod(0o755)
-    tmp_path.chmod(0o755)
-    try:
-        with replicas_example.replicas(config, workdir=workdir) as running:
-            yield running
-    except replicas_example.StartError as exc:
-        pytest.fail(f"GATEWAY REPLICAS CANNOT RUN: {exc}", pytrace=False)
+    with started(configuration, tmp_path) as running:
+        yield running
 
 
 def client(url: str) -> openai.AsyncOpenAI:

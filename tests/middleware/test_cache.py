@@ -4,7 +4,11 @@ telemetry, semantic lookups (with a deterministic fake encoder)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import random
+import typing
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -12,6 +16,7 @@ import numpy as np
 import pytest
 
 from middleware.cache import (
+    DEFAULT_IGNORE_FIELDS,
     CacheSettings,
     CachingChatClient,
     MemoryCacheStore,
@@ -25,13 +30,27 @@ from pipeline import (
     ChatPipeline,
     ChatResponse,
     ChatResponseUpdate,
+    ChatRole,
     FunctionCallContent,
     ReasoningContent,
+    ReasoningOptions,
     UsageDetails,
 )
 from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_report
-from pipeline.errors import ResponseValidationError, TransientProviderError
+from pipeline._retry_signal import signal_of as retry_signal_of
+from pipeline.client import ChatClientMetadata
+from pipeline.errors import RateLimitedError, ResponseValidationError, TransientProviderError
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
+from pipeline.types import (
+    ANTHROPIC_EXTRAS,
+    OPENAI_RESPONSES_EXTRAS,
+    Content,
+    CustomTool,
+    DataContent,
+    FunctionResultContent,
+    FunctionTool,
+    TextContent,
+)
 from tests.otel import Otel
 
 USAGE = UsageDetails(input_tokens=12, output_tokens=5, total_tokens=17)
@@ -403,6 +422,24 @@ async def test_followers_call_again_when_the_leaders_call_fails(streaming: bool)
     assert inner.call_count == 2
 
 
+async def test_every_request_of_a_flight_hears_what_every_route_said(streaming: bool) -> None:
+    # The failure a waiting request gets is another request's: it carries every attempt's
+    # word all the same (a gateway answers each of them with the earliest wait).
+    gate = Gate()
+    limited = ScriptedChatClient(
+        fail(RateLimitedError(retry_after=30.0), delay=1.0), sleep=gate.sleep, name="a"
+    )
+    down = ScriptedChatClient(fail(TransientProviderError("down")), name="b")
+    chat = ChatPipeline.builder().use_cache().use_ordered_failover([limited, down]).build()
+    tasks = [asyncio.ensure_future(ask(chat, "q", None, streaming)) for _ in range(100)]
+    await wait_for(lambda: listeners(chat) == 100)
+    gate.open.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, TransientProviderError) for r in results)
+    waits = [retry_signal_of(r).wait() for r in results if isinstance(r, BaseException)]
+    assert len(waits) == 100 and all(w is not None and 29.0 <= w <= 30.0 for w in waits)
+
+
 async def test_a_cancelled_leader_does_not_fail_its_followers(streaming: bool) -> None:
     gate = Gate()
     inner = ScriptedChatClient(reply("ok", chunks=["o", "k"], delay=1.0), sleep=gate.sleep)
@@ -639,3 +676,510 @@ def test_settings_are_checked() -> None:
     assert ChatPipeline.builder().use_cache().build(ScriptedChatClient()).describe()[0] == (
         "CachingChatClient(MemoryCacheStore)"
     )
+
+
+# -- entries: every content type, exactly ------------------------------------------------------
+
+
+class Fixed:
+    """A client answering one given response (streamed: its updates)."""
+
+    metadata = ChatClientMetadata(provider_name="fixed", model_id="m", name="fixed")
+
+    def __init__(self, response: ChatResponse) -> None:
+        self.response = response
+        self.call_count = 0
+
+    async def get_response(self, messages: Any, options: Any = None) -> ChatResponse:
+        self.call_count += 1
+        return self.response
+
+    async def get_streaming_response(self, messages: Any, options: Any = None) -> Any:
+        self.call_count += 1
+        for update in self.response.to_updates():
+            yield update
+
+    async def aclose(self) -> None:
+        return None
+
+
+SAMPLES: dict[type, tuple[Any, ...]] = {
+    TextContent: (TextContent("text"),),
+    FunctionCallContent: (
+        FunctionCallContent.custom_call("call_1", "apply_patch", "*** Begin"),
+        FunctionCallContent("call_2", "get_weather", {"city": "Paris", "units": ["c"]}),
+    ),
+    FunctionResultContent: (FunctionResultContent("call_1", result={"ok": [1, 2]}),),
+    DataContent: (
+        DataContent(data=b"\x00\xffbytes", media_type="image/png"),
+        DataContent(uri="https://example.com/a.png"),
+    ),
+    ReasoningContent: (
+        ReasoningContent("thought", protected="sig", id="rs_1", redacted=True),
+        ReasoningContent("", protected="opaque"),
+    ),
+}
+"""Instances of every content class, each field away from its default in one of them (a
+field the cache entry left out would come back as its default)."""
+
+
+def test_every_content_class_has_samples_with_every_field_set() -> None:
+    # A new content class (or a new field) fails here until it has a sample: then the
+    # round trip below covers it.
+    assert set(SAMPLES) == set(typing.get_args(Content))
+    for kind, samples in SAMPLES.items():
+        for field in dataclasses.fields(kind):
+            if field.name == "exception":
+                continue  # an exception is never stored (the answer is not cached)
+            default = (
+                field.default_factory()
+                if field.default_factory is not dataclasses.MISSING
+                else field.default
+            )
+            assert any(getattr(s, field.name) != default for s in samples), (kind, field.name)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [sample for samples in SAMPLES.values() for sample in samples],
+    ids=lambda content: type(content).__name__,
+)
+async def test_every_content_type_comes_back_exactly(streaming: bool, content: Any) -> None:
+    message = ChatMessage(
+        ChatRole.ASSISTANT,
+        [content],
+        author_name="bot",
+        additional_properties={"cache_control": {"type": "ephemeral"}},
+    )
+    original = ChatResponse(
+        messages=[message],
+        response_id="r1",
+        model_id="served",
+        finish_reason="tool_calls",
+        usage=UsageDetails(1, 2, 3, 4, 5, 6),
+    )
+    inner = Fixed(original)
+    chat = cached(inner)
+    await ask(chat, "q", None, streaming)
+    hit, _ = await ask(chat, "q", None, streaming)
+    other, _ = await ask(chat, "q", None, not streaming)  # the other shape, the same entry
+    assert inner.call_count == 1
+    for got in (hit, other):
+        assert got.messages[0].contents == [content]
+        assert type(got.messages[0].contents[0]) is type(content)
+        assert (got.response_id, got.model_id, got.finish_reason) == ("r1", "served", "tool_calls")
+        assert got.usage == UsageDetails(1, 2, 3, 4, 5, 6)
+    if not streaming:
+        assert hit.messages[0].author_name == "bot"
+        assert hit.messages[0].additional_properties == {"cache_control": {"type": "ephemeral"}}
+
+
+async def test_a_custom_tool_call_stays_custom(streaming: bool) -> None:
+    call = FunctionCallContent.custom_call("call_1", "apply_patch", "*** Begin Patch")
+    inner = ScriptedChatClient(call_tools(call))
+    chat = cached(inner)
+    await ask(chat, "patch it", None, streaming)
+    hit, _ = await ask(chat, "patch it", None, streaming)
+    assert inner.call_count == 1
+    (got,) = [c for m in hit.messages for c in m.contents if isinstance(c, FunctionCallContent)]
+    assert got.custom and got.input_text == "*** Begin Patch"
+
+
+def test_a_custom_call_and_a_json_call_are_different_keys() -> None:
+    custom = FunctionCallContent.custom_call("c1", "apply_patch", "x")
+    plain = FunctionCallContent("c1", "apply_patch", {"input": "x"})
+    history = [ChatMessage.user("q"), ChatMessage.assistant([custom])]
+    other = [ChatMessage.user("q"), ChatMessage.assistant([plain])]
+    assert cache_key(history) != cache_key(other)
+
+
+def test_a_custom_tools_grammar_and_a_tools_extra_fields_are_in_the_key() -> None:
+    lark = {"type": "grammar", "syntax": "lark", "definition": "start: /a+/"}
+    other = {"type": "grammar", "syntax": "lark", "definition": "start: /b+/"}
+    keys = {
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", lark)])),
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", other)])),
+        cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", None)])),
+        # A function tool of the same name and schema is offered as another kind of tool.
+        cache_key(
+            "q", ChatOptions(tools=[FunctionTool("exec", "run", CustomTool("exec").parameters)])
+        ),
+    }
+    assert len(keys) == 4
+    strict = FunctionTool("f", "d", {"type": "object"}, {"messages": {"strict": True}})
+    loose = FunctionTool("f", "d", {"type": "object"}, {})
+    cached_tool = FunctionTool("f", "d", {"type": "object"}, {"messages": {"cache_control": {}}})
+    assert cache_key("q", ChatOptions(tools=[strict])) != cache_key("q", ChatOptions(tools=[loose]))
+    # A prompt-cache breakpoint changes the bill, not the answer.
+    assert cache_key("q", ChatOptions(tools=[cached_tool])) == cache_key(
+        "q", ChatOptions(tools=[loose])
+    )
+
+
+async def test_requests_differing_in_a_grammar_do_not_share_an_entry(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    for definition in ("start: /a+/", "start: /b+/", "start: /a+/"):
+        grammar = {"type": "grammar", "syntax": "lark", "definition": definition}
+        await ask(chat, "q", ChatOptions(tools=[CustomTool("exec", None, grammar)]), streaming)
+    assert inner.call_count == 2
+
+
+# -- entries that do not decode ----------------------------------------------------------------
+
+
+def tamper(entry: bytes, change: Any) -> bytes:
+    body = json.loads(entry)
+    change(body)
+    return json.dumps(body).encode()
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Any:
+    def change(body: Any) -> None:
+        target = body
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return change
+
+
+TAMPERED = {
+    "nan-time": _set(("t",), float("nan")),
+    "infinite-time": _set(("t",), float("inf")),
+    "string-time": _set(("t",), "1700000000"),
+    "usage-as-strings": _set(("r", 3), ["12", "5", "17", None, None, None]),
+    "usage-as-floats": _set(("r", 3), [12.5, 5.0, 17.0, None, None, None]),
+    "negative-usage": _set(("r", 3), [-1, 5, 17, None, None, None]),
+    "bool-usage": _set(("r", 3), [True, 5, 17, None, None, None]),
+    "short-usage": _set(("r", 3), [12, 5]),
+    "nan-cost": _set(("c",), float("nan")),
+    "number-as-text": _set(("m", 0, 1, 0, 1), 42),
+    "unknown-role": _set(("m", 0, 0), "wizard"),
+    "unknown-content": _set(("m", 0, 1, 0, 0), "?"),
+    "flag-as-string": _set(("m", 0, 1, 1, 4), "yes"),
+    "arguments-as-list": _set(("m", 0, 1, 1, 3), [1]),
+    "model-as-number": _set(("r", 1), 7),
+    "no-messages": _set(("m",), None),
+    "old-version": _set(("v",), 1),
+    "not-an-object": lambda body: body.clear(),
+}
+
+
+@pytest.mark.parametrize("how", list(TAMPERED))
+async def test_a_tampered_entry_is_a_miss_and_is_deleted(streaming: bool, how: str) -> None:
+    call = FunctionCallContent("c1", "f", {"a": 1})
+    inner = ScriptedChatClient(
+        [
+            call_tools(call, text="hi"),
+            call_tools(FunctionCallContent("c2", "g", {"b": 2}), text="again"),
+        ]
+    )
+    # Stored by the non-streaming call shape, so every field above is there to tamper with.
+    store = MemoryCacheStore()
+    chat = cached(inner, store=store)
+    first = await chat.get_response("q")
+    first.usage = USAGE
+    ((key, (raw, _)),) = store._entries.items()
+    store._entries[key] = (tamper(raw, TAMPERED[how]), float("inf"))
+    answer_, _ = await ask(chat, "q", None, streaming)  # no error, no wrong value: a miss
+    assert inner.call_count == 2
+    assert answer_.text == "again"
+    # The garbage is gone: the new answer took its place, and is what comes back now.
+    hit, _ = await ask(chat, "q", None, streaming)
+    assert inner.call_count == 2 and hit.text == "again"
+
+
+async def test_a_tampered_entry_in_a_store_of_your_own_is_deleted(streaming: bool) -> None:
+    class Own:
+        def __init__(self) -> None:
+            self.entries: dict[str, bytes] = {}
+            self.deleted: list[str] = []
+
+        async def get(self, key: str) -> bytes | None:
+            return self.entries.get(key)
+
+        async def set(self, key: str, value: bytes, ttl: float) -> None:
+            self.entries[key] = value
+
+        async def delete(self, key: str) -> None:
+            self.deleted.append(key)
+            self.entries.pop(key, None)
+
+    store = Own()
+    inner = ScriptedChatClient(reply("ok", usage=USAGE))
+    chat = cached(inner, store=store)
+    await ask(chat, "q", None, streaming)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    await wait_for(lambda: bool(store.entries) and not layer._tasks)
+    ((key, raw),) = store.entries.items()
+    store.entries[key] = tamper(raw, _set(("t",), float("nan")))
+    await ask(chat, "q", None, streaming)
+    await wait_for(lambda: not layer._tasks)
+    assert store.deleted == [key] and inner.call_count == 2
+
+
+# -- single flight: one way out ----------------------------------------------------------------
+
+
+async def test_a_stream_nobody_listens_to_is_closed_whoever_left_last() -> None:
+    # A streamed leader and a non-streamed follower both leave (the follower last): the
+    # provider stream is closed, nobody joins the orphan, and closing the layer is prompt.
+    inner = ScriptedChatClient([hang(), reply("fresh")])
+    chat = cached(inner)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    leader = asyncio.ensure_future(ask(chat, "q", None, True))
+    await wait_for(lambda: inner.call_count == 1)
+    follower = asyncio.ensure_future(ask(chat, "q", None, False))
+    await wait_for(lambda: listeners(chat) == 2)
+    leader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leader
+    assert listeners(chat) == 1 and inner.streams_closed == 0  # the follower still listens
+    follower.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await follower
+    await wait_for(lambda: not layer._tasks)
+    assert inner.streams_closed == 1 and not layer._flights
+    later, _ = await ask(chat, "q", None, False)
+    assert later.text == "fresh" and inner.call_count == 2
+    async with asyncio.timeout(5):
+        await chat.aclose()
+
+
+async def test_a_thousand_identical_requests_with_cancels_and_deadlines_leave_nothing() -> None:
+    # Half streamed, half not; a third cancelled at random moments, a third with deadlines
+    # shorter than the call: every request ends, every provider stream is closed, and no
+    # flight or task is left.
+    rng = random.Random(20261206)
+    gate = Gate()
+    inner = ScriptedChatClient(
+        reply("shared", chunks=["sha", "red"], delay=1.0, usage=USAGE), sleep=gate.sleep
+    )
+    chat = cached(inner)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+
+    async def one(index: int) -> str:
+        streaming = index % 2 == 0
+        if index % 3 == 1:
+            async with asyncio.timeout(0):  # a deadline that passed: the request leaves
+                return (await ask(chat, "q", None, streaming))[0].text
+        return (await ask(chat, "q", None, streaming))[0].text
+
+    tasks = [asyncio.ensure_future(one(i)) for i in range(1000)]
+    for _ in range(50):
+        await asyncio.sleep(0)
+        for task in rng.sample(tasks, 7):
+            task.cancel()
+    gate.open.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    answered = [r for r in results if r == "shared"]
+    left = [r for r in results if isinstance(r, asyncio.CancelledError | TimeoutError)]
+    assert len(answered) + len(left) == 1000 and answered
+    await wait_for(lambda: not layer._tasks)
+    assert not layer._flights
+    assert inner.streams_opened == inner.streams_closed
+    async with asyncio.timeout(5):
+        await chat.aclose()
+
+
+# -- semantic candidates: memory follows what is held --------------------------------------------
+
+
+class Wide:
+    """An encoder of 1,536 dimensions (as OpenAI's small embedding model): a vector per
+    text from its hash."""
+
+    async def generate(self, values: Sequence[str]) -> Any:
+        return np.stack(
+            [
+                np.random.default_rng(abs(hash(text)) % 2**32).standard_normal(1536)
+                for text in values
+            ]
+        ).astype(np.float32)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_one_answer_conversations_hold_one_vector_each() -> None:
+    inner = ScriptedChatClient("ok")
+    store = MemoryCacheStore(max_bytes=256 << 20)
+    chat = cached(inner, store=store, semantic=SemanticCacheSettings(embeddings=Wide()))
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(2000):
+        # Each a conversation of its own (its system prompt): a partition per answer.
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+    vectors = 2000 * 1536 * 4  # 12 MB of vectors
+    held = sum(index._rows.nbytes for index in layer._partitions.values())
+    assert held == vectors  # one row each, none reserved
+    # Counted in the store's bound, with the keys and the bookkeeping.
+    assert vectors < layer._candidate_bytes < vectors * 1.2
+    assert store.bytes <= store.max_bytes
+    assert store.bytes >= layer._candidate_bytes
+
+
+async def test_candidates_count_in_the_memory_stores_byte_bound() -> None:
+    inner = ScriptedChatClient(reply("x" * 2000))
+    store = MemoryCacheStore(max_bytes=1 << 20)
+    chat = cached(inner, store=store, semantic=SemanticCacheSettings(embeddings=Wide()))
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(1000):  # 6 MB of vectors against a 1 MiB bound
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+        assert store.bytes <= store.max_bytes
+        assert layer._candidate_bytes <= store.max_bytes
+    assert 0 < len(layer._partitions) < 1000  # the oldest went out
+    # The newest conversations are still found by meaning.
+    again = await chat.get_response([ChatMessage.system("user 999"), ChatMessage.user("hello")])
+    assert again.text == "x" * 2000 and inner.call_count == 1000
+
+
+async def test_candidates_have_a_byte_bound_of_their_own_beside_any_store() -> None:
+    inner = ScriptedChatClient("ok")
+    semantic = SemanticCacheSettings(embeddings=Wide(), max_bytes=1 << 20)
+    store = MemoryCacheStore(max_bytes=64 << 20)
+    chat = cached(inner, store=store, semantic=semantic)
+    layer = chat.client
+    assert isinstance(layer, CachingChatClient)
+    for i in range(500):
+        await chat.get_response([ChatMessage.system(f"user {i}"), ChatMessage.user("hello")])
+        assert layer._candidate_bytes <= 1 << 20
+    held = sum(index.nbytes for index in layer._partitions.values())
+    assert held <= 1 << 20 and len(layer._partitions) > 100
+
+
+# -- what the key leaves out, and partitions ---------------------------------------------------
+
+
+@pytest.mark.parametrize("field", sorted(DEFAULT_IGNORE_FIELDS))
+@pytest.mark.parametrize("where", ["top", ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS])
+def test_each_field_that_cannot_change_the_answer_changes_no_key(field: str, where: str) -> None:
+    def options(value: Any) -> ChatOptions:
+        extras: dict[str, Any] = {"top_k": 5}
+        if where == "top":
+            extras[field] = value
+        else:
+            extras[where] = {field: value, "thinking": {"type": "enabled"}}
+        return ChatOptions(temperature=0.2, additional_properties=extras)
+
+    one = cache_key("q", options({"user_id": "session-1"}))
+    assert one == cache_key("q", options({"user_id": "session-2"}))
+    assert one == cache_key("q", options("another"))
+    # The same as a request without it at all.
+    without = (
+        {"top_k": 5} if where == "top" else {"top_k": 5, where: {"thinking": {"type": "enabled"}}}
+    )
+    assert one == cache_key("q", ChatOptions(temperature=0.2, additional_properties=without))
+
+
+def test_a_table_left_empty_is_as_if_absent() -> None:
+    only = ChatOptions(additional_properties={OPENAI_RESPONSES_EXTRAS: {"prompt_cache_key": "s"}})
+    assert cache_key("q", only) == cache_key("q", ChatOptions())
+
+
+SPLITTING: dict[str, ChatOptions] = {
+    "temperature": ChatOptions(temperature=0.9),
+    "top_p": ChatOptions(top_p=0.5),
+    "max_output_tokens": ChatOptions(max_output_tokens=7),
+    "stop": ChatOptions(stop=["x"]),
+    "seed": ChatOptions(seed=3),
+    "model": ChatOptions(model_id="other"),
+    "tools": ChatOptions(tools=[FunctionTool("f", "d", {"type": "object"})]),
+    "tool_mode": ChatOptions(
+        tools=[FunctionTool("f", "d", {"type": "object"})], tool_mode="required"
+    ),
+    "response_format": ChatOptions(response_format={"type": "json_object"}),
+    "reasoning_effort": ChatOptions(reasoning_effort="high"),
+    "reasoning": ChatOptions(reasoning=ReasoningOptions(effort="low")),
+    "reasoning_budget": ChatOptions(reasoning=ReasoningOptions(budget_tokens=1024)),
+    "reasoning_summary": ChatOptions(reasoning=ReasoningOptions(summary="auto")),
+    "an_extra": ChatOptions(additional_properties={"top_k": 9}),
+    "parallel_tool_calls": ChatOptions(additional_properties={"parallel_tool_calls": False}),
+    "verbosity": ChatOptions(additional_properties={"verbosity": "low"}),
+    "anthropic_thinking": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"thinking": {"type": "adaptive"}}}
+    ),
+    "anthropic_output_config": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"output_config": {"effort": "max"}}}
+    ),
+    "anthropic_context_management": ChatOptions(
+        additional_properties={ANTHROPIC_EXTRAS: {"context_management": {"edits": []}}}
+    ),
+}
+
+
+def test_every_field_that_changes_the_answer_still_splits_entries() -> None:
+    base = cache_key("q", ChatOptions())
+    keys = {name: cache_key("q", options) for name, options in SPLITTING.items()}
+    assert base not in keys.values()
+    assert len(set(keys.values())) == len(keys)
+    # The system prompt and the conversation are the answer's too.
+    assert cache_key([ChatMessage.system("be a pirate"), ChatMessage.user("q")]) != base
+    assert cache_key([ChatMessage.system("be a poet"), ChatMessage.user("q")]) != cache_key(
+        [ChatMessage.system("be a pirate"), ChatMessage.user("q")]
+    )
+
+
+async def test_requests_differing_in_ignored_fields_share_an_entry(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    for session in ("run-1", "run-2"):
+        metadata = {"user_id": f"user_abc_account__session_{session}"}
+        extras = {ANTHROPIC_EXTRAS: {"metadata": metadata}, "prompt_cache_key": session}
+        await ask(chat, "q", ChatOptions(additional_properties=extras), streaming)
+    assert inner.call_count == 1
+
+
+def test_more_fields_can_be_left_out_and_the_defaults_stay() -> None:
+    settings = CacheSettings(ignore_fields=frozenset({"x_trace"}))
+    assert settings.ignore_fields == DEFAULT_IGNORE_FIELDS | {"x_trace"}
+    one = ChatOptions(additional_properties={"x_trace": "a", "user": "u1"})
+    two = ChatOptions(additional_properties={"x_trace": "b", "user": "u2"})
+    assert cache_key("q", one) != cache_key("q", two)
+    ignored = settings.ignore_fields
+    assert cache_key("q", one, ignore_fields=ignored) == cache_key("q", two, ignore_fields=ignored)
+
+
+@pytest.mark.parametrize("by", ["user", "session"])
+async def test_a_partition_by_user_or_session(streaming: bool, by: str) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner, partition_by=frozenset({by}))
+
+    def options(who: str) -> ChatOptions:
+        if by == "session":
+            return ChatOptions(session_id=who)
+        return ChatOptions(additional_properties={"user": who})
+
+    async def as_server(who: str, server_user: str | None) -> None:
+        token = enter_cache_report(CacheReport("caller-1", server_user))
+        try:
+            await ask(chat, "q", options(who), streaming)
+        finally:
+            exit_cache_report(token)
+
+    await as_server("alice", None)
+    await as_server("bob", None)
+    await as_server("alice", None)
+    assert inner.call_count == 2  # alice's answer is hers
+    if by == "user":
+        # The user a server names wins over the request's own field.
+        await as_server("carol", "alice")
+        assert inner.call_count == 2
+
+
+async def test_entries_never_cross_callers_whatever_their_fields(streaming: bool) -> None:
+    inner = ScriptedChatClient("ok")
+    chat = cached(inner)
+    same = ChatOptions(additional_properties={"user": "u"})
+    for caller in ("caller-1", "caller-2", "caller-1"):
+        token = enter_cache_report(CacheReport(caller))
+        try:
+            await ask(chat, "q", same, streaming)
+        finally:
+            exit_cache_report(token)
+    assert inner.call_count == 2

@@ -4,11 +4,13 @@ thousand concurrent lookups, and Redis paused or killed under load."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
 
 import pytest
+import redis.asyncio as redis_asyncio
 
 from middleware.cache import CachingChatClient, RedisCacheStore
 from pipeline import ChatPipeline, ChatResponse
@@ -87,6 +89,29 @@ async def test_a_hit_is_one_round_trip(redis_url: str, streaming: bool) -> None:
     assert inner.call_count == 1
     await store.aclose()
     await client.aclose()
+
+
+async def test_a_tampered_entry_in_redis_is_a_miss_and_is_deleted(
+    redis_url: str, streaming: bool
+) -> None:
+    namespace = f"t-tampered-{streaming}"
+    store = RedisCacheStore(redis_url, namespace=namespace, timeout=5.0)
+    inner = ScriptedChatClient([reply("first"), reply("second")])
+    chat = ChatPipeline.builder().use_cache(store).build(inner)
+    await ask(chat, "q", streaming)
+    await settle(chat)
+    client = redis_asyncio.from_url(redis_url)
+    (key,) = await client.keys(f"{namespace}:*")
+    entry = json.loads(await client.get(key))
+    entry["t"] = float("nan")  # a time no request can age: every hit raised, before
+    await client.set(key, json.dumps(entry))
+    assert (await ask(chat, "q", streaming)).text == "second"  # a miss, no error
+    await settle(chat)
+    # The garbage was deleted and the new answer took its place.
+    assert json.loads(await client.get(key))["t"] == pytest.approx(time.time(), abs=60)
+    assert (await ask(chat, "q", streaming)).text == "second" and inner.call_count == 2
+    await client.aclose()
+    await store.aclose()
 
 
 async def test_a_thousand_concurrent_lookups(redis_url: str, streaming: bool) -> None:

@@ -6,7 +6,12 @@ from typing import Any
 
 import pytest
 
-from middleware.cache import CachingChatClient, MemoryCacheStore, RedisCacheStore
+from middleware.cache import (
+    DEFAULT_IGNORE_FIELDS,
+    CachingChatClient,
+    MemoryCacheStore,
+    RedisCacheStore,
+)
 from middleware.tools import tool
 from pipeline import ChatPipeline
 from pipeline.config import parse_config
@@ -100,6 +105,8 @@ def test_redis_and_semantic(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"scope": "x"}, "scope: takes code"),
         ({"tll": 5}, "cache.tll: unknown setting; did you mean 'ttl'?"),
         ({"semantic": {"embeddings": {"provider": "hashing"}, "threshold": 2}}, "threshold"),
+        ({"partition_by": ["tenant"]}, "cache.partition_by[0]: expected one of"),
+        ({"ignore_fields": "metadata"}, "cache.ignore_fields"),
     ],
 )
 def test_errors_name_the_key_path(cache: dict[str, Any], message: str) -> None:
@@ -107,3 +114,18 @@ def test_errors_name_the_key_path(cache: dict[str, Any], message: str) -> None:
         parse_config({"routes": {"a": ROUTES["a"]}, "cache": cache})
     assert message in str(raised.value)
     assert "secret" not in str(raised.value)
+
+
+def test_fields_left_out_of_the_key_extend_the_defaults_and_partitions_are_settings() -> None:
+    config = parse_config(
+        {
+            "routes": {"a": ROUTES["a"]},
+            "cache": {"ignore_fields": ["x_trace"], "partition_by": ["user", "session"]},
+        }
+    )
+    layer = layer_of(config.build())
+    assert layer.settings.ignore_fields == DEFAULT_IGNORE_FIELDS | {"x_trace"}
+    assert layer.settings.partition_by == {"user", "session"}
+    plain = layer_of(parse_config({"routes": {"a": ROUTES["a"]}, "cache": {}}).build())
+    assert plain.settings.ignore_fields == DEFAULT_IGNORE_FIELDS
+    assert plain.settings.partition_by == frozenset()

@@ -585,3 +585,59 @@ async def test_bedrock_checks_every_signature(brk: tuple[FakeBedrockServer, Any]
     assert caught.value.response["Error"]["Code"] == "InvalidSignatureException"
     assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     assert server.verified_signatures == 0
+# -- ids --------------------------------------------------------------------------------------
+
+TWO_CALLS = FakeResponse(text="", tool_calls=[("f", ARGUMENTS), ("g", ARGUMENTS)])
+
+
+async def _openai_call_ids(server: FakeOpenAIServer, streaming: bool) -> list[str]:
+    """The ids of the calls of two chat completions and two responses, from `server`."""
+    server.script(TWO_CALLS, TWO_CALLS)
+    server.script(TWO_CALLS, TWO_CALLS, path=RESPONSES_PATH)
+    sdk = openai.AsyncOpenAI(api_key="k", base_url=server.base_url, max_retries=0)
+    ids: list[str] = []
+    for _ in range(2):
+        if streaming:
+            stream = await sdk.chat.completions.create(model="m", messages=HI, stream=True)
+            chunks = [chunk async for chunk in stream]
+            deltas = [call for chunk in chunks for call in chunk.choices[0].delta.tool_calls or []]
+            ids += [call.id for call in deltas if call.id]
+            async with sdk.responses.stream(model="m", input="hi") as events:
+                final = await events.get_final_response()
+        else:
+            completion = await sdk.chat.completions.create(model="m", messages=HI)
+            ids += [call.id for call in completion.choices[0].message.tool_calls or []]
+            final = await sdk.responses.create(model="m", input="hi")
+        calls = [item for item in final.output if item.type == "function_call"]
+        ids += [call.call_id for call in calls] + [call.id or "" for call in calls]
+    await sdk.close()
+    return ids
+
+
+async def _anthropic_call_ids(server: FakeAnthropicServer, streaming: bool) -> list[str]:
+    server.script(TWO_CALLS, TWO_CALLS)
+    sdk = anthropic.AsyncAnthropic(api_key="k", base_url=server.base_url, max_retries=0)
+    ids: list[str] = []
+    for _ in range(2):
+        if streaming:
+            async with sdk.messages.stream(model="c", max_tokens=64, messages=HI) as stream:
+                message = await stream.get_final_message()
+        else:
+            message = await sdk.messages.create(model="c", max_tokens=64, messages=HI)
+        ids += [block.id for block in message.content if block.type == "tool_use"]
+    await sdk.close()
+    return ids
+
+
+async def test_every_tool_call_has_an_id_of_its_own(streaming: bool) -> None:
+    """An agent takes a call id it has seen for a call already answered: two answers with
+    two calls each, from two servers of each kind, in every format, never share an id."""
+    ids: list[str] = []
+    async with FakeOpenAIServer() as one, FakeOpenAIServer() as two:
+        ids += await _openai_call_ids(one, streaming) + await _openai_call_ids(two, streaming)
+    async with FakeAnthropicServer() as one, FakeAnthropicServer() as two:
+        ids += await _anthropic_call_ids(one, streaming) + await _anthropic_call_ids(two, streaming)
+    # Per OpenAI server: 4 chat calls, 4 Responses calls (a call id and an item id each);
+    # per Anthropic server: 4 calls.
+    assert len(ids) == 2 * (4 + 4 * 2) + 2 * 4
+    assert all(ids) and len(set(ids)) == len(ids)

@@ -3,11 +3,23 @@
 import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
 
+// What the SDK sent: the input item types of each request, in order.
+const sent = [];
 const openai = createOpenAI({
   baseURL: process.env.GATEWAY_BASE_URL,
   apiKey: process.env.GATEWAY_API_KEY,
+  fetch: async (url, init) => {
+    const body = JSON.parse(init.body);
+    sent.push({
+      store: body.store ?? null,
+      input: body.input.map((item) => item.type ?? "message"),
+    });
+    return fetch(url, init);
+  },
 });
 const model = openai(process.env.GATEWAY_MODEL);
+// A model id the SDK takes for a reasoning model (its defaults differ: reasoning items).
+const reasoningModel = openai(process.env.GATEWAY_REASONING_MODEL);
 const usage = (u) => ({
   inputTokens: u.inputTokens,
   outputTokens: u.outputTokens,
@@ -35,8 +47,7 @@ const weather = tool({
     return `Sunny in ${city}`;
   },
 });
-// The gateway stores no responses: with the SDK's default (store unset, so true) a step
-// after one with text refers to that text by id; with store: false it sends it again.
+// With store: false every step sends the whole conversation again.
 const withTools = await generateText({
   model,
   prompt: "What is the weather in Paris?",
@@ -44,17 +55,25 @@ const withTools = await generateText({
   stopWhen: stepCountIs(2),
   providerOptions: { openai: { store: false } },
 });
-let referenced = null;
-try {
-  await generateText({
-    model,
+// The SDK's defaults (store unset, so true): a step refers to the model's earlier output by
+// id (item_reference), which the gateway finds among the responses it stored.
+const loop = async (m) => {
+  const first = sent.length;
+  const result = await generateText({
+    model: m,
     prompt: "What is the weather in Paris?",
     tools: { get_weather: weather },
     stopWhen: stepCountIs(2),
   });
-} catch (error) {
-  referenced = { status: error.statusCode ?? error.lastError?.statusCode, message: error.message };
-}
+  return {
+    steps: result.steps.length,
+    text: result.text,
+    reasoning: result.steps[0].reasoningText ?? null,
+    sent: sent.slice(first),
+  };
+};
+const defaults = await loop(model);
+const reasoning = await loop(reasoningModel);
 
 const failed = [];
 const broken = streamText({
@@ -86,7 +105,8 @@ console.log(
       text: withTools.text,
       usage: usage(withTools.totalUsage),
     },
-    referenced,
+    defaults,
+    reasoning,
     broken: { chunks: brokenChunks, errors: failed },
   }),
 );

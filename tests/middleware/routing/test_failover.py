@@ -15,7 +15,14 @@ from middleware.routing import (
     RoutingSelection,
 )
 from pipeline import ChatMessage, ChatOptions, ChatPipeline
-from pipeline.errors import RequestInvalidError, RoutingError, TransientProviderError
+from pipeline._retry_signal import signal_of as retry_signal_of
+from pipeline.errors import (
+    CircuitOpenError,
+    RateLimitedError,
+    RequestInvalidError,
+    RoutingError,
+    TransientProviderError,
+)
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
 
 from .conftest import RecordingFailover
@@ -158,6 +165,45 @@ async def test_all_routes_fail_reraises_the_last(streaming: bool) -> None:
     result = await collect(router, "hi", streaming=streaming)
     assert result.error is errors[1]
     assert router.summary()[-1] == ("r1", "failed_before_output", True)
+
+
+@pytest.mark.parametrize(
+    ("errors", "wait", "rate_limited"),
+    [
+        # A route said when (30 s), the last one failed without a word: 30 s.
+        ((RateLimitedError(retry_after=30.0), TransientProviderError()), 30.0, False),
+        # The earliest time wins.
+        ((TransientProviderError(retry_after=60.0), RateLimitedError(retry_after=5.0)), 5.0, False),
+        ((CircuitOpenError(retry_after=12.0), TransientProviderError()), 12.0, False),
+        # A rate limit that gave no time is said apart (the gateway waits its own time).
+        ((RateLimitedError(), TransientProviderError()), None, True),
+        ((TransientProviderError(), TransientProviderError()), None, False),
+    ],
+)
+async def test_the_failure_carries_what_every_attempt_said(
+    streaming: bool, errors: tuple[Exception, ...], wait: float | None, rate_limited: bool
+) -> None:
+    router = OrderedFailoverChatClient(routes(*(fail(error) for error in errors)))
+    result = await collect(router, "hi", streaming=streaming)
+    assert result.error is errors[-1]  # the last failure, as ever
+    signal = retry_signal_of(result.error)
+    said = signal.wait()
+    assert (said is None) is (wait is None)
+    if wait is not None:
+        assert said is not None and wait - 1.0 <= said <= wait
+    assert signal.rate_limited is rate_limited
+
+
+async def test_nested_routers_pass_every_attempts_word_up(streaming: bool) -> None:
+    inner = OrderedFailoverChatClient(
+        routes(fail(RateLimitedError(retry_after=20.0)), fail(TransientProviderError()))
+    )
+    outer = OrderedFailoverChatClient(
+        [Route("inner", inner), Route("last", ScriptedChatClient(fail(TransientProviderError())))]
+    )
+    result = await collect(outer, "hi", streaming=streaming)
+    said = retry_signal_of(result.error).wait()
+    assert said is not None and 19.0 <= said <= 20.0
 
 
 @pytest.mark.parametrize("bad", [0, -1])

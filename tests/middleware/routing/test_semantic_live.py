@@ -2,6 +2,7 @@
 saved indexes and fitting."""
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -502,3 +503,116 @@ async def test_save_and_load_keep_fitted_thresholds_and_head(tmp_path: Path) -> 
     assert [(await again.route(t)).route_name for t in outside] == [
         (await router.route(t)).route_name for t in outside
     ]
+
+
+def _rewritten(good: Path, target: Path, change: object) -> Path:
+    """`good`'s arrays, changed by `change(arrays, meta)`, saved as `target`."""
+    with np.load(good, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    original = arrays["meta"]
+    meta = json.loads(bytes(original).decode())
+    change(arrays, meta)  # type: ignore[operator]
+    if arrays.get("meta") is original:  # the change was to the metadata's contents
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(target, **arrays)
+    return target
+
+
+def _meta(key: str, value: object) -> object:
+    def change(arrays: dict[str, np.ndarray], meta: dict[str, object]) -> None:
+        meta[key] = value
+
+    return change
+
+
+def _array(key: str, value: object) -> object:
+    def change(arrays: dict[str, np.ndarray], meta: dict[str, object]) -> None:
+        arrays[key] = np.asarray(value)
+
+    return change
+
+
+def _nan_row(arrays: dict[str, np.ndarray], meta: dict[str, object]) -> None:
+    arrays["vectors"] = arrays["vectors"].copy()
+    arrays["vectors"][0, 0] = np.nan
+
+
+def _scaled(arrays: dict[str, np.ndarray], meta: dict[str, object]) -> None:
+    arrays["vectors"] = arrays["vectors"] * 10.0  # every query would go to one route
+
+
+def _no_meta(arrays: dict[str, np.ndarray], meta: dict[str, object]) -> None:
+    del arrays["meta"]
+
+
+BAD_FILES = {
+    "nan-vector": _nan_row,
+    "non-unit-vectors": _scaled,
+    "no-metadata": _no_meta,
+    "metadata-not-an-object": _array("meta", np.frombuffer(b"[1, 2]", dtype=np.uint8)),
+    "metadata-not-json": _array("meta", np.frombuffer(b"\xff\xfe", dtype=np.uint8)),
+    "metadata-of-floats": _array("meta", np.zeros(4)),
+    "routes-not-a-list": _meta("routes", "billing"),
+    "route-without-name": _meta("routes", [{"utterances": ["x1"], "threshold": None}]),
+    "utterances-not-strings": _meta(
+        "routes", [{"name": "b", "utterances": [1], "threshold": None}]
+    ),
+    "threshold-not-a-number": _meta(
+        "routes", [{"name": "b", "utterances": ["x1"], "threshold": "high"}]
+    ),
+    "dimensions-as-text": _meta("dimensions", "8"),
+    "dimensions-bool": _meta("dimensions", True),
+    "fewer-vectors-than-utterances": _array("vectors", np.eye(8, dtype=np.float32)[:1]),
+    "vectors-of-text": _array("vectors", np.array([["a"] * 8] * 3)),
+    "vectors-one-dimensional": _array("vectors", np.ones(8, dtype=np.float32)),
+    "probes-wrong-shape": _array("probes", np.eye(8, dtype=np.float32)[:2]),
+    "head-weights-wrong-shape": _array("head_weights", np.zeros((3, 2), dtype=np.float32)),
+    "head-bias-nan": _array("head_bias", np.full(4, np.nan, dtype=np.float32)),
+    "head-thresholds-missing": lambda arrays, meta: arrays.pop("head_thresholds"),
+    "head-not-names": _meta("head", [1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("how", list(BAD_FILES))
+async def test_a_bad_index_file_is_refused_and_the_router_keeps_its_index(
+    tmp_path: Path, how: str
+) -> None:
+    table, examples = clustered()
+    table.update({p: list(np.eye(8)[i + 4]) for i, p in enumerate(PROBES)})
+    router, _ = fitted_router(table)
+    await router.fit(examples, validation=None, head=True)
+    good = tmp_path / "good.npz"
+    await router.save(good)
+    serving, _ = fitted_router(table)
+    await serving.load(good)
+    before = [(await serving.route(t)).route_name for t, _ in examples]
+    head, thresholds = serving.head, serving.thresholds
+    bad = _rewritten(good, tmp_path / "bad.npz", BAD_FILES[how])
+    with pytest.raises(SemanticIndexError):
+        await serving.load(bad)
+    # Nothing changed: the same index, head and thresholds route every query as before.
+    assert serving.head is head and serving.thresholds == thresholds
+    assert [(await serving.route(t)).route_name for t, _ in examples] == before
+
+
+@pytest.mark.parametrize("what", ["empty", "truncated", "npy", "not-a-zip", "pickled"])
+async def test_a_file_that_is_no_index_is_a_semantic_index_error(tmp_path: Path, what: str) -> None:
+    router, _ = router_of(TableGenerator())
+    good = tmp_path / "good.npz"
+    await router.save(good)
+    path = tmp_path / "bad.npz"
+    if what == "empty":
+        path.write_bytes(b"")
+    elif what == "truncated":
+        path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif what == "npy":
+        np.save(path.with_suffix(".npy"), np.eye(3))
+        path = path.with_suffix(".npy")
+    elif what == "not-a-zip":
+        path.write_bytes(b"PK\x03\x04 but nothing more")
+    else:
+        np.savez(path, meta=np.array([{"a": 1}], dtype=object))
+    other, _ = router_of(TableGenerator())
+    with pytest.raises(SemanticIndexError, match="not a saved semantic index"):
+        await other.load(path)
+    assert not other.is_warm

@@ -130,3 +130,98 @@ async def test_two_replicas_share_entries_through_redis(
         streamed, streamed_text = await chat(two, "shared question", stream=True)
         assert streamed.headers["x-cache"] == "hit" and streamed_text == text
         assert len(upstream.requests) == 1
+
+
+async def post(
+    run: Running, path: str, body: dict[str, Any], key: str = "unused"
+) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=run.url, timeout=10) as client:
+        response = await client.post(
+            path,
+            json=body,
+            headers={"x-api-key": key}
+            if path == "/v1/messages"
+            else {"authorization": f"Bearer {key}"},
+        )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def agent_body(path: str, run_id: str, stream: bool) -> dict[str, Any]:
+    """What an agent sends on two identical runs: only a per-run id differs (Claude Code's
+    ``metadata.user_id``, Codex's ``prompt_cache_key``, a Chat Completions ``user``)."""
+    if path == "/v1/messages":
+        return {
+            "model": "primary",
+            "max_tokens": 64,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "list the files"}],
+            "metadata": {"user_id": f"user_1_account__session_{run_id}"},
+        }
+    if path == "/v1/responses":
+        return {
+            "model": "primary",
+            "input": "list the files",
+            "stream": stream,
+            "prompt_cache_key": run_id,
+            "store": False,
+            "client_metadata": {"x-codex-turn": run_id},
+            "service_tier": "auto",
+            "metadata": {"run": run_id},
+        }
+    return {
+        "model": "primary",
+        "messages": [{"role": "user", "content": "list the files"}],
+        "stream": stream,
+        "user": run_id,
+        "safety_identifier": run_id,
+        "metadata": {"run": run_id},
+        "stream_options": {"include_usage": True} if stream else None,
+    }
+
+
+PATHS = ["/v1/chat/completions", "/v1/responses", "/v1/messages"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("stream", [False, True], ids=["get_response", "get_streaming_response"])
+async def test_two_identical_agent_runs_share_entries(
+    upstream: FakeOpenAIServer, path: str, stream: bool
+) -> None:
+    async with running(cached_config(upstream, {})) as run:
+        first = await post(run, path, agent_body(path, "run-1", stream))
+        second = await post(run, path, agent_body(path, "run-2", stream))
+    assert first.headers["x-cache"] == "miss"
+    assert second.headers["x-cache"] == "hit"
+    assert len(upstream.requests) == 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_entries_are_kept_apart_by_caller_identity_not_by_those_fields(
+    upstream: FakeOpenAIServer, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    monkeypatch.setenv("GATEWAY_TEST_KEYS", "key-a,key-b")
+    cfg = cached_config(upstream, {}, {"api_keys_env": "GATEWAY_TEST_KEYS"})
+    async with running(cfg) as run:
+        same = agent_body(path, "run-1", False)  # the very same body, fields and all
+        assert (await post(run, path, same, "key-a")).headers["x-cache"] == "miss"
+        assert (await post(run, path, same, "key-b")).headers["x-cache"] == "miss"
+        assert (await post(run, path, same, "key-a")).headers["x-cache"] == "hit"
+    assert len(upstream.requests) == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_cache_partitioned_by_user_keeps_users_apart(
+    upstream: FakeOpenAIServer, path: str
+) -> None:
+    def by(user: str) -> dict[str, Any]:
+        body = agent_body(path, user, False)
+        if path == "/v1/responses":
+            body["user"] = user  # Codex names none: its prompt_cache_key is a session's
+        return body
+
+    async with running(cached_config(upstream, {"partition_by": ["user"]})) as run:
+        assert (await post(run, path, by("u1"))).headers["x-cache"] == "miss"
+        assert (await post(run, path, by("u2"))).headers["x-cache"] == "miss"
+        assert (await post(run, path, by("u1"))).headers["x-cache"] == "hit"
+    assert len(upstream.requests) == 2

@@ -291,3 +291,79 @@ async def test_chat_completions_usage_details_and_reasoning(
     assert usage.prompt_tokens_details.cached_tokens == 7
     assert usage.completion_tokens_details is not None
     assert usage.completion_tokens_details.reasoning_tokens == 2
+
+
+USER_TURN = {"type": "message", "role": "user", "content": "hi"}
+
+
+def _function(name: str) -> dict[str, Any]:
+    return {**FUNCTION, "name": name}
+
+
+@pytest.mark.parametrize(
+    ("tools", "sent"),
+    [
+        # A namespaced tool flattened to `ns__x` met a tool really named `ns__x`.
+        (
+            [
+                _function("x"),
+                _function("ns__x"),
+                {"type": "namespace", "name": "ns", "tools": [_function("x")]},
+            ],
+            [(None, "x"), (None, "ns__x"), ("ns", "x")],
+        ),
+        # Two namespaces flattening to one name (`a__b__c`).
+        (
+            [
+                {"type": "namespace", "name": "a", "tools": [_function("b__c")]},
+                {"type": "namespace", "name": "q", "tools": [_function("b__c")]},
+                {"type": "namespace", "name": "a__b", "tools": [_function("c")]},
+                {"type": "namespace", "name": "r", "tools": [_function("c")]},
+            ],
+            [("a", "b__c"), ("q", "b__c"), ("a__b", "c"), ("r", "c")],
+        ),
+    ],
+    ids=["real-tool-named-like-a-flattened-one", "two-namespaces-flatten-alike"],
+)
+async def test_every_tool_keeps_a_name_of_its_own_and_calls_map_back_to_it(
+    upstream: FakeOpenAIServer,
+    streaming: bool,
+    tools: list[dict[str, Any]],
+    sent: list[tuple[str | None, str]],
+) -> None:
+    # As Codex sends them: an input item (the SDK's strict check knows no namespace tools
+    # in the echoed ``tools``).
+    request = {"input": [{"type": "additional_tools", "tools": tools}, USER_TURN]}
+    async with running(config({"primary": upstream})) as gateway:
+        await respond(gateway, False, request)
+        offered = [t["function"]["name"] for t in upstream.requests[0].json["tools"]]
+        # One function per tool, none dropped, every name unique.
+        assert len(offered) == len(sent) == len(set(offered))
+        # The model calls each tool by the name it was offered: each call comes back to the
+        # client as exactly that tool (its name and namespace).
+        upstream.script(
+            FakeResponse(text="", tool_calls=[(name, '{"cmd": "ls"}') for name in offered])
+        )
+        final, _, _ = await respond(gateway, streaming, request)
+    calls = [item for item in final["output"] if item["type"] == "function_call"]
+    assert [(c.get("namespace"), c["name"]) for c in calls] == sent
+    # The same tools are offered under the same names on every turn (history maps back).
+    assert [t["function"]["name"] for t in upstream.requests[1].json["tools"]] == offered
+    assert all(len(name) <= 64 for name in offered)
+
+
+async def test_a_flattened_name_past_64_characters_is_shortened_uniquely(
+    upstream: FakeOpenAIServer,
+) -> None:
+    long = "n" * 60
+    tools = [
+        _function("wait"),
+        {"type": "namespace", "name": long, "tools": [_function("wait")]},
+        {"type": "namespace", "name": long + "x", "tools": [_function("wait")]},
+    ]
+    request = {"input": [{"type": "additional_tools", "tools": tools}, USER_TURN]}
+    async with running(config({"primary": upstream})) as gateway:
+        await respond(gateway, False, request)
+    offered = [t["function"]["name"] for t in upstream.requests[0].json["tools"]]
+    assert offered[0] == "wait"
+    assert len(set(offered)) == 3 and all(len(name) <= 64 for name in offered)

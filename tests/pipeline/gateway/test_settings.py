@@ -127,6 +127,35 @@ def test_bad_values(table: dict[str, Any], path: str) -> None:
     assert "sk-secret" not in str(found)
 
 
+@pytest.mark.parametrize(
+    "table",
+    [
+        # `$` matches before a trailing newline: every pattern guarding input is full-matched.
+        {"models": {"claude-opus\n": "small"}},
+        {"models": {"*\n": "small"}},
+        {"models": {"claude-*\n": "pipeline"}},
+    ],
+)
+def test_model_names_and_patterns_ending_with_a_newline_are_refused(table: dict[str, Any]) -> None:
+    ((where, what),) = problems(table)
+    assert where == "gateway.models" and "model names are" in what
+
+
+@pytest.mark.parametrize("key", ["api_keys_env", "redis_url_env"])
+def test_variable_names_ending_with_a_newline_are_refused(key: str) -> None:
+    ((where, what),) = problems({key: "NAME\n"})
+    assert where == f"gateway.{key}" and "expected the name of an environment variable" in what
+
+
+def test_a_route_key_variable_ending_with_a_newline_is_refused() -> None:
+    routes = {"small": {"provider": "openai", "model": "m", "api_key_env": "OPENAI_KEY\n"}}
+    with pytest.raises(ConfigError) as raised:
+        parse_config({"routes": routes})
+    ((where, what),) = raised.value.problems
+    assert where == "routes.small.api_key_env"
+    assert "expected the name of an environment variable" in what
+
+
 def test_a_misspelt_section_gets_a_suggestion() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_config({"routes": ROUTES, "router": ROUTER, "gatway": {}})

@@ -19,6 +19,7 @@ from pipeline.errors import (
     RequestBudgetExceededError,
     RequestInvalidError,
     RequestTimeoutError,
+    ResponseValidationError,
     TransientProviderError,
     UnknownProviderError,
 )
@@ -365,7 +366,8 @@ def test_finish_reasons(reason: str | None, called: bool, expected: str) -> None
 @pytest.mark.parametrize(
     ("error", "status", "type_", "code"),
     [
-        (RateLimitedError(status_code=429), 429, "rate_limit_error", "rate_limit_exceeded"),
+        # Every route rate limited: 503, asking to wait (as long as none said: retry_after).
+        (RateLimitedError(status_code=429), 503, "server_error", "rate_limit_exceeded"),
         (RequestInvalidError(code="invalid_value"), 400, "invalid_request_error", "invalid_value"),
         (RequestInvalidError(code=f"{CANARY} with spaces"), 400, "invalid_request_error", None),
         (ContextLengthExceededError(), 400, "invalid_request_error", "context_length_exceeded"),
@@ -380,6 +382,8 @@ def test_finish_reasons(reason: str | None, called: bool, expected: str) -> None
         (TransientProviderError(status_code=502), 503, "server_error", "upstream_unavailable"),
         (CircuitOpenError(), 503, "server_error", "circuit_open"),
         (UnknownProviderError(), 503, "server_error", "upstream_error"),
+        # Every route's answer failed its validation (before, a KeyError: a 500).
+        (ResponseValidationError(), 503, "server_error", "upstream_invalid_response"),
         (ValueError(CANARY), 503, "server_error", "upstream_error"),
         (RequestTimeoutError(CANARY), 504, "timeout_error", "timeout"),
         (AttemptTimeoutError(CANARY), 504, "timeout_error", "timeout"),
@@ -392,17 +396,23 @@ def test_failures_map_to_statuses(
     mapped = error_for(error, retry_after=2.0)
     assert (mapped.status, mapped.type, mapped.code) == (status, type_, code)
     assert CANARY not in mapped.message
-    if status == 429:
+    rate_limited = isinstance(error, RateLimitedError)
+    if rate_limited:
         assert mapped.headers() == [(b"retry-after", b"2")]
+        assert mapped.should_retry is None
     else:
         # Every route failed and none said when it may serve: no retry will help soon.
         assert mapped.headers() == []
-    assert mapped.should_retry is (False if status == 503 else None)
-    if status == 503:
+        assert mapped.should_retry is (False if status == 503 else None)
+    if status == 503 and not rate_limited:
         assert "retry later" not in mapped.message
         # Mid-stream, one route's failure: a retry may help.
         later = error_for(error, retry_after=2.0, after_output=True)
         assert later.headers() == [(b"retry-after", b"2")] and later.should_retry is None
+    if rate_limited:
+        # Mid-stream, one route's rate limit: its own status in the in-band error.
+        later = error_for(error, retry_after=2.0, after_output=True)
+        assert (later.status, later.type, later.retry_after) == (429, "rate_limit_error", 2.0)
 
 
 @pytest.mark.parametrize(

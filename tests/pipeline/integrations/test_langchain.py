@@ -466,10 +466,10 @@ async def test_no_prompt_or_tool_argument_reaches_the_pipelines_telemetry(
         sent = backup.requests[1].json["messages"]
         assert sent[-1] == {
             "role": "tool",
-            "tool_call_id": "call_0",
+            "tool_call_id": call["id"],
             "content": f"weather of {CANARY}",
         }
-        assert sent[-2]["tool_calls"][0]["id"] == "call_0"
+        assert sent[-2]["tool_calls"][0]["id"] == call["id"]
         if sync:
             await asyncio.to_thread(model.bound.close)  # type: ignore[attr-defined]
     assert CANARY in str(final.content)

@@ -3,6 +3,7 @@ tool loop with thinking against the fake Anthropic server, both call shapes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from pipeline.providers._messages import (
     parse_usage,
 )
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
-from pipeline.types import ANTHROPIC_EXTRAS
+from pipeline.types import ANTHROPIC_EXTRAS, FunctionTool
 
 
 def body(messages: Any = "hi", options: ChatOptions | None = None) -> dict[str, Any]:
@@ -117,18 +118,19 @@ def test_other_clear_edits_stay_when_there_is_no_thinking() -> None:
     }
 
 
-def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> None:
-    def marked(message: ChatMessage) -> ChatMessage:
-        message.additional_properties = {"cache_control": {"type": "ephemeral"}}
-        return message
+def _marked(message: ChatMessage) -> ChatMessage:
+    message.additional_properties = {"cache_control": {"type": "ephemeral"}}
+    return message
 
+
+def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> None:
     messages = [
-        marked(ChatMessage.system("one")),
-        marked(ChatMessage.system("two")),
+        _marked(ChatMessage.system("one")),
+        _marked(ChatMessage.system("two")),
         ChatMessage.user("a"),
-        marked(ChatMessage.user("b")),
-        marked(ChatMessage.assistant("c")),
-        marked(ChatMessage.tool(FunctionResultContent("t", "r"))),
+        _marked(ChatMessage.user("b")),
+        _marked(ChatMessage.assistant("c")),
+        _marked(ChatMessage.tool(FunctionResultContent("t", "r"))),
     ]
     sent = body(messages)
     # Five breakpoints: the earliest (the first system block) is left out.
@@ -145,6 +147,91 @@ def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> 
     assert result["content"][-1]["cache_control"] == {"type": "ephemeral"}
     # Without breakpoints the system is one string, as before.
     assert body([ChatMessage.system("s"), ChatMessage.user("u")])["system"] == "s"
+
+
+def _tool(name: str, cached: bool) -> FunctionTool:
+    extra = {"messages": {"cache_control": {"type": "ephemeral"}}} if cached else {}
+    return FunctionTool(name, None, {"type": "object"}, extra)
+
+
+def seven() -> tuple[list[ChatMessage], ChatOptions]:
+    """Seven breakpoints: three tools, two system blocks, two messages."""
+    messages = [
+        _marked(ChatMessage.system("one")),
+        _marked(ChatMessage.system("two")),
+        ChatMessage.user("a"),
+        _marked(ChatMessage.user("b")),
+        _marked(ChatMessage.assistant("c")),
+    ]
+    tools: list[Any] = [_tool("f", True), _tool("g", True), _tool("h", True), _tool("i", False)]
+    return messages, ChatOptions(tools=tools)
+
+
+def breakpoints(sent: dict[str, Any]) -> list[str]:
+    found = [f"tools[{i}]" for i, t in enumerate(sent.get("tools") or ()) if "cache_control" in t]
+    system = sent.get("system")
+    if isinstance(system, list):
+        found += [f"system[{i}]" for i, b in enumerate(system) if "cache_control" in b]
+    for m, turn in enumerate(sent["messages"]):
+        found += [
+            f"messages[{m}][{i}]" for i, b in enumerate(turn["content"]) if "cache_control" in b
+        ]
+    return found
+
+
+def test_the_breakpoint_cap_counts_tools_system_and_messages_together(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    messages, options = seven()
+    with caplog.at_level(logging.INFO, logger="chat_pipeline.providers.anthropic"):
+        sent = body(messages, options)
+    # The last four, in the order the API reads them: tools, system, messages.
+    assert breakpoints(sent) == ["system[0]", "system[1]", "messages[0][1]", "messages[1][0]"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "7 cache_control breakpoints, the API takes 4" in line
+    assert line.endswith("tools[0] tools[1] tools[2]")
+    assert "one" not in line and "two" not in line  # where, never what
+    # The caller's tools keep their own breakpoints (only the request's copy lost them).
+    assert all(
+        "cache_control" in t.additional_properties["messages"] for t in (options.tools or [])[:3]
+    )
+
+
+def test_a_top_level_breakpoint_counts_and_is_kept() -> None:
+    messages, options = seven()
+    options = options.with_(
+        additional_properties={ANTHROPIC_EXTRAS: {"cache_control": {"type": "ephemeral"}}}
+    )
+    sent = body(messages, options)
+    assert sent["cache_control"] == {"type": "ephemeral"}
+    assert breakpoints(sent) == ["system[1]", "messages[0][1]", "messages[1][0]"]
+
+
+async def test_seven_breakpoints_reach_an_anthropic_route_as_four(streaming: bool) -> None:
+    messages, options = seven()
+    async with FakeAnthropicServer() as server:
+        client = AnthropicChatClient("claude-x", api_key="k", base_url=server.base_url)
+        result = await collect(client, messages, options, streaming=streaming)
+        await client.aclose()
+    assert result.error is None, result.error  # the fake refuses more than four, as Anthropic
+    assert breakpoints(server.requests[0].json) == [
+        "system[0]",
+        "system[1]",
+        "messages[0][1]",
+        "messages[1][0]",
+    ]
+
+
+def test_the_fake_refuses_more_than_four_breakpoints_as_anthropic_does() -> None:
+    from pipeline.testing._fake_anthropic import _check_breakpoints
+
+    marked = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+    five = {"messages": [{"role": "user", "content": [marked] * 5}]}
+    assert _check_breakpoints(five) == (
+        "A maximum of 4 blocks with cache_control may be provided. Found 5."
+    )
+    four = {"messages": [{"role": "user", "content": [marked] * 3}], "cache_control": {}}
+    assert _check_breakpoints(four) is None
 
 
 def test_reasoning_goes_back_as_thinking_blocks_only_when_it_is_anthropics() -> None:

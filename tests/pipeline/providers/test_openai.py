@@ -109,10 +109,12 @@ async def test_streamed_tool_call_arguments_are_assembled(
     result = await collect(client, "weather?", streaming=streaming)
     assert result.response is not None
     calls = [c for c in result.response.messages[-1].contents if isinstance(c, FunctionCallContent)]
-    assert [(c.call_id, c.name, dict(c.arguments)) for c in calls] == [
-        ("call_0", "get_weather", {"city": "Oslo", "units": "metric", "days": 3}),
-        ("call_1", "noop", {}),
+    assert [(c.name, dict(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo", "units": "metric", "days": 3}),
+        ("noop", {}),
     ]
+    assert all(c.call_id.startswith("call_") for c in calls)  # the server's, each its own
+    assert len({c.call_id for c in calls}) == 2
     assert result.response.finish_reason == "tool_calls"
 
 

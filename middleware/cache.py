@@ -532,7 +532,9 @@ def _tool_shape(tool: Any) -> Any:
             api: {key: value for key, value in extra.items() if key != "cache_control"}
             for api, extra in tool.additional_properties.items()
         }
-        shape["fields"] = {api: extra for api, extra in fields.items() if extra}
+        answering = {api: extra for api, extra in fields.items() if extra}
+        if answering:
+            shape["fields"] = answering
     return shape
 
 

@@ -76,6 +76,11 @@ class Answer:
     finish: Any = None
     usage: Any = None
 
+    def without_ids(self) -> Answer:
+        """The same answer, its calls numbered instead of identified."""
+        calls = [(str(n), name, args) for n, (_, name, args) in enumerate(self.calls)]
+        return Answer(self.text, calls, self.finish, self.usage)
+
 
 def _events(stream: str) -> list[dict[str, Any]]:
     """The JSON payloads of an SSE text (``[DONE]`` left out)."""

@@ -42,7 +42,8 @@ def read_tool_choice(value: Any) -> ToolChoice | None:
     it is none of these (a built-in tool's, or not this API's)."""
     if isinstance(value, str):
         return TOOL_CHOICES.get(value)
-    if not isinstance(value, Mapping) or value.get("type") not in _NAMED_TYPES:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if not isinstance(kind, str) or kind not in _NAMED_TYPES:
         return None
     name = value.get("name")
     return ToolChoice.named(name) if isinstance(name, str) and name else None

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         ResponseValidationSettings,
     )
     from middleware.retry import RetryChatClient, RetrySettings
+    from middleware.spend import SpendChatClient
     from middleware.telemetry import TelemetryChatClient
     from middleware.tools import Tool, tool
 
@@ -58,6 +59,7 @@ _EXPORTS = {
     "ResponseValidationSettings": "middleware.response_validation",
     "RetryChatClient": "middleware.retry",
     "RetrySettings": "middleware.retry",
+    "SpendChatClient": "middleware.spend",
     "TelemetryChatClient": "middleware.telemetry",
     "Tool": "middleware.tools",
     "operation_scope": "middleware.function_invocation",
@@ -83,6 +85,7 @@ __all__ = [
     "RetryChatClient",
     "RetrySettings",
     "SemanticCacheSettings",
+    "SpendChatClient",
     "TelemetryChatClient",
     "Tool",
     "operation_scope",

@@ -16,7 +16,9 @@
   is not cached (``bypass``) rather than risk a wrong answer;
 * **what is stored**: the answer as the miss returned it (messages or updates, usage,
   finish reason, served model, response id), with when it was stored, the route that
-  served it and what it cost (when the route has a `Price`). Never stored: errors, cut or
+  served it and what it cost (as the router priced it: a route's `Price`, or a spend
+  ledger's price book). A hit tells the request's attempt log (`pipeline._scope`), so a
+  spend ledger records it with what it saved. Never stored: errors, cut or
   abandoned streams, cancelled calls, responses a validation layer beneath rejected (they
   are errors), responses with a finish reason outside `CacheSettings.finish_reasons`, and
   answers larger than `max_entry_bytes`. `ChatResponse.value` is not stored: validate
@@ -66,6 +68,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from opentelemetry import trace
@@ -87,6 +90,7 @@ from pipeline._settings import Settings
 from pipeline._streams import StreamEnd, StreamWatcher, caller_cancelling, forward
 from pipeline.client import ChatClient, DelegatingChatClient, EmbeddingGenerator, metadata_of
 from pipeline.errors import RedisUnavailable
+from pipeline.pricing import Cost
 from pipeline.types import (
     PROVIDER_EXTRAS,
     CacheMode,
@@ -1017,12 +1021,14 @@ class _Flight:
 
     __slots__ = (
         "cancelled",
+        "cost",
         "done",
         "error",
         "finished",
         "key",
         "listeners",
         "response",
+        "route",
         "streaming",
         "task",
         "tick",
@@ -1031,6 +1037,9 @@ class _Flight:
 
     def __init__(self, key: str, streaming: bool) -> None:
         self.key = key
+        # What the call cost and which route served it (a follower's hit saved that).
+        self.cost: Cost | None = None
+        self.route: str | None = None
         self.streaming = streaming
         self.updates: list[ChatResponseUpdate] = []
         self.response: ChatResponse | None = None
@@ -1226,8 +1235,10 @@ class CachingChatClient(DelegatingChatClient):
         if labels is None:
             labels = _LABELS[(result, kind)] = {CACHE_RESULT: result, CACHE_KIND: kind}
         self._lookups.add(1, labels)
-        if entry is not None and entry.cost and result == "hit":
-            self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
+        if entry is not None and result == "hit":
+            if entry.cost:
+                self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
+            _log_hit(_scope.current_attempt_log(), entry.route, _model_of(entry), entry.cost)
         report = current_cache_report()
         if report is not None:
             report.result = result
@@ -1378,26 +1389,17 @@ class CachingChatClient(DelegatingChatClient):
         """The entry to store for a completed answer, or None when it may not be stored."""
         if request.mode is CacheMode.BYPASS or request.key is None:
             return None
-        price = report.price
         if response is not None:
-            finish_reason, usage = response.finish_reason, response.usage
+            finish_reason = response.finish_reason
         else:
-            # The last finish reason wins, as when the updates are assembled; the usage
-            # (summed over the updates) is needed only to price the answer.
+            # The last finish reason wins, as when the updates are assembled.
             finish_reason = next(
                 (u.finish_reason for u in reversed(updates or ()) if u.finish_reason), None
             )
-            usage = None
-            if price is not None:
-                usage = ChatResponse.from_updates(updates or ()).usage
         if not self._storable(finish_reason):
             return None
-        cost = None
-        if price is not None and usage is not None:
-            try:
-                cost = float(price.cost(usage.input_tokens, usage.output_tokens))
-            except Exception:  # a price of the caller's own that fails: no cost known
-                cost = None
+        # What the attempt that served it cost, as the router priced it (None: unpriced).
+        cost = float(report.cost.amount) if report.cost is not None else None
         try:
             value = _encode_entry(response, updates, report.route_name, cost)
         except _UNCACHEABLE:
@@ -1493,6 +1495,7 @@ class CachingChatClient(DelegatingChatClient):
             self._forget(flight)
             self._end_flight(flight)
             return
+        flight.cost, flight.route = report.cost, report.route_name
         self._end_flight(flight)
         try:
             await self._store(request, None, flight.updates, report)
@@ -1551,7 +1554,9 @@ class CachingChatClient(DelegatingChatClient):
                 # The one way out of a flight: the last listener to leave cancels its call.
                 self._leave(flight)
             if flight.error is None:
-                return _copy_response(flight.result_response())
+                answer = _copy_response(flight.result_response())
+                _log_hit(_scope.current_attempt_log(), flight.route, answer.model_id, flight)
+                return answer
             if flight.cancelled:
                 continue  # the leader's caller left: its call is no answer; call again
             if called_again:
@@ -1576,6 +1581,7 @@ class CachingChatClient(DelegatingChatClient):
             if token is not None:
                 _scope.exit_report(token)
         flight.response = response
+        flight.cost, flight.route = report.cost, report.route_name
         self._end_flight(flight)
         write = self._store_now(request, response, None, report)
         if write is None:
@@ -1608,6 +1614,7 @@ class CachingChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         request = self._begin(messages, options)
+        log = _scope.current_attempt_log()  # current at the first read, maybe not after
         if request.key is None:
             self._record("bypass", request)
             async for update in forward(
@@ -1671,6 +1678,8 @@ class CachingChatClient(DelegatingChatClient):
             finally:
                 self._leave(flight)
             if flight.error is None:
+                if not leading:
+                    _log_hit(log, flight.route, _first_model(flight.updates), flight)
                 return
             if leading or sent:
                 raise flight.error
@@ -1740,6 +1749,50 @@ async def _then_forget(write: Awaitable[None], layer: CachingChatClient, flight:
 
 _LABELS: dict[tuple[str, str], dict[str, str]] = {}
 """The lookup counter's labels by (result, kind): a handful, made once."""
+
+
+def _model_of(entry: _Entry) -> str | None:
+    if entry.response is not None:
+        return entry.response.model_id
+    return _first_model(entry.updates or ())
+
+
+def _first_model(updates: Sequence[ChatResponseUpdate]) -> str | None:
+    return next((u.model_id for u in updates if u.model_id), None)
+
+
+def _log_hit(
+    log: _scope.AttemptLog | None,
+    route: str | None,
+    model: str | None,
+    saved: float | _Flight | None,
+) -> None:
+    """Tell the request's attempt log (when a spend layer or the gateway opened one) that
+    the cache answered: nothing used, and `saved` what the answer had cost (a stored entry's
+    cost, or the cost of the call a follower waited for)."""
+    if log is None:
+        return
+    amount = saved.cost if isinstance(saved, _Flight) else saved
+    if isinstance(amount, float):
+        amount = Cost(Decimal(repr(amount)))
+    log.add(
+        _scope.PricedAttempt(
+            route=route or "",
+            number=0,
+            outcome="completed",
+            provider=None,
+            model_requested=None,
+            model_served=model,
+            usage=UsageDetails(0, 0, 0),
+            estimated=False,
+            cost=Cost(Decimal(0), amount.currency if amount is not None else "USD"),
+            started_at=time.time(),
+            duration=0.0,
+            time_to_first_update=None,
+            cache="hit",
+            saved=amount,
+        )
+    )
 
 
 def _miss_result(request: _Request) -> str:

@@ -133,6 +133,8 @@ class ResponseValidationChatClient(DelegatingChatClient):
         except ResponseValidationError as error:
             if error.provider is None:
                 error.provider = self._provider
+            if error.usage is None:
+                error.usage = response.usage  # what the refused answer cost (spend ledger)
             raise
         return value
 

@@ -319,6 +319,7 @@ def _pass_up(report: RouteReport, outer: RouteReport | None) -> None:
         outer.attempts = report.attempts
         outer.fallback = report.fallback
         outer.price = report.price
+        outer.cost = report.cost
 
 
 class _StreamTrace(StreamWatcher):

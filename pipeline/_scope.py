@@ -17,7 +17,12 @@ read it through this small API, so no layer needs to know about routing:
   timeout against its deployment instead of ignoring it like a caller's cancellation;
 * `failover_possible(error)`: whether the router running this attempt could still move the
   request to another route if the attempt failed now with `error`, before any output, so a
-  retry layer beneath does not wait out a ``Retry-After`` while another route could serve.
+  retry layer beneath does not wait out a ``Retry-After`` while another route could serve;
+* `current_attempt_log()`: the `AttemptLog` of the request, if a layer above opened one
+  (`open_attempt_log`: the spend layer, the gateway): every router beneath adds each attempt
+  that reached a provider as a `PricedAttempt` (what it used, the model that served, what it
+  cost), once, when the attempt ends; a cache adds its hits. Read it after the request ended
+  (a spend ledger records it; a budget settles its reservation with it).
 
 Everything here is request-local (context variables); nothing outlives the request.
 """
@@ -30,25 +35,40 @@ import contextvars
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from pipeline.types import UsageDetails
+
+# `pipeline.pricing` builds on this module (its `priced_attempt` makes `PricedAttempt`s), so
+# its types are named here in words: `Cost` is `pipeline.pricing.Cost`, a book a
+# `pipeline.pricing.PriceBook`.
+Cost = Any
+PriceBook = Any
 
 __all__ = [
+    "AttemptLog",
+    "PricedAttempt",
     "RequestBudget",
     "RouteReport",
     "attempt_timed_out",
+    "current_attempt_log",
     "current_budget",
     "current_operation",
     "current_report",
+    "enter_attempt_log",
     "enter_attempt_timeout",
     "enter_budget",
     "enter_failover_check",
     "enter_report",
+    "exit_attempt_log",
     "exit_attempt_timeout",
     "exit_budget",
     "exit_failover_check",
     "failover_possible",
     "exit_report",
     "new_operation_id",
+    "open_attempt_log",
     "operation_scope",
     "set_operation",
     "reset_operation",
@@ -147,13 +167,15 @@ class RouteReport:
     """The routing story of one request, for the span above the router: the route of the
     last attempt (the one that served, when it succeeded), its client's metadata, how many
     attempts were made and whether a fallback served (an attempt after the first), and that
-    route's price (None when it has none), so a cache above can tell what a hit saved."""
+    route's price (None when it has none) and what that attempt cost (None when unpriced),
+    so a cache above can tell what a hit saved."""
 
-    __slots__ = ("attempts", "fallback", "metadata", "price", "route_name")
+    __slots__ = ("attempts", "cost", "fallback", "metadata", "price", "route_name")
 
     def __init__(self) -> None:
         self.route_name: str | None = None
         self.price: Any = None
+        self.cost: Cost | None = None
         self.metadata: Any = None
         self.attempts = 0
         self.fallback = False
@@ -167,6 +189,92 @@ _report: contextvars.ContextVar[RouteReport | None] = contextvars.ContextVar(
 current_report = _report.get
 enter_report = _report.set
 exit_report = _report.reset
+
+
+class PricedAttempt(NamedTuple):
+    """One attempt that reached a provider, as the ledger records it: its route, number and
+    outcome (a `FailoverAttempt`'s), the provider and the models asked for and served, what
+    it used (`usage`: the provider's counts, or estimates where none came, then `estimated`)
+    and what that cost (None: no price known), when it started (seconds since the epoch)
+    and how long it took. A cache hit is one too: `cache` is ``"hit"``, nothing was used,
+    and `saved` is what the stored answer had cost. Immutable (a named tuple)."""
+
+    route: str
+    number: int
+    outcome: str
+    provider: str | None
+    model_requested: str | None
+    model_served: str | None
+    usage: UsageDetails
+    estimated: bool
+    cost: Cost | None
+    started_at: float
+    duration: float
+    time_to_first_update: float | None
+    cache: str | None = None
+    saved: Cost | None = None
+
+
+class AttemptLog:
+    """The priced attempts of one request, in the order they ended (see the module
+    docstring); `prices` is the book attempts without a route price are priced by (None:
+    only routes with a `Price` are priced); `attribution` is whose request it is, as the
+    server in front says (the spend layer's to read), and `request_id` its id there;
+    `recorded` counts the attempts a ledger has already taken; `late`, when set (by a
+    ledger that already took the request's attempts), is called with the log for an
+    attempt added after that (a response cache's call that went on for other requests after
+    this one's caller left)."""
+
+    __slots__ = ("attempts", "attribution", "late", "prices", "recorded", "request_id")
+
+    def __init__(
+        self,
+        prices: PriceBook | None = None,
+        attribution: Any = None,
+        request_id: str | None = None,
+    ) -> None:
+        self.attempts: list[PricedAttempt] = []
+        self.prices = prices
+        self.attribution = attribution
+        self.request_id = request_id
+        self.recorded = 0
+        self.late: Callable[[AttemptLog], None] | None = None
+
+    def add(self, attempt: PricedAttempt) -> None:
+        """Add an attempt that ended (a router, or a cache for its hit, does)."""
+        self.attempts.append(attempt)
+        late = self.late
+        if late is not None:
+            late(self)
+
+    def __repr__(self) -> str:
+        return f"AttemptLog(attempts={len(self.attempts)}, recorded={self.recorded})"
+
+
+_attempt_log: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(
+    "chat_pipeline_attempt_log", default=None
+)
+AttemptLogToken = contextvars.Token[AttemptLog | None]
+
+current_attempt_log = _attempt_log.get
+"""The attempt log of the request being served in this context, if a layer opened one."""
+enter_attempt_log = _attempt_log.set
+exit_attempt_log = _attempt_log.reset
+
+
+def open_attempt_log(
+    prices: PriceBook | None = None,
+) -> tuple[AttemptLog, AttemptLogToken | None]:
+    """The request's attempt log: the one already open (a layer or server above opened it:
+    `prices` fills its book when it has none), else a new one made current. Give the token
+    back with `exit_attempt_log` in the same context when it is not None."""
+    log = _attempt_log.get()
+    if log is not None:
+        if log.prices is None:
+            log.prices = prices
+        return log, None
+    log = AttemptLog(prices)
+    return log, _attempt_log.set(log)
 
 
 _OPERATION_PREFIX = uuid.uuid4().hex[:12]

@@ -44,6 +44,8 @@ __all__ = [
     "CLIENT_DISCONNECTED",
     "COMMITTED_FAILURES_METRIC",
     "COOLDOWNS_METRIC",
+    "COST",
+    "COST_ESTIMATED",
     "COST_METRIC",
     "GATEWAY_MODEL",
     "GATEWAY_REQUEST_ID",
@@ -78,6 +80,16 @@ __all__ = [
     "SCHEMA_URL",
     "SEMANTIC_REASON",
     "SEMANTIC_SCORE",
+    "SPEND_COST_METRIC",
+    "SPEND_DROPPED_METRIC",
+    "SPEND_KEY",
+    "SPEND_MODEL",
+    "SPEND_REASON",
+    "SPEND_SCOPE",
+    "SPEND_SPOOLED_METRIC",
+    "SPEND_TEAM",
+    "SPEND_UNPRICED_METRIC",
+    "SPEND_WRITTEN_METRIC",
     "STATE_CHANGE_EVENT",
     "STATE_CHANGE_METRIC",
     "TIME_TO_FIRST_UPDATE_METRIC",
@@ -96,6 +108,7 @@ TOOLS_SCOPE: Final = "chat_pipeline.tools"
 BREAKER_SCOPE: Final = "chat_pipeline.breaker"
 GATEWAY_SCOPE: Final = "chat_pipeline.gateway"
 CACHE_SCOPE: Final = "chat_pipeline.cache"
+SPEND_SCOPE: Final = "chat_pipeline.spend"
 
 SCHEMA_URL: Final[str] = list(Schemas)[-1].value
 """The newest schema of the installed ``opentelemetry-semantic-conventions``: the version
@@ -138,6 +151,14 @@ request span's attribute)."""
 BACKUP_CALLS_METRIC: Final = "chat_pipeline.route.backup_calls"
 COMMITTED_FAILURES_METRIC: Final = "chat_pipeline.route.output_committed_failures"
 COST_METRIC: Final = "chat_pipeline.route.cost"
+"""Counter of what attempts cost, by route (in the price's currency unit): every attempt
+priced, a failed one that used tokens included."""
+COST: Final = "chat_pipeline.cost"
+"""On an attempt's span: what the attempt cost, in its currency unit (the route's `Price`,
+else the price book's; absent when unpriced)."""
+COST_ESTIMATED: Final = "chat_pipeline.cost.estimated"
+"""On an attempt's span: whether the cost rests on estimated token counts (the provider
+reported none, or the stream was cut before it did)."""
 TIME_TO_FIRST_UPDATE_METRIC: Final = "chat_pipeline.route.time_to_first_update"
 HEDGES_STARTED_METRIC: Final = "chat_pipeline.route.hedges.started"
 """Counter of hedged attempts started, by route."""
@@ -169,6 +190,27 @@ CACHE_LOOKUPS_METRIC: Final = "chat_pipeline.cache.lookups"
 CACHE_SAVED_COST_METRIC: Final = "chat_pipeline.cache.saved_cost"
 """Counter of what cache hits saved: the cost the stored answer had when its route had a
 `Price`, by the route that served it (``chat_pipeline.route.name``)."""
+
+# -- the spend ledger -------------------------------------------------------------------------
+
+SPEND_COST_METRIC: Final = "chat_pipeline.spend.cost"
+"""Counter of what the recorded attempts cost, by route, model (`gen_ai.response.model`),
+key name (`SPEND_KEY`) and team (`SPEND_TEAM`), in the currency unit."""
+SPEND_UNPRICED_METRIC: Final = "chat_pipeline.spend.unpriced"
+"""Counter of recorded attempts no price was found for, by route and model."""
+SPEND_WRITTEN_METRIC: Final = "chat_pipeline.spend.written"
+"""Counter of records the ledger wrote to its database."""
+SPEND_SPOOLED_METRIC: Final = "chat_pipeline.spend.spooled"
+"""Counter of records the ledger put in its spool while its database was unavailable."""
+SPEND_DROPPED_METRIC: Final = "chat_pipeline.spend.dropped"
+"""Counter of records the ledger dropped, by `SPEND_REASON` (``queue_full``,
+``spool_full``): its bounds were reached."""
+SPEND_KEY: Final = "chat_pipeline.spend.key"
+"""On the spend metrics: the caller's key's name (never the secret)."""
+SPEND_TEAM: Final = "chat_pipeline.spend.team"
+SPEND_MODEL: Final = "chat_pipeline.spend.model"
+"""On the spend metrics: the model that served (or was asked for, when none answered)."""
+SPEND_REASON: Final = "chat_pipeline.spend.reason"
 
 # -- layers -----------------------------------------------------------------------------------
 

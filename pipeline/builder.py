@@ -62,7 +62,8 @@ class ChatPipeline(AsyncClosing):
     """A built pipeline: a `ChatClient` that validates its input once and calls its layers.
 
     Messages may be a str, a `ChatMessage` or a sequence of them; anything else raises
-    `TypeError`, an empty sequence `ValueError`, before any layer runs.
+    `TypeError`, an empty sequence `RequestRefusedError` (a `ValueError`), before any layer
+    runs.
     """
 
     def __init__(
@@ -463,6 +464,25 @@ class ChatPipelineBuilder:
                 meter_provider=meter_provider,
                 close_store=store is None,
             ),
+            enabled=enabled,
+        )
+
+    def use_spend(self, ledger: Any, *, attribution: Any = None, enabled: bool = True) -> Self:
+        """Record what each request spent in `ledger` (a `pipeline.spend.SpendLedger`): a
+        record per provider attempt the routers beneath make, and per cache hit beneath (see
+        `middleware.spend`). `attribution` says whose requests they are: a fixed
+        `pipeline.spend.Attribution` (or a mapping of its fields), or a function of the
+        request, ``(messages, options) -> Attribution | None``. The ledger is yours to close
+        (`SpendLedger.aclose`) when every pipeline using it is closed."""
+        from middleware.spend import SpendChatClient
+        from pipeline.spend import Attribution, SpendLedger
+
+        if not isinstance(ledger, SpendLedger):
+            raise TypeError(f"ledger must be a SpendLedger, not {type(ledger).__name__}")
+        if attribution is not None and not callable(attribution):
+            attribution = Attribution.of(attribution)  # a bad one fails where it was written
+        return self.use(
+            lambda inner: SpendChatClient(inner, ledger, attribution=attribution),
             enabled=enabled,
         )
 

@@ -17,6 +17,14 @@ Bedrock Converse) API on 127.0.0.1. ``chat-pipeline fake-fleet --scenario FILE``
 `pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints each deployment's URL (see
 `pipeline.testing.FakeFleet.from_scenario` and the commands it reads on stdin).
 
+``chat-pipeline db upgrade --config FILE [--env NAME]`` applies the migrations the database
+of the file's ``[spend]`` table lacks (``--database-env VAR``: the database whose URL the
+variable holds, instead); ``chat-pipeline db status`` says its schema's version.
+
+``chat-pipeline spend --config FILE [--group-by key,team] [--since 24h] [--until T]
+[--where FIELD=VALUE ...] [--format table|json|csv]`` adds up the spend ledger's records (see
+`pipeline.spend.SpendLedger.summary`).
+
 ``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
 [--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
 OpenAI-compatible API (`pipeline.gateway`; needs the ``gateway`` extra).
@@ -388,6 +396,116 @@ def _fake_fleet(args: argparse.Namespace) -> int:
         return 0
 
 
+def _database_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which database a command works on: a file's ``[spend]`` table's, or a URL's."""
+    parser.add_argument("--config", metavar="FILE", help="the TOML file with a [spend] table")
+    parser.add_argument("--env", metavar="NAME", help="environment overlay")
+    parser.add_argument(
+        "--database-env",
+        metavar="VAR",
+        help="the environment variable holding the database's URL (instead of --config)",
+    )
+
+
+def _database_of(args: argparse.Namespace) -> object:
+    """The database a ``db`` command names (`pipeline._db.Database`): ``--database-env``'s
+    URL, else the ``[spend]`` table's of ``--config``. `ConfigError` when there is none."""
+    from pipeline import _db
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    if args.database_env:
+        url = os.environ.get(args.database_env)
+        if not url:
+            raise ConfigError(
+                "--database-env", f"the environment variable {args.database_env} is not set"
+            )
+        return _db.open_database(url)
+    if not args.config:
+        raise ConfigError("--config", "name the configuration file (or --database-env)")
+    config = load_config(args.config, args.env)
+    if config.spend is None:
+        raise ConfigError("spend", "the file has no [spend] table: no database to upgrade")
+    return _db.open_database(config.spend.database_url(), timeout=config.spend.timeout)
+
+
+def _database(args: argparse.Namespace) -> int:
+    from pipeline import _db
+    from pipeline.errors import ConfigError, SchemaVersionError
+
+    try:
+        database = _database_of(args)
+    except (ConfigError, ValueError) as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    assert isinstance(database, _db.Database)
+
+    async def run() -> int:
+        try:
+            latest = _db.latest_version(database.dialect)
+            if args.action == "upgrade":
+                applied = await _db.upgrade(database)
+                for migration in applied:
+                    print(f"applied {migration.version:04d}_{migration.name}")
+                print(
+                    f"{database.describe()}: schema at version {latest} (the latest)"
+                    + ("" if applied else "; nothing to apply")
+                )
+                return 0
+            found = await _db.schema_version(database)
+            state = "up to date" if found == latest else "run `chat-pipeline db upgrade`"
+            print(f"{database.describe()}: schema at version {found} of {latest} ({state})")
+            return 0 if found == latest else 1
+        finally:
+            await database.aclose()
+
+    try:
+        return asyncio.run(run())
+    except SchemaVersionError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    except Exception as exc:  # the database's failure, told by its type
+        # The type only: a driver's message may name hosts or users.
+        print(f"{database.describe()} failed ({type(exc).__name__})", file=sys.stderr)
+        return 1
+
+
+def _spend(args: argparse.Namespace) -> int:
+    from pipeline import _db
+    from pipeline.errors import ConfigError, SchemaVersionError
+    from pipeline.spend import SqlSpendStore
+    from pipeline.spend._report import parse_time, parse_where, render
+
+    try:
+        database = _database_of(args)
+        group_by = [g.strip() for g in (args.group_by or "").split(",") if g.strip()]
+        since = parse_time(args.since) if args.since else None
+        until = parse_time(args.until) if args.until else None
+        where = parse_where(args.where or [])
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    assert isinstance(database, _db.Database)
+    store = SqlSpendStore(database, auto_upgrade=False)
+
+    async def run() -> str:
+        try:
+            found = await store.summary(group_by, since=since, until=until, where=where)
+        finally:
+            await store.aclose()
+        return render(found, group_by, args.format)
+
+    try:
+        print(asyncio.run(run()), end="")
+    except (SchemaVersionError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ValueError) else 1
+    except Exception as exc:  # the database's failure, told by its type
+        print(f"{database.describe()} failed ({type(exc).__name__})", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from pipeline.errors import ConfigError
 
@@ -492,7 +610,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="serve GET /metrics in the Prometheus text format ([gateway] prometheus_metrics)",
     )
+    database = commands.add_parser(
+        "db", help="apply the database's migrations, or show its schema's version"
+    )
+    database.add_argument("action", choices=("upgrade", "status"))
+    _database_arguments(database)
+    spend = commands.add_parser(
+        "spend", help="add up the spend ledger's records by key, team, user, tag, route ..."
+    )
+    _database_arguments(spend)
+    spend.add_argument(
+        "--group-by",
+        metavar="F,G",
+        help="fields to group by: key, key_name, user, team, tag, endpoint, session, route, "
+        "provider, model_requested, model_served, outcome, cache, request_id, day, hour",
+    )
+    spend.add_argument("--since", metavar="T", help="from this time: ISO 8601, or 24h, 7d ago")
+    spend.add_argument("--until", metavar="T", help="before this time (same forms)")
+    spend.add_argument(
+        "--where",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="only records whose field has the value (repeat a field for any of several)",
+    )
+    spend.add_argument("--format", choices=("table", "json", "csv"), default="table")
     args = parser.parse_args(argv)
+    if args.command == "db":
+        return _database(args)
+    if args.command == "spend":
+        return _spend(args)
     if args.command == "demo":
         return asyncio.run(_demo(args.question, args.otlp))
     if args.command == "ask":

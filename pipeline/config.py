@@ -112,9 +112,11 @@ from pipeline.providers._settings import (
     VendorSettings,
     VertexSettings,
 )
+from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
+    from pipeline.spend import SpendLedger
 
 __all__ = [
     "ENVIRONMENT_VARIABLE",
@@ -142,6 +144,7 @@ __all__ = [
     "VendorRouteConfig",
     "SemanticCacheConfig",
     "SemanticRouterConfig",
+    "SpendConfig",
     "TieredRouterConfig",
     "VertexRouteConfig",
     "build_pipeline",
@@ -765,6 +768,58 @@ class CacheConfig(CacheSettings):
         builder.use(layer)
 
 
+# -- the spend ledger ------------------------------------------------------------------------
+
+
+class SpendConfig(LedgerSettings):
+    """``[spend]``: the spend ledger, one record per provider attempt (`pipeline.spend`), kept
+    in a SQLite file (``store = "sqlite"``, the default: no server) or in PostgreSQL (``store =
+    "postgres"``, shared by replicas; the URL comes from the variable `dsn_env` names)."""
+
+    enabled: bool = True
+    """Whether spend is recorded (an environment may turn it off)."""
+    store: Literal["sqlite", "postgres"] = "sqlite"
+    """Where records are kept: ``sqlite`` (the file `path`) or ``postgres`` (the database `dsn_env`
+    names)."""
+    path: Annotated[str, Field(min_length=1)] = "chat-pipeline-spend.db"
+    """The SQLite file (relative paths are taken from the working directory)."""
+    dsn_env: EnvironmentVariable | None = None
+    """The environment variable holding the PostgreSQL URL (``postgresql://user:password@host/db``)
+    for ``store = "postgres"``: a URL may hold a password, so it is never written in the file."""
+    auto_upgrade: bool | None = None
+    """Whether the ledger applies missing migrations itself when it first connects (unset: yes for
+    SQLite, no for PostgreSQL, whose schema `chat-pipeline db upgrade` applies)."""
+
+    @model_validator(mode="after")
+    def _postgres_is_named(self) -> Any:
+        if self.store == "postgres" and self.dsn_env is None:
+            raise ValueError("store = 'postgres' needs dsn_env (the URL's variable)")
+        return self
+
+    def database_url(self) -> str:
+        """The database's URL (read from the environment for PostgreSQL)."""
+        if self.store == "postgres":
+            return os.environ[self.dsn_env or ""]
+        return self.path
+
+    def ledger(self, *, meter_provider: Any = None) -> SpendLedger:
+        """A `SpendLedger` writing to the store this table names (nothing is connected yet)."""
+        from pipeline.spend import PostgresSpendStore, SpendLedger, SQLiteSpendStore
+
+        store: PostgresSpendStore | SQLiteSpendStore
+        if self.store == "postgres":
+            store = PostgresSpendStore(
+                self.database_url(), timeout=self.timeout, auto_upgrade=bool(self.auto_upgrade)
+            )
+        else:
+            store = SQLiteSpendStore(
+                self.path,
+                timeout=self.timeout,
+                auto_upgrade=self.auto_upgrade is None or self.auto_upgrade,
+            )
+        return SpendLedger(store, _settings_of(LedgerSettings, self), meter_provider=meter_provider)
+
+
 # -- overlays ----------------------------------------------------------------------------------
 
 
@@ -815,6 +870,7 @@ _GROUP: _Schema[GroupConfig] = _Schema(GroupConfig)
 _ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
 _LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
 _CACHE: _Schema[CacheConfig] = _Schema(CacheConfig)
+_SPEND: _Schema[SpendConfig] = _Schema(SpendConfig)
 _ROUTER_KINDS: dict[str, type[_RouterTable]] = {
     kind: table
     for table in get_args(get_args(RouterConfig)[0])
@@ -872,7 +928,16 @@ def _names(
             problems.add(where, f"names no route: {name!r}{suggest(name, routes)}")
 
 
-_SECTIONS = ("routes", "groups", "router", "layers", "cache", "gateway", "environments")
+_SECTIONS = (
+    "routes",
+    "groups",
+    "router",
+    "layers",
+    "cache",
+    "gateway",
+    "spend",
+    "environments",
+)
 
 
 @dataclass(frozen=True)
@@ -895,6 +960,8 @@ class PipelineConfig:
     """The ``[groups.NAME]`` tables: routes a router names as one."""
     cache: CacheConfig | None = None
     """The ``[cache]`` table, if any."""
+    spend: SpendConfig | None = None
+    """The ``[spend]`` table, if any."""
 
     @property
     def route_names(self) -> list[str]:
@@ -906,9 +973,12 @@ class PipelineConfig:
         tools: Sequence[Any] = (),
         tracer_provider: Any = None,
         meter_provider: Any = None,
+        spend_ledger: SpendLedger | None = None,
     ) -> ChatPipeline:
         """The pipeline the file describes. Tools are code: pass them when the file turns
-        ``layers.function_invocation`` on."""
+        ``layers.function_invocation`` on. With a ``[spend]`` table, its spend layer records
+        in `spend_ledger` (yours to close), or in a ledger of the pipeline's own, closed
+        with it."""
         problems = _Problems()
         layers = self.layers
         if layers.function_invocation and not tools:
@@ -927,6 +997,7 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
+        self.install_spend(builder, spend_ledger)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
         if self.router is None:
@@ -937,6 +1008,24 @@ class PipelineConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
+
+    def install_spend(
+        self, builder: ChatPipelineBuilder, ledger: SpendLedger | None = None
+    ) -> None:
+        """Add the ``[spend]`` layer to `builder`, when the file has one and it is enabled:
+        recording in `ledger`, or in a ledger made here that the layer closes."""
+        spend = self.spend
+        if spend is None or not spend.enabled:
+            return
+        owned = ledger is None
+        used = ledger if ledger is not None else spend.ledger(meter_provider=builder.meter_provider)
+
+        def layer(inner: ChatClient) -> ChatClient:
+            from middleware.spend import SpendChatClient
+
+            return SpendChatClient(inner, used, close_ledger=owned)
+
+        builder.use(layer)
 
     def install_cache(self, builder: ChatPipelineBuilder) -> None:
         """Add the ``[cache]`` layer to `builder`, when the file has one and it is enabled."""
@@ -1022,7 +1111,7 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             )
         base = _overlay(base, overlay)
     for key in base:
-        if key not in ("routes", "groups", "router", "layers", "cache", "gateway"):
+        if key not in _SECTIONS[:-1]:
             problems.add(
                 str(key),
                 f"unknown setting{suggest(str(key), _SECTIONS)}",
@@ -1093,9 +1182,17 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
             secrets["cache.semantic.embeddings"] = _secret(
                 problems, cache.semantic.embeddings, "cache.semantic.embeddings"
             )
+    spend = None
+    if "spend" in base:
+        spend = problems.validate(_SPEND, base["spend"], "spend")
+        variable = spend.dsn_env if spend is not None and spend.store == "postgres" else None
+        if variable and not os.environ.get(variable):
+            problems.add("spend.dsn_env", f"the environment variable {variable} is not set")
     problems.raise_if_any()
     assert layers is not None  # no problem was found, so every table validated
-    return PipelineConfig(routes, router, layers, environment, secrets, gateway, groups, cache)
+    return PipelineConfig(
+        routes, router, layers, environment, secrets, gateway, groups, cache, spend
+    )
 
 
 def _groups(

@@ -8,6 +8,10 @@
     │                                  (also a ValueError)
     ├── WireError                      the gateway answers a request with an HTTP error
     │                                  (its status and OpenAI error body)
+    ├── RequestRefusedError            the pipeline refused the request before any provider
+    │                                  was called; names the field (also a ValueError)
+    ├── SchemaVersionError             a database's schema is not this code's (run
+    │                                  `chat-pipeline db upgrade`, or upgrade the code)
     ├── RoutingError                   a router could not pick a route
     │   ├── SemanticIndexError         a saved semantic index does not fit this router
     │   ├── RequestBudgetExceededError  the request's provider-call budget is spent
@@ -81,9 +85,11 @@ __all__ = [
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
+    "RequestRefusedError",
     "RequestTimeoutError",
     "ResponseValidationError",
     "RoutingError",
+    "SchemaVersionError",
     "SemanticIndexError",
     "ToolArgumentsError",
     "TransientProviderError",
@@ -196,6 +202,34 @@ class WireError(ChatPipelineError):
         if self.retry_after is None:
             return []
         return [(b"retry-after", str(max(1, math.ceil(self.retry_after))).encode())]
+
+
+class RequestRefusedError(ChatPipelineError, ValueError):
+    """The pipeline refused the request before any provider was called: the caller's
+    mistake, never a provider's (an empty conversation; a value the API of the route it
+    reached cannot express). `param` names the field (``messages``, ``reasoning.effort``);
+    the message is ours and quotes no content.
+
+    `classify` makes it `REQUEST_INVALID`: never retried nor failed over, and a breaker
+    counts it as nothing (no deployment was asked). The gateway answers it with a 400
+    naming `param`, in every format.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    @classmethod
+    def untranslatable(
+        cls, param: str, value: object, api: str, known: Sequence[str] = ()
+    ) -> RequestRefusedError:
+        """`param`'s value has no equivalent in `api` (the API of the route the request
+        reached), which takes the `known` values. The value is named when it looks like
+        an enum's value (letters, digits and ``_.-``), else only described."""
+        shown = f"{value!r}" if type(value) is str and _SAFE_CODE.fullmatch(value) else "its value"
+        takes = f" (it takes {', '.join(known)})" if known else ""
+        return cls(f"{param}: {shown} has no equivalent in {api}{takes}", param=param)
 
 
 class RoutingError(ChatPipelineError):
@@ -347,6 +381,8 @@ class ResponseValidationError(ProviderError):
     (``items[0].price``; ``$`` for the whole answer) and an error type (``missing``,
     ``json_invalid``, ``required``, ...). Neither the message nor `problems` ever quotes the
     response: locations name only the validator's own fields (other keys show as ``*``).
+    `usage` is the refused response's token usage (`UsageDetails`), when it reported one:
+    what getting it cost, which the spend ledger records.
     """
 
     default_kind = FailureKind.INVALID_RESPONSE
@@ -356,10 +392,23 @@ class ResponseValidationError(ProviderError):
         message: str = "",
         *,
         problems: Sequence[tuple[str, str]] = (),
+        usage: Any = None,
         **fields: Any,
     ) -> None:
         self.problems: tuple[tuple[str, str], ...] = tuple(problems)
+        self.usage = usage
         super().__init__(message, **fields)
+
+
+class SchemaVersionError(ChatPipelineError):
+    """A database's schema is not the one this code needs: behind it (``chat-pipeline db
+    upgrade`` applies the missing migrations) or ahead of it (newer code wrote it). `found`
+    and `expected` are the versions."""
+
+    def __init__(self, message: str, *, found: int, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
 
 
 class MalformedSSE(ValueError):
@@ -490,6 +539,8 @@ def classify(exc: BaseException) -> FailureKind:
     """
     if isinstance(exc, ProviderError):
         return exc.kind
+    if isinstance(exc, RequestRefusedError):
+        return FailureKind.REQUEST_INVALID
     if isinstance(exc, httpx2.HTTPStatusError):
         return kind_for_status(exc.response.status_code)
     if isinstance(exc, httpx2.TransportError | TimeoutError | ConnectionError):

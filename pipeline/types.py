@@ -24,6 +24,8 @@ from typing import (
     runtime_checkable,
 )
 
+from pipeline.errors import RequestRefusedError
+
 __all__ = [
     "ANTHROPIC_EXTRAS",
     "BEDROCK_EXTRAS",
@@ -50,6 +52,7 @@ __all__ = [
     "TextContent",
     "ToolChoice",
     "ToolDefinition",
+    "UNTRANSLATED",
     "UsageDetails",
     "as_messages",
 ]
@@ -521,8 +524,9 @@ def as_messages(messages: Messages) -> list[ChatMessage]:
     """Normalize the accepted message shapes to a list of `ChatMessage`.
 
     Raises `TypeError` for anything but a str, a `ChatMessage` or a sequence of them, and
-    `ValueError` for an empty sequence. A list of messages is returned as is (not copied);
-    layers that change the list copy it first.
+    `RequestRefusedError` (a `ValueError`, ``param="messages"``) for an empty sequence. A
+    list of messages is returned as is (not copied); layers that change the list copy it
+    first.
     """
     if type(messages) is list:
         for message in messages:
@@ -531,7 +535,9 @@ def as_messages(messages: Messages) -> list[ChatMessage]:
                     f"messages must contain ChatMessage objects, not {type(message).__name__}"
                 )
         if not messages:
-            raise ValueError("messages must not be empty")
+            raise RequestRefusedError(
+                "messages: must not be empty (the conversation holds no message)", param="messages"
+            )
         return messages
     if isinstance(messages, str):
         return [ChatMessage(ChatRole.USER, messages)]
@@ -551,8 +557,10 @@ def as_messages(messages: Messages) -> list[ChatMessage]:
 class ReasoningOptions:
     """How much a reasoning model may think, and what it shows of it.
 
-    `effort` is the OpenAI-style level (``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
-    ``"high"``, ``"xhigh"``; providers pass other values on as they are); `budget_tokens` an
+    `effort` is an OpenAI level (``"none"``, ``"minimal"``, ``"low"``, ``"medium"``,
+    ``"high"``, ``"xhigh"``, ``"max"``): OpenAI's enum is open, so OpenAI routes send
+    other values as they are, and a route of another API refuses a value it cannot
+    translate (`RequestRefusedError`); `budget_tokens` an
     Anthropic-style thinking budget (`0` turns thinking off); `summary` the Responses API's
     reasoning summary (``"auto"``, ``"concise"``, ``"detailed"``). Each provider maps what its
     API has and drops the rest: a route that cannot think answers without thinking.
@@ -601,11 +609,19 @@ GEMINI_EXTRAS = "gemini"
 """The `ChatOptions.additional_properties` key whose dict only Gemini and Vertex AI Gemini
 routes send (``safetySettings``, ``cachedContent``, ``generationConfig`` fields...)."""
 
+UNTRANSLATED = "untranslated"
+"""The `ChatOptions.additional_properties` key of values a caller sent in its own API's
+vocabulary that the options have no word for, ``{scope: {field: value}}`` (e.g.
+``{"anthropic": {"output_config.effort": "ultra"}}``; the value itself travels in that
+scope's fields). A vendor's enum is open: a route of that API sends the value as given; a
+route of another API cannot translate it and refuses the request (`RequestRefusedError`)
+rather than drop it."""
+
 PROVIDER_EXTRAS = frozenset(
-    {ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS, BEDROCK_EXTRAS, GEMINI_EXTRAS}
+    {ANTHROPIC_EXTRAS, OPENAI_RESPONSES_EXTRAS, BEDROCK_EXTRAS, GEMINI_EXTRAS, UNTRANSLATED}
 )
 """Keys of `ChatOptions.additional_properties` scoped to one provider's format: every other
-provider leaves them out of its requests."""
+provider leaves them out of its requests (`UNTRANSLATED`: every provider)."""
 
 
 @dataclass(slots=True)

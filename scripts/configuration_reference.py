@@ -236,7 +236,7 @@ def _doc(model: type[Any]) -> str:
 
 def tables() -> list[Table]:
     """Every table of a pipeline's TOML file, in the order of the reference page."""
-    from pipeline.config import GroupConfig, LayersConfig, RouteConfig, RouterConfig
+    from pipeline.config import GroupConfig, LayersConfig, RouteConfig, RouterConfig, SpendConfig
     from pipeline.gateway.settings import GatewaySettings
 
     found: list[Table] = []
@@ -310,6 +310,11 @@ def tables() -> list[Table]:
             "gateway",
             _doc(GatewaySettings),
             _rows(GatewaySettings, "gateway", skip=frozenset()),
+        )
+    )
+    found.append(
+        Table(
+            "`[spend]`", "spend", _doc(SpendConfig), _rows(SpendConfig, "spend", skip=frozenset())
         )
     )
     return found

@@ -5,13 +5,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.otel import Otel, Receiver
-from tests.processes import require_binary
+from tests.postgres_server import PostgresServer
+from tests.processes import StartError, require_binary
 from tests.redis_server import RedisServer
 
 # The kit's fixtures (`streaming`: every streaming behaviour tested for both call shapes).
 pytest_plugins = ["pipeline.testing.pytest_plugin"]
 
 _REDIS_FIXTURES = frozenset({"redis_url", "redis_server"})
+_POSTGRES_FIXTURES = frozenset({"postgres", "postgres_dsn", "postgres_server"})
 
 # Property tests take their example counts from a profile, never from the test: ``dev``
 # (the default) for quick local runs, ``ci`` for CI (./scripts/test selects it). No test
@@ -29,6 +31,19 @@ _ENCODER_DESELECTED = pytest.StashKey[int]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # The conformance suite's (tests/conformance/conftest.py reads them).
+    parser.addoption(
+        "--conformance-examples",
+        type=int,
+        default=None,
+        help="examples per conformance property test (CI: 200; also "
+        "CHAT_PIPELINE_CONFORMANCE_EXAMPLES)",
+    )
+    parser.addoption(
+        "--conformance-seed",
+        default=None,
+        help="the seed of the conformance draws (CI: 45); 'random' for a new one",
+    )
     parser.addoption(
         "--run-encoder",
         action="store_true",
@@ -47,6 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _REDIS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.redis)
+        if _POSTGRES_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.postgres)
     # The real encoder needs PyTorch (gigabytes): its tests run when asked for, and are
     # otherwise deselected out loud (see pytest_terminal_summary), never skipped.
     if config.getoption("--run-encoder") or os.environ.get(ENCODER_VARIABLE) == "1":
@@ -93,6 +110,36 @@ def redis_server() -> Iterator[RedisServer]:
     _require_redis_server()
     with running_redis_server() as server:
         yield server
+
+
+def _postgres() -> Iterator[PostgresServer]:
+    from tests.postgres_server import running_postgres
+
+    try:
+        with running_postgres() as server:
+            yield server
+    except (FileNotFoundError, StartError) as exc:
+        pytest.fail(f"POSTGRESQL CANNOT RUN: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A real PostgreSQL cluster on a free loopback port, started for this test session
+    (Debian's server programs; as root, run as the postgres user). Fails, never skips, when
+    it cannot start. Tests take a database of their own from it: `postgres_dsn`."""
+    yield from _postgres()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: PostgresServer) -> str:
+    """The URL of a fresh, empty database in the session's PostgreSQL, for this test alone."""
+    return postgres.new_database()
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of this test's own, which the test may stop, kill or restart."""
+    yield from _postgres()
 
 
 @pytest.fixture

@@ -226,6 +226,19 @@ class ChildProcess:
                 # child whose workers keep its output open.
                 self._changed.wait(min(left, 1.0))
 
+    def line(self, index: int, timeout: float) -> str:
+        """Output line `index` (from 0), waited for at most `timeout` seconds: for a reader
+        that keeps its place in a long output; `StartError` if the child closes its output
+        or the time runs out first."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.lines) <= index:
+                left = deadline - time.monotonic()
+                if self._output_ended or left <= 0:
+                    raise self._failure(f"no output line {index} within {timeout:g} s")
+                self._changed.wait(min(left, 1.0))
+            return self.lines[index]
+
     def wait_for_port(self, pattern: re.Pattern[str], timeout: float) -> int:
         """The port the child reports in the first line matching `pattern` (its first
         group), waited for like `wait_for_line`."""

@@ -38,7 +38,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
@@ -52,7 +52,6 @@ from middleware.routing._telemetry import RouteTelemetry
 from middleware.routing.context import (
     AttemptOutcome,
     FailoverAttempt,
-    Price,
     Route,
     RoutingContext,
     RoutingSelection,
@@ -74,6 +73,14 @@ from pipeline.errors import (
     RequestTimeoutError,
     RoutingError,
     is_failover_eligible,
+)
+from pipeline.pricing import (
+    Cost,
+    Price,
+    priced_attempt,
+    reached_provider,
+    response_characters,
+    streamed_characters,
 )
 from pipeline.types import (
     ChatMessage,
@@ -224,6 +231,9 @@ class RequestState:
     running: str | None = None  # the route of the attempt in progress
     # What the attempts that failed before output said about asking again, together.
     signal: RetrySignal = NO_SIGNAL
+    # The request's attempt log (a spend layer or the gateway above opened it), taken when
+    # the request starts: each attempt is priced and added to it as it ends.
+    log: _scope.AttemptLog | None = field(default_factory=_scope.current_attempt_log)
 
     def room_for_another(self, needed: float) -> bool:
         """Whether the limits leave room for an attempt after the one in progress (not in
@@ -278,6 +288,21 @@ class AttemptState:
     # Its number within the request, by start: set by `_begin` unless the router set it (a
     # router running attempts at once numbers them as they start, not as they end).
     number: int = 0
+    # What its updates said so far (streaming): the usage reported, the model that served,
+    # and, when the request is logged, the characters generated (an estimate's basis).
+    usage: UsageDetails | None = None
+    model: str | None = None
+    characters: int = 0
+    started_at: float = 0.0  # seconds since the epoch, when the request is logged
+
+    def tally(self, update: ChatResponseUpdate, counting: bool) -> None:
+        """Take what `update` says of the attempt's usage, model and output."""
+        if update.usage is not None:
+            self.usage = update.usage if self.usage is None else self.usage + update.usage
+        if update.model_id is not None:
+            self.model = update.model_id
+        if counting:
+            self.characters += streamed_characters(update)
 
 
 class AttemptEngine(abc.ABC):
@@ -443,6 +468,8 @@ class AttemptEngine(abc.ABC):
         if span.get_span_context().is_valid:
             attempt.span_context = trace.set_span_in_context(span)
         request.running = attempt.route_name
+        if request.log is not None:
+            attempt.started_at = time.time()
         if request.watch is not None:
             attempt.watch = request.watch(attempt)
 
@@ -562,13 +589,18 @@ class AttemptEngine(abc.ABC):
         duration: float,
         time_to_first_update: float | None,
         terminal: bool,
-        usage: UsageDetails | None = None,
-        response_model: str | None = None,
+        response: ChatResponse | None = None,
     ) -> Awaitable[Any] | None:
-        """Record the attempt, trace it, tell the telemetry above (the `RouteReport`) and
-        report it (``request.on_attempt``); returns what is left to await, if anything (the caller
-        awaits it: on the common path nothing is, and no coroutine is made)."""
+        """Record the attempt, price it (once: the span, the cost metric, the `RouteReport`
+        and the request's attempt log all take that cost), trace it, tell the telemetry
+        above and report it (``request.on_attempt``); returns what is left to await, if
+        anything (the caller awaits it: on the common path nothing is, and no coroutine is
+        made). `response` is a whole response's (its usage and model); a stream's are the
+        attempt's, tallied as its updates went by."""
         context = request.context
+        if response is not None:
+            attempt.usage, attempt.model = response.usage, response.model_id
+        usage = attempt.usage
         watch = attempt.watch
         if watch is not None:
             watch.ended(outcome, exception, usage)
@@ -584,13 +616,16 @@ class AttemptEngine(abc.ABC):
             output_committed=time_to_first_update is not None,
         )
         context.attempts.append(record)
+        cost: Cost | None = None
+        log = request.log
+        if (log is not None or attempt.price is not None) and reached_provider(exception):
+            cost = self._price(request, attempt, record, response, log)
         if attempt.span is not None:
             self._telemetry.finish(
                 attempt.span,
                 record,
-                attempt.price,
-                usage,
-                response_model,
+                cost,
+                attempt.model,
                 terminal=terminal,
                 selection=attempt.attributes.get(ROUTE_SELECTION) if attempt.attributes else None,
             )
@@ -601,6 +636,7 @@ class AttemptEngine(abc.ABC):
             report.attempts = record.number
             report.fallback = record.number > 1
             report.price = attempt.price
+            report.cost = cost
         on_attempt = request.on_attempt
         reported = on_attempt(context, record, terminal) if on_attempt is not None else None
         if reported is not None and not inspect.isawaitable(reported):
@@ -610,6 +646,42 @@ class AttemptEngine(abc.ABC):
         if outcome == "completed" and affinity is not None and session is not None:
             return _in_turn(affinity.record(session, record.route_name, request.budget), reported)
         return reported
+
+    @staticmethod
+    def _price(
+        request: RequestState,
+        attempt: AttemptState,
+        record: FailoverAttempt,
+        response: ChatResponse | None,
+        log: _scope.AttemptLog | None,
+    ) -> Cost | None:
+        """Price the attempt (`pipeline.pricing.priced_attempt`: the route's `Price`, else
+        the log's book) and, when the request is logged, add it to the log."""
+        characters = attempt.characters
+        if response is not None and (response.usage is None or record.outcome != "completed"):
+            characters = response_characters(response)
+        metadata = metadata_of(attempt.client)
+        requested = attempt.options.model_id or metadata.model_id
+        spent = priced_attempt(
+            route=record.route_name,
+            number=record.number,
+            outcome=record.outcome,
+            provider=metadata.provider_name,
+            model_requested=requested,
+            model_served=attempt.model,
+            reported=attempt.usage,
+            characters=characters,
+            messages=attempt.messages,
+            error=record.exception,
+            price=attempt.price,
+            book=log.prices if log is not None else None,
+            started_at=attempt.started_at or time.time() - record.duration,
+            duration=record.duration,
+            time_to_first_update=record.time_to_first_update,
+        )
+        if log is not None:
+            log.add(spent)
+        return spent.cost
 
     async def _caller_left(
         self,
@@ -768,8 +840,7 @@ class AttemptEngine(abc.ABC):
                     duration=duration,
                     time_to_first_update=duration,
                     terminal=True,
-                    usage=response.usage,
-                    response_model=response.model_id,
+                    response=response,
                 )
                 if pending is not None:
                     await pending
@@ -796,12 +867,11 @@ class AttemptEngine(abc.ABC):
             self._begin(request, attempt)
             elapsed = 0.0  # time spent inside the route, not with the caller
             first_update: float | None = None
-            usage: UsageDetails | None = None
-            response_model: str | None = None
             error: BaseException | None = None
             stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
             started = clock()
             number = len(context.attempts) + 1
+            counting = request.log is not None  # an estimate may need the output's size
             tokens = self._enter(attempt, budget, None, movable)
             try:
                 stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
@@ -854,10 +924,7 @@ class AttemptEngine(abc.ABC):
                         first_update = elapsed
                         if watch is not None:
                             watch.first_update()
-                    if update.usage is not None:
-                        usage = update.usage if usage is None else usage + update.usage
-                    if update.model_id is not None:
-                        response_model = update.model_id
+                    attempt.tally(update, counting)
                     try:
                         yield update
                     except BaseException:
@@ -887,8 +954,6 @@ class AttemptEngine(abc.ABC):
                 duration=elapsed,
                 time_to_first_update=first_update,
                 terminal=True,
-                usage=usage,
-                response_model=response_model,
             )
             if pending is not None:
                 await pending

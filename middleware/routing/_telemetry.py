@@ -20,6 +20,8 @@ from pipeline._metrics import duration_histogram
 from pipeline._semconv import (
     BACKUP_CALLS_METRIC,
     COMMITTED_FAILURES_METRIC,
+    COST,
+    COST_ESTIMATED,
     COST_METRIC,
     OPENINFERENCE_CHAIN,
     OPENINFERENCE_SPAN_KIND,
@@ -43,8 +45,8 @@ from pipeline.client import metadata_of
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
-    from middleware.routing.context import FailoverAttempt, Price
-    from pipeline.types import UsageDetails
+    from middleware.routing.context import FailoverAttempt
+    from pipeline.pricing import Cost
 
 __all__ = ["RouteTelemetry"]
 
@@ -83,7 +85,7 @@ class RouteTelemetry:
             "Time from an attempt's start to its first update reaching the caller",
         )
         self.cost = instruments.create_counter(
-            COST_METRIC, unit="{currency}", description="Cost of completed attempts by route"
+            COST_METRIC, unit="{currency}", description="Cost of attempts by route"
         )
 
     def _client_attributes(self, client: object) -> dict[str, AttributeValue]:
@@ -121,17 +123,17 @@ class RouteTelemetry:
         self,
         span: Span,
         attempt: FailoverAttempt,
-        price: Price | None,
-        usage: UsageDetails | None,
+        cost: Cost | None,
         response_model: str | None,
         *,
         terminal: bool,
         selection: AttributeValue | None = None,
     ) -> None:
         """End the attempt's span and count it (by route, outcome, terminal and, when the
-        router said why it chose the route, `selection`). Only a failed attempt is an error (ERROR
-        status and `error.type`); a canceled or abandoned one ends with UNSET status, its
-        outcome telling what happened."""
+        router said why it chose the route, `selection`), with its `cost` when it was priced
+        (`chat_pipeline.cost` on the span, the cost counter). Only a failed attempt is an
+        error (ERROR status and `error.type`); a canceled or abandoned one ends with UNSET
+        status, its outcome telling what happened."""
         failed = attempt.outcome in _FAILED
         if span.is_recording():
             attributes: dict[str, AttributeValue] = {
@@ -146,6 +148,9 @@ class RouteTelemetry:
                 attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
             if failed and attempt.exception is not None:
                 attributes[ERROR_TYPE] = type(attempt.exception).__name__
+            if cost is not None:
+                attributes[COST] = float(cost.amount)
+                attributes[COST_ESTIMATED] = cost.estimated
             span.set_attributes(attributes)
             if failed:
                 # No description: exception messages may quote provider bodies or prompts.
@@ -169,6 +174,5 @@ class RouteTelemetry:
             self.backup_calls.add(1, {ROUTE_NAME: attempt.route_name})
         if attempt.outcome == "failed_after_output":
             self.committed_failures.add(1, {ROUTE_NAME: attempt.route_name})
-        if price is not None and usage is not None and attempt.response_completed:
-            cost = price.cost(usage.input_tokens, usage.output_tokens)
-            self.cost.add(cost, {ROUTE_NAME: attempt.route_name})
+        if cost is not None and cost.amount:
+            self.cost.add(float(cost.amount), {ROUTE_NAME: attempt.route_name})

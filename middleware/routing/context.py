@@ -17,6 +17,7 @@ from pydantic import Field, StringConstraints
 
 from pipeline._settings import Settings
 from pipeline.client import ChatClient, client_name, ensure_chat_client
+from pipeline.pricing import Price
 from pipeline.types import ChatMessage, ChatOptions, ChatRole
 
 __all__ = [
@@ -37,31 +38,6 @@ AttemptOutcome: TypeAlias = Literal[
 ]
 
 
-_Money = Annotated[float, Field(ge=0)]
-
-
-class Price(Settings):
-    """What a route costs, in currency units per million tokens (finite, not negative)."""
-
-    input_per_million: _Money
-    """What a million input (prompt) tokens cost, in your currency unit."""
-    output_per_million: _Money
-    """What a million output (generated) tokens cost, in the same unit."""
-
-    def __init__(self, *prices: float, **fields: Any) -> None:
-        # Price(0.15, 0.6) or Price(input_per_million=0.15, output_per_million=0.6).
-        if len(prices) > 2:
-            raise TypeError("Price takes the input and the output price per million tokens")
-        named = dict(zip(("input_per_million", "output_per_million"), prices, strict=False))
-        super().__init__(**named, **fields)
-
-    def cost(self, input_tokens: int | None, output_tokens: int | None) -> float:
-        return (
-            (input_tokens or 0) * self.input_per_million
-            + (output_tokens or 0) * self.output_per_million
-        ) / 1_000_000
-
-
 _Capability = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
 
@@ -76,8 +52,10 @@ class RouteFacts(Settings):
     """What the route can do (`tools`, `json`, `vision`, or names of your own): tier selection skips
     it for a request that needs one it lacks."""
     price: Price | None = None
-    """What the route costs per million tokens (`{ input_per_million, output_per_million }`): the
-    `chat_pipeline.route.cost` metric and eval reports use it."""
+    """What the route costs per million tokens (`{ input_per_million, output_per_million,
+    cache_read_per_million, cache_write_per_million }`): it wins over the price book for this
+    route's attempts (their cost, the spend ledger, the `chat_pipeline.route.cost` metric, eval
+    reports)."""
     instructions: Annotated[str, StringConstraints(min_length=1)] | None = None
     """The route's own system prompt: for this route's attempts it replaces the conversation's first
     system message (or comes first when there is none), in a copy of the messages."""

@@ -407,8 +407,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                     duration=duration,
                     time_to_first_update=duration,
                     terminal=True,
-                    usage=response.usage,
-                    response_model=response.model_id,
+                    response=response,
                 )
                 if pending is not None:
                     await pending
@@ -432,12 +431,10 @@ class HedgingChatClient(BalancedFailoverChatClient):
             elapsed = answered - winner.started  # time spent inside the route
             stream, update = winner.stream, winner.first
             first_update: float | None = None
-            usage: UsageDetails | None = None
-            response_model: str | None = None
             error: BaseException | None = None
+            counting = request.log is not None  # an estimate may need the output's size
             if stream is not None and update is not None:  # else an empty stream won
-                first_update = elapsed
-                usage, response_model = update.usage, update.model_id
+                first_update = elapsed  # its first update was tallied as it arrived
                 budget = request.budget
                 plain = attempt.span_context is None and budget is None
                 while True:
@@ -476,10 +473,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                         elapsed += clock() - mark
                         if tokens is not None:
                             self._exit(tokens)
-                    if update.usage is not None:
-                        usage = update.usage if usage is None else usage + update.usage
-                    if update.model_id is not None:
-                        response_model = update.model_id
+                    attempt.tally(update, counting)
                 error, closing = await self._close_route_stream(attempt, stream, error)
                 elapsed += closing
             if error is not None:
@@ -495,8 +489,6 @@ class HedgingChatClient(BalancedFailoverChatClient):
                 duration=elapsed,
                 time_to_first_update=first_update,
                 terminal=True,
-                usage=usage,
-                response_model=response_model,
             )
             if pending is not None:
                 await pending
@@ -729,6 +721,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
         finally:
             self._exit(tokens)
         if update is not None:
+            attempt.tally(update, request.log is not None)
             racer.stream = stream
             racer.first = update
             self._answered(racer)
@@ -787,6 +780,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                     duration=self._spent(racer),
                     time_to_first_update=None,
                     terminal=terminal and index == len(racers) - 1,
+                    response=racer.response,  # a loser that answered too: what it used
                 )
                 if pending is not None:
                     await pending

@@ -30,6 +30,7 @@ from middleware.routing.context import FailoverAttempt, Route, RoutingContext, S
 from middleware.routing.failover import FailoverChatClient, FailoverSettings
 from pipeline.client import ChatClient
 from pipeline.errors import RoutingError
+from pipeline.pricing import estimate_input_tokens
 from pipeline.types import ChatMessage, DataContent
 
 __all__ = [
@@ -45,12 +46,6 @@ KIND_HINT = "chat_pipeline.kind"
 _CHAIN = "tiered.chain"
 
 _logger = logging.getLogger("chat_pipeline.routing.tiered")
-
-
-def estimate_input_tokens(messages: Sequence[ChatMessage]) -> int:
-    """A cheap, deterministic estimate: about four characters per token, plus framing."""
-    characters = sum(len(m.text) for m in messages)
-    return characters // 4 + 4 * len(messages)
 
 
 def required_capabilities(context: RoutingContext) -> frozenset[str]:

@@ -66,12 +66,15 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
+    enum_value,
     request_object,
     unsupported_parameter,
 )
 from pipeline.providers._messages import STOP_REASONS, message_blocks
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
+    UNTRANSLATED,
     ChatMessage,
     ChatOptions,
     ChatResponse,
@@ -137,7 +140,9 @@ _SERVER_FEATURES = {
     "container": "code execution containers are not supported by this gateway",
     "inference_geo": "choosing where inference runs is not supported by this gateway",
 }
-# Anthropic's efforts as `ReasoningOptions.effort` (``max`` is OpenAI's ``xhigh``).
+# Anthropic's efforts as `ReasoningOptions.effort` (``max`` is OpenAI's ``xhigh``). Another
+# value (Anthropic's enum is open) goes to Anthropic routes as given and has no effort here:
+# it is `UNTRANSLATED`, which routes of other APIs refuse.
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "xhigh": "xhigh"}
 # Tool fields besides the definition: passed to Anthropic routes on the tool.
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
@@ -412,10 +417,15 @@ def _tool_mode(
     return ToolChoice.named(name)  # the one tool the model must call
 
 
-def _thinking(value: Any, effort: str | None) -> ReasoningOptions:
+def _thinking(value: Any, effort: str | None) -> ReasoningOptions | None:
     """``thinking`` as reasoning options: ``enabled`` with its budget, ``adaptive`` (the
-    model decides, at the request's effort), ``disabled`` (a budget of 0)."""
-    kind = value.get("type") if isinstance(value, dict) else None
+    model decides, at the request's effort), ``disabled`` (a budget of 0); None for a type
+    the gateway does not know (it goes to Anthropic routes as given)."""
+    if not isinstance(value, dict):
+        raise _invalid("thinking", "expected an object")
+    kind = value.get("type")
+    if not isinstance(kind, str):
+        raise _invalid("thinking.type", "expected a string: enabled, adaptive or disabled")
     if kind == "enabled":
         budget = value.get("budget_tokens")
         if budget is None:
@@ -427,7 +437,7 @@ def _thinking(value: Any, effort: str | None) -> ReasoningOptions:
         return ReasoningOptions(effort=effort)
     if kind == "disabled":
         return ReasoningOptions(effort=effort, budget_tokens=0)
-    raise _invalid("thinking.type", "expected enabled, adaptive or disabled")
+    return None
 
 
 def _output_config(value: Any, options: ChatOptions) -> str | None:
@@ -435,9 +445,7 @@ def _output_config(value: Any, options: ChatOptions) -> str | None:
     ``format`` (a JSON schema: `response_format`)."""
     if not isinstance(value, dict):
         raise _invalid("output_config", "expected an object")
-    effort = value.get("effort")
-    if effort is not None and (not isinstance(effort, str) or effort not in _EFFORTS):
-        raise _invalid("output_config.effort", "expected low, medium, high or max")
+    effort = enum_value(value.get("effort"), "output_config.effort")
     output_format = value.get("format")
     if output_format is not None:
         if not isinstance(output_format, dict):
@@ -449,7 +457,7 @@ def _output_config(value: Any, options: ChatOptions) -> str | None:
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": schema},
         }
-    return None if effort is None else _EFFORTS[effort]
+    return effort
 
 
 def _context_management(value: Any) -> None:
@@ -495,18 +503,30 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
     scoped: dict[str, Any] = {key: payload[key] for key in _PASSED if key in payload}
     if "context_management" in scoped:
         _context_management(scoped["context_management"])
-    effort = None
+    # Values of Anthropic's enums the gateway has no word for: Anthropic routes get them
+    # as given (in `scoped`), routes of other APIs refuse them.
+    untranslated: dict[str, str] = {}
+    for key in ("service_tier", "speed"):
+        enum_value(payload.get(key), key)
+    own_effort = None
     if payload.get("output_config") is not None:
-        effort = _output_config(payload["output_config"], options)
+        own_effort = _output_config(payload["output_config"], options)
         scoped["output_config"] = payload["output_config"]
+    effort = _EFFORTS.get(own_effort) if own_effort is not None else None
+    if own_effort is not None and effort is None:
+        untranslated["output_config.effort"] = own_effort
     thinking = payload.get("thinking")
     if thinking is not None:
         options.reasoning = _thinking(thinking, effort)
         scoped["thinking"] = thinking
+        if options.reasoning is None:
+            untranslated["thinking.type"] = thinking["type"]
     elif effort is not None:
         options.reasoning = ReasoningOptions(effort=effort)
     if scoped:
         options.additional_properties[ANTHROPIC_EXTRAS] = scoped
+    if untranslated:
+        options.additional_properties[UNTRANSLATED] = {ANTHROPIC_EXTRAS: untranslated}
     top_k = _integer(payload, "top_k", 0)
     if top_k is not None:
         options.additional_properties["top_k"] = top_k
@@ -539,6 +559,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         tool_names=names,
         builtin_tools=builtin,
         user=user if isinstance(user, str) and user else None,
+        caller=caller_of(payload),
     )
 
 

@@ -8,12 +8,18 @@ answers for unknown paths and methods.
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers (503 with each check's result otherwise);
 * ``GET /metrics`` (with ``prometheus_metrics``): the Prometheus text of the worker's
-  meters; no key needed, like the health endpoints.
+  meters; no key needed, like the health endpoints;
+* ``GET /admin/spend`` (with ``admin_key_env`` and ``[spend]``): the spend ledger's summary,
+  for the admin key only (401 otherwise). Query: ``group_by`` (comma-separated fields),
+  ``since`` and ``until`` (ISO 8601, or a span before now: ``24h``, ``7d``), ``format``
+  (``json``, the default, or ``csv``), and any other field of `pipeline.spend.GROUPS` as a
+  filter (``team=red``; repeated: any of the values).
 """
 
 from __future__ import annotations
 
 import datetime
+import hmac
 from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
@@ -97,6 +103,48 @@ class Endpoints:
         headers = {"connection": "close"} if self._close_after_metrics else None
         return Response(body, headers=headers, media_type=CONTENT_TYPE_LATEST)
 
+    async def spend(self, request: Request) -> Response:
+        """The spend ledger's summary (see the module docstring)."""
+        from pipeline.spend._report import parse_time, parse_where, render
+
+        gateway = self.gateway
+        if not _admitted(gateway.admin_key, request):
+            body = error_body(
+                "missing or invalid admin key", "invalid_request_error", "invalid_api_key"
+            )
+            return Response(
+                body,
+                401,
+                headers={"www-authenticate": "Bearer"},
+                media_type="application/json",
+            )
+        ledger = gateway.spend
+        if ledger is None:
+            return await self.not_found(request, HTTPException(404))
+        query = request.query_params
+        form = query.get("format", "json")
+        try:
+            if form not in ("json", "csv"):
+                raise ValueError("format: expected json or csv")
+            group_by = [g.strip() for g in query.get("group_by", "").split(",") if g.strip()]
+            since = parse_time(query["since"]) if query.get("since") else None
+            until = parse_time(query["until"]) if query.get("until") else None
+            filters = {
+                key: query.getlist(key)
+                for key in query
+                if key not in ("group_by", "since", "until", "format")
+            }
+            where = parse_where(filters)
+            found = await ledger.summary(group_by, since=since, until=until, where=where)
+        except ValueError as exc:
+            return Response(
+                error_body(str(exc), "invalid_request_error", "invalid_value"),
+                400,
+                media_type="application/json",
+            )
+        text = render(found, group_by, "csv" if form == "csv" else "json")
+        return Response(text, media_type="text/csv" if form == "csv" else "application/json")
+
     async def not_found(self, request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 404
         code = "method_not_allowed" if status == 405 else "not_found"
@@ -111,6 +159,16 @@ class Endpoints:
             status,
             media_type="application/json",
         )
+
+
+def _admitted(key: bytes | None, request: Request) -> bool:
+    """Whether `request` carries the admin `key` (compared in constant time)."""
+    if key is None:
+        return False
+    authorization = request.headers.get("authorization", "")
+    token = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
+    token = token or request.headers.get("x-api-key", "").strip()
+    return bool(token) and hmac.compare_digest(token.encode("latin-1", "replace"), key)
 
 
 def _started_at(seconds: int) -> str:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from pipeline._scope import RouteReport
+from pipeline._scope import AttemptLog, RouteReport
 from pipeline.gateway.wire import NOT_RETRYABLE, ChatRequest, WireError
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "JSON",
     "REQUEST_ID_HEADER",
     "SESSION_HEADER",
+    "TAGS_HEADER",
     "Exchange",
     "Message",
     "Receive",
@@ -60,6 +61,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 SESSION_HEADER = b"x-session-id"
 """The request header carrying the session id (`Exchange.session`: session affinity keeps
 its route)."""
+TAGS_HEADER = b"x-chat-pipeline-tags"
+"""The request header carrying the caller's spend tags, comma-separated."""
 JSON = [(b"content-type", b"application/json")]
 
 _VALID_ID = re.compile(rb"[\x20-\x7e]{1,256}")
@@ -105,11 +108,13 @@ class Exchange:
     parsed body (set by the body layer); `status`, `failure` and `disconnected` say how the
     request ended;
     `report`, `route`, `model`, `response_model` and `response_id` are the routing story
-    the server span and the log line tell.
+    the server span and the log line tell; `attempts` the request's priced attempts (when
+    the gateway records spend), `tags` its ``x-chat-pipeline-tags`` header.
     """
 
     __slots__ = (
         "anthropic_beta",
+        "attempts",
         "authorization",
         "builtin_tools",
         "carrier",
@@ -132,6 +137,7 @@ class Exchange:
         "session",
         "started",
         "status",
+        "tags",
         "x_api_key",
     )
 
@@ -142,6 +148,7 @@ class Exchange:
         self.send = send
         self.format = format
         request_id = authorization = x_api_key = length = content_type = session = None
+        tags: bytes | None = None
         carrier: dict[str, str] | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -158,6 +165,8 @@ class Exchange:
                 x_api_key = value
             elif name == b"anthropic-beta":
                 self.anthropic_beta = value
+            elif name == TAGS_HEADER:
+                tags = value
             elif name in (b"traceparent", b"tracestate", b"baggage"):
                 if carrier is None:
                     carrier = {}
@@ -168,6 +177,7 @@ class Exchange:
         self.content_length: bytes | None = length
         self.content_type: bytes | None = content_type
         self.session: str | None = session
+        self.tags: bytes | None = tags  # the caller's spend tags, comma-separated
         self.carrier = carrier
         self.key: int | None = None
         self.request: ChatRequest | None = None
@@ -175,6 +185,8 @@ class Exchange:
         self.failure: BaseException | None = None
         self.disconnected = False
         self.report: RouteReport | None = None
+        # The request's priced attempts (when the gateway records spend): see `_scope`.
+        self.attempts: AttemptLog | None = None
         self.route: str | None = None
         self.model: str | None = None
         self.response_model: str | None = None

@@ -17,7 +17,9 @@ shares:
 * a request cancelled by the server (shutdown past ``drain_timeout``) ends with a 503, or
   with an in-band error when its stream had started;
 * the routing story (served route, attempts, fallback, served model, response id) is left
-  on the `Exchange` for the server span and the log line.
+  on the `Exchange` for the server span and the log line;
+* with ``[spend]``, the request's `AttemptLog` (`pipeline._scope`) is open while it runs,
+  with whose request it is (`attribution`), and left on the `Exchange` (``attempts``).
 
 Authentication, the body, limits, request ids and telemetry are the layers around it
 (`pipeline.gateway.app` assembles them): a new format adds a module with its
@@ -38,9 +40,10 @@ from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
 from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
+from pipeline.spend import Attribution
 from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 
-__all__ = ["AnswerHooks", "FormatHandler", "InboundFormat", "StreamEncoder"]
+__all__ = ["AnswerHooks", "FormatHandler", "InboundFormat", "StreamEncoder", "attribution"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -138,6 +141,48 @@ def _cache(exchange: Exchange, request: ChatRequest) -> Any:
 _X_CACHE = {"hit": b"hit", "miss": b"miss", "refresh": b"miss", "bypass": b"bypass"}
 
 
+def _reached(exchange: Exchange) -> str | None:
+    """The route a request reached: the router's last attempt's, else the one its model
+    name serves (an error that names a route names this one)."""
+    report = exchange.report
+    if report is not None and report.route_name is not None:
+        return report.route_name
+    return exchange.route
+def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
+    """Whose request it is, for the spend ledger: the caller's key (its id and name when it
+    is a virtual key, its position in ``api_keys_env`` otherwise; never the key), the body's
+    ``user`` and ``metadata`` (``user``/``user_id``, ``team``, ``tags``, ``session``), the
+    ``x-chat-pipeline-tags`` header, the endpoint's path and the session header. A virtual
+    key's own team and user win over what the body says."""
+    caller = request.caller or {}
+    tags = [*(caller.get("tags") or "").split(",")]
+    if exchange.tags:
+        tags += exchange.tags.decode("latin-1").split(",")
+    key = exchange.key
+    key_id = key_name = team = user = None
+    if isinstance(key, int):
+        if key >= 0:
+            key_id = key_name = f"key-{key}"
+    elif key is not None:  # a virtual key: what it says of itself
+        key_id = _text(getattr(key, "id", None))
+        key_name = _text(getattr(key, "name", None))
+        team = _text(getattr(key, "team", None))
+        user = _text(getattr(key, "user", None))
+    return Attribution(
+        key=key_id,
+        key_name=key_name,
+        user=user or caller.get("user") or caller.get("user_id") or request.user,
+        team=team or caller.get("team"),
+        tags=tuple(tags),
+        endpoint=endpoint,
+        session=exchange.session or caller.get("session") or caller.get("session_id"),
+    )
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 class FormatHandler:
     """Runs the request of one inbound format on the pipeline (see the module docstring).
 
@@ -167,6 +212,14 @@ class FormatHandler:
         request = exchange.request
         if request is None:  # pragma: no cover - the body layer runs first
             raise RuntimeError("the request's body was not read")
+        log_token = None
+        if self.gateway.spend is not None:
+            # The request's priced attempts, with whose request it is, for the spend layer.
+            log = exchange.attempts = _scope.AttemptLog(
+                attribution=attribution(exchange, request, self.format.path),
+                request_id=exchange.request_id,
+            )
+            log_token = _scope.enter_attempt_log(log)
         try:
             target = self.gateway.target(request.model)
             if target is None:
@@ -238,6 +291,8 @@ class FormatHandler:
             )
         finally:
             _scope.exit_report(token)
+            if log_token is not None:
+                _scope.exit_attempt_log(log_token)
             if cache_token is not None:
                 exit_cache_report(cache_token)
             if watch is not None:
@@ -260,6 +315,16 @@ class FormatHandler:
 
         return with_instructions(request.messages, target.instructions)
 
+    async def _before_output(
+        self, exchange: Exchange, watch: _Disconnect, exc: Exception
+    ) -> BaseException:
+        """Answer a failure before any output with its status (the route it reached named
+        where the error names one); the request's failure."""
+        error = error_for(exc, self.gateway.settings.retry_after, route=_reached(exchange))
+        watch.done = True
+        await exchange.error(error)
+        return exc
+
     async def _complete(
         self, exchange: Exchange, request: ChatRequest, target: Target, watch: _Disconnect
     ) -> BaseException | None:
@@ -268,10 +333,7 @@ class FormatHandler:
                 self._messages(request, target), request.options
             )
         except Exception as exc:
-            error = error_for(exc, self.gateway.settings.retry_after)
-            watch.done = True
-            await exchange.error(error)
-            return exc
+            return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()
         exchange.response_model = response.model_id
         body = self.format.completion(response, request, response_id=response_id, created=now())
@@ -289,9 +351,14 @@ class FormatHandler:
         watch: _Disconnect,
         started: _Started,
     ) -> BaseException | None:
-        stream = target.client.get_streaming_response(
-            self._messages(request, target), request.options
-        )
+        try:
+            stream = target.client.get_streaming_response(
+                self._messages(request, target), request.options
+            )
+        except Exception as exc:
+            # Refused before any stream began (the pipeline's own checks): a status, as a
+            # failure before the first update is.
+            return await self._before_output(exchange, watch, exc)
         send = exchange.send
         try:
             # The status line waits for the first update: until then the router may still
@@ -301,10 +368,7 @@ class FormatHandler:
             except StopAsyncIteration:
                 first = None
             except Exception as exc:
-                error = error_for(exc, self.gateway.settings.retry_after)
-                watch.done = True
-                await exchange.error(error)
-                return exc
+                return await self._before_output(exchange, watch, exc)
             model = first.model_id if first is not None else None
             exchange.response_model = model
             response_id = exchange.response_id = self.format.new_response_id()

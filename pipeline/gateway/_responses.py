@@ -59,6 +59,8 @@ from pipeline.gateway.wire import (
     _integer,
     _invalid,
     _number,
+    caller_of,
+    enum_value,
     user_of,
 )
 from pipeline.types import (
@@ -449,7 +451,9 @@ def _tool_entries(value: Any, param: str) -> list[tuple[str, dict[str, Any], str
             namespace = tool.get("name")
             if not isinstance(namespace, str) or not namespace:
                 raise _invalid(f"{where}.name", "expected a namespace name")
-            inner = _tool_entries(tool.get("tools", []), f"{where}.tools")
+            if not tool.get("tools"):  # as the API: a namespace holds tools
+                raise _invalid(f"{where}.tools", "expected a non-empty list of tools")
+            inner = _tool_entries(tool["tools"], f"{where}.tools")
             entries += [(w, t, namespace) for w, t, ns in inner if ns is None]
         else:
             entries.append((where, tool, None))
@@ -624,6 +628,9 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         request.references = [
             index for index, item in enumerate(source) if item.get("type") == "item_reference"
         ]
+    if not messages and not request.references and request.previous_response_id is None:
+        # Only ``additional_tools`` items, and nothing stored to resume: nothing to answer.
+        raise _invalid("input", "holds no message and no instructions", "missing_required")
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise _invalid("stream", "expected true or false")
@@ -655,13 +662,17 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             raise _invalid("parallel_tool_calls", "expected true or false")
         request.parallel_tool_calls = parallel
         options.additional_properties["parallel_tool_calls"] = parallel
+    # Vendor enums are open: any string (see `enum_value`).
+    enum_value(payload.get("service_tier"), "service_tier")
+    enum_value(payload.get("prompt_cache_retention"), "prompt_cache_retention")
     prompt_cache = {key: payload[key] for key in _PROMPT_CACHE if payload.get(key) is not None}
     if prompt_cache:
         options.additional_properties[OPENAI_RESPONSES_EXTRAS] = prompt_cache
     if payload.get("text") is not None:
         request.text_format, options.response_format = _text_format(payload["text"])
-        if payload["text"].get("verbosity") is not None:
-            options.additional_properties["verbosity"] = payload["text"]["verbosity"]
+        verbosity = enum_value(payload["text"].get("verbosity"), "text.verbosity")
+        if verbosity is not None:
+            options.additional_properties["verbosity"] = verbosity
     reasoning = payload.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
@@ -671,12 +682,13 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
                 raise _unsupported(
                     f"reasoning.{key}", "only reasoning.effort and reasoning.summary are supported"
                 )
-        effort = reasoning.get("effort")
-        if effort is not None and not isinstance(effort, str):
-            raise _invalid("reasoning.effort", "expected a string")
-        summary = reasoning.get("summary", reasoning.get("generate_summary"))
-        if summary is not None and summary not in ("auto", "concise", "detailed", "none"):
-            raise _invalid("reasoning.summary", "expected auto, concise, detailed or none")
+        effort = enum_value(reasoning.get("effort"), "reasoning.effort")
+        summary_param = (
+            "reasoning.summary" if "summary" in reasoning else "reasoning.generate_summary"
+        )
+        summary = enum_value(
+            reasoning.get("summary", reasoning.get("generate_summary")), summary_param
+        )
         if summary == "none":
             summary = None
         request.reasoning = {"effort": effort, "summary": summary}
@@ -685,11 +697,13 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
             options.reasoning_effort = effort  # for layers that read the older field
     metadata = payload.get("metadata")
     if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise _invalid("metadata", "expected an object")
+        # Echoed in the answer, where the API declares it strings: checked as the API does.
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise _invalid("metadata", "expected an object of strings")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
     request.user = user_of(payload)
+    request.caller = caller_of(payload)
     return request
 
 

@@ -12,7 +12,7 @@ here, never an import of the app.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.client import ChatClient
 from pipeline.gateway.settings import GatewaySettings
@@ -118,5 +118,13 @@ class GatewayState(Protocol):
     def models(self) -> Mapping[str, str]: ...
     @property
     def started_at(self) -> int: ...
+    @property
+    def spend(self) -> Any:
+        """The worker's `pipeline.spend.SpendLedger` (``[spend]``), or None."""
+
+    @property
+    def admin_key(self) -> bytes | None:
+        """The admin endpoints' key (``[gateway] admin_key_env``), or None."""
+
     async def readiness(self) -> tuple[bool, dict[str, str]]:
         """Whether this worker is ready, and each check's result."""

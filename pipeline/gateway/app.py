@@ -16,7 +16,9 @@ stops. Endpoints:
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the model names `[gateway] models` exposes;
 * ``GET /healthz``: the process answers; ``GET /readyz``: the pipeline is built and every
   Redis the configuration names answers a PING within ``readiness_timeout``;
-* ``GET /metrics`` with ``prometheus_metrics``: the Prometheus text of the meters.
+* ``GET /metrics`` with ``prometheus_metrics``: the Prometheus text of the meters;
+* ``GET /admin/spend`` with ``admin_key_env`` and ``[spend]``: the spend ledger's summary
+  (`pipeline.gateway._endpoints`), for the admin key only.
 
 An inbound format's endpoint is a stack of layers, each a module of its own, outermost
 first:
@@ -45,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fnmatch
+import gc
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -100,6 +103,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from pipeline.config import PipelineConfig
+    from pipeline.spend import SpendLedger
 
 __all__ = ["FORMATS", "SESSION_HEADER", "Gateway", "Target", "create_app"]
 
@@ -161,6 +165,11 @@ class Gateway:
                     f"the environment variable {self.settings.api_keys_env} holds no key",
                 )
         self.keys = keys
+        admin = self.settings.admin_key_env
+        self.admin_key: bytes | None = (
+            os.environ.get(admin, "").strip().encode() or None if admin is not None else None
+        )
+        self.spend: SpendLedger | None = None  # made at start, when [spend] is on
         self.source = source
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -174,6 +183,7 @@ class Gateway:
         self.started_at = now()
         self.ready = False
         self.stored_responses = _stored_responses(self.settings, response_store)
+        self._frozen = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -185,10 +195,15 @@ class Gateway:
         tracer_provider, meter_provider = self.tracer_provider, self.meter_provider
         built: dict[str, Target] = {}
         try:
+            if config.spend is not None and config.spend.enabled:
+                # One ledger per worker, for the pipeline and every route called by name.
+                self.spend = config.spend.ledger(meter_provider=meter_provider)
             for target in dict.fromkeys(self.models.values()):
                 if target == PIPELINE_MODEL:
                     pipeline = config.build(
-                        tracer_provider=tracer_provider, meter_provider=meter_provider
+                        tracer_provider=tracer_provider,
+                        meter_provider=meter_provider,
+                        spend_ledger=self.spend,
                     )
                     # Without a router the pipeline is its only route.
                     only = config.route_names[0] if config.router is None else None
@@ -207,6 +222,8 @@ class Gateway:
                     .use_telemetry(enabled=config.layers.telemetry)
                     .use_logging(enabled=config.layers.logging)
                 )
+                if self.spend is not None:
+                    config.install_spend(builder, self.spend)
                 config.install_cache(builder)
                 client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)
@@ -219,6 +236,14 @@ class Gateway:
             await self._close()
             raise
         self.ready = True
+        if self.spend is not None:
+            # The spend ledger's price data (genai-prices: some 50,000 objects) lives as long
+            # as the worker: moved out of the collector's sight, a full collection no longer
+            # walks it (on a loaded 2-core machine, 115 ms instead of 17 ms each, which cost
+            # requests a tenth of their CPU). Undone when the worker stops.
+            gc.collect()
+            gc.freeze()
+            self._frozen = True
         self._log_start()
 
     def target(self, model: str) -> Target | None:
@@ -253,6 +278,9 @@ class Gateway:
         """Close everything; requests still running (the server cancelled those past its
         drain timeout) get `grace` seconds to finish writing their last event first."""
         self.ready = False
+        if self._frozen:
+            self._frozen = False
+            gc.unfreeze()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await self.wait_idle()
@@ -277,7 +305,10 @@ class Gateway:
         closers, self._closers = self._closers, []
         errors: list[Exception] = []
         stored = [self.stored_responses.aclose] if self.stored_responses is not None else []
-        for close in [*closers, *(r.aclose for r in self._redis.values()), *stored]:
+        spend, self.spend = self.spend, None
+        # The ledger last: what the pipelines' last requests spent is written (or spooled).
+        last = [spend.aclose] if spend is not None else []
+        for close in [*closers, *(r.aclose for r in self._redis.values()), *stored, *last]:
             try:
                 await close()
             except Exception as exc:  # close the others, then report every failure
@@ -508,6 +539,8 @@ def create_app(
     ]
     if settings.prometheus_metrics:
         routes.append(Route("/metrics", endpoints.metrics, methods=["GET"]))
+    if settings.admin_key_env is not None and config.spend is not None:
+        routes.append(Route("/admin/spend", endpoints.spend, methods=["GET"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -148,6 +148,10 @@ class GatewaySettings(Settings):
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     """Open connections per worker process: one more closes the connection idle the longest, or,
     with none idle, is answered 503 with `Retry-After`."""
+    admin_key_env: _EnvName | None = None
+    """The environment variable holding the admin key, which the admin endpoints (`GET
+    /admin/spend`) take as `Authorization: Bearer KEY` (or `x-api-key`); unset: no admin
+    endpoint is served."""
     builtin_tools: Literal["drop", "refuse"] = "drop"
     """What happens to a provider's built-in tools a request offers (``web_search``, Anthropic
     server tools), which no route behind the gateway can run: ``"drop"`` serves the request
@@ -204,6 +208,13 @@ class GatewaySettings(Settings):
                         "(expected comma-separated keys)",
                     )
                 )
+        if self.admin_key_env is not None and not os.environ.get(self.admin_key_env, "").strip():
+            found.append(
+                (
+                    "gateway.admin_key_env",
+                    f"the environment variable {self.admin_key_env} is not set",
+                )
+            )
         if self.responses_store == "redis" and self.redis_url_env is None:
             found.append(
                 (

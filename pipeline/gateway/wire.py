@@ -32,6 +32,7 @@ from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline.errors import (
     FailureKind,
     ProviderError,
+    RequestRefusedError,
     RequestTimeoutError,
     RoutingError,
     WireError,
@@ -65,8 +66,10 @@ __all__ = [
     "ChatRequest",
     "ChunkEncoder",
     "WireError",
+    "caller_of",
     "completion",
     "error_body",
+    "enum_value",
     "error_for",
     "finish_reason",
     "parse_request",
@@ -102,6 +105,8 @@ class ChatRequest:
     """The end user the request names (``user`` or ``safety_identifier``; Anthropic's
     ``metadata.user_id``), for a response cache partitioned by user; None when it names
     none."""
+    caller: dict[str, str] | None = None
+    """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
 
 
 def user_of(payload: Mapping[str, Any]) -> str | None:
@@ -111,6 +116,26 @@ def user_of(payload: Mapping[str, Any]) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+_CALLER_KEYS = frozenset({"user", "user_id", "team", "tags", "session", "session_id"})
+
+
+def caller_of(payload: dict[str, Any]) -> dict[str, str] | None:
+    """The body's ``user`` and the attribution keys of its ``metadata`` (``user``,
+    ``user_id``, ``team``, ``tags``, ``session``, ``session_id``), string values only, each
+    cut to 256 characters: whose request it says it is (never anything else of the body)."""
+    found: dict[str, str] = {}
+    metadata = payload.get("metadata")
+    if isinstance(metadata, dict):
+        for key in _CALLER_KEYS:
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                found[key] = value[:256]
+    user = payload.get("user")
+    if isinstance(user, str) and user:
+        found["user"] = user[:256]
+    return found or None
 
 
 def _invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
@@ -147,7 +172,10 @@ _KNOWN = frozenset(
     }
 )
 _ACCEPTED = _KNOWN | _PASSED | _DROPPED
-_REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
+# Fields whose values are one of a vendor's enums. A vendor's enum is open: any string is
+# taken (a value the gateway does not know yet goes on as it is) and only its type is
+# checked here; a route of another API refuses what it cannot translate.
+_ENUMS = ("reasoning_effort", "verbosity", "service_tier")
 
 
 def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
@@ -159,6 +187,14 @@ def _number(body: Mapping[str, Any], key: str, low: float, high: float) -> float
     if not low <= value <= high:
         raise _invalid(key, f"expected a number from {low:g} to {high:g}")
     return float(value)
+
+
+def enum_value(value: Any, param: str) -> str | None:
+    """The value of a vendor's enum: any string (the enum is open), or None; `WireError`
+    naming `param` for another type."""
+    if value is not None and not isinstance(value, str):
+        raise _invalid(param, "expected a string")
+    return value
 
 
 def _integer(body: Mapping[str, Any], key: str, low: int) -> int | None:
@@ -395,11 +431,9 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         if kind not in ("text", "json_object", "json_schema"):
             raise _invalid("response_format.type", "expected text, json_object or json_schema")
         options.response_format = response_format
-    effort = payload.get("reasoning_effort")
-    if effort is not None:
-        if not isinstance(effort, str) or effort not in _REASONING_EFFORTS:
-            raise _invalid("reasoning_effort", f"expected one of {sorted(_REASONING_EFFORTS)}")
-        options.reasoning_effort = effort
+    for key in _ENUMS:
+        enum_value(payload.get(key), key)
+    options.reasoning_effort = payload.get("reasoning_effort")
     for key in _PASSED:
         if key in payload:
             options.additional_properties[key] = payload[key]
@@ -411,6 +445,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         include_usage=include_usage,
         tool_names=names,
         user=user_of(payload),
+        caller=caller_of(payload),
     )
 
 
@@ -689,24 +724,35 @@ def _said_wait(exc: BaseException, retry_after: float) -> float | None:
     return wait
 
 
-def error_for(exc: BaseException, retry_after: float, *, after_output: bool = False) -> WireError:
+def error_for(
+    exc: BaseException,
+    retry_after: float,
+    *,
+    after_output: bool = False,
+    route: str | None = None,
+) -> WireError:
     """The HTTP status and OpenAI error a failure of the pipeline becomes.
 
-    Timeouts (the request's deadline, or an attempt cut short with nothing left to try)
-    are 504; request errors 400 with their code (a context overflow in OpenAI's words,
-    ``param: messages``); the provider refusing our credentials 502. Every other failure
-    before output means every route failed, whatever each answered (rate limits, 5xx, open
-    breakers, invalid answers): 503, read from every attempt (`pipeline._retry_signal`),
-    with ``Retry-After`` the earliest time any route said it may serve again (a provider's
-    ``Retry-After``, an open breaker's next probe; a rate limit that said no time counts as
-    `retry_after`), or, when none said, `should_retry` False (``x-should-retry: false``:
-    agents otherwise retry for minutes before their user sees anything). A failure
-    `after_output` is one route's, mid-stream: its own status (429 for a rate limit), and
-    a retry after its own ``Retry-After``, else `retry_after`. The message is ours: a kind
-    and, for a provider error, which provider and what status it answered.
+    A request the pipeline refused before any provider was called (`RequestRefusedError`:
+    the caller's mistake) is a 400 naming its field, its message ours, and `route` (the one
+    it reached, when known) named. Timeouts (the request's deadline, or an attempt cut short
+    with nothing left to try) are 504; request errors 400 with their code (a context overflow
+    in OpenAI's words, ``param: messages``); the provider refusing our credentials 502. Every
+    other failure before output means every route failed, whatever each answered (rate
+    limits, 5xx, open breakers, invalid answers): 503, read from every attempt
+    (`pipeline._retry_signal`), with ``Retry-After`` the earliest time any route said it may
+    serve again (a provider's ``Retry-After``, an open breaker's next probe; a rate limit
+    that said no time counts as `retry_after`), or, when none said, `should_retry` False
+    (``x-should-retry: false``: agents otherwise retry for minutes before their user sees
+    anything). A failure `after_output` is one route's, mid-stream: its own status (429 for a
+    rate limit), and a retry after its own ``Retry-After``, else `retry_after`. The message is
+    ours: a kind and, for a provider error, which provider and what status it answered.
     """
     if isinstance(exc, WireError):
         return exc
+    if isinstance(exc, RequestRefusedError):
+        message = exc.message if route is None else f"{exc.message} (route {route})"
+        return WireError(400, message, param=exc.param, code="invalid_value")
     if isinstance(exc, TimeoutError):  # RequestTimeoutError, AttemptTimeoutError, others
         what = (
             "the request's deadline passed before the model answered"

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import httpx2
 
 from pipeline.client import AsyncClosing, ChatClientMetadata, check_options
-from pipeline.errors import FailureKind, ProviderError, UnsendableRequestError, provider_error
+from pipeline.errors import (
+    FailureKind,
+    ProviderError,
+    RequestRefusedError,
+    UnsendableRequestError,
+    provider_error,
+)
 from pipeline.providers._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Deadline,
@@ -34,6 +40,7 @@ from pipeline.providers._sse import Payloads, SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
 from pipeline.types import (
     PROVIDER_EXTRAS,
+    UNTRANSLATED,
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
@@ -84,6 +91,8 @@ class HTTPChatClient(AsyncClosing):
     # The `ChatOptions.additional_properties` scope (`pipeline.types.PROVIDER_EXTRAS`) this
     # format reads; the other scopes are left out of its requests.
     extras_scope: ClassVar[str | None] = None
+    # The API in words, for the errors that name it ("the OpenAI Responses API").
+    api_name: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -240,6 +249,7 @@ class HTTPChatClient(AsyncClosing):
         """The request body as JSON bytes, or `UnsendableRequestError` (nothing is sent)."""
         check_options(options)
         if options is not None and not PROVIDER_EXTRAS.isdisjoint(options.additional_properties):
+            self._refuse_untranslated(options.additional_properties.get(UNTRANSLATED))
             # Another format's fields are dropped here, not refused by the provider.
             extras = {
                 key: value
@@ -250,7 +260,7 @@ class HTTPChatClient(AsyncClosing):
                 options = options.with_(additional_properties=extras)
         try:
             return encode_json(self._body(messages, options, stream))
-        except ProviderError:
+        except (ProviderError, RequestRefusedError):
             raise
         except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
             # The messages come from our builders or the JSON encoder: types and field
@@ -258,6 +268,18 @@ class HTTPChatClient(AsyncClosing):
             raise UnsendableRequestError(
                 f"the request cannot be sent: {exc}", provider=self.provider_name
             ) from exc
+
+    def _refuse_untranslated(self, untranslated: Any) -> None:
+        """Refuse values only another API's routes can take (`UNTRANSLATED`): this API has
+        no word for them, and dropping them would change what the caller asked."""
+        if not isinstance(untranslated, Mapping):
+            return
+        for scope, fields in untranslated.items():
+            if scope == self.extras_scope or not isinstance(fields, Mapping):
+                continue
+            for field, value in fields.items():
+                api = self.api_name or f"the API of provider {self.provider_name}"
+                raise RequestRefusedError.untranslatable(str(field), value, api)
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipeline.errors import RequestRefusedError
 from pipeline.providers._wire import (
     cache_counted_apart,
     error_from_payload,
@@ -58,6 +59,7 @@ from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "ANTHROPIC_EFFORTS",
+    "OWN_EFFORTS",
     "STOP_REASONS",
     "MessagesStreamReader",
     "build_request",
@@ -265,19 +267,34 @@ def _cap_breakpoints(body: dict[str, Any]) -> tuple[int, list[str]]:
 
 
 ANTHROPIC_EFFORTS: dict[str, str] = {"minimal": "low", "xhigh": "max"}
-"""Reasoning efforts of other APIs as this API's ``output_config.effort`` (``low``,
-``medium``, ``high``, ``max``); other values are sent as they are."""
+"""Reasoning efforts of other APIs as this API's ``output_config.effort``; this API's own
+(`OWN_EFFORTS`) are sent as they are, ``none`` is thinking ``disabled``."""
+
+OWN_EFFORTS = ("low", "medium", "high", "max")
+"""This API's ``output_config.effort`` values, as far as the gateway knows them."""
 
 
 def _reasoning(options: ChatOptions) -> tuple[dict[str, Any] | None, str | None]:
     """``thinking`` and ``output_config.effort`` for the options' reasoning: a budget is
     ``enabled`` thinking with that budget (`0`: ``disabled``); an effort alone is
-    ``adaptive`` thinking at that effort; effort ``none`` is ``disabled``."""
+    ``adaptive`` thinking at that effort; effort ``none`` is ``disabled``.
+
+    An effort neither this API nor `ANTHROPIC_EFFORTS` knows (another API's new value) has
+    no translation: `RequestRefusedError`, unless the caller's own ``output_config``
+    (`ANTHROPIC_EXTRAS`) says this API's effort, which is then what is sent."""
     reasoning = options.reasoning
     effort = (reasoning.effort if reasoning is not None else None) or options.reasoning_effort
     budget = reasoning.budget_tokens if reasoning is not None else None
     if effort == "none":
         return {"type": "disabled"}, None
+    if effort is not None and effort not in ANTHROPIC_EFFORTS and effort not in OWN_EFFORTS:
+        scoped = options.additional_properties.get(ANTHROPIC_EXTRAS)
+        own = scoped.get("output_config") if isinstance(scoped, Mapping) else None
+        if not (isinstance(own, Mapping) and own.get("effort") is not None):
+            raise RequestRefusedError.untranslatable(
+                "reasoning.effort", effort, "the Anthropic Messages API", OWN_EFFORTS
+            )
+        effort = None  # the caller's own effort is merged in
     mapped = ANTHROPIC_EFFORTS.get(effort, effort) if effort is not None else None
     if budget == 0:
         return {"type": "disabled"}, mapped  # effort is about the answer too
@@ -366,7 +383,11 @@ def build_request(
     """
     system, turns = _conversation(messages)
     if not turns:
-        raise ValueError("Anthropic needs at least one user or assistant message with content")
+        raise RequestRefusedError(
+            "messages: the Anthropic Messages API needs a user or assistant turn with "
+            "content, and the conversation has none",
+            param="messages",
+        )
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     if system:
         if any("cache_control" in block for block in system):

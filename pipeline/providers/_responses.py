@@ -27,7 +27,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline.errors import ProviderError
+from pipeline.errors import ProviderError, RequestRefusedError
 from pipeline.providers._chat_completions import chat_response_format, data_url
 from pipeline.providers._wire import (
     error_from_payload,
@@ -245,7 +245,9 @@ def build_request(
             body["include"] = [ENCRYPTED_REASONING]
         return body
     if options.stop:
-        raise ValueError("the Responses API takes no stop sequences (ChatOptions.stop)")
+        raise RequestRefusedError(
+            "stop: the OpenAI Responses API takes no stop sequences", param="stop"
+        )
     if options.temperature is not None:
         body["temperature"] = options.temperature
     if options.top_p is not None:

@@ -63,6 +63,7 @@ class AnthropicChatClient(HTTPChatClient):
     default_base_url = DEFAULT_ANTHROPIC_URL
     stream_end_types = frozenset({"message_stop"})
     extras_scope = ANTHROPIC_EXTRAS
+    api_name = "the Anthropic Messages API"
 
     def __init__(
         self,

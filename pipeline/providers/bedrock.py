@@ -371,6 +371,7 @@ class BedrockChatClient(HTTPChatClient):
     """
 
     provider_name = GenAiProviderNameValues.AWS_BEDROCK.value
+    api_name = "Bedrock's Converse API"
     api_key_env = None
     default_base_url = ""
     stream_end_types = frozenset({STREAM_END})

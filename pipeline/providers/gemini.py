@@ -67,6 +67,7 @@ class GeminiChatClient(HTTPChatClient):
     """
 
     provider_name = GenAiProviderNameValues.GCP_GEMINI.value
+    api_name = "the Gemini API"
     api_key_env: ClassVar[str | None] = "GEMINI_API_KEY"
     default_base_url = DEFAULT_GEMINI_URL
     stream_ends_with_body = True

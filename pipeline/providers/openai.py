@@ -140,6 +140,7 @@ class OpenAIChatClient(OpenAIAPIClient):
     """
 
     max_tokens_field = "max_completion_tokens"
+    api_name = "the Chat Completions API"
 
     def __init__(
         self,

@@ -67,6 +67,7 @@ class OpenAIResponsesChatClient(OpenAIAPIClient):
 
     stream_end_types = END_EVENTS
     extras_scope = OPENAI_RESPONSES_EXTRAS
+    api_name = "the OpenAI Responses API"
 
     def _chat_url(self) -> httpx2.URL:
         return self._base_url.join("responses")

@@ -122,7 +122,10 @@ class MessagesAnswers(FakeServer):
                     text, signature = block.get("thinking"), block.get("signature")
                     if not isinstance(text, str) or not isinstance(signature, str):
                         return f"messages.{index}.content.{position}: thinking needs a signature"
-                    if not hmac.compare_digest(signature, self.signature(text)):
+                    # As bytes: compare_digest takes no str beyond ASCII (a client may send
+                    # anything), and a fake that crashes answers 500, not the API's 400.
+                    made = self.signature(text).encode()
+                    if not hmac.compare_digest(signature.encode(), made):
                         return (
                             f"messages.{index}.content.{position}: Invalid `signature` in "
                             "`thinking` block"

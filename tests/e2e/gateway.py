@@ -11,7 +11,9 @@ set of requests that makes every metric and the failover story move:
 * ``backup`` answers `ANSWERED` requests (half streamed: time to first chunk) with token
   usage and a price (cost), cuts one stream after its first chunk (a committed failure,
   terminal), and fails one request before output: the last route, it can fall back
-  nowhere (a terminal failure that is no fallback).
+  nowhere (a terminal failure that is no fallback);
+* a spend ledger (``[spend]``, a SQLite file) records every attempt: the backup's priced,
+  the primary's (a model no price book knows) unpriced.
 
 `running_fleet_gateway` serves a balanced router (``kind = "balanced"``) over a `FakeFleet`
 of three deployments instead: ``east`` answers after `FLEET_FAST`, ``west`` answers every
@@ -218,6 +220,10 @@ order = ["primary", "backup"]
 
 [layers]
 telemetry = true
+
+[spend]
+path = "{path.parent / "spend.db"}"
+flush_interval = 0.1
 """
     )
     return path

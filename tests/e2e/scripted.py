@@ -5,7 +5,9 @@ state change), backup answers after `BACKUP_DELAY` with token usage and a price 
 fails one request before output (the last route: a terminal failure, which is no fallback),
 and a third route fails after its first chunk (a committed failure). Half the routed
 requests are streamed (time to first chunk). Each call of `run_phase` builds fresh
-pipelines (a fresh breaker) on the given providers, so two phases move every counter twice.
+pipelines (a fresh breaker) on the given providers, so two phases move every counter twice;
+a spend ledger records their attempts (priced by the routes' prices; the third route's
+unpriced).
 
 `FleetRun`: a balanced router over a fleet of three scripted deployments, one fast, one
 that answers 429 with ``Retry-After`` (a cooldown, a failure ratio) and one slow, so the
@@ -17,12 +19,15 @@ scripted waits move: its latency estimates are the scripted delays exactly.
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from middleware.routing import Route, RouteHealth
 from middleware.routing.context import Price
 from pipeline import ChatPipeline
 from pipeline.errors import RateLimitedError, TransientProviderError
+from pipeline.spend import SpendLedger, SQLiteSpendStore
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
 from pipeline.types import UsageDetails
 
@@ -50,7 +55,7 @@ def _cached_pipeline(providers: dict[str, Any]) -> ChatPipeline:
     )
 
 
-def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
+def _pipelines(providers: dict[str, Any], ledger: SpendLedger) -> tuple[ChatPipeline, ChatPipeline]:
     primary = (
         ChatPipeline.builder()
         .use_circuit_breaker(
@@ -75,6 +80,7 @@ def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
     routed = (
         ChatPipeline.builder()
         .use_telemetry(**providers)
+        .use_spend(ledger, attribution={"team": "e2e", "key_name": "library"})
         .use_ordered_failover(
             [
                 Route("primary", primary, price=Price(5.0, 15.0)),
@@ -90,6 +96,7 @@ def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
     flaky = (
         ChatPipeline.builder()
         .use_telemetry(**providers)
+        .use_spend(ledger)  # a scripted route no price book knows: unpriced
         .use_ordered_failover([Route("flaky", flaky_client)], **providers)
         .build()
     )
@@ -99,7 +106,11 @@ def _pipelines(providers: dict[str, Any]) -> tuple[ChatPipeline, ChatPipeline]:
 async def run_phase(*, meter_provider: Any, tracer_provider: Any) -> None:
     """One phase of the run; asserts what the caller saw."""
     providers = {"meter_provider": meter_provider, "tracer_provider": tracer_provider}
-    routed, flaky = _pipelines(providers)
+    ledger = SpendLedger(
+        SQLiteSpendStore(Path(tempfile.mkdtemp(prefix="e2e-spend-")) / "spend.db"),
+        meter_provider=meter_provider,
+    )
+    routed, flaky = _pipelines(providers, ledger)
     async with routed, flaky:
         for index in range(ROUTED_REQUESTS):
             result = await collect(routed, "question", streaming=index % 2 == 0)
@@ -111,6 +122,7 @@ async def run_phase(*, meter_provider: Any, tracer_provider: Any) -> None:
         failed = await collect(flaky, "question", streaming=True)
         assert isinstance(failed.error, TransientProviderError), failed
         assert [u.text for u in failed.updates] == ["partial "]
+    await ledger.aclose()  # writes the phase's records (the written counter)
     # A response cache in front of a priced route: a miss, then a hit (a saved cost).
     cached = _cached_pipeline(providers)
     async with cached:
@@ -220,8 +232,15 @@ class FleetRun:
 # answer nothing (the dashboard suites mark it so, strictly: once a run makes the series,
 # the mark must go).
 NO_HEDGES = "the fleet gateway runs a balanced router, no hedges"
+_LEDGER_HEALTHY = "the e2e runs' spend databases never fail: nothing is spooled or dropped"
 AWAITING: dict[str, dict[str, str]] = {
+    "library": {
+        "chat_pipeline_spend_spooled_total": _LEDGER_HEALTHY,
+        "chat_pipeline_spend_dropped_total": _LEDGER_HEALTHY,
+    },
     "gateway": {
+        "chat_pipeline_spend_spooled_total": _LEDGER_HEALTHY,
+        "chat_pipeline_spend_dropped_total": _LEDGER_HEALTHY,
         "chat_pipeline_route_hedges_started_total": NO_HEDGES,
         "chat_pipeline_route_hedges_won_total": NO_HEDGES,
         "chat_pipeline_cache_lookups_total": "the e2e gateways run no response cache",

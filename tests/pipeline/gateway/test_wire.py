@@ -193,7 +193,9 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
             "invalid_value",
         ),
         ({"response_format": {"type": CANARY}}, "response_format.type", "invalid_value"),
-        ({"reasoning_effort": CANARY}, "reasoning_effort", "invalid_value"),
+        ({"reasoning_effort": 3}, "reasoning_effort", "invalid_value"),
+        ({"service_tier": ["auto"]}, "service_tier", "invalid_value"),
+        ({"verbosity": {"level": "low"}}, "verbosity", "invalid_value"),
         ({CANARY: 1}, CANARY, "unsupported_parameter"),
     ],
 )

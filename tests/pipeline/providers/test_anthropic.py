@@ -535,7 +535,7 @@ async def test_bad_content_gets_a_clear_error(client: AnthropicChatClient) -> No
         await client.get_response(ChatMessage.user(DataContent(data=b"x")))
     with pytest.raises(ValueError, match="audio/wav"):
         await client.get_response(ChatMessage.user(DataContent(data=b"x", media_type="audio/wav")))
-    with pytest.raises(ValueError, match="at least one user or assistant message"):
+    with pytest.raises(ValueError, match="needs a user or assistant turn"):
         await client.get_response([ChatMessage.system("only a system prompt")])
 
 

@@ -356,6 +356,23 @@ async def test_a_tool_loop_with_thinking_round_trips_its_signature(
     await client.aclose()
 
 
+@pytest.mark.parametrize("signature", ["forged", "\x80", "签名"])
+async def test_a_signature_the_fake_never_made_is_a_400_whatever_its_characters(
+    claude: FakeAnthropicServer, signature: str, streaming: bool
+) -> None:
+    # The real API refuses it; a fake that crashed on non-ASCII answered 500 instead.
+    client = AnthropicChatClient("claude-test", api_key="k", base_url=claude.base_url)
+    turn = [
+        ChatMessage.user("go"),
+        ChatMessage.assistant([ReasoningContent("", protected=signature)]),
+        ChatMessage.user("again"),
+    ]
+    refused = await collect(client, turn, streaming=streaming)
+    assert isinstance(refused.error, RequestInvalidError)
+    assert refused.error.status_code == 400
+    await client.aclose()
+
+
 async def test_scoped_extras_never_reach_an_openai_route(streaming: bool) -> None:
     async with FakeOpenAIServer() as server:
         client = OpenAIChatClient("gpt", api_key="k", base_url=server.base_url)

@@ -20,8 +20,8 @@ from pipeline.errors import (
     ContextLengthExceededError,
     ProviderError,
     RateLimitedError,
+    RequestRefusedError,
     TransientProviderError,
-    UnsendableRequestError,
 )
 from pipeline.providers import OpenAIResponsesChatClient
 from pipeline.testing import RESPONSES_PATH, FakeOpenAIServer, FakeResponse, collect
@@ -329,7 +329,8 @@ async def test_stop_sequences_are_refused_before_anything_is_sent(
     server: FakeOpenAIServer, client: OpenAIResponsesChatClient, streaming: bool
 ) -> None:
     result = await collect(client, "hi", ChatOptions(stop=["END"]), streaming=streaming)
-    assert isinstance(result.error, UnsendableRequestError)
+    assert isinstance(result.error, RequestRefusedError)
+    assert result.error.param == "stop"
     assert "stop sequences" in str(result.error)
     assert server.count() == 0
 

@@ -4,6 +4,7 @@
     python benchmarks/bench_gateway.py --litellm-python /path/to/venv/bin/python
     python benchmarks/bench_gateway.py --no-litellm          # our gateway only
     python benchmarks/bench_gateway.py --no-litellm --baseline /path/to/other/checkout
+    python benchmarks/bench_gateway.py --governed     # keys, budgets, limits: on vs off
     python benchmarks/bench_gateway.py --no-litellm --no-scripted --no-full   # the floor table
 
 Every server runs in its own process, on loopback: the fake OpenAI-compatible upstream
@@ -31,6 +32,14 @@ needs ``pip install 'litellm[proxy]'``.
 ``pipeline`` and ``middleware`` imported from PATH, with this interpreter), its plain and
 its failover variants in the same rounds, and prints each of ours against it: a change is
 judged against the code before it, measured in the same run.
+
+``--governed`` measures what keys, budgets and rate limits add, in one run: the plain
+gateway (an ``api_keys_env`` key) against the same with ``[keys]`` and ``[budgets]`` on (a
+virtual key in a real PostgreSQL, a key budget, a team budget, requests and tokens a minute,
+counted in a real redis-server, never refusing), and, as the floor, a bare reservation: the
+same Lua script with the same four counters through the same Redis client, nothing else,
+its client CPU per call measured in this process. Target: what governance adds to the
+gateway's CPU per request is at most 1.1x the floor's.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -100,6 +110,7 @@ class Server:
     path: str
     model: str
     log: Path
+    api_key: str = API_KEY
 
 
 def _pinned(core: int) -> object:
@@ -122,6 +133,7 @@ def started(
     path: str = "/v1/chat/completions",
     model: str = "pipeline",
     timeout: float = 300.0,
+    api_key: str = API_KEY,
 ) -> Iterator[Server]:
     """Run `argv`, a uvicorn server told to listen on port 0, until the block ends: ready
     once uvicorn logged the port it got and `ready_path` answers there."""
@@ -155,7 +167,7 @@ def started(
                 except (urllib.error.URLError, OSError):
                     pass
             time.sleep(0.2)
-        yield Server(name, process, port, path, model, log)
+        yield Server(name, process, port, path, model, log, api_key)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -179,7 +191,7 @@ def request_bytes(server: Server, stream: bool) -> bytes:
     data = json.dumps(body).encode()
     head = (
         f"POST {server.path} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
-        f"Content-Type: application/json\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nAuthorization: Bearer {server.api_key}\r\n"
         f"Content-Length: {len(data)}\r\n\r\n"
     )
     return head.encode() + data
@@ -269,6 +281,28 @@ def measure(
         p99=latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
         cpu_per_request=cpu / len(latencies),
     )
+
+
+def measure_round(
+    servers: Sequence[Server],
+    best: dict[str, Result],
+    shape: str,
+    concurrency: int,
+    args: argparse.Namespace,
+) -> None:
+    """One round: each server measured in turn; `best` keeps each one's least CPU time a
+    request (a busy machine slows every server of a round alike)."""
+    for server in servers:
+        result = measure(
+            server,
+            stream=shape == "streaming",
+            concurrency=concurrency,
+            requests=args.requests,
+            warmup=args.warmup,
+        )
+        kept = best.get(server.name)
+        if kept is None or result.cpu_per_request < kept.cpu_per_request:
+            best[server.name] = result
 
 
 # -- the servers ------------------------------------------------------------------------------
@@ -364,6 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also measure the gateway with an in-process scripted route (its own work)",
     )
     parser.add_argument(
+        "--governed",
+        action="store_true",
+        help="only the plain gateway against the same with keys, budgets and rate limits on "
+        "(Redis, PostgreSQL), and the floor of a bare reservation",
+    )
+    parser.add_argument(
         "--full",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -383,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.governed:
+        return governed(args)
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {CLIENT_CORE})
     workdir = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -488,17 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     key = f"{shape}, concurrency {concurrency}"
                     best: dict[str, Result] = {}
                     for _ in range(args.rounds):
-                        for server in servers:
-                            result = measure(
-                                server,
-                                stream=shape == "streaming",
-                                concurrency=concurrency,
-                                requests=args.requests,
-                                warmup=args.warmup,
-                            )
-                            kept = best.get(server.name)
-                            if kept is None or result.cpu_per_request < kept.cpu_per_request:
-                                best[server.name] = result
+                        measure_round(servers, best, shape, concurrency, args)
                     results[key] = best
                     report(key, best)
     finally:
@@ -511,6 +543,169 @@ def main(argv: Sequence[str] | None = None) -> int:
                 indent=2,
             )
         )
+    return 0
+
+
+# -- governance: keys, budgets and rate limits --------------------------------------------------
+
+GOVERNED_NAME = "chat-pipeline serve (keys, budgets, limits)"
+PLAIN_NAME = "chat-pipeline serve"
+
+
+async def _virtual_key(dsn: str) -> str:
+    """Upgrade the database and make the benchmark's key: every budget and limit counted,
+    none ever reached."""
+    from pipeline import _db
+    from pipeline.keys import Budget, DatabaseKeyStore
+
+    database = _db.open_database(dsn)
+    await _db.upgrade(database)
+    store = DatabaseKeyStore(database, auto_upgrade=False)
+    try:
+        issued = await store.create(
+            "bench", team="bench", rpm=10**9, tpm=10**12, budget=Budget("1000000", "month")
+        )
+    finally:
+        await store.aclose()
+    return issued.secret
+
+
+def governed_config(workdir: Path, upstream: str, dsn_env: str, redis_env: str) -> Path:
+    path = workdir / "gateway-governed.toml"
+    path.write_text(
+        f"""
+[routes.primary]
+provider = "openai"
+model = "fake-model"
+base_url = "{upstream}"
+price = {{ input_per_million = 0.15, output_per_million = 0.6 }}
+
+[spend]
+enabled = false  # the keys' database only: no spend records (not what is measured)
+store = "postgres"
+dsn_env = "{dsn_env}"
+
+[keys]
+
+[budgets]
+redis_url_env = "{redis_env}"
+teams = {{ bench = {{ budget = {{ limit = "1000000", period = "month" }} }} }}
+"""
+    )
+    return path
+
+
+def bare_reservations(redis_url: str, concurrency: int, calls: int) -> float:
+    """Client CPU seconds per bare reservation: the gateway's Lua script with the same four
+    counters (a key's and a team's budget, the key's requests and tokens a minute), one
+    EVALSHA each through the same client (`pipeline._resp`), `concurrency` at a time."""
+    import uvloop
+
+    from pipeline._reservations import SCRIPT, BudgetCheck, Demand, RateCheck, Reservations
+    from pipeline._resp import RespClient
+
+    async def run() -> float:
+        client = RespClient(redis_url, timeout=10.0)
+        reservations = Reservations(client, namespace="bench-floor", rebuild_delay=0.0)
+        await reservations.prepare()
+        demand = Demand(
+            [
+                BudgetCheck("bench-floor:b:k:x:m", 10**15),
+                BudgetCheck("bench-floor:b:t:x:m", 10**15),
+            ],
+            1000,
+            [
+                RateCheck("bench-floor:r:k:x:rpm", 10**9, 1),
+                RateCheck("bench-floor:r:k:x:tpm", 10**12, 100, "tokens"),
+            ],
+            token="floor",
+        )
+        from pipeline._reservations import _Batch
+
+        batch = _Batch()
+        batch.reserves.append((demand, asyncio.get_running_loop().create_future()))
+        args = reservations._encode(batch)
+        keys = [*reservations._fixed, *batch.keys]
+
+        async def worker(count: int) -> None:
+            for _ in range(count):
+                await client.evalsha(SCRIPT, keys, args)
+
+        await worker(200)  # warm
+        before = time.process_time()
+        await asyncio.gather(*(worker(calls // concurrency) for _ in range(concurrency)))
+        spent = time.process_time() - before
+        await client.aclose()
+        return spent / (calls // concurrency * concurrency)
+
+    return uvloop.run(run())
+
+
+def governed(args: argparse.Namespace) -> int:
+    """The ``--governed`` run (see the module docstring)."""
+    from tests.postgres_server import running_postgres
+    from tests.redis_server import running_redis
+
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(0, {CLIENT_CORE})
+    workdir = Path(tempfile.mkdtemp(prefix="bench-governed-"))
+    workdir.chmod(0o755)
+    try:
+        with contextlib.ExitStack() as stack:
+            upstream = stack.enter_context(_fake_upstream(workdir))
+            redis_url = stack.enter_context(running_redis())
+            postgres = stack.enter_context(running_postgres())
+            dsn = postgres.new_database()
+            secret = asyncio.run(_virtual_key(dsn))
+            env = {
+                **os.environ,
+                KEYS_VARIABLE: API_KEY,
+                "BENCH_GOVERNED_DSN": dsn,
+                "BENCH_GOVERNED_REDIS": redis_url,
+            }
+            argv = [sys.executable, "-m", "pipeline", "serve", "--port", "0", "--log-level", "info"]
+            plain = stack.enter_context(
+                started(
+                    PLAIN_NAME,
+                    [*argv, "--config", str(gateway_config(workdir, upstream, False))],
+                    ready_path="/readyz",
+                    workdir=workdir,
+                    env=env,
+                )
+            )
+            config = governed_config(
+                workdir, upstream, "BENCH_GOVERNED_DSN", "BENCH_GOVERNED_REDIS"
+            )
+            governed_server = stack.enter_context(
+                started(
+                    GOVERNED_NAME,
+                    [*argv, "--config", str(config)],
+                    ready_path="/readyz",
+                    workdir=workdir,
+                    env=env,
+                    api_key=secret,
+                )
+            )
+            for shape in args.shapes:
+                for concurrency in args.concurrency:
+                    key = f"{shape}, concurrency {concurrency}"
+                    best: dict[str, Result] = {}
+                    floor = math.inf
+                    for _ in range(args.rounds):
+                        measure_round([plain, governed_server], best, shape, concurrency, args)
+                        floor = min(floor, bare_reservations(redis_url, concurrency, args.requests))
+                    report(key, best)
+                    off, on = best[PLAIN_NAME], best[GOVERNED_NAME]
+                    added = on.cpu_per_request - off.cpu_per_request
+                    print(
+                        f"  governance adds {added * 1e6:.1f} us of gateway CPU per request; the "
+                        f"bare reservation costs {floor * 1e6:.1f} us of client CPU: "
+                        f"{added / floor:.2f}x (target <= 1.1x); governed / ungoverned: "
+                        f"{on.per_core / off.per_core:.2f}x throughput per core"
+                    )
+                    sys.stdout.flush()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

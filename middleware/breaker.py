@@ -111,6 +111,7 @@ StateChangeListener = Callable[[str, str, str], None]
 _DEPLOYMENT_FAILURES = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.INVALID_RESPONSE,
         FailureKind.UNKNOWN,
@@ -122,8 +123,8 @@ _HALF_OPEN = pybreaker.STATE_HALF_OPEN
 
 
 def counts_as_deployment_failure(exc: BaseException) -> bool:
-    """Default `counts`: rate limits, transient, invalid-response and unknown failures open
-    the circuit."""
+    """Default `counts`: rate limits, exhausted quotas, transient, invalid-response and
+    unknown failures open the circuit."""
     return isinstance(exc, Exception) and classify(exc) in _DEPLOYMENT_FAILURES
 
 

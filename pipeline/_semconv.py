@@ -80,6 +80,11 @@ __all__ = [
     "SCHEMA_URL",
     "SEMANTIC_REASON",
     "SEMANTIC_SCORE",
+    "BUDGETS_SCOPE",
+    "BUDGET_REFUSALS_METRIC",
+    "BUDGET_REASON",
+    "BUDGET_SCOPE_NAME",
+    "BUDGET_SOFT_LIMIT_METRIC",
     "SPEND_COST_METRIC",
     "SPEND_DROPPED_METRIC",
     "SPEND_KEY",
@@ -109,6 +114,7 @@ BREAKER_SCOPE: Final = "chat_pipeline.breaker"
 GATEWAY_SCOPE: Final = "chat_pipeline.gateway"
 CACHE_SCOPE: Final = "chat_pipeline.cache"
 SPEND_SCOPE: Final = "chat_pipeline.spend"
+BUDGETS_SCOPE: Final = "chat_pipeline.budgets"
 
 SCHEMA_URL: Final[str] = list(Schemas)[-1].value
 """The newest schema of the installed ``opentelemetry-semantic-conventions``: the version
@@ -211,6 +217,19 @@ SPEND_TEAM: Final = "chat_pipeline.spend.team"
 SPEND_MODEL: Final = "chat_pipeline.spend.model"
 """On the spend metrics: the model that served (or was asked for, when none answered)."""
 SPEND_REASON: Final = "chat_pipeline.spend.reason"
+
+# -- budgets and rate limits ------------------------------------------------------------------
+
+BUDGET_REFUSALS_METRIC: Final = "chat_pipeline.budget.refusals"
+"""Counter of requests refused by `BUDGET_REASON` (``budget_exceeded``,
+``rate_limit_exceeded``, ``unavailable``) and `BUDGET_SCOPE_NAME` (``key``, ``team``,
+``user``)."""
+BUDGET_SOFT_LIMIT_METRIC: Final = "chat_pipeline.budget.soft_limit_passed"
+"""Counter of requests admitted past a soft budget limit, by `BUDGET_SCOPE_NAME`."""
+BUDGET_REASON: Final = "chat_pipeline.budget.reason"
+BUDGET_SCOPE_NAME: Final = "chat_pipeline.budget.scope"
+"""Whose budget or limit: ``key``, ``team`` or ``user`` (never a key's name: bounded
+cardinality)."""
 
 # -- layers -----------------------------------------------------------------------------------
 

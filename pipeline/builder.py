@@ -467,6 +467,38 @@ class ChatPipelineBuilder:
             enabled=enabled,
         )
 
+    def use_budgets(
+        self,
+        redis: str,
+        *,
+        scope: str = "default",
+        budget: Any = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        price: Any = None,
+        fail_closed: bool = False,
+        enabled: bool = True,
+    ) -> Self:
+        """Hold this client's calls to a `pipeline.keys.Budget` and rate limits counted in
+        the Redis at `redis`, shared by every process using the same `scope` (see
+        `middleware.budgets`). `price` (a `pipeline.pricing.Price`) bounds each call's
+        reservation and prices a call no router beneath logs."""
+        from middleware.budgets import BudgetChatClient
+
+        return self.use(
+            lambda inner: BudgetChatClient(
+                inner,
+                redis,
+                scope=scope,
+                budget=budget,
+                rpm=rpm,
+                tpm=tpm,
+                price=price,
+                fail_closed=fail_closed,
+            ),
+            enabled=enabled,
+        )
+
     def use_spend(self, ledger: Any, *, attribution: Any = None, enabled: bool = True) -> Self:
         """Record what each request spent in `ledger` (a `pipeline.spend.SpendLedger`): a
         record per provider attempt the routers beneath make, and per cache hit beneath (see

@@ -634,7 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="only records whose field has the value (repeat a field for any of several)",
     )
     spend.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    from pipeline.keys import _cli as keys_cli
+
+    keys_cli.add_commands(commands)
     args = parser.parse_args(argv)
+    if args.command == "keys":
+        return keys_cli.run(args, _database_of)
     if args.command == "db":
         return _database(args)
     if args.command == "spend":

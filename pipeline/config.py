@@ -93,6 +93,7 @@ from pipeline._settings import Settings, collecting_problems, problems_of, sugge
 from pipeline.builder import ChatPipeline, ChatPipelineBuilder
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.keys._settings import BudgetsSettings, KeysSettings
 from pipeline.providers._settings import (
     AnthropicSettings,
     AzureOpenAISettings,
@@ -871,6 +872,8 @@ _ROUTER: _Schema[RouterConfig] = _Schema(RouterConfig)
 _LAYERS: _Schema[LayersConfig] = _Schema(LayersConfig)
 _CACHE: _Schema[CacheConfig] = _Schema(CacheConfig)
 _SPEND: _Schema[SpendConfig] = _Schema(SpendConfig)
+_KEYS: _Schema[KeysSettings] = _Schema(KeysSettings)
+_BUDGETS: _Schema[BudgetsSettings] = _Schema(BudgetsSettings)
 _ROUTER_KINDS: dict[str, type[_RouterTable]] = {
     kind: table
     for table in get_args(get_args(RouterConfig)[0])
@@ -936,6 +939,8 @@ _SECTIONS = (
     "cache",
     "gateway",
     "spend",
+    "keys",
+    "budgets",
     "environments",
 )
 
@@ -962,6 +967,10 @@ class PipelineConfig:
     """The ``[cache]`` table, if any."""
     spend: SpendConfig | None = None
     """The ``[spend]`` table, if any."""
+    keys: KeysSettings | None = None
+    """The ``[keys]`` table (virtual keys, `pipeline.keys`), if any."""
+    budgets: BudgetsSettings | None = None
+    """The ``[budgets]`` table (budgets and rate limits shared by replicas), if any."""
 
     @property
     def route_names(self) -> list[str]:
@@ -1188,10 +1197,29 @@ def parse_config(data: Mapping[str, Any], environment: str | None = None) -> Pip
         variable = spend.dsn_env if spend is not None and spend.store == "postgres" else None
         if variable and not os.environ.get(variable):
             problems.add("spend.dsn_env", f"the environment variable {variable} is not set")
+    keys = budgets = None
+    if "keys" in base:
+        keys = problems.validate(_KEYS, base["keys"], "keys")
+        if keys is not None and spend is None:
+            problems.add("keys", "virtual keys live in the spend database: add a [spend] table")
+    if "budgets" in base:
+        budgets = problems.validate(_BUDGETS, base["budgets"], "budgets")
+        if budgets is not None:
+            _variable_set(problems, "budgets", budgets.redis_url_env)
     problems.raise_if_any()
     assert layers is not None  # no problem was found, so every table validated
     return PipelineConfig(
-        routes, router, layers, environment, secrets, gateway, groups, cache, spend
+        routes,
+        router,
+        layers,
+        environment,
+        secrets,
+        gateway,
+        groups,
+        cache,
+        spend,
+        keys=keys,
+        budgets=budgets,
     )
 
 

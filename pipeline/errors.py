@@ -10,6 +10,10 @@
     │                                  (its status and OpenAI error body)
     ├── RequestRefusedError            the pipeline refused the request before any provider
     │                                  was called; names the field (also a ValueError)
+    ├── BudgetExceededError            a budget of the caller (key, team, user) is spent
+    ├── RateLimitExceededError         the caller's own rate limit is reached (retry_after)
+    ├── BudgetUnavailableError         budgets could not be checked and fail_closed is set
+    ├── KeyNotFoundError               no virtual key has that id or name (also a LookupError)
     ├── SchemaVersionError             a database's schema is not this code's (run
     │                                  `chat-pipeline db upgrade`, or upgrade the code)
     ├── RoutingError                   a router could not pick a route
@@ -18,6 +22,9 @@
     │   └── RequestTimeoutError        the request's deadline passed (also a TimeoutError)
     └── ProviderError                  a provider failed; `kind` says how (FailureKind)
         ├── RateLimitedError           RATE_LIMITED             429
+        ├── QuotaExhaustedError        QUOTA_EXHAUSTED          the provider account's quota or
+        │                                                       credit ran out (402,
+        │                                                       insufficient_quota)
         ├── TransientProviderError     TRANSIENT                5xx, timeouts, resets, cut streams
         │   └── AttemptTimeoutError    TRANSIENT                the router cut an attempt short
         │                                                       (also a TimeoutError)
@@ -32,12 +39,14 @@
         │                                                       response validation
         └── UnknownProviderError       UNKNOWN                  anything else a provider said
 
-Three more live here that never reach a caller (not exported: the library catches them)::
+Four more live here that never reach a caller (not exported: the library catches them)::
 
     MalformedSSE                       a line of a provider's stream is not server-sent
                                        events (a ValueError; becomes a ProviderError)
     RedisUnavailable                   Redis was not used for a call (skipped during an
                                        outage, or failed): the component fails open
+    RespError                          an error reply of Redis to the budgets' connection
+                                       (its first word only)
     _VectorShapeError                  an embedding matrix of the wrong shape (a ValueError;
                                        becomes a typed error where an embedder is checked)
 
@@ -46,11 +55,12 @@ application already imported them, or unknown) to a `FailureKind`; `retry_after_
 reads the wait a failure asks for (ours, or ``Retry-After`` of any HTTP status error with a
 response). The
 default policies built on it: `is_retryable` (rate limits and transient failures) and
-`is_failover_eligible` (those, an open circuit, an invalid response and unknown failures):
-a malformed answer is that deployment's failure, another route may answer well, but the
-same route asked again usually answers the same way, so it is not retried. Request errors
-(invalid, too long, filtered, unauthenticated) are never retried nor failed over: another
-deployment would refuse them the same way.
+`is_failover_eligible` (those, an exhausted quota, an open circuit, an invalid response and
+unknown failures): a malformed answer is that deployment's failure, another route may answer
+well, but the same route asked again usually answers the same way, so it is not retried; an
+exhausted quota or credit balance stays exhausted for hours, so it is never retried either.
+Request errors (invalid, too long, filtered, unauthenticated) are never retried nor failed
+over: another deployment would refuse them the same way.
 
 Messages never contain prompt text, response text or credentials: provider errors are
 built from status codes and provider error codes, never from echoed request bodies, and a
@@ -75,13 +85,18 @@ import httpx2
 __all__ = [
     "AttemptTimeoutError",
     "AuthenticationError",
+    "BudgetExceededError",
+    "BudgetUnavailableError",
     "ChatPipelineError",
     "CircuitOpenError",
     "ConfigError",
     "ContentFilteredError",
     "ContextLengthExceededError",
     "FailureKind",
+    "KeyNotFoundError",
     "ProviderError",
+    "QuotaExhaustedError",
+    "RateLimitExceededError",
     "RateLimitedError",
     "RequestBudgetExceededError",
     "RequestInvalidError",
@@ -110,6 +125,7 @@ class FailureKind(StrEnum):
     """Why a call failed, as far as routing and retry care."""
 
     RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
     TRANSIENT = "transient"
     CIRCUIT_OPEN = "circuit_open"
     REQUEST_INVALID = "request_invalid"
@@ -230,6 +246,51 @@ class RequestRefusedError(ChatPipelineError, ValueError):
         shown = f"{value!r}" if type(value) is str and _SAFE_CODE.fullmatch(value) else "its value"
         takes = f" (it takes {', '.join(known)})" if known else ""
         return cls(f"{param}: {shown} has no equivalent in {api}{takes}", param=param)
+class BudgetExceededError(ChatPipelineError):
+    """A budget the request counts against is spent (`scope`: ``key``, ``team`` or
+    ``user``): no provider was called. Retrying cannot help before the budget's period ends
+    or it is raised."""
+
+    def __init__(self, scope: str = "key", name: str | None = None) -> None:
+        self.scope = scope
+        self.name = name
+        super().__init__(f"the {scope}'s budget is spent")
+
+
+class RateLimitExceededError(ChatPipelineError):
+    """The caller's own rate limit is reached (`scope` ``key`` or ``team``, `unit`
+    ``requests`` or ``tokens``, `limit` a minute): no provider was called; a retry after
+    `retry_after` seconds can be admitted. `states` holds each limit's remaining and reset
+    (the response headers' figures)."""
+
+    def __init__(
+        self,
+        scope: str = "key",
+        unit: str = "requests",
+        limit: int = 0,
+        *,
+        retry_after: float = 1.0,
+        states: Sequence[Any] = (),
+    ) -> None:
+        self.scope = scope
+        self.unit = unit
+        self.limit = limit
+        self.retry_after = retry_after
+        self.states = tuple(states)
+        super().__init__(f"the {scope}'s limit of {limit} {unit} a minute is reached")
+
+
+class BudgetUnavailableError(ChatPipelineError):
+    """Budgets and rate limits could not be checked (their Redis did not answer) and they
+    are configured to fail closed: the request was refused, not served unchecked."""
+
+    def __init__(self, *, retry_after: float = 1.0) -> None:
+        self.retry_after = retry_after
+        super().__init__("budgets could not be checked; retry later")
+
+
+class KeyNotFoundError(ChatPipelineError, LookupError):
+    """No virtual key has that id or name."""
 
 
 class RoutingError(ChatPipelineError):
@@ -331,6 +392,14 @@ class RateLimitedError(ProviderError):
     default_kind = FailureKind.RATE_LIMITED
 
 
+class QuotaExhaustedError(ProviderError):
+    """The provider account's own quota or credit ran out (OpenAI's ``insufficient_quota``,
+    Anthropic's credit-balance refusal, a 402 from an OpenAI-compatible vendor): the route
+    cannot serve for a long while. Failed over before output, never retried on that route."""
+
+    default_kind = FailureKind.QUOTA_EXHAUSTED
+
+
 class TransientProviderError(ProviderError):
     default_kind = FailureKind.TRANSIENT
 
@@ -415,6 +484,15 @@ class MalformedSSE(ValueError):
     """A line that is not server-sent events."""
 
 
+class RespError(Exception):
+    """An error reply of Redis on the budgets' bare connection (`pipeline._resp`): `code`
+    is its first word (``NOSCRIPT``, ``ERR``, ...), the rest may echo arguments."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(f"Redis answered {code}")
+        self.code = code
+
+
 class RedisUnavailable(Exception):
     """Redis was not used for this call (being skipped, or the call failed: `Outage` has
     logged why). Never reaches a caller of the library."""
@@ -424,6 +502,7 @@ _ERROR_CLASSES: dict[FailureKind, type[ProviderError]] = {
     cls.default_kind: cls
     for cls in (
         RateLimitedError,
+        QuotaExhaustedError,
         TransientProviderError,
         CircuitOpenError,
         RequestInvalidError,
@@ -482,6 +561,11 @@ def provider_error(
 
 _CONTEXT_CODES = frozenset({"context_length_exceeded", "string_above_max_length"})
 _FILTER_CODES = frozenset({"content_filter", "content_policy_violation", "content_filtered"})
+# OpenAI answers an account out of quota 429 ``insufficient_quota`` (a rate limit's status:
+# only the code tells that waiting will not help); vendors say the same in these words.
+_QUOTA_CODES = frozenset(
+    {"insufficient_quota", "billing_hard_limit_reached", "insufficient_balance", "quota_exceeded"}
+)
 
 
 def kind_for_status(status_code: int, code: str | None = None) -> FailureKind:
@@ -490,6 +574,8 @@ def kind_for_status(status_code: int, code: str | None = None) -> FailureKind:
         return FailureKind.CONTEXT_LENGTH_EXCEEDED
     if code in _FILTER_CODES:
         return FailureKind.CONTENT_FILTERED
+    if code in _QUOTA_CODES or status_code == 402:
+        return FailureKind.QUOTA_EXHAUSTED
     if status_code == 429:
         return FailureKind.RATE_LIMITED
     if status_code in (401, 403):
@@ -606,6 +692,7 @@ _RETRYABLE = frozenset({FailureKind.RATE_LIMITED, FailureKind.TRANSIENT})
 _FAILOVER = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.CIRCUIT_OPEN,
         FailureKind.INVALID_RESPONSE,
@@ -622,8 +709,8 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 def is_failover_eligible(exc: BaseException) -> bool:
-    """Default failover policy: deployment failures, an open circuit, an invalid response
-    and unknown failures.
+    """Default failover policy: deployment failures (an exhausted quota included), an open
+    circuit, an invalid response and unknown failures.
 
     A `CancelledError` raised by a client while its caller is not being cancelled counts as
     an unknown failure; the routers decide about caller cancellation before asking.

@@ -317,6 +317,19 @@ def tables() -> list[Table]:
             "`[spend]`", "spend", _doc(SpendConfig), _rows(SpendConfig, "spend", skip=frozenset())
         )
     )
+    from pipeline.keys._settings import BudgetsSettings, KeysSettings
+
+    found.append(
+        Table("`[keys]`", "keys", _doc(KeysSettings), _rows(KeysSettings, "keys", skip=frozenset()))
+    )
+    found.append(
+        Table(
+            "`[budgets]`",
+            "budgets",
+            _doc(BudgetsSettings),
+            _rows(BudgetsSettings, "budgets", skip=frozenset()),
+        )
+    )
     return found
 
 

@@ -274,7 +274,8 @@ class RedisHealthStore(HealthStore):
                 end = int(_text(cooldown)) / 1000
             except (ValueError, TypeError, UnicodeDecodeError):
                 return
-            left = min(end - wall, health.settings.max_cooldown)
+            settings = health.settings
+            left = min(end - wall, max(settings.max_cooldown, settings.quota_cooldown))
             if left > 0 and now + left > signals.cooldown_until:
                 signals.cooldown_until = now + left
 

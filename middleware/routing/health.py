@@ -16,7 +16,9 @@ A `RouteHealth` keeps, per route name, four signals fed by every attempt a route
   output included) over attempts, both decayed with `failure_decay` seconds, so old
   failures fade;
 * **cooldown**: a rate-limited or unavailable answer carrying ``Retry-After`` takes the
-  route out of rotation for that long (at most `max_cooldown`).
+  route out of rotation for that long (at most `max_cooldown`); a provider's quota or credit
+  exhausted (`QuotaExhaustedError`) takes it out for `quota_cooldown` (15 minutes by default,
+  or longer when the provider says so).
 
 A route is an **outlier** when its typical latency is over `outlier_latency_ratio` times the
 median of the other routes' (and `outlier_latency_gap` seconds over it; once an outlier, it
@@ -72,6 +74,7 @@ __all__ = [
 _DEPLOYMENT_FAILURES = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.INVALID_RESPONSE,
         FailureKind.UNKNOWN,
@@ -81,9 +84,9 @@ _COOLING_KINDS = frozenset({FailureKind.RATE_LIMITED, FailureKind.TRANSIENT})
 
 
 def counts_against_route(exc: BaseException) -> bool:
-    """Default `counts`: rate limits, transient, invalid-response and unknown failures
-    (the failures that say something about the deployment, not about the request); an
-    attempt the router cut for time is a latency sample instead."""
+    """Default `counts`: rate limits, exhausted quotas, transient, invalid-response and
+    unknown failures (the failures that say something about the deployment, not about the
+    request); an attempt the router cut for time is a latency sample instead."""
     return (
         isinstance(exc, Exception)
         and not isinstance(exc, AttemptTimeoutError)
@@ -108,6 +111,9 @@ class HealthSettings(Settings):
     """Seconds over which a route's failure ratio decays, so old failures weigh less."""
     max_cooldown: Annotated[float, Field(ge=0)] = 60.0
     """The longest a `Retry-After` (on a 429 or 503) takes a route out of rotation, in seconds."""
+    quota_cooldown: Annotated[float, Field(ge=0)] = 900.0
+    """Seconds a route whose provider said its quota or credit ran out (`QuotaExhaustedError`) stays
+    out of rotation (longer when the provider's `Retry-After` says so)."""
     outlier_latency_ratio: Annotated[float, Field(gt=1)] = 2.0
     """A route whose typical latency (the median of its last five answers) is over this many times
     the other routes' median is an outlier."""
@@ -411,9 +417,17 @@ class RouteHealth:
         self, route: str, signals: _Signals, error: BaseException, now: float
     ) -> None:
         wait = retry_after_of(error)
-        if wait is None or not wait > 0 or classify(error) not in _COOLING_KINDS:
+        kind = classify(error)
+        if kind is FailureKind.QUOTA_EXHAUSTED:
+            # Credit comes back when someone pays, not in seconds: a long cooldown.
+            wait = max(self.settings.quota_cooldown, wait or 0.0)
+            if not wait > 0:
+                return
+            until = now + wait
+        elif wait is None or not wait > 0 or kind not in _COOLING_KINDS:
             return
-        until = now + min(float(wait), self.settings.max_cooldown)
+        else:
+            until = now + min(float(wait), self.settings.max_cooldown)
         if until > signals.cooldown_until:
             self._cooled(route, signals, until, now)
 

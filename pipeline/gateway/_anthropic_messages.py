@@ -797,6 +797,7 @@ class MessageEventEncoder:
 # 503 when the models are unavailable, and says so in the type).
 _ERROR_TYPES = {
     401: "authentication_error",
+    402: "billing_error",  # a spent budget (its message says budget_exceeded)
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",

@@ -1,41 +1,73 @@
-"""The authentication layer: with ``[gateway] api_keys_env``, a request must carry one of
-the keys, else it is answered 401 (before its body is read).
+"""The authentication layer: with ``[gateway] api_keys_env`` or virtual keys, a request
+must carry a key, else it is answered 401 (before its body is read).
 
 The key comes in ``Authorization: Bearer KEY`` or, for formats whose clients send it so
-(Anthropic's), in ``x-api-key``. Every key is compared, each in constant time, so the
-time taken tells nothing about which key (or how much of one) matched. A key is never
-logged nor recorded: the request's `Exchange` keeps its position in the list (`NO_KEY`
-without keys), which the limits layer and the log line use.
+(Anthropic's), in ``x-api-key``. A virtual key (`pipeline.keys`) is looked up by its hash in
+the replica's `KeyRing`: a revoked or expired key, or a secret rotated out after its grace,
+is 401 too. An ``api_keys_env`` key is compared with every key, each in constant time, so
+the time taken tells nothing about which key (or how much of one) matched.
+
+A key is never logged nor recorded: the request's `Exchange` keeps the caller's identity
+(`Exchange.key`), the same for the same key in every replica and process, so what is kept
+per caller across processes (cache partitions, rate limits, budgets) follows the key, never
+its position in a list: a virtual key's id, or for an ``api_keys_env`` key a keyed hash of
+it (`key_identity`). Log lines show a key's name, or the start of its identity.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Sequence
+from typing import TYPE_CHECKING
 
 from pipeline.gateway._exchange import EXCHANGE, JSON, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway._shared import NO_KEY
 from pipeline.gateway.wire import WireError
 
-__all__ = ["NO_KEY", "AuthMiddleware", "authenticate"]
+if TYPE_CHECKING:
+    from pipeline.keys import KeyRing
+
+__all__ = ["NO_KEY", "AuthMiddleware", "authenticate", "key_identity"]
 
 _INVALID = WireError(
     401, "missing or invalid API key", type="invalid_request_error", code="invalid_api_key"
 )
+_REFUSED = {
+    why: WireError(401, message, type="invalid_request_error", code="invalid_api_key")
+    for why, message in (
+        ("revoked", "this API key was revoked"),
+        ("expired", "this API key expired"),
+        ("rotated", "this API key's secret was rotated out; use its new secret"),
+    )
+}
+# Identities are keyed hashes under a label of their own: equal across replicas (no shared
+# secret needed), never the key, and never equal to a hash of it used elsewhere.
+_IDENTITY_KEY = b"chat-pipeline: api_keys_env key identity v1"
+
+
+def key_identity(key: bytes) -> str:
+    """The identity of an ``api_keys_env`` key: ``k:`` and 32 hex digits of its keyed
+    hash (the same in every replica; the key cannot be read back from it)."""
+    return "k:" + hmac.new(_IDENTITY_KEY, key, hashlib.sha256).hexdigest()[:32]
+
+
+def _token(authorization: bytes | None, x_api_key: bytes | None) -> bytes:
+    if authorization is not None and authorization[:7].lower() == b"bearer ":
+        return authorization[7:].strip()
+    if x_api_key is not None:
+        return x_api_key.strip()
+    return b""
 
 
 def authenticate(
     keys: Sequence[bytes], authorization: bytes | None, x_api_key: bytes | None = None
 ) -> int | None:
-    """The position of the caller's key in `keys` (`NO_KEY` when there are no keys), or
-    None when the request carries none of them."""
+    """Which of `keys` the caller's key is (its index: it never leaves this layer; -1 when
+    there are no keys), or None when the request carries none of them."""
     if not keys:
-        return NO_KEY
-    token = b""
-    if authorization is not None and authorization[:7].lower() == b"bearer ":
-        token = authorization[7:].strip()
-    elif x_api_key is not None:
-        token = x_api_key.strip()
+        return -1
+    token = _token(authorization, x_api_key)
     if not token:
         return None
     found: int | None = None
@@ -49,20 +81,30 @@ class AuthMiddleware:
     """Lets a request with a valid key (or any request, without keys) through to `app`;
     answers 401 otherwise (see the module docstring). Works inside an inbound format's
     endpoint (its `Exchange` holds the headers and writes the error in the format's own
-    body) and around plain endpoints (``/v1/models``)."""
+    body) and around plain endpoints (``/v1/models``). `ring` holds the virtual keys."""
 
-    __slots__ = ("_keys", "_x_api_key", "app")
+    __slots__ = ("_identities", "_keys", "_ring", "_x_api_key", "app")
 
-    def __init__(self, app: ASGIApp, *, keys: Sequence[bytes], x_api_key: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        keys: Sequence[bytes],
+        x_api_key: bool = False,
+        ring: KeyRing | None = None,
+    ) -> None:
         self.app = app
         self._keys = tuple(keys)
+        self._identities = tuple(key_identity(key) for key in self._keys)
+        self._ring = ring
         self._x_api_key = x_api_key
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         # A plain function returning what to await (the app's call, or the 401): the
         # layer adds no coroutine of its own to every request.
         exchange = scope.get(EXCHANGE)
-        if not self._keys:
+        ring = self._ring
+        if not self._keys and ring is None:
             if exchange is not None:
                 exchange.key = NO_KEY
             return self.app(scope, receive, send)
@@ -71,20 +113,37 @@ class AuthMiddleware:
         else:
             headers = dict(scope["headers"])
             authorization, x_api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-        key = authenticate(self._keys, authorization, x_api_key if self._x_api_key else None)
-        if key is None:
-            return _refuse(exchange, send)
+        x_api_key = x_api_key if self._x_api_key else None
+        if ring is not None:
+            token = _token(authorization, x_api_key)
+            if ring.looks_like_secret(token):
+                found = ring.find(token)
+                if found is None:
+                    return _refuse(exchange, send, _INVALID)
+                if found.refused is not None:
+                    return _refuse(exchange, send, _REFUSED[found.refused])
+                if exchange is not None:
+                    key = found.key
+                    exchange.key = key.identity
+                    exchange.key_name = key.name
+                    exchange.virtual_key = key
+                return self.app(scope, receive, send)
+        index = authenticate(self._keys, authorization, x_api_key) if self._keys else None
+        if index is None or index < 0:
+            return _refuse(exchange, send, _INVALID)
         if exchange is not None:
-            exchange.key = key
+            identity = self._identities[index]
+            exchange.key = identity
+            exchange.key_name = identity[:10]
         return self.app(scope, receive, send)
 
 
-async def _refuse(exchange: Exchange | None, send: Send) -> None:
+async def _refuse(exchange: Exchange | None, send: Send, error: WireError) -> None:
     if exchange is not None:
-        exchange.failure = _INVALID
-        await exchange.error(_INVALID)
+        exchange.failure = error
+        await exchange.error(error)
         return
-    body = _INVALID.body()
+    body = error.body()
     headers = [
         *JSON,
         (b"www-authenticate", b"Bearer"),

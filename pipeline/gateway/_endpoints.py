@@ -19,7 +19,6 @@ answers for unknown paths and methods.
 from __future__ import annotations
 
 import datetime
-import hmac
 from typing import TYPE_CHECKING, Any
 
 from starlette.exceptions import HTTPException
@@ -27,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pipeline.errors import ConfigError
+from pipeline.gateway._admin import admitted
 from pipeline.gateway.wire import WireError, error_body
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Endpoints:
         from pipeline.spend._report import parse_time, parse_where, render
 
         gateway = self.gateway
-        if not _admitted(gateway.admin_key, request):
+        if not admitted(gateway.admin_key, request):
             body = error_body(
                 "missing or invalid admin key", "invalid_request_error", "invalid_api_key"
             )
@@ -159,16 +159,6 @@ class Endpoints:
             status,
             media_type="application/json",
         )
-
-
-def _admitted(key: bytes | None, request: Request) -> bool:
-    """Whether `request` carries the admin `key` (compared in constant time)."""
-    if key is None:
-        return False
-    authorization = request.headers.get("authorization", "")
-    token = authorization[7:].strip() if authorization[:7].lower() == "bearer " else ""
-    token = token or request.headers.get("x-api-key", "").strip()
-    return bool(token) and hmac.compare_digest(token.encode("latin-1", "replace"), key)
 
 
 def _started_at(seconds: int) -> str:

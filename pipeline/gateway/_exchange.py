@@ -103,8 +103,11 @@ def request_id_of(value: bytes | None) -> str:
 class Exchange:
     """One request and its response (see the module docstring).
 
-    The head fields are raw header values (``None`` when absent); `key` is the position of
-    the caller's API key (set by the auth layer, `NO_KEY` without keys); `request` is the
+    The head fields are raw header values (``None`` when absent); `key` is the caller's
+    identity, the same in every replica and process (set by the auth layer: a virtual key's
+    id, a keyed hash of an ``api_keys_env`` key, `NO_KEY` without keys; never a key's
+    position nor its secret), `key_name` what log lines show of it, and `virtual_key` the
+    caller's `pipeline.keys.VirtualKey` when it has one; `request` is the
     parsed body (set by the body layer); `status`, `failure` and `disconnected` say how the
     request ended;
     `report`, `route`, `model`, `response_model` and `response_id` are the routing story
@@ -125,6 +128,7 @@ class Exchange:
         "failure",
         "format",
         "key",
+        "key_name",
         "model",
         "report",
         "request",
@@ -138,6 +142,7 @@ class Exchange:
         "started",
         "status",
         "tags",
+        "virtual_key",
         "x_api_key",
     )
 
@@ -179,7 +184,9 @@ class Exchange:
         self.session: str | None = session
         self.tags: bytes | None = tags  # the caller's spend tags, comma-separated
         self.carrier = carrier
-        self.key: int | None = None
+        self.key: str | None = None
+        self.key_name: str | None = None
+        self.virtual_key: Any = None
         self.request: ChatRequest | None = None
         self.status = 0
         self.failure: BaseException | None = None

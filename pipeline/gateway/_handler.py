@@ -150,7 +150,7 @@ def _reached(exchange: Exchange) -> str | None:
     return exchange.route
 def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
     """Whose request it is, for the spend ledger: the caller's key (its id and name when it
-    is a virtual key, its position in ``api_keys_env`` otherwise; never the key), the body's
+    is a virtual key, its identity for an ``api_keys_env`` key; never the key), the body's
     ``user`` and ``metadata`` (``user``/``user_id``, ``team``, ``tags``, ``session``), the
     ``x-chat-pipeline-tags`` header, the endpoint's path and the session header. A virtual
     key's own team and user win over what the body says."""
@@ -158,16 +158,16 @@ def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attr
     tags = [*(caller.get("tags") or "").split(",")]
     if exchange.tags:
         tags += exchange.tags.decode("latin-1").split(",")
-    key = exchange.key
     key_id = key_name = team = user = None
-    if isinstance(key, int):
-        if key >= 0:
-            key_id = key_name = f"key-{key}"
-    elif key is not None:  # a virtual key: what it says of itself
-        key_id = _text(getattr(key, "id", None))
-        key_name = _text(getattr(key, "name", None))
-        team = _text(getattr(key, "team", None))
-        user = _text(getattr(key, "user", None))
+    virtual = exchange.virtual_key
+    if virtual is not None:  # a virtual key: what it says of itself
+        key_id = _text(getattr(virtual, "id", None))
+        key_name = _text(getattr(virtual, "name", None))
+        team = _text(getattr(virtual, "team", None))
+        user = _text(getattr(virtual, "user", None))
+    elif exchange.key:  # an api_keys_env key: its identity (a keyed hash), never its place
+        key_id = exchange.key
+        key_name = exchange.key_name
     return Attribution(
         key=key_id,
         key_name=key_name,

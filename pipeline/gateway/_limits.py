@@ -1,6 +1,6 @@
 """The limits layer: how many requests one caller may have in flight in this worker.
 
-A caller is its API key (its position in the list) or, on a gateway without keys, its
+A caller is its API key (its identity, `Exchange.key`) or, on a gateway without keys, its
 client address (``scope["client"]``, which uvicorn takes from ``X-Forwarded-For`` when the
 connection comes from a trusted proxy), so one client cannot take every other client's
 slots. One request more than ``max_concurrent_per_key`` is 429 with ``Retry-After``.
@@ -13,14 +13,13 @@ complete request could use.
 from __future__ import annotations
 
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
-from pipeline.gateway._shared import NO_KEY
 from pipeline.gateway.wire import WireError
 
 __all__ = ["LimitsMiddleware", "Slots"]
 
 
 class Slots:
-    """Requests in flight per caller (`in_flight`: a key's position, or a client address),
+    """Requests in flight per caller (`in_flight`: a key's identity, or a client address),
     shared by every endpoint of a worker; `limit` per caller (None: no limit)."""
 
     __slots__ = ("in_flight", "limit", "retry_after")
@@ -28,7 +27,7 @@ class Slots:
     def __init__(self, limit: int | None, retry_after: float) -> None:
         self.limit = limit
         self.retry_after = retry_after
-        self.in_flight: dict[int | str, int] = {}
+        self.in_flight: dict[str, int] = {}
 
 
 class LimitsMiddleware:
@@ -48,19 +47,20 @@ class LimitsMiddleware:
             await self.app(scope, receive, send)
             return
         key = exchange.key
-        caller: int | str
-        if key is not None and key != NO_KEY:
+        keyed = bool(key)
+        if key:
             caller = key
         else:
             client = scope.get("client")
-            caller = client[0] if client else ""
+            # An address can never equal an identity (identities have a prefix and a colon).
+            caller = "@" + client[0] if client else "@"
         in_flight = slots.in_flight
         count = in_flight.get(caller, 0)
         if count >= limit:
             error = WireError(
                 429,
                 "too many requests in flight for this "
-                + ("API key" if isinstance(caller, int) else "client")
+                + ("API key" if keyed else "client")
                 + "; retry later",
                 type="rate_limit_error",
                 code="concurrency_limit_exceeded",

@@ -29,8 +29,8 @@ __all__ = [
     "StreamEncoder",
 ]
 
-NO_KEY = -1
-"""The key position of a request to a gateway without keys."""
+NO_KEY = ""
+"""The caller identity (`Exchange.key`) of a request to a gateway without keys."""
 
 READ_TIMED_OUT = "chat_pipeline.read_timed_out"
 """Scope key the connection sets when the request's body did not arrive in time."""

@@ -76,8 +76,6 @@ if TYPE_CHECKING:
 
 __all__ = ["TelemetryMiddleware"]
 
-_NO_KEY = -1
-
 _logger = logging.getLogger("chat_pipeline.gateway")
 
 
@@ -205,7 +203,7 @@ class TelemetryMiddleware:
         else:
             outcome = "ok"
         if _logger.isEnabledFor(level):
-            key = exchange.key
+            key = exchange.key_name
             builtin = exchange.builtin_tools
             # A record made directly: `Logger.log` would walk the stack for the caller's
             # file and line on every request, which the line does not show.
@@ -229,7 +227,7 @@ class TelemetryMiddleware:
                     attempts if route is not None else "-",
                     str(fallback).lower() if route is not None else "-",
                     served or "-",
-                    "-" if key is None or key == _NO_KEY else f"#{key}",
+                    key or "-",
                     # Only a request that offered built-in tools says what became of them.
                     # Percent-encoded tokens (`_builtin_tools.header_value`).
                     "" if builtin is None else f" builtin_tools={builtin}",

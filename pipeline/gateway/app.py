@@ -52,6 +52,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
@@ -60,6 +61,7 @@ from starlette.routing import Route, request_response
 
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
+from pipeline.gateway._admin import KeysAdmin
 from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
@@ -77,6 +79,7 @@ from pipeline.gateway._exchange import (
     exit_request_id,
 )
 from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
+from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
 from pipeline.gateway._responses import RESPONSES
@@ -114,6 +117,14 @@ FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 """The inbound formats the gateway serves, each on its own path."""
 
 _logger = logging.getLogger("chat_pipeline.gateway")
+
+# A route's provider setting -> its name in the price book (None: nothing to price).
+_BOOK_PROVIDERS = {
+    "openai": "openai",
+    "openai_responses": "openai",
+    "azure_openai": "azure_openai",
+    "anthropic": "anthropic",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +176,10 @@ class Gateway:
                     f"the environment variable {self.settings.api_keys_env} holds no key",
                 )
         self.keys = keys
+        self.governance = Governance.of(
+            config, retry_after=self.settings.retry_after, meter_provider=meter_provider
+        )
+        self._costs: dict[str, Any] = {}
         admin = self.settings.admin_key_env
         self.admin_key: bytes | None = (
             os.environ.get(admin, "").strip().encode() or None if admin is not None else None
@@ -228,10 +243,15 @@ class Gateway:
                 client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)
                 self._closers.append(client.aclose)
+            if self.governance.governor is not None:
+                built = {name: self._metered(target) for name, target in built.items()}
             targets = {model: built[target] for model, target in self.models.items()}
             self.targets = {m: t for m, t in targets.items() if not is_pattern(m)}
             self._patterns = [(m, t) for m, t in targets.items() if is_pattern(m)]
             self._redis = self._readiness_clients()
+            self.governance.costs_for = self._costs_for
+            self.governance.price_of = self._price_of
+            await self.governance.start()
         except BaseException:
             await self._close()
             raise
@@ -257,6 +277,64 @@ class Gateway:
                 return matched
         return None
 
+    def _metered(self, target: Target) -> Target:
+        """`target` logging its call as the request's attempt when no router beneath
+        does (budgets settle with the attempt log)."""
+        from pipeline.client import metadata_of
+
+        if target.route is None or metadata_of(target.client).provider_name == "router":
+            return target
+        price = self.config.routes[target.route].price
+        client = MeteredClient(target.client, route=target.route, price=price)
+        return Target(client, target.instructions, route=target.route)
+
+    def _price_of(self, attempt: Any) -> Any:
+        """What an attempt logged without a cost cost at its route's own price (a layer that
+        priced it by the book alone, which knew no price), or None."""
+        route = self.config.routes.get(attempt.route)
+        price = route.price if route is not None else None
+        return price.charge(attempt.usage).amount if price is not None else None
+
+    def _costs_for(self, model: str) -> Any:
+        """What the routes a model name may use cost at most per token (for budget
+        reservations): its route's price, or the dearest of every route's."""
+        cost = self._costs.get(model)
+        if cost is not None:
+            return cost
+        from pipeline._governance import RateCost
+
+        target = self.target(model)
+        names = [target.route] if target is not None and target.route else self.config.route_names
+        cost = RateCost.of([p for p in map(self._route_price, names) if p is not None])
+        if len(self._costs) < 1024:
+            self._costs[model] = cost
+        return cost
+
+    def _route_price(self, name: str) -> tuple[Any, Any] | None:
+        """A route's (input, output) price per million tokens: its own, else the book's."""
+        from decimal import Decimal
+
+        route = self.config.routes[name]
+        price = route.price
+        if price is not None:
+            return Decimal(str(price.input_per_million)), Decimal(str(price.output_per_million))
+        book = self.governance.prices
+        provider = _BOOK_PROVIDERS.get(route.provider)
+        model = getattr(route, "model", None)
+        if book is None or provider is None or not model:
+            return None
+        from pipeline.pricing import priced
+        from pipeline.types import UsageDetails
+
+        at = datetime.now(UTC)
+        rates = []
+        for usage in (UsageDetails(1_000_000, 0, 1_000_000), UsageDetails(0, 1_000_000, 1_000_000)):
+            cost = priced(None, book, provider, model, usage, at=at, estimated=False)
+            if cost is None:
+                return None
+            rates.append(cost.amount)
+        return rates[0], rates[1]
+
     def _log_start(self) -> None:
         _logger.info(
             "gateway worker %d serving %s, environment %s: models %s; %s",
@@ -268,7 +346,9 @@ class Gateway:
             if self.keys
             else "no API keys",
         )
-        if not self.keys:
+        if self.governance.ring is not None:
+            _logger.info("virtual keys on: %d key(s) known", len(self.governance.ring))
+        elif not self.keys:
             _logger.warning(
                 "no API keys configured ([gateway] api_keys_env): every caller is served; "
                 "limits apply per client address"
@@ -314,6 +394,10 @@ class Gateway:
             except Exception as exc:  # close the others, then report every failure
                 errors.append(exc)
         self._redis = {}
+        try:
+            await self.governance.aclose()
+        except Exception as exc:
+            errors.append(exc)
         if errors:
             raise ExceptionGroup("closing the gateway's clients failed", errors)
 
@@ -435,17 +519,25 @@ def _format_endpoint(
     """The stack of layers of one inbound format (see the module docstring) around its
     handler (the pipeline call, unless given)."""
     settings = gateway.settings
+    inner: ASGIApp
     if handler is None:
         hooks: AnswerHooks | None = None
         if format is RESPONSES:
             stored = gateway.stored_responses
             hooks = stored if stored is not None else NoStoredResponses()
-        handler = FormatHandler(gateway, format, hooks)
-    limited = LimitsMiddleware(handler, slots=slots)
+        inner = FormatHandler(gateway, format, hooks)
+        governance = gateway.governance
+        if governance.active:
+            inner = GovernanceMiddleware(inner, governance=governance, path=format.path)
+    else:
+        inner = handler
+    limited = LimitsMiddleware(inner, slots=slots)
     read = BodyMiddleware(
         limited, max_body_bytes=settings.max_body_bytes, builtin_tools=settings.builtin_tools
     )
-    authenticated = AuthMiddleware(read, keys=gateway.keys, x_api_key=format.x_api_key)
+    authenticated = AuthMiddleware(
+        read, keys=gateway.keys, x_api_key=format.x_api_key, ring=gateway.governance.ring
+    )
     traced = TelemetryMiddleware(
         authenticated,
         route=format.path,
@@ -529,7 +621,12 @@ def create_app(
 
     def keyed(endpoint: Callable[..., Awaitable[Any]]) -> ASGIApp:
         # /v1/models takes keys as the formats do (Anthropic clients send x-api-key).
-        return AuthMiddleware(request_response(endpoint), keys=gateway.keys, x_api_key=True)
+        return AuthMiddleware(
+            request_response(endpoint),
+            keys=gateway.keys,
+            x_api_key=True,
+            ring=gateway.governance.ring,
+        )
 
     routes = [
         Route("/v1/models", keyed(endpoints.models), methods=["GET"]),
@@ -541,6 +638,13 @@ def create_app(
         routes.append(Route("/metrics", endpoints.metrics, methods=["GET"]))
     if settings.admin_key_env is not None and config.spend is not None:
         routes.append(Route("/admin/spend", endpoints.spend, methods=["GET"]))
+    if settings.admin_key_env is not None and gateway.governance.store is not None:
+        admin = KeysAdmin(gateway.governance, gateway.admin_key)
+        routes += [
+            Route("/admin/keys", admin.handle, methods=["GET", "POST"]),
+            Route("/admin/keys/{ref}", admin.handle, methods=["GET", "PATCH"]),
+            Route("/admin/keys/{ref}/{action:str}", admin.handle, methods=["POST"]),
+        ]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -150,8 +150,8 @@ class GatewaySettings(Settings):
     with none idle, is answered 503 with `Retry-After`."""
     admin_key_env: _EnvName | None = None
     """The environment variable holding the admin key, which the admin endpoints (`GET
-    /admin/spend`) take as `Authorization: Bearer KEY` (or `x-api-key`); unset: no admin
-    endpoint is served."""
+    /admin/spend`, `/admin/keys`) take as `Authorization: Bearer KEY` (or `x-api-key`); unset:
+    no admin endpoint is served."""
     builtin_tools: Literal["drop", "refuse"] = "drop"
     """What happens to a provider's built-in tools a request offers (``web_search``, Anthropic
     server tools), which no route behind the gateway can run: ``"drop"`` serves the request

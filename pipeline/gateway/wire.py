@@ -637,6 +637,14 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
         "rate_limit_exceeded",
         "the model provider is rate limiting requests",
     ),
+    # The gateway's own provider account is out of quota or credit: the operator's to fix
+    # (never the caller's 402, which is the caller's budget); a retry cannot help soon.
+    FailureKind.QUOTA_EXHAUSTED: (
+        503,
+        "server_error",
+        "upstream_quota_exhausted",
+        "the model provider's quota or credit for the gateway's account is exhausted",
+    ),
     FailureKind.REQUEST_INVALID: (
         400,
         "invalid_request_error",
@@ -696,7 +704,7 @@ _KINDS: dict[FailureKind, tuple[int, str, str | None, str]] = {
 }
 
 
-NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
+NOT_RETRYABLE = frozenset({"upstream_authentication_failed", "upstream_quota_exhausted"})
 """Error codes answered with ``x-should-retry: false``: the official SDKs (which retry
 5xx) do not retry them."""
 
@@ -704,6 +712,7 @@ NOT_RETRYABLE = frozenset({"upstream_authentication_failed"})
 _EVERY_ROUTE_FAILED = frozenset(
     {
         FailureKind.RATE_LIMITED,
+        FailureKind.QUOTA_EXHAUSTED,
         FailureKind.TRANSIENT,
         FailureKind.CIRCUIT_OPEN,
         FailureKind.INVALID_RESPONSE,

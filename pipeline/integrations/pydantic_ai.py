@@ -555,6 +555,9 @@ def _finish_reason(reason: str | None) -> FinishReason | None:
 
 _CATEGORIES: dict[FailureKind, type[ModelAPIError]] = {
     FailureKind.RATE_LIMITED: ModelRateLimitError,
+    # The route's account is out of credit: unavailable for a long while (the pipeline
+    # fails over on it, so FallbackModel's default falls back too).
+    FailureKind.QUOTA_EXHAUSTED: ModelUnavailableError,
     FailureKind.CIRCUIT_OPEN: ModelUnavailableError,
     FailureKind.REQUEST_INVALID: ModelRequestRejectedError,
     FailureKind.CONTEXT_LENGTH_EXCEEDED: ModelContextWindowExceededError,

@@ -72,6 +72,8 @@ def cache_counted_apart(
 _IN_BAND_KINDS = {
     "rate_limit_exceeded": FailureKind.RATE_LIMITED,
     "rate_limit_error": FailureKind.RATE_LIMITED,
+    "insufficient_quota": FailureKind.QUOTA_EXHAUSTED,
+    "billing_error": FailureKind.QUOTA_EXHAUSTED,
     "server_error": FailureKind.TRANSIENT,
     "api_error": FailureKind.TRANSIENT,
     "overloaded_error": FailureKind.TRANSIENT,
@@ -97,6 +99,10 @@ _CONTEXT_MESSAGES = (
     "the input token count",
 )
 _REQUEST_TYPES = (None, "invalid_request_error", "INVALID_ARGUMENT")
+# Anthropic refuses a request of an account out of credit as a 400 invalid_request_error
+# ("Your credit balance is too low to access the Anthropic API. ..."): only these words tell
+# it from a bad request. Compared the same way, never copied.
+_QUOTA_MESSAGES = ("your credit balance is too low",)
 
 # Google APIs (Gemini, Vertex AI) say more in an error's ``details``: how long to wait
 # (``google.rpc.RetryInfo``) and why (``google.rpc.ErrorInfo``: a bad API key is a 400).
@@ -171,6 +177,12 @@ def error_from_payload(
         and message[:40].lower().startswith(_CONTEXT_MESSAGES)
     ):
         kind = FailureKind.CONTEXT_LENGTH_EXCEEDED
+    elif (
+        message is not None
+        and type_ in (None, "invalid_request_error", "billing_error")
+        and message[:40].lower().startswith(_QUOTA_MESSAGES)
+    ):
+        kind = FailureKind.QUOTA_EXHAUSTED
     elif reason in _GOOGLE_AUTH_REASONS:
         kind = FailureKind.AUTHENTICATION
     elif status_code is not None or numeric is not None:

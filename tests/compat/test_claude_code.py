@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ async def ask(
     *options: str,
     bound: float = RUN_TIMEOUT,
     env: dict[str, str] | None = None,
+    api_key: str = f"sk-gateway-{CANARY}",
 ) -> dict[str, Any]:
     """``claude -p PROMPT --output-format json [OPTIONS]`` with only the base URL and a key
     set; its JSON result (the test fails when it takes more than `bound` seconds)."""
@@ -122,7 +124,7 @@ async def ask(
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
         "ANTHROPIC_BASE_URL": gateway.url,
-        "ANTHROPIC_API_KEY": f"sk-gateway-{CANARY}",
+        "ANTHROPIC_API_KEY": api_key,
         **(env or {}),
     }
     process = await asyncio.create_subprocess_exec(
@@ -161,6 +163,8 @@ def assert_never_recorded(secrets: list[str], caplog: pytest.LogCaptureFixture, 
     for secret in secrets:
         assert not [line for line in logged if secret in line]
         assert not [text for text in otel.everything_exported() if secret in text]
+
+
 def every_route(
     openai_upstream: FakeOpenAIServer, backup_upstream: FakeOpenAIServer, answer: FakeResponse
 ) -> Any:
@@ -614,3 +618,102 @@ async def test_failover_from_a_bedrock_route_is_invisible(
     assert result["is_error"] is False, result
     assert result["result"] == "Served by the backup."
     assert (bedrock_upstream.count(), openai_upstream.count()) == (1, 1)
+
+
+# -- keys, budgets and rate limits -----------------------------------------------------------
+
+
+async def governed(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, upstream: FakeOpenAIServer
+) -> tuple[Any, Any]:
+    """A gateway configuration with virtual keys and budgets, and its key store."""
+    from pipeline.keys import SQLiteKeyStore
+
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    monkeypatch.setenv("CLAUDE_CODE_TEST_REDIS", redis_url)
+    data = {
+        "routes": {
+            "primary": {
+                "provider": "openai",
+                "model": "model-primary",
+                "base_url": upstream.base_url,
+                "api_key_env": "CLAUDE_CODE_TEST_UPSTREAM_KEY",
+                "price": {"input_per_million": 1.0, "output_per_million": 1.0},
+            }
+        },
+        "gateway": {"models": {"claude-*": "pipeline"}},
+        "layers": {"telemetry": True},
+        "spend": {"path": str(tmp_path / "ledger.db")},
+        "keys": {"refresh_interval": 0.1},
+        "budgets": {
+            "redis_url_env": "CLAUDE_CODE_TEST_REDIS",
+            "namespace": f"cc-{uuid.uuid4().hex[:8]}",
+        },
+    }
+    return parse_config(data), SQLiteKeyStore(tmp_path / "ledger.db")
+
+
+async def test_a_spent_budget_stops_claude_code_after_one_request(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.keys import Budget
+
+    cfg, store = await governed(tmp_path, redis_url, monkeypatch, openai_upstream)
+    issued = await store.create("agent", budget=Budget("0"))
+    async with running(cfg, **otel.providers) as gateway:
+        async with asyncio.timeout(GIVE_UP_BOUND):
+            result = await ask(claude, gateway, tmp_path, "Say hello", api_key=issued.secret)
+        await gateway.gateway.wait_idle()
+    await store.aclose()
+    assert result["is_error"] is True, result
+    assert "budget_exceeded" in json.dumps(result)
+    # One request, refused with the 402 (no retry loop), and no provider call.
+    posts = [s for s in server_spans(otel) if s.name == "POST /v1/messages"]
+    assert [dict(s.attributes or {}).get("http.response.status_code") for s in posts] == [402]
+    assert openai_upstream.count() == 0
+
+
+async def test_a_rate_limited_claude_code_waits_and_goes_on(
+    claude: Path,
+    openai_upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    cfg, store = await governed(tmp_path, redis_url, monkeypatch, openai_upstream)
+    # One every 5 s: the limit is still reached when Claude Code, a second later, starts.
+    issued = await store.create("agent", rpm=12)
+    openai_upstream.script(*[FakeResponse(text="Hello!")] * 10)
+    async with running(cfg, **otel.providers) as gateway:
+        # The key's burst used up: Claude Code's first request is refused with 429 and
+        # retry-after, which it waits out before asking again.
+        async with httpx.AsyncClient(base_url=gateway.url) as client:
+            body = {
+                "model": "claude-x",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "x"}],
+            }
+            headers = {"x-api-key": issued.secret, "anthropic-version": "2023-06-01"}
+            while (
+                await client.post("/v1/messages", json=body, headers=headers)
+            ).status_code == 200:
+                pass
+        async with asyncio.timeout(GIVE_UP_BOUND):
+            result = await ask(claude, gateway, tmp_path, "Say hello", api_key=issued.secret)
+        await gateway.gateway.wait_idle()
+    await store.aclose()
+    assert result["is_error"] is False, result
+    statuses = [
+        dict(s.attributes or {}).get("http.response.status_code")
+        for s in server_spans(otel)
+        if s.name == "POST /v1/messages"
+    ]
+    assert statuses.count(429) >= 2 and statuses[-1] == 200  # ours, then Claude Code's

@@ -83,10 +83,20 @@ def provider_entry(gateway: Running, extra: str = "") -> str:
 
 
 async def run_codex(
-    codex_bin: Path, gateway: Running, home: Path, prompt: str = PROMPT, model: str | None = None
+    codex_bin: Path,
+    gateway: Running,
+    home: Path,
+    prompt: str = PROMPT,
+    model: str | None = None,
+    *,
+    key: str = "test-key",
+    succeed: bool = True,
 ) -> list[dict[str, Any]]:
-    """``codex exec --json`` once; its JSON events (it must exit 0)."""
-    returncode, events, err = await exec_codex(codex_bin, gateway, home, prompt, model)
+    """``codex exec --json`` once; its JSON events (with `succeed`, it must exit 0 and
+    report no error)."""
+    returncode, events, err = await exec_codex(codex_bin, gateway, home, prompt, model, key=key)
+    if not succeed:
+        return events
     if returncode != 0:
         pytest.fail(f"codex exec failed (exit {returncode}):\n{err[-4000:]}")
     errors = [e for e in events if e.get("type") in ("error", "turn.failed")]
@@ -101,6 +111,8 @@ async def exec_codex(
     prompt: str = PROMPT,
     model: str | None = None,
     provider_extra: str = "",
+    *,
+    key: str = "test-key",
 ) -> tuple[int, list[dict[str, Any]], str]:
     """``codex exec --json`` once: its exit code, JSON events and standard error."""
     work = codex_home(home, gateway, provider_extra)
@@ -120,7 +132,7 @@ async def exec_codex(
     process = await asyncio.create_subprocess_exec(
         *command,
         cwd=work,
-        env={**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": "test-key"},
+        env={**os.environ, "CODEX_HOME": str(home), "GATEWAY_KEY": key},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -320,6 +332,109 @@ async def test_failover_before_output_is_invisible(
     assert (upstream.count(), backup.count()) == (1, 1)
 
 
+# -- keys, budgets and rate limits -----------------------------------------------------------
+
+
+def governed_config(upstream: FakeOpenAIServer, tmp_path: Path, redis_url: str) -> Any:
+    from pipeline.config import parse_config
+
+    os.environ["CODEX_TEST_REDIS"] = redis_url
+    return parse_config(
+        {
+            "routes": {
+                "primary": {
+                    "provider": "openai",
+                    "model": "model-primary",
+                    "base_url": upstream.base_url,
+                    "price": {"input_per_million": 1.0, "output_per_million": 1.0},
+                }
+            },
+            "gateway": {"models": MODELS},
+            "layers": {"telemetry": True},
+            "spend": {"path": str(tmp_path / "ledger.db")},
+            "keys": {"refresh_interval": 0.1},
+            "budgets": {"redis_url_env": "CODEX_TEST_REDIS", "namespace": f"cx-{os.getpid()}"},
+        }
+    )
+
+
+def responses_statuses(otel: Otel) -> list[Any]:
+    from opentelemetry.trace import SpanKind
+
+    return [
+        dict(s.attributes or {}).get("http.response.status_code")
+        for s in otel.finished()
+        if s.kind is SpanKind.SERVER and s.name == f"POST {RESPONSES}"
+    ]
+
+
+async def test_a_spent_budget_stops_codex_and_shows_why(
+    codex_bin: Path,
+    upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.keys import Budget, SQLiteKeyStore
+
+    monkeypatch.setenv("CODEX_TEST_REDIS", redis_url)
+    store = SQLiteKeyStore(tmp_path / "ledger.db")
+    issued = await store.create("agent", budget=Budget("0"))
+    async with running(governed_config(upstream, tmp_path, redis_url), **otel.providers) as gw:
+        events = await run_codex(
+            codex_bin, gw, tmp_path / "home", model=CODEX_MODEL, key=issued.secret, succeed=False
+        )
+        await gw.gateway.wait_idle()
+    await store.aclose()
+    assert "budget_exceeded" in json.dumps(events)
+    assert any(e.get("type") == "turn.failed" for e in events)
+    # Codex retries a 402 (it reads no x-should-retry) as many times as its
+    # request_max_retries allows, then stops: bounded, every one refused, no provider call.
+    # (Claude Code and the official SDKs stop after the first.)
+    statuses = responses_statuses(otel)
+    assert set(statuses) == {402} and 1 <= len(statuses) <= 6
+    assert upstream.count() == 0
+
+
+async def test_a_rate_limited_codex_waits_and_goes_on(
+    codex_bin: Path,
+    upstream: FakeOpenAIServer,
+    otel: Otel,
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    from pipeline.keys import SQLiteKeyStore
+
+    monkeypatch.setenv("CODEX_TEST_REDIS", redis_url)
+    store = SQLiteKeyStore(tmp_path / "ledger.db")
+    # One every 5 s: the limit is still reached when Codex, a second or two later, starts.
+    issued = await store.create("agent", rpm=12)
+    upstream.script(*[FakeResponse(text="Hello!")] * 10)
+    async with running(governed_config(upstream, tmp_path, redis_url), **otel.providers) as gw:
+        async with httpx.AsyncClient(base_url=gw.base_url) as client:
+            body = {"model": CODEX_MODEL, "input": "x"}
+            headers = {"authorization": f"Bearer {issued.secret}"}
+            for _ in range(10):  # one is admitted, the next refused
+                response = await client.post("/responses", json=body, headers=headers)
+                if response.status_code == 429:
+                    break
+            assert response.status_code == 429
+        # Codex tells its retry as an "error" event ("Reconnecting... 1/5"), then goes on.
+        events = await run_codex(
+            codex_bin, gw, tmp_path / "home", model=CODEX_MODEL, key=issued.secret, succeed=False
+        )
+        await gw.gateway.wait_idle()
+    await store.aclose()
+    assert not [e for e in events if e.get("type") == "turn.failed"], events
+    assert [m["text"] for m in items(events, "agent_message")] == ["Hello!"]
+    statuses = responses_statuses(otel)
+    assert statuses.count(429) >= 2 and statuses[-1] == 200
+
+
 @pytest.fixture
 def bedrock(fake_bedrock_server: FakeBedrockServer) -> FakeBedrockServer:
     """The kit's fake, its credentials in the environment (the gateway's AWS credentials)."""
@@ -369,6 +484,8 @@ async def test_failover_from_a_bedrock_route_is_invisible(
         events = await run_codex(codex_bin, gateway, tmp_path / "home", model=CODEX_MODEL)
     assert [m["text"] for m in items(events, "agent_message")] == ["Served by the backup."]
     assert (bedrock.count(), backup.count()) == (1, 1)
+
+
 async def test_every_route_down_with_codexs_retries_bounded(
     codex_bin: Path, upstream: FakeOpenAIServer, backup: FakeOpenAIServer, tmp_path: Path
 ) -> None:

@@ -189,17 +189,18 @@ def test_db_upgrade_and_status_from_a_configuration(
         '[routes.a]\nprovider = "scripted"\nreply = "hi"\n\n[spend]\npath = "spend/ledger.db"\n'
     )
     assert main(["db", "status", "--config", str(config)]) == 1
-    assert "schema at version 0 of 1 (run `chat-pipeline db upgrade`)" in capsys.readouterr().out
+    assert "schema at version 0 of 2 (run `chat-pipeline db upgrade`)" in capsys.readouterr().out
     assert main(["db", "upgrade", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines() == [
         "applied 0001_spend",
-        "sqlite spend/ledger.db: schema at version 1 (the latest)",
+        "applied 0002_keys",
+        "sqlite spend/ledger.db: schema at version 2 (the latest)",
     ]
     assert main(["db", "upgrade", "--config", str(config)]) == 0
     assert "nothing to apply" in capsys.readouterr().out
     assert main(["db", "status", "--config", str(config)]) == 0
-    assert "schema at version 1 of 1 (up to date)" in capsys.readouterr().out
+    assert "schema at version 2 of 2 (up to date)" in capsys.readouterr().out
 
 
 def test_db_upgrade_of_a_postgres_database_named_by_a_variable(

@@ -17,6 +17,7 @@ from pipeline.errors import (
     ContextLengthExceededError,
     FailureKind,
     ProviderError,
+    QuotaExhaustedError,
     RateLimitedError,
     RequestInvalidError,
     ResponseValidationError,
@@ -47,6 +48,10 @@ from pipeline.errors import (
         (400, "context_length_exceeded", FailureKind.CONTEXT_LENGTH_EXCEEDED),
         (400, "content_filter", FailureKind.CONTENT_FILTERED),
         (200, None, FailureKind.UNKNOWN),
+        # An account out of quota or credit: waiting a Retry-After will not bring it back.
+        (429, "insufficient_quota", FailureKind.QUOTA_EXHAUSTED),
+        (402, None, FailureKind.QUOTA_EXHAUSTED),
+        (402, "billing_error", FailureKind.QUOTA_EXHAUSTED),
     ],
 )
 def test_kind_for_status(status: int, code: str | None, kind: FailureKind) -> None:
@@ -56,6 +61,7 @@ def test_kind_for_status(status: int, code: str | None, kind: FailureKind) -> No
 def test_provider_error_factory_picks_the_subclass() -> None:
     classes = {
         FailureKind.RATE_LIMITED: RateLimitedError,
+        FailureKind.QUOTA_EXHAUSTED: QuotaExhaustedError,
         FailureKind.TRANSIENT: TransientProviderError,
         FailureKind.CIRCUIT_OPEN: CircuitOpenError,
         FailureKind.REQUEST_INVALID: RequestInvalidError,
@@ -224,7 +230,7 @@ def test_every_error_class_lives_here_and_in_the_tree() -> None:
     assert errors.__doc__ is not None
     tree = set(re.findall(r"\w+", errors.__doc__.split("`classify(exc)`")[0]))
     # Caught inside the library, never a caller's: documented, not exported.
-    internal = {"MalformedSSE", "RedisUnavailable", "_VectorShapeError"}
+    internal = {"MalformedSSE", "RedisUnavailable", "RespError", "_VectorShapeError"}
     for cls in classes:
         assert cls.__name__ in tree
         if cls.__name__ in internal:
@@ -341,3 +347,12 @@ def test_response_validation_error_keeps_its_problems_and_kind() -> None:
     assert str(made) == "invalid response"
     with pytest.raises(TypeError, match="contradicts"):
         ResponseValidationError(kind=FailureKind.TRANSIENT)
+
+
+def test_an_exhausted_quota_fails_over_and_is_never_retried() -> None:
+    error = QuotaExhaustedError(status_code=429, code="insufficient_quota", retry_after=1.0)
+    assert classify(error) is FailureKind.QUOTA_EXHAUSTED
+    assert is_failover_eligible(error)
+    assert not is_retryable(error)
+    assert not is_retryable(_status_error(402))
+    assert is_failover_eligible(_status_error(402))

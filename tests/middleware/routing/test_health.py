@@ -9,6 +9,7 @@ import pytest
 from middleware.routing.health import HealthSettings, RouteHealth, counts_against_route
 from pipeline.errors import (
     AttemptTimeoutError,
+    QuotaExhaustedError,
     RateLimitedError,
     RequestInvalidError,
     TransientProviderError,
@@ -132,6 +133,23 @@ def test_retry_after_cools_the_route_for_that_long_capped(clock: Clock) -> None:
     assert not health.cooling_down("b")
 
 
+def test_an_exhausted_quota_cools_the_route_for_the_quota_cooldown(clock: Clock) -> None:
+    health = RouteHealth(clock=clock, max_cooldown=5.0)
+    failed(health, clock, "a", QuotaExhaustedError(status_code=429, code="insufficient_quota"))
+    assert health.stats("a").cooldown == pytest.approx(900.0)  # never capped by max_cooldown
+    assert health.stats("a").failure_ratio > 0  # a deployment failure
+    clock.advance(899.0)
+    assert health.cooling_down("a")
+    clock.advance(1.0)
+    assert not health.cooling_down("a")
+    # A provider that says how long it will be: the longer of the two.
+    short = RouteHealth(clock=clock, quota_cooldown=30.0)
+    failed(short, clock, "a", QuotaExhaustedError(status_code=402))
+    assert short.stats("a").cooldown == pytest.approx(30.0)
+    failed(short, clock, "b", QuotaExhaustedError(status_code=402, retry_after=3600))
+    assert short.stats("b").cooldown == pytest.approx(3600.0)
+
+
 def test_a_slow_route_is_an_outlier_against_the_others_median(clock: Clock) -> None:
     health = RouteHealth(clock=clock)
     for route, latency in (("a", 1.5), ("b", 0.4), ("c", 0.5)):
@@ -228,4 +246,5 @@ def test_settings_are_validated() -> None:
 
 def test_counts_against_route_is_the_deployment_failure_rule() -> None:
     assert counts_against_route(TransientProviderError())
+    assert counts_against_route(QuotaExhaustedError())
     assert not counts_against_route(RequestInvalidError())

@@ -132,6 +132,38 @@ async def test_two_replicas_share_entries_through_redis(
         assert len(upstream.requests) == 1
 
 
+async def test_replicas_with_other_key_lists_keep_each_keys_entries_apart(
+    upstream: FakeOpenAIServer, redis_url: str, monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    # A rolling update: replica one lists key A first, replica two key B first. Partitions
+    # follow the key itself, so B never gets what A paid for, and A finds its own entry on
+    # either replica.
+    monkeypatch.setenv("CACHE_TEST_REDIS", redis_url)
+    monkeypatch.setenv("KEYS_ONE", "key-a,key-b")
+    monkeypatch.setenv("KEYS_TWO", "key-b,key-c,key-a")
+    namespace = f"tenants-{streaming}"
+    cache = {"store": "redis", "redis_url_env": "CACHE_TEST_REDIS", "namespace": namespace}
+    async with contextlib.AsyncExitStack() as stack:
+        one = await stack.enter_async_context(
+            running(cached_config(upstream, cache, {"api_keys_env": "KEYS_ONE"}))
+        )
+        two = await stack.enter_async_context(
+            running(cached_config(upstream, cache, {"api_keys_env": "KEYS_TWO"}))
+        )
+        first, text = await chat(one, "tenant question", stream=streaming, key="key-a")
+        assert first.headers["x-cache"] == "miss"
+        # Key A's entry is written beside its answer: once replica two finds it for A...
+        for _ in range(200):
+            again, same = await chat(two, "tenant question", stream=streaming, key="key-a")
+            if again.headers["x-cache"] == "hit":
+                break
+        assert again.headers["x-cache"] == "hit" and same == text
+        # ... key B (first in replica two's list, as A is in replica one's) misses there.
+        other, _ = await chat(two, "tenant question", stream=streaming, key="key-b")
+        assert other.headers["x-cache"] == "miss"
+        assert len(upstream.requests) == 2
+
+
 async def post(
     run: Running, path: str, body: dict[str, Any], key: str = "unused"
 ) -> httpx.Response:

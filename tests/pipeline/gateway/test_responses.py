@@ -319,7 +319,7 @@ async def test_failure_after_output_is_an_error_event_then_response_failed(
         ({"include": ["message.output_text.logprobs"]}, "include[0]", "unsupported_parameter"),
         ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
         ({"tools": [{"type": "frobnicator"}]}, "tools[0].type", "unsupported_parameter"),
-        ({"tools": [{"type": {"name": "x"}}]}, "tools[0].type", "unsupported_parameter"),
+        ({"tools": [{"type": {"name": "x"}}]}, "tools[0].type", "invalid_value"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice", "unsupported_parameter"),
         ({"reasoning": {"frobnicate": "x"}}, "reasoning.frobnicate", "unsupported_parameter"),
         ({"reasoning": {"summary": 1}}, "reasoning.summary", "invalid_value"),

@@ -16,11 +16,14 @@ import httpx
 import pytest
 
 from pipeline.config import parse_config
+from pipeline.gateway._auth import key_identity
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
 from tests.pipeline.gateway.conftest import running
 
 ADMIN = "admin-secret-1"
 KEYS = ["key-a-secret", "key-b-secret"]
+# What the ledger keeps of each: its identity's start (never the key, nor its place).
+NAMES = [key_identity(key.encode())[:10] for key in KEYS]
 
 
 def spend_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, routes: dict[str, Any]) -> Any:
@@ -82,7 +85,7 @@ async def test_attribution_totals_equal_the_records_and_the_upstreams(
                     ("team", team or "-"),
                     ("tag", tag),
                     ("tag", "all"),
-                    ("key_name", f"key-{n % 2}"),
+                    ("key_name", NAMES[n % 2]),
                 ):
                     expected[(field, value)] += served  # the failed attempt used nothing
             ledger = gateway.gateway.spend
@@ -161,7 +164,7 @@ async def test_the_anthropic_and_responses_paths_are_their_endpoints(
             by_endpoint = {r.endpoint: r for r in await ledger.records()}
             assert set(by_endpoint) == {"/v1/messages", "/v1/responses"}
             assert by_endpoint["/v1/messages"].user == "u-77"
-            assert by_endpoint["/v1/messages"].key_name == "key-1"
+            assert by_endpoint["/v1/messages"].key_name == NAMES[1]
             assert by_endpoint["/v1/responses"].user == "u-88"
             assert all(r.cost is not None and r.cost > 0 for r in by_endpoint.values())
 
@@ -201,9 +204,9 @@ async def test_admin_spend_answers_the_admin_key_only(
             data = found.json()
             assert data["group_by"] == ["team", "key_name", "currency"]
             rows = {(row["team"], row["key_name"]): row for row in data["data"]}
-            assert set(rows) == {("blue", "key-0"), ("red", "key-1")}
+            assert set(rows) == {("blue", NAMES[0]), ("red", NAMES[1])}
             assert all(row["attempts"] == 2 and row["input_tokens"] == 10 for row in rows.values())
-            assert Decimal(rows[("red", "key-1")]["cost"]) > 0
+            assert Decimal(rows[("red", NAMES[1])]["cost"]) > 0
             red = await client.get(
                 "/admin/spend",
                 params={"team": "red", "format": "csv", "since": "1h"},

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode
 
 from pipeline._metrics import DURATION_BUCKETS
+from pipeline.gateway._auth import key_identity
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import config, keyed, running
@@ -174,7 +175,10 @@ async def test_every_request_logs_one_line_refusals_included(
         for status in (200, 401, 400, 429)
     }
     assert all(len(found) == 1 for found in by_status.values()), lines
-    assert "key=#0" in by_status[200][0] and "route=primary" in by_status[200][0]
+    # The key's identity, shortened (never the key, never its position in the list).
+    identity = key_identity(b"key-1")[:10]
+    assert f"key={identity}:" in by_status[200][0] and "route=primary" in by_status[200][0]
+    assert "key-1" not in "".join(text for _, text in lines)
     # The response's id beside the request's: either finds the line.
     assert f"response_id={answered.json()['id']} " in by_status[200][0]
     assert "WireError invalid_api_key" in by_status[401][0]

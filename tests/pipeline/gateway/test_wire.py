@@ -15,6 +15,7 @@ from pipeline.errors import (
     CircuitOpenError,
     ContentFilteredError,
     ContextLengthExceededError,
+    QuotaExhaustedError,
     RateLimitedError,
     RequestBudgetExceededError,
     RequestInvalidError,
@@ -382,6 +383,14 @@ def test_finish_reasons(reason: str | None, called: bool, expected: str) -> None
             "upstream_authentication_failed",
         ),
         (TransientProviderError(status_code=502), 503, "server_error", "upstream_unavailable"),
+        (
+            # The gateway's own account out of credit: the operator's to fix, never the
+            # caller's 402 (their budget).
+            QuotaExhaustedError(status_code=429, code="insufficient_quota"),
+            503,
+            "server_error",
+            "upstream_quota_exhausted",
+        ),
         (CircuitOpenError(), 503, "server_error", "circuit_open"),
         (UnknownProviderError(), 503, "server_error", "upstream_error"),
         # Every route's answer failed its validation (before, a KeyError: a 500).

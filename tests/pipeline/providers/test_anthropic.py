@@ -22,6 +22,7 @@ from pipeline.errors import (
     ContextLengthExceededError,
     FailureKind,
     ProviderError,
+    QuotaExhaustedError,
     RateLimitedError,
     RequestInvalidError,
     TransientProviderError,
@@ -353,6 +354,15 @@ async def test_pings_and_unknown_events_and_blocks_are_skipped(
         (429, None, "slow down", RateLimitedError, FailureKind.RATE_LIMITED),
         (500, None, "oops", TransientProviderError, FailureKind.TRANSIENT),
         (529, None, "Overloaded", TransientProviderError, FailureKind.TRANSIENT),
+        # An account out of credit: Anthropic's 400, told by its words alone; its 402.
+        (
+            400,
+            "invalid_request_error",
+            "Your credit balance is too low to access the Anthropic API.",
+            QuotaExhaustedError,
+            FailureKind.QUOTA_EXHAUSTED,
+        ),
+        (402, "billing_error", "pay up", QuotaExhaustedError, FailureKind.QUOTA_EXHAUSTED),
     ],
 )
 async def test_error_types_map_to_kinds(

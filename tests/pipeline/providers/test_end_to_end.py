@@ -106,3 +106,40 @@ async def test_rate_limit_exhausting_retries_fails_over(streaming: bool) -> None
         assert (primary.count(), backup.count()) == (2, 1)
         assert isinstance(router.attempts[0].exception, RateLimitedError)
         await router.aclose()
+
+
+async def test_an_exhausted_quota_fails_over_unretried_and_cools_the_route(
+    streaming: bool,
+) -> None:
+    from middleware.routing import BalancedFailoverChatClient
+    from middleware.routing.health import RouteHealth
+
+    async def fake_sleep(seconds: float) -> None:
+        raise AssertionError("an exhausted quota is never retried")
+
+    async with FakeOpenAIServer() as primary, FakeOpenAIServer() as backup:
+        primary.script(FakeResponse.error(429, code="insufficient_quota", retry_after="1"))
+        route = (
+            ChatPipeline.builder()
+            .use_retry(max_attempts=3, sleep=fake_sleep, defer_to_failover=False)
+            .build(OpenAIChatClient("m", api_key="k", base_url=primary.base_url))
+        )
+        health = RouteHealth()
+        router = BalancedFailoverChatClient(
+            [
+                Route("primary", route),
+                Route("backup", OpenAIChatClient("m", api_key="k", base_url=backup.base_url)),
+            ],
+            strategy="round_robin",
+            health=health,
+        )
+        for _ in range(2):  # round robin: the primary's turn comes within two requests
+            result = await collect(router, "hi", streaming=streaming)
+            assert result.error is None and result.text == "Hello from the fake server."
+        assert (primary.count(), backup.count()) == (1, 2)  # failed over, never retried
+        assert health.stats("primary").cooldown > 800  # the quota cooldown, not Retry-After's 1 s
+        # While it cools, the primary is left alone, whoever's turn it is.
+        for _ in range(4):
+            assert (await collect(router, "hi", streaming=streaming)).error is None
+        assert (primary.count(), backup.count()) == (1, 6)
+        await router.aclose()

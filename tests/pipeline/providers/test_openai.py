@@ -19,6 +19,7 @@ from pipeline.errors import (
     ContextLengthExceededError,
     FailureKind,
     ProviderError,
+    QuotaExhaustedError,
     RateLimitedError,
     RequestInvalidError,
     TransientProviderError,
@@ -136,6 +137,9 @@ async def test_streamed_tool_call_arguments_are_assembled(
             FailureKind.CONTEXT_LENGTH_EXCEEDED,
         ),
         (400, "content_filter", ContentFilteredError, FailureKind.CONTENT_FILTERED),
+        # OpenAI's account out of quota (a 429 no wait cures), a vendor's 402.
+        (429, "insufficient_quota", QuotaExhaustedError, FailureKind.QUOTA_EXHAUSTED),
+        (402, None, QuotaExhaustedError, FailureKind.QUOTA_EXHAUSTED),
     ],
 )
 async def test_error_statuses_map_to_kinds(

@@ -1,0 +1,331 @@
+"""A bare Redis connection for the one call a governed request makes: commands written as
+they come on one connection (pipelined), replies parsed by hiredis, each call bounded.
+
+Promises:
+
+* one connection per client per event loop, opened at the first call (``redis://``,
+  ``rediss://`` or ``unix://`` URLs, with user, password and database), never while
+  building; a URL that does not parse is a `ValueError` in our words (it may hold a
+  password);
+* a call is bounded by `RespClient.timeout` as a whole (connecting included); a call that
+  runs out of time closes the connection, so every call waiting on it fails at once
+  (`ConnectionError`) instead of each waiting out its bound on a Redis that stopped
+  answering, and the next call connects again;
+* a caller cancelled while its reply is on the way never gets another call's reply: replies
+  are matched to calls in order, and an abandoned call's reply is read and dropped;
+* Lua scripts run with ``EVALSHA``, loaded on ``NOSCRIPT`` (a restarted Redis);
+* an error reply is `RespError` carrying Redis's first word only (``NOSCRIPT``, ``ERR``...):
+  the rest may echo arguments.
+
+Why not redis-py's asyncio client on this path: the client CPU of one ``EVALSHA`` is the
+cost governance adds to a request, and redis-py's connection pool, command parser and
+per-call coroutines cost several times what this connection does (figures in the docs'
+keys, budgets and limits page, measured by ``benchmarks/bench_gateway.py --governed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.errors import RespError
+
+__all__ = ["RespClient", "RespError", "Script", "encode_command"]
+
+_URL_REQUIRED = "must be a redis://, rediss:// or unix:// URL with a valid host and port"
+
+
+def _arg(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool):
+        raise TypeError("a Redis argument cannot be a bool")
+    if isinstance(value, int | float):
+        return repr(value).encode()
+    raise TypeError(f"a Redis argument must be bytes, str, int or float: {type(value).__name__}")
+
+
+def encode_command(args: Sequence[Any]) -> bytes:
+    """One command in the Redis protocol (an array of bulk strings)."""
+    parts = [b"*%d\r\n" % len(args)]
+    append = parts.append
+    for value in args:
+        # Strings (keys, operations) are nearly every argument: their path first.
+        data = value.encode() if type(value) is str else _arg(value)
+        append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class Script:
+    """A Lua script run by its SHA-1 (loaded on ``NOSCRIPT``)."""
+
+    __slots__ = ("sha", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
+
+
+class _Connection(asyncio.Protocol):
+    """One connection: replies are handed to the calls waiting, in order."""
+
+    def __init__(self) -> None:
+        import hiredis
+
+        self._reader = hiredis.Reader()
+        self._error = hiredis.ReplyError
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport instances, but do what they do.
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        reader = self._reader
+        reader.feed(data)
+        waiting = self.waiting
+        while True:
+            try:
+                reply = reader.gets()
+            except Exception as exc:  # the stream is not the Redis protocol: unusable
+                self._fail(ConnectionError(f"not a Redis reply ({type(exc).__name__})"))
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            if reply is False:
+                return
+            if not waiting:  # nobody asked: the protocol is out of step
+                self._fail(ConnectionError("a Redis reply nobody asked for"))
+                if self.transport is not None:
+                    self.transport.close()
+                return
+            future = waiting.popleft()
+            if future.done():
+                continue  # its caller left: the reply is dropped
+            if isinstance(reply, self._error):
+                text = str(reply)
+                future.set_exception(RespError(text.split(" ", 1)[0] or "ERR"))
+            else:
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionError("the connection to Redis closed"))
+
+    def _fail(self, error: BaseException) -> None:
+        if self.lost is None:
+            self.lost = error
+        waiting, self.waiting = self.waiting, deque()
+        for future in waiting:
+            if not future.done():
+                future.set_exception(error)
+
+    @property
+    def open(self) -> bool:
+        transport = self.transport
+        return self.lost is None and transport is not None and not transport.is_closing()
+
+    def send(self, data: bytes, count: int) -> list[asyncio.Future[Any]]:
+        """Write `data` (`count` commands); the futures of their replies, in order."""
+        if not self.open:
+            raise ConnectionError("the connection to Redis closed")
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in range(count)]
+        self.waiting.extend(futures)
+        transport = self.transport
+        assert transport is not None  # open
+        transport.write(data)
+        return futures
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+    if target.done():
+        if not source.cancelled():
+            source.exception()  # retrieved: nobody else will
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
+
+
+def _options(url: str) -> dict[str, Any]:
+    try:
+        from redis.asyncio.connection import parse_url
+    except ImportError as exc:  # pragma: no cover - only without the redis extra
+        raise ValueError("needs the redis package: pip install 'chat-pipeline[redis]'") from exc
+    try:
+        options: dict[str, Any] = dict(parse_url(url))
+    except (ValueError, TypeError):
+        raise ValueError(_URL_REQUIRED) from None
+    if not options.get("host") and not options.get("path"):
+        raise ValueError(_URL_REQUIRED)
+    options["ssl"] = url.startswith("rediss://")
+    return options
+
+
+class RespClient:
+    """A Redis for calls on a request's path (see the module docstring). Building checks
+    the URL and imports hiredis; nothing connects until the first call."""
+
+    def __init__(self, url: str, *, timeout: float) -> None:
+        self._options = _options(url)
+        import hiredis  # noqa: F401  (a missing parser fails here, while building)
+
+        self.timeout = timeout
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Future[_Connection] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _connect(self) -> _Connection:
+        # Bounded on its own: callers share it, and each may leave at its own bound.
+        async with asyncio.timeout(self.timeout):
+            return await self._open()
+
+    async def _open(self) -> _Connection:
+        options = self._options
+        loop = asyncio.get_running_loop()
+        connection: _Connection
+        if options.get("path"):
+            _, connection = await loop.create_unix_connection(_Connection, options["path"])
+        else:
+            context = ssl.create_default_context() if options["ssl"] else None
+            _, connection = await loop.create_connection(
+                _Connection, options["host"], int(options.get("port") or 6379), ssl=context
+            )
+        setup: list[bytes] = []
+        password = options.get("password")
+        if password:
+            username = options.get("username")
+            auth = ["AUTH", username, password] if username else ["AUTH", password]
+            setup.append(encode_command(auth))
+        database = int(options.get("db") or 0)
+        if database:
+            setup.append(encode_command(["SELECT", database]))
+        if setup:
+            try:
+                for future in connection.send(b"".join(setup), len(setup)):
+                    await future
+            except BaseException:
+                connection.close()
+                raise
+        return connection
+
+    async def _get(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop: a connection of its own
+            self._loop, self._connection, self._connecting = loop, None, None
+        connection = self._connection
+        if connection is not None and connection.open:
+            return connection
+        self._connection = None
+        connecting = self._connecting
+        if connecting is None:
+            # One connection attempt shared by every caller arriving meanwhile.
+            connecting = self._connecting = asyncio.ensure_future(self._connect())
+            connecting.add_done_callback(self._connected)
+        return await asyncio.shield(connecting)
+
+    def _connected(self, future: asyncio.Future[_Connection]) -> None:
+        if self._connecting is future:
+            self._connecting = None
+        if not future.cancelled() and future.exception() is None:
+            self._connection = future.result()
+
+    async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Run `commands` in one write; their replies (an error reply raises `RespError`)."""
+        data = b"".join(encode_command(command) for command in commands)
+        connection: _Connection | None = None
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            async with asyncio.timeout(self.timeout):
+                connection = await self._get()
+                futures = connection.send(data, len(commands))
+                return [await future for future in futures]
+        except BaseException as exc:
+            for future in futures:  # what is left of their replies is dropped as it comes
+                future.cancel()
+            if isinstance(exc, TimeoutError) and connection is not None:
+                # Redis stopped answering: every call on this connection fails now, not at
+                # its own bound, and the next call connects again.
+                connection._fail(TimeoutError("Redis did not answer in time"))
+                connection.close()
+            raise
+
+    async def execute(self, *args: Any) -> Any:
+        """One command's reply."""
+        return (await self.execute_many([args]))[0]
+
+    async def evalsha(self, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run `script` (``EVALSHA``, loaded first on ``NOSCRIPT``)."""
+        command = ["EVALSHA", script.sha, len(keys), *keys, *args]
+        try:
+            return await self.execute(*command)
+        except RespError as exc:
+            if exc.code != "NOSCRIPT":
+                raise
+        load = ["SCRIPT", "LOAD", script.source]
+        return (await self.execute_many([load, command]))[1]
+
+    def evalsha_soon(
+        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
+    ) -> asyncio.Future[Any]:
+        """`evalsha` as a future, written now when the connection is open: no task, no
+        coroutine on the common path (the cost every governed request pays). Bounded by
+        the timeout like every call."""
+        loop = asyncio.get_running_loop()
+        connection = self._connection
+        if connection is None or not connection.open or self._loop is not loop:
+            return loop.create_task(self.evalsha(script, keys, args))
+        data = encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
+        result: asyncio.Future[Any] = loop.create_future()
+        (reply,) = connection.send(data, 1)
+
+        def expire() -> None:
+            if not result.done():
+                result.set_exception(TimeoutError("Redis did not answer in time"))
+                connection._fail(TimeoutError("Redis did not answer in time"))
+                connection.close()
+
+        timer = loop.call_later(self.timeout, expire)
+
+        def replied(future: asyncio.Future[Any]) -> None:
+            timer.cancel()
+            if result.done():
+                return
+            if future.cancelled():
+                result.cancel()
+                return
+            error = future.exception()
+            if isinstance(error, RespError) and error.code == "NOSCRIPT":
+                retry = loop.create_task(self.evalsha(script, keys, args))
+                retry.add_done_callback(lambda done: _chain(done, result))
+            elif error is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(future.result())
+
+        reply.add_done_callback(replied)
+        return result
+
+    async def aclose(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection._fail(ConnectionError("the client was closed"))
+            connection.close()
+
+    def __repr__(self) -> str:  # never the URL: it may hold a password
+        return "RespClient()"

@@ -105,9 +105,12 @@ from pipeline.types import (
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     Messages,
+    RawTool,
     ReasoningContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
     as_messages,
 )
@@ -508,28 +511,35 @@ def _canonical(value: Any) -> bytes:
 
 
 def _tool_shape(tool: Any) -> Any:
-    """What a tool is to a provider: a mapping as it is; a tool definition by its name,
-    description and schema, and what else the providers send of it that changes the
-    answer: a custom tool's kind and input format (its grammar), a tool's extra fields
-    (``strict``; not a prompt-cache breakpoint, which changes only the bill)."""
-    if isinstance(tool, dict):
-        return tool
-    if isinstance(tool, CustomTool):
-        return {"$custom": tool.name, "description": tool.description, "format": tool.format}
+    """What a tool is to a provider: a mapping (the deprecated untyped form) as it is; a
+    raw tool by its API and body; a custom tool by its kind, name, description and input
+    format; any other definition by its name, description and schema, and a function
+    tool's fields for each API too (but a prompt-cache breakpoint, which changes only the
+    bill)."""
+    match tool:
+        case dict():
+            return tool
+        case RawTool():
+            return {"$raw": tool.api, "body": dict(tool.body)}
+        case CustomTool():
+            return {"$custom": tool.name, "description": tool.description, "format": tool.format}
     name = getattr(tool, "name", None)
-    if isinstance(name, str):
-        shape = {
-            "name": name,
-            "description": getattr(tool, "description", None),
-            "parameters": getattr(tool, "parameters", None),
+    if not isinstance(name, str):
+        return tool
+    shape = {
+        "name": name,
+        "description": getattr(tool, "description", None),
+        "parameters": getattr(tool, "parameters", None),
+    }
+    if type(tool) is FunctionTool and tool.additional_properties:
+        fields = {
+            api: {key: value for key, value in extra.items() if key != "cache_control"}
+            for api, extra in tool.additional_properties.items()
         }
-        extra = getattr(tool, "additional_properties", None)
-        if extra:
-            extra = {key: value for key, value in extra.items() if key != "cache_control"}
-            if extra:
-                shape["extra"] = extra
-        return shape
-    return tool
+        answering = {api: extra for api, extra in fields.items() if extra}
+        if answering:
+            shape["fields"] = answering
+    return shape
 
 
 _NOT_KEYED = frozenset({"cache", "session_id"})
@@ -665,6 +675,9 @@ def _feed_options(
         kind = type(value)
         if kind is str:
             hasher.text(b"s", value)
+        elif kind is ToolChoice:
+            hasher.text(b"c", value.mode)
+            hasher.text(b"t", value.name)  # a named tool: "none" is no NONE
         elif name == "tools":
             hasher.data(b"j", _canonical([_tool_shape(tool) for tool in value]))
         else:

@@ -116,9 +116,6 @@ _operation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "chat_pipeline_operation_id", default=None
 )
 
-BudgetToken = contextvars.Token[RequestBudget | None]
-OperationToken = contextvars.Token[str | None]
-
 
 # The accessors are the context variables' own methods: they run on every request and
 # every retry, where a Python function around them would cost a frame each.
@@ -132,7 +129,6 @@ exit_budget = _budget.reset
 _attempt_timeout: contextvars.ContextVar[asyncio.Timeout | None] = contextvars.ContextVar(
     "chat_pipeline_attempt_timeout", default=None
 )
-AttemptTimeoutToken = contextvars.Token[asyncio.Timeout | None]
 
 
 def attempt_timed_out() -> bool:
@@ -154,7 +150,6 @@ class FailoverCheck(Protocol):
 _failover_check: contextvars.ContextVar[FailoverCheck | None] = contextvars.ContextVar(
     "chat_pipeline_failover_check", default=None
 )
-FailoverCheckToken = contextvars.Token[FailoverCheck | None]
 
 
 def failover_possible(error: BaseException) -> bool:
@@ -189,7 +184,6 @@ class RouteReport:
 _report: contextvars.ContextVar[RouteReport | None] = contextvars.ContextVar(
     "chat_pipeline_route_report", default=None
 )
-ReportToken = contextvars.Token[RouteReport | None]
 
 
 current_report = _report.get

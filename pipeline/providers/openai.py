@@ -40,7 +40,8 @@ from pipeline.providers._chat_completions import (
 )
 from pipeline.providers._forwarding import chat_completions_body
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages, custom_tool_names
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:
     import aiohttp

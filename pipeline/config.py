@@ -1007,15 +1007,16 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
+        router = self.router
         # Without a router the one route is the call: the spend layer prices it at its price.
-        only = next(iter(routes.values())) if self.router is None else None
-        self.install_spend(builder, spend_ledger, price=only.price if only is not None else None)
+        only = next(iter(routes.values()))
+        self.install_spend(builder, spend_ledger, price=only.price if router is None else None)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
-        if only is not None:
+        if router is None:
             return builder.build(only.client, name=only.name)
         try:
-            self.router.install(builder, routes, self._secrets)
+            router.install(builder, routes, self._secrets)
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()

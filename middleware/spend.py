@@ -37,7 +37,7 @@ from pipeline._metering import DirectAttempt
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name, metadata_of
 from pipeline.pricing import Price
-from pipeline.spend import Attribution, SpendLedger, SpendRecord
+from pipeline.spend import Attribution, SpendLedger
 from pipeline.types import (
     ChatMessage,
     ChatOptions,
@@ -198,7 +198,7 @@ class SpendChatClient(DelegatingChatClient):
             if not fresh:
                 return
             log.recorded = len(log.attempts)
-            ledger.record(SpendRecord.of_attempt(a, request_id, who) for a in fresh)
+            ledger.record_attempts(fresh, request_id, who)
 
         take(log)
         log.late = take

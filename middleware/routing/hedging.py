@@ -298,6 +298,9 @@ class HedgingChatClient(BalancedFailoverChatClient):
     """
 
     settings_class: ClassVar[type[FailoverSettings]] = HedgingSettings
+    # Two attempts race and one answer is taken: its routes answer on the parsed path
+    # (`pipeline._forward`), whose updates are the same whichever attempt wins.
+    keeps_raw_answers = False
     settings: HedgingSettings
 
     def __init__(

@@ -8,7 +8,8 @@ out); the body goes without the fields the parse drops (`parse_request`: the cal
 storage fields) and without empty or null ones. Then a provider that forwards it answers
 with its payload, and:
 
-* a whole answer is the provider's body with the gateway's ``id`` and ``created``, when
+* a whole answer is the provider's body with the gateway's ``id`` and ``created`` (and the
+  ``refusal: null`` the parsed path writes, when the provider left it out), when
   its choice is in the shape the parsed path writes (a known finish reason, a served model
   named, reasoning under ``reasoning_content``); else the parsed answer is written;
 * a stream is the provider's events with the gateway's ``id`` and ``created`` (finish
@@ -110,6 +111,9 @@ class ChatForwarder:
             or not model
         ):
             return None
+        if "refusal" not in message:  # the parsed path always writes it, after the content
+            role, content = message.pop("role", "assistant"), message.pop("content", None)
+            choice["message"] = {"role": role, "content": content, "refusal": None, **message}
         payload["id"] = response_id
         payload["created"] = created
         return dumps(payload)

@@ -109,13 +109,19 @@ class TelemetryMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
         method = scope["method"]
-        if self._global and isinstance(trace.get_tracer_provider(), ProxyTracerProvider):
-            try:  # no tracing: the API's span would be invalid, its context change nothing
+        carrier = exchange.carrier
+        if (
+            not carrier
+            and self._global
+            and isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
+        ):
+            # No tracing and no caller's trace to pass on upstream: the API's span would be
+            # invalid, its context change nothing.
+            try:
                 await self.app(scope, receive, send)
             finally:
                 self._finish(None, exchange, method, scope)
             return
-        carrier = exchange.carrier
         parent = propagate.extract(carrier) if carrier else None
         span = self._tracer.start_span(
             f"{method} {self._route}",

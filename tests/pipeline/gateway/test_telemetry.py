@@ -200,3 +200,24 @@ async def test_startup_says_what_is_served_and_warns_without_keys(
     assert "gateway.toml" in started and "models pipeline, primary" in started
     assert "no API keys" in started
     assert any(level == logging.WARNING and "no API keys" in m for level, m in messages)
+
+
+async def test_without_a_tracer_provider_a_callers_trace_still_goes_upstream(
+    primary: FakeOpenAIServer, streaming: bool
+) -> None:
+    # No provider given and none set globally: the gateway makes no span of its own, but a
+    # caller's trace context is still passed on to the route (and none is made up).
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": streaming}
+    async with running(config({"primary": primary})) as gateway, httpx.AsyncClient() as http:
+        traced = await http.post(
+            f"{gateway.base_url}/chat/completions",
+            json=body,
+            headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+        )
+        untraced = await http.post(f"{gateway.base_url}/chat/completions", json=body)
+        await gateway.gateway.wait_idle()
+    assert (traced.status_code, untraced.status_code) == (200, 200)
+    first, second = primary.requests
+    assert first.headers["traceparent"].split("-")[1] == trace_id
+    assert "traceparent" not in second.headers

@@ -1,0 +1,263 @@
+"""The forwarded path of Chat Completions (the client's body sent as it came, the provider's
+own answer written back with the gateway's ids) against the parsed path: the same bytes for
+the same request, failover before output and never after, and the layers that need the
+parsed answer (the response cache) keep their routes on the parsed path. Both call shapes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+import pipeline.gateway._handler as handler
+import pipeline.providers.openai as openai_provider
+from pipeline.config import parse_config
+from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
+from pipeline.gateway._forwarding import CHAT_FORWARDER
+from pipeline.testing import FakeOpenAIServer, FakeResponse
+from tests.pipeline.gateway.conftest import Running, config, running
+
+pytestmark = pytest.mark.gateway
+
+RESPONSE_ID = "chatcmpl-" + "0" * 24
+CREATED = 1_700_000_000
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Say hello. ünïcödé ✓"},
+]
+
+
+class Forwarded:
+    """Counts the requests a provider sent as their clients wrote them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+
+@pytest.fixture
+def forwarded(monkeypatch: pytest.MonkeyPatch) -> Forwarded:
+    """The gateway's ids fixed (an answer's bytes compare across requests), and a count of
+    the forwarded bodies the OpenAI client built."""
+    monkeypatch.setattr(handler, "now", lambda: CREATED)
+    monkeypatch.setattr(CHAT_COMPLETIONS, "new_response_id", lambda: RESPONSE_ID)
+    spy = Forwarded()
+    build = openai_provider.chat_completions_body
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        spy.calls += 1
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(openai_provider, "chat_completions_body", counted)
+    return spy
+
+
+async def post(run: Running, body: dict[str, Any]) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.post(f"{run.base_url}/chat/completions", json=body)
+    await run.gateway.wait_idle()
+    return response
+
+
+async def parsed(run: Running, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """The same request's answer on the parsed path (no request may be forwarded)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(CHAT_FORWARDER, "forward", lambda request: None)
+        response = await post(run, body)
+    assert response.status_code == 200, response.text
+    return response.content
+
+
+def events(content: bytes) -> list[Any]:
+    """A stream's data payloads, decoded (``[DONE]`` as the string)."""
+    out: list[Any] = []
+    for event in content.decode().split("\n\n"):
+        if event:
+            assert event.startswith("data: "), event
+            data = event.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+# Each answer, and whether a stream of it asks for usage (``stream_options``).
+ANSWERS = {
+    "text": (FakeResponse(chunks=["Hello", ", ", "world."], usage=(12, 3)), True),
+    "text-no-usage": (FakeResponse(chunks=["Hello", ", ", "world."]), False),
+    "reasoning": (FakeResponse(chunks=["Hi."], reasoning="Brief greeting wanted."), False),
+    "tool-calls": (  # compact arguments: the parsed path writes them so
+        FakeResponse(
+            text="",
+            tool_calls=[("get_weather", '{"city":"Paris"}'), ("get_time", '{"tz":"CET"}')],
+        ),
+        True,
+    ),
+    "length": (FakeResponse(chunks=["Hel"], stop_reason="length"), False),
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name}",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    for name in ("get_weather", "get_time")
+]
+
+
+@pytest.mark.parametrize("answer", list(ANSWERS))
+async def test_the_forwarded_answer_is_the_parsed_answer_byte_for_byte(
+    primary: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    streaming: bool,
+    answer: str,
+) -> None:
+    monkeypatch.setattr(primary, "answer_tag", lambda: "fixed")  # the tool calls' ids
+    primary.default, usage = ANSWERS[answer]
+    usage = usage and streaming
+    body: dict[str, Any] = {
+        "model": "pipeline",
+        "messages": MESSAGES,
+        "temperature": 0.5,
+        "max_tokens": 64,
+        "stream": streaming,
+        "user": "someone",  # dropped by the gateway on both paths
+    }
+    if answer == "tool-calls":
+        body["tools"] = TOOLS
+        body["tool_choice"] = "auto"
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    async with running(config({"primary": primary})) as run:
+        first = await post(run, body)
+        assert first.status_code == 200, first.text
+        assert forwarded.calls == 1  # it went as the client wrote it
+        second = await parsed(run, body, monkeypatch)
+        assert forwarded.calls == 1
+    assert first.content.decode() == second.decode()
+    sent_forwarded, sent_parsed = (request.json for request in primary.requests)
+    assert sent_forwarded == sent_parsed  # the upstream was asked the same either way
+    assert "user" not in sent_forwarded
+    if streaming:
+        chunks = events(first.content)
+        assert chunks[-1] == "[DONE]"
+        assert {chunk["id"] for chunk in chunks[:-1]} == {RESPONSE_ID}
+        assert any("usage" in chunk for chunk in chunks[:-1]) is usage
+    else:
+        whole = json.loads(first.content)
+        assert (whole["id"], whole["created"]) == (RESPONSE_ID, CREATED)
+
+
+async def test_a_failure_before_output_fails_over_on_the_forwarded_path(
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    streaming: bool,
+) -> None:
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": streaming}
+    # A refusal, and a stream cut after its role chunk (nothing the client would see yet);
+    # the last refusal sends the parsed path's request to the backup too.
+    cut = [FakeResponse(chunks=["x"], disconnect_after=1)] if streaming else []
+    primary.script(FakeResponse.error(503), *cut, FakeResponse.error(503))
+    backup.default = FakeResponse(text="The backup answered.", chunks=["The backup ", "answered."])
+    async with running(config({"primary": primary, "backup": backup})) as run:
+        refused = await post(run, body)
+        assert forwarded.calls == 2  # both attempts forwarded
+        after_cut = await post(run, body) if streaming else None
+        reference = await parsed(run, body, monkeypatch)
+    assert refused.status_code == 200, refused.text
+    assert refused.content == reference  # as the parsed path answers, from the backup
+    if after_cut is not None:
+        assert after_cut.content == reference
+        assert forwarded.calls == 4
+    assert (primary.count(), backup.count()) == (3 if streaming else 2, 3 if streaming else 2)
+    if streaming:
+        chunks = [c for c in events(reference)[:-1] if c["choices"]]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert text == "The backup answered."
+        roles = [c["choices"][0]["delta"].get("role") for c in events(refused.content)[:-1]]
+        assert roles.count("assistant") == 1  # one stream, started once
+    else:
+        assert json.loads(reference)["choices"][0]["message"]["content"] == "The backup answered."
+        assert json.loads(reference)["model"] == "model-backup"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        FakeResponse(
+            chunks=["Hello ", "wor", "ld"],
+            in_band_error={"type": "server_error", "code": "server_error"},
+            error_after=3,
+        ),
+        FakeResponse(chunks=["Hello ", "wor", "ld"], disconnect_after=3),
+    ],
+    ids=["in-band-error", "cut-connection"],
+)
+async def test_a_failure_after_output_never_fails_over_on_the_forwarded_path(
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    forwarded: Forwarded,
+    failure: FakeResponse,
+) -> None:
+    # Only a stream has output before its end: a whole answer fails before any.
+    primary.script(failure)
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": True}
+    async with running(config({"primary": primary, "backup": backup})) as run:
+        response = await post(run, body)
+    assert forwarded.calls == 1
+    assert response.status_code == 200
+    chunks = events(response.content)
+    assert "[DONE]" not in chunks
+    text = "".join(
+        (c["choices"][0]["delta"].get("content") or "") for c in chunks if c.get("choices")
+    )
+    assert text == "Hello wor"  # what was streamed stays streamed, nothing repeated
+    assert chunks[-1]["error"]["code"] == "upstream_unavailable"
+    assert (primary.count(), backup.count()) == (1, 0)
+
+
+async def test_a_route_under_the_response_cache_keeps_the_parsed_path(
+    primary: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    streaming: bool,
+) -> None:
+    primary.default = FakeResponse(chunks=["Cached ", "answer."])
+    routes = {"primary": {"provider": "openai", "model": "m", "base_url": primary.base_url}}
+    cached = parse_config({"routes": routes, "cache": {}})
+    body = {"model": "primary", "messages": MESSAGES, "stream": streaming}
+    async with running(cached) as run:
+        miss = await post(run, body)
+        hit = await post(run, body)
+        assert forwarded.calls == 0  # the cache needs the parsed answer: nothing forwarded
+        target = run.gateway.target("primary")
+        assert target is not None and not target.forwards
+    async with running(parse_config({"routes": routes})) as run:
+        target = run.gateway.target("primary")
+        assert target is not None and target.forwards
+        plain = await parsed(run, body, monkeypatch)
+    assert (miss.headers["x-cache"], hit.headers["x-cache"]) == ("miss", "hit")
+    assert miss.content == hit.content == plain
+    assert primary.count() == 2
+
+
+async def test_routes_under_a_hedging_router_keep_the_parsed_path(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer, forwarded: Forwarded, streaming: bool
+) -> None:
+    routes = {
+        name: {"provider": "openai", "model": f"model-{name}", "base_url": server.base_url}
+        for name, server in (("primary", primary), ("backup", backup))
+    }
+    hedged = parse_config({"routes": routes, "router": {"kind": "hedged"}})
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": streaming}
+    async with running(hedged) as run:
+        target = run.gateway.target("pipeline")
+        assert target is not None and not target.forwards
+        response = await post(run, body)
+    assert response.status_code == 200, response.text
+    assert forwarded.calls == 0

@@ -1001,7 +1001,7 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
         return
     print("\nthe gateway against its floors (CPU ms per request; p99 ms)")
     print(
-        f"  {'cell':34} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
+        f"  {'cell':42} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
         f"{'gw/nginx':>9} {'p99 gw':>8} {'p99 fl':>8} {'p99 ngx':>8} {'p99 gw/fl':>9}"
     )
 
@@ -1014,17 +1014,22 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
     def ratio(a: float, b: Result | None, field: str) -> str:
         return f"{a / getattr(b, field):9.2f}" if b and getattr(b, field) else f"{'-':>9}"
 
-    for key, ours, floor, nginx, _ in rows:
-        print(
-            f"  {key:34} {cpu(ours)} {cpu(floor)} {cpu(nginx)} "
-            f"{ratio(ours.cpu_per_request, floor, 'cpu_per_request')} "
-            f"{ratio(ours.cpu_per_request, nginx, 'cpu_per_request')} "
-            f"{p99(ours)} {p99(floor)} {p99(nginx)} {ratio(ours.p99, floor, 'p99')}"
-        )
+    for key, ours, floor, nginx, servers in rows:
+        # The --baseline checkout's gateway, measured in the same rounds, on the line below.
+        before = servers.get(BASELINE + gateway)
+        for label, row in ((key, ours), (f"before: {key}", before)):
+            if row is None:
+                continue
+            print(
+                f"  {label:42} {cpu(row)} {cpu(floor)} {cpu(nginx)} "
+                f"{ratio(row.cpu_per_request, floor, 'cpu_per_request')} "
+                f"{ratio(row.cpu_per_request, nginx, 'cpu_per_request')} "
+                f"{p99(row)} {p99(floor)} {p99(nginx)} {ratio(row.p99, floor, 'p99')}"
+            )
     if any(ours.instructions is not None for _, ours, *_ in rows):
         print("\ninstructions per request (thousands, callgrind)")
         print(
-            f"  {'cell':34} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
+            f"  {'cell':42} {'gateway':>8} {'floor':>8} {'nginx':>8} {'gw/floor':>9} "
             f"{'gw/nginx':>9}"
         )
 

@@ -20,6 +20,10 @@ concurrency 32 since boto3 is synchronous; ours signs with botocore and decodes 
 stream with botocore's parser too.
 
     python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--formats ...]
+    python benchmarks/bench_providers.py --own-code --requests 5000 --rounds 5
+
+``--own-code`` measures only the pipeline's own code per call, in process: the full
+pipeline around scripted routes minus the bare scripted client.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -415,10 +420,50 @@ def main(requests: int, rounds: int, formats: tuple[str, ...] = FORMATS) -> None
         asyncio.run(measure(urls, requests, rounds, formats))
 
 
+async def own_code(calls: int, rounds: int) -> None:
+    """The pipeline's own code per call: `full_pipeline` around in-process scripted routes
+    minus the bare scripted client, in process CPU time (best of `rounds`)."""
+    from pipeline.testing import ScriptedChatClient
+
+    messages = [ChatMessage.user("hello")]
+
+    def scripted() -> ScriptedChatClient:
+        return ScriptedChatClient("Hello from the fake server.")
+
+    async def per_call(client: ChatClient, streaming: bool) -> float:
+        best = math.inf
+        for _ in range(rounds):
+            started = time.process_time()
+            for _ in range(calls):
+                if streaming:
+                    async for _update in client.get_streaming_response(messages):
+                        pass
+                else:
+                    await client.get_response(messages)
+            best = min(best, (time.process_time() - started) / calls)
+        return best
+
+    for streaming in (False, True):
+        bare = await per_call(scripted(), streaming)
+        full = await per_call(full_pipeline(scripted(), scripted()), streaming)
+        print(
+            f"{'streaming' if streaming else 'non-streaming':14} bare {bare * 1e6:6.1f} us, "
+            f"full pipeline {full * 1e6:6.1f} us: its own code {(full - bare) * 1e6:6.1f} us"
+        )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
+    parser.add_argument(
+        "--own-code",
+        action="store_true",
+        help="only the pipeline's own code per call, in process (--requests calls a round)",
+    )
     args = parser.parse_args()
-    main(args.requests, args.rounds, tuple(args.formats))
+    if args.own_code:
+        asyncio.run(own_code(args.requests, args.rounds))
+    else:
+        main(args.requests, args.rounds, tuple(args.formats))

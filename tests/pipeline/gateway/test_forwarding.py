@@ -93,6 +93,33 @@ ANSWERS = {
         True,
     ),
     "length": (FakeResponse(chunks=["Hel"], stop_reason="length"), False),
+    "every-option": (FakeResponse(chunks=['{"a":', "1}"], text='{"a":1}'), True),
+}
+# What the "every-option" request sets besides (each one the gateway reads or passes on).
+OPTIONS: dict[str, Any] = {
+    "top_p": 0.9,
+    "seed": 7,
+    "stop": ["\n\n"],
+    "presence_penalty": 0.1,
+    "frequency_penalty": 0.2,
+    "logit_bias": {"50256": -100},
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "max_completion_tokens": 32,
+    "metadata": {"who": "a test"},
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "answer",
+            "strict": True,
+            "schema": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    },
 }
 TOOLS = [
     {
@@ -129,6 +156,10 @@ async def test_the_forwarded_answer_is_the_parsed_answer_byte_for_byte(
     if answer == "tool-calls":
         body["tools"] = TOOLS
         body["tool_choice"] = "auto"
+        body["parallel_tool_calls"] = True
+    if answer == "every-option":
+        del body["max_tokens"]
+        body.update(OPTIONS)
     if usage:
         body["stream_options"] = {"include_usage": True}
     async with running(config({"primary": primary})) as run:
@@ -140,7 +171,7 @@ async def test_the_forwarded_answer_is_the_parsed_answer_byte_for_byte(
     assert first.content.decode() == second.decode()
     sent_forwarded, sent_parsed = (request.json for request in primary.requests)
     assert sent_forwarded == sent_parsed  # the upstream was asked the same either way
-    assert "user" not in sent_forwarded
+    assert "user" not in sent_forwarded and "metadata" not in sent_forwarded
     if streaming:
         chunks = events(first.content)
         assert chunks[-1] == "[DONE]"

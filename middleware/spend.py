@@ -9,9 +9,9 @@
   where none came (a stream without a usage chunk, a stream cut or cancelled before it),
   counts from what streamed, marked *estimated*. A failover is a record per attempt, a hedge
   a record per attempt started; a cache hit beneath is a record of its own (cost 0, what
-  it saved). Without a router beneath, the call itself is the one attempt. The same for
-  `get_response` and `get_streaming_response`: the records are made once the call ended
-  (however it ended);
+  it saved). Without a router beneath, the call itself is the one attempt (at `price`,
+  the route's, when given). The same for `get_response` and `get_streaming_response`: the
+  records are made once the call ended (however it ended);
 * **attribution**: `attribution` is a function of the request (``(messages, options) ->
   Attribution | mapping | None``) or a fixed `Attribution` (or mapping of its fields);
   what a server in front says (the gateway: its caller's key, user, team, tags, path) wins
@@ -32,12 +32,7 @@ from typing import Any
 from pipeline import _scope
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name, metadata_of
-from pipeline.pricing import (
-    priced_attempt,
-    reached_provider,
-    response_characters,
-    streamed_characters,
-)
+from pipeline.pricing import Price, direct_attempt, response_characters, streamed_characters
 from pipeline.spend import Attribution, SpendLedger, SpendRecord
 from pipeline.types import (
     ChatMessage,
@@ -64,7 +59,9 @@ AttributionSource = (
 
 class SpendChatClient(DelegatingChatClient):
     """Records the spend of each request in `ledger` (see the module docstring). With
-    `close_ledger`, closing the layer closes the ledger (after the layers beneath)."""
+    `close_ledger`, closing the layer closes the ledger (after the layers beneath). `price`
+    prices a call with no router beneath (the route's own price), else the ledger's book
+    does."""
 
     def __init__(
         self,
@@ -74,6 +71,7 @@ class SpendChatClient(DelegatingChatClient):
         attribution: AttributionSource = None,
         leave_open: bool = False,
         close_ledger: bool = False,
+        price: Price | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(inner, leave_open=leave_open)
@@ -82,6 +80,7 @@ class SpendChatClient(DelegatingChatClient):
         if attribution is not None and not callable(attribution):
             attribution = Attribution.of(attribution)
         self.ledger = ledger
+        self.price = price
         self._attribution = attribution
         self._close_ledger = close_ledger
         self._clock = clock
@@ -223,43 +222,32 @@ class _Call:
     def _direct(
         self, outcome: str | None, error: BaseException | None, response: ChatResponse | None
     ) -> None:
-        """No router beneath: the call itself was the attempt (priced by the book)."""
-        if not reached_provider(error):
-            return
+        """No router beneath: the call itself was the attempt (at the route's price, else
+        the book's)."""
         layer = self.layer
-        metadata = layer._metadata
-        if outcome is None:
-            outcome = (
-                "completed"
-                if error is None
-                else "failed_after_output"
-                if self.first_update is not None
-                else "failed_before_output"
-            )
         if response is not None:
             self.usage, self.model = response.usage, response.model_id
             self.characters = response_characters(response)
             self.first_update = layer._clock() - self.started
-        requested = (self.options.model_id if self.options else None) or metadata.model_id
-        self.log.add(
-            priced_attempt(
-                route=layer._name,
-                number=1,
-                outcome=outcome,
-                provider=metadata.provider_name,
-                model_requested=requested,
-                model_served=self.model,
-                reported=self.usage,
-                characters=self.characters,
-                messages=as_messages(self.messages),
-                error=error,
-                price=None,
-                book=self.log.prices,
-                started_at=self.started_at,
-                duration=layer._clock() - self.started,
-                time_to_first_update=self.first_update,
-            )
+        attempt = direct_attempt(
+            layer._metadata,
+            route=layer._name,
+            price=layer.price,
+            book=self.log.prices,
+            messages=self.messages,
+            options=self.options,
+            outcome=outcome,
+            error=error,
+            output_began=self.first_update is not None,
+            reported=self.usage,
+            model_served=self.model,
+            characters=self.characters,
+            started_at=self.started_at,
+            duration=layer._clock() - self.started,
+            time_to_first_update=self.first_update,
         )
+        if attempt is not None:
+            self.log.add(attempt)
 
 
 class _SpendWatch(StreamWatcher):

@@ -117,6 +117,7 @@ from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
+    from pipeline.pricing import Price
     from pipeline.spend import SpendLedger
 
 __all__ = [
@@ -1006,11 +1007,13 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
-        self.install_spend(builder, spend_ledger)
+        # Without a router, the one route's call is the attempt: priced at its own price.
+        only = next(iter(routes.values())) if self.router is None else None
+        self.install_spend(builder, spend_ledger, price=only.price if only is not None else None)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
         if self.router is None:
-            only = next(iter(routes.values()))
+            assert only is not None  # made above when there is no router
             return builder.build(only.client, name=only.name)
         try:
             self.router.install(builder, routes, self._secrets)
@@ -1019,10 +1022,15 @@ class PipelineConfig:
         return builder.build()
 
     def install_spend(
-        self, builder: ChatPipelineBuilder, ledger: SpendLedger | None = None
+        self,
+        builder: ChatPipelineBuilder,
+        ledger: SpendLedger | None = None,
+        *,
+        price: Price | None = None,
     ) -> None:
         """Add the ``[spend]`` layer to `builder`, when the file has one and it is enabled:
-        recording in `ledger`, or in a ledger made here that the layer closes."""
+        recording in `ledger`, or in a ledger made here that the layer closes; `price` is
+        the route's when no router is beneath (the call is its attempt)."""
         spend = self.spend
         if spend is None or not spend.enabled:
             return
@@ -1032,7 +1040,7 @@ class PipelineConfig:
         def layer(inner: ChatClient) -> ChatClient:
             from middleware.spend import SpendChatClient
 
-            return SpendChatClient(inner, used, close_ledger=owned)
+            return SpendChatClient(inner, used, close_ledger=owned, price=price)
 
         builder.use(layer)
 

@@ -101,6 +101,7 @@ SURFACES = {
         "PriceBook",
         "attempt_usage",
         "default_book",
+        "direct_attempt",
         "estimate_input_tokens",
         "estimated_output_tokens",
         "priced",

@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import _scope
 from pipeline._governance import Admission, Governor, RateCost, Subject
-from pipeline._reservations import RateState
+from pipeline._reservations import Granted, RateCheck, RateState
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.errors import BudgetExceededError, BudgetUnavailableError, RateLimitExceededError
@@ -39,10 +39,8 @@ from pipeline.gateway.wire import WireError
 from pipeline.keys._model import model_allowed
 from pipeline.pricing import (
     Price,
-    attempt_usage,
+    direct_attempt,
     estimate_input_tokens,
-    priced,
-    reached_provider,
     response_characters,
     streamed_characters,
 )
@@ -55,7 +53,13 @@ if TYPE_CHECKING:
     from pipeline.keys import KeyRing, KeyStore
     from pipeline.keys._settings import BudgetsSettings
 
-__all__ = ["Governance", "GovernanceMiddleware", "MeteredClient", "rate_headers"]
+__all__ = [
+    "Governance",
+    "GovernanceMiddleware",
+    "MeteredClient",
+    "granted_headers",
+    "rate_headers",
+]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 _BUDGET_HEADER = b"x-chat-pipeline-budget-remaining"
@@ -72,35 +76,69 @@ def _duration(milliseconds: int) -> bytes:
     return b"%dm%ds" % (minutes, rest)
 
 
-def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tuple[bytes, bytes]]:
-    """The rate-limit headers of `states` (the first limit of each unit: the key's before
-    its team's), OpenAI's or Anthropic's."""
-    headers: list[tuple[bytes, bytes]] = []
+def _reset_time(milliseconds: int) -> bytes:
+    """Anthropic's reset format: when, as an RFC 3339 time (whole seconds, UTC)."""
+    reset = (datetime.now(UTC) + timedelta(milliseconds=milliseconds)).replace(microsecond=0)
+    return reset.isoformat().replace("+00:00", "Z").encode()
+
+
+_HeaderPlan = tuple[tuple[int, bytes, bytes, bytes, bytes], ...]
+
+
+def _plan(rates: Sequence[RateCheck], anthropic: bool) -> _HeaderPlan:
+    """The rate-limit headers' names and limits: the first limit of each unit (the key's
+    before its team's), by its place in `rates`; OpenAI's names or Anthropic's."""
+    plan = []
     seen: set[str] = set()
-    now = datetime.now(UTC) if anthropic else None
-    for state in states:
-        unit = state.check.unit
+    for index, check in enumerate(rates):
+        unit = check.unit
         if unit in seen:
             continue
         seen.add(unit)
-        limit = str(state.check.limit).encode()
-        remaining = str(state.remaining).encode()
-        if now is not None:
-            reset = (now + timedelta(milliseconds=state.reset_ms)).replace(microsecond=0)
-            prefix = b"anthropic-ratelimit-" + unit.encode()
-            headers += [
-                (prefix + b"-limit", limit),
-                (prefix + b"-remaining", remaining),
-                (prefix + b"-reset", reset.isoformat().replace("+00:00", "Z").encode()),
-            ]
+        name = unit.encode()
+        if anthropic:
+            prefix = b"anthropic-ratelimit-" + name
+            names = (prefix + b"-limit", prefix + b"-remaining", prefix + b"-reset")
         else:
-            suffix = unit.encode()
-            headers += [
-                (b"x-ratelimit-limit-" + suffix, limit),
-                (b"x-ratelimit-remaining-" + suffix, remaining),
-                (b"x-ratelimit-reset-" + suffix, _duration(state.reset_ms)),
-            ]
+            names = (
+                b"x-ratelimit-limit-" + name,
+                b"x-ratelimit-remaining-" + name,
+                b"x-ratelimit-reset-" + name,
+            )
+        plan.append((index, *names, str(check.limit).encode()))
+    return tuple(plan)
+
+
+def _headers_of(
+    plan: _HeaderPlan, values: Sequence[int], anthropic: bool
+) -> list[tuple[bytes, bytes]]:
+    """The headers of `plan` with each limit's remaining and reset (ms) from `values`."""
+    reset = _reset_time if anthropic else _duration
+    headers: list[tuple[bytes, bytes]] = []
+    for index, limit_name, remaining_name, reset_name, limit in plan:
+        headers += (
+            (limit_name, limit),
+            (remaining_name, b"%d" % values[2 * index]),
+            (reset_name, reset(values[2 * index + 1])),
+        )
     return headers
+
+
+def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tuple[bytes, bytes]]:
+    """The rate-limit headers of `states` (the first limit of each unit: the key's before
+    its team's), OpenAI's or Anthropic's."""
+    values = [value for state in states for value in (state.remaining, state.reset_ms)]
+    return _headers_of(_plan([state.check for state in states], anthropic), values, anthropic)
+
+
+def granted_headers(granted: Granted, *, anthropic: bool) -> list[tuple[bytes, bytes]]:
+    """`rate_headers` of an admitted request (the names made once per caller's limits)."""
+    limits = granted.limits
+    memo = "anthropic headers" if anthropic else "openai headers"
+    plan = limits.memo.get(memo)
+    if plan is None:
+        plan = limits.memo[memo] = _plan(limits.rates, anthropic)
+    return _headers_of(plan, granted.values, anthropic)
 
 
 @dataclass
@@ -114,7 +152,6 @@ class Governance:
     governor: Governor | None = None
     settings: BudgetsSettings | None = None
     costs_for: Callable[[str], RateCost] = lambda model: RateCost()
-    price_of: Callable[[Any], Decimal | None] | None = None
     prices: Any = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
     # Subjects by identity, with the key object they were made from (a key changed in the
@@ -366,15 +403,15 @@ class GovernanceMiddleware:
             if token is not None:
                 _scope.exit_attempt_log(token)
             # With [spend], the handler keeps the request's log (with whose request it is).
-            admission.settle(
-                exchange.attempts if exchange.attempts is not None else log, governance.price_of
-            )
+            admission.settle(exchange.attempts if exchange.attempts is not None else log)
 
     def _headers(self, exchange: Exchange, admission: Admission) -> None:
-        rates = admission.rates
-        if rates:
-            exchange.extra_headers += rate_headers(rates, anthropic=self._anthropic)
-        remaining = admission.soft_remaining
+        granted = admission.granted
+        if granted is None:
+            return
+        if granted.values:
+            exchange.extra_headers += granted_headers(granted, anthropic=self._anthropic)
+        remaining = granted.soft_remaining
         if remaining is not None:
             shown = max(remaining, Decimal(0)).quantize(Decimal("0.000001"))
             exchange.extra_headers.append((_BUDGET_HEADER, str(shown).encode()))
@@ -394,6 +431,7 @@ class MeteredClient(DelegatingChatClient):
         super().__init__(inner)
         self.route = route
         self.price = price
+        self.inner_metadata = metadata_of(inner)
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
@@ -405,11 +443,11 @@ class MeteredClient(DelegatingChatClient):
         try:
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
-            meter._log("failed_before_output", exc)
+            meter._log(None, exc)
             raise
         meter.usage, meter.model = response.usage, response.model_id
         meter.characters = response_characters(response)
-        meter._log("completed", None)
+        meter._log(None, None)
         return response
 
     def get_streaming_response(
@@ -470,52 +508,29 @@ class _Meter(StreamWatcher):
         self.characters += streamed_characters(update)
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
-        if how == "completed":
-            outcome = "completed"
-        elif how in ("canceled", "abandoned"):
-            outcome = how
-        else:
-            outcome = "failed_after_output" if self.first is not None else "failed_before_output"
-        self._log(outcome, error)
+        self._log(how if how in ("canceled", "abandoned") else None, error)
 
-    def _log(self, outcome: str, error: BaseException | None) -> None:
+    def _log(self, outcome: str | None, error: BaseException | None) -> None:
         log = self.log
-        if len(log.attempts) != self.count or not reached_provider(error):
-            return
-        from pipeline.types import as_messages
-
+        if len(log.attempts) != self.count:
+            return  # a cache hit, or a layer within, logged it
         client = self.client
-        metadata = metadata_of(client.inner)
-        usage, estimated = attempt_usage(
-            self.usage,
-            completed=outcome == "completed",
-            characters=self.characters,
-            messages=as_messages(self.messages),
+        attempt = direct_attempt(
+            client.inner_metadata,
+            route=client.route,
+            price=client.price,
+            book=log.prices,
+            messages=self.messages,
+            options=self.options,
+            outcome=outcome,
             error=error,
+            output_began=self.first is not None,
+            reported=self.usage,
+            model_served=self.model,
+            characters=self.characters,
+            started_at=self.started_at,
+            duration=time.perf_counter() - self.started,
+            time_to_first_update=self.first,
         )
-        requested = (self.options.model_id if self.options else None) or metadata.model_id
-        cost = priced(
-            client.price,
-            log.prices,
-            metadata.provider_name,
-            self.model or requested,
-            usage,
-            at=datetime.fromtimestamp(self.started_at, UTC),
-            estimated=estimated,
-        )
-        log.add(
-            _scope.PricedAttempt(
-                route=client.route,
-                number=1,
-                outcome=outcome,
-                provider=metadata.provider_name,
-                model_requested=requested,
-                model_served=self.model,
-                usage=usage,
-                estimated=estimated,
-                cost=cost,
-                started_at=self.started_at,
-                duration=time.perf_counter() - self.started,
-                time_to_first_update=self.first,
-            )
-        )
+        if attempt is not None:
+            log.add(attempt)

@@ -11,8 +11,8 @@ Promises:
   none is, else it waits with the others that come meanwhile and they go out together when
   the reply comes; the settlements waiting since the last call go with them. So a request
   costs Redis one round trip at most, and under load many requests share one. A settlement
-  waits for the next reservation, or goes out on its own within two `SETTLE_DELAY`s (one
-  timer for every settlement, never one each);
+  waits for the next reservation, or goes out within `SETTLE_DELAY` (and the round trip on
+  the way then) without one: one timer for every settlement, never one each;
 * what a caller's requests count against (`Limits`: its budgets and rate limits) is encoded
   once; a request adds its token, amount and tokens (the script's arguments name each
   operation's keys by where they start), and its answer is read from the reply as it
@@ -528,8 +528,8 @@ class Reservations:
         self.max_pending = max_pending
         self._batch: _Batch | None = None
         self._flusher: asyncio.TimerHandle | None = None
-        self._seen: _Batch | None = None  # the batch the settle timer saw waiting last
         self._inflight = 0  # script calls on the way
+        self._due = False  # the settle timer fired while a call was on the way
         self._idle: list[asyncio.Future[None]] = []  # `flush` callers waiting for them
         self._rebuilding: asyncio.Task[None] | None = None
         self.calls = 0  # script calls made (each one round trip)
@@ -560,8 +560,7 @@ class Reservations:
         return await future
 
     def settle(self, settlement: Settlement) -> None:
-        """Settle a granted request (sent with the next call, or within two
-        `settle_delay`s)."""
+        """Settle a granted request (sent with the next call, within `settle_delay`)."""
         batch = self._batch
         if batch is None:
             batch = self._batch = _Batch()
@@ -615,21 +614,23 @@ class Reservations:
     # -- batching ----------------------------------------------------------------------------
 
     def _flush_settles(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The settle timer: settlements that waited a whole `settle_delay` (no reservation
-        took them) go out on their own; the timer stops when none waits."""
+        """The settle timer, every `settle_delay` while settlements wait: those no
+        reservation took meanwhile go out on their own, or with the reply of the call on
+        the way (so a token limit's estimate is corrected that soon, not after a whole
+        other delay: the other replicas' requests are refused meanwhile); it stops when
+        none waits."""
         self._flusher = None
         batch = self._batch
         if batch is None or not batch.settles:
-            self._seen = None
             return
-        if batch is self._seen and not self._inflight and not self.outage.skipping():
-            self._seen = None
+        if self._inflight:
+            self._due = True
+        elif not self.outage.skipping():
             self._send(loop)
-            return
-        self._seen = batch
         self._flusher = loop.call_later(self.settle_delay, self._flush_settles, loop)
 
     def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due = False
         batch, self._batch = self._batch, None
         if batch is None or not (batch.reserves or batch.settles):
             return
@@ -696,7 +697,11 @@ class Reservations:
         else:
             self.outage.succeeded()
         waiting = self._batch
-        if waiting is not None and waiting.reserves and not self._inflight:
+        if (
+            waiting is not None
+            and (waiting.reserves or (self._due and waiting.settles))
+            and not self._inflight
+        ):
             if self.outage.skipping():
                 # Redis just failed: the reservations that gathered meanwhile are answered
                 # now (their settlements wait), not sent to wait out another bound.

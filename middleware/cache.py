@@ -105,9 +105,12 @@ from pipeline.types import (
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     Messages,
+    RawTool,
     ReasoningContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
     as_messages,
 )
@@ -508,28 +511,35 @@ def _canonical(value: Any) -> bytes:
 
 
 def _tool_shape(tool: Any) -> Any:
-    """What a tool is to a provider: a mapping as it is; a tool definition by its name,
-    description and schema, and what else the providers send of it that changes the
-    answer: a custom tool's kind and input format (its grammar), a tool's extra fields
-    (``strict``; not a prompt-cache breakpoint, which changes only the bill)."""
-    if isinstance(tool, dict):
-        return tool
-    if isinstance(tool, CustomTool):
-        return {"$custom": tool.name, "description": tool.description, "format": tool.format}
+    """What a tool is to a provider: a mapping (the deprecated untyped form) as it is; a
+    raw tool by its API and body; a custom tool by its kind, name, description and input
+    format; any other definition by its name, description and schema, and a function
+    tool's fields for each API too (but a prompt-cache breakpoint, which changes only the
+    bill)."""
+    match tool:
+        case dict():
+            return tool
+        case RawTool():
+            return {"$raw": tool.api, "body": dict(tool.body)}
+        case CustomTool():
+            return {"$custom": tool.name, "description": tool.description, "format": tool.format}
     name = getattr(tool, "name", None)
-    if isinstance(name, str):
-        shape = {
-            "name": name,
-            "description": getattr(tool, "description", None),
-            "parameters": getattr(tool, "parameters", None),
+    if not isinstance(name, str):
+        return tool
+    shape = {
+        "name": name,
+        "description": getattr(tool, "description", None),
+        "parameters": getattr(tool, "parameters", None),
+    }
+    if type(tool) is FunctionTool and tool.additional_properties:
+        fields = {
+            api: {key: value for key, value in extra.items() if key != "cache_control"}
+            for api, extra in tool.additional_properties.items()
         }
-        extra = getattr(tool, "additional_properties", None)
-        if extra:
-            extra = {key: value for key, value in extra.items() if key != "cache_control"}
-            if extra:
-                shape["extra"] = extra
-        return shape
-    return tool
+        answering = {api: extra for api, extra in fields.items() if extra}
+        if answering:
+            shape["fields"] = answering
+    return shape
 
 
 _NOT_KEYED = frozenset({"cache", "session_id"})
@@ -665,6 +675,9 @@ def _feed_options(
         kind = type(value)
         if kind is str:
             hasher.text(b"s", value)
+        elif kind is ToolChoice:
+            hasher.text(b"c", value.mode)
+            hasher.text(b"t", value.name)  # a named tool: "none" is no NONE
         elif name == "tools":
             hasher.data(b"j", _canonical([_tool_shape(tool) for tool in value]))
         else:
@@ -1225,7 +1238,13 @@ class CachingChatClient(DelegatingChatClient):
         if entry is not None and result == "hit":
             if entry.cost:
                 self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
-            _log_hit(_scope.current_attempt_log(), entry.route, _model_of(entry), entry.cost)
+            _log_hit(
+                _scope.current_attempt_log(),
+                _scope.current_attempt_mark(),
+                entry.route,
+                _model_of(entry),
+                entry.cost,
+            )
         report = current_cache_report()
         if report is not None:
             report.result = result
@@ -1542,7 +1561,13 @@ class CachingChatClient(DelegatingChatClient):
                 self._leave(flight)
             if flight.error is None:
                 answer = _copy_response(flight.result_response())
-                _log_hit(_scope.current_attempt_log(), flight.route, answer.model_id, flight)
+                _log_hit(
+                    _scope.current_attempt_log(),
+                    _scope.current_attempt_mark(),
+                    flight.route,
+                    answer.model_id,
+                    flight,
+                )
                 return answer
             if flight.cancelled:
                 continue  # the leader's caller left: its call is no answer; call again
@@ -1601,7 +1626,8 @@ class CachingChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         request = self._begin(messages, options)
-        log = _scope.current_attempt_log()  # current at the first read, maybe not after
+        # Current at the first read, maybe not after.
+        log, within = _scope.current_attempt_log(), _scope.current_attempt_mark()
         if request.key is None:
             self._record("bypass", request)
             async for update in forward(
@@ -1666,7 +1692,7 @@ class CachingChatClient(DelegatingChatClient):
                 self._leave(flight)
             if flight.error is None:
                 if not leading:
-                    _log_hit(log, flight.route, _first_model(flight.updates), flight)
+                    _log_hit(log, within, flight.route, _first_model(flight.updates), flight)
                 return
             if leading or sent:
                 raise flight.error
@@ -1750,13 +1776,15 @@ def _first_model(updates: Sequence[ChatResponseUpdate]) -> str | None:
 
 def _log_hit(
     log: _scope.AttemptLog | None,
+    within: _scope.AttemptMark | None,
     route: str | None,
     model: str | None,
     saved: float | _Flight | None,
 ) -> None:
     """Tell the request's attempt log (when a spend layer or the gateway opened one) that
     the cache answered: nothing used, and `saved` what the answer had cost (a stored entry's
-    cost, or the cost of the call a follower waited for)."""
+    cost, or the cost of the call a follower waited for). The hit stands for the attempt
+    `within` (a router's above the cache), which records no call of its own."""
     if log is None:
         return
     amount = saved.cost if isinstance(saved, _Flight) else saved
@@ -1778,7 +1806,8 @@ def _log_hit(
             time_to_first_update=None,
             cache="hit",
             saved=amount,
-        )
+        ),
+        within,
     )
 
 

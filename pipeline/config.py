@@ -1007,16 +1007,16 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
-        # Without a router, the one route's call is the attempt: priced at its own price.
-        only = next(iter(routes.values())) if self.router is None else None
-        self.install_spend(builder, spend_ledger, price=only.price if only is not None else None)
+        router = self.router
+        # Without a router the one route is the call: the spend layer prices it at its price.
+        only = next(iter(routes.values()))
+        self.install_spend(builder, spend_ledger, price=only.price if router is None else None)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
-        if self.router is None:
-            assert only is not None  # made above when there is no router
+        if router is None:
             return builder.build(only.client, name=only.name)
         try:
-            self.router.install(builder, routes, self._secrets)
+            router.install(builder, routes, self._secrets)
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
@@ -1030,7 +1030,8 @@ class PipelineConfig:
     ) -> None:
         """Add the ``[spend]`` layer to `builder`, when the file has one and it is enabled:
         recording in `ledger`, or in a ledger made here that the layer closes; `price` is
-        the route's when no router is beneath (the call is its attempt)."""
+        the route's, when the layer is over one route with no router (it wins over the
+        book)."""
         spend = self.spend
         if spend is None or not spend.enabled:
             return

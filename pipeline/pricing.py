@@ -27,21 +27,16 @@ from pipeline._settings import Settings
 from pipeline.errors import CircuitOpenError, ProviderError, UnsendableRequestError
 from pipeline.types import (
     ChatMessage,
-    ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
     FunctionCallContent,
-    Messages,
     ReasoningContent,
     TextContent,
     UsageDetails,
-    as_messages,
 )
 
 if TYPE_CHECKING:
     from genai_prices.types import ModelInfo, ModelPrice
-
-    from pipeline.client import ChatClientMetadata
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -52,7 +47,6 @@ __all__ = [
     "PriceBook",
     "attempt_usage",
     "default_book",
-    "direct_attempt",
     "estimate_input_tokens",
     "estimated_output_tokens",
     "priced",
@@ -581,59 +575,6 @@ def priced_attempt(
             None,
             None,
         ),
-    )
-
-
-def direct_attempt(
-    metadata: ChatClientMetadata,
-    *,
-    route: str,
-    price: Price | None,
-    book: PriceBook | None,
-    messages: Messages,
-    options: ChatOptions | None,
-    outcome: str | None,
-    error: BaseException | None,
-    output_began: bool,
-    reported: UsageDetails | None,
-    model_served: str | None,
-    characters: int,
-    started_at: float,
-    duration: float,
-    time_to_first_update: float | None,
-) -> PricedAttempt | None:
-    """The attempt a call with no router beneath was: the call itself, attempt 1 of `route`,
-    on the client `metadata` describes, priced (`priced_attempt`: the route's `price`, else
-    the `book`'s); None when it never reached its provider. `outcome` None: completed, or
-    failed by `error` before or after output (`output_began`). The spend layer and the
-    gateway (for budgets) log such a call here, once."""
-    if not reached_provider(error):
-        return None
-    if outcome is None:
-        outcome = (
-            "completed"
-            if error is None
-            else "failed_after_output"
-            if output_began
-            else "failed_before_output"
-        )
-    requested = (options.model_id if options is not None else None) or metadata.model_id
-    return priced_attempt(
-        route=route,
-        number=1,
-        outcome=outcome,
-        provider=metadata.provider_name,
-        model_requested=requested,
-        model_served=model_served,
-        reported=reported,
-        characters=characters,
-        messages=as_messages(messages),
-        error=error,
-        price=price,
-        book=book,
-        started_at=started_at,
-        duration=duration,
-        time_to_first_update=time_to_first_update,
     )
 
 

@@ -8,10 +8,21 @@ so layers can treat both shapes alike.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, TypeAlias, cast, runtime_checkable
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    Never,
+    NoReturn,
+    Protocol,
+    TypeAlias,
+    cast,
+    runtime_checkable,
+)
 
 from pipeline.errors import RequestRefusedError
 
@@ -31,12 +42,15 @@ __all__ = [
     "FinishReason",
     "FunctionCallContent",
     "FunctionResultContent",
+    "FunctionTool",
     "GEMINI_EXTRAS",
     "Messages",
     "OPENAI_RESPONSES_EXTRAS",
     "ReasoningContent",
+    "RawTool",
     "ReasoningOptions",
     "TextContent",
+    "ToolChoice",
     "ToolDefinition",
     "UNTRANSLATED",
     "UsageDetails",
@@ -226,6 +240,14 @@ _CONTENT_TYPES = (
 )
 
 
+def unknown_content(content: Never) -> NoReturn:
+    """The last case of a codec's exhaustive ``match`` over `Content`: mypy proves it
+    unreachable, so a new content class fails the type check until every codec handles it;
+    at run time (an object put in a message's list by hand), a `TypeError` naming the type,
+    never the value."""
+    raise TypeError(f"{type(content).__name__} is no content type any API can carry")
+
+
 def _text_of(contents: Sequence[Content]) -> str:
     if len(contents) == 1:  # a streamed update's usual shape: skip the join
         only = contents[0]
@@ -364,27 +386,138 @@ class CustomTool:
         }
 
 
-def custom_tool_names(tools: Iterable[Any] | None) -> frozenset[str]:
-    """The names of the custom tools among `tools`: `CustomTool`s, and custom tools in a
-    provider's own shape (``{"type": "custom", "name"}`` or ``{"type": "custom", "custom":
-    {"name"}}``)."""
-    names: set[str] = set()
-    for tool in tools or ():
-        if isinstance(tool, CustomTool):
-            names.add(tool.name)
-        elif isinstance(tool, Mapping) and tool.get("type") == "custom":
-            spec = tool.get("custom", tool)
-            name = spec.get("name") if isinstance(spec, Mapping) else None
-            if isinstance(name, str):
-                names.add(name)
-    return frozenset(names)
+def _no_arguments() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
 
 
-ChatTool: TypeAlias = ToolDefinition | Mapping[str, Any]
-"""What `ChatOptions.tools` holds: tool definitions, which every provider writes in its own
-format, or tools already in a provider's format (a Chat Completions
-``{"type": "function", "function": {...}}`` or a Messages ``{"name", "input_schema"}``
-mapping), which that provider passes on as they are."""
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A function tool as a client declared it: its `name`, `description` and the JSON
+    schema of its arguments (`parameters`), which every API can send, and the fields only
+    some APIs have, in `additional_properties` under each API's name (``{"messages":
+    {"cache_control": {...}}}``; the names are the wire APIs', see `RawTool`): a route
+    speaking one of those APIs adds its fields to the tool, the others leave them out."""
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=_no_arguments)
+    additional_properties: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("FunctionTool.name must be a non-empty str")
+        if not isinstance(self.parameters, Mapping):
+            raise TypeError("FunctionTool.parameters must be a JSON schema mapping")
+
+
+@dataclass(frozen=True, slots=True)
+class RawTool:
+    """A tool in one API's own shape, which no other API has (a built-in tool such as the
+    Responses API's ``{"type": "web_search"}``, an Anthropic server tool): a route speaking
+    `api` sends `body` as given; a route of another API cannot, and refuses the request
+    (`UnsendableRequestError`) rather than answer without the tool.
+
+    `api` is the wire API's name, as the packages of `pipeline.wire` are named:
+    ``"chat_completions"``, ``"responses"`` (OpenAI's), ``"messages"`` (Anthropic's),
+    ``"gemini"`` (Google's, Vertex AI's too), ``"bedrock"`` (Bedrock's Converse).
+    """
+
+    api: str
+    body: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.api, str) or not self.api:
+            raise ValueError("RawTool.api must be a wire API's name")
+        if not isinstance(self.body, Mapping):
+            raise TypeError(f"RawTool.body must be a mapping, not {type(self.body).__name__}")
+
+    def __repr__(self) -> str:
+        return f"RawTool(api={self.api!r}, body=<{len(self.body)} fields>)"
+
+
+ChatTool: TypeAlias = ToolDefinition | RawTool
+"""What `ChatOptions.tools` holds: tool definitions (`FunctionTool`, `CustomTool`,
+`middleware.tools.Tool`, any object with a name, a description and parameters), which every
+API writes in its own shape, and `RawTool`s, which only their own API's routes send.
+
+A mapping in a provider's shape (a Chat Completions ``{"type": "function", "function":
+{...}}``, a Messages ``{"name", "input_schema"}``) is still read, as the function or custom
+tool it describes, with a `DeprecationWarning`; one of another shape is taken, as before, for
+a tool in the shape of whichever route's API sends it: a `RawTool` says which API it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Whether the model must call a tool, and which (after Microsoft.Extensions.AI's
+    `ChatToolMode`): `ToolChoice.AUTO` (the model decides), `ToolChoice.NONE` (it calls
+    none), `ToolChoice.REQUIRED` (it calls at least one of the tools offered) or
+    `ToolChoice.named(name)` (it calls that tool: `mode` is ``"required"``, `name` is set).
+
+    A tool may have any name, ``"none"`` included: `ToolChoice.named("none")` asks for a
+    call of that tool, never for no call. Each wire API writes a choice its own way.
+    """
+
+    mode: Literal["auto", "none", "required"]
+    name: str | None = None
+
+    AUTO: ClassVar[ToolChoice]
+    NONE: ClassVar[ToolChoice]
+    REQUIRED: ClassVar[ToolChoice]
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "none", "required"):
+            raise ValueError("ToolChoice.mode must be 'auto', 'none' or 'required'")
+        if self.name is not None and (
+            self.mode != "required" or not isinstance(self.name, str) or not self.name
+        ):
+            raise ValueError("a named ToolChoice is ToolChoice.named(<a non-empty tool name>)")
+
+    @classmethod
+    def named(cls, name: str) -> ToolChoice:
+        """The model must call the tool called `name`."""
+        return cls("required", name)
+
+    def __repr__(self) -> str:
+        if self.name is not None:
+            return f"ToolChoice.named({self.name!r})"
+        return f"ToolChoice.{self.mode.upper()}"
+
+
+ToolChoice.AUTO = ToolChoice("auto")
+ToolChoice.NONE = ToolChoice("none")
+ToolChoice.REQUIRED = ToolChoice("required")
+_TOOL_MODES: dict[str, ToolChoice] = {
+    "auto": ToolChoice.AUTO,
+    "none": ToolChoice.NONE,
+    "required": ToolChoice.REQUIRED,
+}
+
+
+def as_tool_choice(value: object, tools: Iterable[object] | None = None) -> ToolChoice | None:
+    """`value` as a `ToolChoice`: a choice (or None) as it is; a string, the deprecated
+    form of `ChatOptions.tool_mode`, with a `DeprecationWarning`: ``"auto"``, ``"none"``
+    and ``"required"`` are those modes, any other string a tool's name. A mode word is
+    ambiguous when one of `tools` has that name: `ValueError` (say `ToolChoice.NONE` or
+    `ToolChoice.named("none")`)."""
+    if value is None or type(value) is ToolChoice:
+        return value
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"ChatOptions.tool_mode must be a ToolChoice, not {type(value).__name__}")
+    warnings.warn(
+        "ChatOptions.tool_mode as a string is deprecated: use ToolChoice.AUTO, "
+        "ToolChoice.NONE, ToolChoice.REQUIRED or ToolChoice.named(name)",
+        DeprecationWarning,
+        stacklevel=4,  # the caller of ChatOptions(...) or of with_()
+    )
+    mode = _TOOL_MODES.get(value)
+    if mode is None:
+        return ToolChoice.named(value)
+    if any(getattr(tool, "name", None) == value for tool in tools or ()):
+        raise ValueError(
+            f"tool_mode {value!r} is ambiguous: a tool is named {value!r}; use "
+            f"ToolChoice.{value.upper()} or ToolChoice.named({value!r})"
+        )
+    return mode
 
 
 def as_messages(messages: Messages) -> list[ChatMessage]:
@@ -504,6 +637,9 @@ class ChatOptions:
     ``"openai_responses"`` (`OPENAI_RESPONSES_EXTRAS`) for OpenAI Responses routes only,
     ``"bedrock"`` (`BEDROCK_EXTRAS`) for Bedrock routes only, and ``"gemini"``
     (`GEMINI_EXTRAS`) for Gemini routes (Gemini API and Vertex AI) only.
+
+    `tool_mode` is a `ToolChoice`; a string is still taken where it is unambiguous, with a
+    `DeprecationWarning` (see `as_tool_choice`).
     """
 
     model_id: str | None = None
@@ -513,7 +649,7 @@ class ChatOptions:
     stop: list[str] | None = None
     seed: int | None = None
     tools: list[ChatTool] | None = None
-    tool_mode: str | None = None
+    tool_mode: ToolChoice | None = None
     response_format: Any = None
     reasoning_effort: str | None = None
     session_id: str | None = None
@@ -522,6 +658,10 @@ class ChatOptions:
     cache: CacheMode | None = None
     """What a response cache does with this request (None: ``CacheMode.USE``); never
     reaches a provider."""
+
+    def __post_init__(self) -> None:
+        if self.tool_mode is not None and type(self.tool_mode) is not ToolChoice:
+            self.tool_mode = as_tool_choice(self.tool_mode, self.tools)
 
     def clone(self) -> ChatOptions:
         """An independent copy: its lists and dicts are copies too.
@@ -561,6 +701,8 @@ class ChatOptions:
             if key not in names:
                 raise TypeError(f"ChatOptions has no field {key!r}")
             setattr(clone, key, value)
+        if "tool_mode" in changes:
+            clone.__post_init__()
         return clone
 
     def __repr__(self) -> str:

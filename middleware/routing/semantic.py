@@ -92,10 +92,6 @@ logger = logging.getLogger(__name__)
 OFF_LOOP_ELEMENTS = 1 << 22
 """Above this many matrix elements (about 11,000 utterances of 384 dimensions) a query is
 scored in a worker thread instead of on the event loop."""
-# Kept here for code that patched them on this module; the index reads `pipeline._vectors`.
-TILE_ELEMENTS = _vectors.TILE_ELEMENTS
-BLOCK_UTTERANCES = _vectors.BLOCK_UTTERANCES
-_Index = VectorIndex
 
 INDEX_FORMAT = "chat-pipeline-semantic-index"
 INDEX_VERSION = 1

@@ -71,8 +71,7 @@ from pipeline.gateway.wire import (
     request_object,
     unsupported_parameter,
 )
-from pipeline.providers._messages import STOP_REASONS, TOOL_CHOICE_TYPES, message_blocks
-from pipeline.providers._wire import ToolSpec
+from pipeline.providers._messages import STOP_REASONS, message_blocks
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
     UNTRANSLATED,
@@ -81,15 +80,19 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     ReasoningContent,
     ReasoningOptions,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
+from pipeline.wire.messages.vocab import API, TOOL_CHOICES
 
 __all__ = [
     "COUNT_TOKENS",
@@ -98,7 +101,6 @@ __all__ = [
     "CountTokensHandler",
     "estimate_tokens",
     "MessageEventEncoder",
-    "MessagesTool",
     "MessagesFormat",
     "anthropic_error_type",
     "new_message_id",
@@ -144,7 +146,6 @@ _SERVER_FEATURES = {
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "xhigh": "xhigh"}
 # Tool fields besides the definition: passed to Anthropic routes on the tool.
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
-_TOOL_MODES = {kind: mode for mode, kind in TOOL_CHOICE_TYPES.items()}
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOOL_TYPE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 # Tools Anthropic's servers run (the type's prefix; a version date follows): built-in tools,
@@ -154,24 +155,6 @@ _UNSUPPORTED_BLOCKS = {
     "image": "images are not supported by this gateway",
     "document": "documents are not supported by this gateway",
 }
-
-
-class MessagesTool(ToolSpec):
-    """A tool a Messages request declared: its definition, which every provider writes in
-    its own format, and its other Messages fields (``cache_control``, ``defer_loading``,
-    ``strict``...) in `additional_properties`, which Anthropic routes send on it."""
-
-    __slots__ = ("additional_properties",)
-
-    def __init__(
-        self,
-        name: str,
-        description: str | None,
-        parameters: dict[str, Any],
-        additional_properties: dict[str, Any],
-    ) -> None:
-        super().__init__(name, description, parameters)
-        self.additional_properties = additional_properties
 
 
 def _unsupported(param: str, what: str) -> WireError:
@@ -367,13 +350,13 @@ def _turn(raw: Any, index: int) -> list[ChatMessage]:
     return turn
 
 
-def _tools(value: Any, builtin: list[str]) -> tuple[list[Any], frozenset[str], frozenset[str]]:
+def _tools(value: Any, builtin: list[str]) -> tuple[list[ChatTool], frozenset[str], frozenset[str]]:
     """The request's tools as the pipeline's, their names, and the names of the server tools
     it offered: those are noted in ``builtin`` (their types) and left out, for the gateway's
     built-in tools policy (`pipeline.gateway._builtin_tools`)."""
     if not isinstance(value, list):
         raise _invalid("tools", "expected a list of tools")
-    tools: list[Any] = []
+    tools: list[ChatTool] = []
     names: set[str] = set()
     server: set[str] = set()
     for index, tool in enumerate(value):
@@ -405,16 +388,19 @@ def _tools(value: Any, builtin: list[str]) -> tuple[list[Any], frozenset[str], f
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise _invalid(f"{where}.input_schema", "expected a JSON schema object")
-        # A tool definition: every provider writes it in its own format.
+        # A tool definition: every provider writes it in its own format; its other Messages
+        # fields (``cache_control``, ``defer_loading``, ``strict``...) go to Anthropic routes.
         extra = {key: value for key, value in tool.items() if key not in _TOOL_FIELDS}
-        tools.append(MessagesTool(name, description or None, schema, extra))
+        tools.append(FunctionTool(name, description or None, schema, {API: extra} if extra else {}))
         names.add(name)
     return tools, frozenset(names), frozenset(server)
 
 
-def _tool_mode(value: Any, names: frozenset[str], server: frozenset[str] = frozenset()) -> str:
+def _tool_mode(
+    value: Any, names: frozenset[str], server: frozenset[str] = frozenset()
+) -> ToolChoice:
     kind = value.get("type") if isinstance(value, dict) else None
-    if not isinstance(kind, str) or (kind not in _TOOL_MODES and kind != "tool"):
+    if not isinstance(kind, str) or (kind not in TOOL_CHOICES and kind != "tool"):
         raise _invalid("tool_choice.type", "expected auto, any, tool or none")
     if value.get("disable_parallel_tool_use") is True:
         raise _unsupported(
@@ -422,13 +408,13 @@ def _tool_mode(value: Any, names: frozenset[str], server: frozenset[str] = froze
             "limiting the model to one tool call is not supported by this gateway",
         )
     if kind != "tool":
-        return _TOOL_MODES[kind]
+        return TOOL_CHOICES[kind]
     name = value.get("name")
     if isinstance(name, str) and name in server and name not in names:
-        return "auto"  # the server tool it named is left out: the model may answer
+        return ToolChoice.AUTO  # the server tool it named is left out: the model may answer
     if not isinstance(name, str) or name not in names:
         raise _invalid("tool_choice.name", "expected the name of a tool in tools")
-    return name  # the one tool the model must call
+    return ToolChoice.named(name)  # the one tool the model must call
 
 
 def _thinking(value: Any, effort: str | None) -> ReasoningOptions | None:
@@ -559,7 +545,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
     if choice is not None:
         mode = _tool_mode(choice, names, server)
         # A choice among tools all left out (server tools) is moot; among none, an error.
-        if not options.tools and mode != "none" and not builtin:
+        if not options.tools and mode != ToolChoice.NONE and not builtin:
             raise _invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode
@@ -910,7 +896,7 @@ def estimate_tokens(request: ChatRequest) -> int:
                 result = content.result
                 characters += len(result if isinstance(result, str) else _dumps(result))
     for tool in request.options.tools or ():
-        if isinstance(tool, ToolSpec):
+        if isinstance(tool, FunctionTool):
             characters += len(tool.name) + len(tool.description or "")
             characters += len(_dumps(tool.parameters))
     return -(-characters // CHARS_PER_TOKEN)

@@ -35,6 +35,7 @@ __all__ = [
     "ASGIApp",
     "JSON",
     "REQUEST_ID_HEADER",
+    "SESSION_HEADER",
     "TAGS_HEADER",
     "Exchange",
     "Message",
@@ -57,6 +58,9 @@ EXCHANGE = "chat_pipeline.exchange"
 """The ASGI scope key of a request's `Exchange`."""
 
 REQUEST_ID_HEADER = b"x-request-id"
+SESSION_HEADER = b"x-session-id"
+"""The request header carrying the session id (`Exchange.session`: session affinity keeps
+its route)."""
 TAGS_HEADER = b"x-chat-pipeline-tags"
 """The request header carrying the caller's spend tags, comma-separated."""
 JSON = [(b"content-type", b"application/json")]
@@ -160,7 +164,7 @@ class Exchange:
                 content_type = value
             elif name == REQUEST_ID_HEADER:
                 request_id = value
-            elif name == b"x-session-id":
+            elif name == SESSION_HEADER:
                 session = value.decode("latin-1")
             elif name == b"x-api-key":
                 x_api_key = value

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,21 +29,16 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import _scope
 from pipeline._governance import Admission, Governor, RateCost, Subject
+from pipeline._metering import DirectAttempt
 from pipeline._reservations import Granted, RateCheck, RateState
-from pipeline._streams import StreamEnd, StreamWatcher, forward
-from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
+from pipeline._streams import forward
+from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.errors import BudgetExceededError, BudgetUnavailableError, RateLimitExceededError
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway.wire import WireError
 from pipeline.keys._model import model_allowed
-from pipeline.pricing import (
-    Price,
-    direct_attempt,
-    estimate_input_tokens,
-    response_characters,
-    streamed_characters,
-)
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
+from pipeline.pricing import Price, estimate_input_tokens
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -422,115 +416,51 @@ class GovernanceMiddleware:
 
 class MeteredClient(DelegatingChatClient):
     """A model name's client without a router beneath (a route served by name, a pipeline
-    of one route): the call itself is the request's one attempt, priced with `price` (the
-    route's, else the attempt log's book) and added to the request's attempt log when it
-    ended, so budgets settle with it. Routers log their own attempts; a cache hit logs
+    of one route): the call itself is the request's one attempt (a
+    `pipeline._metering.DirectAttempt`, as the spend layer logs it), priced with `price`
+    (the route's, else the attempt log's book) and added to the request's attempt log when
+    it ended, so budgets settle with it. Routers log their own attempts; a cache hit logs
     itself (then nothing is added here)."""
 
     def __init__(self, inner: ChatClient, *, route: str, price: Price | None) -> None:
         super().__init__(inner)
         self.route = route
         self.price = price
-        self.inner_metadata = metadata_of(inner)
+
+    def _attempt(self, messages: Messages, options: ChatOptions | None) -> DirectAttempt | None:
+        log = _scope.current_attempt_log()
+        if log is None:
+            return None
+        return DirectAttempt(
+            log,
+            route=self.route,
+            client=self.inner,
+            messages=messages,
+            options=options,
+            price=self.price,
+        )
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
-        log = _scope.current_attempt_log()
-        if log is None:
+        attempt = self._attempt(messages, options)
+        if attempt is None:
             return await self.inner.get_response(messages, options)
-        meter = _Meter(self, log, messages, options)
+        mark = attempt.enter()
         try:
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
-            meter._log(None, exc)
+            attempt.exit(mark)
+            attempt.failed(exc)
             raise
-        meter.usage, meter.model = response.usage, response.model_id
-        meter.characters = response_characters(response)
-        meter._log(None, None)
+        attempt.exit(mark)
+        attempt.responded(response)
         return response
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        log = _scope.current_attempt_log()
-        if log is None:
+        attempt = self._attempt(messages, options)
+        if attempt is None:
             return self.inner.get_streaming_response(messages, options)
-        return forward(
-            lambda: self.inner.get_streaming_response(messages, options),
-            _Meter(self, log, messages, options),
-        )
-
-
-class _Meter(StreamWatcher):
-    """One call through a `MeteredClient`: what it used, logged once when it ended."""
-
-    __slots__ = (
-        "characters",
-        "client",
-        "count",
-        "first",
-        "log",
-        "messages",
-        "model",
-        "options",
-        "started",
-        "started_at",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        client: MeteredClient,
-        log: _scope.AttemptLog,
-        messages: Messages,
-        options: ChatOptions | None,
-    ) -> None:
-        self.client = client
-        self.log = log
-        self.messages = messages
-        self.options = options
-        self.count = len(log.attempts)  # attempts logged before (a cache hit adds one)
-        self.started_at = time.time()
-        self.started = time.perf_counter()
-        self.first: float | None = None
-        self.usage: UsageDetails | None = None
-        self.model: str | None = None
-        self.characters = 0
-
-    def update(self, update: ChatResponseUpdate) -> None:
-        if self.first is None:
-            self.first = time.perf_counter() - self.started
-        if update.usage is not None:
-            self.usage = update.usage if self.usage is None else self.usage + update.usage
-        if update.model_id:
-            self.model = update.model_id
-        self.characters += streamed_characters(update)
-
-    def end(self, how: StreamEnd, error: BaseException | None) -> None:
-        self._log(how if how in ("canceled", "abandoned") else None, error)
-
-    def _log(self, outcome: str | None, error: BaseException | None) -> None:
-        log = self.log
-        if len(log.attempts) != self.count:
-            return  # a cache hit, or a layer within, logged it
-        client = self.client
-        attempt = direct_attempt(
-            client.inner_metadata,
-            route=client.route,
-            price=client.price,
-            book=log.prices,
-            messages=self.messages,
-            options=self.options,
-            outcome=outcome,
-            error=error,
-            output_began=self.first is not None,
-            reported=self.usage,
-            model_served=self.model,
-            characters=self.characters,
-            started_at=self.started_at,
-            duration=time.perf_counter() - self.started,
-            time_to_first_update=self.first,
-        )
-        if attempt is not None:
-            log.add(attempt)
+        return forward(lambda: self.inner.get_streaming_response(messages, options), attempt)

@@ -71,17 +71,22 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     ReasoningContent,
     ReasoningOptions,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
+from pipeline.wire.responses.vocab import read_tool_choice
+from pipeline.wire.tools import openai_function_fields
 
 __all__ = [
     "RESPONSES",
@@ -455,9 +460,11 @@ def _tool_entries(value: Any, param: str) -> list[tuple[str, dict[str, Any], str
     return entries
 
 
-def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Names) -> list[Any]:
+def _tools(
+    sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Names
+) -> list[ChatTool]:
     """The tools of ``tools`` and of ``additional_tools`` input items, as the pipeline's
-    tools: function tools as Chat Completions tool objects, custom tools as `CustomTool`s,
+    tools: function tools as `FunctionTool`s, custom tools as `CustomTool`s,
     the tools of a namespace flattened (`_Names`); built-in tools are noted in
     `request.builtin_tools` and left out."""
     entries: list[tuple[str, dict[str, Any], str | None]] = []
@@ -480,7 +487,7 @@ def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Na
             raise _invalid(f"{where}.name", "expected a tool name of 1-64 characters")
         kept.append((where, tool, namespace, name))
     names.plan([(namespace, name) for _, _, namespace, name in kept])
-    chat_tools: list[Any] = []
+    chat_tools: list[ChatTool] = []
     flat_names: set[str] = set()
     custom: set[str] = set()
     for where, tool, namespace, name in kept:
@@ -501,27 +508,34 @@ def _tools(sources: list[tuple[str, Any]], request: ResponsesRequest, names: _Na
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise _invalid(f"{where}.parameters", "expected a JSON schema object")
-        function = {k: v for k, v in tool.items() if k != "type" and v is not None}
-        function["name"] = flat
-        chat_tools.append({"type": "function", "function": function})
+        fields = {k: v for k, v in tool.items() if k not in _FUNCTION_FIELDS and v is not None}
+        chat_tools.append(
+            FunctionTool(
+                flat,
+                description or None,
+                parameters if parameters is not None else {"type": "object", "properties": {}},
+                openai_function_fields(fields),
+            )
+        )
     request.tool_names = frozenset(flat_names)
     request.namespaces = dict(names.back)
     request.custom_tools = frozenset(custom)
     return chat_tools
 
 
-def _tool_mode(value: Any, names: frozenset[str]) -> str:
-    if value in ("auto", "none", "required"):
-        return str(value)
+_FUNCTION_FIELDS = frozenset({"type", "name", "description", "parameters"})
+
+
+def _tool_mode(value: Any, names: frozenset[str]) -> ToolChoice:
+    choice = read_tool_choice(value)
     kind = value.get("type") if isinstance(value, dict) else None
-    if kind not in ("function", "custom"):
+    if choice is None and kind not in ("function", "custom"):
         raise _unsupported(
             "tool_choice", "expected auto, none, required or a function (no built-in tools)"
         )
-    name = value.get("name")
-    if not isinstance(name, str) or name not in names:
+    if choice is None or (choice.name is not None and choice.name not in names):
         raise _invalid("tool_choice.name", "names a function that is not in tools")
-    return name
+    return choice
 
 
 def _text_format(value: Any) -> tuple[dict[str, Any], Any]:
@@ -640,7 +654,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         mode = _tool_mode(choice, request.tool_names)
         if options.tools:
             options.tool_mode = mode
-        elif mode not in ("none", "auto") and not request.builtin_tools:
+        elif mode not in (ToolChoice.NONE, ToolChoice.AUTO) and not request.builtin_tools:
             raise _invalid("tool_choice", "needs tools")
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:

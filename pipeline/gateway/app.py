@@ -78,6 +78,7 @@ from pipeline.gateway._exchange import (
     enter_request_id,
     exit_request_id,
 )
+from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
 from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
@@ -107,10 +108,9 @@ if TYPE_CHECKING:
     from pipeline.config import PipelineConfig
     from pipeline.spend import SpendLedger
 
-__all__ = ["CHAT_ROUTE", "FORMATS", "SESSION_HEADER", "Gateway", "Target", "create_app"]
+__all__ = ["FORMATS", "SESSION_HEADER", "Gateway", "Target", "create_app"]
 
-CHAT_ROUTE = CHAT_COMPLETIONS.path
-SESSION_HEADER = "x-session-id"
+SESSION_HEADER = _SESSION_HEADER.decode()
 """The request header carrying the session id (session affinity keeps its route)."""
 
 FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)

@@ -12,8 +12,9 @@ of `pipeline.providers._chat_completions` (which sends requests and reads respon
   failed after output;
 * `error_for` maps any exception to the HTTP status and OpenAI error the client gets.
 
-Client-declared tools are passed to the model as the OpenAI tool objects they are, and the
-model's tool calls come back to the client: the gateway runs no tools itself.
+Client-declared tools are passed to the model as `FunctionTool`s (every route writes them
+its own way; their other fields, ``strict``..., go to OpenAI routes), and the model's tool
+calls come back to the client: the gateway runs no tools itself.
 """
 
 from __future__ import annotations
@@ -45,15 +46,20 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     ReasoningContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
+from pipeline.wire.chat_completions.vocab import read_tool_choice
+from pipeline.wire.tools import openai_function_fields
 
 __all__ = [
     "NOT_RETRYABLE",
@@ -294,9 +300,13 @@ def _message(raw: Any, index: int) -> ChatMessage:
     raise _invalid(f"{param}.role", "expected system, developer, user, assistant or tool")
 
 
-def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
+_FUNCTION_FIELDS = frozenset({"name", "description", "parameters"})
+
+
+def _tools(value: Any) -> tuple[list[ChatTool], frozenset[str]]:
     if not isinstance(value, list):
         raise _invalid("tools", "expected a list of tools")
+    tools: list[ChatTool] = []
     names: set[str] = set()
     for index, tool in enumerate(value):
         where = f"tools[{index}]"
@@ -310,25 +320,32 @@ def _tools(value: Any) -> tuple[list[Any], frozenset[str]]:
             raise _invalid(
                 f"{where}.function.name", "expected 1-64 letters, digits, underscores or dashes"
             )
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _invalid(f"{where}.function.description", "expected a string")
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
             raise _invalid(f"{where}.function.parameters", "expected a JSON schema object")
+        fields = {k: v for k, v in function.items() if k not in _FUNCTION_FIELDS}
+        tools.append(
+            FunctionTool(
+                name,
+                description or None,
+                parameters if parameters is not None else {"type": "object", "properties": {}},
+                openai_function_fields(fields),
+            )
+        )
         names.add(name)
-    # The client's own definitions go to the model as they are (OpenAI-format tool objects
-    # are what every provider client here accepts).
-    return list(value), frozenset(names)
+    return tools, frozenset(names)
 
 
-def _tool_mode(value: Any, names: frozenset[str]) -> str:
-    if value in ("auto", "none", "required"):
-        return str(value)
-    function = value.get("function") if isinstance(value, dict) else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
+def _tool_mode(value: Any, names: frozenset[str]) -> ToolChoice:
+    choice = read_tool_choice(value)
+    if choice is None:
         raise _invalid("tool_choice", "expected auto, none, required or a function to call")
-    if name not in names:
+    if choice.name is not None and choice.name not in names:
         raise _invalid("tool_choice", "names a function that is not in tools")
-    return name  # a single tool the model must call, by name
+    return choice  # a named one: the single tool the model must call
 
 
 def request_object(body: bytes) -> dict[str, Any]:

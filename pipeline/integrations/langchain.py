@@ -87,6 +87,7 @@ from pipeline.types import (
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
 
@@ -475,22 +476,32 @@ def _is_openai_tool(tool: Any) -> bool:
     )
 
 
-def _tool_mode(choice: str | bool | dict[str, Any], names: Sequence[str]) -> str:
-    """The pipeline's ``tool_mode`` for a LangChain ``tool_choice``."""
-    if choice is True or choice in ("any", "required"):
-        return "required"
-    if choice in ("auto", "none"):
-        return str(choice)
+def _tool_mode(choice: str | bool | dict[str, Any], names: Sequence[str]) -> ToolChoice:
+    """The pipeline's ``tool_mode`` for a LangChain ``tool_choice`` (a tool named as a mode
+    word is chosen by a dict: ``{"type": "function", "function": {"name": "none"}}``)."""
+    if choice is True:
+        return ToolChoice.REQUIRED
+    if isinstance(choice, str) and choice in _MODES:
+        return _MODES[choice]
     name: Any = choice
     if isinstance(choice, Mapping):
         function = choice.get("function")
         name = function.get("name") if isinstance(function, Mapping) else choice.get("name")
     if isinstance(name, str) and name in names:
-        return name
+        return ToolChoice.named(name)
     raise ValueError(
         f"{_ADAPTER}: tool_choice {choice!r} names no bound tool; expected 'auto', 'none', "
         f"'required', 'any', True or one of {list(names)}"
     )
+
+
+_MODES = {
+    "auto": ToolChoice.AUTO,
+    "none": ToolChoice.NONE,
+    "any": ToolChoice.REQUIRED,
+    "required": ToolChoice.REQUIRED,
+}
+"""LangChain's ``tool_choice`` words (``any`` is Anthropic's, ``required`` OpenAI's)."""
 
 
 # -- responses -----------------------------------------------------------------------------

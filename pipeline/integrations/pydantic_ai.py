@@ -100,11 +100,13 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
 
@@ -513,21 +515,28 @@ def _tools(
     settings: ModelSettings,
     parameters: ModelRequestParameters,
     definitions: list[ToolDefinition],
-) -> tuple[list[Any], str | None]:
+) -> tuple[list[ChatTool], ToolChoice | None]:
     """The tool definitions to offer and the pipeline's ``tool_mode`` for them."""
     choice = resolve_tool_choice(settings, parameters)
-    mode: str | None
+    mode: ToolChoice
     if isinstance(choice, tuple):
         how, names = choice
         definitions = [d for d in definitions if d.name in names]
         # One required tool is named; several are a restricted list the model must use.
-        mode = definitions[0].name if how == "required" and len(definitions) == 1 else how
+        if how == "required" and len(definitions) == 1:
+            mode = ToolChoice.named(definitions[0].name)
+        else:
+            mode = _MODES[how]
     else:
-        mode = choice
-    tools: list[Any] = [
+        mode = _MODES[choice]
+    tools: list[ChatTool] = [
         AgentTool(d.name, d.description, d.parameters_json_schema) for d in definitions
     ]
-    return tools, None if mode == "auto" else mode
+    return tools, None if mode == ToolChoice.AUTO else mode
+
+
+_MODES = {"auto": ToolChoice.AUTO, "none": ToolChoice.NONE, "required": ToolChoice.REQUIRED}
+"""pydantic-ai's resolved tool choices (which tools, and whether one must be called)."""
 
 
 def _usage(usage: UsageDetails | None) -> RequestUsage:

@@ -11,6 +11,10 @@ usage's ``prompt_tokens_details.cached_tokens`` and
 take no reasoning in the input (DeepSeek refuses it). Custom (free-form) tools
 (`CustomTool`) go as functions of one string argument, ``input``, and calls of them come
 back as custom calls, so any Chat Completions server can serve them.
+
+Every content type is matched (mypy checks none is forgotten). Left out, as the format has
+no place for them: reasoning, data outside a user message, and what a tool message holds
+besides tool results; a tool result in another message goes as a ``tool`` message before it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from pipeline.providers._wire import (
     parse_arguments,
     str_or_none,
     tool_result_text,
-    tool_spec,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -37,16 +40,21 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
-    CustomTool,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
+    RawTool,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_tool_choice,
     checked_text,
+    unknown_content,
 )
+from pipeline.wire.chat_completions.vocab import API, tool_choice
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "MAX_TOKENS_FIELDS",
@@ -66,26 +74,17 @@ MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
 # -- requests ---------------------------------------------------------------------------------
 
 
-def _tool_definition(tool: Any) -> dict[str, Any]:
-    if isinstance(tool, Mapping) and tool.get("type") == "custom":
-        # A custom tool in Chat Completions' own shape: as a function too, for any server.
-        spec_ = tool.get("custom")
-        if isinstance(spec_, Mapping) and isinstance(spec_.get("name"), str):
-            tool = CustomTool(spec_["name"], str_or_none(spec_.get("description")))
-    spec = tool_spec(tool)
-    if spec is None:
-        return dict(tool)
-    function: dict[str, Any] = {"name": spec.name}
-    if spec.description:
-        function["description"] = spec.description
-    function["parameters"] = spec.parameters
-    return {"type": "function", "function": function}
-
-
-def _tool_choice(mode: str) -> Any:
-    if mode in ("auto", "none", "required"):
-        return mode
-    return {"type": "function", "function": {"name": mode}}  # one named tool
+def _tool_definition(tool: ChatTool) -> dict[str, Any]:
+    """A tool as a function (a custom tool as the function of one string argument its
+    `CustomTool.parameters` describe), or a raw tool of this API as it is."""
+    match as_tool(tool, API):
+        case RawTool() as raw:
+            return raw_body(raw, API)
+        case definition:
+            return {
+                "type": "function",
+                "function": function_definition(definition, API, "parameters"),
+            }
 
 
 def data_url(content: DataContent) -> str:
@@ -96,37 +95,60 @@ def data_url(content: DataContent) -> str:
 
 
 def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
-    role = message.role.value
-    if message.role is ChatRole.TOOL:
-        return [
-            {"role": "tool", "tool_call_id": c.call_id, "content": tool_result_text(c)}
-            for c in message.contents
-            if isinstance(c, FunctionResultContent)
-        ]
-    texts = [c for c in message.contents if isinstance(c, TextContent)]
-    data = [c for c in message.contents if isinstance(c, DataContent)]
-    calls = [c for c in message.contents if isinstance(c, FunctionCallContent)]
-    payload: dict[str, Any] = {"role": role}
-    if data and message.role is ChatRole.USER:
-        parts: list[dict[str, Any]] = [{"type": "text", "text": t.text} for t in texts]
-        parts += [{"type": "image_url", "image_url": {"url": data_url(d)}} for d in data]
+    """A message as Chat Completions messages: its tool results as ``tool`` messages, first
+    (they answer the calls before them), then the rest in one message of its role."""
+    role = message.role
+    results: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    images = False
+    for content in message.contents:
+        match content:
+            case TextContent():
+                parts.append({"type": "text", "text": content.text})
+            case DataContent():
+                if role is ChatRole.USER:  # the one role with image parts
+                    parts.append({"type": "image_url", "image_url": {"url": data_url(content)}})
+                    images = True
+            case FunctionCallContent():
+                # A custom call goes as the function call it was offered as (`CustomTool`).
+                calls.append(
+                    {
+                        "id": content.call_id,
+                        "type": "function",
+                        "function": {
+                            "name": content.name,
+                            "arguments": json.dumps(dict(content.arguments)),
+                        },
+                    }
+                )
+            case FunctionResultContent():
+                results.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": content.call_id,
+                        "content": tool_result_text(content),
+                    }
+                )
+            case ReasoningContent():
+                pass  # these servers take no reasoning back (DeepSeek refuses it)
+            case _:
+                unknown_content(content)
+    if role is ChatRole.TOOL:
+        return results  # a tool message is its results
+    if not parts and not calls and results:
+        return results
+    payload: dict[str, Any] = {"role": role.value}
+    if images:
         payload["content"] = parts
     else:
-        text = "".join(t.text for t in texts)
+        text = "".join(part["text"] for part in parts)
         payload["content"] = text if (text or not calls) else None
     if calls:
-        # A custom call goes as the function call it was offered as (`CustomTool`).
-        payload["tool_calls"] = [
-            {
-                "id": c.call_id,
-                "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))},
-            }
-            for c in calls
-        ]
+        payload["tool_calls"] = calls
     if message.author_name:
         payload["name"] = message.author_name
-    return [payload]
+    return [*results, payload]
 
 
 def build_request(
@@ -159,8 +181,9 @@ def build_request(
         body["seed"] = options.seed
     if options.tools:
         body["tools"] = [_tool_definition(t) for t in options.tools]
-        if options.tool_mode is not None:
-            body["tool_choice"] = _tool_choice(options.tool_mode)
+        choice = as_tool_choice(options.tool_mode, options.tools)
+        if choice is not None:
+            body["tool_choice"] = tool_choice(choice)
     if options.response_format is not None:
         body["response_format"] = chat_response_format(options.response_format)
     # `ChatOptions.reasoning`'s effort wins over the older `reasoning_effort`; a budget or

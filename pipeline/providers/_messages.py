@@ -11,6 +11,10 @@ data), read from answers and streams (``thinking_delta``, ``signature_delta``) a
 back in assistant turns exactly as received. Reasoning without a signature (from another
 API, or a summary) cannot be sent to this API and is left out; so is reasoning with an
 `id` (a Responses reasoning item: its encrypted content is no Anthropic signature).
+
+Every content type is matched (mypy checks none is forgotten). A system message's contents
+other than text are left out (the system prompt is text); a tool message is a user turn of
+``tool_result`` blocks, with whatever else it holds.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from pipeline.providers._wire import (
     parse_arguments,
     str_or_none,
     tool_result_text,
-    tool_spec,
 )
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
@@ -37,22 +40,27 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    RawTool,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_tool_choice,
     checked_text,
+    unknown_content,
 )
+from pipeline.wire.messages.vocab import API, tool_choice
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "ANTHROPIC_EFFORTS",
     "OWN_EFFORTS",
     "STOP_REASONS",
-    "TOOL_CHOICE_TYPES",
     "MessagesStreamReader",
     "build_request",
     "message_blocks",
@@ -69,47 +77,15 @@ _DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
 # -- requests ---------------------------------------------------------------------------------
 
 
-def _tool_definition(tool: Any) -> dict[str, Any]:
-    spec = tool_spec(tool)
-    if spec is not None:
-        definition: dict[str, Any] = {"name": spec.name}
-        if spec.description:
-            definition["description"] = spec.description
-        definition["input_schema"] = spec.parameters
-        return definition
-    if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
-        # An OpenAI-format tool dict: the same tool, described the other way.
-        function = tool["function"]
-        definition = {"name": function.get("name")}
-        if function.get("description"):
-            definition["description"] = function["description"]
-        definition["input_schema"] = function.get("parameters") or {
-            "type": "object",
-            "properties": {},
-        }
-        return definition
-    return dict(tool)  # already a Messages API tool (or a server tool)
-
-
-def _tool(tool: Any) -> dict[str, Any]:
-    """A tool as the API takes it, with the Messages fields a tool object carries in its
-    ``additional_properties`` (``cache_control``, ``defer_loading``...) added."""
-    definition = _tool_definition(tool)
-    extra = getattr(tool, "additional_properties", None)
-    if isinstance(extra, Mapping):
-        for key, value in extra.items():
-            definition.setdefault(key, value)
-    return definition
-
-
-TOOL_CHOICE_TYPES: dict[str, str] = {"auto": "auto", "none": "none", "required": "any"}
-"""The ``tool_choice`` type of each `ChatOptions.tool_mode` that is not a tool's name (a
-name is ``{"type": "tool", "name": ...}``)."""
-
-
-def _tool_choice(mode: str) -> dict[str, Any]:
-    kind = TOOL_CHOICE_TYPES.get(mode)
-    return {"type": kind} if kind is not None else {"type": "tool", "name": mode}
+def _tool(tool: ChatTool) -> dict[str, Any]:
+    """A tool as the API takes it, ``{"name", "description", "input_schema"}`` and the
+    Messages fields a `FunctionTool` carries for this API (``cache_control``,
+    ``defer_loading``...); a raw tool of this API as it is."""
+    match as_tool(tool, API):
+        case RawTool() as raw:
+            return raw_body(raw, API)
+        case definition:
+            return function_definition(definition, API, "input_schema")
 
 
 def _data_block(content: DataContent) -> dict[str, Any]:
@@ -138,36 +114,40 @@ def _data_block(content: DataContent) -> dict[str, Any]:
 
 
 def message_blocks(message: ChatMessage) -> list[dict[str, Any]]:
-    """A message's contents as content blocks (empty texts left out)."""
+    """A message's contents as content blocks (empty texts, and reasoning this API cannot
+    take, left out)."""
     blocks: list[dict[str, Any]] = []
     for content in message.contents:
-        if type(content) is TextContent:
-            if content.text:
-                blocks.append({"type": "text", "text": content.text})
-        elif type(content) is DataContent:
-            blocks.append(_data_block(content))
-        elif type(content) is FunctionCallContent:
-            blocks.append(
-                {
-                    "type": "tool_use",
-                    "id": content.call_id,
-                    "name": content.name,
-                    "input": dict(content.arguments),
+        match content:
+            case TextContent():
+                if content.text:
+                    blocks.append({"type": "text", "text": content.text})
+            case DataContent():
+                blocks.append(_data_block(content))
+            case FunctionCallContent():
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": content.call_id,
+                        "name": content.name,
+                        "input": dict(content.arguments),
+                    }
+                )
+            case FunctionResultContent():
+                block: dict[str, Any] = {
+                    "type": "tool_result",
+                    "tool_use_id": content.call_id,
+                    "content": tool_result_text(content),
                 }
-            )
-        elif type(content) is FunctionResultContent:
-            block: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": content.call_id,
-                "content": tool_result_text(content),
-            }
-            if content.exception is not None:
-                block["is_error"] = True
-            blocks.append(block)
-        elif type(content) is ReasoningContent:
-            reasoning = reasoning_block(content)
-            if reasoning is not None:
-                blocks.append(reasoning)
+                if content.exception is not None:
+                    block["is_error"] = True
+                blocks.append(block)
+            case ReasoningContent():
+                reasoning = reasoning_block(content)
+                if reasoning is not None:
+                    blocks.append(reasoning)
+            case _:
+                unknown_content(content)
     return blocks
 
 
@@ -187,11 +167,20 @@ def _cache_control(message: ChatMessage) -> Any:
 
 
 def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
-    blocks = [
-        {"type": "text", "text": c.text}
-        for c in message.contents
-        if type(c) is TextContent and c.text
-    ]
+    """A system message's text blocks: the system prompt is text, its other contents are
+    left out."""
+    blocks: list[dict[str, Any]] = []
+    for content in message.contents:
+        match content:
+            case TextContent():
+                if content.text:
+                    blocks.append({"type": "text", "text": content.text})
+            case (
+                DataContent() | FunctionCallContent() | FunctionResultContent() | ReasoningContent()
+            ):
+                pass
+            case _:
+                unknown_content(content)
     breakpoint_ = _cache_control(message)
     if blocks and breakpoint_ is not None:
         blocks[-1]["cache_control"] = breakpoint_
@@ -420,8 +409,9 @@ def build_request(
         body["stop_sequences"] = list(options.stop)
     if options.tools:
         body["tools"] = [_tool(t) for t in options.tools]
-        if options.tool_mode is not None:
-            body["tool_choice"] = _tool_choice(options.tool_mode)
+        choice = as_tool_choice(options.tool_mode, options.tools)
+        if choice is not None:
+            body["tool_choice"] = tool_choice(choice)
     thinking, effort = _reasoning(options)
     if thinking is not None:
         body["thinking"] = thinking

@@ -14,6 +14,11 @@ sent back as ``reasoning`` input items on the next turn. Reasoning without an it
 encrypted content (another API's thinking) cannot be verified by this API and is not sent.
 Custom (free-form) tools (`CustomTool`) go as ``custom`` tools; their calls and outputs are
 ``custom_tool_call`` and ``custom_tool_call_output`` items.
+
+Every content type is matched (mypy checks none is forgotten). Left out, as the format has
+no place for them: data outside a user message, reasoning outside the model's turn, and what
+a tool message holds besides tool results; a tool result in another message goes as an
+output item where it stands.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ from pipeline.providers._wire import (
     parse_arguments,
     str_or_none,
     tool_result_text,
-    tool_spec,
 )
 from pipeline.types import (
     OPENAI_RESPONSES_EXTRAS,
@@ -40,17 +44,23 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    RawTool,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_tool_choice,
     checked_text,
+    unknown_content,
 )
+from pipeline.wire.responses.vocab import API, tool_choice
+from pipeline.wire.tools import as_tool, custom_tool_names, function_definition, raw_body
 
 __all__ = [
     "END_EVENTS",
@@ -60,7 +70,6 @@ __all__ = [
     "parse_response",
     "parse_usage",
     "text_format",
-    "tool_choice",
     "tool_definition",
 ]
 
@@ -75,50 +84,34 @@ ENCRYPTED_REASONING = "reasoning.encrypted_content"
 # -- requests ---------------------------------------------------------------------------------
 
 
-def tool_definition(tool: Any) -> dict[str, Any]:
-    """A function tool as the Responses API takes it: flat, ``{"type": "function", "name",
-    "description", "parameters"}``. A Chat Completions tool dict (the function nested under
-    ``function``) is the same tool described the other way; other dicts go as they are."""
-    if isinstance(tool, CustomTool):
-        custom: dict[str, Any] = {"type": "custom", "name": tool.name}
-        if tool.description:
-            custom["description"] = tool.description
-        if tool.format is not None:
-            custom["format"] = dict(tool.format)
-        return custom
-    spec = tool_spec(tool)
-    if spec is not None:
-        definition: dict[str, Any] = {"type": "function", "name": spec.name}
-        if spec.description:
-            definition["description"] = spec.description
-        definition["parameters"] = spec.parameters
-        return definition
-    function = tool.get("function") if tool.get("type") == "function" else None
-    if isinstance(function, Mapping):
-        return {"type": "function", **function}
-    custom_spec = tool.get("custom") if tool.get("type") == "custom" else None
-    if isinstance(custom_spec, Mapping):  # Chat Completions' shape of a custom tool
-        return {"type": "custom", **custom_spec}
-    return dict(tool)
+def tool_definition(tool: ChatTool) -> dict[str, Any]:
+    """A tool as the Responses API takes it: a function flat, ``{"type": "function",
+    "name", "description", "parameters"}``; a custom tool as ``{"type": "custom"}``; a raw
+    tool of this API as it is."""
+    match as_tool(tool, API):
+        case RawTool() as raw:
+            return raw_body(raw, API)
+        case CustomTool() as custom:
+            definition: dict[str, Any] = {"type": "custom", "name": custom.name}
+            if custom.description:
+                definition["description"] = custom.description
+            if custom.format is not None:
+                definition["format"] = dict(custom.format)
+            return definition
+        case other:
+            return function_definition(other, API, "parameters", kind="function")
 
 
-def tool_choice(mode: str) -> Any:
-    """`ChatOptions.tool_mode` as a Responses ``tool_choice``."""
-    if mode in ("auto", "none", "required"):
-        return mode
-    return {"type": "function", "name": mode}  # one named tool
-
-
-def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = []
-    for content in message.contents:
-        if type(content) is TextContent:
-            parts.append({"type": "input_text", "text": content.text})
-        elif type(content) is DataContent:
-            parts.append({"type": "input_image", "image_url": data_url(content)})
-    if all(part["type"] == "input_text" for part in parts):
-        return "".join(part["text"] for part in parts)
-    return parts
+def _user_content(parts: list[TextContent | DataContent]) -> str | list[dict[str, Any]]:
+    content: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, TextContent):
+            content.append({"type": "input_text", "text": part.text})
+        else:
+            content.append({"type": "input_image", "image_url": data_url(part)})
+    if all(item["type"] == "input_text" for item in content):
+        return "".join(item["text"] for item in content)
+    return content
 
 
 def _reasoning_item(content: ReasoningContent) -> dict[str, Any] | None:
@@ -135,65 +128,73 @@ def _reasoning_item(content: ReasoningContent) -> dict[str, Any] | None:
     }
 
 
-def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str, Any]]:
-    role = message.role
-    if role is ChatRole.TOOL:
-        return [
-            {
-                "type": (
-                    "custom_tool_call_output"
-                    if c.call_id in custom_calls
-                    else "function_call_output"
-                ),
-                "call_id": c.call_id,
-                "output": tool_result_text(c),
-            }
-            for c in message.contents
-            if isinstance(c, FunctionResultContent)
-        ]
+def _flush(
+    items: list[dict[str, Any]], parts: list[TextContent | DataContent], role: ChatRole
+) -> None:
+    """The text (and a user's images) gathered so far as one message item."""
+    if not parts:
+        return
     if role is ChatRole.USER:
-        return [{"role": "user", "content": _user_content(message)}]
-    if role is not ChatRole.ASSISTANT:
-        joined = "".join(c.text for c in message.contents if isinstance(c, TextContent))
-        return [{"role": role.value, "content": joined}]
-    # The model's turn, in its order: reasoning before the call it led to.
+        items.append({"role": "user", "content": _user_content(parts)})
+    elif role is not ChatRole.TOOL:  # a tool message is its results
+        text = "".join(part.text for part in parts if isinstance(part, TextContent))
+        items.append({"role": role.value, "content": text})
+    parts.clear()
+
+
+def _items(message: ChatMessage, custom_calls: frozenset[str]) -> list[dict[str, Any]]:
+    """A message as input items, in its order: a user message's text and images, another
+    role's text, the model's reasoning and calls, tool results as output items."""
+    role = message.role
     items: list[dict[str, Any]] = []
-    text: list[str] = []
-
-    def flush() -> None:
-        if text:
-            items.append({"role": "assistant", "content": "".join(text)})
-            text.clear()
-
-    for c in message.contents:
-        if isinstance(c, TextContent):
-            text.append(c.text)
-        elif isinstance(c, ReasoningContent):
-            item = _reasoning_item(c)
-            if item is not None:
-                flush()
-                items.append(item)
-        elif isinstance(c, FunctionCallContent):
-            flush()
-            if c.custom:
+    parts: list[TextContent | DataContent] = []
+    for content in message.contents:
+        match content:
+            case TextContent():
+                parts.append(content)
+            case DataContent():
+                if role is ChatRole.USER:  # the one role with image parts
+                    parts.append(content)
+            case ReasoningContent():
+                item = _reasoning_item(content) if role is ChatRole.ASSISTANT else None
+                if item is not None:
+                    _flush(items, parts, role)
+                    items.append(item)
+            case FunctionCallContent():
+                _flush(items, parts, role)
+                if content.custom:
+                    items.append(
+                        {
+                            "type": "custom_tool_call",
+                            "call_id": content.call_id,
+                            "name": content.name,
+                            "input": content.input_text or "",
+                        }
+                    )
+                else:
+                    items.append(
+                        {
+                            "type": "function_call",
+                            "call_id": content.call_id,
+                            "name": content.name,
+                            "arguments": json.dumps(dict(content.arguments)),
+                        }
+                    )
+            case FunctionResultContent():
+                _flush(items, parts, role)
+                custom = content.call_id in custom_calls
                 items.append(
                     {
-                        "type": "custom_tool_call",
-                        "call_id": c.call_id,
-                        "name": c.name,
-                        "input": c.input_text or "",
+                        "type": "custom_tool_call_output" if custom else "function_call_output",
+                        "call_id": content.call_id,
+                        "output": tool_result_text(content),
                     }
                 )
-            else:
-                items.append(
-                    {
-                        "type": "function_call",
-                        "call_id": c.call_id,
-                        "name": c.name,
-                        "arguments": json.dumps(dict(c.arguments)),
-                    }
-                )
-    flush()
+            case _:
+                unknown_content(content)
+    _flush(items, parts, role)
+    if not items and role is not ChatRole.TOOL and role is not ChatRole.ASSISTANT:
+        items.append({"role": role.value, "content": ""})  # as an empty message was
     return items
 
 
@@ -255,8 +256,10 @@ def build_request(
         body["max_output_tokens"] = options.max_output_tokens
     if options.tools:
         body["tools"] = [tool_definition(t) for t in options.tools]
-        if options.tool_mode is not None:
-            body["tool_choice"] = tool_choice(options.tool_mode)
+        choice = as_tool_choice(options.tool_mode, options.tools)
+        if choice is not None:
+            custom = custom_tool_names(options.tools) if choice.name else frozenset[str]()
+            body["tool_choice"] = tool_choice(choice, custom)
     text: dict[str, Any] = {}
     if options.response_format is not None:
         text["format"] = text_format(chat_response_format(options.response_format))

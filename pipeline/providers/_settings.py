@@ -392,6 +392,8 @@ class VendorSettings(KeyedEndpoint, ChatCompletionsSettings):
             )
         vendor = VENDOR_CLIENTS[self.provider]
         return vendor(self.model, api_key=api_key, base_url=self.base_url, **options)
+
+
 class GeminiSettings(KeyedEndpoint, HTTPProviderSettings):
     """``provider = "gemini"``: Google's Gemini API (`GeminiChatClient`); its key
     (``GEMINI_API_KEY`` unless named) is required on generativelanguage.googleapis.com."""

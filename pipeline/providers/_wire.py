@@ -15,7 +15,6 @@ from pipeline.errors import FailureKind, ProviderError, kind_for_status, provide
 from pipeline.types import FunctionResultContent, UsageDetails
 
 __all__ = [
-    "ToolSpec",
     "cache_counted_apart",
     "error_from_payload",
     "int_or_none",
@@ -23,7 +22,6 @@ __all__ = [
     "parse_arguments",
     "str_or_none",
     "tool_result_text",
-    "tool_spec",
 ]
 
 
@@ -206,36 +204,6 @@ def error_from_payload(
 
 
 # -- tools ------------------------------------------------------------------------------------
-
-
-class ToolSpec:
-    """A tool's name, description and JSON schema, however the caller described it."""
-
-    __slots__ = ("description", "name", "parameters")
-
-    def __init__(self, name: str, description: str | None, parameters: dict[str, Any]) -> None:
-        self.name = name
-        self.description = description
-        self.parameters = parameters
-
-
-def tool_spec(tool: Any) -> ToolSpec | None:
-    """Read a tool object (a `Tool` or anything with `name`, `description` and `parameters`
-    or `json_schema`). Mappings return None: each format passes its own dicts through."""
-    if isinstance(tool, Mapping):
-        return None
-    name = getattr(tool, "name", None)
-    if not isinstance(name, str) or not name:
-        raise TypeError(
-            f"tools must be tool dicts or objects with a name, not {type(tool).__name__}"
-        )
-    parameters = getattr(tool, "parameters", None) or getattr(tool, "json_schema", None)
-    description = getattr(tool, "description", None)
-    return ToolSpec(
-        name,
-        description if isinstance(description, str) and description else None,
-        dict(parameters) if parameters else {"type": "object", "properties": {}},
-    )
 
 
 def tool_result_text(content: FunctionResultContent) -> str:

@@ -63,7 +63,6 @@ from pipeline.types import (
     ChatResponse,
     Messages,
     as_messages,
-    custom_tool_names,
 )
 from pipeline.wire.bedrock.outbound import (
     ConverseStreamReader,
@@ -72,6 +71,7 @@ from pipeline.wire.bedrock.outbound import (
     parse_response,
 )
 from pipeline.wire.bedrock.vocab import STREAM_END, STREAM_EXCEPTION_MEMBERS
+from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:
     import aiohttp

@@ -40,9 +40,9 @@ from pipeline.types import (
     ChatResponse,
     Messages,
     as_messages,
-    custom_tool_names,
 )
 from pipeline.wire.gemini import outbound
+from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:
     import aiohttp

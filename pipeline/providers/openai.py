@@ -38,7 +38,8 @@ from pipeline.providers._chat_completions import (
     parse_response,
 )
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages, custom_tool_names
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:
     import aiohttp

@@ -40,8 +40,6 @@ from pipeline._cache_scope import CacheReport, enter_cache_report, exit_cache_re
 from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline.client import ChatClientMetadata
 from pipeline.errors import RateLimitedError, ResponseValidationError, TransientProviderError
-from pipeline.gateway._anthropic_messages import MessagesTool
-from pipeline.providers._wire import ToolSpec
 from pipeline.testing import ScriptedChatClient, call_tools, fail, fail_after, hang, reply
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
@@ -50,6 +48,7 @@ from pipeline.types import (
     CustomTool,
     DataContent,
     FunctionResultContent,
+    FunctionTool,
     TextContent,
 )
 from tests.otel import Otel
@@ -802,12 +801,14 @@ def test_a_custom_tools_grammar_and_a_tools_extra_fields_are_in_the_key() -> Non
         cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", other)])),
         cache_key("q", ChatOptions(tools=[CustomTool("exec", "run", None)])),
         # A function tool of the same name and schema is offered as another kind of tool.
-        cache_key("q", ChatOptions(tools=[ToolSpec("exec", "run", CustomTool("exec").parameters)])),
+        cache_key(
+            "q", ChatOptions(tools=[FunctionTool("exec", "run", CustomTool("exec").parameters)])
+        ),
     }
     assert len(keys) == 4
-    strict = MessagesTool("f", "d", {"type": "object"}, {"strict": True})
-    loose = MessagesTool("f", "d", {"type": "object"}, {})
-    cached_tool = MessagesTool("f", "d", {"type": "object"}, {"cache_control": {"type": "x"}})
+    strict = FunctionTool("f", "d", {"type": "object"}, {"messages": {"strict": True}})
+    loose = FunctionTool("f", "d", {"type": "object"}, {})
+    cached_tool = FunctionTool("f", "d", {"type": "object"}, {"messages": {"cache_control": {}}})
     assert cache_key("q", ChatOptions(tools=[strict])) != cache_key("q", ChatOptions(tools=[loose]))
     # A prompt-cache breakpoint changes the bill, not the answer.
     assert cache_key("q", ChatOptions(tools=[cached_tool])) == cache_key(
@@ -1088,8 +1089,10 @@ SPLITTING: dict[str, ChatOptions] = {
     "stop": ChatOptions(stop=["x"]),
     "seed": ChatOptions(seed=3),
     "model": ChatOptions(model_id="other"),
-    "tools": ChatOptions(tools=[ToolSpec("f", "d", {"type": "object"})]),
-    "tool_mode": ChatOptions(tools=[ToolSpec("f", "d", {"type": "object"})], tool_mode="required"),
+    "tools": ChatOptions(tools=[FunctionTool("f", "d", {"type": "object"})]),
+    "tool_mode": ChatOptions(
+        tools=[FunctionTool("f", "d", {"type": "object"})], tool_mode="required"
+    ),
     "response_format": ChatOptions(response_format={"type": "json_object"}),
     "reasoning_effort": ChatOptions(reasoning_effort="high"),
     "reasoning": ChatOptions(reasoning=ReasoningOptions(effort="low")),

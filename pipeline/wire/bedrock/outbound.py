@@ -11,6 +11,9 @@ Reasoning: ``reasoningContent`` blocks (their text and ``signature``, or their
 redacted data), read from answers and streams and sent back in assistant turns exactly as
 received; reasoning without a signature, or another API's reasoning item (an `id`), is left
 out. How much a model may think goes where its family takes it (`_reasoning`).
+
+Every content type is matched (mypy checks none is forgotten); a system message's contents
+other than text are left out (the system prompt is text).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, assert_never
+from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
 from pipeline.providers._wire import (
@@ -27,7 +30,6 @@ from pipeline.providers._wire import (
     parse_arguments,
     str_or_none,
     tool_result_text,
-    tool_spec,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -36,17 +38,24 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
+    RawTool,
     ReasoningContent,
     TextContent,
+    ToolChoice,
     UsageDetails,
+    as_tool_choice,
     checked_text,
+    unknown_content,
 )
 from pipeline.wire.bedrock.vocab import (
     ANTHROPIC_EFFORT,
+    API,
     BEDROCK_EXTRAS,
     CACHE_POINT,
     CONTEXT_MESSAGES,
@@ -57,9 +66,11 @@ from pipeline.wire.bedrock.vocab import (
     MAX_CACHE_POINTS,
     NOVA_EFFORT,
     OPENAI_EFFORT,
-    TOOL_CHOICES,
     finish_reason,
+    tool_choice,
 )
+from pipeline.wire.messages.vocab import API as MESSAGES
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "ConverseStreamReader",
@@ -159,7 +170,7 @@ def _blocks(message: ChatMessage, documents: list[int]) -> list[dict[str, Any]]:
                 if reasoning is not None:
                     blocks.append(reasoning)
             case _:
-                assert_never(content)
+                unknown_content(content)
     return blocks
 
 
@@ -216,35 +227,23 @@ def _conversation(
     return system, turns, points, uses_tools
 
 
-def _tool(tool: Any) -> list[dict[str, Any]]:
-    """A tool as ``toolConfig.tools`` entries: its ``toolSpec``, and a cache point after it
-    when it carries a ``cache_control``."""
-    spec = tool_spec(tool)
-    if spec is None:
-        if "toolSpec" in tool or "systemTool" in tool or CACHE_POINT in tool:
-            return [dict(tool)]  # already Converse's
-        if tool.get("type") == "function" and isinstance(tool.get("function"), Mapping):
-            function = tool["function"]  # a Chat Completions tool
-            name, description = function.get("name"), function.get("description")
-            parameters = function.get("parameters")
-        else:  # a Messages tool
-            name, description = tool.get("name"), tool.get("description")
-            parameters = tool.get("input_schema")
-        schema = parameters or {"type": "object", "properties": {}}
-    else:
-        name, description, schema = spec.name, spec.description, spec.parameters
-    definition: dict[str, Any] = {"name": name}
-    if description:
-        definition["description"] = description
-    definition["inputSchema"] = {"json": schema}
-    entries: list[dict[str, Any]] = [{"toolSpec": definition}]
-    extra = getattr(tool, "additional_properties", None)
-    if extra is None and isinstance(tool, Mapping):
-        extra = tool
-    point = _breakpoint_of(extra if isinstance(extra, Mapping) else None)
-    if point is not None:
-        entries.append(point)
-    return entries
+def _tool(tool: ChatTool) -> list[dict[str, Any]]:
+    """A tool as ``toolConfig.tools`` entries: its ``toolSpec`` (with the tool's Converse
+    fields), and a cache point after it when it carries a prompt-cache breakpoint (the
+    Messages API's ``cache_control``, which Converse takes as a ``cachePoint``); a raw tool
+    of this API as it is."""
+    match as_tool(tool, API):
+        case RawTool() as raw:
+            return [raw_body(raw, API)]
+        case definition:
+            described = function_definition(definition, API, "inputSchema")
+            described["inputSchema"] = {"json": described["inputSchema"]}
+            entries: list[dict[str, Any]] = [{"toolSpec": described}]
+            if type(definition) is FunctionTool:
+                point = _breakpoint_of(definition.additional_properties.get(MESSAGES))
+                if point is not None:
+                    entries.append(point)
+            return entries
 
 
 def _tool_config(
@@ -252,15 +251,15 @@ def _tool_config(
 ) -> dict[str, Any] | None:
     if not options.tools:
         return None
-    mode = options.tool_mode
-    if mode == "none" and not uses_tools:
+    choice = as_tool_choice(options.tool_mode, options.tools)
+    if choice == ToolChoice.NONE and not uses_tools:
         return None  # no tool may be called, and none was: the tools would change nothing
     tools = [entry for tool in options.tools for entry in _tool(tool)]
     points[:0] = [entry for entry in tools if CACHE_POINT in entry]  # the tools come first
     config: dict[str, Any] = {"tools": tools}
-    if mode is not None and mode != "none":
-        choice = TOOL_CHOICES.get(mode)
-        config["toolChoice"] = {choice: {}} if choice else {"tool": {"name": mode}}
+    member = None if choice is None else tool_choice(choice)
+    if member is not None:
+        config["toolChoice"] = member
     return config
 
 

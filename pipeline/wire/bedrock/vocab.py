@@ -6,12 +6,13 @@ table does not hold passes as it came (a vendor's enum is open).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from pipeline.errors import FailureKind
-from pipeline.types import BEDROCK_EXTRAS, FinishReason
+from pipeline.types import BEDROCK_EXTRAS, FinishReason, ToolChoice
 
 __all__ = [
+    "API",
     "ANTHROPIC_EFFORT",
     "BEDROCK_EXTRAS",
     "CACHE_POINT",
@@ -30,8 +31,13 @@ __all__ = [
     "STREAM_EXCEPTIONS",
     "STREAM_EXCEPTION_MEMBERS",
     "TOOL_CHOICES",
+    "TOOL_CHOICE_VALUES",
     "finish_reason",
+    "tool_choice",
 ]
+
+API = "bedrock"
+"""This API's name (`RawTool.api`, the key of its fields in `FunctionTool`)."""
 
 STOP_REASONS: dict[str, FinishReason] = {
     "end_turn": FinishReason.STOP,
@@ -53,10 +59,22 @@ def finish_reason(value: object) -> str | None:
     return STOP_REASONS.get(value) or value
 
 
-TOOL_CHOICES: dict[str, str] = {"auto": "auto", "required": "any"}
-"""`ChatOptions.tool_mode` -> the ``toolChoice`` member (a tool's name is ``{"tool":
-{"name"}}``). ``none`` has no member: no ``toolChoice`` is sent, and the tools only when the
+TOOL_CHOICES: dict[str, ToolChoice] = {"auto": ToolChoice.AUTO, "any": ToolChoice.REQUIRED}
+"""The ``toolChoice`` members and the choice each is (a named tool is ``{"tool": {"name"}}``).
+`ToolChoice.NONE` has no member: no ``toolChoice`` is sent, and the tools only when the
 conversation already holds tool blocks (the API refuses those without a ``toolConfig``)."""
+TOOL_CHOICE_VALUES: dict[ToolChoice, str] = {
+    choice: member for member, choice in TOOL_CHOICES.items()
+}
+
+
+def tool_choice(choice: ToolChoice) -> dict[str, Any] | None:
+    """`choice` as a ``toolChoice``; None for `ToolChoice.NONE`, which has none."""
+    if choice.name is not None:
+        return {"tool": {"name": choice.name}}
+    member = TOOL_CHOICE_VALUES.get(choice)
+    return None if member is None else {member: {}}
+
 
 IMAGE_FORMATS: dict[str, str] = {
     "image/png": "png",

@@ -13,6 +13,10 @@ streamed answer's last, empty, part) is not kept: the API checks only those of f
 calls, and a stream cannot put it before the text it follows, where the Messages API's
 clients look for reasoning. An answer and a stream of the same parts give the same
 contents: the answer is read as one chunk of a stream.
+
+Every content type is matched (mypy checks none is forgotten). Left out: a system message's
+contents other than text (the system instruction is text), and reasoning Gemini did not make
+in a form it could (Anthropic's redacted thinking, a Responses reasoning item).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import base64
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, assert_never
+from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, provider_error
 from pipeline.providers._wire import (
@@ -30,7 +34,6 @@ from pipeline.providers._wire import (
     malformed,
     str_or_none,
     tool_result_text,
-    tool_spec,
 )
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
@@ -40,18 +43,22 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     ChatRole,
+    ChatTool,
     Content,
-    CustomTool,
     DataContent,
     FinishReason,
     FunctionCallContent,
     FunctionResultContent,
+    RawTool,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_tool_choice,
     checked_text,
+    unknown_content,
 )
 from pipeline.wire.gemini.vocab import (
+    API,
     EFFORT_ALIASES,
     FINISH_REASONS,
     GENERATION_EXTRAS,
@@ -59,9 +66,10 @@ from pipeline.wire.gemini.vocab import (
     ROLES,
     THINKING_LEVELS,
     THOUGHT_SIGNATURE_PLACEHOLDER,
-    TOOL_MODES,
     UNSENT_EXTRAS,
+    tool_config,
 )
+from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = ["GeminiStreamReader", "build_request", "parse_response", "parse_usage"]
 
@@ -136,9 +144,10 @@ def _parts(message: ChatMessage, names: dict[str, str]) -> list[dict[str, Any]]:
             case FunctionResultContent():
                 part = _function_response(content, names)
             case ReasoningContent():
-                # Another API's encrypted reasoning (Anthropic's redacted thinking) means
-                # nothing here; thought text and signatures go back on a model turn only.
-                if not model or content.redacted:
+                # Another API's encrypted reasoning (Anthropic's redacted thinking, a
+                # Responses reasoning item) means nothing here; thought text and signatures
+                # go back on a model turn only.
+                if not model or content.redacted or content.id is not None:
                     continue
                 if content.text:
                     parts.append({"text": content.text, "thought": True})
@@ -146,7 +155,7 @@ def _parts(message: ChatMessage, names: dict[str, str]) -> list[dict[str, Any]]:
                     signature = content.protected
                 continue
             case _:
-                assert_never(content)
+                unknown_content(content)
         if signature is not None:
             part["thoughtSignature"] = signature
             signature = None
@@ -196,59 +205,20 @@ def _conversation(messages: Sequence[ChatMessage]) -> tuple[list[str], list[dict
     return system, contents
 
 
-def _declaration(tool: Any) -> dict[str, Any] | None:
-    """A function declaration, or None for a tool in this API's own shape."""
-    if isinstance(tool, Mapping):
-        kind = tool.get("type")
-        if kind == "function" and isinstance(tool.get("function"), Mapping):
-            tool = tool["function"]  # Chat Completions' shape
-            return _declared(tool.get("name"), tool.get("description"), tool.get("parameters"))
-        if kind == "custom":
-            spec = tool.get("custom", tool)
-            if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
-                tool = CustomTool(spec["name"], str_or_none(spec.get("description")))
-        elif "input_schema" in tool:  # the Messages API's shape
-            return _declared(tool.get("name"), tool.get("description"), tool["input_schema"])
-        elif "name" in tool:
-            return dict(tool)  # a function declaration in this API's shape
-        else:
-            return None  # a tool in this API's shape: googleSearch, codeExecution...
-    spec = tool_spec(tool)
-    assert spec is not None  # not a mapping
-    return _declared(spec.name, spec.description, spec.parameters)
-
-
-def _declared(name: Any, description: Any, parameters: Any) -> dict[str, Any]:
-    if not isinstance(name, str) or not name:
-        raise ValueError("a tool needs a non-empty name")
-    declaration: dict[str, Any] = {"name": name}
-    if isinstance(description, str) and description:
-        declaration["description"] = description
-    # JSON Schema as written (``parameters`` takes only the API's OpenAPI subset).
-    declaration["parametersJsonSchema"] = (
-        dict(parameters) if parameters else {"type": "object", "properties": {}}
-    )
-    return declaration
-
-
-def _tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
+def _tools(tools: Sequence[ChatTool]) -> list[dict[str, Any]]:
+    """The tools' function declarations (JSON Schema as written: ``parameters`` takes only
+    the API's OpenAPI subset; a raw one, with a name, as it is), then the other raw tools of
+    this API (``googleSearch``...)."""
     declarations: list[dict[str, Any]] = []
     own: list[dict[str, Any]] = []
     for tool in tools:
-        declaration = _declaration(tool)
-        if declaration is None:
-            own.append(dict(tool))
-        else:
-            declarations.append(declaration)
+        match as_tool(tool, API):
+            case RawTool() as raw:
+                body = raw_body(raw, API)
+                (declarations if "name" in body else own).append(body)
+            case definition:
+                declarations.append(function_definition(definition, API, "parametersJsonSchema"))
     return ([{"functionDeclarations": declarations}] if declarations else []) + own
-
-
-def _tool_config(mode: str) -> dict[str, Any]:
-    wire = TOOL_MODES.get(mode)
-    if wire is not None:
-        return {"functionCallingConfig": {"mode": wire}}
-    named = {"mode": TOOL_MODES["required"], "allowedFunctionNames": [mode]}
-    return {"functionCallingConfig": named}
 
 
 def _thinking(options: ChatOptions) -> dict[str, Any] | None:
@@ -345,8 +315,9 @@ def build_request(messages: Sequence[ChatMessage], options: ChatOptions | None) 
         config["thinkingConfig"] = thinking
     if options.tools:
         body["tools"] = _tools(options.tools)
-        if options.tool_mode is not None:
-            body["toolConfig"] = _tool_config(options.tool_mode)
+        choice = as_tool_choice(options.tool_mode, options.tools)
+        if choice is not None:
+            body["toolConfig"] = tool_config(choice)
     scoped: Any = None
     for key, value in options.additional_properties.items():
         if key == GEMINI_EXTRAS:

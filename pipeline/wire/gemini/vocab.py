@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pipeline.types import ChatRole, FinishReason
+from typing import Any
+
+from pipeline.types import ChatRole, FinishReason, ToolChoice
 
 __all__ = [
+    "API",
     "EFFORT_ALIASES",
     "EFFORT_OF",
     "FILTERED_REASONS",
@@ -15,20 +18,37 @@ __all__ = [
     "ROLE_OF",
     "THINKING_LEVELS",
     "THOUGHT_SIGNATURE_PLACEHOLDER",
-    "TOOL_MODES",
-    "TOOL_MODE_OF",
+    "TOOL_CHOICES",
+    "TOOL_CHOICE_VALUES",
     "UNSENT_EXTRAS",
+    "tool_config",
 ]
+
+API = "gemini"
+"""This API's name (`RawTool.api`, the key of its fields in `FunctionTool`)."""
 
 ROLES: dict[ChatRole, str] = {ChatRole.USER: "user", ChatRole.ASSISTANT: "model"}
 """A content's ``role`` for each of our roles that has one: system messages are the
 ``systemInstruction``, tool results go back in a ``user`` content."""
 ROLE_OF: dict[str, ChatRole] = {wire: role for role, wire in ROLES.items()}
 
-TOOL_MODES: dict[str, str] = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
-"""``toolConfig.functionCallingConfig.mode`` for each `ChatOptions.tool_mode` that is not a
-tool's name (a name is ``ANY`` with that one name in ``allowedFunctionNames``)."""
-TOOL_MODE_OF: dict[str, str] = {wire: mode for mode, wire in TOOL_MODES.items()}
+TOOL_CHOICES: dict[str, ToolChoice] = {
+    "AUTO": ToolChoice.AUTO,
+    "NONE": ToolChoice.NONE,
+    "ANY": ToolChoice.REQUIRED,
+}
+"""``toolConfig.functionCallingConfig.mode`` and the choice it is (a named tool is ``ANY``
+with that one name in ``allowedFunctionNames``)."""
+TOOL_CHOICE_VALUES: dict[ToolChoice, str] = {choice: mode for mode, choice in TOOL_CHOICES.items()}
+
+
+def tool_config(choice: ToolChoice) -> dict[str, Any]:
+    """`choice` as a ``toolConfig``."""
+    if choice.name is not None:
+        named = {"mode": TOOL_CHOICE_VALUES[ToolChoice.REQUIRED]}
+        return {"functionCallingConfig": {**named, "allowedFunctionNames": [choice.name]}}
+    return {"functionCallingConfig": {"mode": TOOL_CHOICE_VALUES[choice]}}
+
 
 FILTERED_REASONS = frozenset(
     {

@@ -20,7 +20,13 @@ from pipeline.gateway._anthropic_messages import (
 )
 from pipeline.gateway.wire import WireError
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
-from pipeline.types import ChatResponseUpdate, ChatRole, FunctionCallContent, TextContent
+from pipeline.types import (
+    ChatResponseUpdate,
+    ChatRole,
+    FunctionCallContent,
+    TextContent,
+    ToolChoice,
+)
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, keyed, running
 
@@ -747,7 +753,7 @@ def test_parsing_keeps_the_turns_in_order() -> None:
         "FunctionCallContent",
     ]
     assert [m.contents[0].result for m in request.messages[3:]] == ["one", "no"]  # type: ignore[union-attr]
-    assert request.options.tool_mode == "auto"
+    assert request.options.tool_mode == ToolChoice.AUTO
     assert request.options.max_output_tokens == 5
     assert request.options.session_id == "s"
     # metadata goes to Anthropic routes only, as given.

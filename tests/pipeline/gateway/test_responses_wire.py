@@ -18,7 +18,9 @@ from pipeline.types import (
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
 
@@ -77,11 +79,8 @@ def test_items_become_one_conversation() -> None:
     ]
     assert request.messages[5].contents == [FunctionResultContent("c2", result="two")]
     options = request.options
-    assert options.tools == [
-        {"type": "function", "function": {"name": "f"}},
-        {"type": "function", "function": {"name": "g"}},
-    ]
-    assert options.tool_mode == "g"
+    assert options.tools == [FunctionTool("f"), FunctionTool("g")]
+    assert options.tool_mode == ToolChoice.named("g")
     assert (options.max_output_tokens, options.reasoning_effort) == (99, "low")
     assert options.response_format == {
         "type": "json_schema",

@@ -41,7 +41,9 @@ from pipeline.types import (
     DataContent,
     FunctionCallContent,
     FunctionResultContent,
+    FunctionTool,
     TextContent,
+    ToolChoice,
     UsageDetails,
 )
 
@@ -117,7 +119,8 @@ def test_a_full_request_becomes_messages_and_options() -> None:
     options = request.options
     assert (options.temperature, options.top_p, options.max_output_tokens) == (0.3, 1.0, 9)
     assert options.stop == ["x", "y"] and options.seed == 3
-    assert options.tools == [tool] and options.tool_mode == "f"
+    assert options.tools == [FunctionTool("f", parameters={"type": "object"})]
+    assert options.tool_mode == ToolChoice.named("f")
     assert options.response_format["type"] == "json_schema"
     assert options.reasoning_effort == "low"
     assert options.session_id == "s-1"

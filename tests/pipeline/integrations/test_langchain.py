@@ -26,7 +26,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from opentelemetry import trace
 from pydantic import BaseModel
 
-from pipeline import ChatPipeline, FunctionCallContent, UsageDetails
+from pipeline import ChatPipeline, FunctionCallContent, ToolChoice, UsageDetails
 from pipeline.errors import TransientProviderError
 from pipeline.integrations.langchain import PipelineChatModel, _tool_mode
 from pipeline.providers import OpenAIChatClient
@@ -223,17 +223,19 @@ async def test_with_structured_output(otel: Otel, sync: bool) -> None:
         city = await model.ainvoke("a city")
     assert city == City(name="Oslo", population=7)
     options = route.calls[0].options
-    assert options is not None and options.tool_mode == "required"
+    assert options is not None and options.tool_mode == ToolChoice.REQUIRED
 
 
 def test_tool_choice_maps_to_the_pipelines_tool_mode() -> None:
     names = ["a", "b"]
-    assert _tool_mode("auto", names) == "auto"
-    assert _tool_mode("none", names) == "none"
-    assert _tool_mode("any", names) == "required"
-    assert _tool_mode(True, names) == "required"
-    assert _tool_mode("b", names) == "b"
-    assert _tool_mode({"type": "function", "function": {"name": "a"}}, names) == "a"
+    assert _tool_mode("auto", names) == ToolChoice.AUTO
+    assert _tool_mode("none", names) == ToolChoice.NONE
+    assert _tool_mode("any", names) == ToolChoice.REQUIRED
+    assert _tool_mode(True, names) == ToolChoice.REQUIRED
+    assert _tool_mode("b", names) == ToolChoice.named("b")
+    assert _tool_mode({"type": "function", "function": {"name": "a"}}, names) == ToolChoice.named(
+        "a"
+    )
     with pytest.raises(ValueError, match="names no bound tool"):
         _tool_mode("c", names)
     model = PipelineChatModel(chat=ScriptedChatClient("x"))

@@ -28,7 +28,7 @@ from pydantic_ai.messages import BinaryContent, ImageUrl, ModelResponse
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from pipeline import ChatPipeline, FunctionCallContent, UsageDetails
+from pipeline import ChatPipeline, FunctionCallContent, ToolChoice, UsageDetails
 from pipeline.errors import (
     AuthenticationError,
     CircuitOpenError,
@@ -166,7 +166,7 @@ async def test_structured_output_through_the_output_tool(otel: Otel, streaming: 
     options = route.calls[0].options
     assert options is not None and options.tools is not None
     assert [t.name for t in options.tools] == ["final_result"]
-    assert options.tool_mode == "required"  # no text answer allowed: one tool, named
+    assert options.tool_mode == ToolChoice.REQUIRED  # no text answer allowed: one tool, named
 
 
 async def test_native_output_sends_a_json_schema_response_format(otel: Otel) -> None:

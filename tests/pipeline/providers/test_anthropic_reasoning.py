@@ -20,7 +20,6 @@ from pipeline import (
     UsageDetails,
 )
 from pipeline.errors import RequestInvalidError
-from pipeline.gateway._anthropic_messages import MessagesTool
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
 from pipeline.providers._messages import (
     MessagesStreamReader,
@@ -29,7 +28,7 @@ from pipeline.providers._messages import (
     parse_usage,
 )
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
-from pipeline.types import ANTHROPIC_EXTRAS
+from pipeline.types import ANTHROPIC_EXTRAS, FunctionTool
 
 
 def body(messages: Any = "hi", options: ChatOptions | None = None) -> dict[str, Any]:
@@ -150,9 +149,9 @@ def test_cache_breakpoints_go_on_the_messages_last_blocks_and_at_most_four() -> 
     assert body([ChatMessage.system("s"), ChatMessage.user("u")])["system"] == "s"
 
 
-def _tool(name: str, cached: bool) -> MessagesTool:
-    extra = {"cache_control": {"type": "ephemeral"}} if cached else {}
-    return MessagesTool(name, None, {"type": "object"}, extra)
+def _tool(name: str, cached: bool) -> FunctionTool:
+    extra = {"messages": {"cache_control": {"type": "ephemeral"}}} if cached else {}
+    return FunctionTool(name, None, {"type": "object"}, extra)
 
 
 def seven() -> tuple[list[ChatMessage], ChatOptions]:
@@ -193,7 +192,9 @@ def test_the_breakpoint_cap_counts_tools_system_and_messages_together(
     assert line.endswith("tools[0] tools[1] tools[2]")
     assert "one" not in line and "two" not in line  # where, never what
     # The caller's tools keep their own breakpoints (only the request's copy lost them).
-    assert all("cache_control" in t.additional_properties for t in (options.tools or [])[:3])
+    assert all(
+        "cache_control" in t.additional_properties["messages"] for t in (options.tools or [])[:3]
+    )
 
 
 def test_a_top_level_breakpoint_counts_and_is_kept() -> None:

@@ -140,7 +140,7 @@ def test_usage_without_some_counts() -> None:
 
 def test_the_vocabulary_is_written_once_with_its_inverses() -> None:
     assert {vocab.ROLE_OF[w]: w for w in vocab.ROLE_OF} == vocab.ROLES
-    assert {vocab.TOOL_MODE_OF[w]: w for w in vocab.TOOL_MODE_OF} == vocab.TOOL_MODES
+    assert {vocab.TOOL_CHOICE_VALUES[c]: c for c in vocab.TOOL_CHOICE_VALUES} == vocab.TOOL_CHOICES
     assert {vocab.EFFORT_OF[w]: w for w in vocab.EFFORT_OF} == vocab.THINKING_LEVELS
     assert all(vocab.FINISH_REASONS[r] == "content_filter" for r in vocab.FILTERED_REASONS)
 

@@ -3,7 +3,8 @@ team's and user's), checked after the body was read and before the pipeline runs
 
 * a model outside the virtual key's globs: 403 ``model_not_allowed``;
 * a budget spent: 402 ``budget_exceeded`` with ``x-should-retry: false`` (the SDKs and
-  agents do not retry it);
+  agents do not retry it; Codex, which reads neither, gets the 429 ``usage_limit_reached``
+  it stops on, still with code ``budget_exceeded``);
 * a rate limit reached: 429 ``rate_limit_exceeded`` with ``retry-after`` (and
   ``retry-after-ms``), which the official SDKs wait for before they retry;
 * Redis unavailable with ``fail_closed``: 503 ``budget_unavailable`` with ``retry-after``;
@@ -336,6 +337,29 @@ def _refusal(exc: Exception, anthropic: bool) -> tuple[WireError, list[tuple[byt
     )
 
 
+def _from_codex(scope: Scope) -> bool:
+    """Whether the request came from the Codex CLI (or another Codex client): its
+    ``originator`` header (``codex_exec``, ``codex_cli_rs``, ``codex_vscode``)."""
+    for name, value in scope["headers"]:
+        if name == b"originator":
+            return value.startswith(b"codex")
+    return False
+
+
+def _for_codex(error: WireError) -> WireError:
+    """A spent budget as Codex stops on it: Codex retries a 402 (any status but 400 and a
+    429 of type ``usage_limit_reached``) five times, whatever ``x-should-retry`` says, and
+    stops at once, telling its user the usage limit is reached, on a 429 of that type (what
+    its own plans' limits answer). The code stays ``budget_exceeded``, the message ours."""
+    return WireError(
+        429,
+        error.message,
+        type="usage_limit_reached",
+        code=error.code,
+        should_retry=False,
+    )
+
+
 _MODEL_NOT_ALLOWED = WireError(
     403,
     "model_not_allowed: this API key may not use this model",
@@ -349,13 +373,14 @@ class GovernanceMiddleware:
     """Checks a request against its key's models, budgets and limits, then runs `app` and
     settles (see the module docstring)."""
 
-    __slots__ = ("_anthropic", "_governance", "_path", "app")
+    __slots__ = ("_anthropic", "_governance", "_path", "_responses", "app")
 
     def __init__(self, app: ASGIApp, *, governance: Governance, path: str) -> None:
         self.app = app
         self._governance = governance
         self._path = path
         self._anthropic = path.startswith("/v1/messages")
+        self._responses = path == "/v1/responses"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -385,6 +410,8 @@ class GovernanceMiddleware:
             )
         except (BudgetExceededError, RateLimitExceededError, BudgetUnavailableError) as exc:
             error, headers = _refusal(exc, self._anthropic)
+            if self._responses and isinstance(exc, BudgetExceededError) and _from_codex(scope):
+                error = _for_codex(error)
             exchange.extra_headers += headers
             exchange.failure = error
             await exchange.error(error)

@@ -280,6 +280,31 @@ async def test_the_sdks_do_not_retry_a_402(setup: Setup) -> None:
     assert len(setup.upstream.requests) == 0
 
 
+async def test_codex_gets_the_429_usage_limit_reached_it_stops_on(
+    setup: Setup, streaming: bool
+) -> None:
+    issued = await setup.store.create("agent", budget=Budget("0"))
+    body = {"model": "gpt-4o", "input": CANARY, "stream": streaming}
+    async with gateway(setup) as run, httpx.AsyncClient(base_url=run.base_url) as client:
+        answers = {
+            originator: await client.post(
+                "/responses",
+                json=body,
+                headers={"authorization": f"Bearer {issued.secret}", "originator": originator},
+            )
+            for originator in ("codex_exec", "codex_cli_rs", "other")
+        }
+    # Codex retries anything else five times; what it stops on still says budget_exceeded.
+    for originator in ("codex_exec", "codex_cli_rs"):
+        refused = answers[originator]
+        assert refused.status_code == 429, refused.text
+        assert "retry-after" not in refused.headers
+        assert refused.headers["x-should-retry"] == "false"
+        assert error_of(refused, "responses") == ("usage_limit_reached", "budget_exceeded")
+    assert answers["other"].status_code == 402
+    assert len(setup.upstream.requests) == 0
+
+
 async def test_a_soft_limit_passed_is_told_in_a_header(setup: Setup) -> None:
     issued = await setup.store.create("soft", budget=Budget("100", soft="20"))
     async with gateway(setup) as run:

@@ -340,10 +340,8 @@ def _refusal(exc: Exception, anthropic: bool) -> tuple[WireError, list[tuple[byt
 def _from_codex(scope: Scope) -> bool:
     """Whether the request came from the Codex CLI (or another Codex client): its
     ``originator`` header (``codex_exec``, ``codex_cli_rs``, ``codex_vscode``)."""
-    for name, value in scope["headers"]:
-        if name == b"originator":
-            return value.startswith(b"codex")
-    return False
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    return any(name == b"originator" and value.startswith(b"codex") for name, value in headers)
 
 
 def _for_codex(error: WireError) -> WireError:

@@ -480,6 +480,23 @@ def new_token() -> str:
     return f"{_PREFIX}{next(_counter):x}"
 
 
+def reserve_op(demand: Demand, base: int) -> str:
+    """The script's argument reserving `demand`, its keys from ``KEYS[base]``."""
+    return (
+        f"R {demand.token} {demand.lease_ms} {demand.amount} {base} {demand.tokens} "
+        f"{demand.limits.reserve_wire}"
+    )
+
+
+def settle_op(settlement: Settlement, base: int) -> str:
+    """The script's argument settling `settlement`, its keys from ``KEYS[base]``."""
+    demand = settlement.demand
+    return (
+        f"S {demand.token} {demand.amount} {settlement.actual} {base} "
+        f"{settlement.token_delta} {demand.limits.settle_wire}"
+    )
+
+
 class _Batch:
     __slots__ = ("reserves", "settles")
 
@@ -651,36 +668,29 @@ class Reservations:
         """The batch's ``EVALSHA``: one argument per operation, its fields joined by spaces;
         each operation's keys after the fixed ones, from its `base` (1-based)."""
         keys = [self._fixed_resp]
-        ops: list[bytes] = []
+        ops: list[str] = []
         count = len(self._fixed)
         # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
-            demand = settlement.demand
-            limits = demand.limits
-            op = (
-                f"S {demand.token} {demand.amount} {settlement.actual} {count + 1} "
-                f"{settlement.token_delta} {limits.settle_wire}"
-            ).encode()
-            ops.append(b"$%d\r\n%s\r\n" % (len(op), op))
+            limits = settlement.demand.limits
+            ops.append(settle_op(settlement, count + 1))
             keys.append(limits.keys_resp)
             count += len(limits.keys)
         for demand, _ in batch.reserves:
             limits = demand.limits
-            op = (
-                f"R {demand.token} {demand.lease_ms} {demand.amount} {count + 1} "
-                f"{demand.tokens} {limits.reserve_wire}"
-            ).encode()
-            ops.append(b"$%d\r\n%s\r\n" % (len(op), op))
+            ops.append(reserve_op(demand, count + 1))
             keys.append(limits.keys_resp)
             count += len(limits.keys)
         number = b"%d" % count
+        # The operations are ASCII (ids, numbers): framed as text, encoded once.
+        framed = "".join([f"${len(op)}\r\n{op}\r\n" for op in ops]).encode()
         return b"".join(
             (
                 b"*%d\r\n" % (3 + count + len(ops)),
                 self._head,
                 b"$%d\r\n%s\r\n" % (len(number), number),
                 *keys,
-                *ops,
+                framed,
             )
         )
 

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,33 @@ from pipeline._resp import RespClient, encode_command
 REDIS_VARIABLE = "BENCH_GOVERNED_REDIS"
 
 
-def _answered(future: asyncio.Future[Any], reply: Any, error: BaseException | None) -> None:
+def answered(future: asyncio.Future[Any], reply: Any, error: BaseException | None) -> None:
+    """A reply's callback: `future` gets the reply or the error."""
     if error is not None:
         future.set_exception(error)
     else:
         future.set_result(reply)
+
+
+def bare_reservation(reservations: Reservations) -> tuple[list[str], list[str], bytes]:
+    """The floor's one reservation in `reservations`' namespace: the script's keys and
+    argument (for ``RespClient.evalsha``) and the whole ``EVALSHA`` encoded (for
+    ``RespClient.evalsha_then``). Four counters, as the governed benchmark's key counts
+    against: a key's and a team's budget, the key's requests and tokens a minute."""
+    limits = Limits(
+        [
+            BudgetCheck("bench-floor:b:k:x:m", 10**15),
+            BudgetCheck("bench-floor:b:t:x:m", 10**15),
+        ],
+        [
+            RateCheck("bench-floor:r:k:x:rpm", 10**9),
+            RateCheck("bench-floor:r:k:x:tpm", 10**12, None, "tokens"),
+        ],
+    )
+    demand = Demand(amount=1000, tokens=100, limits=limits, token="floor")
+    keys = [*reservations._fixed, *limits.keys]
+    args = [reserve_op(demand, len(reservations._fixed) + 1)]
+    return keys, args, encode_command(["EVALSHA", SCRIPT.sha, len(keys), *keys, *args])
 
 
 class BareReservation:
@@ -54,21 +77,7 @@ class BareReservation:
         self.app = app
         self.client = RespClient(redis_url, timeout=5.0)
         reservations = Reservations(self.client, namespace="bench-floor")
-        limits = Limits(
-            [
-                BudgetCheck("bench-floor:b:k:x:m", 10**15),
-                BudgetCheck("bench-floor:b:t:x:m", 10**15),
-            ],
-            [
-                RateCheck("bench-floor:r:k:x:rpm", 10**9),
-                RateCheck("bench-floor:r:k:x:tpm", 10**12, None, "tokens"),
-            ],
-        )
-        demand = Demand(amount=1000, tokens=100, limits=limits, token="floor")
-        keys = [*reservations._fixed, *limits.keys]
-        op = reserve_op(demand, len(reservations._fixed) + 1)
-        self.keys, self.args = keys, [op]
-        self.command = encode_command(["EVALSHA", SCRIPT.sha, len(keys), *keys, op])
+        self.keys, self.args, self.command = bare_reservation(reservations)
         self._ready = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -79,9 +88,7 @@ class BareReservation:
                 await self.client.evalsha(SCRIPT, self.keys, self.args)
                 self._ready = True
             reply: asyncio.Future[Any] = loop.create_future()
-            self.client.evalsha_then(
-                SCRIPT, self.command, lambda r, e: _answered(reply, r, e), loop
-            )
+            self.client.evalsha_then(SCRIPT, self.command, partial(answered, reply), loop)
             await reply
         await self.app(scope, receive, send)
 

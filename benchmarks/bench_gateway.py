@@ -600,13 +600,6 @@ teams = {{ bench = {{ budget = {{ limit = "1000000", period = "month" }} }} }}
     return path
 
 
-def _answered(future: asyncio.Future[object], reply: object, error: BaseException | None) -> None:
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(reply)
-
-
 def bare_reservations(redis_url: str, concurrency: int, calls: int) -> dict[str, float]:
     """Client CPU seconds per bare reservation: the gateway's Lua script with the same four
     counters (a key's and a team's budget, the key's requests and tokens a minute), one
@@ -617,36 +610,16 @@ def bare_reservations(redis_url: str, concurrency: int, calls: int) -> dict[str,
     encoded once, the reply handed to a callback that wakes the caller), the call the
     gateway's reservations make."""
     import uvloop
+    from _reserving_gateway import answered, bare_reservation
 
-    from pipeline._reservations import (
-        SCRIPT,
-        BudgetCheck,
-        Demand,
-        Limits,
-        RateCheck,
-        Reservations,
-        reserve_op,
-    )
-    from pipeline._resp import RespClient, encode_command
+    from pipeline._reservations import SCRIPT, Reservations
+    from pipeline._resp import RespClient
 
     async def run() -> dict[str, float]:
         client = RespClient(redis_url, timeout=10.0)
         reservations = Reservations(client, namespace="bench-floor", rebuild_delay=0.0)
         await reservations.prepare()
-        limits = Limits(
-            [
-                BudgetCheck("bench-floor:b:k:x:m", 10**15),
-                BudgetCheck("bench-floor:b:t:x:m", 10**15),
-            ],
-            [
-                RateCheck("bench-floor:r:k:x:rpm", 10**9),
-                RateCheck("bench-floor:r:k:x:tpm", 10**12, None, "tokens"),
-            ],
-        )
-        demand = Demand(amount=1000, tokens=100, limits=limits, token="floor")
-        keys = [*reservations._fixed, *limits.keys]
-        args = [reserve_op(demand, len(reservations._fixed) + 1)]
-        command = encode_command(["EVALSHA", SCRIPT.sha, len(keys), *keys, *args])
+        keys, args, command = bare_reservation(reservations)
         loop = asyncio.get_running_loop()
 
         async def general(count: int) -> None:
@@ -656,7 +629,7 @@ def bare_reservations(redis_url: str, concurrency: int, calls: int) -> dict[str,
         async def callback(count: int) -> None:
             for _ in range(count):
                 reply: asyncio.Future[object] = loop.create_future()
-                client.evalsha_then(SCRIPT, command, partial(_answered, reply), loop)
+                client.evalsha_then(SCRIPT, command, partial(answered, reply), loop)
                 await reply
 
         spent: dict[str, float] = {}

@@ -359,6 +359,42 @@ async def test_a_hedged_request_settles_once_with_both_attempts_costs(
     assert (int(spent), int(reserved)) == (sum(r.cost for r in records) * NANOS, 0)
 
 
+async def test_a_route_served_by_name_settles_at_its_price_without_a_spend_layer(
+    setup: Setup, streaming: bool
+) -> None:
+    issued = await setup.store.create("direct", budget=Budget("1000"))
+    namespace = f"direct{id(setup)}"
+    config = parse_config(
+        {
+            "routes": {
+                "primary": {
+                    "provider": "openai",
+                    "model": "gpt-upstream",
+                    "base_url": setup.upstream.base_url,
+                    "price": {"input_per_million": 1e6, "output_per_million": 1e6},
+                }
+            },
+            "gateway": {"models": {"gpt-*": "primary"}},
+            # The keys' database only: no spend layer logs the call, the gateway does.
+            "spend": {"enabled": False, "path": str(setup.path)},
+            "keys": {"refresh_interval": 0.05},
+            "budgets": {"redis_url_env": "KEYS_TEST_REDIS", "namespace": namespace},
+        }
+    )
+    async with running(config) as run:
+        for _ in range(2):
+            response = await call(run, "chat_completions", issued.secret, stream=streaming)
+            assert response.status_code == 200, response.text
+        governor = run.gateway.governance.governor
+        assert governor is not None and run.gateway.spend is None
+        await governor.reservations.flush()
+        redis = governor.reservations.redis
+        (counter,) = await redis.execute("KEYS", f"{namespace}:b:k:*")
+        spent, reserved = await redis.execute("HMGET", counter, "s", "r")
+    # Each call the fake's usage (5 in, 7 out) at the route's dollar a token.
+    assert (int(spent), int(reserved)) == (2 * 12 * NANOS, 0)
+
+
 async def test_a_soft_limit_passed_is_told_in_a_header(setup: Setup) -> None:
     issued = await setup.store.create("soft", budget=Budget("100", soft="20"))
     async with gateway(setup) as run:

@@ -1070,12 +1070,16 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
         def count(r: Result | None) -> str:
             return f"{r.instructions / 1000:8.1f}" if r and r.instructions else f"{'-':>8}"
 
-        for key, ours, floor, nginx, _ in rows:
-            print(
-                f"  {key:34} {count(ours)} {count(floor)} {count(nginx)} "
-                f"{ratio(ours.instructions or 0, floor, 'instructions')} "
-                f"{ratio(ours.instructions or 0, nginx, 'instructions')}"
-            )
+        for key, ours, floor, nginx, servers in rows:
+            before = servers.get(BASELINE + gateway)
+            for label, row in ((key, ours), (f"before: {key}", before)):
+                if row is None:
+                    continue
+                print(
+                    f"  {label:42} {count(row)} {count(floor)} {count(nginx)} "
+                    f"{ratio(row.instructions or 0, floor, 'instructions')} "
+                    f"{ratio(row.instructions or 0, nginx, 'instructions')}"
+                )
     beside = [name for name in (LEDGER_NAME, GOVERNED_NAME) if any(name in r[4] for r in rows)]
     if beside:
         print("\nbeside: the gateway with the spend ledger, or key governance, on (CPU ms per")

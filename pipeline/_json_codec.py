@@ -2,10 +2,13 @@
 it), else the standard library, with the standard library's answers either way.
 
 `loads` takes what ``json.loads`` takes and gives the same values: orjson first, and
-``json.loads`` for what orjson refuses (integers beyond 64 bits, ``NaN``, lone surrogates),
-so the one that decides what is not JSON is always the standard library. `dumps` writes
+``json.loads`` for what orjson refuses (``NaN``, lone surrogates) and for a document with a
+run of 19 digits or more (orjson reads an integer beyond 64 bits as a float, a changed value
+rather than an error), so the one that decides what is not JSON is always the standard
+library. `dumps` writes
 compact UTF-8 JSON (no spaces, no ASCII escapes), as ``json`` with ``separators=(",",
-":")`` and ``ensure_ascii=False`` writes it; values orjson cannot write (integers beyond 64
+":")`` and ``ensure_ascii=False`` writes it (a float may be spelled otherwise, ``1e-05`` as
+``0.00001``: the same value); values orjson cannot write (integers beyond 64
 bits, keys that are not strings) go through ``json``. One difference remains: orjson writes
 ``NaN`` and the infinities as ``null``, which ``json`` writes as tokens no JSON parser
 takes, so `dumps` is for values decoded from JSON by `loads_exact` (which never holds them)
@@ -15,6 +18,7 @@ or built from checked numbers.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,19 +38,34 @@ FAST = _loads is not None
 """Whether orjson does the work (else the standard library does it all)."""
 
 
-def _unavailable(data: bytes | str) -> Any:  # pragma: no cover - the gateway extra has orjson
-    raise ValueError("orjson is not installed")
+# Integers of 18 digits fit in 64 bits; a longer run of digits (in a number, or in a string
+# or a float, which then only take the slower way) goes to the standard library.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+_LONG_DIGITS_TEXT = re.compile(r"[0-9]{19}")
 
 
-fast_loads: Callable[[bytes | str], Any] = _loads or _unavailable
-"""orjson's own decoder (`ValueError` for all it refuses, JSON or not); only when `FAST`."""
+def _orjson_reads(data: bytes | str) -> bool:
+    """Whether orjson reads `data` as ``json.loads`` does, when it reads it at all."""
+    found = _LONG_DIGITS.search(data) if isinstance(data, bytes) else _LONG_DIGITS_TEXT.search(data)
+    return found is None
+
+
+def fast_loads(data: bytes | str) -> Any:
+    """orjson's decoder where it gives ``json.loads``'s value (`ValueError` for all it
+    refuses, JSON or not, and for what it would read otherwise); only when `FAST`."""
+    if _loads is None:  # pragma: no cover - the gateway extra has orjson
+        raise ValueError("orjson is not installed")
+    if not _orjson_reads(data):
+        raise ValueError("a run of digits orjson may not read exactly")
+    return _loads(data)
+
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def loads(data: bytes | str) -> Any:
     """``json.loads(data)``'s value (`ValueError` for what is not JSON)."""
-    if _loads is not None:
+    if _loads is not None and _orjson_reads(data):
         try:
             return _loads(data)
         except ValueError:
@@ -58,10 +77,12 @@ def loads_exact(data: bytes | str) -> tuple[Any, bool]:
     """`loads`, and whether the value holds only what `dumps` writes back as it came: True
     when orjson decoded it (no ``NaN``, no integer beyond 64 bits); without orjson, True."""
     if _loads is not None:
-        try:
-            return _loads(data), True
-        except ValueError:
-            return json.loads(data), False
+        if _orjson_reads(data):
+            try:
+                return _loads(data), True
+            except ValueError:
+                pass
+        return json.loads(data), False
     return json.loads(data), True
 
 

@@ -1048,18 +1048,20 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
     def ratio(a: float, b: Result | None, field: str) -> str:
         return f"{a / getattr(b, field):9.2f}" if b and getattr(b, field) else f"{'-':>9}"
 
-    for key, ours, floor, nginx, servers in rows:
-        # The --baseline checkout's gateway, measured in the same rounds, on the line below.
-        before = servers.get(BASELINE + gateway)
-        for label, row in ((key, ours), (f"before: {key}", before)):
-            if row is None:
-                continue
-            print(
-                f"  {label:42} {cpu(row)} {cpu(floor)} {cpu(nginx)} "
-                f"{ratio(row.cpu_per_request, floor, 'cpu_per_request')} "
-                f"{ratio(row.cpu_per_request, nginx, 'cpu_per_request')} "
-                f"{p99(row)} {p99(floor)} {p99(nginx)} {ratio(row.p99, floor, 'p99')}"
-            )
+    # Each cell's gateway, and the --baseline checkout's measured in the same rounds below it.
+    lines = [
+        (label, row, floor, nginx)
+        for key, ours, floor, nginx, servers in rows
+        for label, row in ((key, ours), (f"before: {key}", servers.get(BASELINE + gateway)))
+        if row is not None
+    ]
+    for label, row, floor, nginx in lines:
+        print(
+            f"  {label:42} {cpu(row)} {cpu(floor)} {cpu(nginx)} "
+            f"{ratio(row.cpu_per_request, floor, 'cpu_per_request')} "
+            f"{ratio(row.cpu_per_request, nginx, 'cpu_per_request')} "
+            f"{p99(row)} {p99(floor)} {p99(nginx)} {ratio(row.p99, floor, 'p99')}"
+        )
     if any(ours.instructions is not None for _, ours, *_ in rows):
         print("\ninstructions per request (thousands, callgrind)")
         print(
@@ -1070,16 +1072,12 @@ def floor_table(results: Mapping[str, Mapping[str, Result]]) -> None:
         def count(r: Result | None) -> str:
             return f"{r.instructions / 1000:8.1f}" if r and r.instructions else f"{'-':>8}"
 
-        for key, ours, floor, nginx, servers in rows:
-            before = servers.get(BASELINE + gateway)
-            for label, row in ((key, ours), (f"before: {key}", before)):
-                if row is None:
-                    continue
-                print(
-                    f"  {label:42} {count(row)} {count(floor)} {count(nginx)} "
-                    f"{ratio(row.instructions or 0, floor, 'instructions')} "
-                    f"{ratio(row.instructions or 0, nginx, 'instructions')}"
-                )
+        for label, row, floor, nginx in lines:
+            print(
+                f"  {label:42} {count(row)} {count(floor)} {count(nginx)} "
+                f"{ratio(row.instructions or 0, floor, 'instructions')} "
+                f"{ratio(row.instructions or 0, nginx, 'instructions')}"
+            )
     beside = [name for name in (LEDGER_NAME, GOVERNED_NAME) if any(name in r[4] for r in rows)]
     if beside:
         print("\nbeside: the gateway with the spend ledger, or key governance, on (CPU ms per")

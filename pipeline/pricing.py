@@ -30,9 +30,11 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     FunctionCallContent,
+    Messages,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_messages,
 )
 
 if TYPE_CHECKING:
@@ -477,7 +479,7 @@ def attempt_usage(
     *,
     completed: bool,
     characters: int,
-    messages: Sequence[ChatMessage],
+    messages: Messages,
     error: BaseException | None,
 ) -> tuple[UsageDetails, bool]:
     """What an attempt used, and whether any of it is estimated (one rule for every router
@@ -507,10 +509,13 @@ def attempt_usage(
     input_tokens = reported.input_tokens if reported is not None else None
     output_tokens = reported.output_tokens if reported is not None else None
     if input_tokens is None:
-        input_tokens, estimated = estimate_input_tokens(messages), True
-    counted = estimated_output_tokens(characters)
-    if output_tokens is None or (not completed and counted > output_tokens):
-        output_tokens, estimated = counted, True
+        input_tokens, estimated = estimate_input_tokens(as_messages(messages)), True
+    if output_tokens is None:
+        output_tokens, estimated = estimated_output_tokens(characters), True
+    elif not completed:
+        counted = estimated_output_tokens(characters)
+        if counted > output_tokens:
+            output_tokens, estimated = counted, True
     if reported is not None and not estimated:
         return reported, False
     return (
@@ -536,7 +541,7 @@ def priced_attempt(
     model_served: str | None,
     reported: UsageDetails | None,
     characters: int,
-    messages: Sequence[ChatMessage],
+    messages: Messages,
     error: BaseException | None,
     price: Price | None,
     book: PriceBook | None,

@@ -18,7 +18,10 @@ With ``--instructions N``, the same two configurations are counted in instructio
 `bench_gateway_instructions.py` counts the gateway: its ASGI app called in process (no HTTP
 server, no client, the upstream in a process of its own), N and 5N requests in fresh
 processes, the difference over the extra requests; streamed and not. The ledger's writer
-task runs in the counted process, so the records' writing is counted too.
+task runs in the counted process, so the records' writing is counted too. Under callgrind a
+request takes some fifty times longer, so the ledger's one-second interval writes far smaller
+batches than a busy worker does; ``--flush-interval 3600`` writes them in batches of
+``max_batch`` (and at shutdown), as a worker serving hundreds of requests a second would.
 
 The records part writes `--records` records through a `SpendLedger` (batches of
 `--batch`) into SQLite and into a throwaway PostgreSQL (tests/postgres_server.py, Debian's
@@ -72,7 +75,14 @@ from tests.postgres_server import running_postgres
 DSN_VARIABLE = "BENCH_SPEND_DSN"
 
 
-def gateway_config(workdir: Path, upstream: str, ledger: bool, *, keys: bool = True) -> Path:
+def gateway_config(
+    workdir: Path,
+    upstream: str,
+    ledger: bool,
+    *,
+    keys: bool = True,
+    flush_interval: float | None = None,
+) -> Path:
     path = workdir / ("gateway-spend.toml" if ledger else "gateway.toml")
     text = f'[gateway]\napi_keys_env = "{KEYS_VARIABLE}"\n\n' if keys else ""
     text += (
@@ -80,6 +90,8 @@ def gateway_config(workdir: Path, upstream: str, ledger: bool, *, keys: bool = T
     )
     if ledger:
         text += f'\n[spend]\nstore = "postgres"\ndsn_env = "{DSN_VARIABLE}"\n'
+        if flush_interval is not None:
+            text += f"flush_interval = {flush_interval}\n"
     path.write_text(text)
     return path
 
@@ -165,7 +177,9 @@ def instructions_part(args: argparse.Namespace, workdir: Path, dsn: str) -> None
             os.environ["BENCH_SPEND_STREAM"] = "1" if shape == "streaming" else "0"
             counted: dict[str, float] = {}
             for name, ledger in (("off", False), ("on", True)):
-                config = gateway_config(workdir, upstream, ledger, keys=False)
+                config = gateway_config(
+                    workdir, upstream, ledger, keys=False, flush_interval=args.flush_interval
+                )
                 low = instructions(ROOT, child, config, n, False)
                 high = instructions(ROOT, child, config, more, False)
                 counted[name] = (high - low) / (more - n)
@@ -260,6 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--writes", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--instructions", type=int, metavar="N", help="count instructions with N and 5N requests"
+    )
+    parser.add_argument(
+        "--flush-interval",
+        type=float,
+        metavar="SECONDS",
+        help="the ledger's flush_interval in the counted gateway (default: the ledger's own)",
     )
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):

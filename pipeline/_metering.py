@@ -17,7 +17,7 @@ from pipeline.pricing import (
     response_characters,
     streamed_characters,
 )
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, as_messages
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 __all__ = ["DirectAttempt", "RetriedCalls"]
 
@@ -119,8 +119,10 @@ class DirectAttempt(StreamWatcher):
     def responded(self, response: ChatResponse) -> None:
         """The call answered with `response`: log it."""
         self.first = self.clock() - self.started
-        self.usage, self.model = response.usage, response.model_id
-        self.characters = response_characters(response)
+        usage = self.usage = response.usage
+        self.model = response.model_id
+        if usage is None or usage.output_tokens is None:  # counted only for an estimate
+            self.characters = response_characters(response)
         self.ended("completed", None)
 
     def failed(self, error: BaseException) -> None:
@@ -155,7 +157,7 @@ class DirectAttempt(StreamWatcher):
             model_served=self.model,
             reported=self.usage,
             characters=self.characters,
-            messages=as_messages(self.messages),
+            messages=self.messages,
             error=error,
             price=self.price,
             book=log.prices,
@@ -228,7 +230,7 @@ class RetriedCalls:
                 model_served=None,
                 reported=None,
                 characters=0,
-                messages=as_messages(self.messages),
+                messages=self.messages,
                 error=error,
                 price=mark.price,
                 book=log.prices,

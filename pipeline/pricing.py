@@ -30,9 +30,11 @@ from pipeline.types import (
     ChatResponse,
     ChatResponseUpdate,
     FunctionCallContent,
+    Messages,
     ReasoningContent,
     TextContent,
     UsageDetails,
+    as_messages,
 )
 
 if TYPE_CHECKING:
@@ -212,23 +214,22 @@ _KEYS = (
     "requests",
 )
 _INPUT, _OUTPUT, _CACHE_READ, _CACHE_WRITE, _REASONING, _REQUESTS = range(len(_KEYS))
+_EPOCH_DAY = datetime(1970, 1, 1, tzinfo=UTC).toordinal()  # the ordinal of day 0 in seconds
 
 
 @dataclass(frozen=True, slots=True)
 class _Rates:
     """One model's prices of one period, read from genai-prices once: per usage count we
     report (by its place in `_KEYS`), the price (a `Decimal`, or a tiered price) and its
-    unit's size; which priced parts leave their whole's count; whether any is tiered."""
+    unit's size; which priced parts leave their whole's count."""
 
     units: tuple[tuple[int, Any, int], ...]
     less_read: bool  # cache reads are priced apart: not at the input price too
     less_written: bool
     less_reasoning: bool
-    tiered: bool
 
 
 def _compile(model_price: ModelPrice) -> _Rates:
-    from genai_prices.types import TieredPrices
     from genai_prices.units import _get_registry
 
     registry = _get_registry()
@@ -243,26 +244,31 @@ def _compile(model_price: ModelPrice) -> _Rates:
         if unit.usage_key in _KEYS:
             units.append((_KEYS.index(unit.usage_key), value, unit.per))
         # Any other unit (audio, images, searches ...) counts what we never report: zero.
-    priced = {index for index, _, _ in units}
+    priced = {unit[0] for unit in units}
     return _Rates(
         tuple(units),
         _CACHE_READ in priced,
         _CACHE_WRITE in priced,
         _REASONING in priced,
-        any(isinstance(value, TieredPrices) for _, value, _ in units),
     )
 
 
-def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
+def _price(rates: _Rates, usage: UsageDetails) -> Decimal | None:
     """genai-prices' ``ModelPrice.calc_price`` for the usage we report, from `rates`: each
     priced unit's own tokens (a whole's count less its priced parts'), at its price (a
     tiered price by the total input tokens), over its unit's size. None when genai-prices
-    would refuse the usage (a part larger than its whole)."""
+    would refuse the usage (a count negative, a part larger than its whole)."""
     total_input = usage.input_tokens or 0
     output_tokens = usage.output_tokens or 0
     read = usage.cache_read_tokens or 0
     written = usage.cache_write_tokens or 0
     reasoning = usage.reasoning_tokens or 0
+    if (
+        min(total_input, output_tokens, read, written, reasoning) < 0
+        or read + written > total_input
+        or reasoning > output_tokens
+    ):
+        return None
     input_tokens = total_input
     if rates.less_read:
         input_tokens -= read
@@ -272,13 +278,12 @@ def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
         output_tokens -= reasoning
     counts = (input_tokens, output_tokens, read, written, reasoning, 1)
     amount = _ZERO
-    tiered = rates.tiered
     for index, value, per in rates.units:
         count = counts[index]
         if not count:
             continue  # adds nothing (and Decimal arithmetic is what a price costs here)
         price = value
-        if tiered and type(value) is not Decimal:
+        if type(value) is not Decimal:  # tiered: by the total input tokens
             price = value.base
             for tier in reversed(value.tiers):
                 if total_input > tier.start:
@@ -286,21 +291,6 @@ def _price(rates: _Rates, usage: UsageDetails) -> Decimal:
                     break
         amount += price * count / per
     return amount
-
-
-def _valid(usage: UsageDetails) -> bool:
-    """Whether genai-prices would price `usage`: no count negative, no part larger than its
-    whole."""
-    total_input = usage.input_tokens or 0
-    output = usage.output_tokens or 0
-    read = usage.cache_read_tokens or 0
-    written = usage.cache_write_tokens or 0
-    reasoning = usage.reasoning_tokens or 0
-    return (
-        min(total_input, output, read, written, reasoning) >= 0
-        and read + written <= total_input
-        and reasoning <= output
-    )
 
 
 class _Model:
@@ -369,19 +359,24 @@ class GenAIPricesBook:
                 self._models[key] = known
         return known
 
-    def rates(self, provider: str, model: str, at: datetime) -> _Rates | None:
-        """The rates of `model` at `provider` in force at `at`, or None when unknown."""
+    def rates(self, provider: str, model: str, at: datetime | float) -> _Rates | None:
+        """The rates of `model` at `provider` in force at `at` (UTC, or seconds since the
+        epoch), or None when unknown."""
         known = self._model(provider, model)
         if known is None:
             return None
         if known.fixed is not None:
             return known.fixed
         by_day = known.by_day
-        day = at.toordinal() if by_day is not None else 0
+        day = 0
         if by_day is not None:
+            # The UTC day's ordinal, without making a datetime for a time in seconds.
+            day = at.toordinal() if isinstance(at, datetime) else int(at // 86400) + _EPOCH_DAY
             found = by_day.get(day)
             if found is not None:
                 return found
+        if not isinstance(at, datetime):
+            at = datetime.fromtimestamp(at, UTC)
         model_price = known.info.get_prices(at)
         cached = self._rates.get(id(model_price))
         if cached is None or cached[0] is not model_price:
@@ -394,14 +389,34 @@ class GenAIPricesBook:
         return cached[1]
 
     def cost(
-        self, provider: str | None, model: str | None, usage: UsageDetails, *, at: datetime
+        self,
+        provider: str | None,
+        model: str | None,
+        usage: UsageDetails,
+        *,
+        at: datetime | float,
     ) -> Cost | None:
-        if not provider or not model or not _valid(usage):
+        """What `usage` of `model` at `provider` cost at the time `at` (UTC, or seconds since
+        the epoch), in USD; None for a model the package does not know, or usage it would
+        refuse."""
+        return self._cost(provider, model, usage, at, False)
+
+    def _cost(
+        self,
+        provider: str | None,
+        model: str | None,
+        usage: UsageDetails,
+        at: datetime | float,
+        estimated: bool,
+    ) -> Cost | None:
+        if not provider or not model:
             return None
         rates = self.rates(provider, model, at)
         if rates is None:
             return None
-        return Cost(_price(rates, usage), "USD")
+        amount = _price(rates, usage)
+        # Positionally: one per attempt, on the request's path.
+        return None if amount is None else tuple.__new__(Cost, (amount, "USD", estimated))
 
     def warm(self) -> None:
         """Load the package's data now (about a fifth of a second), not at the first
@@ -470,7 +485,7 @@ def attempt_usage(
     *,
     completed: bool,
     characters: int,
-    messages: Sequence[ChatMessage],
+    messages: Messages,
     error: BaseException | None,
 ) -> tuple[UsageDetails, bool]:
     """What an attempt used, and whether any of it is estimated (one rule for every router
@@ -500,10 +515,13 @@ def attempt_usage(
     input_tokens = reported.input_tokens if reported is not None else None
     output_tokens = reported.output_tokens if reported is not None else None
     if input_tokens is None:
-        input_tokens, estimated = estimate_input_tokens(messages), True
-    counted = estimated_output_tokens(characters)
-    if output_tokens is None or (not completed and counted > output_tokens):
-        output_tokens, estimated = counted, True
+        input_tokens, estimated = estimate_input_tokens(as_messages(messages)), True
+    if output_tokens is None:
+        output_tokens, estimated = estimated_output_tokens(characters), True
+    elif not completed:
+        counted = estimated_output_tokens(characters)
+        if counted > output_tokens:
+            output_tokens, estimated = counted, True
     if reported is not None and not estimated:
         return reported, False
     return (
@@ -529,7 +547,7 @@ def priced_attempt(
     model_served: str | None,
     reported: UsageDetails | None,
     characters: int,
-    messages: Sequence[ChatMessage],
+    messages: Messages,
     error: BaseException | None,
     price: Price | None,
     book: PriceBook | None,
@@ -589,18 +607,20 @@ def priced(
     estimated: bool,
 ) -> Cost | None:
     """The one pricing decision: the route's `price` when it has one (it wins), else the
-    `book`'s at the time `at` (a UTC datetime, or seconds since the epoch); `estimated`
-    marks a cost whose counts were estimated. A book that fails is no price (it never fails
-    the request)."""
+    `book`'s at the time `at` (UTC, or seconds since the epoch); `estimated` marks a cost
+    whose counts were estimated. A book that fails is no price (it never fails the
+    request)."""
     if price is not None:
         return price.charge(usage, estimated=estimated)
     if book is None:
         return None
-    if not isinstance(at, datetime):
-        at = datetime.fromtimestamp(at, UTC)
     try:
+        if type(book) is GenAIPricesBook:  # the default: takes the time in seconds as it is
+            return book._cost(provider, model, usage, at, estimated)
+        if not isinstance(at, datetime):
+            at = datetime.fromtimestamp(at, UTC)
         cost = book.cost(provider, model, usage, at=at)
-    except Exception:  # a caller's book that fails prices nothing; the attempt stands
+    except Exception:  # a book that fails prices nothing; the attempt stands
         return None
     if cost is None or not estimated:
         return cost

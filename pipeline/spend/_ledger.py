@@ -72,8 +72,9 @@ class SpendLedger:
 
     * `record` never waits and never raises: records join an in-memory queue (at most
       `max_queue`; more are dropped, counted in ``chat_pipeline.spend.dropped`` and logged);
-    * a task of the ledger's own writes the queue every `flush_interval` seconds, or at
-      once when `max_batch` records wait, in batches of `max_batch`, each in one statement;
+    * a task of the ledger's own writes the queue every `flush_interval` seconds (what was
+      queued when it starts: records queued meanwhile wait for the next), or at once when
+      `max_batch` records wait, in batches of `max_batch`, each in one statement;
     * when the database fails, the batch and the queue go to the `spool` folder (one file
       per process, at most `max_spool_bytes`), and the ledger tries again after
       `retry_interval`: the spool is written first, then the queue. A spool left by a
@@ -82,7 +83,8 @@ class SpendLedger:
     * `aclose` writes what is queued (within `timeout`), spools what the database does not
       take, and closes the store: a stopped process loses nothing. A process killed
       (``kill -9``) loses what it had queued: at most `flush_interval` seconds of records
-      (and the batch being written, unless the database had committed it).
+      (longer only while a write takes longer than that), and the batch being written,
+      unless the database had committed it.
 
     `prices` is the book attempts without a route `Price` are priced by (default: the
     process's `GenAIPricesBook`). Metrics: ``chat_pipeline.spend.cost`` (by route, model,
@@ -279,15 +281,19 @@ class SpendLedger:
         wake = self._wake
         assert wake is not None
         interval = self.settings.flush_interval
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while not self._closing:
             try:
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout_at(due):
                     await wake.wait()
             except TimeoutError:
                 pass
             wake.clear()
             if self._closing:
                 return
+            # The next drain an interval after this one starts (what it leaves waits no longer).
+            due = loop.time() + interval
             try:
                 await self._drain()
             except Exception as exc:  # the writer goes on; the next interval tries again
@@ -300,8 +306,11 @@ class SpendLedger:
 
     async def _drain(self, *, final: bool = False) -> bool:
         """Write the spool, then the queue, one drain at a time (the writer's, a flush's).
-        When the database fails (or is being skipped after a failure), queued records go
-        to the spool. True when nothing is left."""
+        The writer's drain writes what was queued when it started (records queued while it
+        writes wait for the next interval, or a full batch: chasing them would write one
+        small batch after another); a `final` one writes until the queue is empty. When the
+        database fails (or is being skipped after a failure), queued records go to the
+        spool. True when nothing is left."""
         async with self._draining:
             return await self._drain_now(final)
 
@@ -314,8 +323,10 @@ class SpendLedger:
             return False
         queue = self._queue
         size = self.settings.max_batch
-        while queue:
-            batch = self._take(min(size, len(queue)))
+        left = len(queue)
+        while queue and (left > 0 or final):
+            batch = self._take(min(size, len(queue) if final else left))
+            left -= len(batch)
             try:
                 await self.store.write(batch)
             except Exception as exc:  # the database did not take it: keep it
@@ -330,7 +341,7 @@ class SpendLedger:
                 raise
             self._outage.succeeded()
             self._wrote(len(batch))
-        return True
+        return not queue
 
     def _wrote(self, count: int) -> None:
         self.written += count

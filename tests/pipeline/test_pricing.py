@@ -152,6 +152,11 @@ def test_dated_prices_follow_the_attempts_time(book: GenAIPricesBook) -> None:
         ).total_price
         found = book.cost("openai", "o3", usage, at=at)
         assert found is not None and found.amount == expected
+        # The same time in seconds since the epoch (as attempts give it): the same period.
+        for seconds in (at.timestamp(), at.timestamp() - 1):
+            moment = datetime.fromtimestamp(seconds, UTC)
+            by_seconds = GenAIPricesBook().cost("openai", "o3", usage, at=seconds)
+            assert by_seconds == GenAIPricesBook().cost("openai", "o3", usage, at=moment)
 
 
 USAGES = [

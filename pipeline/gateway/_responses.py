@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.gateway._json import json_body
+from pipeline._json import json_body
 from pipeline.gateway._shared import SSE_HEADERS
 from pipeline.gateway.wire import (
     ChatRequest,

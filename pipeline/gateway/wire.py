@@ -39,7 +39,7 @@ from pipeline.errors import (
     classify,
     retry_after_of,
 )
-from pipeline.gateway._json import json_body
+from pipeline._json import json_body
 from pipeline.types import (
     ChatMessage,
     ChatOptions,

@@ -36,7 +36,7 @@ from pipeline.providers._http import (
     traced,
     transport_error,
 )
-from pipeline.providers._sse import Payloads, SSEPayloads, next_payloads
+from pipeline.wire.sse import Payloads, SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
 from pipeline.types import (
     PROVIDER_EXTRAS,

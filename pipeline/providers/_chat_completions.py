@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.providers._wire import (
+from pipeline.wire._common import (
     error_from_payload,
     int_or_none,
     malformed,

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import RequestRefusedError
-from pipeline.providers._wire import (
+from pipeline.wire._common import (
     cache_counted_apart,
     error_from_payload,
     malformed,

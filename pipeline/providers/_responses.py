@@ -29,7 +29,7 @@ from typing import Any
 
 from pipeline.errors import ProviderError, RequestRefusedError
 from pipeline.providers._chat_completions import chat_response_format, data_url
-from pipeline.providers._wire import (
+from pipeline.wire._common import (
     error_from_payload,
     int_or_none,
     malformed,

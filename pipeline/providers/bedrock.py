@@ -55,8 +55,8 @@ from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provi
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._http import endpoint as endpoint_of
-from pipeline.providers._sse import Payloads, scan_json
-from pipeline.providers._wire import malformed
+from pipeline.wire.sse import Payloads, scan_json
+from pipeline.wire import malformed
 from pipeline.types import (
     BEDROCK_EXTRAS,
     ChatOptions,
@@ -112,7 +112,7 @@ def bedrock_url(region: str) -> str:
 
 class EventStreamPayloads:
     """A ConverseStream body's events, ``(event type, payload)``, decoded by botocore's
-    event-stream parser as the chunks arrive (`pipeline.providers._sse.Payloads`).
+    event-stream parser as the chunks arrive (`pipeline.wire.sse.Payloads`).
 
     The ``metadata`` event ends a complete stream; an exception or error message is its
     `ProviderError`; a frame botocore refuses (its lengths or checksums) or a payload that

@@ -14,7 +14,7 @@ provider of this package shares them):
   within `stream_idle_timeout` after output is a transient failure after output;
 * a stream that ends without ``[DONE]`` is transient; malformed SSE or JSON is a
   `ProviderError` (kind `UNKNOWN`, code ``malformed``), never a `KeyError`/`JSONDecodeError`;
-  so is a stream line or event past its bound (`pipeline.providers._sse.MAX_LINE`,
+  so is a stream line or event past its bound (`pipeline.wire.sse.MAX_LINE`,
   `MAX_EVENT`), and bytes that are not UTF-8 fail after the events before them;
 * a non-streamed answer whose decoded body passes `max_response_bytes` (default 64 MiB)
   is a `ProviderError` (kind `UNKNOWN`, code ``response_too_large``) as soon as it does,

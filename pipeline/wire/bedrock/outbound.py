@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
-from pipeline.providers._wire import (
+from pipeline.wire._common import (
     cache_counted_apart,
     malformed,
     parse_arguments,

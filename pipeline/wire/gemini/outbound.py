@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, provider_error
-from pipeline.providers._wire import (
+from pipeline.wire._common import (
     error_from_payload,
     int_or_none,
     malformed,

@@ -24,7 +24,7 @@ from pipeline.errors import (
     TransientProviderError,
     UnknownProviderError,
 )
-from pipeline.gateway._json import MAX_JSON_DEPTH, json_body, too_deep
+from pipeline._json import MAX_JSON_DEPTH, json_body, too_deep
 from pipeline.gateway.wire import (
     ChunkEncoder,
     WireError,

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
 from pipeline.errors import MalformedSSE, ProviderError
-from pipeline.providers._wire import error_from_payload, malformed
+from pipeline.wire._common import error_from_payload, malformed
 
 __all__ = [
     "MAX_EVENT",

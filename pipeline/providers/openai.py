@@ -31,7 +31,7 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
-from pipeline.providers._chat_completions import (
+from pipeline.wire.chat_completions.outbound import (
     MAX_TOKENS_FIELDS,
     StreamAssembler,
     build_request,

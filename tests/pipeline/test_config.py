@@ -714,7 +714,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OpenAIEmbeddingGenerator,
         OpenAIResponsesChatClient,
     )
-    from pipeline.providers._chat_completions import MAX_TOKENS_FIELDS
+    from pipeline.wire.chat_completions.outbound import MAX_TOKENS_FIELDS
     from pipeline.providers._settings import (
         AnthropicSettings,
         AzureOpenAISettings,

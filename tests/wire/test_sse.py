@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import MalformedSSE, ProviderError
-from pipeline.providers._chat_completions import StreamAssembler
+from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEDecoder
 from pipeline.types import ChatResponseUpdate
 

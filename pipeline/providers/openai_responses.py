@@ -30,7 +30,7 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import StreamReader
-from pipeline.providers._responses import (
+from pipeline.wire.responses.outbound import (
     END_EVENTS,
     ResponsesStreamReader,
     build_request,

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import ProviderError, RequestRefusedError
-from pipeline.providers._chat_completions import chat_response_format, data_url
+from pipeline.wire.chat_completions.outbound import chat_response_format, data_url
 from pipeline.wire._common import (
     error_from_payload,
     int_or_none,

@@ -71,7 +71,7 @@ from pipeline.gateway.wire import (
     request_object,
     unsupported_parameter,
 )
-from pipeline.providers._messages import STOP_REASONS, message_blocks
+from pipeline.wire.messages.outbound import STOP_REASONS, message_blocks
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
     UNTRANSLATED,

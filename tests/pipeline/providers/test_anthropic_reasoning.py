@@ -21,7 +21,7 @@ from pipeline import (
 )
 from pipeline.errors import RequestInvalidError
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
-from pipeline.providers._messages import (
+from pipeline.wire.messages.outbound import (
     MessagesStreamReader,
     build_request,
     parse_response,

@@ -59,7 +59,7 @@ from typing import Any
 
 from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
 from pipeline.gateway._shared import SSE_HEADERS, GatewayState, StreamEncoder
-from pipeline.gateway.wire import (
+from pipeline.wire.chat_completions.inbound import (
     ChatRequest,
     WireError,
     _dumps,

@@ -8,7 +8,7 @@ The wire itself (parsing a body, writing answers, chunks and errors) is
 from __future__ import annotations
 
 from pipeline.gateway._shared import SSE_HEADERS, StreamEncoder
-from pipeline.gateway.wire import (
+from pipeline.wire.chat_completions.inbound import (
     ChatRequest,
     ChunkEncoder,
     WireError,

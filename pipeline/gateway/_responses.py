@@ -52,7 +52,7 @@ from typing import Any
 
 from pipeline._json import json_body
 from pipeline.gateway._shared import SSE_HEADERS
-from pipeline.gateway.wire import (
+from pipeline.wire.chat_completions.inbound import (
     ChatRequest,
     WireError,
     _dumps,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from pipeline.client import ChatClient
 from pipeline.gateway.settings import GatewaySettings
-from pipeline.gateway.wire import ChatRequest, WireError
+from pipeline.wire.chat_completions.inbound import ChatRequest, WireError
 from pipeline.types import ChatResponse, ChatResponseUpdate
 
 __all__ = [

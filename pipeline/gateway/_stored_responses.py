@@ -33,7 +33,7 @@ from pipeline.errors import RedisUnavailable as _Unavailable
 from pipeline.gateway._exchange import EXCHANGE, JSON, Exchange, Receive, Scope, Send
 from pipeline.gateway._responses import ENCRYPTED_REASONING, ResponsesRequest, resume
 from pipeline.gateway.response_store import MemoryResponseStore, ResponseStore
-from pipeline.gateway.wire import ChatRequest, WireError, _dumps
+from pipeline.wire.chat_completions.inbound import ChatRequest, WireError, _dumps
 
 __all__ = ["NoStoredResponses", "StoredResponseEndpoint", "StoredResponses"]
 

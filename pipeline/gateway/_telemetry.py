@@ -68,7 +68,7 @@ from pipeline.gateway._exchange import (
     Send,
     loggable,
 )
-from pipeline.gateway.wire import WireError
+from pipeline.wire.chat_completions.inbound import WireError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

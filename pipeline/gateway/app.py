@@ -98,7 +98,7 @@ from pipeline.gateway.response_store import (
     ResponseStore,
 )
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
-from pipeline.gateway.wire import now
+from pipeline.wire.chat_completions.inbound import now
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

@@ -31,7 +31,7 @@ from urllib.parse import parse_qsl
 from pipeline import _redis
 from pipeline.errors import RedisUnavailable as _Unavailable
 from pipeline.gateway._exchange import EXCHANGE, JSON, Exchange, Receive, Scope, Send
-from pipeline.gateway._responses import ENCRYPTED_REASONING, ResponsesRequest, resume
+from pipeline.wire.responses.inbound import ENCRYPTED_REASONING, ResponsesRequest, resume
 from pipeline.gateway.response_store import MemoryResponseStore, ResponseStore
 from pipeline.wire.chat_completions.inbound import ChatRequest, WireError, _dumps
 

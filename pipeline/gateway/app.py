@@ -82,7 +82,7 @@ from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
 from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
-from pipeline.gateway._responses import RESPONSES
+from pipeline.wire.responses.inbound import RESPONSES
 from pipeline.gateway._stored_responses import (
     PATH as STORED_RESPONSES_PATH,
 )

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from pipeline.gateway._anthropic_messages import parse_count_tokens_request, parse_messages_request
-from pipeline.gateway._responses import parse_responses
+from pipeline.wire.responses.inbound import parse_responses
 from pipeline.gateway.wire import ChatRequest, WireError, parse_request
 from pipeline.testing import FakeOpenAIServer
 from tests.pipeline.gateway.conftest import config, running

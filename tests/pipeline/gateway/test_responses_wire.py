@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import WireError
-from pipeline.gateway._responses import ResponsesEncoder, completion, parse_responses
+from pipeline.wire.responses.inbound import ResponsesEncoder, completion, parse_responses
 from pipeline.types import (
     ChatMessage,
     ChatResponse,

@@ -62,7 +62,7 @@ from starlette.routing import Route, request_response
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway._admin import KeysAdmin
-from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
+from pipeline.wire.messages.inbound import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from opentelemetry.trace import SpanKind
 
-from pipeline.gateway._anthropic_messages import (
+from pipeline.wire.messages.inbound import (
     MessageEventEncoder,
     parse_messages_request,
     stop_reason,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.gateway._anthropic_messages import parse_count_tokens_request, parse_messages_request
+from pipeline.wire.messages.inbound import parse_count_tokens_request, parse_messages_request
 from pipeline.wire.responses.inbound import parse_responses
 from pipeline.gateway.wire import ChatRequest, WireError, parse_request
 from pipeline.testing import FakeOpenAIServer

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pipeline.errors import KeyNotFoundError
-from pipeline.wire.chat_completions.inbound import error_body
+from pipeline.gateway.wire import error_body
 from pipeline.keys._cli import key_fields
 
 if TYPE_CHECKING:

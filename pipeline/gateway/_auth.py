@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.gateway._exchange import EXCHANGE, JSON, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway._shared import NO_KEY
-from pipeline.wire.chat_completions.inbound import WireError
+from pipeline.gateway.wire import WireError
 
 if TYPE_CHECKING:
     from pipeline.keys import KeyRing

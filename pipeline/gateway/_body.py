@@ -29,7 +29,7 @@ from pipeline.gateway._exchange import (
     Send,
 )
 from pipeline.gateway._shared import READ_TIMED_OUT
-from pipeline.wire.chat_completions.inbound import WireError
+from pipeline.gateway.wire import WireError
 
 __all__ = ["READ_TIMED_OUT", "BodyMiddleware"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import quote
 
-from pipeline.wire.chat_completions.inbound import ChatRequest, WireError
+from pipeline.gateway.wire import ChatRequest, WireError
 
 __all__ = ["BUILTIN_TOOLS_HEADER", "BuiltinToolPolicy", "apply", "header_value"]
 

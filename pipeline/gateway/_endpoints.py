@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from pipeline.errors import ConfigError
 from pipeline.gateway._admin import admitted
-from pipeline.wire.chat_completions.inbound import WireError, error_body
+from pipeline.gateway.wire import WireError, error_body
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader

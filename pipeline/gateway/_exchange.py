@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from pipeline._scope import AttemptLog, RouteReport
-from pipeline.wire.chat_completions.inbound import NOT_RETRYABLE, ChatRequest, WireError
+from pipeline.gateway.wire import NOT_RETRYABLE, ChatRequest, WireError
 
 if TYPE_CHECKING:
     from pipeline.gateway._shared import InboundFormat

@@ -35,7 +35,7 @@ from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
 from pipeline.errors import BudgetExceededError, BudgetUnavailableError, RateLimitExceededError
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
-from pipeline.wire.chat_completions.inbound import WireError
+from pipeline.gateway.wire import WireError
 from pipeline.keys._model import model_allowed
 from pipeline.pricing import (
     Price,

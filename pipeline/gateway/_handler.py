@@ -39,7 +39,7 @@ from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send,
 from pipeline.gateway._shared import GatewayState as Gateway
 from pipeline.gateway._shared import InboundFormat, StreamEncoder
 from pipeline.gateway._shared import ServedTarget as Target
-from pipeline.wire.chat_completions.inbound import ChatRequest, WireError, error_for, now
+from pipeline.gateway.wire import ChatRequest, WireError, error_for, now
 from pipeline.spend import Attribution
 from pipeline.types import ANTHROPIC_EXTRAS, CacheMode, ChatMessage
 

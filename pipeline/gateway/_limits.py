@@ -13,7 +13,7 @@ complete request could use.
 from __future__ import annotations
 
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
-from pipeline.wire.chat_completions.inbound import WireError
+from pipeline.gateway.wire import WireError
 
 __all__ = ["LimitsMiddleware", "Slots"]
 

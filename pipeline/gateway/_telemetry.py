@@ -68,7 +68,7 @@ from pipeline.gateway._exchange import (
     Send,
     loggable,
 )
-from pipeline.wire.chat_completions.inbound import WireError
+from pipeline.gateway.wire import WireError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

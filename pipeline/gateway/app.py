@@ -62,7 +62,7 @@ from starlette.routing import Route, request_response
 from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway._admin import KeysAdmin
-from pipeline.wire.messages.inbound import COUNT_TOKENS, MESSAGES, CountTokensHandler
+from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
 from pipeline.gateway._auth import AuthMiddleware
 from pipeline.gateway._body import BodyMiddleware
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
@@ -82,7 +82,7 @@ from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
 from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
 from pipeline.gateway._limits import LimitsMiddleware, Slots
-from pipeline.wire.responses.inbound import RESPONSES
+from pipeline.gateway._responses import RESPONSES
 from pipeline.gateway._stored_responses import (
     PATH as STORED_RESPONSES_PATH,
 )
@@ -98,7 +98,7 @@ from pipeline.gateway.response_store import (
     ResponseStore,
 )
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
-from pipeline.wire.chat_completions.inbound import now
+from pipeline.gateway.wire import now
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

@@ -25,8 +25,8 @@ from opentelemetry.propagate import inject
 from opentelemetry.trace import get_current_span
 
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
-from pipeline.wire.sse import scan_json
 from pipeline.wire import error_from_payload, malformed
+from pipeline.wire.sse import scan_json
 
 __all__ = [
     "DEFAULT_LIMITS",

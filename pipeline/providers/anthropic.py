@@ -34,8 +34,8 @@ import httpx2
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.wire.messages.outbound import MessagesStreamReader, build_request, parse_response
 from pipeline.types import ANTHROPIC_EXTRAS, ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.wire.messages.outbound import MessagesStreamReader, build_request, parse_response
 
 if TYPE_CHECKING:
     import aiohttp

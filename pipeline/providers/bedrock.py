@@ -55,8 +55,6 @@ from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provi
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._http import endpoint as endpoint_of
-from pipeline.wire.sse import Payloads, scan_json
-from pipeline.wire import malformed
 from pipeline.types import (
     BEDROCK_EXTRAS,
     ChatOptions,
@@ -64,6 +62,7 @@ from pipeline.types import (
     Messages,
     as_messages,
 )
+from pipeline.wire import malformed
 from pipeline.wire.bedrock.outbound import (
     ConverseStreamReader,
     build_request,
@@ -71,6 +70,7 @@ from pipeline.wire.bedrock.outbound import (
     parse_response,
 )
 from pipeline.wire.bedrock.vocab import STREAM_END, STREAM_EXCEPTION_MEMBERS
+from pipeline.wire.sse import Payloads, scan_json
 from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:

@@ -31,14 +31,14 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
+from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 from pipeline.wire.chat_completions.outbound import (
     MAX_TOKENS_FIELDS,
     StreamAssembler,
     build_request,
     parse_response,
 )
-from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:

@@ -30,12 +30,6 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import StreamReader
-from pipeline.wire.responses.outbound import (
-    END_EVENTS,
-    ResponsesStreamReader,
-    build_request,
-    parse_response,
-)
 from pipeline.providers.openai import OpenAIAPIClient
 from pipeline.types import (
     OPENAI_RESPONSES_EXTRAS,
@@ -43,6 +37,12 @@ from pipeline.types import (
     ChatResponse,
     Messages,
     as_messages,
+)
+from pipeline.wire.responses.outbound import (
+    END_EVENTS,
+    ResponsesStreamReader,
+    build_request,
+    parse_response,
 )
 
 __all__ = ["OpenAIResponsesChatClient"]

@@ -6,6 +6,28 @@ share of the private `_common`: the wire error, the malformed-answer error, fiel
 
 from __future__ import annotations
 
-from pipeline.wire._common import error_from_payload, malformed
+from pipeline.wire._common import (
+    ChatRequest,
+    WireError,
+    caller_of,
+    dumps,
+    enum_value,
+    error_from_payload,
+    malformed,
+    request_object,
+    unsupported_parameter,
+    user_of,
+)
 
-__all__ = ["error_from_payload", "malformed"]
+__all__ = [
+    "ChatRequest",
+    "WireError",
+    "caller_of",
+    "dumps",
+    "enum_value",
+    "error_from_payload",
+    "malformed",
+    "request_object",
+    "unsupported_parameter",
+    "user_of",
+]

@@ -714,7 +714,6 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OpenAIEmbeddingGenerator,
         OpenAIResponsesChatClient,
     )
-    from pipeline.wire.chat_completions.outbound import MAX_TOKENS_FIELDS
     from pipeline.providers._settings import (
         AnthropicSettings,
         AzureOpenAISettings,
@@ -731,6 +730,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         VertexSettings,
     )
     from pipeline.testing import ScriptedChatClient
+    from pipeline.wire.chat_completions.outbound import MAX_TOKENS_FIELDS
 
     def field(settings: type[Any], name: str) -> Any:
         return settings.model_fields[name].default

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import MalformedSSE, ProviderError
+from pipeline.types import ChatResponseUpdate
 from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEDecoder
-from pipeline.types import ChatResponseUpdate
 
 
 def test_decoder_joins_data_lines_and_skips_comments() -> None:

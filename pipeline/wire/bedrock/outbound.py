@@ -24,13 +24,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
-from pipeline.wire._common import (
-    cache_counted_apart,
-    malformed,
-    parse_arguments,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     ChatMessage,
@@ -52,6 +45,13 @@ from pipeline.types import (
     as_tool_choice,
     checked_text,
     unknown_content,
+)
+from pipeline.wire._common import (
+    cache_counted_apart,
+    malformed,
+    parse_arguments,
+    str_or_none,
+    tool_result_text,
 )
 from pipeline.wire.bedrock.vocab import (
     ANTHROPIC_EFFORT,

@@ -28,13 +28,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, provider_error
-from pipeline.wire._common import (
-    error_from_payload,
-    int_or_none,
-    malformed,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     GEMINI_EXTRAS,
@@ -56,6 +49,13 @@ from pipeline.types import (
     as_tool_choice,
     checked_text,
     unknown_content,
+)
+from pipeline.wire._common import (
+    error_from_payload,
+    int_or_none,
+    malformed,
+    str_or_none,
+    tool_result_text,
 )
 from pipeline.wire.gemini.vocab import (
     API,

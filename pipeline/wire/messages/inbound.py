@@ -1,55 +1,7 @@
-"""The Anthropic Messages format: ``POST /v1/messages``.
-
-The reverse of `pipeline.providers._messages` (which sends Messages requests and reads
-their answers), on the same tables (tool choices, stop reasons, content blocks):
-
-* `parse_messages_request` turns a body into messages, `ChatOptions` and the stream flag,
-  or raises `WireError` (a 4xx, answered in Anthropic's error body) naming the field that
-  is wrong, never quoting its value. Honoured: ``system`` (a string or text blocks),
-  ``messages`` with ``text`` / ``tool_use`` / ``tool_result`` / ``thinking`` /
-  ``redacted_thinking`` blocks and ``system`` turns in the middle (Claude Code sends them:
-  a system message where it stands, which each route places as its format allows),
-  ``tools`` (name, description, input_schema; their other fields, ``cache_control``,
-  ``defer_loading``..., go to Anthropic routes on the tool), ``tool_choice`` (auto, any,
-  tool, none), ``max_tokens`` (required, as Anthropic requires it), ``temperature``,
-  ``top_p``, ``top_k``, ``stop_sequences``, ``stream``, ``thinking`` (``enabled`` with a
-  budget, ``adaptive``, ``disabled``: `ReasoningOptions`), ``output_config`` (``effort``:
-  `ReasoningOptions.effort`, ``max`` as ``xhigh``; ``format``, a JSON schema:
-  `response_format`). Passed on as given to Anthropic routes only (`ANTHROPIC_EXTRAS`,
-  dropped by the others): ``thinking`` and ``output_config`` themselves (their
-  details, ``display``...), ``context_management`` (a clear-thinking edit is left out where
-  there is no thinking to clear), ``metadata``, ``service_tier``, top-level
-  ``cache_control``, ``speed``, and the ``anthropic-beta`` header's values. A block's
-  ``cache_control`` ends a message there (`ChatMessage.additional_properties`), so an
-  Anthropic route puts the breakpoint back on that block. ``diagnostics`` and the like are
-  dropped. What would change the answer's meaning and is not served here (images and
-  documents, Anthropic-defined client tools, MCP servers, containers, ``inference_geo``) is
-  a 400 naming it. Server tools (``web_search_...``, ``web_fetch_...``,
-  ``code_execution_...``) are built-in tools: left out or refused as ``[gateway]
-  builtin_tools`` says (`pipeline.gateway._builtin_tools`);
-* `MessagesFormat.completion` is a ``message`` object; `MessageEventEncoder` writes the
-  stream's events (``message_start``, ``ping``, ``content_block_start`` /
-  ``content_block_delta`` (``text_delta``, ``input_json_delta``, ``thinking_delta``,
-  ``signature_delta``) / ``content_block_stop`` per block, ``message_delta`` with the stop
-  reason and the final usage (``input_tokens`` without the prompt cache's, and
-  ``cache_creation_input_tokens`` / ``cache_read_input_tokens``), ``message_stop``), and
-  ``event: error`` for a failure after output. Reasoning goes out as ``thinking`` blocks
-  with its signature when Anthropic made it (else with an empty one: no Anthropic route
-  would take another API's);
-* ``POST /v1/messages/count_tokens`` (`CountTokensFormat`, `CountTokensHandler`) answers
-  an estimate (`estimate_tokens`);
-* errors keep the gateway's status, in Anthropic's body and error types
-  (``invalid_request_error``, ``authentication_error``, ``rate_limit_error``,
-  ``overloaded_error``, ``api_error`` ...): when every route failed and nothing says when
-  one may serve again, ``api_error`` (which Claude Code does not retry) with
-  ``x-should-retry: false``; ``overloaded_error`` with ``retry-after`` when something
-  does.
-
-The model served is the answer's ``model``; the answer's ``id`` is the gateway's own
-(``msg_...``), since failover may change upstreams. Client tools are declared to the model
-(every provider writes them in its own format) and the model's calls come back as
-``tool_use`` blocks: the gateway runs no tools itself.
-"""
+"""Anthropic's Messages API as the gateway serves it: `parse_messages_request` turns a body
+into a `ChatRequest` (or a `WireError` naming the field, answered in this API's error body,
+`error_body`), `completion` writes a whole answer and `MessageEventEncoder` a streamed one.
+What is honoured, passed on to Anthropic routes, refused and written: docs/concepts/wire.md."""
 
 from __future__ import annotations
 
@@ -57,21 +9,6 @@ import os
 import re
 from typing import Any
 
-from pipeline.gateway._exchange import EXCHANGE, Exchange, Receive, Scope, Send
-from pipeline.gateway._shared import SSE_HEADERS, GatewayState, StreamEncoder
-from pipeline.wire.chat_completions.inbound import (
-    ChatRequest,
-    WireError,
-    _dumps,
-    _integer,
-    _invalid,
-    _number,
-    caller_of,
-    enum_value,
-    request_object,
-    unsupported_parameter,
-)
-from pipeline.wire.messages.outbound import STOP_REASONS, message_blocks
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
     UNTRANSLATED,
@@ -92,18 +29,37 @@ from pipeline.types import (
     ToolChoice,
     UsageDetails,
 )
-from pipeline.wire.messages.vocab import API, TOOL_CHOICES
+from pipeline.wire import sse
+from pipeline.wire._common import (
+    ChatRequest,
+    WireError,
+    caller_of,
+    dumps,
+    enum_value,
+    integer,
+    invalid,
+    number,
+    put,
+    request_object,
+    unsupported_parameter,
+)
+from pipeline.wire.messages.outbound import message_blocks
+from pipeline.wire.messages.vocab import (
+    API,
+    EFFORT_OF,
+    KEPT_STOP_REASONS,
+    STOP_REASONS,
+    TOOL_CHOICES,
+    USAGE_FIELDS,
+)
 
 __all__ = [
-    "COUNT_TOKENS",
-    "MESSAGES",
-    "CountTokensFormat",
-    "CountTokensHandler",
-    "estimate_tokens",
     "MessageEventEncoder",
-    "MessagesFormat",
     "anthropic_error_type",
+    "completion",
+    "error_body",
     "new_message_id",
+    "parse_count_tokens_request",
     "parse_messages_request",
     "stop_reason",
 ]
@@ -140,10 +96,6 @@ _SERVER_FEATURES = {
     "container": "code execution containers are not supported by this gateway",
     "inference_geo": "choosing where inference runs is not supported by this gateway",
 }
-# Anthropic's efforts as `ReasoningOptions.effort` (``max`` is OpenAI's ``xhigh``). Another
-# value (Anthropic's enum is open) goes to Anthropic routes as given and has no effort here:
-# it is `UNTRANSLATED`, which routes of other APIs refuse.
-_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh", "xhigh": "xhigh"}
 # Tool fields besides the definition: passed to Anthropic routes on the tool.
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -158,15 +110,15 @@ _UNSUPPORTED_BLOCKS = {
 
 
 def _unsupported(param: str, what: str) -> WireError:
-    return _invalid(param, what, "unsupported_value")
+    return invalid(param, what, "unsupported_value")
 
 
 def _block_type(block: Any, where: str) -> str:
     if not isinstance(block, dict):
-        raise _invalid(where, "expected a content block object")
+        raise invalid(where, "expected a content block object")
     kind = block.get("type")
     if not isinstance(kind, str):
-        raise _invalid(f"{where}.type", "expected a content block type")
+        raise invalid(f"{where}.type", "expected a content block type")
     if kind in _UNSUPPORTED_BLOCKS:
         raise _unsupported(f"{where}.type", _UNSUPPORTED_BLOCKS[kind])
     return kind
@@ -175,7 +127,7 @@ def _block_type(block: Any, where: str) -> str:
 def _text(block: dict[str, Any], where: str) -> str:
     text = block.get("text")
     if not isinstance(text, str):
-        raise _invalid(f"{where}.text", "expected a string")
+        raise invalid(f"{where}.text", "expected a string")
     return text
 
 
@@ -186,7 +138,7 @@ def _texts(value: Any, param: str) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, list):
-        raise _invalid(param, "expected a string or a list of text blocks")
+        raise invalid(param, "expected a string or a list of text blocks")
     texts = []
     for index, block in enumerate(value):
         where = f"{param}[{index}]"
@@ -202,7 +154,7 @@ def _breakpoint(block: dict[str, Any], where: str) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-        raise _invalid(f"{where}.cache_control", "expected an object with a type")
+        raise invalid(f"{where}.cache_control", "expected an object with a type")
     return value
 
 
@@ -232,7 +184,7 @@ def _system_turn(value: Any, param: str) -> list[ChatMessage]:
     if isinstance(value, str):
         return [ChatMessage(ChatRole.SYSTEM, value)] if value else []
     if not isinstance(value, list):
-        raise _invalid(param, "expected a string or a list of text blocks")
+        raise invalid(param, "expected a string or a list of text blocks")
     contents: list[tuple[Content, dict[str, Any] | None]] = []
     for index, block in enumerate(value):
         where = f"{param}[{index}]"
@@ -256,10 +208,10 @@ def _system(value: Any) -> list[ChatMessage]:
 def _tool_result(block: dict[str, Any], where: str) -> FunctionResultContent:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
-        raise _invalid(f"{where}.tool_use_id", "expected a non-empty string")
+        raise invalid(f"{where}.tool_use_id", "expected a non-empty string")
     text = "".join(_texts(block.get("content"), f"{where}.content"))
     if not isinstance(block.get("is_error", False), bool):
-        raise _invalid(f"{where}.is_error", "expected true or false")
+        raise invalid(f"{where}.is_error", "expected true or false")
     # An error result is its text: the model reads what went wrong from it.
     return FunctionResultContent(call_id, result=text)
 
@@ -267,13 +219,13 @@ def _tool_result(block: dict[str, Any], where: str) -> FunctionResultContent:
 def _tool_use(block: dict[str, Any], where: str) -> FunctionCallContent:
     name = block.get("name")
     if not isinstance(name, str) or not name:
-        raise _invalid(f"{where}.name", "expected a non-empty string")
+        raise invalid(f"{where}.name", "expected a non-empty string")
     arguments = block.get("input", {})
     if not isinstance(arguments, dict):
-        raise _invalid(f"{where}.input", "expected an object")
+        raise invalid(f"{where}.input", "expected an object")
     call_id = block.get("id")
     if not isinstance(call_id, str) or not call_id:
-        raise _invalid(f"{where}.id", "expected a non-empty string")
+        raise invalid(f"{where}.id", "expected a non-empty string")
     return FunctionCallContent(call_id=call_id, name=name, arguments=arguments)
 
 
@@ -283,14 +235,14 @@ def _reasoning(block: dict[str, Any], where: str) -> ReasoningContent:
     if block["type"] == "redacted_thinking":
         data = block.get("data")
         if not isinstance(data, str) or not data:
-            raise _invalid(f"{where}.data", "expected a non-empty string")
+            raise invalid(f"{where}.data", "expected a non-empty string")
         return ReasoningContent(protected=data, redacted=True)
     thinking = block.get("thinking", "")
     if not isinstance(thinking, str):
-        raise _invalid(f"{where}.thinking", "expected a string")
+        raise invalid(f"{where}.thinking", "expected a string")
     signature = block.get("signature")
     if signature is not None and not isinstance(signature, str):
-        raise _invalid(f"{where}.signature", "expected a string")
+        raise invalid(f"{where}.signature", "expected a string")
     return ReasoningContent(thinking, protected=signature or None)
 
 
@@ -301,17 +253,17 @@ def _turn(raw: Any, index: int) -> list[ChatMessage]:
     places it as its format allows."""
     param = f"messages[{index}]"
     if not isinstance(raw, dict):
-        raise _invalid(param, "expected a message object")
+        raise invalid(param, "expected a message object")
     role = raw.get("role")
     if role not in ("user", "assistant", "system"):
-        raise _invalid(f"{param}.role", "expected user, assistant or system")
+        raise invalid(f"{param}.role", "expected user, assistant or system")
     content = raw.get("content")
     if role == "system":
         return _system_turn(content, f"{param}.content")
     if isinstance(content, str):
         return [ChatMessage(ChatRole.USER if role == "user" else ChatRole.ASSISTANT, content)]
     if not isinstance(content, list):
-        raise _invalid(f"{param}.content", "expected a string or a list of content blocks")
+        raise invalid(f"{param}.content", "expected a string or a list of content blocks")
     contents: list[tuple[Content, dict[str, Any] | None]] = []
     turn: list[ChatMessage] = []
     for position, block in enumerate(content):
@@ -355,19 +307,19 @@ def _tools(value: Any, builtin: list[str]) -> tuple[list[ChatTool], frozenset[st
     it offered: those are noted in ``builtin`` (their types) and left out, for the gateway's
     built-in tools policy (`pipeline.gateway._builtin_tools`)."""
     if not isinstance(value, list):
-        raise _invalid("tools", "expected a list of tools")
+        raise invalid("tools", "expected a list of tools")
     tools: list[ChatTool] = []
     names: set[str] = set()
     server: set[str] = set()
     for index, tool in enumerate(value):
         where = f"tools[{index}]"
         if not isinstance(tool, dict):
-            raise _invalid(where, "expected a tool object")
+            raise invalid(where, "expected a tool object")
         kind = tool.get("type") or "custom"
         # A type is a token (``web_search_20250305``): it reaches a response header and the
         # log line when the tool is a built-in one, so nothing else is taken.
         if not isinstance(kind, str) or not _TOOL_TYPE.fullmatch(kind):
-            raise _invalid(f"{where}.type", "expected a tool type")
+            raise invalid(f"{where}.type", "expected a tool type")
         if kind != "custom":
             if kind.startswith(_SERVER_TOOL_PREFIXES):
                 builtin.append(kind)
@@ -381,13 +333,13 @@ def _tools(value: Any, builtin: list[str]) -> tuple[list[ChatTool], frozenset[st
             )
         name = tool.get("name")
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise _invalid(f"{where}.name", "expected 1-64 letters, digits, underscores or dashes")
+            raise invalid(f"{where}.name", "expected 1-64 letters, digits, underscores or dashes")
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
-            raise _invalid(f"{where}.description", "expected a string")
+            raise invalid(f"{where}.description", "expected a string")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
-            raise _invalid(f"{where}.input_schema", "expected a JSON schema object")
+            raise invalid(f"{where}.input_schema", "expected a JSON schema object")
         # A tool definition: every provider writes it in its own format; its other Messages
         # fields (``cache_control``, ``defer_loading``, ``strict``...) go to Anthropic routes.
         extra = {key: value for key, value in tool.items() if key not in _TOOL_FIELDS}
@@ -401,7 +353,7 @@ def _tool_mode(
 ) -> ToolChoice:
     kind = value.get("type") if isinstance(value, dict) else None
     if not isinstance(kind, str) or (kind not in TOOL_CHOICES and kind != "tool"):
-        raise _invalid("tool_choice.type", "expected auto, any, tool or none")
+        raise invalid("tool_choice.type", "expected auto, any, tool or none")
     if value.get("disable_parallel_tool_use") is True:
         raise _unsupported(
             "tool_choice.disable_parallel_tool_use",
@@ -413,7 +365,7 @@ def _tool_mode(
     if isinstance(name, str) and name in server and name not in names:
         return ToolChoice.AUTO  # the server tool it named is left out: the model may answer
     if not isinstance(name, str) or name not in names:
-        raise _invalid("tool_choice.name", "expected the name of a tool in tools")
+        raise invalid("tool_choice.name", "expected the name of a tool in tools")
     return ToolChoice.named(name)  # the one tool the model must call
 
 
@@ -422,16 +374,16 @@ def _thinking(value: Any, effort: str | None) -> ReasoningOptions | None:
     model decides, at the request's effort), ``disabled`` (a budget of 0); None for a type
     the gateway does not know (it goes to Anthropic routes as given)."""
     if not isinstance(value, dict):
-        raise _invalid("thinking", "expected an object")
+        raise invalid("thinking", "expected an object")
     kind = value.get("type")
     if not isinstance(kind, str):
-        raise _invalid("thinking.type", "expected a string: enabled, adaptive or disabled")
+        raise invalid("thinking.type", "expected a string: enabled, adaptive or disabled")
     if kind == "enabled":
         budget = value.get("budget_tokens")
         if budget is None:
-            raise _invalid("thinking.budget_tokens", "Field required", "missing_required")
+            raise invalid("thinking.budget_tokens", "Field required", "missing_required")
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-            raise _invalid("thinking.budget_tokens", "expected a positive integer")
+            raise invalid("thinking.budget_tokens", "expected a positive integer")
         return ReasoningOptions(effort=effort, budget_tokens=budget)
     if kind == "adaptive":
         return ReasoningOptions(effort=effort)
@@ -444,15 +396,15 @@ def _output_config(value: Any, options: ChatOptions) -> str | None:
     """``output_config``: its ``effort`` (returned, as a `ReasoningOptions` effort) and its
     ``format`` (a JSON schema: `response_format`)."""
     if not isinstance(value, dict):
-        raise _invalid("output_config", "expected an object")
+        raise invalid("output_config", "expected an object")
     effort = enum_value(value.get("effort"), "output_config.effort")
     output_format = value.get("format")
     if output_format is not None:
         if not isinstance(output_format, dict):
-            raise _invalid("output_config.format", "expected a json_schema format object")
+            raise invalid("output_config.format", "expected a json_schema format object")
         schema = output_format.get("schema")
         if output_format.get("type") != "json_schema" or not isinstance(schema, dict):
-            raise _invalid("output_config.format", "expected a json_schema format with a schema")
+            raise invalid("output_config.format", "expected a json_schema format with a schema")
         options.response_format = {
             "type": "json_schema",
             "json_schema": {"name": "output", "schema": schema},
@@ -465,7 +417,7 @@ def _context_management(value: Any) -> None:
     if not isinstance(edits, list) or not all(
         isinstance(edit, dict) and isinstance(edit.get("type"), str) for edit in edits
     ):
-        raise _invalid("context_management.edits", "expected a list of edits with a type")
+        raise invalid("context_management.edits", "expected a list of edits with a type")
 
 
 def parse_messages_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
@@ -478,23 +430,23 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
             raise unsupported_parameter(key)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise _invalid("model", "Field required (a model name from /v1/models)", "missing_required")
+        raise invalid("model", "Field required (a model name from /v1/models)", "missing_required")
     # Anthropic requires a limit on every request, and so does the format here.
-    max_tokens = _integer(payload, "max_tokens", 1)
+    max_tokens = integer(payload, "max_tokens", 1)
     if max_tokens is None:
-        raise _invalid("max_tokens", "Field required", "missing_required")
+        raise invalid("max_tokens", "Field required", "missing_required")
     raw_messages = payload.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
-        raise _invalid("messages", "expected a non-empty list of messages", "missing_required")
+        raise invalid("messages", "expected a non-empty list of messages", "missing_required")
     messages = _system(payload.get("system"))
     for index, raw in enumerate(raw_messages):
         messages += _turn(raw, index)
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _invalid("stream", "expected true or false")
+        raise invalid("stream", "expected true or false")
     options = ChatOptions(
-        temperature=_number(payload, "temperature", 0.0, 1.0),
-        top_p=_number(payload, "top_p", 0.0, 1.0),
+        temperature=number(payload, "temperature", 0.0, 1.0),
+        top_p=number(payload, "top_p", 0.0, 1.0),
         max_output_tokens=max_tokens,
         session_id=session_id,
     )
@@ -512,7 +464,9 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
     if payload.get("output_config") is not None:
         own_effort = _output_config(payload["output_config"], options)
         scoped["output_config"] = payload["output_config"]
-    effort = _EFFORTS.get(own_effort) if own_effort is not None else None
+    # An effort this API has that the gateway has no word for (the enum is open) goes to
+    # Anthropic routes as given and is `UNTRANSLATED`, which routes of other APIs refuse.
+    effort = EFFORT_OF.get(own_effort) if own_effort is not None else None
     if own_effort is not None and effort is None:
         untranslated["output_config.effort"] = own_effort
     thinking = payload.get("thinking")
@@ -527,13 +481,13 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         options.additional_properties[ANTHROPIC_EXTRAS] = scoped
     if untranslated:
         options.additional_properties[UNTRANSLATED] = {ANTHROPIC_EXTRAS: untranslated}
-    top_k = _integer(payload, "top_k", 0)
+    top_k = integer(payload, "top_k", 0)
     if top_k is not None:
         options.additional_properties["top_k"] = top_k
     stop = payload.get("stop_sequences")
     if stop is not None:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise _invalid("stop_sequences", "expected a list of non-empty strings")
+            raise invalid("stop_sequences", "expected a list of non-empty strings")
         options.stop = list(stop) or None
     names: frozenset[str] = frozenset()
     server: frozenset[str] = frozenset()
@@ -546,7 +500,7 @@ def parse_messages_request(body: bytes, *, session_id: str | None = None) -> Cha
         mode = _tool_mode(choice, names, server)
         # A choice among tools all left out (server tools) is moot; among none, an error.
         if not options.tools and mode != ToolChoice.NONE and not builtin:
-            raise _invalid("tool_choice", "needs tools")
+            raise invalid("tool_choice", "needs tools")
         if options.tools:
             options.tool_mode = mode
     metadata = payload.get("metadata")
@@ -575,15 +529,10 @@ def _tool_use_id() -> str:
     return "toolu_" + os.urandom(12).hex()
 
 
-# Stop reasons passed on as they are when a client reports them so (no `FinishReason`
-# keeps ``stop_sequence`` or ``pause_turn`` apart from ``end_turn``).
-_STOP_REASONS = frozenset({*STOP_REASONS.values(), "stop_sequence", "pause_turn"})
-
-
 def stop_reason(reason: str | None, called_tools: bool) -> str:
     """The Messages stop reason for a finish reason (`FinishReason.of`); without one,
     ``tool_use`` when the model called tools, else ``end_turn``."""
-    if reason is not None and reason in _STOP_REASONS:
+    if reason is not None and reason in KEPT_STOP_REASONS:
         return reason
     finish = FinishReason.of(reason)
     if finish is None:
@@ -593,22 +542,23 @@ def stop_reason(reason: str | None, called_tools: bool) -> str:
 
 def _usage(usage: UsageDetails | None) -> dict[str, int]:
     """Usage as this API counts it: ``input_tokens`` without the prompt-cache reads and
-    writes, which are told apart."""
-    if usage is None:
-        return {
-            "input_tokens": 0,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "output_tokens": 0,
-        }
+    writes, which are told apart (all 0 when the route said nothing)."""
+    usage = usage or _NO_USAGE
     read = usage.cache_read_tokens or 0
     written = usage.cache_write_tokens or 0
-    return {
+    counts = {
         "input_tokens": max(0, (usage.input_tokens or 0) - read - written),
-        "cache_creation_input_tokens": written,
-        "cache_read_input_tokens": read,
+        "cache_write_tokens": written,
+        "cache_read_tokens": read,
         "output_tokens": usage.output_tokens or 0,
     }
+    body: dict[str, int] = {}
+    for name, value in counts.items():  # in the API's order
+        put(body, USAGE_FIELDS[name], value)
+    return body
+
+
+_NO_USAGE = UsageDetails()
 
 
 def _thinking_block(content: ReasoningContent) -> dict[str, Any] | None:
@@ -651,7 +601,7 @@ def _content(response: ChatResponse) -> list[dict[str, Any]]:
 
 
 def _event(name: str, payload: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {_dumps(payload)}\n\n"
+    return sse.event(name, dumps(payload))
 
 
 _PING = _event("ping", {"type": "ping"})
@@ -747,7 +697,7 @@ class MessageEventEncoder:
                     "input": {},
                 }
                 out += self._open_block(block)
-                partial = _dumps(dict(content.arguments))
+                partial = dumps(dict(content.arguments))
                 out += self._delta({"type": "input_json_delta", "partial_json": partial})
                 out += self._close_block()
         return out
@@ -787,7 +737,7 @@ class MessageEventEncoder:
 
     @staticmethod
     def error(error: WireError) -> str:
-        return "event: error\ndata: " + MessagesFormat.error_body(error).decode() + "\n\n"
+        return sse.event("error", error_body(error).decode())
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -812,63 +762,33 @@ def anthropic_error_type(status: int) -> str:
     return _ERROR_TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
 
 
-# -- the format -------------------------------------------------------------------------------
+def error_body(error: WireError) -> bytes:
+    """``{"type": "error", "error": {"type", "message"}}``."""
+    kind = anthropic_error_type(error.status)
+    if error.should_retry is False and error.status >= 500:
+        # Claude Code retries ``overloaded_error`` for minutes, x-should-retry or not;
+        # ``api_error`` it gives up on at once.
+        kind = "api_error"
+    detail = {"type": kind, "message": error.message}
+    return dumps({"type": "error", "error": detail}).encode()
 
 
-class MessagesFormat:
-    """`InboundFormat` of the Anthropic Messages API."""
-
-    path = "/v1/messages"
-    x_api_key = True
-    stream_headers = SSE_HEADERS
-    request_id_header: bytes | None = b"request-id"
-
-    parse = staticmethod(parse_messages_request)
-    new_response_id = staticmethod(new_message_id)
-
-    @staticmethod
-    def error_body(error: WireError) -> bytes:
-        """``{"type": "error", "error": {"type", "message"}}``."""
-        kind = anthropic_error_type(error.status)
-        if error.should_retry is False and error.status >= 500:
-            # Claude Code retries ``overloaded_error`` for minutes, x-should-retry or not;
-            # ``api_error`` it gives up on at once.
-            kind = "api_error"
-        detail = {"type": kind, "message": error.message}
-        return _dumps({"type": "error", "error": detail}).encode()
-
-    def completion(
-        self, response: ChatResponse, request: ChatRequest, *, response_id: str, created: int
-    ) -> bytes:
-        content = _content(response)
-        called_tools = any(block["type"] == "tool_use" for block in content)
-        body = {
-            "id": response_id,
-            "type": "message",
-            "role": "assistant",
-            "model": response.model_id or request.model,
-            "content": content,
-            "stop_reason": stop_reason(response.finish_reason, called_tools),
-            "stop_sequence": None,
-            "usage": _usage(response.usage),
-        }
-        return _dumps(body).encode()
-
-    def encoder(
-        self, request: ChatRequest, *, model: str, response_id: str, created: int
-    ) -> StreamEncoder:
-        return MessageEventEncoder(model=model, response_id=response_id)
-
-
-MESSAGES = MessagesFormat()
-
-
-# -- count_tokens -----------------------------------------------------------------------------
-
-CHARS_PER_TOKEN = 4
-"""The estimate's ratio: about four characters of English text (or JSON) a token."""
-TOKENS_PER_MESSAGE = 4
-"""The estimate's overhead of each message (its role and framing)."""
+def completion(response: ChatResponse, *, model: str, response_id: str) -> bytes:
+    """The body of a non-streaming answer: a ``message`` (`model` when the route named
+    none)."""
+    content = _content(response)
+    called_tools = any(block["type"] == "tool_use" for block in content)
+    body = {
+        "id": response_id,
+        "type": "message",
+        "role": "assistant",
+        "model": response.model_id or model,
+        "content": content,
+        "stop_reason": stop_reason(response.finish_reason, called_tools),
+        "stop_sequence": None,
+        "usage": _usage(response.usage),
+    }
+    return dumps(body).encode()
 
 
 def parse_count_tokens_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
@@ -876,66 +796,4 @@ def parse_count_tokens_request(body: bytes, *, session_id: str | None = None) ->
     payload = request_object(body)
     payload.setdefault("max_tokens", 1)
     payload.pop("stream", None)
-    return parse_messages_request(_dumps(payload).encode(), session_id=session_id)
-
-
-def estimate_tokens(request: ChatRequest) -> int:
-    """The input tokens of a request, estimated (no model's tokenizer is at hand): its
-    characters (texts, reasoning, tool calls' arguments and results as JSON, the tools'
-    names, descriptions and schemas) over `CHARS_PER_TOKEN`, rounded up, plus
-    `TOKENS_PER_MESSAGE` per message."""
-    characters = 0
-    for message in request.messages:
-        characters += TOKENS_PER_MESSAGE * CHARS_PER_TOKEN
-        for content in message.contents:
-            if isinstance(content, TextContent | ReasoningContent):
-                characters += len(content.text)
-            elif isinstance(content, FunctionCallContent):
-                characters += len(content.name) + len(_dumps(dict(content.arguments)))
-            elif isinstance(content, FunctionResultContent):
-                result = content.result
-                characters += len(result if isinstance(result, str) else _dumps(result))
-    for tool in request.options.tools or ():
-        if isinstance(tool, FunctionTool):
-            characters += len(tool.name) + len(tool.description or "")
-            characters += len(_dumps(tool.parameters))
-    return -(-characters // CHARS_PER_TOKEN)
-
-
-class CountTokensFormat(MessagesFormat):
-    """``POST /v1/messages/count_tokens``: a Messages body in, ``{"input_tokens": n}``
-    out (`CountTokensHandler`), errors in Anthropic's shape."""
-
-    path = "/v1/messages/count_tokens"
-    parse = staticmethod(parse_count_tokens_request)
-
-
-COUNT_TOKENS = CountTokensFormat()
-
-
-class CountTokensHandler:
-    """Answers a ``count_tokens`` request with `estimate_tokens` (the model name must be
-    one the gateway serves, as for ``/v1/messages``); no model is called."""
-
-    __slots__ = ("gateway",)
-
-    def __init__(self, gateway: GatewayState) -> None:
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange: Exchange = scope[EXCHANGE]
-        request = exchange.request
-        if request is None:  # pragma: no cover - the body layer runs first
-            raise RuntimeError("the request's body was not read")
-        if self.gateway.target(request.model) is None:
-            error = WireError(
-                404,
-                "the model does not exist here; GET /v1/models lists the models",
-                param="model",
-                code="model_not_found",
-            )
-            exchange.failure = error
-            await exchange.error(error)
-            return
-        body = _dumps({"input_tokens": estimate_tokens(request)}).encode()
-        await exchange.whole(200, body)
+    return parse_messages_request(dumps(payload).encode(), session_id=session_id)

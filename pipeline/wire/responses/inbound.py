@@ -1,46 +1,7 @@
-"""The OpenAI Responses format: ``POST /v1/responses``, on the same pipeline as Chat
-Completions (see `pipeline.gateway._handler.InboundFormat`).
-
-What is mapped: ``input`` as a string (one user message) or a list of items (messages with
-``input_text``/``input_image``/``output_text`` parts, ``function_call`` and
-``function_call_output`` items, ``custom_tool_call`` and ``custom_tool_call_output`` items,
-``reasoning`` items with their ``encrypted_content``, ``additional_tools`` items),
-``instructions`` (a system message first), function and custom ``tools`` (a
-``namespace``'s tools flattened, see `_Names`) and ``tool_choice``, ``max_output_tokens``,
-``temperature``, ``top_p``, ``text.format`` (JSON modes) and ``text.verbosity``,
-``reasoning`` (``effort``, ``summary``; ``context`` is what sending the whole conversation
-does), ``include: ["reasoning.encrypted_content"]``, ``parallel_tool_calls``, ``stream``.
-``prompt_cache_key`` and ``prompt_cache_retention`` go to OpenAI Responses routes only
-(`OPENAI_RESPONSES_EXTRAS`: OpenAI's prompt cache). ``metadata``, ``user``,
-``service_tier``, ``safety_identifier``, ``client_metadata`` and ``stream_options``
-describe the caller or the transport and are accepted and not passed on;
-``truncation: "disabled"`` is what the gateway does anyway. Built-in tools
-(``web_search``, ``file_search``...) follow ``[gateway] builtin_tools``
-(`pipeline.gateway._builtin_tools`): left out by default, or refused. Stored responses
-(``store``, ``previous_response_id``, ``item_reference`` items) are read here and served by
-`pipeline.gateway._stored_responses`, which completes the conversation (`resume`) before
-the pipeline is called and keeps the answer (`ResponsesRequest.answer`) after.
-
-What is refused with a 400 naming the parameter, since answering without it would change
-what the request means: ``conversation``, ``background``, ``prompt`` templates,
-``max_tool_calls``, any other ``include``, ``truncation: "auto"``, ``top_logprobs``, files
-and file ids, and any parameter it does not know.
-
-Answers are ``response`` objects: ``output`` holds a ``message`` item (one ``output_text``
-part) and a ``function_call`` item per tool call, in the order the model produced them;
-``status`` is ``completed``, or ``incomplete`` (``incomplete_details.reason``
-``max_output_tokens`` or ``content_filter``) when the model stopped short; ``usage`` has
-``input_tokens``, ``output_tokens`` and ``total_tokens``. Streams are the typed events the
-official SDKs read, each with its ``sequence_number``: ``response.created``,
-``response.in_progress``, then per item ``response.output_item.added``, for text
-``response.content_part.added``, ``response.output_text.delta``...,
-``response.output_text.done``, ``response.content_part.done``, for a call
-``response.function_call_arguments.delta`` and ``.done``, then
-``response.output_item.done``; last ``response.completed`` (or ``response.incomplete``)
-carrying the whole output and the usage. A failure after output is an ``error`` event, then
-``response.failed``; errors before output are HTTP statuses with OpenAI's error body, as
-for Chat Completions.
-"""
+"""The Responses API as the gateway serves it: `parse_responses` turns a body into a
+`ResponsesRequest` (or a `WireError` naming the field), `completion` writes a whole answer
+and `ResponsesEncoder` the typed, numbered events of a streamed one; `resume` completes a
+stored conversation. What is mapped, refused and written: docs/concepts/wire.md."""
 
 from __future__ import annotations
 
@@ -51,18 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline._json import json_body
-from pipeline.gateway._shared import SSE_HEADERS
-from pipeline.wire.chat_completions.inbound import (
-    ChatRequest,
-    WireError,
-    _dumps,
-    _integer,
-    _invalid,
-    _number,
-    caller_of,
-    enum_value,
-    user_of,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     OPENAI_RESPONSES_EXTRAS,
@@ -85,14 +34,33 @@ from pipeline.types import (
     ToolChoice,
     UsageDetails,
 )
-from pipeline.wire.responses.vocab import read_tool_choice
+from pipeline.wire import sse
+from pipeline.wire._common import (
+    ChatRequest,
+    WireError,
+    caller_of,
+    dumps,
+    enum_value,
+    integer,
+    invalid,
+    number,
+    put,
+    request_object,
+    user_of,
+)
+from pipeline.wire.responses.vocab import (
+    ENCRYPTED_REASONING,
+    INCOMPLETE_REASON_OF,
+    USAGE_FIELDS,
+    read_tool_choice,
+)
 from pipeline.wire.tools import openai_function_fields
 
 __all__ = [
-    "RESPONSES",
-    "Responses",
     "ResponsesEncoder",
     "ResponsesRequest",
+    "completion",
+    "new_response_id",
     "parse_responses",
     "resume",
 ]
@@ -153,7 +121,6 @@ _BUILTIN = frozenset(
         "tool_search",
     }
 )
-ENCRYPTED_REASONING = "reasoning.encrypted_content"
 # ``reasoning`` keys: effort and summary are passed on; ``context`` (which turns' reasoning
 # the model sees, Codex sends ``"all_turns"``) is what sending the whole conversation does.
 _REASONING_KEYS = frozenset({"effort", "summary", "generate_summary", "context"})
@@ -230,7 +197,7 @@ def _parts(content: Any, param: str, role: ChatRole) -> list[Content]:
     if isinstance(content, str):
         return [TextContent(content)] if content else []
     if not isinstance(content, list):
-        raise _invalid(param, "expected a string or a list of content parts")
+        raise invalid(param, "expected a string or a list of content parts")
     parts: list[Content] = []
     for index, part in enumerate(content):
         where = f"{param}[{index}]"
@@ -238,12 +205,12 @@ def _parts(content: Any, param: str, role: ChatRole) -> list[Content]:
         if kind in ("input_text", "output_text"):
             text = part.get("text")
             if not isinstance(text, str):
-                raise _invalid(f"{where}.text", "expected a string")
+                raise invalid(f"{where}.text", "expected a string")
             parts.append(TextContent(text))
         elif kind == "refusal" and role is ChatRole.ASSISTANT:
             text = part.get("refusal")
             if not isinstance(text, str):
-                raise _invalid(f"{where}.refusal", "expected a string")
+                raise invalid(f"{where}.refusal", "expected a string")
             parts.append(TextContent(text))
         elif kind == "input_image" and role is ChatRole.USER:
             url = part.get("image_url")
@@ -255,27 +222,27 @@ def _parts(content: Any, param: str, role: ChatRole) -> list[Content]:
         elif kind == "input_file":
             raise _unsupported(f"{where}.type", "files are not supported by this gateway")
         else:
-            raise _invalid(f"{where}.type", "this content part type is not supported here")
+            raise invalid(f"{where}.type", "this content part type is not supported here")
     return parts
 
 
 def _arguments(raw: Any, param: str) -> dict[str, Any]:
     if not isinstance(raw, str):
-        raise _invalid(param, "expected a JSON object in a string")
+        raise invalid(param, "expected a JSON object in a string")
     try:
         # Bounded like the body: the arguments are JSON of their own, in a string.
         arguments = json_body(raw.encode()) if raw.strip() else {}
     except ValueError:
-        raise _invalid(param, "is not valid JSON") from None
+        raise invalid(param, "is not valid JSON") from None
     if not isinstance(arguments, dict):
-        raise _invalid(param, "expected a JSON object")
+        raise invalid(param, "expected a JSON object")
     return arguments
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value:
-        raise _invalid(f"{where}.{key}", "expected a non-empty string", "missing_required")
+        raise invalid(f"{where}.{key}", "expected a non-empty string", "missing_required")
     return value
 
 
@@ -342,7 +309,7 @@ def _hashed_name(namespace: str, name: str, taken: set[str]) -> str:
         candidate = f"{prefix[: _MAX_TOOL_NAME - 9]}_{digest[attempt * 8 : attempt * 8 + 8]}"
         if candidate not in taken:
             return candidate
-    raise _invalid("tools", "too many tools flatten to the same name")  # pragma: no cover
+    raise invalid("tools", "too many tools flatten to the same name")  # pragma: no cover
 
 
 def _assistant(messages: list[ChatMessage]) -> ChatMessage:
@@ -359,19 +326,19 @@ def _reasoning_input(item: Mapping[str, Any], where: str) -> ReasoningContent:
     """A ``reasoning`` item sent back: its summary text, encrypted content and id."""
     summary = item.get("summary", [])
     if not isinstance(summary, list):
-        raise _invalid(f"{where}.summary", "expected a list of summary parts")
+        raise invalid(f"{where}.summary", "expected a list of summary parts")
     texts: list[str] = []
     for index, part in enumerate(summary):
         text = part.get("text") if isinstance(part, dict) else None
         if not isinstance(text, str):
-            raise _invalid(f"{where}.summary[{index}].text", "expected a string")
+            raise invalid(f"{where}.summary[{index}].text", "expected a string")
         texts.append(text)
     encrypted = item.get("encrypted_content")
     if encrypted is not None and not isinstance(encrypted, str):
-        raise _invalid(f"{where}.encrypted_content", "expected a string")
+        raise invalid(f"{where}.encrypted_content", "expected a string")
     item_id = item.get("id")
     if item_id is not None and not isinstance(item_id, str):
-        raise _invalid(f"{where}.id", "expected a string")
+        raise invalid(f"{where}.id", "expected a string")
     if item_id is not None and item_id.startswith(_GATEWAY_REASONING):
         item_id = None  # the gateway's own id: the route gave none
     return ReasoningContent("\n\n".join(texts), protected=encrypted, id=item_id)
@@ -384,20 +351,18 @@ def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
     if isinstance(source, str):
         return [ChatMessage(ChatRole.USER, source)]
     if not isinstance(source, list) or not source:
-        raise _invalid(
-            "input", "expected a string or a non-empty list of items", "missing_required"
-        )
+        raise invalid("input", "expected a string or a non-empty list of items", "missing_required")
     messages: list[ChatMessage] = []
     for index, item in enumerate(source):
         where = f"input[{index}]"
         if not isinstance(item, dict):
-            raise _invalid(where, "expected an input item object")
+            raise invalid(where, "expected an input item object")
         kind = item.get("type", "message")
         if kind == "message":
             role_name = item.get("role")
             role = _ROLES.get(role_name) if isinstance(role_name, str) else None
             if role is None:
-                raise _invalid(f"{where}.role", "expected user, system, developer or assistant")
+                raise invalid(f"{where}.role", "expected user, system, developer or assistant")
             parts = _parts(item.get("content"), f"{where}.content", role)
             if role is ChatRole.ASSISTANT:
                 _assistant(messages).contents.extend(parts)
@@ -414,7 +379,7 @@ def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
         elif kind == "custom_tool_call":
             text = item.get("input")
             if not isinstance(text, str):
-                raise _invalid(f"{where}.input", "expected a string", "missing_required")
+                raise invalid(f"{where}.input", "expected a string", "missing_required")
             name = names.of(item.get("namespace"), _string(item, "name", where))
             custom = FunctionCallContent.custom_call(_string(item, "call_id", where), name, text)
             _assistant(messages).contents.append(custom)
@@ -430,7 +395,7 @@ def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
             # A stored item, put in its place by `resume` before the pipeline is called.
             _string(item, "id", where)
         else:
-            raise _invalid(
+            raise invalid(
                 f"{where}.type",
                 "expected message, reasoning, function_call, function_call_output, "
                 "custom_tool_call, custom_tool_call_output, item_reference or additional_tools",
@@ -441,18 +406,18 @@ def _conversation(source: Any, names: _Names) -> list[ChatMessage]:
 def _tool_entries(value: Any, param: str) -> list[tuple[str, dict[str, Any], str | None]]:
     """The tools of a ``tools`` list, namespaces opened: (where, tool, namespace)."""
     if not isinstance(value, list):
-        raise _invalid(param, "expected a list of tools")
+        raise invalid(param, "expected a list of tools")
     entries: list[tuple[str, dict[str, Any], str | None]] = []
     for index, tool in enumerate(value):
         where = f"{param}[{index}]"
         if not isinstance(tool, dict):
-            raise _invalid(where, "expected a tool object")
+            raise invalid(where, "expected a tool object")
         if tool.get("type") == "namespace":
             namespace = tool.get("name")
             if not isinstance(namespace, str) or not namespace:
-                raise _invalid(f"{where}.name", "expected a namespace name")
+                raise invalid(f"{where}.name", "expected a namespace name")
             if not tool.get("tools"):  # as the API: a namespace holds tools
-                raise _invalid(f"{where}.tools", "expected a non-empty list of tools")
+                raise invalid(f"{where}.tools", "expected a non-empty list of tools")
             inner = _tool_entries(tool["tools"], f"{where}.tools")
             entries += [(w, t, namespace) for w, t, ns in inner if ns is None]
         else:
@@ -474,7 +439,7 @@ def _tools(
     for where, tool, namespace in entries:
         kind = tool.get("type")
         if not isinstance(kind, str):
-            raise _invalid(f"{where}.type", "expected a tool type")
+            raise invalid(f"{where}.type", "expected a tool type")
         if kind in _BUILTIN:
             request.builtin_tools.append(str(kind))
             continue
@@ -484,7 +449,7 @@ def _tools(
             )
         name = tool.get("name")
         if not isinstance(name, str) or not (0 < len(name) <= 64) or not name.isascii():
-            raise _invalid(f"{where}.name", "expected a tool name of 1-64 characters")
+            raise invalid(f"{where}.name", "expected a tool name of 1-64 characters")
         kept.append((where, tool, namespace, name))
     names.plan([(namespace, name) for _, _, namespace, name in kept])
     chat_tools: list[ChatTool] = []
@@ -497,17 +462,17 @@ def _tools(
         flat_names.add(flat)
         description = tool.get("description")
         if description is not None and not isinstance(description, str):
-            raise _invalid(f"{where}.description", "expected a string")
+            raise invalid(f"{where}.description", "expected a string")
         if tool.get("type") == "custom":
             fmt = tool.get("format")
             if fmt is not None and not isinstance(fmt, dict):
-                raise _invalid(f"{where}.format", "expected a format object")
+                raise invalid(f"{where}.format", "expected a format object")
             chat_tools.append(CustomTool(flat, description or None, fmt))
             custom.add(flat)
             continue
         parameters = tool.get("parameters")
         if parameters is not None and not isinstance(parameters, dict):
-            raise _invalid(f"{where}.parameters", "expected a JSON schema object")
+            raise invalid(f"{where}.parameters", "expected a JSON schema object")
         fields = {k: v for k, v in tool.items() if k not in _FUNCTION_FIELDS and v is not None}
         chat_tools.append(
             FunctionTool(
@@ -534,14 +499,14 @@ def _tool_mode(value: Any, names: frozenset[str]) -> ToolChoice:
             "tool_choice", "expected auto, none, required or a function (no built-in tools)"
         )
     if choice is None or (choice.name is not None and choice.name not in names):
-        raise _invalid("tool_choice.name", "names a function that is not in tools")
+        raise invalid("tool_choice.name", "names a function that is not in tools")
     return choice
 
 
 def _text_format(value: Any) -> tuple[dict[str, Any], Any]:
     """``text``: the format as sent (echoed) and as a Chat Completions response format."""
     if not isinstance(value, dict):
-        raise _invalid("text", "expected an object")
+        raise invalid("text", "expected an object")
     for key in value:
         if key not in ("format", "verbosity"):
             raise _unsupported(f"text.{key}", "this parameter is not supported by this gateway")
@@ -550,10 +515,10 @@ def _text_format(value: Any) -> tuple[dict[str, Any], Any]:
     if kind == "json_schema":
         schema = {k: v for k, v in text_format.items() if k != "type"}
         if not isinstance(schema.get("name"), str) or not isinstance(schema.get("schema"), dict):
-            raise _invalid("text.format", "a json_schema format needs a name and a schema")
+            raise invalid("text.format", "a json_schema format needs a name and a schema")
         return text_format, {"type": "json_schema", "json_schema": schema}
     if kind not in ("text", "json_object"):
-        raise _invalid("text.format.type", "expected text, json_object or json_schema")
+        raise invalid("text.format.type", "expected text, json_object or json_schema")
     return text_format, text_format
 
 
@@ -563,16 +528,16 @@ def _refuse_what_changes_meaning(payload: Mapping[str, Any]) -> None:
             raise _unsupported(key, why)
     store = payload.get("store")
     if store is not None and not isinstance(store, bool):
-        raise _invalid("store", "expected true or false")
+        raise invalid("store", "expected true or false")
     previous = payload.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
-        raise _invalid("previous_response_id", "expected a response id")
+        raise invalid("previous_response_id", "expected a response id")
     if payload.get("truncation") not in (None, "disabled"):
         raise _unsupported("truncation", "only truncation 'disabled' is supported")
     include = payload.get("include")
     if include is not None:
         if not isinstance(include, list):
-            raise _invalid("include", "expected a list")
+            raise invalid("include", "expected a list")
         for index, value in enumerate(include):
             if value != ENCRYPTED_REASONING:
                 raise _unsupported(
@@ -585,19 +550,14 @@ def _refuse_what_changes_meaning(payload: Mapping[str, Any]) -> None:
 
 def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesRequest:
     """The request a Responses body describes (see the module docstring)."""
-    try:
-        payload = json_body(body)
-    except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
-        raise WireError(400, str(exc), code="invalid_json") from None
-    if not isinstance(payload, dict):
-        raise WireError(400, "the request body must be a JSON object", code="invalid_json")
+    payload = request_object(body)
     for key in sorted(payload):
         if key not in _ACCEPTED:
             raise _unsupported(key, "this parameter is not supported by this gateway")
     _refuse_what_changes_meaning(payload)
     model = payload.get("model")
     if not isinstance(model, str) or not model:
-        raise _invalid("model", "is required (a model name from /v1/models)", "missing_required")
+        raise invalid("model", "is required (a model name from /v1/models)", "missing_required")
     source = payload.get("input")
     request = ResponsesRequest(model=model, messages=[], options=ChatOptions())
     tool_sources: list[tuple[str, Any]] = []
@@ -615,7 +575,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     instructions = payload.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
-            raise _invalid("instructions", "expected a string")
+            raise invalid("instructions", "expected a string")
         if instructions:
             messages.insert(0, ChatMessage(ChatRole.SYSTEM, instructions))
     request.names = names
@@ -630,14 +590,14 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         ]
     if not messages and not request.references and request.previous_response_id is None:
         # Only ``additional_tools`` items, and nothing stored to resume: nothing to answer.
-        raise _invalid("input", "holds no message and no instructions", "missing_required")
+        raise invalid("input", "holds no message and no instructions", "missing_required")
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise _invalid("stream", "expected true or false")
+        raise invalid("stream", "expected true or false")
     options = ChatOptions(
-        temperature=_number(payload, "temperature", 0.0, 2.0),
-        top_p=_number(payload, "top_p", 0.0, 1.0),
-        max_output_tokens=_integer(payload, "max_output_tokens", 1),
+        temperature=number(payload, "temperature", 0.0, 2.0),
+        top_p=number(payload, "top_p", 0.0, 1.0),
+        max_output_tokens=integer(payload, "max_output_tokens", 1),
         session_id=session_id,
     )
     request.messages = messages
@@ -655,11 +615,11 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
         if options.tools:
             options.tool_mode = mode
         elif mode not in (ToolChoice.NONE, ToolChoice.AUTO) and not request.builtin_tools:
-            raise _invalid("tool_choice", "needs tools")
+            raise invalid("tool_choice", "needs tools")
     parallel = payload.get("parallel_tool_calls")
     if parallel is not None:
         if not isinstance(parallel, bool):
-            raise _invalid("parallel_tool_calls", "expected true or false")
+            raise invalid("parallel_tool_calls", "expected true or false")
         request.parallel_tool_calls = parallel
         options.additional_properties["parallel_tool_calls"] = parallel
     # Vendor enums are open: any string (see `enum_value`).
@@ -676,7 +636,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     reasoning = payload.get("reasoning")
     if reasoning is not None:
         if not isinstance(reasoning, dict):
-            raise _invalid("reasoning", "expected an object")
+            raise invalid("reasoning", "expected an object")
         for key, value in reasoning.items():
             if key not in _REASONING_KEYS and value is not None:
                 raise _unsupported(
@@ -699,7 +659,7 @@ def parse_responses(body: bytes, *, session_id: str | None = None) -> ResponsesR
     if metadata is not None:
         # Echoed in the answer, where the API declares it strings: checked as the API does.
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-            raise _invalid("metadata", "expected an object of strings")
+            raise invalid("metadata", "expected an object of strings")
         request.metadata = metadata
     request.instructions = instructions if isinstance(instructions, str) else None
     request.user = user_of(payload)
@@ -715,7 +675,7 @@ def resume(request: ResponsesRequest, items: list[dict[str, Any]]) -> None:
     if request.instructions:
         messages.insert(0, ChatMessage(ChatRole.SYSTEM, request.instructions))
     if not messages:
-        raise _invalid("input", "the conversation is empty", "missing_required")
+        raise invalid("input", "the conversation is empty", "missing_required")
     request.messages = messages
 
 
@@ -732,15 +692,9 @@ def _item_id(prefix: str) -> str:
 
 
 # Why a response stopped short, by the finish reason the pipeline reports.
-_INCOMPLETE = {
-    FinishReason.LENGTH: "max_output_tokens",
-    FinishReason.CONTENT_FILTER: "content_filter",
-}
-
-
 def _incomplete_reason(finish_reason: str | None) -> str | None:
     reason = FinishReason.of(finish_reason)
-    return _INCOMPLETE.get(reason) if reason is not None else None
+    return INCOMPLETE_REASON_OF.get(reason) if reason is not None else None
 
 
 def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
@@ -748,18 +702,19 @@ def _usage(usage: UsageDetails | None) -> dict[str, Any] | None:
         return None
     prompt = usage.input_tokens or 0
     output = usage.output_tokens or 0
-    total = usage.total_tokens if usage.total_tokens is not None else prompt + output
-    return {
+    # What the route reported of its prompt cache and reasoning; 0 when it said nothing.
+    counts = {
         "input_tokens": prompt,
-        # What the route reported of its prompt cache and reasoning; 0 when it said nothing.
-        "input_tokens_details": {
-            "cached_tokens": usage.cache_read_tokens or 0,
-            "cache_write_tokens": usage.cache_write_tokens or 0,
-        },
+        "cache_read_tokens": usage.cache_read_tokens or 0,
+        "cache_write_tokens": usage.cache_write_tokens or 0,
         "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
-        "total_tokens": total,
+        "reasoning_tokens": usage.reasoning_tokens or 0,
+        "total_tokens": usage.total_tokens if usage.total_tokens is not None else prompt + output,
     }
+    body: dict[str, Any] = {}
+    for name, path in USAGE_FIELDS.items():  # in the API's order
+        put(body, path, counts[name])
+    return body
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -802,7 +757,7 @@ def _call_item(
     if namespace is not None:
         item["namespace"] = namespace
     if text is None:
-        item["arguments"] = "" if empty else _dumps(dict(call.arguments))
+        item["arguments"] = "" if empty else dumps(dict(call.arguments))
     else:
         item["input"] = "" if empty else text
     item["status"] = status
@@ -939,7 +894,7 @@ def completion(
     )
     if isinstance(request, ResponsesRequest):
         request.answer = body
-    return _dumps(body).encode()
+    return dumps(body).encode()
 
 
 class ResponsesEncoder:
@@ -989,7 +944,7 @@ class ResponsesEncoder:
     def _event(self, kind: str, fields: dict[str, Any]) -> str:
         fields["sequence_number"] = self._sequence
         self._sequence += 1
-        return f"event: {kind}\ndata: " + _dumps({"type": kind, **fields}) + "\n\n"
+        return sse.event(kind, dumps({"type": kind, **fields}))
 
     def _response(self, status: str, **fields: Any) -> dict[str, Any]:
         return _response(
@@ -1166,23 +1121,3 @@ class ResponsesEncoder:
         )
         failed = self._response("failed", output=self._output, error=error)
         return out + self._event("response.failed", {"response": failed})
-
-
-class Responses:
-    """`InboundFormat` of the Responses API."""
-
-    path = "/v1/responses"
-    x_api_key = False
-    stream_headers = SSE_HEADERS
-    request_id_header: bytes | None = None  # OpenAI's SDKs read x-request-id
-
-    parse = staticmethod(parse_responses)
-    new_response_id = staticmethod(new_response_id)
-    completion = staticmethod(completion)
-    encoder = ResponsesEncoder
-
-    def error_body(self, error: WireError) -> bytes:
-        return error.body()
-
-
-RESPONSES = Responses()

@@ -4,6 +4,7 @@ against off, and how many records the ledger writes per second per core.
     python benchmarks/bench_spend.py                         # both, the defaults
     python benchmarks/bench_spend.py --requests 4000 --rounds 5
     python benchmarks/bench_spend.py --records 100000 --no-gateway
+    python benchmarks/bench_spend.py --instructions 300 --no-gateway --no-writes
 
 The gateway part runs two ``chat-pipeline serve`` processes (one worker, one route to the
 fake upstream, a priced model), the same configuration without and with ``[spend] store =
@@ -11,6 +12,13 @@ fake upstream, a priced model), the same configuration without and with ``[spend
 concurrency 1 and 16, streamed and not. Rounds interleave the two servers and the best round
 of each is kept; the ratio is ledger-on CPU per request over ledger-off, measured in the same
 run. The target is at most 1.10x.
+
+With ``--instructions N``, the same two configurations are counted in instructions instead
+(valgrind's callgrind, so a busy machine does not move them), as
+`bench_gateway_instructions.py` counts the gateway: its ASGI app called in process (no HTTP
+server, no client, the upstream in a process of its own), N and 5N requests in fresh
+processes, the difference over the extra requests; streamed and not. The ledger's writer
+task runs in the counted process, so the records' writing is counted too.
 
 The records part writes `--records` records through a `SpendLedger` (batches of
 `--batch`) into SQLite and into a throwaway PostgreSQL (tests/postgres_server.py, Debian's
@@ -48,6 +56,7 @@ from bench_gateway import (
     measure,
     started,
 )
+from bench_gateway_instructions import CHILD, ROOT, instructions
 
 from pipeline import _db
 from pipeline.spend import (
@@ -63,10 +72,10 @@ from tests.postgres_server import running_postgres
 DSN_VARIABLE = "BENCH_SPEND_DSN"
 
 
-def gateway_config(workdir: Path, upstream: str, ledger: bool) -> Path:
+def gateway_config(workdir: Path, upstream: str, ledger: bool, *, keys: bool = True) -> Path:
     path = workdir / ("gateway-spend.toml" if ledger else "gateway.toml")
-    text = (
-        f'[gateway]\napi_keys_env = "{KEYS_VARIABLE}"\n\n'
+    text = f'[gateway]\napi_keys_env = "{KEYS_VARIABLE}"\n\n' if keys else ""
+    text += (
         f'[routes.primary]\nprovider = "openai"\nmodel = "gpt-4o-mini"\nbase_url = "{upstream}"\n'
     )
     if ledger:
@@ -128,6 +137,41 @@ def gateway_part(args: argparse.Namespace, workdir: Path, dsn: str) -> None:
                 f"  {shape + f', concurrency {concurrency}':32} "
                 f"{off.cpu_per_request * 1000:11.3f} {on.cpu_per_request * 1000:10.3f} "
                 f"{on.cpu_per_request / off.cpu_per_request:6.2f}x {on.p99 * 1000:10.2f}"
+            )
+            sys.stdout.flush()
+
+
+# `bench_gateway_instructions`'s child, its request streamed when BENCH_SPEND_STREAM is 1.
+_BODY_LINE = "body = body.encode()"
+if _BODY_LINE not in CHILD:
+    raise RuntimeError("bench_gateway_instructions' child no longer makes its body that way")
+STREAMING_CHILD = CHILD.replace(
+    _BODY_LINE,
+    "body = json.dumps({**json.loads(body), "
+    '"stream": os.environ.get("BENCH_SPEND_STREAM") == "1"}).encode()',
+)
+
+
+def instructions_part(args: argparse.Namespace, workdir: Path, dsn: str) -> None:
+    child = workdir / "child.py"
+    child.write_text(STREAMING_CHILD)
+    os.environ[DSN_VARIABLE] = dsn
+    n = args.instructions
+    more = 5 * n
+    print(f"\ngateway instructions per request, ledger on (PostgreSQL) / off ({n} and {more})")
+    print(f"  {'shape':16} {'off':>10} {'on':>10} {'ratio':>7}")
+    with _fake_upstream(workdir) as upstream:
+        for shape in ("non-streaming", "streaming"):
+            os.environ["BENCH_SPEND_STREAM"] = "1" if shape == "streaming" else "0"
+            counted: dict[str, float] = {}
+            for name, ledger in (("off", False), ("on", True)):
+                config = gateway_config(workdir, upstream, ledger, keys=False)
+                low = instructions(ROOT, child, config, n, False)
+                high = instructions(ROOT, child, config, more, False)
+                counted[name] = (high - low) / (more - n)
+            print(
+                f"  {shape:16} {counted['off'] / 1000:9,.1f}k {counted['on'] / 1000:9,.1f}k "
+                f"{counted['on'] / counted['off']:6.3f}x"
             )
             sys.stdout.flush()
 
@@ -214,6 +258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--gateway", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--writes", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--instructions", type=int, metavar="N", help="count instructions with N and 5N requests"
+    )
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.sched_setaffinity(0, {CLIENT_CORE})
@@ -223,6 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(upgrade(postgres.dsn))
             if args.gateway:
                 gateway_part(args, workdir, postgres.dsn)
+            if args.instructions:
+                instructions_part(args, workdir, postgres.dsn)
             if args.writes:
                 records_part(args, workdir, postgres)
     finally:

@@ -1238,7 +1238,13 @@ class CachingChatClient(DelegatingChatClient):
         if entry is not None and result == "hit":
             if entry.cost:
                 self._saved.add(entry.cost, {ROUTE_NAME: entry.route or ""})
-            _log_hit(_scope.current_attempt_log(), entry.route, _model_of(entry), entry.cost)
+            _log_hit(
+                _scope.current_attempt_log(),
+                _scope.current_attempt_mark(),
+                entry.route,
+                _model_of(entry),
+                entry.cost,
+            )
         report = current_cache_report()
         if report is not None:
             report.result = result
@@ -1555,7 +1561,13 @@ class CachingChatClient(DelegatingChatClient):
                 self._leave(flight)
             if flight.error is None:
                 answer = _copy_response(flight.result_response())
-                _log_hit(_scope.current_attempt_log(), flight.route, answer.model_id, flight)
+                _log_hit(
+                    _scope.current_attempt_log(),
+                    _scope.current_attempt_mark(),
+                    flight.route,
+                    answer.model_id,
+                    flight,
+                )
                 return answer
             if flight.cancelled:
                 continue  # the leader's caller left: its call is no answer; call again
@@ -1614,7 +1626,8 @@ class CachingChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
         request = self._begin(messages, options)
-        log = _scope.current_attempt_log()  # current at the first read, maybe not after
+        # Current at the first read, maybe not after.
+        log, within = _scope.current_attempt_log(), _scope.current_attempt_mark()
         if request.key is None:
             self._record("bypass", request)
             async for update in forward(
@@ -1679,7 +1692,7 @@ class CachingChatClient(DelegatingChatClient):
                 self._leave(flight)
             if flight.error is None:
                 if not leading:
-                    _log_hit(log, flight.route, _first_model(flight.updates), flight)
+                    _log_hit(log, within, flight.route, _first_model(flight.updates), flight)
                 return
             if leading or sent:
                 raise flight.error
@@ -1763,13 +1776,15 @@ def _first_model(updates: Sequence[ChatResponseUpdate]) -> str | None:
 
 def _log_hit(
     log: _scope.AttemptLog | None,
+    within: _scope.AttemptMark | None,
     route: str | None,
     model: str | None,
     saved: float | _Flight | None,
 ) -> None:
     """Tell the request's attempt log (when a spend layer or the gateway opened one) that
     the cache answered: nothing used, and `saved` what the answer had cost (a stored entry's
-    cost, or the cost of the call a follower waited for)."""
+    cost, or the cost of the call a follower waited for). The hit stands for the attempt
+    `within` (a router's above the cache), which records no call of its own."""
     if log is None:
         return
     amount = saved.cost if isinstance(saved, _Flight) else saved
@@ -1791,7 +1806,8 @@ def _log_hit(
             time_to_first_update=None,
             cache="hit",
             saved=amount,
-        )
+        ),
+        within,
     )
 
 

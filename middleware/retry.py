@@ -16,7 +16,10 @@ Promises, for `get_response` and `get_streaming_response` alike:
 * inside a router, every retry spends one call of the request's budget, and no retry starts
   when its delay would pass the request's deadline;
 * each retry is an event (`chat_pipeline.retry`, with the error type, attempt number and
-  delay) on the current span; no new span, no content.
+  delay) on the current span; no new span, no content;
+* when the request's spend is logged (a spend layer or the gateway above), each call that
+  failed and was retried is a record of its own, beside the attempt it belongs to (what it
+  used: a provider's error answer, nothing); a call an open breaker refused is none.
 
 Place it per client, beneath the router (on the route's own pipeline), so one blip is
 retried once per route rather than multiplied by every layer above.
@@ -35,6 +38,7 @@ from pydantic import Field, model_validator
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 from tenacity.wait import wait_exponential, wait_random_exponential
 
+from pipeline._metering import RetriedCalls
 from pipeline._scope import current_budget, failover_possible
 from pipeline._semconv import RETRY_ATTEMPT, RETRY_DELAY, RETRY_EVENT
 from pipeline._settings import Settings
@@ -150,20 +154,34 @@ class RetryChatClient(DelegatingChatClient):
         """Whether a failed first try goes to tenacity at all."""
         return self.policy.max_attempts > 1 and self.policy.retry_on(first_error)
 
-    def _retrying(self) -> AsyncRetrying:
+    def _retrying(self, calls: RetriedCalls | None) -> AsyncRetrying:
+        before_sleep = self._before_sleep
+        if calls is not None:
+
+            def before_sleep(state: RetryCallState) -> None:
+                outcome = state.outcome
+                error = outcome.exception() if outcome is not None else None
+                if error is not None:
+                    calls.retried(error)
+                self._before_sleep(state)
+
         return AsyncRetrying(
             stop=self._stop,
             wait=self._wait,
             retry=retry_if_exception(self.policy.retry_on),
             sleep=self.policy.sleep,
-            before_sleep=self._before_sleep,
+            before_sleep=before_sleep,
             reraise=True,
         )
 
     async def _retry_after(
-        self, first_error: Exception, attempt: Callable[[], Awaitable[_T]]
+        self,
+        first_error: Exception,
+        attempt: Callable[[], Awaitable[_T]],
+        calls: RetriedCalls | None,
     ) -> _T:
-        """Hand a failed first try to tenacity, which replays it as its attempt 1.
+        """Hand a failed first try to tenacity, which replays it as its attempt 1; `calls`
+        logs each retried one (when the request is logged).
 
         The first try runs outside tenacity because almost every call succeeds at once, and
         tenacity's bookkeeping would otherwise cost every call; replaying the failure keeps
@@ -176,13 +194,16 @@ class RetryChatClient(DelegatingChatClient):
             if replay is not None:
                 error, replay = replay, None
                 raise error
+            if calls is not None:
+                calls.trying()
             return await attempt()
 
-        return await self._retrying()(attempt_or_replay)
+        return await self._retrying(calls)(attempt_or_replay)
 
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
+        calls = RetriedCalls.of(self.inner, messages, options)
         try:
             return await self.inner.get_response(messages, options)
         except Exception as exc:  # cancellation is a BaseException: never retried
@@ -190,7 +211,7 @@ class RetryChatClient(DelegatingChatClient):
                 raise
             first_error = exc
         return await self._retry_after(
-            first_error, lambda: self.inner.get_response(messages, options)
+            first_error, lambda: self.inner.get_response(messages, options), calls
         )
 
     def get_streaming_response(
@@ -220,9 +241,10 @@ class RetryChatClient(DelegatingChatClient):
     async def _open_with_retry(
         self, messages: Messages, options: ChatOptions | None
     ) -> tuple[AsyncGenerator[ChatResponseUpdate, None], ChatResponseUpdate | None]:
+        calls = RetriedCalls.of(self.inner, messages, options)
         try:
             return await self._open(messages, options)
         except Exception as exc:
             if not self._worth_retrying(exc):
                 raise
-            return await self._retry_after(exc, lambda: self._open(messages, options))
+            return await self._retry_after(exc, lambda: self._open(messages, options), calls)

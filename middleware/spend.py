@@ -9,7 +9,10 @@
   where none came (a stream without a usage chunk, a stream cut or cancelled before it),
   counts from what streamed, marked *estimated*. A failover is a record per attempt, a hedge
   a record per attempt started; a cache hit beneath is a record of its own (cost 0, what
-  it saved). Without a router beneath, the call itself is the one attempt. The same for
+  it saved), and so is each retried call (`use_retry`) beneath a router. Routers that nest
+  (a route whose client is a router) record each provider call once: the innermost logs
+  it. Without a router beneath, the call itself is the one attempt, priced at the layer's
+  `price` when it has one (a `pipeline._metering.DirectAttempt`). The same for
   `get_response` and `get_streaming_response`: the records are made once the call ended
   (however it ended);
 * **attribution**: `attribution` is a function of the request (``(messages, options) ->
@@ -30,22 +33,17 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from pipeline import _scope
+from pipeline._metering import DirectAttempt
 from pipeline._streams import StreamEnd, StreamWatcher, forward
 from pipeline.client import ChatClient, DelegatingChatClient, client_name, metadata_of
-from pipeline.pricing import (
-    priced_attempt,
-    reached_provider,
-    response_characters,
-    streamed_characters,
-)
-from pipeline.spend import Attribution, SpendLedger, SpendRecord
+from pipeline.pricing import Price
+from pipeline.spend import Attribution, SpendLedger
 from pipeline.types import (
     ChatMessage,
     ChatOptions,
     ChatResponse,
     ChatResponseUpdate,
     Messages,
-    UsageDetails,
     as_messages,
 )
 
@@ -63,8 +61,10 @@ AttributionSource = (
 
 
 class SpendChatClient(DelegatingChatClient):
-    """Records the spend of each request in `ledger` (see the module docstring). With
-    `close_ledger`, closing the layer closes the ledger (after the layers beneath)."""
+    """Records the spend of each request in `ledger` (see the module docstring). `price`
+    prices the call when no router is beneath (the route's own price: it wins over the
+    ledger's book). With `close_ledger`, closing the layer closes the ledger (after the
+    layers beneath)."""
 
     def __init__(
         self,
@@ -74,6 +74,7 @@ class SpendChatClient(DelegatingChatClient):
         attribution: AttributionSource = None,
         leave_open: bool = False,
         close_ledger: bool = False,
+        price: Price | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         super().__init__(inner, leave_open=leave_open)
@@ -81,14 +82,16 @@ class SpendChatClient(DelegatingChatClient):
             raise TypeError(f"ledger must be a SpendLedger, not {type(ledger).__name__}")
         if attribution is not None and not callable(attribution):
             attribution = Attribution.of(attribution)
+        if price is not None and not isinstance(price, Price):
+            raise TypeError(f"price must be a Price, not {type(price).__name__}")
         self.ledger = ledger
+        self.price = price
         self._attribution = attribution
         self._close_ledger = close_ledger
         self._clock = clock
         metadata = metadata_of(inner)
         # A router beneath logs each attempt; without one, the call is the attempt.
         self._routed = metadata.provider_name == "router"
-        self._metadata = metadata
         self._name = client_name(inner)
 
     def describe_layer(self) -> str:
@@ -107,17 +110,24 @@ class SpendChatClient(DelegatingChatClient):
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
         log, token = _scope.open_attempt_log(self.ledger.prices)
-        call = _Call(self, messages, options, log)
+        direct = self._direct(log, messages, options)
+        mark = direct.enter() if direct is not None else None
         try:
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
+            if direct is not None:
+                direct.exit(mark)
+                direct.failed(exc)
             if token is not None:
                 _scope.exit_attempt_log(token)
-            call.ended(error=exc)
+            self._ended(log, messages, options)
             raise
+        if direct is not None:
+            direct.exit(mark)
+            direct.responded(response)
         if token is not None:
             _scope.exit_attempt_log(token)
-        call.ended(response=response)
+        self._ended(log, messages, options)
         return response
 
     def get_streaming_response(
@@ -126,6 +136,22 @@ class SpendChatClient(DelegatingChatClient):
         return forward(
             lambda: self.inner.get_streaming_response(messages, options),
             _SpendWatch(self, messages, options),
+        )
+
+    def _direct(
+        self, log: _scope.AttemptLog, messages: Messages, options: ChatOptions | None
+    ) -> DirectAttempt | None:
+        """Without a router beneath, the call itself is the request's attempt."""
+        if self._routed:
+            return None
+        return DirectAttempt(
+            log,
+            route=self._name,
+            client=self.inner,
+            messages=messages,
+            options=options,
+            price=self.price,
+            clock=self._clock,
         )
 
     # -- records -------------------------------------------------------------------------------
@@ -155,6 +181,13 @@ class SpendChatClient(DelegatingChatClient):
             who = Attribution(session=session).over(who)
         return who
 
+    def _ended(
+        self, log: _scope.AttemptLog, messages: Messages, options: ChatOptions | None
+    ) -> None:
+        """The call ended: record what its log holds that is not recorded yet."""
+        if len(log.attempts) != log.recorded:
+            self._record(log, self._who(messages, options, log))
+
     def _record(self, log: _scope.AttemptLog, who: Attribution | None) -> None:
         """Record the log's attempts not yet recorded, and any that come late."""
         request_id = log.request_id or _scope.new_operation_id()
@@ -165,108 +198,19 @@ class SpendChatClient(DelegatingChatClient):
             if not fresh:
                 return
             log.recorded = len(log.attempts)
-            ledger.record(SpendRecord.of_attempt(a, request_id, who) for a in fresh)
+            ledger.record_attempts(fresh, request_id, who)
 
         take(log)
         log.late = take
 
 
-class _Call:
-    """One call through the layer: what it needs to record the call when it ends."""
-
-    __slots__ = (
-        "characters",
-        "first_update",
-        "layer",
-        "log",
-        "messages",
-        "model",
-        "options",
-        "started",
-        "started_at",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        layer: SpendChatClient,
-        messages: Messages,
-        options: ChatOptions | None,
-        log: _scope.AttemptLog,
-    ) -> None:
-        self.layer = layer
-        self.messages = messages
-        self.options = options
-        self.log = log
-        self.started_at = time.time()
-        self.started = layer._clock()
-        self.first_update: float | None = None
-        # Without a router beneath: what the stream said (a router tallies its own).
-        self.usage: UsageDetails | None = None
-        self.model: str | None = None
-        self.characters = 0
-
-    def ended(
-        self,
-        *,
-        outcome: str | None = None,
-        error: BaseException | None = None,
-        response: ChatResponse | None = None,
-    ) -> None:
-        layer, log = self.layer, self.log
-        if not layer._routed and len(log.attempts) == log.recorded:
-            self._direct(outcome, error, response)
-        if len(log.attempts) == log.recorded:
-            return
-        layer._record(log, layer._who(self.messages, self.options, log))
-
-    def _direct(
-        self, outcome: str | None, error: BaseException | None, response: ChatResponse | None
-    ) -> None:
-        """No router beneath: the call itself was the attempt (priced by the book)."""
-        if not reached_provider(error):
-            return
-        layer = self.layer
-        metadata = layer._metadata
-        if outcome is None:
-            outcome = (
-                "completed"
-                if error is None
-                else "failed_after_output"
-                if self.first_update is not None
-                else "failed_before_output"
-            )
-        if response is not None:
-            self.usage, self.model = response.usage, response.model_id
-            self.characters = response_characters(response)
-            self.first_update = layer._clock() - self.started
-        requested = (self.options.model_id if self.options else None) or metadata.model_id
-        self.log.add(
-            priced_attempt(
-                route=layer._name,
-                number=1,
-                outcome=outcome,
-                provider=metadata.provider_name,
-                model_requested=requested,
-                model_served=self.model,
-                reported=self.usage,
-                characters=self.characters,
-                messages=as_messages(self.messages),
-                error=error,
-                price=None,
-                book=self.log.prices,
-                started_at=self.started_at,
-                duration=layer._clock() - self.started,
-                time_to_first_update=self.first_update,
-            )
-        )
-
-
 class _SpendWatch(StreamWatcher):
-    """A streamed call through the layer: its attempt log current in its first step (where
-    the router beneath starts its request and takes it), its records made at its end."""
+    """A streamed call through the layer: its attempt log (when it is the layer's own) and
+    its direct attempt (without a router beneath) current in the steps before the first
+    update (where a router beneath starts its request and takes them), its records made at
+    its end."""
 
-    __slots__ = ("call", "layer", "messages", "options", "own", "scoped", "steps")
+    __slots__ = ("direct", "layer", "log", "messages", "options", "own", "scoped", "steps")
 
     def __init__(
         self, layer: SpendChatClient, messages: Messages, options: ChatOptions | None
@@ -276,52 +220,50 @@ class _SpendWatch(StreamWatcher):
         self.options = options
         self.scoped = True
         self.steps = 0
-        self.call: _Call | None = None
+        self.log: _scope.AttemptLog | None = None
+        self.direct: DirectAttempt | None = None
+        self.own = False
 
     def start(self) -> None:
-        outer = _scope.current_attempt_log()
-        if outer is not None and outer.prices is None:
-            outer.prices = self.layer.ledger.prices
-        log = outer if outer is not None else _scope.AttemptLog(self.layer.ledger.prices)
-        self.call = _Call(self.layer, self.messages, self.options, log)
-        self.own = outer is None  # made current around steps only when it is ours
+        prices = self.layer.ledger.prices
+        log = _scope.current_attempt_log()
+        self.own = log is None  # made current around the first steps only when it is ours
+        if log is None:
+            log = _scope.AttemptLog(prices)
+        elif log.prices is None:
+            log.prices = prices
+        self.log = log
+        self.direct = self.layer._direct(log, self.messages, self.options)
 
     def enter(self) -> Any:
-        call = self.call
-        if call is None or not self.own:
-            return None
-        return _scope.enter_attempt_log(call.log)
+        log, direct = self.log, self.direct
+        return (
+            _scope.enter_attempt_log(log) if self.own and log is not None else None,
+            direct.enter() if direct is not None else None,
+        )
 
     def exit(self, token: Any) -> None:
-        if token is not None:
-            _scope.exit_attempt_log(token)
-        # Opening the stream, then its first step (where a router beneath starts its
-        # request and takes the log): later steps need no scope.
+        log_token, mark_token = token
+        if mark_token is not None:
+            _scope.exit_attempt_mark(mark_token)
+        if log_token is not None:
+            _scope.exit_attempt_log(log_token)
+        # Opening the stream, then its first step (where its first update comes): later
+        # steps need no scope.
         self.steps += 1
         if self.steps == 2:
             self.scoped = False
 
     def update(self, update: ChatResponseUpdate) -> None:
-        call = self.call
-        if call is None:
-            return
-        if call.first_update is None:
-            call.first_update = self.layer._clock() - call.started
-        if self.layer._routed:
-            return
-        if update.usage is not None:
-            call.usage = update.usage if call.usage is None else call.usage + update.usage
-        if update.model_id is not None:
-            call.model = update.model_id
-        call.characters += streamed_characters(update)
+        direct = self.direct
+        if direct is not None:
+            direct.update(update)
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
-        call = self.call
-        if call is None:
+        log = self.log
+        if log is None:
             return
-        outcome: str | None = None
-        if how in ("canceled", "abandoned"):
-            outcome = how
-        elif how == "failed" and call.first_update is not None:
-            outcome = "failed_after_output"
-        call.ended(outcome=outcome, error=error)
+        direct = self.direct
+        if direct is not None:
+            direct.end(how, error)
+        self.layer._ended(log, self.messages, self.options)

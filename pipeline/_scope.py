@@ -22,7 +22,13 @@ read it through this small API, so no layer needs to know about routing:
   (`open_attempt_log`: the spend layer, the gateway): every router beneath adds each attempt
   that reached a provider as a `PricedAttempt` (what it used, the model that served, what it
   cost), once, when the attempt ends; a cache adds its hits. Read it after the request ended
-  (a spend ledger records it; a budget settles its reservation with it).
+  (a spend ledger records it; a budget settles its reservation with it);
+* `current_attempt_mark()`: the `AttemptMark` of the attempt whose route is running (a
+  router's, or a call a layer logs without a router beneath), while the request is logged
+  and before output. A logger beneath (a router, a cache hit) takes it when it starts and
+  counts its records on it, so the attempt above adds none of its own: one record per
+  provider call, however deep the routers nest. A retry beneath reads it to record its
+  retried calls under the attempt's route.
 
 Everything here is request-local (context variables); nothing outlives the request.
 """
@@ -48,20 +54,24 @@ PriceBook = Any
 
 __all__ = [
     "AttemptLog",
+    "AttemptMark",
     "PricedAttempt",
     "RequestBudget",
     "RouteReport",
     "attempt_timed_out",
     "current_attempt_log",
+    "current_attempt_mark",
     "current_budget",
     "current_operation",
     "current_report",
     "enter_attempt_log",
+    "enter_attempt_mark",
     "enter_attempt_timeout",
     "enter_budget",
     "enter_failover_check",
     "enter_report",
     "exit_attempt_log",
+    "exit_attempt_mark",
     "exit_attempt_timeout",
     "exit_budget",
     "exit_failover_check",
@@ -240,9 +250,13 @@ class AttemptLog:
         self.recorded = 0
         self.late: Callable[[AttemptLog], None] | None = None
 
-    def add(self, attempt: PricedAttempt) -> None:
-        """Add an attempt that ended (a router, or a cache for its hit, does)."""
+    def add(self, attempt: PricedAttempt, within: AttemptMark | None = None) -> None:
+        """Add an attempt that ended (a router, or a cache for its hit, does); `within` is
+        the attempt above it stands for (the `current_attempt_mark()` where the logger
+        started), told so. A retried call is added beside its attempt: without `within`."""
         self.attempts.append(attempt)
+        if within is not None:
+            within.beneath += 1
         late = self.late
         if late is not None:
             late(self)
@@ -260,6 +274,28 @@ current_attempt_log = _attempt_log.get
 """The attempt log of the request being served in this context, if a layer opened one."""
 enter_attempt_log = _attempt_log.set
 exit_attempt_log = _attempt_log.reset
+
+
+class AttemptMark(Protocol):
+    """An attempt whose route is running, as layers beneath see it (see the module
+    docstring): its route, its number in its router's request and the route's price (None:
+    the book's), and `beneath`, the records layers beneath logged for it."""
+
+    route_name: str
+    number: int
+    price: Any
+    beneath: int
+
+
+_attempt_mark: contextvars.ContextVar[AttemptMark | None] = contextvars.ContextVar(
+    "chat_pipeline_attempt_mark", default=None
+)
+AttemptMarkToken = contextvars.Token[AttemptMark | None]
+
+current_attempt_mark = _attempt_mark.get
+"""The attempt whose route is running in this context, while its request is logged."""
+enter_attempt_mark = _attempt_mark.set
+exit_attempt_mark = _attempt_mark.reset
 
 
 def open_attempt_log(

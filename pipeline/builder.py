@@ -499,22 +499,34 @@ class ChatPipelineBuilder:
             enabled=enabled,
         )
 
-    def use_spend(self, ledger: Any, *, attribution: Any = None, enabled: bool = True) -> Self:
+    def use_spend(
+        self,
+        ledger: Any,
+        *,
+        attribution: Any = None,
+        price: Any = None,
+        enabled: bool = True,
+    ) -> Self:
         """Record what each request spent in `ledger` (a `pipeline.spend.SpendLedger`): a
-        record per provider attempt the routers beneath make, and per cache hit beneath (see
-        `middleware.spend`). `attribution` says whose requests they are: a fixed
-        `pipeline.spend.Attribution` (or a mapping of its fields), or a function of the
-        request, ``(messages, options) -> Attribution | None``. The ledger is yours to close
-        (`SpendLedger.aclose`) when every pipeline using it is closed."""
+        record per provider call the routers beneath make (each retried call too), and per
+        cache hit beneath (see `middleware.spend`). `attribution` says whose requests they
+        are: a fixed `pipeline.spend.Attribution` (or a mapping of its fields), or a
+        function of the request, ``(messages, options) -> Attribution | None``. `price` (a
+        `pipeline.pricing.Price`) prices the call when no router is beneath, over the
+        ledger's book. The ledger is yours to close (`SpendLedger.aclose`) when every
+        pipeline using it is closed."""
         from middleware.spend import SpendChatClient
+        from pipeline.pricing import Price
         from pipeline.spend import Attribution, SpendLedger
 
         if not isinstance(ledger, SpendLedger):
             raise TypeError(f"ledger must be a SpendLedger, not {type(ledger).__name__}")
         if attribution is not None and not callable(attribution):
             attribution = Attribution.of(attribution)  # a bad one fails where it was written
+        if price is not None and not isinstance(price, Price):
+            raise TypeError(f"price must be a Price, not {type(price).__name__}")
         return self.use(
-            lambda inner: SpendChatClient(inner, ledger, attribution=attribution),
+            lambda inner: SpendChatClient(inner, ledger, attribution=attribution, price=price),
             enabled=enabled,
         )
 

@@ -117,6 +117,7 @@ from pipeline.spend._settings import LedgerSettings
 
 if TYPE_CHECKING:
     from pipeline.gateway.settings import GatewaySettings
+    from pipeline.pricing import Price
     from pipeline.spend import SpendLedger
 
 __all__ = [
@@ -1006,23 +1007,31 @@ class PipelineConfig:
         builder = ChatPipeline.builder(**providers)
         builder.use_telemetry(enabled=layers.telemetry)
         builder.use_logging(enabled=layers.logging)
-        self.install_spend(builder, spend_ledger)
+        router = self.router
+        # Without a router the one route is the call: the spend layer prices it at its price.
+        only = next(iter(routes.values()))
+        self.install_spend(builder, spend_ledger, price=only.price if router is None else None)
         builder.use_function_invocation(list(tools), enabled=layers.function_invocation)
         self.install_cache(builder)
-        if self.router is None:
-            only = next(iter(routes.values()))
+        if router is None:
             return builder.build(only.client, name=only.name)
         try:
-            self.router.install(builder, routes, self._secrets)
+            router.install(builder, routes, self._secrets)
         except (TypeError, ValueError) as exc:
             raise ConfigError("router", str(exc)) from exc
         return builder.build()
 
     def install_spend(
-        self, builder: ChatPipelineBuilder, ledger: SpendLedger | None = None
+        self,
+        builder: ChatPipelineBuilder,
+        ledger: SpendLedger | None = None,
+        *,
+        price: Price | None = None,
     ) -> None:
         """Add the ``[spend]`` layer to `builder`, when the file has one and it is enabled:
-        recording in `ledger`, or in a ledger made here that the layer closes."""
+        recording in `ledger`, or in a ledger made here that the layer closes; `price` is
+        the route's, when the layer is over one route with no router (it wins over the
+        book)."""
         spend = self.spend
         if spend is None or not spend.enabled:
             return
@@ -1032,7 +1041,7 @@ class PipelineConfig:
         def layer(inner: ChatClient) -> ChatClient:
             from middleware.spend import SpendChatClient
 
-            return SpendChatClient(inner, used, close_ledger=owned)
+            return SpendChatClient(inner, used, close_ledger=owned, price=price)
 
         builder.use(layer)
 

@@ -181,7 +181,8 @@ _KEYWORDS = {"and", "or", "unless", "bool", "offset"}
 def _series_names(query: str) -> set[str]:
     """The metric names a PromQL query selects: the identifiers left once label lists,
     matchers, ranges and function calls are set aside (a bare ``name`` selects too)."""
-    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", _GROUPING.sub(" ", query))
+    unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', " ", query)  # label_replace's strings name labels
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", _GROUPING.sub(" ", unquoted))
     return set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", bare)) - _KEYWORDS
 
 
@@ -212,6 +213,11 @@ def test_the_run_emits_every_metric_the_library_has() -> None:
         "http_server_request_duration_seconds",
         "chat_pipeline_cache_lookups_total",
         "chat_pipeline_cache_saved_cost_total",
+        "chat_pipeline_spend_cost_total",
+        "chat_pipeline_spend_unpriced_total",
+        "chat_pipeline_spend_written_total",
+        "chat_pipeline_spend_spooled_total",
+        "chat_pipeline_spend_dropped_total",
     }
 
 

@@ -165,10 +165,10 @@ enclosing request's budget, if any, still applies)."""
 
 _Deadline = tuple[float, Literal["attempt", "selection", "reserve", "request"]]
 
-# (OpenTelemetry context, request budget, attempt timeout, failover check) tokens, or None
-# each.
-_Tokens = tuple[Any, Any, Any, Any]
-_NO_TOKENS: _Tokens = (None, None, None, None)  # nothing was made current
+# (OpenTelemetry context, request budget, attempt timeout, failover check, attempt mark)
+# tokens, or None each.
+_Tokens = tuple[Any, Any, Any, Any, Any]
+_NO_TOKENS: _Tokens = (None, None, None, None, None)  # nothing was made current
 
 
 def _held_against(
@@ -234,6 +234,9 @@ class RequestState:
     # The request's attempt log (a spend layer or the gateway above opened it), taken when
     # the request starts: each attempt is priced and added to it as it ends.
     log: _scope.AttemptLog | None = field(default_factory=_scope.current_attempt_log)
+    # The attempt of a router (or a logged call) above whose route this request runs in: its
+    # records stand for that attempt, which is told so and adds none.
+    within: _scope.AttemptMark | None = field(default_factory=_scope.current_attempt_mark)
 
     def room_for_another(self, needed: float) -> bool:
         """Whether the limits leave room for an attempt after the one in progress (not in
@@ -294,6 +297,10 @@ class AttemptState:
     model: str | None = None
     characters: int = 0
     started_at: float = 0.0  # seconds since the epoch, when the request is logged
+    # When the request is logged, the attempt is the current `AttemptMark` while its route
+    # runs before output; `beneath` counts the records layers beneath logged for it.
+    logged: bool = False
+    beneath: int = 0
 
     def tally(self, update: ChatResponseUpdate, counting: bool) -> None:
         """Take what `update` says of the attempt's usage, model and output."""
@@ -470,6 +477,7 @@ class AttemptEngine(abc.ABC):
         request.running = attempt.route_name
         if request.log is not None:
             attempt.started_at = time.time()
+            attempt.logged = True
         if request.watch is not None:
             attempt.watch = request.watch(attempt)
 
@@ -556,20 +564,25 @@ class AttemptEngine(abc.ABC):
         budget: _scope.RequestBudget | None,
         timeout: asyncio.Timeout | None,
         movable: _scope.FailoverCheck | None = None,
+        *,
+        output: bool = False,
     ) -> _Tokens:
         """Make the attempt span, the request budget, the attempt's timeout and (before
-        output, for a router that can move on) the failover check current while the route
-        runs."""
+        output: for a router that can move on) the failover check and (for a logged
+        request) the attempt mark current while the route runs."""
         return (
             otel_context.attach(attempt.span_context) if attempt.span_context is not None else None,
             _scope.enter_budget(budget) if budget is not None else None,
             _scope.enter_attempt_timeout(timeout) if timeout is not None else None,
             _scope.enter_failover_check(movable) if movable is not None else None,
+            _scope.enter_attempt_mark(attempt) if attempt.logged and not output else None,
         )
 
     @staticmethod
     def _exit(tokens: _Tokens) -> None:
-        span_token, budget_token, timeout_token, failover_token = tokens
+        span_token, budget_token, timeout_token, failover_token, mark_token = tokens
+        if mark_token is not None:
+            _scope.exit_attempt_mark(mark_token)
         if failover_token is not None:
             _scope.exit_failover_check(failover_token)
         if timeout_token is not None:
@@ -618,7 +631,13 @@ class AttemptEngine(abc.ABC):
         context.attempts.append(record)
         cost: Cost | None = None
         log = request.log
-        if (log is not None or attempt.price is not None) and reached_provider(exception):
+        if attempt.beneath:
+            # Layers beneath logged this attempt's provider calls (a router, a cache hit):
+            # their records stand for it, and for the attempt above this request.
+            within = request.within
+            if within is not None:
+                within.beneath += 1
+        elif (log is not None or attempt.price is not None) and reached_provider(exception):
             cost = self._price(request, attempt, record, response, log)
         if attempt.span is not None:
             self._telemetry.finish(
@@ -635,8 +654,9 @@ class AttemptEngine(abc.ABC):
             report.metadata = metadata_of(record.client)
             report.attempts = record.number
             report.fallback = record.number > 1
-            report.price = attempt.price
-            report.cost = cost
+            if not attempt.beneath:  # else the attempt beneath that served told them
+                report.price = attempt.price
+                report.cost = cost
         on_attempt = request.on_attempt
         reported = on_attempt(context, record, terminal) if on_attempt is not None else None
         if reported is not None and not inspect.isawaitable(reported):
@@ -680,7 +700,7 @@ class AttemptEngine(abc.ABC):
             time_to_first_update=record.time_to_first_update,
         )
         if log is not None:
-            log.add(spent)
+            log.add(spent, request.within)
         return spent.cost
 
     async def _caller_left(
@@ -891,7 +911,9 @@ class AttemptEngine(abc.ABC):
                 )
                 watch = attempt.watch
                 while True:
-                    if plain and (movable is None or first_update is not None):
+                    if plain and (
+                        first_update is not None or (movable is None and not attempt.logged)
+                    ):
                         deadline = timeout = None
                         tokens = _NO_TOKENS
                     else:
@@ -903,6 +925,7 @@ class AttemptEngine(abc.ABC):
                             budget,
                             _held_against(timeout, deadline),
                             None if output else movable,
+                            output=output,
                         )
                     mark = clock()
                     try:

@@ -456,7 +456,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                             request, attempt, winner.started, attempt.number, output=True
                         )
                         timeout = self._timeout(deadline)
-                        tokens = self._enter(attempt, budget, timeout)
+                        tokens = self._enter(attempt, budget, timeout, output=True)
                     mark = clock()
                     try:
                         if timeout is None:

@@ -238,7 +238,7 @@ class Gateway:
                     .use_logging(enabled=config.layers.logging)
                 )
                 if self.spend is not None:
-                    config.install_spend(builder, self.spend)
+                    config.install_spend(builder, self.spend, price=route.price)
                 config.install_cache(builder)
                 client = builder.build(route.client, name=route.name)
                 built[target] = Target(client, route.instructions, route=target)

@@ -28,7 +28,7 @@ from pipeline._semconv import (
 )
 from pipeline.errors import SchemaVersionError
 from pipeline.pricing import PriceBook, default_book
-from pipeline.spend._record import SpendRecord, SpendSummary
+from pipeline.spend._record import Attribution, SpendRecord, SpendSummary
 from pipeline.spend._settings import LedgerSettings
 from pipeline.spend._spool import Spool
 from pipeline.spend._store import SpendStore
@@ -36,9 +36,15 @@ from pipeline.spend._store import SpendStore
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
+    from pipeline._scope import PricedAttempt
+
 __all__ = ["SpendLedger"]
 
 _logger = logging.getLogger("chat_pipeline.spend")
+
+_Entry = tuple[Any, ...]
+"""A queued entry whose record is not made yet: ``(priced attempt, request id, attribution)``,
+or ``(record,)``."""
 
 MAX_LABEL_SETS = 1000
 """Distinct (route, model, key name, team) label sets the cost metric keeps; past them the
@@ -112,7 +118,9 @@ class SpendLedger:
             if settings.spool is not None
             else None
         )
-        self._queue: collections.deque[SpendRecord] = collections.deque()
+        # Entries: (a priced attempt, its request id, its attribution), whose record the writer
+        # makes; (a record,) given to `record`; or a record queued again (made already).
+        self._queue: collections.deque[_Entry | SpendRecord] = collections.deque()
         self._outage = Outage(
             _logger,
             f"spend database ({getattr(store, 'describe', lambda: type(store).__name__)()})",
@@ -158,17 +166,28 @@ class SpendLedger:
 
     def record(self, records: Iterable[SpendRecord]) -> None:
         """Queue `records` to be written (never waits, never raises)."""
+        self._enqueue([(record,) for record in records])
+
+    def record_attempts(
+        self,
+        attempts: Sequence[PricedAttempt],
+        request_id: str | None,
+        attribution: Attribution | None,
+    ) -> None:
+        """Queue the records of one request's priced `attempts` (`pipeline._scope`), whose
+        request it was: the records are made by the writer, off the request's path (never
+        waits, never raises)."""
+        self._enqueue([(attempt, request_id, attribution) for attempt in attempts])
+
+    def _enqueue(self, entries: list[_Entry]) -> None:
         queue = self._queue
-        limit = self.settings.max_queue
-        dropped = 0
-        for record in records:
-            self._count(record)
-            if len(queue) >= limit or self._closed:
-                dropped += 1
-                continue
-            queue.append(record)
-        if dropped:
-            self._drop(dropped, "queue_full")
+        room = 0 if self._closed else self.settings.max_queue - len(queue)
+        if len(entries) > room:
+            kept = max(room, 0)
+            self._records(entries[kept:])  # counted in the metrics, then dropped
+            self._drop(len(entries) - kept, "queue_full")
+            entries = entries[:kept]
+        queue.extend(entries)
         if not queue:
             return
         try:
@@ -178,28 +197,60 @@ class SpendLedger:
         if len(queue) >= self.settings.max_batch and self._wake is not None:
             self._wake.set()
 
-    def _count(self, record: SpendRecord) -> None:
-        if record.cache == "hit":
-            return
-        model = record.model_served or record.model_requested or ""
-        if record.cost is None:
-            self._unpriced.add(1, {ROUTE_NAME: record.route or "", SPEND_MODEL: model})
-            return
-        if not record.cost:
-            return
-        key = (record.route, model, record.key_name, record.team, record.currency)
-        labels = self._labels.get(key)
-        if labels is None:
-            crowded = len(self._labels) >= MAX_LABEL_SETS
-            labels = {
-                ROUTE_NAME: record.route or "",
-                SPEND_MODEL: model,
-                SPEND_KEY: "other" if crowded else record.key_name or "",
-                SPEND_TEAM: "other" if crowded else record.team or "",
-            }
-            if not crowded:
-                self._labels[key] = labels
-        self._cost.add(float(record.cost), labels)
+    def _records(self, entries: Iterable[_Entry | SpendRecord]) -> list[SpendRecord]:
+        """The records of queued entries. A priced attempt's record is made here, once (the
+        record, and its id, stay what is written, spooled or tried again); records made now
+        or queued by `record` are counted in the metrics, a record queued again is not."""
+        made: list[SpendRecord] = []
+        fresh: list[SpendRecord] = []
+        of_attempt = SpendRecord.of_attempt
+        for entry in entries:
+            if isinstance(entry, SpendRecord):
+                made.append(entry)  # a record queued again: made and counted already
+                continue
+            record = entry[0] if len(entry) == 1 else of_attempt(*entry)
+            made.append(record)
+            fresh.append(record)
+        if fresh:
+            self._count(fresh)
+        return made
+
+    def _take(self, count: int) -> list[SpendRecord]:
+        """The records of the queue's first `count` entries, taken from it."""
+        queue = self._queue
+        return self._records([queue.popleft() for _ in range(count)])
+
+    def _count(self, records: list[SpendRecord]) -> None:
+        """Add `records` to the cost and unpriced metrics, once per label set."""
+        costs: dict[tuple[Any, ...], float] = {}
+        unpriced: dict[tuple[str, str], int] = {}
+        for record in records:
+            if record.cache == "hit":
+                continue
+            model = record.model_served or record.model_requested or ""
+            cost = record.cost
+            if cost is None:
+                where = (record.route or "", model)
+                unpriced[where] = unpriced.get(where, 0) + 1
+            elif cost:
+                key = (record.route, model, record.key_name, record.team, record.currency)
+                costs[key] = costs.get(key, 0.0) + float(cost)
+        for (route_name, unpriced_model), count in unpriced.items():
+            self._unpriced.add(count, {ROUTE_NAME: route_name, SPEND_MODEL: unpriced_model})
+        for key, amount in costs.items():
+            labels = self._labels.get(key)
+            if labels is None:
+                route, served, key_name, team, _ = key
+                crowded = len(self._labels) >= MAX_LABEL_SETS
+                labels = {
+                    ROUTE_NAME: route or "",
+                    SPEND_MODEL: served,
+                    SPEND_KEY: "other" if crowded else key_name or "",
+                    SPEND_TEAM: "other" if crowded else team or "",
+                }
+                if not crowded:
+                    self._labels[key] = labels
+            self._cost.add(amount, labels)
 
     def _drop(self, count: int, reason: str) -> None:
         self.dropped += count
@@ -264,7 +315,7 @@ class SpendLedger:
         queue = self._queue
         size = self.settings.max_batch
         while queue:
-            batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+            batch = self._take(min(size, len(queue)))
             try:
                 await self.store.write(batch)
             except Exception as exc:  # the database did not take it: keep it
@@ -299,9 +350,7 @@ class SpendLedger:
     async def _spool_queue(self) -> None:
         if self._spool is None or not self._queue:
             return
-        records = list(self._queue)
-        self._queue.clear()
-        await self._to_spool(records)
+        await self._to_spool(self._take(len(self._queue)))
 
     async def _to_spool(self, records: list[SpendRecord]) -> None:
         spool = self._spool
@@ -402,8 +451,7 @@ class SpendLedger:
             if self._spool is not None:
                 await self._spool_queue()
             else:
-                lost = len(self._queue)
-                self._queue.clear()
+                lost = len(self._take(len(self._queue)))  # counted in the metrics still
                 _logger.warning(
                     "spend ledger closed with %d record(s) its database did not take "
                     "(no spool configured)",

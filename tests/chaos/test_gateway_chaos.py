@@ -92,6 +92,10 @@ redis_url_env = "GATEWAY_REDIS_URL"
 retry_after = 3
 max_concurrent_per_key = 100000
 max_connections = 4096
+# A thousand connections open at once on a small shared machine: the test's client may send
+# a connection's head more than the default 10 s after the gateway accepted it.
+header_timeout = 120
+body_timeout = 120
 """
     with started(configuration, tmp_path) as running:
         yield running

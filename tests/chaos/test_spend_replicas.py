@@ -1,13 +1,16 @@
 """Exactly once, through replicas and an outage: 10,000 requests (half streamed) through two
 ``chat-pipeline serve`` replicas sharing one real PostgreSQL, which is stopped for 30 s in the
-middle of the run and started again. One upstream fails every eighth request before output,
-so those requests fail over: two attempts each.
+middle of the run and started again. The primary route retries a failed call once
+(``retry = { max_attempts = 2 }``): its upstream refuses both calls of every eighth
+request (which then fails over: three calls) and the first call of every eighth request
+between those (which its retry serves: two calls).
 
 What must hold: no request failed, and none took longer than the bound below; the ledger
 holds exactly one record per request the upstreams received (their own counts are the
-truth), with the tokens they answered; the outage was spooled, not lost. Then ``kill -9`` of
-a replica: what it had written stays, and what it loses is at most what it had not flushed
-yet (the requests after its last write). Loopback only; bounded in count and time.
+truth), retried calls included, with the tokens they answered; the outage was spooled, not
+lost. Then ``kill -9`` of a replica: what it had written stays, and what it loses is at
+most what it had not flushed yet (the requests after its last write). Loopback only;
+bounded in count and time.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import httpx
 import pytest
 
 from pipeline import _db
-from tests.chaos.spend_upstream import USAGE
+from tests.chaos.spend_upstream import FAIL_EVERY, RETRIED, USAGE
 from tests.pipeline.gateway.test_server import listening_port
 from tests.postgres_server import PostgresServer
 from tests.processes import ChildProcess, StartError, serve_argv
@@ -62,6 +65,7 @@ def write_config(path: Path, upstream: str, spool: Path) -> Path:
 provider = "openai"
 model = "gpt-4o-mini"
 base_url = "{upstream}/primary/v1"
+retry = {{ max_attempts = 2, initial_delay = 0.05 }}
 
 [routes.backup]
 provider = "openai"
@@ -203,23 +207,29 @@ async def test_one_record_per_attempt_through_an_outage_and_a_kill(
 
             stats = (await client.get(f"{upstream}/stats")).json()
             sent = stats["primary"] + stats["backup"]
-            assert stats["backup"] == stats["failed"] == REQUESTS // 8
+            failing_over = REQUESTS // FAIL_EVERY  # two refused calls each, then the backup
+            assert stats["backup"] == failing_over
+            assert stats["failed"] == 2 * failing_over + REQUESTS // FAIL_EVERY  # + retried
             assert await count_reaches(dsn, sent) == sent
 
-            # Exactly one record per upstream request, with what it answered.
+            # Exactly one record per upstream request, retried calls included, with what it
+            # answered.
             found = await rows(dsn)
             assert len(found) == sent
-            assert len({(r["request_id"], r["attempt"]) for r in found}) == sent
             by_request: dict[str, list[Any]] = {}
             for row in found:
                 by_request.setdefault(row["request_id"], []).append(row)
             assert set(by_request) == {f"r{n}" for n in range(REQUESTS)}
-            for attempts in by_request.values():
+            refused = (1, "primary", "failed_before_output")
+            shapes = {
+                0: [refused, refused, (2, "backup", "completed")],
+                RETRIED: [(1, "primary", "completed"), refused],
+            }
+            for request_id, attempts in by_request.items():
                 shape = sorted((r["attempt"], r["route"], r["outcome"]) for r in attempts)
-                assert shape in (
-                    [(1, "primary", "completed")],
-                    [(1, "primary", "failed_before_output"), (2, "backup", "completed")],
-                ), shape
+                number = int(request_id[1:])
+                expected = shapes.get(number % FAIL_EVERY, [(1, "primary", "completed")])
+                assert shape == expected, (request_id, shape)
             served = stats["primary"] - stats["failed"]
             assert sum(r["input_tokens"] for r in found) == (
                 served * USAGE["primary"][0] + stats["backup"] * USAGE["backup"][0]

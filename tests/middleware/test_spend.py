@@ -351,12 +351,25 @@ async def test_without_a_router_the_call_is_the_attempt(
     )
 
 
+async def test_without_a_router_the_layer_price_wins_over_the_book(
+    ledger: SpendLedger, streaming: bool
+) -> None:
+    client = openai(reply("ok", usage=USAGE), name="direct")
+    price = Price(1.0, 2.0, cache_read_per_million=0.5)
+    chat = ChatPipeline.builder().use_spend(ledger, price=price).build(client)
+    await collect(chat, "hi", streaming=streaming)
+    (spent,) = await ledger.records()
+    assert spent.cost == Decimal("0.0012")  # as in test_a_route_price_wins_over_the_book
+
+
 def test_use_spend_checks_what_it_is_given(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="ledger must be a SpendLedger"):
         ChatPipeline.builder().use_spend(object())
     ledger = SpendLedger(SQLiteSpendStore(tmp_path / "spend.db"))
     with pytest.raises(ValueError, match="unknown attribution field"):
         ChatPipeline.builder().use_spend(ledger, attribution={"colour": "red"})
+    with pytest.raises(TypeError, match="price must be a Price"):
+        ChatPipeline.builder().use_spend(ledger, price=(1.0, 2.0))
     built = ChatPipeline.builder().use_spend(ledger).build(openai("ok", name="p"))
     assert built.describe()[0].startswith("SpendChatClient(SQLiteSpendStore(")
 

@@ -450,6 +450,8 @@ async def test_the_cost_metrics_by_route_model_key_and_team(tmp_path: Path, otel
             record(4, cost="0", cache="hit", saved_cost=Decimal(1)),
         ]
     )
+    assert otel.total("chat_pipeline.spend.cost") == 0  # counted as the writer takes them
+    await ledger.flush()
     labels = {
         "chat_pipeline.route.name": "primary",
         "chat_pipeline.spend.model": "gpt-4o-2024-08-06",

@@ -26,14 +26,20 @@ KEYS = ["key-a-secret", "key-b-secret"]
 NAMES = [key_identity(key.encode())[:10] for key in KEYS]
 
 
-def spend_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, routes: dict[str, Any]) -> Any:
+def spend_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, routes: dict[str, Any], **gateway: Any
+) -> Any:
     monkeypatch.setenv("SPEND_TEST_KEYS", ",".join(KEYS))
     monkeypatch.setenv("SPEND_TEST_ADMIN", ADMIN)
     return parse_config(
         {
             "routes": routes,
             "router": {"kind": "ordered", "order": list(routes)},
-            "gateway": {"api_keys_env": "SPEND_TEST_KEYS", "admin_key_env": "SPEND_TEST_ADMIN"},
+            "gateway": {
+                "api_keys_env": "SPEND_TEST_KEYS",
+                "admin_key_env": "SPEND_TEST_ADMIN",
+                **gateway,
+            },
             "spend": {"path": str(tmp_path / "spend.db"), "flush_interval": 0.05},
         }
     )
@@ -167,6 +173,50 @@ async def test_the_anthropic_and_responses_paths_are_their_endpoints(
             assert by_endpoint["/v1/messages"].key_name == NAMES[1]
             assert by_endpoint["/v1/responses"].user == "u-88"
             assert all(r.cost is not None and r.cost > 0 for r in by_endpoint.values())
+
+
+async def test_a_route_served_by_name_is_priced_at_its_price_and_its_retries_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streaming: bool
+) -> None:
+    async with FakeOpenAIServer() as cheap, FakeOpenAIServer() as other:
+        cheap.default = other.default = FakeResponse(usage=(100, 20))
+        cheap.script(FakeResponse(status=503, error_type="server_error"))  # retried
+        routes = {
+            "cheap": {
+                "provider": "openai",
+                "model": "gpt-4o-mini",
+                "base_url": cheap.base_url,
+                "price": {"input_per_million": 1.0, "output_per_million": 2.0},
+                "retry": {"max_attempts": 2, "initial_delay": 0, "max_delay": 0},
+            },
+            "other": {"provider": "openai", "model": "gpt-4o-mini", "base_url": other.base_url},
+        }
+        models = {"cheap": "cheap", "pipeline": "pipeline"}
+        config = spend_config(tmp_path, monkeypatch, routes, models=models)
+        async with (
+            running(config) as gateway,
+            httpx.AsyncClient(base_url=gateway.url, timeout=30) as client,
+        ):
+            response = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "cheap",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "stream": streaming,
+                },
+                headers={"authorization": f"Bearer {KEYS[0]}"},
+            )
+            assert response.status_code == 200, response.text
+            ledger = gateway.gateway.spend
+            assert ledger is not None
+            records = sorted(await ledger.records(), key=lambda r: r.outcome)
+        assert cheap.count() == 2 and other.count() == 0
+        # One record per call: the retried one used nothing; the answer at the route's
+        # price (100 x 1 + 20 x 2 per million), not the book's.
+        assert [(r.route, r.outcome, r.cost) for r in records] == [
+            ("cheap", "completed", Decimal("0.00014")),
+            ("cheap", "failed_before_output", Decimal(0)),
+        ]
 
 
 async def test_admin_spend_answers_the_admin_key_only(

@@ -375,6 +375,53 @@ async def test_a_read_tool_loop_with_thought_signatures_over_a_gemini_route(
     assert CANARY in json.dumps(answer)  # Claude Code read the file and sent it
 
 
+@pytest.mark.parametrize("first", ["gemini", "bedrock"])
+async def test_failover_between_a_gemini_and_a_bedrock_route_is_invisible(
+    claude: Path,
+    bedrock_upstream: FakeBedrockServer,
+    otel: Otel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    first: str,
+) -> None:
+    """Either route fails before output (throttled, saying when it will be back); the other
+    serves: Claude Code sees one answer and no error."""
+    monkeypatch.setenv("CLAUDE_CODE_TEST_UPSTREAM_KEY", "upstream-key")
+    async with FakeGeminiServer() as gemini:
+        routes = {
+            "gemini": {
+                "provider": "gemini",
+                "model": "gemini-2.5-flash",
+                "base_url": gemini.base_url,
+                "api_key_env": "CLAUDE_CODE_TEST_UPSTREAM_KEY",
+                "retry": {"max_attempts": 1},
+            },
+            "bedrock": {**bedrock_route(bedrock_upstream), "retry": {"max_attempts": 1}},
+        }
+        order = [first, "bedrock" if first == "gemini" else "gemini"]
+        if first == "gemini":
+            gemini.script(FakeResponse.error(429, retry_after="30"))
+            bedrock_upstream.script(FakeResponse(text="Served by the other cloud."))
+        else:
+            bedrock_upstream.script(
+                FakeResponse.error(429, type="ThrottlingException", retry_after="30")
+            )
+            gemini.script(FakeResponse(text="Served by the other cloud."))
+        cfg = parse_config(
+            {
+                "routes": {name: routes[name] for name in order},
+                "router": {"kind": "ordered", "order": order},
+                "gateway": {"models": {"claude-*": "pipeline"}},
+            }
+        )
+        async with running(cfg, **otel.providers) as gateway:
+            result = await ask(claude, gateway, tmp_path, "Say hello")
+            await gateway.gateway.wait_idle()
+    assert result["is_error"] is False, result
+    assert result["result"] == "Served by the other cloud."
+    assert (gemini.count(), bedrock_upstream.count()) == (1, 1)
+
+
 async def test_failover_before_output_is_invisible(
     claude: Path,
     openai_upstream: FakeOpenAIServer,

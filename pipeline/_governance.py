@@ -8,7 +8,8 @@ granted (with what the response headers say), refused (`BudgetExceededError`,
 `RateLimitExceededError`) or, when Redis cannot answer, served without it (fail open, the
 default) or refused (`BudgetUnavailableError`, with ``fail_closed``). `Admission.settle`
 gives the reservation back with what the request's attempts cost (the request scope's
-`AttemptLog`: a failover or a hedge settles each attempt) and the tokens they used.
+`AttemptLog`: a failover or a hedge settles each attempt, priced where it was logged) and
+the tokens they used.
 """
 
 from __future__ import annotations
@@ -17,17 +18,18 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal
 
 from pipeline._reservations import (
     NANOS,
     BudgetCheck,
     Demand,
     Granted,
+    Limits,
     RateCheck,
     RateState,
     Refused,
@@ -41,7 +43,7 @@ from pipeline.keys._model import Budget, period_bounds
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
 
-    from pipeline._scope import AttemptLog, PricedAttempt
+    from pipeline._scope import AttemptLog
     from pipeline.spend import SpendLedger
 
 __all__ = ["Admission", "Governor", "RateCost", "Subject", "scope_name"]
@@ -120,19 +122,15 @@ class Admission:
 
     @property
     def rates(self) -> tuple[RateState, ...]:
+        """Each rate limit's state after this request was admitted (none without Redis)."""
         return self.granted.rates if self.granted is not None else ()
 
     @property
     def soft_remaining(self) -> Decimal | None:
         return self.granted.soft_remaining if self.granted is not None else None
 
-    def settle(
-        self,
-        log: AttemptLog | None,
-        price_of: Callable[[PricedAttempt], Decimal | None] | None = None,
-    ) -> None:
-        """Release the reservation with what the attempts in `log` cost and used (an
-        attempt logged unpriced is priced by `price_of`, when it knows its route)."""
+    def settle(self, log: AttemptLog | None) -> None:
+        """Release the reservation with what the attempts in `log` cost and used (once)."""
         if self.settled:
             return
         self.settled = True
@@ -142,8 +140,6 @@ class Admission:
             for attempt in log.attempts:
                 if attempt.cost is not None:
                     cost += attempt.cost.amount
-                elif price_of is not None:
-                    cost += price_of(attempt) or 0
                 usage = attempt.usage
                 tokens += (usage.input_tokens or 0) + (usage.output_tokens or 0)
         self.governor.settle(self, cost, tokens)
@@ -183,7 +179,7 @@ class Governor:
         self.default_max_output_tokens = default_max_output_tokens
         self.retry_after = retry_after
         self._periods: dict[str | None, tuple[float, str, int]] = {}
-        self._made: dict[str, tuple[Subject, float, list[BudgetCheck], list[Any]]] = {}
+        self._made: dict[str, tuple[Subject, float, Limits]] = {}
         self._soft_warned: dict[str, float] = {}
 
     # -- building a demand -------------------------------------------------------------------
@@ -217,21 +213,16 @@ class Governor:
         output = max_output_tokens or self.default_max_output_tokens
         tokens = input_tokens + output
         amount = math.ceil(input_tokens * costs.input + output * costs.output)
-        budgets, limits = self._checks(subject)
-        burst = self.burst
-        rates = [
-            RateCheck(key, limit, 1 if unit == "requests" else tokens, unit, scope, burst, wire)
-            for key, limit, unit, scope, wire in limits
-        ]
-        return Demand(budgets, amount, rates, self.lease), tokens
+        demand = Demand(amount=amount, lease=self.lease, tokens=tokens, limits=self.limits(subject))
+        return demand, tokens
 
-    def _checks(self, subject: Subject) -> tuple[list[BudgetCheck], list[Any]]:
-        """A subject's budget checks and rate limits (key, limit, unit, scope), made once a
-        minute (a period ends on a whole minute) per subject."""
+    def limits(self, subject: Subject) -> Limits:
+        """A subject's budgets and rate limits, made once a minute (a period ends on a whole
+        minute) per subject."""
         now = time.time()
-        cached = self._made.get(subject.identity)
-        if cached is not None and cached[0] is subject and now < cached[1]:
-            return cached[2], cached[3]
+        made = self._made.get(subject.identity)
+        if made is not None and made[0] is subject and now < made[1]:
+            return made[2]
         budgets: list[BudgetCheck] = []
         if subject.budget is not None:
             budgets.append(self._budget("k", subject.identity, subject.budget, "key"))
@@ -239,25 +230,30 @@ class Governor:
             budgets.append(self._budget("t", subject.team, subject.team_budget, "team"))
         if subject.user is not None and subject.user_budget is not None:
             budgets.append(self._budget("u", subject.user, subject.user_budget, "user"))
-        limits: list[Any] = []
-        key = self.reservations.key
+        rates: list[RateCheck] = []
+        key, burst = self.reservations.key, self.burst
+
+        def rate(kind: str, name: str, unit: Literal["requests", "tokens"], limit: int) -> None:
+            suffix = "rpm" if unit == "requests" else "tpm"
+            scope = "key" if kind == "k" else "team"
+            rates.append(RateCheck(key("r", kind, name, suffix), limit, None, unit, scope, burst))
+
         mine = scope_name(subject.identity)
         if subject.rpm:
-            limits.append((key("r", "k", mine, "rpm"), subject.rpm, "requests", "key"))
+            rate("k", mine, "requests", subject.rpm)
         if subject.tpm:
-            limits.append((key("r", "k", mine, "tpm"), subject.tpm, "tokens", "key"))
+            rate("k", mine, "tokens", subject.tpm)
         if subject.team is not None:
             team = scope_name(subject.team)
             if subject.team_rpm:
-                limits.append((key("r", "t", team, "rpm"), subject.team_rpm, "requests", "team"))
+                rate("t", team, "requests", subject.team_rpm)
             if subject.team_tpm:
-                limits.append((key("r", "t", team, "tpm"), subject.team_tpm, "tokens", "team"))
-        # Each limit's interval and tolerance as the script reads them, made once.
-        limits = [(*limit, f"{60_000.0 / limit[1]!r} {self.burst * 1000.0!r}") for limit in limits]
+                rate("t", team, "tokens", subject.team_tpm)
+        limits = Limits(budgets, rates)
         if len(self._made) >= 10_000:
             self._made.clear()
-        self._made[subject.identity] = (subject, math.floor(now / 60) * 60 + 60, budgets, limits)
-        return budgets, limits
+        self._made[subject.identity] = (subject, math.floor(now / 60) * 60 + 60, limits)
+        return limits
 
     # -- admitting and settling --------------------------------------------------------------
 
@@ -318,13 +314,10 @@ class Governor:
         return admission
 
     def settle(self, admission: Admission, cost: Decimal, tokens: int) -> None:
-        demand = admission.demand
-        deltas = {
-            rate.key: tokens - admission.estimated_tokens
-            for rate in demand.rates
-            if rate.unit == "tokens"
-        }
-        self.reservations.settle(Settlement(demand, nanos(cost), deltas))
+        """Give `admission`'s reservation back: `cost` spent, `tokens` used."""
+        self.reservations.settle(
+            Settlement(admission.demand, nanos(cost), tokens - admission.estimated_tokens)
+        )
 
     def _soft_passed(self, subject: Subject, remaining: Decimal) -> None:
         self._soft.add(1)

@@ -11,7 +11,12 @@ Promises:
   none is, else it waits with the others that come meanwhile and they go out together when
   the reply comes; the settlements waiting since the last call go with them. So a request
   costs Redis one round trip at most, and under load many requests share one. A settlement
-  waits for the next reservation (or `SETTLE_DELAY` seconds);
+  waits for the next reservation, or goes out within `SETTLE_DELAY` (and the round trip on
+  the way then) without one: one timer for every settlement, never one each;
+* what a caller's requests count against (`Limits`: its budgets and rate limits) is encoded
+  once; a request adds its token, amount and tokens (the script's arguments name each
+  operation's keys by where they start), and its answer is read from the reply as it
+  arrives, with no task, future or turn of the event loop but the caller's own;
 * a budget admits a request while what is spent and reserved is under its limit, so what
   a budget's scope spends ends under its limit plus one request's cost; a refusal names the
   budget's scope; a soft limit passed is told in the grant (what remains);
@@ -38,10 +43,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
 from typing import Any, Literal
 
@@ -55,6 +59,7 @@ __all__ = [
     "BudgetCheck",
     "Demand",
     "Granted",
+    "Limits",
     "RateCheck",
     "RateState",
     "Refused",
@@ -81,7 +86,8 @@ def nanos(amount: Decimal, *, up: bool = False) -> int:
 SCRIPT = Script(
     r"""
 -- KEYS[1] epoch, KEYS[2] leases (zset: token -> end, ms), KEYS[3] lease records (hash),
--- KEYS[4] rebuild election; KEYS[5...] the counters operations name by index.
+-- KEYS[4] rebuild election; KEYS[5...] the counters: each operation's own, from its `base`
+-- (budgets first, then rate limits; a key may come again for another operation).
 -- ARGV: one operation each (R: reserve, S: settle, B: rebuild; fields in _reservations.py).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -122,22 +128,28 @@ for n = 1, #ARGV do
   for w in string.gmatch(ARGV[n], '%S+') do f[#f + 1] = w end
   local op = f[1]
   if op == 'R' then
+    -- R token lease amount base tokens nb (limit soft expire)*nb nr (interval tau cost)*nr;
+    -- a rate's cost 't' is the request's tokens.
     local token, lease, amount = f[2], tonumber(f[3]), f[4]
-    local nb = tonumber(f[5])
-    local i = 6
+    local k, tokens = tonumber(f[5]), tonumber(f[6])
+    local nb = tonumber(f[7])
+    local i = 8
     local budgets = {}
     for b = 1, nb do
-      budgets[b] = {key = KEYS[tonumber(f[i])], limit = tonumber(f[i + 1]),
-                    soft = tonumber(f[i + 2]), expire = tonumber(f[i + 3])}
-      i = i + 4
+      budgets[b] = {key = KEYS[k], limit = tonumber(f[i]), soft = tonumber(f[i + 1]),
+                    expire = tonumber(f[i + 2])}
+      i = i + 3
+      k = k + 1
     end
     local nr = tonumber(f[i])
     i = i + 1
     local rates = {}
     for r = 1, nr do
-      rates[r] = {key = KEYS[tonumber(f[i])], interval = tonumber(f[i + 1]),
-                  tau = tonumber(f[i + 2]), cost = tonumber(f[i + 3])}
-      i = i + 4
+      local cost = tokens
+      if f[i + 2] ~= 't' then cost = tonumber(f[i + 2]) end
+      rates[r] = {key = KEYS[k], interval = tonumber(f[i]), tau = tonumber(f[i + 1]), cost = cost}
+      i = i + 3
+      k = k + 1
     end
     if not epoch then
       local elected = 0
@@ -197,22 +209,26 @@ for n = 1, #ARGV do
       end
     end
   elseif op == 'S' then
+    -- S token reserved actual base delta nb (expire)*nb nr (interval tokens)*nr; `delta`
+    -- (actual - estimated tokens) corrects each rate whose `tokens` is 1.
     local token, reserved, actual = f[2], f[3], f[4]
-    local nb = tonumber(f[5])
-    local i = 6
+    local k, delta = tonumber(f[5]), tonumber(f[6])
+    local nb = tonumber(f[7])
+    local i = 8
     local record = redis.call('HGET', KEYS[3], token)
     local budgets = {}
     for b = 1, nb do
-      budgets[b] = {key = KEYS[tonumber(f[i])], expire = tonumber(f[i + 1])}
-      i = i + 2
+      budgets[b] = {key = KEYS[k], expire = tonumber(f[i])}
+      i = i + 1
+      k = k + 1
     end
     local nr = tonumber(f[i])
     i = i + 1
     local rates = {}
     for r = 1, nr do
-      rates[r] = {key = KEYS[tonumber(f[i])], interval = tonumber(f[i + 1]),
-                  delta = tonumber(f[i + 2])}
-      i = i + 3
+      rates[r] = {key = KEYS[k], interval = tonumber(f[i]), tokens = f[i + 1] == '1'}
+      i = i + 2
+      k = k + 1
     end
     if record == 's' then
       replies[n] = {0}  -- settled already (a call sent again)
@@ -223,14 +239,16 @@ for n = 1, #ARGV do
         redis.call('HINCRBY', check.key, 's', actual)
         if check.expire > 0 then redis.call('EXPIREAT', check.key, check.expire) end
       end
-      for _, check in ipairs(rates) do
-        if check.delta ~= 0 then
-          local tat = tonumber(redis.call('GET', check.key))
-          if tat then
-            tat = tat + check.delta * check.interval
-            local ttl = math.ceil(tat - now) + 60000
-            if ttl > 1000 then
-              redis.call('SET', check.key, string.format('%.3f', tat), 'PX', ttl)
+      if delta ~= 0 then
+        for _, check in ipairs(rates) do
+          if check.tokens then
+            local tat = tonumber(redis.call('GET', check.key))
+            if tat then
+              tat = tat + delta * check.interval
+              local ttl = math.ceil(tat - now) + 60000
+              if ttl > 1000 then
+                redis.call('SET', check.key, string.format('%.3f', tat), 'PX', ttl)
+              end
             end
           end
         end
@@ -263,6 +281,11 @@ return replies
 )
 
 
+def _bulk(data: bytes) -> bytes:
+    """`data` as a bulk string of the Redis protocol."""
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetCheck:
     """One budget a request counts against: its counter's Redis key (one per scope and
@@ -274,28 +297,20 @@ class BudgetCheck:
     soft: int | None = None
     expire_at: int = 0
     scope: str = "key"
-    wire: str = field(init=False, repr=False, compare=False)
-    """Its fields as the script reads them, after its key's index (made once)."""
-
-    def __post_init__(self) -> None:
-        soft = -1 if self.soft is None else self.soft
-        object.__setattr__(self, "wire", f" {self.limit} {soft} {self.expire_at}")
 
 
 @dataclass(frozen=True, slots=True)
 class RateCheck:
     """One rate limit a request takes cells of: `limit` units (`requests` or `tokens`) a
-    minute for `scope`, with a burst of `burst` seconds' worth; `cost` units now."""
+    minute for `scope`, with a burst of `burst` seconds' worth; `cost` units a request (None:
+    one request, or the request's tokens)."""
 
     key: str
     limit: int
-    cost: int
+    cost: int | None = None
     unit: Literal["requests", "tokens"] = "requests"
     scope: str = "key"
     burst: float = 1.0
-    wire: str = field(default="", repr=False, compare=False)
-    """Its interval and tolerance as the script reads them (made once by whoever makes the
-    same limit for many requests; else made when encoded)."""
 
     @property
     def interval(self) -> float:
@@ -308,17 +323,80 @@ class RateCheck:
         return self.burst * 1000.0
 
 
-@dataclass(slots=True)
+class Limits:
+    """The budgets and rate limits a caller's requests count against, encoded once for the
+    script (make one per caller and keep it). `memo` is for what a user of the limits
+    derives from them once (the gateway's header names)."""
+
+    __slots__ = ("budgets", "keys", "keys_resp", "memo", "rates", "reserve_wire", "settle_wire")
+
+    def __init__(self, budgets: Sequence[BudgetCheck] = (), rates: Sequence[RateCheck] = ()):
+        self.budgets = tuple(budgets)
+        self.rates = tuple(rates)
+        self.keys = tuple(b.key for b in self.budgets) + tuple(r.key for r in self.rates)
+        self.keys_resp = b"".join(_bulk(key.encode()) for key in self.keys)
+        reserve = [str(len(self.budgets))]
+        settle = [str(len(self.budgets))]
+        for budget in self.budgets:
+            soft = -1 if budget.soft is None else budget.soft
+            reserve.append(f"{budget.limit} {soft} {budget.expire_at}")
+            settle.append(str(budget.expire_at))
+        reserve.append(str(len(self.rates)))
+        settle.append(str(len(self.rates)))
+        for rate in self.rates:
+            tokens = rate.unit == "tokens"
+            cost = ("t" if tokens else "1") if rate.cost is None else str(rate.cost)
+            reserve.append(f"{rate.interval!r} {rate.tolerance!r} {cost}")
+            settle.append(f"{rate.interval!r} {int(tokens)}")
+        self.reserve_wire = " ".join(reserve)
+        self.settle_wire = " ".join(settle)
+        self.memo: dict[str, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"Limits(budgets={len(self.budgets)}, rates={len(self.rates)})"
+
+
+_NO_LIMITS = Limits()
+
+
 class Demand:
     """What one request asks of its budgets and limits: `amount` (`NANOS`, its estimated
-    maximum cost) reserved on each of `budgets`, `rates` taken; `lease` seconds before an
-    unsettled reservation is released."""
+    maximum cost) reserved on each budget, its rate-limit cells taken (`tokens`, its
+    estimated tokens, for the token limits); `lease` seconds before an unsettled reservation
+    is released. `limits` (else made of `budgets` and `rates`) is what it counts against."""
 
-    budgets: Sequence[BudgetCheck] = ()
-    amount: int = 0
-    rates: Sequence[RateCheck] = ()
-    lease: float = 600.0
-    token: str = ""
+    __slots__ = ("amount", "lease", "lease_ms", "limits", "token", "tokens")
+
+    def __init__(
+        self,
+        budgets: Sequence[BudgetCheck] = (),
+        amount: int = 0,
+        rates: Sequence[RateCheck] = (),
+        lease: float = 600.0,
+        token: str = "",
+        *,
+        tokens: int = 0,
+        limits: Limits | None = None,
+    ) -> None:
+        if limits is None:
+            limits = Limits(budgets, rates) if budgets or rates else _NO_LIMITS
+        self.limits = limits
+        self.amount = amount
+        self.tokens = tokens
+        self.lease = lease
+        self.lease_ms = int(lease * 1000)
+        self.token = token
+
+    @property
+    def budgets(self) -> tuple[BudgetCheck, ...]:
+        return self.limits.budgets
+
+    @property
+    def rates(self) -> tuple[RateCheck, ...]:
+        return self.limits.rates
+
+    def __repr__(self) -> str:
+        return f"Demand({self.limits!r}, amount={self.amount}, tokens={self.tokens})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,14 +409,31 @@ class RateState:
     reset_ms: int
 
 
-@dataclass(frozen=True, slots=True)
 class Granted:
     """The request is admitted; `soft_remaining` (currency units) when it passed a soft
-    limit: what the tightest such budget has left."""
+    limit: what the tightest such budget has left. `values`: each rate limit's remaining
+    and reset (ms), in the order of `limits.rates` (`rates` reads them as `RateState`s)."""
 
-    token: str
-    rates: tuple[RateState, ...] = ()
-    soft_remaining: Decimal | None = None
+    __slots__ = ("limits", "soft_remaining", "token", "values")
+
+    def __init__(
+        self,
+        token: str,
+        limits: Limits = _NO_LIMITS,
+        values: Sequence[int] = (),
+        soft_remaining: Decimal | None = None,
+    ) -> None:
+        self.token = token
+        self.limits = limits
+        self.values = values
+        self.soft_remaining = soft_remaining
+
+    @property
+    def rates(self) -> tuple[RateState, ...]:
+        return _rate_states(self.limits.rates, self.values)
+
+    def __repr__(self) -> str:
+        return f"Granted({self.token!r}, soft_remaining={self.soft_remaining})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,14 +458,17 @@ class Unavailable:
 Answer = Granted | Refused | Unavailable
 
 
-@dataclass(slots=True)
 class Settlement:
-    """A request's end: its `reserved` amount released and its `actual` cost spent on each
-    budget; each token limit corrected by `deltas` (actual - estimated tokens)."""
+    """A request's end: its `demand`'s reserved amount released and its `actual` cost
+    (`NANOS`) spent on each budget; each token limit corrected by `token_delta` (actual -
+    estimated tokens)."""
 
-    demand: Demand
-    actual: int
-    token_deltas: dict[str, int] = field(default_factory=dict)
+    __slots__ = ("actual", "demand", "token_delta")
+
+    def __init__(self, demand: Demand, actual: int, token_delta: int = 0) -> None:
+        self.demand = demand
+        self.actual = actual
+        self.token_delta = token_delta
 
 
 _PREFIX = os.urandom(6).hex()
@@ -382,20 +480,29 @@ def new_token() -> str:
     return f"{_PREFIX}{next(_counter):x}"
 
 
+def reserve_op(demand: Demand, base: int) -> str:
+    """The script's argument reserving `demand`, its keys from ``KEYS[base]``."""
+    return (
+        f"R {demand.token} {demand.lease_ms} {demand.amount} {base} {demand.tokens} "
+        f"{demand.limits.reserve_wire}"
+    )
+
+
+def settle_op(settlement: Settlement, base: int) -> str:
+    """The script's argument settling `settlement`, its keys from ``KEYS[base]``."""
+    demand = settlement.demand
+    return (
+        f"S {demand.token} {demand.amount} {settlement.actual} {base} "
+        f"{settlement.token_delta} {demand.limits.settle_wire}"
+    )
+
+
 class _Batch:
-    __slots__ = ("answers", "keys", "ops", "reserves", "settles")
+    __slots__ = ("reserves", "settles")
 
     def __init__(self) -> None:
-        self.keys: dict[str, int] = {}
-        self.ops: list[Any] = []
         self.reserves: list[tuple[Demand, asyncio.Future[Answer]]] = []
         self.settles: list[Settlement] = []
-
-    def key(self, name: str) -> int:
-        index = self.keys.get(name)
-        if index is None:
-            index = self.keys[name] = len(self.keys) + 5
-        return index
 
 
 class Reservations:
@@ -428,15 +535,19 @@ class Reservations:
             f"{namespace}:lease",
             f"{namespace}:rebuilding",
         ]
+        # The start of every call: the command, the script, and the fixed keys after the
+        # count of keys (which varies).
+        self._head = _bulk(b"EVALSHA") + _bulk(SCRIPT.sha.encode())
+        self._fixed_resp = b"".join(_bulk(key.encode()) for key in self._fixed)
         self._rebuild = rebuild
         self.rebuild_delay = rebuild_delay
         self.settle_delay = settle_delay
         self.max_pending = max_pending
         self._batch: _Batch | None = None
-        self._scheduled: asyncio.Handle | None = None
-        self._soon = False  # the batch goes out at the next turn (not after a delay)
-        self._waiting_settles: list[Settlement] = []
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._flusher: asyncio.TimerHandle | None = None
+        self._inflight = 0  # script calls on the way
+        self._due = False  # the settle timer fired while a call was on the way
+        self._idle: list[asyncio.Future[None]] = []  # `flush` callers waiting for them
         self._rebuilding: asyncio.Task[None] | None = None
         self.calls = 0  # script calls made (each one round trip)
 
@@ -452,27 +563,31 @@ class Reservations:
             demand.token = new_token()
         if self.outage.skipping():
             return Unavailable("outage")
-        batch = self._open()
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Answer] = loop.create_future()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
         batch.reserves.append((demand, future))
-        if not self._pending:
+        if not self._inflight:
             # Nothing on the way: out now (no extra turn of the loop). While a call is on
             # the way, reservations gather and go out together when its reply comes.
-            if self._scheduled is not None:
-                self._scheduled.cancel()
-            self._send()
+            self._send(loop)
         # A caller cancelled cancels its own answer only; the call goes on for the others.
         return await future
 
     def settle(self, settlement: Settlement) -> None:
         """Settle a granted request (sent with the next call, within `settle_delay`)."""
-        batch = self._open()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
         if len(batch.settles) >= self.max_pending:
             _logger.warning("too many settlements waiting for Redis: the oldest is dropped")
             batch.settles.pop(0)
         batch.settles.append(settlement)
-        if self._scheduled is None:
-            self._schedule(self.settle_delay)
+        if self._flusher is None:
+            loop = asyncio.get_running_loop()
+            self._flusher = loop.call_later(self.settle_delay, self._flush_settles, loop)
 
     async def prepare(self, bound: float = 10.0) -> bool:
         """Make sure the counters exist (a fresh or restarted Redis has them rebuilt now,
@@ -496,100 +611,138 @@ class Reservations:
     async def flush(self) -> None:
         """Send what waits now, and wait for the calls under way (what fails is kept for
         the next call)."""
+        loop = asyncio.get_running_loop()
         if self._batch is not None:
-            if self._scheduled is not None:
-                self._scheduled.cancel()
-            self._send()
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+            self._send(loop)
+        if self._inflight:
+            idle: asyncio.Future[None] = loop.create_future()
+            self._idle.append(idle)
+            await idle
 
     async def aclose(self) -> None:
         await self.flush()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
         if self._rebuilding is not None:
             self._rebuilding.cancel()
             await asyncio.gather(self._rebuilding, return_exceptions=True)
 
     # -- batching ----------------------------------------------------------------------------
 
-    def _open(self) -> _Batch:
+    def _flush_settles(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The settle timer, every `settle_delay` while settlements wait: those no
+        reservation took meanwhile go out on their own, or with the reply of the call on
+        the way (so a token limit's estimate is corrected that soon, not after a whole
+        other delay: the other replicas' requests are refused meanwhile); it stops when
+        none waits."""
+        self._flusher = None
         batch = self._batch
-        if batch is None:
-            batch = self._batch = _Batch()
-        return batch
+        if batch is None or not batch.settles:
+            return
+        if self._inflight:
+            self._due = True
+        elif not self.outage.skipping():
+            self._send(loop)
+        self._flusher = loop.call_later(self.settle_delay, self._flush_settles, loop)
 
-    def _schedule(self, delay: float) -> None:
-        if self._scheduled is not None:
-            self._scheduled.cancel()
-        loop = asyncio.get_running_loop()
-        self._soon = delay <= 0
-        if self._soon:
-            self._scheduled = loop.call_soon(self._send)
-        else:
-            self._scheduled = loop.call_later(delay, self._send)
-
-    def _send(self) -> None:
-        self._scheduled = None
-        self._soon = False
+    def _send(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._due = False
         batch, self._batch = self._batch, None
         if batch is None or not (batch.reserves or batch.settles):
             return
         self.calls += 1
         try:
-            args = self._encode(batch)
-            reply = self.redis.evalsha_soon(SCRIPT, [*self._fixed, *batch.keys], args)
+            command = self._command(batch)
         except Exception as exc:  # nothing was sent: the same as a failed call
             self._failed(batch, exc)
             return
-        self._pending.add(reply)
-        reply.add_done_callback(lambda done: self._replied(batch, done))
+        self._inflight += 1
 
-    def _encode(self, batch: _Batch) -> list[str]:
-        """One argument per operation, its fields joined by spaces (keys by index)."""
-        args: list[str] = []
-        key = batch.key
+        def replied(reply: Any, error: BaseException | None) -> None:
+            self._replied(batch, loop, reply, error)
+
+        self.redis.evalsha_then(SCRIPT, command, replied, loop)
+
+    def _command(self, batch: _Batch) -> bytes:
+        """The batch's ``EVALSHA``: one argument per operation, its fields joined by spaces;
+        each operation's keys after the fixed ones, from its `base` (1-based)."""
+        keys = [self._fixed_resp]
+        ops: list[str] = []
+        count = len(self._fixed)
         # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
-            demand = settlement.demand
-            fields = [f"S {demand.token} {demand.amount} {settlement.actual} {len(demand.budgets)}"]
-            for budget in demand.budgets:
-                fields.append(f"{key(budget.key)} {budget.expire_at}")
-            deltas = settlement.token_deltas
-            tokens = [rate for rate in demand.rates if rate.key in deltas]
-            fields.append(str(len(tokens)))
-            for rate in tokens:
-                fields.append(f"{key(rate.key)} {rate.interval!r} {deltas[rate.key]}")
-            args.append(" ".join(fields))
+            limits = settlement.demand.limits
+            ops.append(settle_op(settlement, count + 1))
+            keys.append(limits.keys_resp)
+            count += len(limits.keys)
         for demand, _ in batch.reserves:
-            fields = [
-                f"R {demand.token} {int(demand.lease * 1000)} {demand.amount} {len(demand.budgets)}"
-            ]
-            for budget in demand.budgets:
-                fields.append(f"{key(budget.key)}{budget.wire}")
-            fields.append(str(len(demand.rates)))
-            for rate in demand.rates:
-                static = rate.wire or f"{rate.interval!r} {rate.tolerance!r}"
-                fields.append(f"{key(rate.key)} {static} {rate.cost}")
-            args.append(" ".join(fields))
-        return args
+            limits = demand.limits
+            ops.append(reserve_op(demand, count + 1))
+            keys.append(limits.keys_resp)
+            count += len(limits.keys)
+        number = b"%d" % count
+        # The operations are ASCII (ids, numbers): framed as text, encoded once.
+        framed = "".join([f"${len(op)}\r\n{op}\r\n" for op in ops]).encode()
+        return b"".join(
+            (
+                b"*%d\r\n" % (3 + count + len(ops)),
+                self._head,
+                b"$%d\r\n%s\r\n" % (len(number), number),
+                *keys,
+                framed,
+            )
+        )
 
-    def _replied(self, batch: _Batch, reply: asyncio.Future[Any]) -> None:
-        self._pending.discard(reply)
-        waiting = self._batch
-        if waiting is not None and waiting.reserves and not self._pending:
-            # What gathered while this call was on the way goes out now.
-            if self._scheduled is not None:
-                self._scheduled.cancel()
-            self._send()
-        error = asyncio.CancelledError() if reply.cancelled() else reply.exception()
+    def _replied(
+        self,
+        batch: _Batch,
+        loop: asyncio.AbstractEventLoop,
+        reply: Any,
+        error: BaseException | None,
+    ) -> None:
+        self._inflight -= 1
         if error is not None:
             self._failed(batch, error)
-            return
-        self.outage.succeeded()
-        # The settlements' replies come first (they were sent first).
-        replies = reply.result()[len(batch.settles) :]
-        for (demand, future), answer in zip(batch.reserves, replies, strict=True):
-            if not future.done():
-                future.set_result(self._answer(demand, answer))
+        else:
+            self.outage.succeeded()
+        waiting = self._batch
+        if (
+            waiting is not None
+            and (waiting.reserves or (self._due and waiting.settles))
+            and not self._inflight
+        ):
+            if self.outage.skipping():
+                # Redis just failed: the reservations that gathered meanwhile are answered
+                # now (their settlements wait), not sent to wait out another bound.
+                for _, future in waiting.reserves:
+                    if not future.done():
+                        future.set_result(Unavailable("outage"))
+                waiting.reserves = []
+            else:
+                # What gathered while this call was on the way goes out now.
+                self._send(loop)
+        if error is None:
+            try:
+                # The settlements' replies come first (they were sent first).
+                answers = [
+                    self._answer(demand, answer)
+                    for (demand, _), answer in zip(
+                        batch.reserves, reply[len(batch.settles) :], strict=True
+                    )
+                ]
+            except Exception as exc:  # a reply not of this script's shape: Redis failed us
+                batch.settles = []  # they ran
+                self._failed(batch, exc)
+            else:
+                for (_, future), answer in zip(batch.reserves, answers, strict=True):
+                    if not future.done():
+                        future.set_result(answer)
+        if not self._inflight and self._idle:
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _failed(self, batch: _Batch, error: BaseException) -> None:
         """Redis failed: callers fail open or closed; settlements wait for the next call
@@ -602,7 +755,9 @@ class Reservations:
             self._requeue(batch.settles)
 
     def _requeue(self, settles: list[Settlement]) -> None:
-        batch = self._open()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
         room = self.max_pending - len(batch.settles)
         if room < len(settles):
             _logger.warning(
@@ -610,30 +765,32 @@ class Reservations:
                 len(settles) - max(room, 0),
             )
         batch.settles[:0] = settles[: max(room, 0)]
-        if self._scheduled is None:
-            # Not at once: Redis just failed; the next reservation or the delay sends them.
-            self._schedule(max(self.settle_delay, 1.0))
+        if self._flusher is None:
+            # Not at once: Redis just failed; the next reservation or the timer sends them
+            # (not while the outage is skipped).
+            loop = asyncio.get_running_loop()
+            self._flusher = loop.call_later(self.settle_delay, self._flush_settles, loop)
 
     def _answer(self, demand: Demand, reply: Any) -> Answer:
-        status = int(reply[0])
+        status = reply[0]
         if status == 1:
             soft = reply[1]
-            rates = _rate_states(demand.rates, reply[2:])
             remaining = None if soft is None else Decimal(int(soft)) / NANOS
-            return Granted(demand.token, rates, remaining)
+            return Granted(demand.token, demand.limits, reply[2:], remaining)
         if status == 2:
-            budget = demand.budgets[int(reply[1]) - 1]
-            return Refused(budget=budget)
+            return Refused(budget=demand.limits.budgets[int(reply[1]) - 1])
         if status == 3:
-            rate = demand.rates[int(reply[1]) - 1]
+            rates = demand.limits.rates
             return Refused(
-                rate=rate, retry_after_ms=int(reply[2]), rates=_rate_states(demand.rates, reply[3:])
+                rate=rates[int(reply[1]) - 1],
+                retry_after_ms=int(reply[2]),
+                rates=_rate_states(rates, reply[3:]),
             )
         if status == 4:
             if int(reply[1]) == 1:
                 self._start_rebuild()
             return Unavailable("rebuilding")
-        raise ValueError(f"unexpected reply status {status}")  # pragma: no cover
+        raise ValueError(f"unexpected reply status {status}")
 
     # -- rebuilding --------------------------------------------------------------------------
 
@@ -666,18 +823,7 @@ class Reservations:
 
 
 def _rate_states(rates: Sequence[RateCheck], values: Sequence[Any]) -> tuple[RateState, ...]:
-    states = []
-    for index, rate in enumerate(rates):
-        remaining = int(values[2 * index])
-        reset = int(values[2 * index + 1])
-        states.append(RateState(rate, remaining, reset))
-    return tuple(states)
-
-
-def retry_seconds(milliseconds: int) -> float:
-    """A refusal's wait in seconds, never below a millisecond."""
-    return max(milliseconds, 1) / 1000.0
-
-
-def ceil_seconds(milliseconds: int) -> int:
-    return max(1, math.ceil(milliseconds / 1000))
+    return tuple(
+        RateState(rate, int(values[2 * index]), int(values[2 * index + 1]))
+        for index, rate in enumerate(rates)
+    )

@@ -10,7 +10,11 @@ Promises:
 * a call is bounded by `RespClient.timeout` as a whole (connecting included); a call that
   runs out of time closes the connection, so every call waiting on it fails at once
   (`ConnectionError`) instead of each waiting out its bound on a Redis that stopped
-  answering, and the next call connects again;
+  answering, and the next call connects again. One timer per connection watches the oldest
+  call, not one per call;
+* `RespClient.evalsha_then` runs an encoded script call with a plain callback, called from
+  the connection's reply itself: no task, no future, no extra turn of the event loop on the
+  common path (the cost every governed request pays);
 * a caller cancelled while its reply is on the way never gets another call's reply: replies
   are matched to calls in order, and an abandoned call's reply is read and dropped;
 * Lua scripts run with ``EVALSHA``, loaded on ``NOSCRIPT`` (a restarted Redis);
@@ -29,12 +33,12 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipeline.errors import RespError
 
-__all__ = ["RespClient", "RespError", "Script", "encode_command"]
+__all__ = ["Done", "RespClient", "RespError", "Script", "encode_command"]
 
 _URL_REQUIRED = "must be a redis://, rediss:// or unix:// URL with a valid host and port"
 
@@ -72,21 +76,30 @@ class Script:
         self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
 
+Done = Callable[[Any, BaseException | None], None]
+"""A call's callback: its reply, or the error it failed with (then the reply is None)."""
+
+
 class _Connection(asyncio.Protocol):
-    """One connection: replies are handed to the calls waiting, in order."""
+    """One connection: replies are handed to the calls waiting, in order. A call waiting is
+    a future or a `Done` callback; `deadlines` holds when each runs out of time."""
 
     def __init__(self) -> None:
         import hiredis
 
         self._reader = hiredis.Reader()
         self._error = hiredis.ReplyError
-        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.waiting: deque[asyncio.Future[Any] | Done] = deque()
+        self.deadlines: deque[float] = deque()
         self.transport: asyncio.Transport | None = None
         self.lost: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport instances, but do what they do.
         self.transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -107,14 +120,20 @@ class _Connection(asyncio.Protocol):
                 if self.transport is not None:
                     self.transport.close()
                 return
-            future = waiting.popleft()
-            if future.done():
-                continue  # its caller left: the reply is dropped
+            entry = waiting.popleft()
+            self.deadlines.popleft()
+            error: BaseException | None = None
             if isinstance(reply, self._error):
-                text = str(reply)
-                future.set_exception(RespError(text.split(" ", 1)[0] or "ERR"))
+                error = RespError(str(reply).split(" ", 1)[0] or "ERR")
+                reply = None
+            if not isinstance(entry, asyncio.Future):
+                _call(entry, reply, error)
+            elif entry.done():
+                continue  # its caller left: the reply is dropped
+            elif error is not None:
+                entry.set_exception(error)
             else:
-                future.set_result(reply)
+                entry.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionError("the connection to Redis closed"))
@@ -123,25 +142,62 @@ class _Connection(asyncio.Protocol):
         if self.lost is None:
             self.lost = error
         waiting, self.waiting = self.waiting, deque()
-        for future in waiting:
-            if not future.done():
-                future.set_exception(error)
+        self.deadlines = deque()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for entry in waiting:
+            if not isinstance(entry, asyncio.Future):
+                _call(entry, None, error)
+            elif not entry.done():
+                entry.set_exception(error)
 
     @property
     def open(self) -> bool:
         transport = self.transport
         return self.lost is None and transport is not None and not transport.is_closing()
 
-    def send(self, data: bytes, count: int) -> list[asyncio.Future[Any]]:
+    def _write(
+        self, data: bytes, entries: Sequence[asyncio.Future[Any] | Done], timeout: float
+    ) -> None:
+        """Write `data` (one command per entry of `entries`, which wait for their replies
+        `timeout` seconds at most)."""
+        if not self.open:
+            raise ConnectionError("the connection to Redis closed")
+        loop = self._loop
+        assert loop is not None  # open
+        deadline = loop.time() + timeout
+        if self._watchdog is None:  # none while nothing waits
+            self._watchdog = loop.call_at(deadline, self._watch)
+        self.waiting.extend(entries)
+        self.deadlines.extend([deadline] * len(entries))
+        transport = self.transport
+        assert transport is not None  # open
+        transport.write(data)
+
+    def _watch(self) -> None:
+        """The oldest call ran out of time: Redis stopped answering, so every call on this
+        connection fails now (not each at its own bound) and the next call connects again.
+        Else watch the oldest call still waiting."""
+        self._watchdog = None
+        if not self.deadlines:
+            return
+        loop = self._loop
+        assert loop is not None
+        oldest = self.deadlines[0]
+        if oldest <= loop.time():
+            self._fail(TimeoutError("Redis did not answer in time"))
+            self.close()
+            return
+        self._watchdog = loop.call_at(oldest, self._watch)
+
+    def send(self, data: bytes, count: int, timeout: float) -> list[asyncio.Future[Any]]:
         """Write `data` (`count` commands); the futures of their replies, in order."""
         if not self.open:
             raise ConnectionError("the connection to Redis closed")
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(count)]
-        self.waiting.extend(futures)
-        transport = self.transport
-        assert transport is not None  # open
-        transport.write(data)
+        self._write(data, futures, timeout)
         return futures
 
     def close(self) -> None:
@@ -149,17 +205,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
-    if target.done():
-        if not source.cancelled():
-            source.exception()  # retrieved: nobody else will
-        return
-    if source.cancelled():
-        target.cancel()
-    elif (error := source.exception()) is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())
+def _call(done: Done, reply: Any, error: BaseException | None) -> None:
+    """Call `done`; what it raises goes to the event loop's handler, never into the
+    connection (the replies after it are still handed out)."""
+    try:
+        done(reply, error)
+    except Exception as exc:  # a callback's bug: told, never breaking the connection
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "a Redis reply's callback failed", "exception": exc}
+        )
 
 
 def _options(url: str) -> dict[str, Any]:
@@ -217,7 +271,7 @@ class RespClient:
             setup.append(encode_command(["SELECT", database]))
         if setup:
             try:
-                for future in connection.send(b"".join(setup), len(setup)):
+                for future in connection.send(b"".join(setup), len(setup), self.timeout):
                     await future
             except BaseException:
                 connection.close()
@@ -248,12 +302,16 @@ class RespClient:
     async def execute_many(self, commands: Sequence[Sequence[Any]]) -> list[Any]:
         """Run `commands` in one write; their replies (an error reply raises `RespError`)."""
         data = b"".join(encode_command(command) for command in commands)
+        return await self._execute_bytes(data, len(commands))
+
+    async def _execute_bytes(self, data: bytes, count: int) -> list[Any]:
+        """Write `data` (`count` encoded commands); their replies."""
         connection: _Connection | None = None
         futures: list[asyncio.Future[Any]] = []
         try:
             async with asyncio.timeout(self.timeout):
                 connection = await self._get()
-                futures = connection.send(data, len(commands))
+                futures = connection.send(data, count, self.timeout)
                 return [await future for future in futures]
         except BaseException as exc:
             for future in futures:  # what is left of their replies is dropped as it comes
@@ -280,46 +338,54 @@ class RespClient:
         load = ["SCRIPT", "LOAD", script.source]
         return (await self.execute_many([load, command]))[1]
 
-    def evalsha_soon(
-        self, script: Script, keys: Sequence[Any], args: Sequence[Any]
-    ) -> asyncio.Future[Any]:
-        """`evalsha` as a future, written now when the connection is open: no task, no
-        coroutine on the common path (the cost every governed request pays). Bounded by
-        the timeout like every call."""
-        loop = asyncio.get_running_loop()
+    def evalsha_then(
+        self,
+        script: Script,
+        command: bytes,
+        done: Done,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Run `command` (``EVALSHA`` of `script`, encoded) and call `done` with its reply or
+        error, once, never before this returns. On the common path (a connection open in
+        `loop`, the script loaded) the command is written now and `done` is called from the
+        reply itself. Bounded by the timeout like every call."""
         connection = self._connection
-        if connection is None or not connection.open or self._loop is not loop:
-            return loop.create_task(self.evalsha(script, keys, args))
-        data = encode_command(["EVALSHA", script.sha, len(keys), *keys, *args])
-        result: asyncio.Future[Any] = loop.create_future()
-        (reply,) = connection.send(data, 1)
+        if connection is not None and self._loop is loop and connection.open:
 
-        def expire() -> None:
-            if not result.done():
-                result.set_exception(TimeoutError("Redis did not answer in time"))
-                connection._fail(TimeoutError("Redis did not answer in time"))
-                connection.close()
+            def replied(reply: Any, error: BaseException | None) -> None:
+                if isinstance(error, RespError) and error.code == "NOSCRIPT":
+                    self._later(script, command, done, loop)
+                else:
+                    done(reply, error)
 
-        timer = loop.call_later(self.timeout, expire)
+            connection._write(command, (replied,), self.timeout)
+            return
+        self._later(script, command, done, loop)
 
-        def replied(future: asyncio.Future[Any]) -> None:
-            timer.cancel()
-            if result.done():
-                return
-            if future.cancelled():
-                result.cancel()
-                return
-            error = future.exception()
-            if isinstance(error, RespError) and error.code == "NOSCRIPT":
-                retry = loop.create_task(self.evalsha(script, keys, args))
-                retry.add_done_callback(lambda done: _chain(done, result))
-            elif error is not None:
-                result.set_exception(error)
+    def _later(
+        self, script: Script, command: bytes, done: Done, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """`evalsha_then` through a task: connecting first, loading the script on
+        ``NOSCRIPT``."""
+
+        async def run() -> Any:
+            try:
+                return (await self._execute_bytes(command, 1))[0]
+            except RespError as exc:
+                if exc.code != "NOSCRIPT":
+                    raise
+            load = encode_command(["SCRIPT", "LOAD", script.source])
+            return (await self._execute_bytes(load + command, 2))[1]
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if task.cancelled():
+                _call(done, None, asyncio.CancelledError())
+            elif (error := task.exception()) is not None:
+                _call(done, None, error)
             else:
-                result.set_result(future.result())
+                _call(done, task.result(), None)
 
-        reply.add_done_callback(replied)
-        return result
+        loop.create_task(run()).add_done_callback(finished)
 
     async def aclose(self) -> None:
         connection, self._connection = self._connection, None

@@ -103,8 +103,11 @@ def _charge(
     """Per-million rates applied to `usage`, each token once: a cached token at its own rate
     (the input rate when there is none), the other input tokens at the input rate."""
     total_input = _count(usage.input_tokens)
-    read = min(_count(usage.cache_read_tokens), total_input)
-    written = min(_count(usage.cache_write_tokens), total_input - read)
+    read = _count(usage.cache_read_tokens)
+    written = _count(usage.cache_write_tokens)
+    if read or written:
+        read = min(read, total_input)
+        written = min(written, total_input - read)
     plain = total_input - read - written
     amount = Decimal(plain) * input_rate + Decimal(_count(usage.output_tokens)) * output_rate
     if read:
@@ -162,7 +165,10 @@ class Price(Settings):
 
     def charge(self, usage: UsageDetails, *, estimated: bool = False) -> Cost:
         """What `usage` costs at this price, each token once (see the module docstring)."""
-        return Cost(_charge(usage, *self._rates), self.currency, estimated)
+        # The private attribute read directly: pydantic's attribute hook costs several
+        # microseconds a read, and this runs for every attempt.
+        rates = self.__pydantic_private__["_rates"]  # type: ignore[index]
+        return Cost(_charge(usage, *rates), self.currency, estimated)
 
 
 # -- genai-prices ------------------------------------------------------------------------------
@@ -547,7 +553,7 @@ def priced_attempt(
         provider,
         model_served or model_requested,
         usage,
-        at=datetime.fromtimestamp(started_at, UTC),
+        at=started_at,
         estimated=estimated,
     )
     # Positionally, in the fields' order (one per attempt, on the request's path).
@@ -579,16 +585,19 @@ def priced(
     model: str | None,
     usage: UsageDetails,
     *,
-    at: datetime,
+    at: datetime | float,
     estimated: bool,
 ) -> Cost | None:
     """The one pricing decision: the route's `price` when it has one (it wins), else the
-    `book`'s; `estimated` marks a cost whose counts were estimated. A book that fails is
-    no price (it never fails the request)."""
+    `book`'s at the time `at` (a UTC datetime, or seconds since the epoch); `estimated`
+    marks a cost whose counts were estimated. A book that fails is no price (it never fails
+    the request)."""
     if price is not None:
         return price.charge(usage, estimated=estimated)
     if book is None:
         return None
+    if not isinstance(at, datetime):
+        at = datetime.fromtimestamp(at, UTC)
     try:
         cost = book.cost(provider, model, usage, at=at)
     except Exception:  # a caller's book that fails prices nothing; the attempt stands

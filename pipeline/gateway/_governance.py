@@ -3,7 +3,8 @@ team's and user's), checked after the body was read and before the pipeline runs
 
 * a model outside the virtual key's globs: 403 ``model_not_allowed``;
 * a budget spent: 402 ``budget_exceeded`` with ``x-should-retry: false`` (the SDKs and
-  agents do not retry it);
+  agents do not retry it; Codex, which reads neither, gets the 429 ``usage_limit_reached``
+  it stops on, still with code ``budget_exceeded``);
 * a rate limit reached: 429 ``rate_limit_exceeded`` with ``retry-after`` (and
   ``retry-after-ms``), which the official SDKs wait for before they retry;
 * Redis unavailable with ``fail_closed``: 503 ``budget_unavailable`` with ``retry-after``;
@@ -21,8 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -30,23 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline import _scope
 from pipeline._governance import Admission, Governor, RateCost, Subject
-from pipeline._reservations import RateState
-from pipeline._streams import StreamEnd, StreamWatcher, forward
-from pipeline.client import ChatClient, DelegatingChatClient, metadata_of
+from pipeline._metering import DirectAttempt
+from pipeline._reservations import Granted, RateCheck, RateState
+from pipeline._streams import forward
+from pipeline.client import ChatClient, DelegatingChatClient
 from pipeline.errors import BudgetExceededError, BudgetUnavailableError, RateLimitExceededError
 from pipeline.gateway._exchange import EXCHANGE, ASGIApp, Exchange, Receive, Scope, Send
 from pipeline.gateway.wire import WireError
 from pipeline.keys._model import model_allowed
-from pipeline.pricing import (
-    Price,
-    attempt_usage,
-    estimate_input_tokens,
-    priced,
-    reached_provider,
-    response_characters,
-    streamed_characters,
-)
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages, UsageDetails
+from pipeline.pricing import Price, estimate_input_tokens
+from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -55,7 +48,13 @@ if TYPE_CHECKING:
     from pipeline.keys import KeyRing, KeyStore
     from pipeline.keys._settings import BudgetsSettings
 
-__all__ = ["Governance", "GovernanceMiddleware", "MeteredClient", "rate_headers"]
+__all__ = [
+    "Governance",
+    "GovernanceMiddleware",
+    "MeteredClient",
+    "granted_headers",
+    "rate_headers",
+]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 _BUDGET_HEADER = b"x-chat-pipeline-budget-remaining"
@@ -72,35 +71,69 @@ def _duration(milliseconds: int) -> bytes:
     return b"%dm%ds" % (minutes, rest)
 
 
-def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tuple[bytes, bytes]]:
-    """The rate-limit headers of `states` (the first limit of each unit: the key's before
-    its team's), OpenAI's or Anthropic's."""
-    headers: list[tuple[bytes, bytes]] = []
+def _reset_time(milliseconds: int) -> bytes:
+    """Anthropic's reset format: when, as an RFC 3339 time (whole seconds, UTC)."""
+    reset = (datetime.now(UTC) + timedelta(milliseconds=milliseconds)).replace(microsecond=0)
+    return reset.isoformat().replace("+00:00", "Z").encode()
+
+
+_HeaderPlan = tuple[tuple[int, bytes, bytes, bytes, bytes], ...]
+
+
+def _plan(rates: Sequence[RateCheck], anthropic: bool) -> _HeaderPlan:
+    """The rate-limit headers' names and limits: the first limit of each unit (the key's
+    before its team's), by its place in `rates`; OpenAI's names or Anthropic's."""
+    plan = []
     seen: set[str] = set()
-    now = datetime.now(UTC) if anthropic else None
-    for state in states:
-        unit = state.check.unit
+    for index, check in enumerate(rates):
+        unit = check.unit
         if unit in seen:
             continue
         seen.add(unit)
-        limit = str(state.check.limit).encode()
-        remaining = str(state.remaining).encode()
-        if now is not None:
-            reset = (now + timedelta(milliseconds=state.reset_ms)).replace(microsecond=0)
-            prefix = b"anthropic-ratelimit-" + unit.encode()
-            headers += [
-                (prefix + b"-limit", limit),
-                (prefix + b"-remaining", remaining),
-                (prefix + b"-reset", reset.isoformat().replace("+00:00", "Z").encode()),
-            ]
+        name = unit.encode()
+        if anthropic:
+            prefix = b"anthropic-ratelimit-" + name
+            names = (prefix + b"-limit", prefix + b"-remaining", prefix + b"-reset")
         else:
-            suffix = unit.encode()
-            headers += [
-                (b"x-ratelimit-limit-" + suffix, limit),
-                (b"x-ratelimit-remaining-" + suffix, remaining),
-                (b"x-ratelimit-reset-" + suffix, _duration(state.reset_ms)),
-            ]
+            names = (
+                b"x-ratelimit-limit-" + name,
+                b"x-ratelimit-remaining-" + name,
+                b"x-ratelimit-reset-" + name,
+            )
+        plan.append((index, *names, str(check.limit).encode()))
+    return tuple(plan)
+
+
+def _headers_of(
+    plan: _HeaderPlan, values: Sequence[int], anthropic: bool
+) -> list[tuple[bytes, bytes]]:
+    """The headers of `plan` with each limit's remaining and reset (ms) from `values`."""
+    reset = _reset_time if anthropic else _duration
+    headers: list[tuple[bytes, bytes]] = []
+    for index, limit_name, remaining_name, reset_name, limit in plan:
+        headers += (
+            (limit_name, limit),
+            (remaining_name, b"%d" % values[2 * index]),
+            (reset_name, reset(values[2 * index + 1])),
+        )
     return headers
+
+
+def rate_headers(states: tuple[RateState, ...], *, anthropic: bool) -> list[tuple[bytes, bytes]]:
+    """The rate-limit headers of `states` (the first limit of each unit: the key's before
+    its team's), OpenAI's or Anthropic's."""
+    values = [value for state in states for value in (state.remaining, state.reset_ms)]
+    return _headers_of(_plan([state.check for state in states], anthropic), values, anthropic)
+
+
+def granted_headers(granted: Granted, *, anthropic: bool) -> list[tuple[bytes, bytes]]:
+    """`rate_headers` of an admitted request (the names made once per caller's limits)."""
+    limits = granted.limits
+    memo = "anthropic headers" if anthropic else "openai headers"
+    plan = limits.memo.get(memo)
+    if plan is None:
+        plan = limits.memo[memo] = _plan(limits.rates, anthropic)
+    return _headers_of(plan, granted.values, anthropic)
 
 
 @dataclass
@@ -114,7 +147,6 @@ class Governance:
     governor: Governor | None = None
     settings: BudgetsSettings | None = None
     costs_for: Callable[[str], RateCost] = lambda model: RateCost()
-    price_of: Callable[[Any], Decimal | None] | None = None
     prices: Any = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
     # Subjects by identity, with the key object they were made from (a key changed in the
@@ -305,6 +337,27 @@ def _refusal(exc: Exception, anthropic: bool) -> tuple[WireError, list[tuple[byt
     )
 
 
+def _from_codex(scope: Scope) -> bool:
+    """Whether the request came from the Codex CLI (or another Codex client): its
+    ``originator`` header (``codex_exec``, ``codex_cli_rs``, ``codex_vscode``)."""
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    return any(name == b"originator" and value.startswith(b"codex") for name, value in headers)
+
+
+def _for_codex(error: WireError) -> WireError:
+    """A spent budget as Codex stops on it: Codex retries a 402 (any status but 400 and a
+    429 of type ``usage_limit_reached``) five times, whatever ``x-should-retry`` says, and
+    stops at once, telling its user the usage limit is reached, on a 429 of that type (what
+    its own plans' limits answer). The code stays ``budget_exceeded``, the message ours."""
+    return WireError(
+        429,
+        error.message,
+        type="usage_limit_reached",
+        code=error.code,
+        should_retry=False,
+    )
+
+
 _MODEL_NOT_ALLOWED = WireError(
     403,
     "model_not_allowed: this API key may not use this model",
@@ -318,13 +371,14 @@ class GovernanceMiddleware:
     """Checks a request against its key's models, budgets and limits, then runs `app` and
     settles (see the module docstring)."""
 
-    __slots__ = ("_anthropic", "_governance", "_path", "app")
+    __slots__ = ("_anthropic", "_governance", "_path", "_responses", "app")
 
     def __init__(self, app: ASGIApp, *, governance: Governance, path: str) -> None:
         self.app = app
         self._governance = governance
         self._path = path
         self._anthropic = path.startswith("/v1/messages")
+        self._responses = path == "/v1/responses"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange: Exchange = scope[EXCHANGE]
@@ -354,6 +408,8 @@ class GovernanceMiddleware:
             )
         except (BudgetExceededError, RateLimitExceededError, BudgetUnavailableError) as exc:
             error, headers = _refusal(exc, self._anthropic)
+            if self._responses and isinstance(exc, BudgetExceededError) and _from_codex(scope):
+                error = _for_codex(error)
             exchange.extra_headers += headers
             exchange.failure = error
             await exchange.error(error)
@@ -366,15 +422,15 @@ class GovernanceMiddleware:
             if token is not None:
                 _scope.exit_attempt_log(token)
             # With [spend], the handler keeps the request's log (with whose request it is).
-            admission.settle(
-                exchange.attempts if exchange.attempts is not None else log, governance.price_of
-            )
+            admission.settle(exchange.attempts if exchange.attempts is not None else log)
 
     def _headers(self, exchange: Exchange, admission: Admission) -> None:
-        rates = admission.rates
-        if rates:
-            exchange.extra_headers += rate_headers(rates, anthropic=self._anthropic)
-        remaining = admission.soft_remaining
+        granted = admission.granted
+        if granted is None:
+            return
+        if granted.values:
+            exchange.extra_headers += granted_headers(granted, anthropic=self._anthropic)
+        remaining = granted.soft_remaining
         if remaining is not None:
             shown = max(remaining, Decimal(0)).quantize(Decimal("0.000001"))
             exchange.extra_headers.append((_BUDGET_HEADER, str(shown).encode()))
@@ -385,9 +441,10 @@ class GovernanceMiddleware:
 
 class MeteredClient(DelegatingChatClient):
     """A model name's client without a router beneath (a route served by name, a pipeline
-    of one route): the call itself is the request's one attempt, priced with `price` (the
-    route's, else the attempt log's book) and added to the request's attempt log when it
-    ended, so budgets settle with it. Routers log their own attempts; a cache hit logs
+    of one route): the call itself is the request's one attempt (a
+    `pipeline._metering.DirectAttempt`, as the spend layer logs it), priced with `price`
+    (the route's, else the attempt log's book) and added to the request's attempt log when
+    it ended, so budgets settle with it. Routers log their own attempts; a cache hit logs
     itself (then nothing is added here)."""
 
     def __init__(self, inner: ChatClient, *, route: str, price: Price | None) -> None:
@@ -395,127 +452,40 @@ class MeteredClient(DelegatingChatClient):
         self.route = route
         self.price = price
 
+    def _attempt(self, messages: Messages, options: ChatOptions | None) -> DirectAttempt | None:
+        log = _scope.current_attempt_log()
+        if log is None:
+            return None
+        return DirectAttempt(
+            log,
+            route=self.route,
+            client=self.inner,
+            messages=messages,
+            options=options,
+            price=self.price,
+        )
+
     async def get_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> ChatResponse:
-        log = _scope.current_attempt_log()
-        if log is None:
+        attempt = self._attempt(messages, options)
+        if attempt is None:
             return await self.inner.get_response(messages, options)
-        meter = _Meter(self, log, messages, options)
+        mark = attempt.enter()
         try:
             response = await self.inner.get_response(messages, options)
         except BaseException as exc:
-            meter._log("failed_before_output", exc)
+            attempt.exit(mark)
+            attempt.failed(exc)
             raise
-        meter.usage, meter.model = response.usage, response.model_id
-        meter.characters = response_characters(response)
-        meter._log("completed", None)
+        attempt.exit(mark)
+        attempt.responded(response)
         return response
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        log = _scope.current_attempt_log()
-        if log is None:
+        attempt = self._attempt(messages, options)
+        if attempt is None:
             return self.inner.get_streaming_response(messages, options)
-        return forward(
-            lambda: self.inner.get_streaming_response(messages, options),
-            _Meter(self, log, messages, options),
-        )
-
-
-class _Meter(StreamWatcher):
-    """One call through a `MeteredClient`: what it used, logged once when it ended."""
-
-    __slots__ = (
-        "characters",
-        "client",
-        "count",
-        "first",
-        "log",
-        "messages",
-        "model",
-        "options",
-        "started",
-        "started_at",
-        "usage",
-    )
-
-    def __init__(
-        self,
-        client: MeteredClient,
-        log: _scope.AttemptLog,
-        messages: Messages,
-        options: ChatOptions | None,
-    ) -> None:
-        self.client = client
-        self.log = log
-        self.messages = messages
-        self.options = options
-        self.count = len(log.attempts)  # attempts logged before (a cache hit adds one)
-        self.started_at = time.time()
-        self.started = time.perf_counter()
-        self.first: float | None = None
-        self.usage: UsageDetails | None = None
-        self.model: str | None = None
-        self.characters = 0
-
-    def update(self, update: ChatResponseUpdate) -> None:
-        if self.first is None:
-            self.first = time.perf_counter() - self.started
-        if update.usage is not None:
-            self.usage = update.usage if self.usage is None else self.usage + update.usage
-        if update.model_id:
-            self.model = update.model_id
-        self.characters += streamed_characters(update)
-
-    def end(self, how: StreamEnd, error: BaseException | None) -> None:
-        if how == "completed":
-            outcome = "completed"
-        elif how in ("canceled", "abandoned"):
-            outcome = how
-        else:
-            outcome = "failed_after_output" if self.first is not None else "failed_before_output"
-        self._log(outcome, error)
-
-    def _log(self, outcome: str, error: BaseException | None) -> None:
-        log = self.log
-        if len(log.attempts) != self.count or not reached_provider(error):
-            return
-        from pipeline.types import as_messages
-
-        client = self.client
-        metadata = metadata_of(client.inner)
-        usage, estimated = attempt_usage(
-            self.usage,
-            completed=outcome == "completed",
-            characters=self.characters,
-            messages=as_messages(self.messages),
-            error=error,
-        )
-        requested = (self.options.model_id if self.options else None) or metadata.model_id
-        cost = priced(
-            client.price,
-            log.prices,
-            metadata.provider_name,
-            self.model or requested,
-            usage,
-            at=datetime.fromtimestamp(self.started_at, UTC),
-            estimated=estimated,
-        )
-        log.add(
-            _scope.PricedAttempt(
-                route=client.route,
-                number=1,
-                outcome=outcome,
-                provider=metadata.provider_name,
-                model_requested=requested,
-                model_served=self.model,
-                usage=usage,
-                estimated=estimated,
-                cost=cost,
-                started_at=self.started_at,
-                duration=time.perf_counter() - self.started,
-                time_to_first_update=self.first,
-            )
-        )
+        return forward(lambda: self.inner.get_streaming_response(messages, options), attempt)

@@ -250,7 +250,6 @@ class Gateway:
             self._patterns = [(m, t) for m, t in targets.items() if is_pattern(m)]
             self._redis = self._readiness_clients()
             self.governance.costs_for = self._costs_for
-            self.governance.price_of = self._price_of
             await self.governance.start()
         except BaseException:
             await self._close()
@@ -279,21 +278,18 @@ class Gateway:
 
     def _metered(self, target: Target) -> Target:
         """`target` logging its call as the request's attempt when no router beneath
-        does (budgets settle with the attempt log)."""
+        does (budgets settle with the attempt log) and no spend layer within does."""
         from pipeline.client import metadata_of
 
-        if target.route is None or metadata_of(target.client).provider_name == "router":
+        if (
+            self.spend is not None
+            or target.route is None
+            or metadata_of(target.client).provider_name == "router"
+        ):
             return target
         price = self.config.routes[target.route].price
         client = MeteredClient(target.client, route=target.route, price=price)
         return Target(client, target.instructions, route=target.route)
-
-    def _price_of(self, attempt: Any) -> Any:
-        """What an attempt logged without a cost cost at its route's own price (a layer that
-        priced it by the book alone, which knew no price), or None."""
-        route = self.config.routes.get(attempt.route)
-        price = route.price if route is not None else None
-        return price.charge(attempt.usage).amount if price is not None else None
 
     def _costs_for(self, model: str) -> Any:
         """What the routes a model name may use cost at most per token (for budget

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -38,7 +40,9 @@ class KeyRing:
             raise ValueError("refresh_interval: expected seconds, more than 0")
         self.store = store
         self.refresh_interval = refresh_interval
-        self._by_hash: dict[str, tuple[VirtualKey, datetime | None]] = {}
+        # Per secret's hash: its key, when the secret stops working (rotated out), and until
+        # when (unix seconds) nothing refuses it, with its lookup made once.
+        self._by_hash: dict[str, tuple[VirtualKey, datetime | None, float, Lookup]] = {}
         self._hashes: dict[str, tuple[str, ...]] = {}  # key id -> its secrets' hashes
         self._version = 0
         self._task: asyncio.Task[None] | None = None
@@ -57,8 +61,11 @@ class KeyRing:
         found = self._by_hash.get(hash_secret(token))
         if found is None:
             return None
-        key, until = found
-        now = now or datetime.now(UTC)
+        key, until, usable_until, usable = found
+        if now is None:
+            if time.time() < usable_until:
+                return usable
+            now = datetime.now(UTC)
         why = key.usable(now)
         if why is not None:
             return Lookup(key, why)
@@ -89,8 +96,11 @@ class KeyRing:
         for digest in self._hashes.pop(key.id, ()):
             self._by_hash.pop(digest, None)
         self._hashes[key.id] = tuple(digest for digest, _ in record.secrets)
+        ends = [moment.timestamp() for moment in (key.revoked_at, key.expires_at) if moment]
+        usable = Lookup(key)
         for digest, until in record.secrets:
-            self._by_hash[digest] = (key, until)
+            usable_until = min([*ends, until.timestamp()] if until else ends, default=math.inf)
+            self._by_hash[digest] = (key, until, usable_until, usable)
 
     async def _run(self) -> None:
         while True:

@@ -7,13 +7,15 @@ import uuid
 
 import pytest
 
+from middleware.budgets import BudgetChatClient
 from middleware.routing import OrderedFailoverChatClient, Route
 from pipeline import ChatPipeline
+from pipeline._reservations import NANOS
 from pipeline.errors import BudgetExceededError, RateLimitExceededError
 from pipeline.keys import Budget
-from pipeline.pricing import Price
-from pipeline.testing import ScriptedChatClient, collect, reply
-from pipeline.types import UsageDetails
+from pipeline.pricing import Price, estimate_input_tokens
+from pipeline.testing import ScriptedChatClient, collect, hang, reply
+from pipeline.types import ChatMessage, UsageDetails
 
 # A dollar a token: the scripted answers' usage (3 in, 2 out) costs $5.
 PRICE = Price(1_000_000, 1_000_000)
@@ -85,4 +87,34 @@ async def test_an_unreachable_redis_fails_open_or_closed(fail_closed: bool) -> N
         assert isinstance(result.error, BudgetUnavailableError)
     else:
         assert result.error is None
+    await chat.aclose()
+
+
+async def test_a_hedged_call_settles_once_with_both_attempts_costs(
+    redis_url: str, streaming: bool
+) -> None:
+    slow = ScriptedChatClient([hang()])
+    fast = scripted(1)
+    hedged = (
+        ChatPipeline.builder()
+        .use_hedging(
+            [Route("slow", slow, price=PRICE), Route("fast", fast, price=PRICE)],
+            strategy="round_robin",
+            delay=0.001,
+            budget=1.0,
+        )
+        .build()
+    )
+    scope = f"hedged-{uuid.uuid4().hex[:6]}"
+    chat = BudgetChatClient(hedged, redis_url, scope=scope, budget=Budget("1000"), price=PRICE)
+    assert (await collect(chat, "hi", streaming=streaming)).error is None
+    assert (slow.call_count, fast.call_count) == (1, 1)
+    reservations = chat.governor.reservations
+    await reservations.flush()
+    (budget,) = chat.governor.limits(chat.subject).budgets
+    spent, reserved = await reservations.redis.execute("HMGET", budget.key, "s", "r")
+    # The winner's $5 and the abandoned hedge's input (estimated: it answered nothing),
+    # spent once; nothing left reserved.
+    abandoned = estimate_input_tokens([ChatMessage.user("hi")])
+    assert (int(spent), int(reserved)) == ((5 + abandoned) * NANOS, 0)
     await chat.aclose()

@@ -255,7 +255,7 @@ async def test_a_token_limit_takes_the_estimate_and_is_corrected_by_usage(
     granted = await reservations.reserve(demand)
     assert isinstance(granted, Granted) and granted.rates[0].remaining == 1  # the burst used
     # It used 100 tokens, not 1,000: 900 tokens' time is given back.
-    reservations.settle(Settlement(demand, 0, {tpm.key: -900}))
+    reservations.settle(Settlement(demand, 0, -900))
     await reservations.flush()
     after = await reservations.reserve(Demand(rates=[RateCheck(tpm.key, 60_000, 1, "tokens")]))
     assert isinstance(after, Granted) and after.rates[0].remaining > 800

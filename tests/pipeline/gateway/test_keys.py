@@ -18,9 +18,10 @@ import httpx
 import openai
 import pytest
 
+from pipeline._reservations import NANOS
 from pipeline.config import PipelineConfig, parse_config
 from pipeline.keys import Budget, SQLiteKeyStore
-from pipeline.testing import FakeOpenAIServer
+from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, running
 from tests.redis_server import RedisServer
@@ -278,6 +279,120 @@ async def test_the_sdks_do_not_retry_a_402(setup: Setup) -> None:
         await claude.close()
     # Refused before any provider call, once each (no SDK retry reached the gateway twice).
     assert len(setup.upstream.requests) == 0
+
+
+async def test_codex_gets_the_429_usage_limit_reached_it_stops_on(
+    setup: Setup, streaming: bool
+) -> None:
+    issued = await setup.store.create("agent", budget=Budget("0"))
+    body = {"model": "gpt-4o", "input": CANARY, "stream": streaming}
+    async with gateway(setup) as run, httpx.AsyncClient(base_url=run.base_url) as client:
+        answers = {
+            originator: await client.post(
+                "/responses",
+                json=body,
+                headers={"authorization": f"Bearer {issued.secret}", "originator": originator},
+            )
+            for originator in ("codex_exec", "codex_cli_rs", "other")
+        }
+    # Codex retries anything else five times; what it stops on still says budget_exceeded.
+    for originator in ("codex_exec", "codex_cli_rs"):
+        refused = answers[originator]
+        assert refused.status_code == 429, refused.text
+        assert "retry-after" not in refused.headers
+        assert refused.headers["x-should-retry"] == "false"
+        assert error_of(refused, "responses") == ("usage_limit_reached", "budget_exceeded")
+    assert answers["other"].status_code == 402
+    assert len(setup.upstream.requests) == 0
+
+
+async def test_a_hedged_request_settles_once_with_both_attempts_costs(
+    setup: Setup, streaming: bool
+) -> None:
+    issued = await setup.store.create("hedger", budget=Budget("1000"))
+    namespace = f"hedge{id(setup)}"
+    price = {"input_per_million": 1e6, "output_per_million": 1e6}
+    # Whichever route goes first, the other starts 1 ms later: the slow one never answers,
+    # the other answers after 0.2 s and wins; the slow one is abandoned.
+    setup.upstream.script(FakeResponse(latency=0.2))
+    async with FakeOpenAIServer() as slow:
+        slow.script(FakeResponse(hang=True))
+        config = parse_config(
+            {
+                "routes": {
+                    name: {"provider": "openai", "model": "m", "base_url": url, "price": price}
+                    for name, url in (("slow", slow.base_url), ("fast", setup.upstream.base_url))
+                },
+                "router": {
+                    "kind": "hedged",
+                    "strategy": "round_robin",
+                    "delay": 0.001,
+                    "budget": 1.0,
+                },
+                "gateway": {"models": {"gpt-*": "pipeline"}},
+                "spend": {"path": str(setup.path)},
+                "keys": {"refresh_interval": 0.05},
+                "budgets": {
+                    "redis_url_env": "KEYS_TEST_REDIS",
+                    "namespace": namespace,
+                    "rebuild_delay": 0.0,
+                },
+            }
+        )
+        async with running(config) as run:
+            response = await call(run, "chat_completions", issued.secret, stream=streaming)
+            assert response.status_code == 200, response.text
+            ledger, governor = run.gateway.spend, run.gateway.governance.governor
+            assert ledger is not None and governor is not None
+            records = await ledger.records()
+            await governor.reservations.flush()
+            redis = governor.reservations.redis
+            (counter,) = await redis.execute("KEYS", f"{namespace}:b:k:*")
+            spent, reserved = await redis.execute("HMGET", counter, "s", "r")
+        assert slow.count() == 1
+    assert sorted((r.route, r.outcome) for r in records) == [
+        ("fast", "completed"),
+        ("slow", "abandoned"),
+    ]
+    assert all(r.cost and r.cost > 0 for r in records)  # the abandoned one: its input
+    # Settled once, with what both attempts cost (the winner's and the abandoned one's).
+    assert (int(spent), int(reserved)) == (sum(r.cost for r in records) * NANOS, 0)
+
+
+async def test_a_route_served_by_name_settles_at_its_price_without_a_spend_layer(
+    setup: Setup, streaming: bool
+) -> None:
+    issued = await setup.store.create("direct", budget=Budget("1000"))
+    namespace = f"direct{id(setup)}"
+    config = parse_config(
+        {
+            "routes": {
+                "primary": {
+                    "provider": "openai",
+                    "model": "gpt-upstream",
+                    "base_url": setup.upstream.base_url,
+                    "price": {"input_per_million": 1e6, "output_per_million": 1e6},
+                }
+            },
+            "gateway": {"models": {"gpt-*": "primary"}},
+            # The keys' database only: no spend layer logs the call, the gateway does.
+            "spend": {"enabled": False, "path": str(setup.path)},
+            "keys": {"refresh_interval": 0.05},
+            "budgets": {"redis_url_env": "KEYS_TEST_REDIS", "namespace": namespace},
+        }
+    )
+    async with running(config) as run:
+        for _ in range(2):
+            response = await call(run, "chat_completions", issued.secret, stream=streaming)
+            assert response.status_code == 200, response.text
+        governor = run.gateway.governance.governor
+        assert governor is not None and run.gateway.spend is None
+        await governor.reservations.flush()
+        redis = governor.reservations.redis
+        (counter,) = await redis.execute("KEYS", f"{namespace}:b:k:*")
+        spent, reserved = await redis.execute("HMGET", counter, "s", "r")
+    # Each call the fake's usage (5 in, 7 out) at the route's dollar a token.
+    assert (int(spent), int(reserved)) == (2 * 12 * NANOS, 0)
 
 
 async def test_a_soft_limit_passed_is_told_in_a_header(setup: Setup) -> None:

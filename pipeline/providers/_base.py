@@ -36,7 +36,6 @@ from pipeline.providers._http import (
     traced,
     transport_error,
 )
-from pipeline.providers._sse import Payloads, SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
 from pipeline.types import (
     PROVIDER_EXTRAS,
@@ -46,6 +45,7 @@ from pipeline.types import (
     ChatResponseUpdate,
     Messages,
 )
+from pipeline.wire.sse import Payloads, SSEPayloads, next_payloads
 
 if TYPE_CHECKING:
     import aiohttp

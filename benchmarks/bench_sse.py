@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
 
-from pipeline.providers._sse import SSEPayloads
+from pipeline.wire.sse import SSEPayloads
 
 
 def stream_body(events: int) -> list[bytes]:

@@ -432,23 +432,7 @@ class _GuardedStore:
         )
 
     async def _guarded(self, call: Callable[[], Awaitable[_T]]) -> _T | None:
-        outage = self._outage
-        if outage.skipping():
-            return None
-        try:
-            async with asyncio.timeout(self.timeout):
-                result = await call()
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            outage.failed(exc)
-            return None
-        except Exception as exc:  # a broken store must not fail the request
-            outage.failed(exc)
-            return None
-        outage.succeeded()
-        return result
+        return await self._outage.guard(call, self.timeout)
 
     async def get(self, key: str) -> bytes | None:
         value = await self._guarded(lambda: self.store.get(key))
@@ -1285,24 +1269,14 @@ class CachingChatClient(DelegatingChatClient):
     async def _embed(self, text: str) -> Any:
         semantic = self.semantic
         assert semantic is not None
-        outage = self._embedding_outage
-        if outage.skipping():
-            return None
         from middleware._vectors import unit_vector
 
-        try:
-            async with asyncio.timeout(semantic.embedding_timeout):
-                vectors = await semantic.embeddings.generate([text])
-        except asyncio.CancelledError as exc:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise
-            outage.failed(exc)
+        # An embedder's failure is a miss, never an error.
+        vectors = await self._embedding_outage.guard(
+            lambda: semantic.embeddings.generate([text]), semantic.embedding_timeout
+        )
+        if vectors is None:
             return None
-        except Exception as exc:  # an embedder's failure is a miss, never an error
-            outage.failed(exc)
-            return None
-        outage.succeeded()
         try:
             rows = list(vectors)
         except TypeError:

@@ -212,6 +212,36 @@ class Outage:
                 self._warned = False
                 self.logger.info("%s is reachable again", self.subject)
 
+    async def guard(
+        self,
+        call: Callable[[], Awaitable[_T]],
+        bound: float | None,
+        *,
+        bound_by_request: bool = False,
+    ) -> _T | None:
+        """`call()` within `bound` seconds (None: unbounded), failing open: None while the
+        store is skipped, or when the call fails or runs out of time (counted as the store's
+        failure unless `bound_by_request` and the bound ran out: the request's deadline, not
+        the store). The caller's own cancellation is raised; the store's stray one is its
+        failure."""
+        if self.skipping():
+            return None
+        try:
+            async with asyncio.timeout(bound) as limit:
+                result = await call()
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the caller is cancelling
+            self.failed(exc)
+            return None
+        except Exception as exc:  # a broken store must not fail the request
+            if not (bound_by_request and limit.expired()):
+                self.failed(exc)
+            return None
+        self.succeeded()
+        return result
+
 
 class RedisClient:
     """The Redis one component talks to: a URL (its client is made here, lazily, in the

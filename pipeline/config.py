@@ -168,6 +168,46 @@ def _settings_of(settings: type[_S], table: Settings, **changes: Any) -> _S:
     return settings(**{**values, **changes})
 
 
+class _StoreTable(Settings):
+    """Where a table's state is kept: in this process (``store = "memory"``) or in a Redis
+    shared by replicas (``store = "redis"``), named by the variable holding its URL
+    (`redis_url_env`) or, when the URL holds no password, by the URL itself (`redis_url`).
+    The one shape of ``[router.affinity]``, ``[router.health]`` and ``[cache]``."""
+
+    store: Literal["memory", "redis"] = "memory"
+    """Where the state is kept: ``memory`` (this process) or ``redis`` (every replica; needs
+    `redis_url_env` or `redis_url`)."""
+    redis_url_env: EnvironmentVariable | None = None
+    """The environment variable holding the Redis URL of ``store = "redis"`` (a URL may hold a
+    password, so it is never written in the file)."""
+    redis_url: str | None = None
+    """The Redis URL itself, when it holds no password (else use `redis_url_env`)."""
+
+    @model_validator(mode="after")
+    def _redis_is_named(self) -> Any:
+        if self.redis_url is not None:
+            from pipeline import _redis
+
+            _redis.check_url(self.redis_url)
+            from redis.asyncio.connection import parse_url
+
+            if parse_url(self.redis_url).get("password"):
+                raise ValueError(
+                    "redis_url holds a password: put the URL in an environment variable "
+                    "and name it with redis_url_env"
+                )
+        if self.store == "redis" and self.redis_url is None and self.redis_url_env is None:
+            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
+        return self
+
+    def shared_redis_url(self) -> str | None:
+        """The Redis URL of ``store = "redis"`` (the variable was checked when the file was
+        loaded); None for ``store = "memory"``."""
+        if self.store != "redis":
+            return None
+        return self.redis_url or os.environ[self.redis_url_env or ""]
+
+
 # -- routes ------------------------------------------------------------------------------------
 
 
@@ -296,25 +336,13 @@ RouteConfig: TypeAlias = Annotated[
 # -- routers -----------------------------------------------------------------------------------
 
 
-class AffinityConfig(AffinitySettings):
+class AffinityConfig(AffinitySettings, _StoreTable):
     """``[router.affinity]``: sessions keep their route (memory, or Redis for replicas)."""
-
-    store: Literal["memory", "redis"] = "memory"
-    """Where sessions' routes are kept: `memory` (this process) or `redis` (shared by replicas;
-    needs `redis_url_env`)."""
-    redis_url_env: EnvironmentVariable | None = None
-    """The environment variable holding the Redis URL of `store = "redis"`."""
-
-    @model_validator(mode="after")
-    def _redis_needs_a_url(self) -> Any:
-        if self.store == "redis" and self.redis_url_env is None:
-            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
-        return self
 
     def session_affinity(self) -> SessionAffinity:
         """The `SessionAffinity` this table describes."""
-        if self.store == "redis" and self.redis_url_env is not None:
-            url = os.environ[self.redis_url_env]  # checked when the file was loaded
+        url = self.shared_redis_url()
+        if url is not None:
             return SessionAffinity(
                 RedisAffinityStore(
                     url, self.ttl, timeout=self.timeout, retry_interval=self.retry_interval
@@ -378,40 +406,26 @@ class OrderedRouterConfig(_FailoverRouterTable):
         )
 
 
-class HealthConfig(HealthSettings):
+class HealthConfig(HealthSettings, _StoreTable):
     """``[router.health]``: how a balanced router reads route health, kept in this process
-    (``store = "memory"``) or shared by replicas through Redis (``store = "redis"``, the
-    URL's variable in `redis_url_env`; `sync_interval` and `timeout` in seconds)."""
+    (``store = "memory"``) or shared by replicas through Redis (``store = "redis"``, synced in
+    the background; `sync_interval` and `timeout` in seconds)."""
 
-    store: Literal["memory", "redis"] = "memory"
-    """Where route health is kept: `memory` (this process) or `redis` (shared by replicas, synced in
-    the background; needs `redis_url_env`)."""
-    redis_url_env: EnvironmentVariable | None = None
-    """The environment variable holding the Redis URL of `store = "redis"`."""
     sync_interval: Annotated[float, Field(gt=0)] = 0.5
     """Seconds between two syncs of this replica's route health with Redis, at most, while it has
     traffic."""
     timeout: Annotated[float, Field(gt=0)] = 0.25
     """Seconds each Redis call of a sync may take."""
 
-    @model_validator(mode="after")
-    def _redis_needs_a_url(self) -> Any:
-        if self.store == "redis" and self.redis_url_env is None:
-            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
-        return self
-
     def route_health(self, meter_provider: Any = None) -> RouteHealth:
         """A `RouteHealth` as this table describes (one per built router), its metrics on
         `meter_provider` (the pipeline's; ``None``: the global one)."""
         from middleware.routing import RedisHealthStore
 
+        url = self.shared_redis_url()
         store = None
-        if self.store == "redis" and self.redis_url_env is not None:
-            store = RedisHealthStore(
-                os.environ[self.redis_url_env],  # checked when the file was loaded
-                sync_interval=self.sync_interval,
-                timeout=self.timeout,
-            )
+        if url is not None:
+            store = RedisHealthStore(url, sync_interval=self.sync_interval, timeout=self.timeout)
         return RouteHealth(
             _settings_of(HealthSettings, self), store=store, meter_provider=meter_provider
         )
@@ -696,19 +710,13 @@ class SemanticCacheConfig(Settings):
         )
 
 
-class CacheConfig(CacheSettings):
+class CacheConfig(CacheSettings, _StoreTable):
     """``[cache]``: the response cache, between the tool loop and the router (each model
     turn is looked up once; tools still run). Answers are kept in this process (``store =
     "memory"``) or in Redis, shared by replicas (``store = "redis"``)."""
 
     enabled: bool = True
     """Whether the cache layer is built (an environment may turn it off)."""
-    store: Literal["memory", "redis"] = "memory"
-    """Where answers are kept: ``memory`` (this process) or ``redis`` (every replica)."""
-    redis_url_env: EnvironmentVariable | None = None
-    """The environment variable holding the Redis URL (for ``store = "redis"``)."""
-    redis_url: str | None = None
-    """The Redis URL itself, when it holds no password (else use `redis_url_env`)."""
     max_bytes: Annotated[int, Field(ge=1)] = 64 << 20
     """The memory store's bound: bytes of keys and answers kept (least recently used out)."""
     namespace: Annotated[str, Field(min_length=1)] = "chat_pipeline:cache"
@@ -716,30 +724,13 @@ class CacheConfig(CacheSettings):
     semantic: SemanticCacheConfig | None = None
     """``[cache.semantic]``: lookups by meaning after an exact miss."""
 
-    @model_validator(mode="after")
-    def _redis_is_named(self) -> Any:
-        if self.redis_url is not None:
-            from pipeline import _redis
-
-            _redis.check_url(self.redis_url)
-            from redis.asyncio.connection import parse_url
-
-            if parse_url(self.redis_url).get("password"):
-                raise ValueError(
-                    "redis_url holds a password: put the URL in an environment variable "
-                    "and name it with redis_url_env"
-                )
-        if self.store == "redis" and self.redis_url is None and self.redis_url_env is None:
-            raise ValueError("store = 'redis' needs redis_url_env (the URL's variable)")
-        return self
-
     def install(self, builder: ChatPipelineBuilder, secrets: Mapping[str, str | None]) -> None:
         """Add the cache layer this table describes to `builder`."""
         from middleware.cache import MemoryCacheStore, RedisCacheStore
 
         store: Any
-        if self.store == "redis":
-            url = self.redis_url or os.environ[self.redis_url_env or ""]
+        url = self.shared_redis_url()
+        if url is not None:
             store = RedisCacheStore(
                 url,
                 namespace=self.namespace,

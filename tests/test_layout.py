@@ -15,7 +15,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -218,10 +220,18 @@ def test_importing_the_core_leaves_the_test_kit_out(modules: str) -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_the_gateway_modules_keep_their_layers() -> None:
-    """The import-linter contract in pyproject.toml (``[tool.importlinter]``): server, app,
-    endpoints, then the handler and the formats, the layers, the exchange, the shared leaf,
-    the wire and settings; siblings on one rank do not import one another."""
+def _contracts() -> list[dict[str, Any]]:
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        contracts: list[dict[str, Any]] = tomllib.load(file)["tool"]["importlinter"]["contracts"]
+    return contracts
+
+
+def test_the_import_contracts_hold() -> None:
+    """The import-linter contracts in pyproject.toml (``[tool.importlinter]``): the gateway's
+    layers (server, app, endpoints, then the handler and the formats, the layers, the
+    exchange, the shared leaf, the wire and settings; siblings on one rank do not import one
+    another), `pipeline.wire` on the core alone, the gateway off the providers' private
+    modules, the providers and fakes off the gateway, the fakes off the codecs."""
     code = (
         "import sys; from importlinter.cli import lint_imports;"
         "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True))"
@@ -230,4 +240,36 @@ def test_the_gateway_modules_keep_their_layers() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=ROOT
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 kept, 0 broken" in done.stdout
+    assert f"{len(_contracts())} kept, 0 broken" in done.stdout
+    assert len(_contracts()) >= 5
+
+
+def test_the_contract_names_every_private_module_of_the_providers() -> None:
+    """import-linter has no wildcard within a name (``_*``): the list is checked here, so a
+    new private module of the providers is forbidden to the gateway the day it is added."""
+    (contract,) = [c for c in _contracts() if c.get("source_modules") == ["pipeline.gateway"]]
+    private = {
+        module
+        for module in MODULES
+        if module.startswith("pipeline.providers.") and module.rsplit(".", 1)[1].startswith("_")
+    }
+    assert set(contract["forbidden_modules"]) == private
+
+
+def test_no_module_imports_a_private_module_of_another_wire_package() -> None:
+    """Across `pipeline.wire`, `pipeline.providers` and `pipeline.gateway`, a module named
+    ``_x`` (or under a package ``_x``) is its own package's: no other of the three imports it."""
+    owners = ("pipeline.wire", "pipeline.providers", "pipeline.gateway")
+
+    def owner(module: str) -> str | None:
+        return next((o for o in owners if module == o or module.startswith(o + ".")), None)
+
+    crossing = sorted(
+        f"{module} -> {imported}"
+        for module, (eager, late) in GRAPH.items()
+        for imported in eager | late
+        if owner(module) is not None
+        and owner(imported) not in (None, owner(module))
+        and any(part.startswith("_") for part in imported.split(".")[2:])
+    )
+    assert crossing == []

@@ -27,7 +27,6 @@ starts, then at most once a minute: the error's type only, never the session id.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -240,31 +239,13 @@ class SessionAffinity:
     ) -> _T | None:
         """`call()` within the bound (store timeout, request deadline); ``None`` when the
         store is being skipped, fails or runs out of time."""
-        outage = self._outage
-        if outage.skipping():
-            return None
         bound = self._bounded
         budget = budget if budget is not None else _scope.current_budget()
         remaining = budget.remaining() if budget is not None else None
         by_request = remaining is not None and (bound is None or remaining < bound)
         if by_request:
             bound = remaining
-        task = asyncio.current_task()
-        try:
-            async with asyncio.timeout(bound) as limit:
-                result = await call()
-        except asyncio.CancelledError as exc:
-            if task is None or task.cancelling():
-                raise  # the caller is cancelling
-            outage.failed(exc)  # the store's own stray cancellation
-            return None
-        except Exception as exc:  # a broken store must not fail the request
-            if not (by_request and limit.expired()):
-                # The store's failure; the request running out of time is not one.
-                outage.failed(exc)
-            return None
-        outage.succeeded()
-        return result
+        return await self._outage.guard(call, bound, bound_by_request=by_request)
 
     async def aclose(self) -> None:
         close = getattr(self.store, "aclose", None)

@@ -1,22 +1,18 @@
-"""The OpenAI Chat Completions format: ``POST /v1/chat/completions``.
-
-The wire itself (parsing a body, writing answers, chunks and errors) is
-`pipeline.gateway.wire`; this module is what the gateway's shared layers need of it (see
-`pipeline.gateway._handler.InboundFormat`).
-"""
+"""The gateway's ``POST /v1/chat/completions``: the `InboundFormat` over the Chat Completions
+codec (`pipeline.wire.chat_completions.inbound`)."""
 
 from __future__ import annotations
 
-from pipeline.gateway._shared import SSE_HEADERS, StreamEncoder
-from pipeline.gateway.wire import (
-    ChatRequest,
+from pipeline.gateway._shared import StreamEncoder
+from pipeline.types import ChatResponse
+from pipeline.wire import ChatRequest, WireError
+from pipeline.wire.chat_completions.inbound import (
     ChunkEncoder,
-    WireError,
     completion,
     new_id,
     parse_request,
 )
-from pipeline.types import ChatResponse
+from pipeline.wire.sse import SSE_HEADERS
 
 __all__ = ["CHAT_COMPLETIONS", "ChatCompletions"]
 
@@ -29,7 +25,7 @@ class ChatCompletions:
     stream_headers = SSE_HEADERS
     request_id_header: bytes | None = None
 
-    # The wire's own functions where the signatures match: no call in between.
+    # The codec's own functions where the signatures match: no call in between.
     parse = staticmethod(parse_request)
     new_response_id = staticmethod(new_id)
 

@@ -2,7 +2,7 @@
 body the route may get as the client wrote it, and the provider's own answer written back.
 
 `ChatForwarder.forward` says whether a parsed request may be forwarded: its body decoded
-exactly (`pipeline.gateway._json.decoded_exactly`) and every message in a shape the parsed
+exactly (`pipeline._json.decoded_exactly`) and every message in a shape the parsed
 path would send unchanged (string contents, no ``developer`` role, no field the parse leaves
 out); the body goes without the fields the parse drops (`parse_request`: the caller's and
 storage fields) and without empty or null ones. Then a provider that forwards it answers
@@ -26,11 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline._forward import CHAT_COMPLETIONS, Forward
+from pipeline._json import decoded_exactly
 from pipeline._json_codec import dumps
-from pipeline.gateway._json import decoded_exactly
 from pipeline.gateway._shared import StreamEncoder
-from pipeline.gateway.wire import ChatRequest, WireError, finish_reason, usage_payload
 from pipeline.types import ChatResponseUpdate, FinishReason, FunctionCallContent, UsageDetails
+from pipeline.wire import ChatRequest, WireError
+from pipeline.wire.chat_completions.inbound import finish_reason, usage_payload
 
 __all__ = ["CHAT_FORWARDER", "ChatForwarder", "ForwardedChunks"]
 

@@ -1,13 +1,7 @@
-"""What the gateway's formats, layers and handler share, and what they need of the app.
-
-A leaf (it imports only `pipeline.gateway.wire`, `pipeline.gateway.settings` and the core):
-the inbound formats implement `InboundFormat` and `StreamEncoder` and take their stream
-headers from `SSE_HEADERS`; the layers share `NO_KEY` and `READ_TIMED_OUT`; the handler and
-the endpoints see the app's `Gateway` and `Target` through `GatewayState` and
-`ServedTarget`, so no module below the app imports it (`pipeline.gateway.app` assembles
-them and passes its objects in). A module needing more of the app adds it to a Protocol
-here, never an import of the app.
-"""
+"""What the gateway's formats, layers and handler share, and what they need of the app: the
+inbound formats implement `InboundFormat` and `StreamEncoder`, the layers share `NO_KEY` and
+`READ_TIMED_OUT`, and the handler and endpoints see the app through `GatewayState` and
+`ServedTarget` (a leaf: no module below the app imports the app)."""
 
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ __all__ = [
     "NO_KEY",
     "ON_DISCONNECT",
     "READ_TIMED_OUT",
-    "SSE_HEADERS",
     "Forwarder",
     "GatewayState",
     "InboundFormat",
@@ -42,14 +35,6 @@ ON_DISCONNECT = "chat_pipeline.on_disconnect"
 """Scope key the gateway's connections set (to None) on every request: the callable the app
 leaves there is called when the client goes away before the response is complete (so the
 app need not wait on ``receive`` in a task of its own to find out)."""
-
-SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    # Proxies (nginx) must pass each event on as it comes, not buffer the stream.
-    (b"x-accel-buffering", b"no"),
-]
-"""The response headers of an event stream, in every format."""
 
 
 class StreamEncoder(Protocol):

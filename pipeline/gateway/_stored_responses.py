@@ -31,9 +31,11 @@ from urllib.parse import parse_qsl
 from pipeline import _redis
 from pipeline.errors import RedisUnavailable as _Unavailable
 from pipeline.gateway._exchange import EXCHANGE, JSON, Exchange, Receive, Scope, Send
-from pipeline.gateway._responses import ENCRYPTED_REASONING, ResponsesRequest, resume
 from pipeline.gateway.response_store import MemoryResponseStore, ResponseStore
-from pipeline.gateway.wire import ChatRequest, WireError, _dumps
+from pipeline.gateway.wire import ChatRequest, WireError
+from pipeline.wire import dumps as _dumps
+from pipeline.wire.responses.inbound import ResponsesRequest, resume
+from pipeline.wire.responses.vocab import ENCRYPTED_REASONING
 
 __all__ = ["NoStoredResponses", "StoredResponseEndpoint", "StoredResponses"]
 

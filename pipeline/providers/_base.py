@@ -38,7 +38,6 @@ from pipeline.providers._http import (
     traced,
     transport_error,
 )
-from pipeline.providers._sse import Payloads, SSEPayloads, next_payloads
 from pipeline.providers._transports import make_transport
 from pipeline.types import (
     PROVIDER_EXTRAS,
@@ -48,6 +47,7 @@ from pipeline.types import (
     ChatResponseUpdate,
     Messages,
 )
+from pipeline.wire.sse import Payloads, SSEPayloads, next_payloads
 
 if TYPE_CHECKING:
     import aiohttp

@@ -7,7 +7,7 @@ A provider client talks HTTP through a `Transport`: `Httpx2Transport` (an
 Either one gives the same answers to the client: JSON bodies, a stream's body chunk by
 chunk, `ProviderError`s for error statuses, and its own failures as `Transport.errors`
 (which `transport_error` turns into a transient `ProviderError`). Reading server-sent events
-is `pipeline.providers._sse`'s.
+is `pipeline.wire.sse`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from opentelemetry.trace import get_current_span
 
 from pipeline._json_codec import loads
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
-from pipeline.providers._wire import error_from_payload, malformed
+from pipeline.wire import error_from_payload, malformed
 
 __all__ = [
     "DEFAULT_LIMITS",

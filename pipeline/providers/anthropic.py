@@ -1,28 +1,7 @@
-"""`AnthropicChatClient`: the Anthropic Messages API over HTTP.
-
-Failure boundaries, for `get_response` and `get_streaming_response` alike, are those of
-every HTTP provider here (see `pipeline.providers.openai`), on this API's wire:
-
-* HTTP error statuses become `ProviderError`s of the matching kind, with `status_code`,
-  `retry_after` (``retry-after``) and the error ``type`` as `code`: ``rate_limit_error``
-  (429) is `RATE_LIMITED`; ``overloaded_error`` (529) and ``api_error`` (500) are
-  `TRANSIENT`; ``invalid_request_error`` is `REQUEST_INVALID`, except "prompt is too long",
-  which is `CONTEXT_LENGTH_EXCEEDED`; ``authentication_error`` and ``permission_error`` are
-  `AUTHENTICATION`; ``not_found_error`` and ``request_too_large`` are `REQUEST_INVALID`;
-  connection failures, timeouts and resets are `TRANSIENT`;
-* an in-band ``event: error`` on a 200 stream becomes a `ProviderError` of its type's kind:
-  before any content it is a pre-output failure a router may fail over; after content it is
-  terminal;
-* no first event within `first_chunk_timeout` is a transient (pre-output) failure; no event
-  (``ping`` included) within `stream_idle_timeout` is transient;
-* a stream that ends without ``message_stop`` is transient; malformed SSE or JSON is a
-  `ProviderError` (kind `UNKNOWN`, code ``malformed``), never a `KeyError`;
-* error messages never contain the provider's body, prompt text or the API key.
-
-Stop reasons become the finish reasons other clients report: ``end_turn`` and
-``stop_sequence`` -> ``stop``, ``max_tokens`` -> ``length``, ``tool_use`` -> ``tool_calls``,
-``refusal`` -> ``content_filter``. Input tokens include prompt-cache writes and reads.
-"""
+"""`AnthropicChatClient`: the Anthropic Messages API over HTTP (the codec is
+`pipeline.wire.messages.outbound`). Its failure boundaries are every HTTP provider's (see
+`pipeline.providers.openai`); how its error types, stop reasons and usage map is in
+docs/providers.md."""
 
 from __future__ import annotations
 
@@ -34,8 +13,8 @@ import httpx2
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.providers._messages import MessagesStreamReader, build_request, parse_response
 from pipeline.types import ANTHROPIC_EXTRAS, ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.wire.messages.outbound import MessagesStreamReader, build_request, parse_response
 
 if TYPE_CHECKING:
     import aiohttp

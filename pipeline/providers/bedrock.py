@@ -1,36 +1,8 @@
-"""`BedrockChatClient`: Amazon Bedrock's Converse and ConverseStream APIs over HTTP, signed with
-AWS Signature Version 4.
-
-botocore (the ``bedrock`` extra: ``pip install 'chat-pipeline[bedrock]'``) provides three
-things and nothing else: the credential chain (environment, shared config and profiles,
-``credential_process``, SSO, container and instance roles; refreshable credentials refreshed
-before they expire, off the event loop), the SigV4 signer, and the parser of AWS's binary
-event-stream framing, fed the body's chunks as they arrive. Requests go through the
-project's transports (aiohttp or httpx2), as every provider's do; the Converse wire format
-is `pipeline.wire.bedrock`.
-
-Failure boundaries are those of every HTTP provider here (see `pipeline.providers.openai`),
-on this API's wire:
-
-* an error status is a `ProviderError` of its ``x-amzn-ErrorType``'s kind
-  (`pipeline.wire.bedrock.vocab.ERROR_KINDS`): ``ThrottlingException`` (429) and
-  ``ServiceQuotaExceededException`` are `RATE_LIMITED`; ``ModelNotReadyException``,
-  ``ServiceUnavailableException``, ``InternalServerException`` and
-  ``ModelTimeoutException`` are `TRANSIENT`; ``ModelErrorException`` is `UNKNOWN`;
-  ``ValidationException`` is `REQUEST_INVALID` (`CONTEXT_LENGTH_EXCEEDED` when the input
-  does not fit); ``AccessDeniedException`` and the signature errors are `AUTHENTICATION`;
-  each with its ``Retry-After`` where the answer gives one;
-* an exception event on a 200 stream (``throttlingException``,
-  ``modelStreamErrorException``, ...) is the `ProviderError` of its type: before any
-  content a pre-output failure a router may fail over, after content terminal;
-* a stream that ends before its ``metadata`` event is transient; bytes that are not the
-  event-stream framing (a bad checksum, a bad length) or a payload that is not JSON are a
-  `ProviderError` (kind `UNKNOWN`, code ``malformed``);
-* credentials that cannot be found or are expired are a `ValueError` when the client is
-  made (a configuration error at startup, naming what to set), never a per-request 5xx;
-  credentials that fail to refresh later are an `AuthenticationError` before anything is
-  sent. No credential appears in errors, logs, reprs or telemetry.
-"""
+"""`BedrockChatClient`: Amazon Bedrock's Converse and ConverseStream APIs over HTTP, signed
+with AWS Signature Version 4. botocore (the ``bedrock`` extra) provides the credential chain,
+the signer and the event-stream parser, nothing else; the codec is `pipeline.wire.bedrock`.
+Missing or expired credentials are a `ValueError` when the client is made; how errors and
+streams map is in docs/providers.md."""
 
 from __future__ import annotations
 
@@ -55,8 +27,6 @@ from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provi
 from pipeline.providers._base import HTTPChatClient, StreamReader
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.providers._http import endpoint as endpoint_of
-from pipeline.providers._sse import Payloads, scan_json
-from pipeline.providers._wire import malformed
 from pipeline.types import (
     BEDROCK_EXTRAS,
     ChatOptions,
@@ -64,6 +34,7 @@ from pipeline.types import (
     Messages,
     as_messages,
 )
+from pipeline.wire import malformed
 from pipeline.wire.bedrock.outbound import (
     ConverseStreamReader,
     build_request,
@@ -71,6 +42,7 @@ from pipeline.wire.bedrock.outbound import (
     parse_response,
 )
 from pipeline.wire.bedrock.vocab import STREAM_END, STREAM_EXCEPTION_MEMBERS
+from pipeline.wire.sse import Payloads, scan_json
 from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:
@@ -112,7 +84,7 @@ def bedrock_url(region: str) -> str:
 
 class EventStreamPayloads:
     """A ConverseStream body's events, ``(event type, payload)``, decoded by botocore's
-    event-stream parser as the chunks arrive (`pipeline.providers._sse.Payloads`).
+    event-stream parser as the chunks arrive (`pipeline.wire.sse.Payloads`).
 
     The ``metadata`` event ends a complete stream; an exception or error message is its
     `ProviderError`; a frame botocore refuses (its lengths or checksums) or a payload that

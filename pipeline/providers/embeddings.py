@@ -18,8 +18,8 @@ from pipeline.providers._http import (
     traced,
 )
 from pipeline.providers._transports import make_transport
-from pipeline.providers._wire import malformed
 from pipeline.providers.openai import _DEFAULT_TIMEOUT, DEFAULT_BASE_URL
+from pipeline.wire import malformed
 
 if TYPE_CHECKING:
     import aiohttp

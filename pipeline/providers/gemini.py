@@ -1,25 +1,7 @@
-"""`GeminiChatClient`: Google's Gemini API (``generateContent``) over HTTP.
-
-Failure boundaries, for `get_response` and `get_streaming_response` alike, are those of
-every HTTP provider here (see `pipeline.providers.openai`), on this API's wire:
-
-* HTTP error statuses become `ProviderError`s of the matching kind, with `status_code`,
-  `retry_after` (``Retry-After``, else the error's ``RetryInfo`` delay) and the error's
-  ``status`` as `code`: ``RESOURCE_EXHAUSTED`` (429) is `RATE_LIMITED`; ``INTERNAL``,
-  ``UNAVAILABLE`` and ``DEADLINE_EXCEEDED`` (5xx) are `TRANSIENT`; ``INVALID_ARGUMENT``
-  is `REQUEST_INVALID`, except an input token count above the model's limit, which is
-  `CONTEXT_LENGTH_EXCEEDED`, and an invalid API key, which is `AUTHENTICATION`, as are
-  ``UNAUTHENTICATED`` and ``PERMISSION_DENIED``;
-* an error chunk (``{"error": {...}}``) on a 200 stream is a `ProviderError` of its status's
-  kind: before any content a pre-output failure a router may fail over, after it terminal;
-* the stream has no end event: a stream whose body ends before a chunk with a
-  ``finishReason`` is transient;
-* a prompt the API blocks (``promptFeedback.blockReason``) is a `ContentFilteredError`,
-  and an answer a filter stopped (``finishReason`` ``SAFETY``, ``RECITATION``,
-  ``PROHIBITED_CONTENT``...) is a response with finish reason ``content_filter``: neither
-  is failed over (another route would be asked the same);
-* error messages never contain the API's body, prompt text or the API key.
-"""
+"""`GeminiChatClient`: Google's Gemini API (``generateContent``) over HTTP (the codec is
+`pipeline.wire.gemini`). Its failure boundaries are every HTTP provider's (see
+`pipeline.providers.openai`); how its statuses, blocked prompts and stream ends map is in
+docs/providers.md."""
 
 from __future__ import annotations
 

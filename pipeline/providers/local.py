@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from pipeline.providers._wire import malformed
+from pipeline.wire import malformed
 
 __all__ = ["LocalEmbeddingGenerator", "SentenceEncoder"]
 

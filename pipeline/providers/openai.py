@@ -14,7 +14,7 @@ provider of this package shares them):
   within `stream_idle_timeout` after output is a transient failure after output;
 * a stream that ends without ``[DONE]`` is transient; malformed SSE or JSON is a
   `ProviderError` (kind `UNKNOWN`, code ``malformed``), never a `KeyError`/`JSONDecodeError`;
-  so is a stream line or event past its bound (`pipeline.providers._sse.MAX_LINE`,
+  so is a stream line or event past its bound (`pipeline.wire.sse.MAX_LINE`,
   `MAX_EVENT`), and bytes that are not UTF-8 fail after the events before them;
 * a non-streamed answer whose decoded body passes `max_response_bytes` (default 64 MiB)
   is a `ProviderError` (kind `UNKNOWN`, code ``response_too_large``) as soon as it does,
@@ -32,15 +32,15 @@ import httpx2
 from pipeline._forward import CHAT_COMPLETIONS, Forward
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
-from pipeline.providers._chat_completions import (
+from pipeline.providers._forwarding import chat_completions_body
+from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
+from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
+from pipeline.wire.chat_completions.outbound import (
     MAX_TOKENS_FIELDS,
     StreamAssembler,
     build_request,
     parse_response,
 )
-from pipeline.providers._forwarding import chat_completions_body
-from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
-from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 from pipeline.wire.tools import custom_tool_names
 
 if TYPE_CHECKING:

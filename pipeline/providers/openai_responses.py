@@ -1,26 +1,7 @@
-"""`OpenAIResponsesChatClient`: the OpenAI Responses API (``POST /v1/responses``) over HTTP.
-
-Failure boundaries, for `get_response` and `get_streaming_response` alike, are those of
-every HTTP provider here (see `pipeline.providers.openai`), on this API's wire:
-
-* HTTP error statuses become `ProviderError`s of the matching kind, with `status_code`,
-  `retry_after` (from ``Retry-After``) and the error's `code`;
-* an ``error`` event, or ``response.failed`` (its ``response.error``), on a 200 stream
-  becomes a `ProviderError` of its code's kind (``rate_limit_exceeded`` is `RATE_LIMITED`,
-  ``server_error`` `TRANSIENT`...): before any content it is a pre-output failure a router
-  may fail over; after content it is terminal;
-* no first event within `first_chunk_timeout` is a transient (pre-output) failure; no event
-  within `stream_idle_timeout` is transient;
-* a stream that ends without ``response.completed`` (or ``response.incomplete``) is
-  transient; malformed SSE or JSON is a `ProviderError` (kind `UNKNOWN`, code
-  ``malformed``);
-* error messages never contain the provider's body, prompt text or the API key.
-
-A response's status becomes the finish reason other clients report: ``completed`` ->
-``stop`` (``tool_calls`` when the model called functions), ``incomplete`` for
-``max_output_tokens`` -> ``length``, for ``content_filter`` -> ``content_filter``; a
-refusal is ``content_filter``. Requests send the whole conversation with ``store: false``.
-"""
+"""`OpenAIResponsesChatClient`: the OpenAI Responses API (``POST /v1/responses``) over HTTP,
+the whole conversation each time with ``store: false`` (the codec is
+`pipeline.wire.responses.outbound`). Its failure boundaries are every HTTP provider's (see
+`pipeline.providers.openai`); how its events and statuses map is in docs/providers.md."""
 
 from __future__ import annotations
 
@@ -30,12 +11,6 @@ import httpx2
 
 from pipeline.client import check_options
 from pipeline.providers._base import StreamReader
-from pipeline.providers._responses import (
-    END_EVENTS,
-    ResponsesStreamReader,
-    build_request,
-    parse_response,
-)
 from pipeline.providers.openai import OpenAIAPIClient
 from pipeline.types import (
     OPENAI_RESPONSES_EXTRAS,
@@ -43,6 +18,12 @@ from pipeline.types import (
     ChatResponse,
     Messages,
     as_messages,
+)
+from pipeline.wire.responses.outbound import (
+    END_EVENTS,
+    ResponsesStreamReader,
+    build_request,
+    parse_response,
 )
 
 __all__ = ["OpenAIResponsesChatClient"]

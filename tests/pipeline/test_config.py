@@ -714,7 +714,6 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         OpenAIEmbeddingGenerator,
         OpenAIResponsesChatClient,
     )
-    from pipeline.providers._chat_completions import MAX_TOKENS_FIELDS
     from pipeline.providers._settings import (
         AnthropicSettings,
         AzureOpenAISettings,
@@ -731,6 +730,7 @@ def test_provider_settings_defaults_are_the_constructors() -> None:
         VertexSettings,
     )
     from pipeline.testing import ScriptedChatClient
+    from pipeline.wire.chat_completions.outbound import MAX_TOKENS_FIELDS
 
     def field(settings: type[Any], name: str) -> Any:
         return settings.model_fields[name].default
@@ -1029,3 +1029,33 @@ async def test_semantic_router_with_a_local_model_and_route_thresholds(
     assert (await collect(chat, "my invoice was charged", streaming=streaming)).text == "general"
     assert (await collect(chat, "python exception", streaming=streaming)).text == "code"
     assert loaded == [(str(model_dir), "cpu")]
+
+
+def _with_store(table: str, store: dict[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = {"routes": {"a": {"provider": "scripted"}}}
+    if table == "cache":
+        data["cache"] = store
+    else:
+        data["router"] = {"kind": "balanced", "routes": ["a"], table.split(".")[1]: store}
+    return data
+
+
+@pytest.mark.parametrize("table", ["router.affinity", "router.health", "cache"])
+def test_every_store_table_names_its_redis_the_same_way(
+    table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[router.affinity]``, ``[router.health]`` and ``[cache]``: one shape, one set of
+    rules for the URL (a variable, or a URL without a password), errors naming the table."""
+    monkeypatch.delenv("STORE_UNSET_VAR", raising=False)
+    for store, message in [
+        ({"store": "redis"}, f"{table}: store = 'redis' needs redis_url_env"),
+        ({"store": "redis", "redis_url_env": "STORE_UNSET_VAR"}, "STORE_UNSET_VAR is not set"),
+        ({"store": "redis", "redis_url": "redis://:secret@host:6379/0"}, "holds a password"),
+        ({"store": "redis", "redis_url": "http://host"}, f"{table}"),
+        ({"store": "disk"}, f"{table}.store"),
+    ]:
+        with pytest.raises(ConfigError) as raised:
+            parse_config(_with_store(table, store))
+        assert message in str(raised.value), (store, str(raised.value))
+        assert "secret" not in str(raised.value)
+    parse_config(_with_store(table, {"store": "redis", "redis_url": "redis://h:1/0"}))

@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pipeline._json_codec as fast
+from pipeline._json import decoded_exactly, json_body
 from pipeline.gateway._forwarding import CHAT_FORWARDER
-from pipeline.gateway._json import decoded_exactly, json_body
 from pipeline.gateway.wire import parse_request
 
 

@@ -215,6 +215,56 @@ async def test_an_outage_is_skipped_then_retried_and_warned_about_sparingly(
     assert "CANARY" not in caplog.text
 
 
+async def test_a_guarded_call_fails_open_and_counts_only_the_stores_failures() -> None:
+    """`Outage.guard`: the one fail-open path of stores of a caller's own (cache, session
+    affinity) and of the semantic cache's embedder."""
+    clock = FakeClock()
+    outage = _redis.Outage(logging.getLogger("test.guard"), "store", "going on", 5.0, clock=clock)
+    calls: list[str] = []
+    never = asyncio.Event()
+
+    async def answer() -> str:
+        calls.append("answer")
+        return "value"
+
+    async def broken() -> str:
+        calls.append("broken")
+        raise ValueError("CANARY")
+
+    async def stuck() -> str:
+        calls.append("stuck")
+        await never.wait()
+        return "never"
+
+    assert await outage.guard(answer, 1.0) == "value"
+    # The request's deadline ran out, not the store: no failure counted.
+    assert await outage.guard(stuck, 0.001, bound_by_request=True) is None
+    assert not outage.down
+    assert await outage.guard(broken, 1.0) is None
+    assert outage.down and outage.skipping()
+    assert await outage.guard(answer, 1.0) is None  # skipped: not called
+    clock.now += 5.0
+    assert await outage.guard(stuck, 0.001) is None  # the store's own bound: its failure
+    assert outage.skipping()
+    clock.now += 5.0
+    assert await outage.guard(answer, 1.0) == "value" and not outage.down
+    assert calls == ["answer", "stuck", "broken", "stuck", "answer"]
+    # The caller's own cancellation is raised, never swallowed.
+    started = asyncio.Event()
+
+    async def waiting() -> str:
+        started.set()
+        await never.wait()
+        return "never"
+
+    task = asyncio.create_task(outage.guard(waiting, None))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not outage.down
+
+
 async def test_the_items_of_one_loop_turn_are_sent_together() -> None:
     sent: list[list[int]] = []
     release = asyncio.Event()

@@ -18,9 +18,6 @@ from pipeline.providers import (
     GeminiChatClient,
     OpenAIChatClient,
     OpenAIResponsesChatClient,
-    _chat_completions,
-    _messages,
-    _responses,
 )
 from pipeline.testing import (
     CHAT_PATH,
@@ -37,7 +34,10 @@ from pipeline.testing import (
 from pipeline.testing._fake_server import FakeServer
 from pipeline.types import ChatMessage, ReasoningOptions, UsageDetails
 from pipeline.wire.bedrock import outbound as _bedrock
+from pipeline.wire.chat_completions import outbound as _chat_completions
 from pipeline.wire.gemini import outbound as _gemini
+from pipeline.wire.messages import outbound as _messages
+from pipeline.wire.responses import outbound as _responses
 
 KEY = "sk-CANARY-wire-key"
 KEY_VARIABLE = "WIRE_TEST_UPSTREAM_KEY"  # the routes' api_key_env (tests set it)

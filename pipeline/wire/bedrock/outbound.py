@@ -1,20 +1,8 @@
 """Bedrock Converse outbound: a core request as a Converse body; a Converse answer, or the
-events of a ConverseStream, as core types; an error as the `ProviderError` of its kind.
-
-Pure functions, no I/O (the event-stream framing and the signature are the provider's). What
-the service sends that does not fit raises a `ProviderError` saying what was wrong, never a
-`KeyError`, and never quoting the payload. Content blocks and events this module does not
-know (citations, images in answers, new ones) are skipped, as the Messages codec skips them.
-
-Reasoning: ``reasoningContent`` blocks (their text and ``signature``, or their
-``redactedContent``) are `ReasoningContent` (`protected` holds the signature or the
-redacted data), read from answers and streams and sent back in assistant turns exactly as
-received; reasoning without a signature, or another API's reasoning item (an `id`), is left
-out. How much a model may think goes where its family takes it (`_reasoning`).
-
-Every content type is matched (mypy checks none is forgotten); a system message's contents
-other than text are left out (the system prompt is text).
-"""
+events of a ConverseStream, as core types; an error as the `ProviderError` of its kind. Pure
+functions (the framing and the signature are the provider's); what does not fit is a
+`ProviderError` that never quotes the payload. Every content type is matched (mypy checks);
+unknown blocks and events are skipped. Reasoning and its signatures: docs/providers.md."""
 
 from __future__ import annotations
 
@@ -24,13 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
-from pipeline.providers._wire import (
-    cache_counted_apart,
-    malformed,
-    parse_arguments,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     ChatMessage,
@@ -52,6 +33,13 @@ from pipeline.types import (
     as_tool_choice,
     checked_text,
     unknown_content,
+)
+from pipeline.wire._common import (
+    cache_counted_apart,
+    malformed,
+    parse_arguments,
+    str_or_none,
+    tool_result_text,
 )
 from pipeline.wire.bedrock.vocab import (
     ANTHROPIC_EFFORT,

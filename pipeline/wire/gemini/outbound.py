@@ -1,23 +1,7 @@
-"""Core -> a Gemini ``generateContent`` request; Gemini answers and stream chunks -> core.
-
-Pure functions, no I/O. Anything the API sends that does not fit raises a `ProviderError`
-saying what was wrong, never quoting the payload. Part kinds this module does not know
-(code execution, new ones) are skipped, as the API's versioning asks of clients.
-
-Thought signatures: the ``thoughtSignature`` of a function call (or of a data part)
-becomes a `ReasoningContent` whose `protected` is the signature, placed just before the
-call; thought summaries (``thought: true`` parts) are `ReasoningContent` text. Going back,
-each signature is sent unchanged on the next part of its turn that is no thought (on an
-empty text part when none follows). The signature Gemini puts on an answer's text (a
-streamed answer's last, empty, part) is not kept: the API checks only those of function
-calls, and a stream cannot put it before the text it follows, where the Messages API's
-clients look for reasoning. An answer and a stream of the same parts give the same
-contents: the answer is read as one chunk of a stream.
-
-Every content type is matched (mypy checks none is forgotten). Left out: a system message's
-contents other than text (the system instruction is text), and reasoning Gemini did not make
-in a form it could (Anthropic's redacted thinking, a Responses reasoning item).
-"""
+"""Core -> a Gemini ``generateContent`` request; Gemini answers and stream chunks -> core (an
+answer is read as a stream of one chunk). Pure functions; what does not fit is a
+`ProviderError` that never quotes the payload. Every content type is matched (mypy checks);
+unknown part kinds are skipped, as the API asks. Thought signatures: docs/providers.md."""
 
 from __future__ import annotations
 
@@ -28,13 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import FailureKind, ProviderError, provider_error
-from pipeline.providers._wire import (
-    error_from_payload,
-    int_or_none,
-    malformed,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     GEMINI_EXTRAS,
@@ -56,6 +33,13 @@ from pipeline.types import (
     as_tool_choice,
     checked_text,
     unknown_content,
+)
+from pipeline.wire._common import (
+    error_from_payload,
+    int_or_none,
+    malformed,
+    str_or_none,
+    tool_result_text,
 )
 from pipeline.wire.gemini.vocab import (
     API,

@@ -6,9 +6,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.types import ToolChoice
+from pipeline.types import FinishReason, ToolChoice
 
-__all__ = ["API", "TOOL_CHOICES", "TOOL_CHOICE_VALUES", "read_tool_choice", "tool_choice"]
+__all__ = [
+    "API",
+    "ENCRYPTED_REASONING",
+    "END_EVENTS",
+    "INCOMPLETE_REASONS",
+    "INCOMPLETE_REASON_OF",
+    "TOOL_CHOICES",
+    "TOOL_CHOICE_VALUES",
+    "USAGE_FIELDS",
+    "read_tool_choice",
+    "tool_choice",
+]
 
 API = "responses"
 """This API's name (`RawTool.api`, the key of its fields in `FunctionTool`)."""
@@ -47,3 +58,28 @@ def read_tool_choice(value: Any) -> ToolChoice | None:
         return None
     name = value.get("name")
     return ToolChoice.named(name) if isinstance(name, str) and name else None
+
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+"""The ``include`` value that asks for reasoning items' ``encrypted_content``."""
+
+END_EVENTS = frozenset({"response.completed", "response.incomplete"})
+"""The events that end a complete stream (both carry the response with its usage)."""
+
+INCOMPLETE_REASONS: dict[str, FinishReason] = {
+    "max_output_tokens": FinishReason.LENGTH,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+"""An incomplete response's ``incomplete_details.reason`` -> the finish reason it is."""
+INCOMPLETE_REASON_OF: dict[FinishReason, str] = {v: k for k, v in INCOMPLETE_REASONS.items()}
+
+USAGE_FIELDS: dict[str, tuple[str, ...]] = {
+    "input_tokens": ("input_tokens",),
+    "cache_read_tokens": ("input_tokens_details", "cached_tokens"),
+    "cache_write_tokens": ("input_tokens_details", "cache_write_tokens"),
+    "output_tokens": ("output_tokens",),
+    "reasoning_tokens": ("output_tokens_details", "reasoning_tokens"),
+    "total_tokens": ("total_tokens",),
+}
+"""Where ``usage`` keeps each `UsageDetails` count (`pipeline.wire._common.UsageFields`), in
+the order the API writes them."""

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from pipeline.config import parse_config
-from pipeline.gateway._anthropic_messages import estimate_tokens, parse_count_tokens_request
+from pipeline.gateway._anthropic_messages import estimate_tokens
 from pipeline.gateway.settings import GatewaySettings
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
+from pipeline.wire.messages.inbound import parse_count_tokens_request
 from tests.pipeline.gateway.conftest import Running, running
 
 pytestmark = pytest.mark.gateway

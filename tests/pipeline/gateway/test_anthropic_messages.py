@@ -13,11 +13,6 @@ import httpx
 import pytest
 from opentelemetry.trace import SpanKind
 
-from pipeline.gateway._anthropic_messages import (
-    MessageEventEncoder,
-    parse_messages_request,
-    stop_reason,
-)
 from pipeline.gateway.wire import WireError
 from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse
 from pipeline.types import (
@@ -26,6 +21,11 @@ from pipeline.types import (
     FunctionCallContent,
     TextContent,
     ToolChoice,
+)
+from pipeline.wire.messages.inbound import (
+    MessageEventEncoder,
+    parse_messages_request,
+    stop_reason,
 )
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import Running, config, keyed, running

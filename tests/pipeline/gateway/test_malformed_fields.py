@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.gateway._anthropic_messages import parse_count_tokens_request, parse_messages_request
-from pipeline.gateway._responses import parse_responses
 from pipeline.gateway.wire import ChatRequest, WireError, parse_request
 from pipeline.testing import FakeOpenAIServer
+from pipeline.wire.messages.inbound import parse_count_tokens_request, parse_messages_request
+from pipeline.wire.responses.inbound import parse_responses
 from tests.pipeline.gateway.conftest import config, running
 
 HOSTILE: list[Any] = [None, True, 0, -1, 1.5, "", "x", "\r\n\x00é", [], [1], [{}], {}, {"type": 1}]

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from pipeline.errors import WireError
-from pipeline.gateway._responses import ResponsesEncoder, completion, parse_responses
 from pipeline.types import (
     ChatMessage,
     ChatResponse,
@@ -23,6 +22,7 @@ from pipeline.types import (
     ToolChoice,
     UsageDetails,
 )
+from pipeline.wire.responses.inbound import ResponsesEncoder, completion, parse_responses
 
 
 def parse(**body: Any) -> Any:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline._json import MAX_JSON_DEPTH, json_body, too_deep
 from pipeline.errors import (
     AttemptTimeoutError,
     AuthenticationError,
@@ -24,7 +25,6 @@ from pipeline.errors import (
     TransientProviderError,
     UnknownProviderError,
 )
-from pipeline.gateway._json import MAX_JSON_DEPTH, json_body, too_deep
 from pipeline.gateway.wire import (
     ChunkEncoder,
     WireError,

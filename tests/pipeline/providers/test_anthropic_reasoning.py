@@ -21,14 +21,14 @@ from pipeline import (
 )
 from pipeline.errors import RequestInvalidError
 from pipeline.providers import AnthropicChatClient, OpenAIChatClient
-from pipeline.providers._messages import (
+from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
+from pipeline.types import ANTHROPIC_EXTRAS, FunctionTool
+from pipeline.wire.messages.outbound import (
     MessagesStreamReader,
     build_request,
     parse_response,
     parse_usage,
 )
-from pipeline.testing import FakeAnthropicServer, FakeOpenAIServer, FakeResponse, collect
-from pipeline.types import ANTHROPIC_EXTRAS, FunctionTool
 
 
 def body(messages: Any = "hi", options: ChatOptions | None = None) -> dict[str, Any]:

@@ -310,7 +310,7 @@ async def test_malformed_streams_are_provider_errors(
     ],
 )
 def test_malformed_bodies_are_provider_errors(body: object) -> None:
-    from pipeline.providers._responses import parse_response
+    from pipeline.wire.responses.outbound import parse_response
 
     with pytest.raises(ProviderError) as caught:
         parse_response(body, "openai")
@@ -318,7 +318,7 @@ def test_malformed_bodies_are_provider_errors(body: object) -> None:
 
 
 def test_a_failed_body_is_the_error_it_carries() -> None:
-    from pipeline.providers._responses import parse_response
+    from pipeline.wire.responses.outbound import parse_response
 
     failed = {"status": "failed", "error": {"code": "rate_limit_exceeded", "message": "x"}}
     with pytest.raises(RateLimitedError):

@@ -1,28 +1,56 @@
-"""What both wire formats (Chat Completions and Anthropic Messages) read and write alike.
-
-Pure functions, no I/O. Anything a provider sends that does not fit raises a
-`ProviderError` saying what was wrong, never a `KeyError` or `JSONDecodeError`, and never
-quoting the payload (it may hold prompt text).
-"""
+"""What every wire API reads and writes alike: the errors of a bad answer (`malformed`,
+`error_from_payload`) and of a bad request (`WireError`, `invalid`...), field readers,
+usage, tool results, the compact JSON the codecs write, and the request every inbound codec
+makes (`ChatRequest`). Pure functions, no I/O; nothing here quotes a payload (it may hold
+prompt text)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import FailureKind, ProviderError, kind_for_status, provider_error
-from pipeline.types import FunctionResultContent, UsageDetails
+from pipeline._json import json_body
+from pipeline.errors import FailureKind, ProviderError, WireError, kind_for_status, provider_error
+from pipeline.types import (
+    ChatMessage,
+    ChatOptions,
+    DataContent,
+    FunctionResultContent,
+    UsageDetails,
+)
 
 __all__ = [
+    "ChatRequest",
+    "UsageFields",
+    "WireError",
     "cache_counted_apart",
+    "caller_of",
+    "chat_response_format",
+    "data_url",
+    "dumps",
+    "enum_value",
     "error_from_payload",
     "int_or_none",
+    "integer",
+    "invalid",
     "malformed",
+    "number",
     "parse_arguments",
+    "put",
+    "read_usage",
+    "request_object",
     "str_or_none",
     "tool_result_text",
+    "unsupported_parameter",
+    "user_of",
 ]
+
+dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+"""JSON as the codecs write it: compact, and text as it is (no ``\\u`` escapes)."""
 
 
 def malformed(provider: str, what: str) -> ProviderError:
@@ -63,6 +91,58 @@ def cache_counted_apart(
         cache_read_tokens=read,
         cache_write_tokens=written,
     )
+
+
+# -- content and formats ----------------------------------------------------------------------
+
+
+def data_url(content: DataContent) -> str:
+    """`content` as a URL: its own, or a ``data:`` URL of its bytes."""
+    if content.uri is not None:
+        return content.uri
+    encoded = base64.b64encode(content.data or b"").decode("ascii")
+    return f"data:{content.media_type or 'application/octet-stream'};base64,{encoded}"
+
+
+def chat_response_format(value: Any) -> Any:
+    """`ChatOptions.response_format` as a Chat Completions ``response_format``."""
+    if value in ("json", "json_object"):
+        return {"type": "json_object"}
+    if value == "text":
+        return {"type": "text"}
+    if isinstance(value, Mapping) and "type" not in value and "schema" in value:
+        # A bare {"name":..., "schema":...} is shorthand for a JSON-schema format.
+        return {"type": "json_schema", "json_schema": dict(value)}
+    return value
+
+
+# -- usage ------------------------------------------------------------------------------------
+
+UsageFields = Mapping[str, tuple[str, ...]]
+"""Where an API's usage object keeps each count: a `UsageDetails` field -> its path of keys
+(``("prompt_tokens_details", "cached_tokens")``). Each API's `vocab` has one, read by
+`read_usage` and written by its inbound codec with `put`."""
+
+
+def read_usage(value: Any, fields: UsageFields) -> UsageDetails | None:
+    """The usage an object says, each count read where `fields` puts it (a count that is
+    not an integer is unknown); None when `value` is not an object."""
+    if not isinstance(value, Mapping):
+        return None
+    counts: dict[str, int | None] = {}
+    for name, path in fields.items():
+        found: Any = value
+        for key in path:
+            found = found.get(key) if isinstance(found, Mapping) else None
+        counts[name] = int_or_none(found)
+    return UsageDetails(**counts)
+
+
+def put(body: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Set `value` at `path` in `body`, making the objects on the way."""
+    for key in path[:-1]:
+        body = body.setdefault(key, {})
+    body[path[-1]] = value
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -233,3 +313,116 @@ def parse_arguments(raw: Any, provider: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise malformed(provider, "tool call arguments are not a JSON object")
     return value
+
+
+# -- requests in (the inbound codecs) ---------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """A parsed request: what to ask the pipeline and how to answer."""
+
+    model: str
+    messages: list[ChatMessage]
+    options: ChatOptions
+    stream: bool = False
+    include_usage: bool = False
+    tool_names: frozenset[str] = field(default_factory=frozenset)
+    builtin_tools: list[str] = field(default_factory=list)
+    """The types of the provider-side tools the request offered, left out of the pipeline's
+    tools (see `pipeline.gateway._builtin_tools`)."""
+    user: str | None = None
+    """The end user the request names (``user`` or ``safety_identifier``; Anthropic's
+    ``metadata.user_id``), for a response cache partitioned by user; None when it names
+    none."""
+    caller: dict[str, str] | None = None
+    """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
+    body: dict[str, Any] | None = None
+    """The body's JSON object as it came (a Chat Completions one: the forwarded path's)."""
+
+
+def user_of(payload: Mapping[str, Any]) -> str | None:
+    """The end user an OpenAI-format body names: ``user``, else ``safety_identifier``."""
+    for name in ("user", "safety_identifier"):
+        value = payload.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+_CALLER_KEYS = frozenset({"user", "user_id", "team", "tags", "session", "session_id"})
+
+
+def caller_of(payload: dict[str, Any]) -> dict[str, str] | None:
+    """The body's ``user`` and the attribution keys of its ``metadata`` (``user``,
+    ``user_id``, ``team``, ``tags``, ``session``, ``session_id``), string values only, each
+    cut to 256 characters: whose request it says it is (never anything else of the body)."""
+    found: dict[str, str] = {}
+    metadata = payload.get("metadata")
+    if isinstance(metadata, dict):
+        for key in _CALLER_KEYS:
+            value = metadata.get(key)
+            if isinstance(value, str) and value:
+                found[key] = value[:256]
+    user = payload.get("user")
+    if isinstance(user, str) and user:
+        found["user"] = user[:256]
+    return found or None
+
+
+def invalid(param: str, what: str, code: str | None = "invalid_value") -> WireError:
+    """A 400 naming the request field `param` and what is wrong with it (never its value)."""
+    return WireError(400, f"{param}: {what}", param=param, code=code)
+
+
+def number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
+    """The number `body[key]` holds, from `low` to `high`; None when absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(key, "expected a number")
+    if not low <= value <= high:
+        raise invalid(key, f"expected a number from {low:g} to {high:g}")
+    return float(value)
+
+
+def enum_value(value: Any, param: str) -> str | None:
+    """The value of a vendor's enum: any string (the enum is open), or None; `WireError`
+    naming `param` for another type."""
+    if value is not None and not isinstance(value, str):
+        raise invalid(param, "expected a string")
+    return value
+
+
+def integer(body: Mapping[str, Any], key: str, low: int) -> int | None:
+    """The integer `body[key]` holds, at least `low`; None when absent."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(key, "expected an integer")
+    if value < low:
+        raise invalid(key, f"expected an integer of at least {low}")
+    return value
+
+
+def request_object(body: bytes) -> dict[str, Any]:
+    """The JSON object a request body is, or a 400 ``invalid_json`` saying why not."""
+    try:
+        payload = json_body(body)
+    except ValueError as exc:  # not JSON in UTF-8, or nested deeper than the bound
+        raise WireError(400, str(exc), code="invalid_json") from None
+    if not isinstance(payload, dict):
+        raise WireError(400, "the request body must be a JSON object", code="invalid_json")
+    return payload
+
+
+def unsupported_parameter(param: str) -> WireError:
+    """The 400 of a request parameter this gateway does not know."""
+    return WireError(
+        400,
+        f"{param}: this parameter is not supported by this gateway",
+        param=param,
+        code="unsupported_parameter",
+    )

@@ -1,21 +1,8 @@
-"""The Anthropic Messages wire format: requests out, responses and stream events in.
-
-Pure functions, no I/O, like `_chat_completions`. Anything the server sends that does not
-fit the format raises a `ProviderError` saying what was wrong, never a `KeyError`, and never
-quoting the payload. Event and content-block types this module does not know (server tools,
-new ones) are skipped, as the API's versioning policy asks of clients.
-
-Reasoning: ``thinking`` blocks (their text and ``signature``) and ``redacted_thinking``
-blocks (their ``data``) are `ReasoningContent` (`protected` holds the signature or the
-data), read from answers and streams (``thinking_delta``, ``signature_delta``) and sent
-back in assistant turns exactly as received. Reasoning without a signature (from another
-API, or a summary) cannot be sent to this API and is left out; so is reasoning with an
-`id` (a Responses reasoning item: its encrypted content is no Anthropic signature).
-
-Every content type is matched (mypy checks none is forgotten). A system message's contents
-other than text are left out (the system prompt is text); a tool message is a user turn of
-``tool_result`` blocks, with whatever else it holds.
-"""
+"""Anthropic's Messages API as the providers speak it: `build_request` writes a core request
+(thinking sent back exactly as received, prompt-cache breakpoints kept within the API's
+bound), `parse_response` and `MessagesStreamReader` read answers and stream events. Block
+and event types it does not know are skipped, as the API asks of clients; anything else
+that does not fit is a `ProviderError`. Details: docs/concepts/wire.md."""
 
 from __future__ import annotations
 
@@ -25,14 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import RequestRefusedError
-from pipeline.providers._wire import (
-    cache_counted_apart,
-    error_from_payload,
-    malformed,
-    parse_arguments,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     ANTHROPIC_EXTRAS,
     ChatMessage,
@@ -54,13 +33,27 @@ from pipeline.types import (
     checked_text,
     unknown_content,
 )
-from pipeline.wire.messages.vocab import API, tool_choice
+from pipeline.wire._common import (
+    cache_counted_apart,
+    error_from_payload,
+    malformed,
+    parse_arguments,
+    read_usage,
+    str_or_none,
+    tool_result_text,
+)
+from pipeline.wire.messages.vocab import (
+    API,
+    EFFORT_ALIASES,
+    EFFORT_OF,
+    EFFORTS,
+    MAX_CACHE_BREAKPOINTS,
+    USAGE_FIELDS,
+    tool_choice,
+)
 from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
-    "ANTHROPIC_EFFORTS",
-    "OWN_EFFORTS",
-    "STOP_REASONS",
     "MessagesStreamReader",
     "build_request",
     "message_blocks",
@@ -217,11 +210,6 @@ def _conversation(
     return system, turns
 
 
-MAX_CACHE_BREAKPOINTS = 4
-"""The most blocks with ``cache_control`` one request may have (the API refuses more), a
-top-level ``cache_control`` (automatic caching) included."""
-
-
 def _capped(body: dict[str, Any]) -> dict[str, Any]:
     """`body` within `MAX_CACHE_BREAKPOINTS` (`_cap_breakpoints`), saying what was left out
     on a log line: where they were, never what they mark (the gateway's log configuration
@@ -266,36 +254,37 @@ def _cap_breakpoints(body: dict[str, Any]) -> tuple[int, list[str]]:
     return len(marked) + top_level, [where for where, _ in dropped]
 
 
-ANTHROPIC_EFFORTS: dict[str, str] = {"minimal": "low", "xhigh": "max"}
-"""Reasoning efforts of other APIs as this API's ``output_config.effort``; this API's own
-(`OWN_EFFORTS`) are sent as they are, ``none`` is thinking ``disabled``."""
-
-OWN_EFFORTS = ("low", "medium", "high", "max")
-"""This API's ``output_config.effort`` values, as far as the gateway knows them."""
-
-
 def _reasoning(options: ChatOptions) -> tuple[dict[str, Any] | None, str | None]:
     """``thinking`` and ``output_config.effort`` for the options' reasoning: a budget is
     ``enabled`` thinking with that budget (`0`: ``disabled``); an effort alone is
     ``adaptive`` thinking at that effort; effort ``none`` is ``disabled``.
 
-    An effort neither this API nor `ANTHROPIC_EFFORTS` knows (another API's new value) has
-    no translation: `RequestRefusedError`, unless the caller's own ``output_config``
-    (`ANTHROPIC_EXTRAS`) says this API's effort, which is then what is sent."""
+    An effort this API has no word for (another API's new value) has no translation:
+    `RequestRefusedError`, unless the caller's own ``output_config`` (`ANTHROPIC_EXTRAS`)
+    says this API's effort, which is then what is sent."""
     reasoning = options.reasoning
     effort = (reasoning.effort if reasoning is not None else None) or options.reasoning_effort
     budget = reasoning.budget_tokens if reasoning is not None else None
     if effort == "none":
         return {"type": "disabled"}, None
-    if effort is not None and effort not in ANTHROPIC_EFFORTS and effort not in OWN_EFFORTS:
+    if (
+        effort is not None
+        and effort not in EFFORTS
+        and effort not in EFFORT_ALIASES
+        and effort not in EFFORT_OF
+    ):
         scoped = options.additional_properties.get(ANTHROPIC_EXTRAS)
         own = scoped.get("output_config") if isinstance(scoped, Mapping) else None
         if not (isinstance(own, Mapping) and own.get("effort") is not None):
             raise RequestRefusedError.untranslatable(
-                "reasoning.effort", effort, "the Anthropic Messages API", OWN_EFFORTS
+                "reasoning.effort", effort, "the Anthropic Messages API", tuple(EFFORTS.values())
             )
         effort = None  # the caller's own effort is merged in
-    mapped = ANTHROPIC_EFFORTS.get(effort, effort) if effort is not None else None
+    mapped = (
+        (EFFORTS.get(effort) or EFFORT_ALIASES.get(effort) or effort)
+        if effort is not None
+        else None
+    )
     if budget == 0:
         return {"type": "disabled"}, mapped  # effort is about the answer too
     if budget is not None:
@@ -442,27 +431,16 @@ def parse_usage(value: Any) -> UsageDetails | None:
     """Usage; input tokens include those written to and read from the prompt cache, which
     are also told apart (`cache_write_tokens`, `cache_read_tokens`); thinking tokens are
     `reasoning_tokens` when the API counts them (``output_tokens_details``)."""
-    if not isinstance(value, Mapping):
+    read = read_usage(value, USAGE_FIELDS)
+    if read is None:
         return None
-    details = value.get("output_tokens_details")
     return cache_counted_apart(
-        value.get("input_tokens"),
-        value.get("cache_read_input_tokens"),
-        value.get("cache_creation_input_tokens"),
-        value.get("output_tokens"),
-        details.get("thinking_tokens") if isinstance(details, Mapping) else None,
+        read.input_tokens,
+        read.cache_read_tokens,
+        read.cache_write_tokens,
+        read.output_tokens,
+        read.reasoning_tokens,
     )
-
-
-STOP_REASONS: dict[FinishReason, str] = {
-    FinishReason.STOP: "end_turn",
-    FinishReason.LENGTH: "max_tokens",
-    FinishReason.TOOL_CALLS: "tool_use",
-    FinishReason.CONTENT_FILTER: "refusal",
-}
-"""The stop reason each finish reason is (``stop_sequence`` and ``end_turn`` are both
-`FinishReason.STOP`, so a stop reason read through `FinishReason.of` comes back as
-``end_turn``)."""
 
 
 def _finish_reason(value: Any) -> str | None:

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import MalformedSSE, ProviderError
-from pipeline.providers._chat_completions import StreamAssembler
-from pipeline.providers._sse import SSEDecoder
 from pipeline.types import ChatResponseUpdate
+from pipeline.wire.chat_completions.outbound import StreamAssembler
+from pipeline.wire.sse import SSEDecoder
 
 
 def test_decoder_joins_data_lines_and_skips_comments() -> None:
@@ -106,7 +106,7 @@ def test_arbitrary_json_chunks_yield_updates_or_provider_error(payloads: list[ob
 
 
 async def _lines_of(chunks: list[bytes]) -> list[str]:
-    from pipeline.providers._sse import Utf8Lines
+    from pipeline.wire.sse import Utf8Lines
 
     splitter = Utf8Lines("fuzz")
     return [line for chunk in chunks for line in splitter.feed(chunk)] + splitter.finish()
@@ -122,7 +122,7 @@ async def test_lines_split_on_every_line_end_even_across_chunks() -> None:
 
 @given(st.lists(st.binary(max_size=40), max_size=12))
 def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("fuzz")
     try:
@@ -134,7 +134,7 @@ def test_any_bytes_are_payloads_or_a_provider_error(chunks: list[bytes]) -> None
 
 
 def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b'data: {"a"') == []
@@ -150,7 +150,7 @@ def test_payloads_end_at_done_and_keep_events_split_across_chunks() -> None:
 
 
 def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2") == [1]
@@ -158,7 +158,7 @@ def test_an_unterminated_body_leaves_the_stream_not_done() -> None:
 
 
 def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> None:
-    from pipeline.providers._sse import Utf8Lines
+    from pipeline.wire.sse import Utf8Lines
 
     text = "data: \u00e9\u20ac\U0001f600 ok\n".encode()
     for size in (1, 2, 3):
@@ -177,7 +177,7 @@ def test_characters_split_across_many_chunks_and_bytes_that_are_not_utf8() -> No
 
 
 def test_event_data_decodes_as_json_loads_does() -> None:
-    from pipeline.providers._sse import scan_json
+    from pipeline.wire.sse import scan_json
 
     for data in ('{"a": 1}', ' {"a": 1} ', "[1, 2]\t", '"x"', "3", "NaN"):
         assert scan_json(data) == json.loads(data) or data == "NaN"
@@ -191,7 +191,7 @@ def test_event_data_decodes_as_json_loads_does() -> None:
 
 
 def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     assert payloads.feed(b"data: 1\n\ndata: 2\n\nnot sse\n\ndata: 3\n\n") == [1, 2]
@@ -209,7 +209,7 @@ def test_a_failure_keeps_the_payloads_before_it_and_is_raised_next() -> None:
 
 
 def test_valid_events_before_bytes_that_are_not_utf8_come_first() -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test")
     # One network chunk: two good events, then a byte that is no UTF-8.
@@ -226,7 +226,7 @@ def test_valid_events_before_bytes_that_are_not_utf8_come_first() -> None:
 def test_a_line_longer_than_the_bound_fails_as_soon_as_it_passes_it() -> None:
     import tracemalloc
 
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test", max_line=1_000_000)
     piece = b"x" * 65_536
@@ -247,7 +247,7 @@ def test_a_line_longer_than_the_bound_fails_as_soon_as_it_passes_it() -> None:
 
 
 def test_an_event_longer_than_the_bound_fails() -> None:
-    from pipeline.providers._sse import SSEPayloads
+    from pipeline.wire.sse import SSEPayloads
 
     payloads = SSEPayloads("test", max_event=100)
     assert payloads.feed(b"data: 1\n\n") == [1]
@@ -258,7 +258,7 @@ def test_an_event_longer_than_the_bound_fails() -> None:
 
 
 def test_lines_split_across_many_chunks_join_as_one() -> None:
-    from pipeline.providers._sse import Utf8Lines
+    from pipeline.wire.sse import Utf8Lines
 
     splitter = Utf8Lines("test")
     pieces = [b"data: ", *([b"ab"] * 1000), b"\r", b"\n", b"x\r", b"y", b"\n"]
@@ -269,7 +269,7 @@ def test_lines_split_across_many_chunks_join_as_one() -> None:
 async def test_a_body_that_completes_no_payload_still_lets_a_timeout_fire() -> None:
     import asyncio
 
-    from pipeline.providers._sse import SSEPayloads, next_payloads
+    from pipeline.wire.sse import SSEPayloads, next_payloads
 
     reads = 0
 

@@ -1,13 +1,7 @@
-"""Server-sent events, from bytes to JSON payloads: every part of reading a stream that does
-not depend on the HTTP transport.
-
-`SSEPayloads` is fed the body's network chunks and returns the JSON payloads they complete;
-`next_payloads` reads chunks from either transport until some payloads are complete. Lines
-are decoded by `Utf8Lines` and events by `SSEDecoder` (the subset of SSE the chat APIs use).
-Measured against httpx2's built-in `EventSource` and a hand-written ``aiter_lines()`` loop
-on the per-event path (``benchmarks/bench_sse.py``), this reader is the faster one, so the
-providers use it.
-"""
+"""Server-sent events both ways. Reading (the providers): `SSEPayloads` turns a body's
+chunks into the JSON payloads they complete (lines by `Utf8Lines`, events by `SSEDecoder`),
+`next_payloads` reads chunks until some are complete. Writing (the gateway's inbound
+codecs): `event`, `data`, `DONE` and the stream's `SSE_HEADERS`."""
 
 from __future__ import annotations
 
@@ -19,16 +13,20 @@ from typing import Any, Protocol
 
 from pipeline._json_codec import loads
 from pipeline.errors import MalformedSSE, ProviderError
-from pipeline.providers._wire import error_from_payload, malformed
+from pipeline.wire._common import error_from_payload, malformed
 
 __all__ = [
+    "DONE",
     "MAX_EVENT",
     "MAX_LINE",
     "YIELD_EVERY",
     "Payloads",
     "SSEDecoder",
     "SSEPayloads",
+    "SSE_HEADERS",
     "Utf8Lines",
+    "data",
+    "event",
     "next_payloads",
     "scan_json",
 ]
@@ -346,3 +344,27 @@ async def next_payloads(
         if unyielded >= YIELD_EVERY:
             unyielded = 0
             await asyncio.sleep(0)
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    # Proxies (nginx) must pass each event on as it comes, not buffer the stream.
+    (b"x-accel-buffering", b"no"),
+]
+"""The response headers of an event stream, in every format."""
+
+DONE = "data: [DONE]\n\n"
+"""The event that ends a Chat Completions stream."""
+
+
+def event(name: str, payload: str) -> str:
+    """An event named `name` (its ``event:`` line) carrying `payload` (one line of JSON)."""
+    return f"event: {name}\ndata: {payload}\n\n"
+
+
+def data(payload: str) -> str:
+    """An event without a name carrying `payload` (one line of JSON)."""
+    return f"data: {payload}\n\n"

@@ -1,38 +1,16 @@
-"""The Chat Completions wire format: requests out, responses and stream chunks in.
-
-Pure functions, no I/O, so they can be tested (and fuzzed) alone. Anything a provider sends
-that does not fit the format raises a `ProviderError` saying what was wrong, never a
-`KeyError` or `JSONDecodeError`, and never quoting the payload (it may hold prompt text).
-
-Reasoning comes in where servers send it: a message's (or delta's) ``reasoning_content``
-(DeepSeek, vLLM) or ``reasoning`` (OpenRouter, Ollama) becomes `ReasoningContent` text, and
-usage's ``prompt_tokens_details.cached_tokens`` and
-``completion_tokens_details.reasoning_tokens`` are read. It is not sent back: these servers
-take no reasoning in the input (DeepSeek refuses it). Custom (free-form) tools
-(`CustomTool`) go as functions of one string argument, ``input``, and calls of them come
-back as custom calls, so any Chat Completions server can serve them.
-
-Every content type is matched (mypy checks none is forgotten). Left out, as the format has
-no place for them: reasoning, data outside a user message, and what a tool message holds
-besides tool results; a tool result in another message goes as a ``tool`` message before it.
-"""
+"""Chat Completions as the providers speak it: `build_request` writes a core request,
+`parse_response` and `StreamAssembler` read answers and stream chunks. Anything that does
+not fit the format is a `ProviderError` saying what was wrong (never quoting the payload);
+every content type is matched, and what the format has no place for is left out as
+docs/concepts/wire.md lists."""
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.providers._wire import (
-    error_from_payload,
-    int_or_none,
-    malformed,
-    parse_arguments,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     CUSTOM_TOOL_INPUT,
     ChatMessage,
@@ -53,23 +31,32 @@ from pipeline.types import (
     checked_text,
     unknown_content,
 )
-from pipeline.wire.chat_completions.vocab import API, tool_choice
+from pipeline.wire._common import (
+    chat_response_format,
+    data_url,
+    error_from_payload,
+    malformed,
+    parse_arguments,
+    read_usage,
+    str_or_none,
+    tool_result_text,
+)
+from pipeline.wire.chat_completions.vocab import (
+    API,
+    MAX_TOKENS_FIELDS,
+    REASONING_FIELDS,
+    USAGE_FIELDS,
+    tool_choice,
+)
 from pipeline.wire.tools import as_tool, function_definition, raw_body
 
 __all__ = [
     "MAX_TOKENS_FIELDS",
     "StreamAssembler",
     "build_request",
-    "chat_response_format",
-    "data_url",
     "parse_response",
     "parse_usage",
 ]
-
-# Where a request says how many tokens to generate: OpenAI's current field, or the older one
-# that many compatible servers (llama.cpp, vLLM, Ollama, Azure's older API versions) read.
-MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
-
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -85,13 +72,6 @@ def _tool_definition(tool: ChatTool) -> dict[str, Any]:
                 "type": "function",
                 "function": function_definition(definition, API, "parameters"),
             }
-
-
-def data_url(content: DataContent) -> str:
-    if content.uri is not None:
-        return content.uri
-    encoded = base64.b64encode(content.data or b"").decode("ascii")
-    return f"data:{content.media_type or 'application/octet-stream'};base64,{encoded}"
 
 
 def _message_payloads(message: ChatMessage) -> list[dict[str, Any]]:
@@ -198,46 +178,16 @@ def build_request(
     return body
 
 
-def chat_response_format(value: Any) -> Any:
-    """`ChatOptions.response_format` as a Chat Completions ``response_format``."""
-    if value in ("json", "json_object"):
-        return {"type": "json_object"}
-    if value == "text":
-        return {"type": "text"}
-    if isinstance(value, Mapping) and "type" not in value and "schema" in value:
-        # A bare {"name":..., "schema":...} is shorthand for a JSON-schema format.
-        return {"type": "json_schema", "json_schema": dict(value)}
-    return value
-
-
 # -- responses --------------------------------------------------------------------------------
-
-
-def _detail(details: Any, key: str) -> int | None:
-    return int_or_none(details.get(key)) if isinstance(details, Mapping) else None
 
 
 def parse_usage(value: Any) -> UsageDetails | None:
     """A ``usage`` object, with its cached prompt tokens and reasoning tokens."""
-    if not isinstance(value, Mapping):
-        return None
-    prompt_details = value.get("prompt_tokens_details")
-    return UsageDetails(
-        input_tokens=int_or_none(value.get("prompt_tokens")),
-        output_tokens=int_or_none(value.get("completion_tokens")),
-        total_tokens=int_or_none(value.get("total_tokens")),
-        reasoning_tokens=_detail(value.get("completion_tokens_details"), "reasoning_tokens"),
-        cache_read_tokens=_detail(prompt_details, "cached_tokens"),
-        cache_write_tokens=_detail(prompt_details, "cache_write_tokens"),
-    )
-
-
-# Where servers put a message's reasoning text: DeepSeek and vLLM, OpenRouter and Ollama.
-_REASONING_FIELDS = ("reasoning_content", "reasoning")
+    return read_usage(value, USAGE_FIELDS)
 
 
 def _reasoning_text(message: Mapping[str, Any], provider: str) -> str | None:
-    for key in _REASONING_FIELDS:
+    for key in REASONING_FIELDS:
         value = message.get(key)
         if value is None:
             continue
@@ -367,7 +317,7 @@ class StreamAssembler:
             delta = choice.get("delta") or {}
             if type(delta) is not dict:
                 raise malformed(self.provider, "a chunk's delta is not an object")
-            if "reasoning_content" in delta or "reasoning" in delta:
+            if REASONING_FIELDS[0] in delta or REASONING_FIELDS[1] in delta:
                 reasoning = _reasoning_text(delta, self.provider)
                 if reasoning:
                     contents.append(ReasoningContent(reasoning))

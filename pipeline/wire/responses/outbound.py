@@ -1,25 +1,8 @@
-"""The OpenAI Responses wire format: requests out, responses and stream events in.
-
-Pure functions, no I/O, like `_chat_completions`. Anything the server sends that does not
-fit the format raises a `ProviderError` saying what was wrong, never a `KeyError`, and never
-quoting the payload. Output items and events this module does not know (``reasoning``,
-built-in tools, new ones) are skipped.
-
-Requests carry the whole conversation and ``store: false``: nothing is kept on the server
-between requests (a pipeline may send the next turn to another route). Reasoning goes
-both ways: when the request asks for reasoning (or carries reasoning back), it asks
-``include: ["reasoning.encrypted_content"]``; ``reasoning`` output items become
-`ReasoningContent` (summary text, ``encrypted_content`` as `protected`, the item id) and are
-sent back as ``reasoning`` input items on the next turn. Reasoning without an item id and
-encrypted content (another API's thinking) cannot be verified by this API and is not sent.
-Custom (free-form) tools (`CustomTool`) go as ``custom`` tools; their calls and outputs are
-``custom_tool_call`` and ``custom_tool_call_output`` items.
-
-Every content type is matched (mypy checks none is forgotten). Left out, as the format has
-no place for them: data outside a user message, reasoning outside the model's turn, and what
-a tool message holds besides tool results; a tool result in another message goes as an
-output item where it stands.
-"""
+"""The Responses API as the providers speak it: `build_request` writes a core request (the
+whole conversation, ``store: false``; reasoning sent back as encrypted ``reasoning``
+items), `parse_response` and `ResponsesStreamReader` read answers and stream events. Output
+items and events it does not know are skipped; anything else that does not fit is a
+`ProviderError` (never quoting the payload). Details: docs/concepts/wire.md."""
 
 from __future__ import annotations
 
@@ -28,15 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.errors import ProviderError, RequestRefusedError
-from pipeline.providers._chat_completions import chat_response_format, data_url
-from pipeline.providers._wire import (
-    error_from_payload,
-    int_or_none,
-    malformed,
-    parse_arguments,
-    str_or_none,
-    tool_result_text,
-)
 from pipeline.types import (
     OPENAI_RESPONSES_EXTRAS,
     ChatMessage,
@@ -59,7 +33,24 @@ from pipeline.types import (
     checked_text,
     unknown_content,
 )
-from pipeline.wire.responses.vocab import API, tool_choice
+from pipeline.wire._common import (
+    chat_response_format,
+    data_url,
+    error_from_payload,
+    malformed,
+    parse_arguments,
+    read_usage,
+    str_or_none,
+    tool_result_text,
+)
+from pipeline.wire.responses.vocab import (
+    API,
+    ENCRYPTED_REASONING,
+    END_EVENTS,
+    INCOMPLETE_REASONS,
+    USAGE_FIELDS,
+    tool_choice,
+)
 from pipeline.wire.tools import as_tool, custom_tool_names, function_definition, raw_body
 
 __all__ = [
@@ -73,13 +64,7 @@ __all__ = [
     "tool_definition",
 ]
 
-END_EVENTS = frozenset({"response.completed", "response.incomplete"})
-"""The events that end a complete stream (both carry the response with its usage)."""
-
 _ASSISTANT = ChatRole.ASSISTANT
-
-ENCRYPTED_REASONING = "reasoning.encrypted_content"
-"""The ``include`` value that asks for reasoning items' ``encrypted_content``."""
 
 # -- requests ---------------------------------------------------------------------------------
 
@@ -301,32 +286,10 @@ def text_format(chat_format: Any) -> Any:
 # -- responses --------------------------------------------------------------------------------
 
 
-def _detail(details: Any, key: str) -> int | None:
-    return int_or_none(details.get(key)) if isinstance(details, Mapping) else None
-
-
 def parse_usage(value: Any) -> UsageDetails | None:
-    """A response's ``usage``, with the cached part of the input
-    (``input_tokens_details.cached_tokens``) and the reasoning part of the output
-    (``output_tokens_details.reasoning_tokens``)."""
-    if not isinstance(value, Mapping):
-        return None
-    input_details = value.get("input_tokens_details")
-    return UsageDetails(
-        input_tokens=int_or_none(value.get("input_tokens")),
-        output_tokens=int_or_none(value.get("output_tokens")),
-        total_tokens=int_or_none(value.get("total_tokens")),
-        reasoning_tokens=_detail(value.get("output_tokens_details"), "reasoning_tokens"),
-        cache_read_tokens=_detail(input_details, "cached_tokens"),
-        cache_write_tokens=_detail(input_details, "cache_write_tokens"),
-    )
-
-
-# Why an incomplete response stopped, as the finish reason every client reports.
-_INCOMPLETE = {
-    "max_output_tokens": FinishReason.LENGTH,
-    "content_filter": FinishReason.CONTENT_FILTER,
-}
+    """A response's ``usage``, with the cached part of the input and the reasoning part of
+    the output."""
+    return read_usage(value, USAGE_FIELDS)
 
 
 def _finish_reason(response: Mapping[str, Any], called_tools: bool, refused: bool) -> str | None:
@@ -336,7 +299,7 @@ def _finish_reason(response: Mapping[str, Any], called_tools: bool, refused: boo
         reason = details.get("reason") if isinstance(details, Mapping) else None
         if not isinstance(reason, str):
             return FinishReason.LENGTH  # the usual cause; the API names no other default
-        return _INCOMPLETE.get(reason, reason)
+        return INCOMPLETE_REASONS.get(reason, reason)
     if refused:
         return FinishReason.CONTENT_FILTER
     if status == "completed":

@@ -34,14 +34,15 @@ hang then recovery, cuts after output, down), for rehearsing a routing configura
 against partial degradation; it counts what each deployment did (`FleetCounts`,
 `FleetCall`).
 
-Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`,
-`fake_bedrock_server`, `fake_gemini_server`) are
-in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
+`FAKE_SERVERS` maps each wire format to its fake server: ``chat-pipeline fake-server
+--format`` serves them, and `pipeline.testing.pytest_plugin` (loaded only by a conftest that
+names it) has a fixture for each, ``fake_<format>_server``, and `streaming`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.client import ChatClient as ChatClientLike
@@ -68,6 +69,7 @@ from pipeline.testing._fake_server import (
     RESPONSES_PATH,
     FakeOpenAIServer,
     FakeResponse,
+    FakeServer,
     RecordedRequest,
 )
 from pipeline.testing._scripted import (
@@ -86,6 +88,7 @@ __all__ = [
     "CHAT_PATH",
     "CONVERSE_PATH",
     "EMBEDDINGS_PATH",
+    "FAKE_SERVERS",
     "GENERATE_CONTENT",
     "MESSAGES_PATH",
     "MODELS_PATH",
@@ -115,6 +118,13 @@ __all__ = [
     "hang",
     "reply",
 ]
+
+FAKE_SERVERS: Mapping[str, type[FakeServer]] = {
+    fake.wire_format: fake
+    for fake in (FakeOpenAIServer, FakeAnthropicServer, FakeGeminiServer, FakeBedrockServer)
+}
+"""Each wire format's fake server, by the name ``chat-pipeline fake-server --format`` takes
+(``openai`` first: the command's default)."""
 
 
 @dataclass(slots=True)

@@ -302,10 +302,8 @@ class FakeAnthropicServer(MessagesAnswers):
     """
 
     default_path = MESSAGES_PATH
-
-    @property
-    def base_url(self) -> str:
-        return self.origin
+    wire_format = "anthropic"
+    title = "Anthropic Messages"
 
     async def _handle(
         self,

@@ -153,6 +153,8 @@ class FakeBedrockServer(FakeServer):
     """
 
     default_path = CONVERSE_PATH
+    wire_format = "bedrock"
+    title = "Bedrock Converse"
 
     def __init__(
         self,
@@ -173,10 +175,6 @@ class FakeBedrockServer(FakeServer):
         self._reasoning_key = os.urandom(16)
         self._cached_prefixes: set[str] = set()
 
-    @property
-    def base_url(self) -> str:
-        return self.origin
-
     def environment(self) -> dict[str, str]:
         """Environment variables that point botocore's credential chain at this server's
         first key and region, and away from anything else (no shared config files, no
@@ -194,6 +192,10 @@ class FakeBedrockServer(FakeServer):
         if key in self.session_tokens:
             variables["AWS_SESSION_TOKEN"] = self.session_tokens[key]
         return variables
+
+    def fixture_environment(self) -> Mapping[str, str | None]:
+        """`environment()`, and no ``AWS_PROFILE`` (the empty configuration has no profile)."""
+        return {**self.environment(), "AWS_PROFILE": None}
 
     def response_for(self, request: RecordedRequest) -> FakeResponse:
         queue = self._scripts.get(CONVERSE_PATH)

@@ -240,6 +240,8 @@ class FakeGeminiServer(MessagesAnswers):
     """
 
     default_path = GENERATE_CONTENT
+    wire_format = "gemini"
+    title = "Gemini API"
 
     def __init__(
         self,

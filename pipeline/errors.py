@@ -246,6 +246,8 @@ class RequestRefusedError(ChatPipelineError, ValueError):
         shown = f"{value!r}" if type(value) is str and _SAFE_CODE.fullmatch(value) else "its value"
         takes = f" (it takes {', '.join(known)})" if known else ""
         return cls(f"{param}: {shown} has no equivalent in {api}{takes}", param=param)
+
+
 class BudgetExceededError(ChatPipelineError):
     """A budget the request counts against is spent (`scope`: ``key``, ``team`` or
     ``user``): no provider was called. Retrying cannot help before the budget's period ends

@@ -148,6 +148,8 @@ def _reached(exchange: Exchange) -> str | None:
     if report is not None and report.route_name is not None:
         return report.route_name
     return exchange.route
+
+
 def attribution(exchange: Exchange, request: ChatRequest, endpoint: str) -> Attribution:
     """Whose request it is, for the spend ledger: the caller's key (its id and name when it
     is a virtual key, its identity for an ``api_keys_env`` key; never the key), the body's

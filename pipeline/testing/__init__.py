@@ -1,42 +1,6 @@
 """Fakes for testing pipelines, this library's and yours.
 
-`ScriptedChatClient` is an in-process chat client that plays a script, one step per call,
-and records every call, stream close and client close, so a test can assert exactly which
-route was called, with what, and what was released::
-
-    from pipeline.testing import ScriptedChatClient, fail, reply
-
-    primary = ScriptedChatClient([fail(TransientProviderError())], name="primary")
-    backup = ScriptedChatClient(reply("hi", chunks=["h", "i"]), name="backup")
-    ...
-    assert primary.call_count == 1 and backup.call_count == 1
-
-Steps: `reply` (text, optionally streamed in chunks with a delay), `fail` (raise before any
-output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled,
-optionally after some chunks) and `call_tools` (ask for tool calls). Any step can also fail
-when its stream is closed (``reply("x").failing_on_close(exc)``). A step may be a callable
-of (messages, options) returning a step, for replies that depend on the request.
-
-`FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
-request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
-in-band errors, hangs), for testing real provider clients end to end.
-
-`FakeBedrockServer` is Amazon Bedrock's Converse and ConverseStream on 127.0.0.1, scripted
-with the same `FakeResponse`: it verifies every request's SigV4 signature and streams AWS's
-binary event-stream frames (`environment()` points botocore's credentials at it).
-`FakeGeminiServer` is the same for Google's Gemini API, with Vertex AI's paths (Gemini and
-Anthropic's models) on it; `FakeGoogleTokenServer` is the token endpoint Google service
-accounts (made by it, with fresh keys) get their access tokens from.
-
-`FakeFleet` is several such deployments of one model, with latency drawn from seeded
-distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s, brownout,
-hang then recovery, cuts after output, down), for rehearsing a routing configuration
-against partial degradation; it counts what each deployment did (`FleetCounts`,
-`FleetCall`).
-
-`FAKE_SERVERS` maps each wire format to its fake server: ``chat-pipeline fake-server
---format`` serves them, and `pipeline.testing.pytest_plugin` (loaded only by a conftest that
-names it) has a fixture for each, ``fake_<format>_server``, and `streaming`.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

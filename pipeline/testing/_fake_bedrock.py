@@ -1,20 +1,6 @@
 """`FakeBedrockServer`: a fault-injecting fake of Amazon Bedrock's Converse and ConverseStream.
 
-The same `FakeResponse` scripts as the other fakes, answered as Bedrock answers:
-``POST /model/{modelId}/converse`` (JSON) and ``/converse-stream`` (AWS's binary event
-stream: ``messageStart``, ``contentBlockStart``/``Delta``/``Stop``, ``messageStop``,
-``metadata``), errors as ``{"message"}`` with an ``x-amzn-ErrorType`` header, in-band
-errors as exception frames (``throttlingException``...).
-
-It is a judge, written apart from the client it judges: it verifies the SigV4 signature of
-every request with its own implementation of the algorithm (hashlib and hmac; neither
-botocore nor the project's codec), and writes the event-stream frames with its own encoder
-(struct and zlib's CRC32), which botocore's decoder, in the client and in boto3, must read.
-It checks requests as strictly as the service does where a mistake would be the client's
-(roles alternating from a user turn, blank text, tool results for the previous turn's tool
-uses, a ``toolConfig`` wherever tool blocks are, at most four cache points, reasoning
-signed by this server), and thinks when asked to (``thinking`` or ``reasoningConfig`` in
-``additionalModelRequestFields``), signing its reasoning like the Anthropic fake.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

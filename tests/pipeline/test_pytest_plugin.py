@@ -5,17 +5,11 @@ import os
 
 import pytest
 
-from pipeline.providers import (
-    AnthropicChatClient,
-    BedrockChatClient,
-    GeminiChatClient,
-    OpenAIChatClient,
-)
+from pipeline.providers import AnthropicChatClient, BedrockChatClient, OpenAIChatClient
 from pipeline.testing import (
     FAKE_SERVERS,
     FakeAnthropicServer,
     FakeBedrockServer,
-    FakeGeminiServer,
     FakeOpenAIServer,
     FakeResponse,
     collect,
@@ -65,18 +59,6 @@ async def test_fake_bedrock_server_is_started_with_its_credentials_in_the_enviro
     assert fake_bedrock_server.count() == 1 and fake_bedrock_server.verified_signatures == 1
 
 
-async def test_fake_gemini_server_is_started_for_the_test(
-    fake_gemini_server: FakeGeminiServer, streaming: bool
-) -> None:
-    fake_gemini_server.script(FakeResponse(text="one two"))
-    async with GeminiChatClient(
-        "gemini-test", api_key="key-test", base_url=fake_gemini_server.base_url
-    ) as client:
-        result = await collect(client, "hi", streaming=streaming)
-    assert result.error is None and result.text == "one two"
-    assert fake_gemini_server.count() == 1
-
-
 @pytest.fixture
 def a_profile_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_PROFILE", "someone-elses")
@@ -91,6 +73,7 @@ async def test_the_bedrock_fixture_unsets_a_profile_its_empty_configuration_lack
 
 
 def test_every_fake_has_its_fixture_named_by_its_format() -> None:
+    """Each is made alike, from `FAKE_SERVERS` (the tests above start three of them)."""
     import pipeline.testing.pytest_plugin as plugin
 
     assert list(FAKE_SERVERS) == ["openai", "anthropic", "gemini", "bedrock"]

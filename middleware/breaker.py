@@ -1,5 +1,10 @@
 """The circuit-breaker layer: stop calling a deployment that keeps failing.
 
+Only the deployment's own failures count; an open circuit fails a call at once with
+`CircuitOpenError`, before any output, so failover moves on; with ``redis=`` every process
+using the breaker's name shares one breaker, and goes on with its own state while Redis is
+away.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,5 +1,9 @@
 """The response cache: an answer already given is given again, without a provider call.
 
+`CachingChatClient` keys an answer by everything that changes it (hashed, no text in a
+key), never stores an error, a cut stream or a cancelled call, replays a hit whole or as a
+stream, and lets concurrent identical requests make one provider call.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

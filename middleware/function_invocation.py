@@ -1,5 +1,9 @@
 """The function-invocation layer: run the model's tool calls and loop until it answers.
 
+At most `max_iterations` rounds; a tool's failure, invalid arguments or an unknown tool
+become results the model reads, never exceptions; a turn's calls run in one task group,
+cancelled together; each call is claimed by its idempotency key, so it runs once.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

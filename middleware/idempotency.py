@@ -1,6 +1,10 @@
 """Idempotency for tool calls: where calls are claimed and their results recorded, and
 their keys.
 
+A key is claimed atomically before its call runs, so one key runs once; a holder that
+dies frees it when its claim expires; `MemoryIdempotencyStore` serves one process,
+`RedisIdempotencyStore` every process sharing the Redis.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

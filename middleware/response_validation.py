@@ -1,5 +1,9 @@
 """The response-validation layer: check each response's shape before the caller trusts it.
 
+A valid answer comes back with `ChatResponse.value` set; an invalid one raises
+`ResponseValidationError`, whose message never quotes the response; a turn asking for
+tool calls passes unchecked.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

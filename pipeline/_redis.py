@@ -2,6 +2,10 @@
 idempotency, and the gateway's readiness. One place checks what the caller gave, connects,
 bounds each call, runs Lua scripts, backs off and warns through an outage, and pings.
 
+Building never contacts Redis; each call is bounded as a whole by the caller's timeout;
+a component that can do without Redis fails open through an `Outage`, which warns at most
+once a minute and never echoes a URL or a reply.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,6 +1,10 @@
 """Budgets and rate limits shared by replicas: each request's reservation, checked and
 taken for every scope at once in Redis, settled when the request ends.
 
+One Lua script reserves a request's estimated cost on each of its budgets and takes its
+rate-limit cells, all or nothing, and settles it when it ends; a request costs Redis one
+round trip at most.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,5 +1,9 @@
 """Pipelines from TOML: routes, a router, layers, and per-environment overlays.
 
+Every problem is reported at once, each with its key path, as one `ConfigError`, which
+echoes nothing read from the file but numbers and names; loading a file without a semantic
+router does not import numpy.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,5 +1,8 @@
 """Per-route evals: send a case set to each route directly and score the answers.
 
+Each case goes to each route alone (no failover); the report holds per-route pass rates,
+latency percentiles, tokens and cost, and the answers only when asked for.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

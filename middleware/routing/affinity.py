@@ -1,5 +1,8 @@
 """Session affinity: a session keeps the route that last served it, while that route is healthy.
 
+A store that is slow, down or broken never fails a request nor delays it past the store's
+`timeout`: the request is routed as if its session were new.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,6 +1,9 @@
 """`HedgingChatClient`: when an attempt is slow to produce its first update, start the next
 route too, and keep whichever answers first.
 
+The first attempt to answer wins and alone reaches the caller; every other is cancelled
+and awaited; hedges spend a budget that bounds the load they add.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

@@ -1,6 +1,9 @@
 """The database a deployment keeps its records in: SQLite (embedded, one file, no server) or
 PostgreSQL (shared by replicas), behind one small API, with versioned migrations.
 
+Opening never connects; every call is bounded by the database's `timeout`; migrations are
+applied in order, each once, even by replicas upgrading at once; a URL is never echoed.
+
 The details and the reasons: the design notes (docs/internals.md).
 """
 

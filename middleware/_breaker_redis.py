@@ -4,61 +4,7 @@ the same breaker `name` must agree on, kept in Redis under
 pybreaker's state machine in each process and reads and writes these facts around its
 steps:
 
-* ``:failures``: the consecutive counted failures of all processes together (each failure
-  adds one; a success resets it when that call was admitted with a nonzero count, so a
-  success racing a failure of another process errs towards opening early, never late);
-* ``:opened``: when the circuit opened, in milliseconds since the epoch (sub-second; from
-  the breaker's wall clock, `now`, so replicas' clocks should agree, as NTP keeps them;
-  the window does not depend on them); absent while
-  closed. Transitions are compare-and-set scripts, so two processes tripping together
-  agree on one opening, and a late probe result cannot undo a newer opening;
-* ``:probe:<opening>``: the half-open probe's claim, taken with ``SET NX PX``: exactly one
-  probe per opening across every process. It expires after `probe_claim_ttl` seconds, so
-  a process that dies mid-probe does not keep the circuit open for ever; a probe the
-  caller cancels gives it back at once.
-
-With a ratio policy (`failure_ratio`, `slow_call_duration`), the window too:
-
-* ``:window``: a hash of ten fields, one per slot of the window's ring of buckets
-  (`middleware._breaker_window`: buckets of a tenth of the window, numbered on Redis'
-  clock, bucket ``b`` in slot ``b % 10``), each ``"<bucket> <calls> <failures> <slow>"``:
-  the calls that ended in that bucket, added up by every process, how many failed and how
-  many were slow. Processes number buckets by their own monotonic clocks, which agree with
-  nobody's: each call sends the caller's current bucket with its outcomes, and the script
-  reads Redis' ``TIME``, shifts the outcomes' buckets by the difference and shifts the
-  buckets it returns back. So replicas whose clocks differ (or jump: theirs are monotonic)
-  still share buckets, to within a call's round trip, and only Redis' clock matters: if it
-  jumps, the shared window starts afresh (forward: what it held is out of the window;
-  back: the buckets ahead are ignored until they expire), which opens late, never early.
-  (A test may give the shared clock instead of ``TIME``: `RedisBreakerState`'s
-  `shared_bucket`.) A write to a slot holding an
-  older bucket starts it afresh, and only the buckets of the current window are read, so
-  the hash never holds more than ten fields; it expires two windows after its last write.
-  Outcomes are added only while the circuit is closed, and closing it deletes the hash: the
-  window starts empty, as each process's own view does. (One key rather than one per
-  bucket: redis-py's cost per key and per value is most of a call's.)
-
-Each process reads the facts once per call (one ``MGET``; calls that arrive while a read
-is on the wire share its answer, so a burst of a thousand calls costs Redis one read) and
-writes only on a counted failure (the failures of one turn of the event loop with one
-``INCRBY``), a transition or a reset. With a window, the read and the failures' write are
-one script each instead (``_SYNC``: the same round trips), which also adds the outcomes
-this process saw since its last one and returns the window's buckets: a process's view of
-the window is what Redis last returned plus its outcomes not sent yet (`SharedWindow`).
-Successes and slow calls thus reach Redis with the process's next call, failures at once;
-an outcome on the wire is in neither part until its answer (the view errs late by one
-round trip rather than count an outcome twice), and an answer older than the one the view
-holds is dropped. Every method is bounded by
-`redis_timeout` and never raises a Redis error: when Redis is unreachable, slow, or answers
-nonsense, it answers "unavailable" (``None``), the layer goes on with this process's own
-state, and Redis is skipped for `redis_retry_interval` seconds (`pipeline._redis.Outage`
-warns when an outage starts, then at most once a minute).
-
-While Redis is unavailable, outcomes stay unsent (those still in the window are sent when
-it answers again) and the buckets last returned slide out of the window, so the view
-becomes this process's own outcomes: the window fails open on local state too. (Outcomes
-sent with a call that timed out are sent again: Redis may have added them already, so
-around an outage a few may count twice.)
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

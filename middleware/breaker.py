@@ -1,60 +1,11 @@
 """The circuit-breaker layer: stop calling a deployment that keeps failing.
 
-Built on a `pybreaker.CircuitBreaker` per client. pybreaker's own async support needs
-Tornado, so this layer drives pybreaker's state machine from asyncio: each state change
-and each recorded outcome is a short synchronous step under pybreaker's lock, and the lock
-is never held across an ``await``.
+Only the deployment's own failures count; an open circuit fails a call at once with
+`CircuitOpenError`, before any output, so failover moves on; with ``redis=`` every process
+using the breaker's name shares one breaker, and goes on with its own state while Redis is
+away.
 
-Promises, for `get_response` and `get_streaming_response` alike:
-
-* only deployment failures count (`counts` decides; default: rate limits, transient and
-  unknown failures, and answers that failed a response-validation layer beneath the
-  breaker). Request errors (invalid, too long, filtered, unauthenticated) prove the
-  deployment answered, so they count as successes; caller cancellation and a caller
-  abandoning a stream count as nothing;
-* an attempt the router cuts for time (`attempt_timeout`, or the time it keeps for a
-  backup) counts as a failure: the deployment did not answer in time;
-* after `fail_max` consecutive counted failures the circuit opens: calls fail at once with
-  `CircuitOpenError` (kind `CIRCUIT_OPEN`), before any output, so failover moves on;
-* after `reset_timeout` one probe is let through (half-open); its success closes the
-  circuit, its failure opens it again. Other calls meanwhile fail fast;
-* a stream that fails after output still counts as a failure of the deployment;
-* besides the consecutive count, ratio policies over a sliding window of `window` seconds
-  (off unless set): with `failure_ratio`, the circuit opens once the calls that ended in
-  the window number at least `minimum_calls` and the counted failures among them reach
-  that ratio; with `slow_call_duration`, likewise once the calls slower than that reach
-  `slow_call_ratio` (a slow call that succeeded is still slow; a failure may be slow too).
-  A call's duration is, for `get_response`, the call's; for a stream, the time to its
-  first update (or to its end, if it ended before one): a stream that takes long to start
-  is slow, one that takes long to finish is not. Outcomes count as for `fail_max`:
-  request errors are calls that did not fail, cancellations and abandoned streams are not
-  calls. Each outcome is checked as it is recorded (resilience4j's rule: the outcome that
-  brings the window to `minimum_calls` may open it, success or not). The window counts
-  only while the circuit is closed and starts empty each time it closes; it slides in
-  tenths (`middleware._breaker_window`). A half-open probe that is slow opens the circuit
-  again, as a failed one does;
-* state changes go to `on_state_change(name, old, new)`, become events
-  (`chat_pipeline.circuit_breaker.state_change`) on the current span and count in the
-  `chat_pipeline.circuit_breaker.state_changes` metric. An opening this process decided
-  says why on the event (`chat_pipeline.circuit_breaker.reason`: ``fail_max``,
-  ``failure_ratio``, ``slow_call_ratio`` or ``probe``).
-
-Shared state (``redis=``, a URL or a ``redis.asyncio`` client): every process using the
-same breaker `name` and Redis shares one breaker. pybreaker still runs the state machine in
-each process; the facts that must agree (consecutive failures, when the circuit opened, the
-half-open probe's claim, and with a ratio policy the window's counts) live in Redis, kept
-by `middleware._breaker_redis` (its docstring has the keys and the scripts). Each call
-reads them once and writes only on a counted failure, a transition or a reset; with a
-ratio policy, the outcomes a process saw since its last read ride on its next read (or on
-its next failure's write), so the window costs no extra round trip. Redis calls never
-block the event loop and each is bounded by `redis_timeout`. When Redis is unreachable,
-slow, or answers nonsense, the breaker fails open: the call proceeds on this process's own
-breaker state (what it last saw of the shared state plus its own outcomes, the window's
-too), a warning without request content is logged (when an outage starts, then at most
-once a minute), and Redis is tried again after `redis_retry_interval` seconds; a Redis
-error never reaches the caller. Building a pipeline never contacts Redis (a server that is
-down then is fine); a malformed URL is a `ValueError` at construction. When Redis answers
-again, its state wins over what this process decided alone.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,58 +1,10 @@
 """The response cache: an answer already given is given again, without a provider call.
 
-`CachingChatClient` (builder: ``use_cache``) promises:
+`CachingChatClient` keys an answer by everything that changes it (hashed, no text in a
+key), never stores an error, a cut stream or a cancelled call, replays a hit whole or as a
+stream, and lets concurrent identical requests make one provider call.
 
-* **exact keys over everything that changes the answer**: every message (roles, author
-  names, text, tool calls and results, data, reasoning contents with their protected
-  parts), every option that reaches a provider (tools, temperature, model, response
-  format, reasoning, extras: every `ChatOptions` field but `ChatOptions.cache`, the extras
-  that cannot change the answer (`CacheSettings.ignore_fields`: ``metadata``, ``user``,
-  ``prompt_cache_key``...) and, unless partitioned by session, `ChatOptions.session_id`),
-  the client beneath (its name and model), the `scope` function's value and the partition
-  a server gives (`pipeline._cache_scope`: the gateway's caller identity and model asked
-  for; with `CacheSettings.partition_by`, the user or session too). Keys are SHA-256
-  hashes: no text in a key. A
-  request with a value the key cannot represent (an object of unknown shape in the options)
-  is not cached (``bypass``) rather than risk a wrong answer;
-* **what is stored**: the answer as the miss returned it (messages or updates, usage,
-  finish reason, served model, response id), with when it was stored, the route that
-  served it and what it cost (as the router priced it: a route's `Price`, or a spend
-  ledger's price book). A hit tells the request's attempt log (`pipeline._scope`), so a
-  spend ledger records it with what it saved. Never stored: errors, cut or
-  abandoned streams, cancelled calls, responses a validation layer beneath rejected (they
-  are errors), responses with a finish reason outside `CacheSettings.finish_reasons`, and
-  answers larger than `max_entry_bytes`. `ChatResponse.value` is not stored: validate
-  beneath the cache and a hit's `value` is None;
-* **a hit returns what the miss returned**: a non-streaming hit the same messages, usage,
-  finish reason and model; a streaming hit the same updates in the same order (an entry
-  stored by the other call shape is converted: `ChatResponse.to_updates` / `from_updates`);
-* **modes per request** (`ChatOptions.cache`): `CacheMode.USE` (default), `REFRESH` (call,
-  store the new answer), `BYPASS` (call, store nothing);
-* **single flight**: concurrent identical requests make one provider call. The call runs
-  in a task of its own that every waiting request listens to (a streaming request streams
-  along, from the first update); a request leaving (its deadline, its caller cancelling)
-  only stops listening, and the call is cancelled when nobody listens any more. When the
-  call fails, the request that started it gets the failure; each other one calls again
-  (once, themselves single-flighted: one call for all of them), unless it already streamed
-  part of the failed answer. A request that got its answer from another's call counts as a
-  ``hit`` of age 0;
-* **stores never fail or delay a request past their bound**: `MemoryCacheStore` never
-  waits; `RedisCacheStore` bounds each call by its `timeout`, skips Redis for
-  `retry_interval` after a failure and warns once per outage (then at most once a minute);
-  any other store is bounded by `CacheSettings.timeout` the same way. A lookup that fails
-  is a miss; a write that fails is dropped;
-* **semantic lookups** (`SemanticCacheSettings`): after an exact miss, the last user
-  message's text is embedded and compared with the answers stored for the same everything
-  else (the rest of the conversation, system prompts, options, tools, scope: a semantic
-  partition), and the closest at or above `threshold` is the answer. The candidates are
-  kept in this process (at most `max_candidates` per partition); their answers are in the
-  store;
-* **telemetry**: ``chat_pipeline.cache.result``, ``chat_pipeline.cache.kind`` and
-  ``chat_pipeline.cache.similarity`` on the
-  current span (the request's: put ``use_telemetry`` outside the cache, or serve it through
-  the gateway); counter ``chat_pipeline.cache.lookups`` by result and kind; counter
-  ``chat_pipeline.cache.saved_cost`` by route, for hits whose answer had a cost. Never a prompt,
-  answer or key.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

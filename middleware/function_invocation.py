@@ -1,39 +1,10 @@
 """The function-invocation layer: run the model's tool calls and loop until it answers.
 
-Promises, for `get_response` and `get_streaming_response` alike:
+At most `max_iterations` rounds; a tool's failure, invalid arguments or an unknown tool
+become results the model reads, never exceptions; a turn's calls run in one task group,
+cancelled together; each call is claimed by its idempotency key, so it runs once.
 
-* model turn -> tool calls -> tool results -> model turn, at most `max_iterations` rounds
-  of tool calls; after the last round the model's response is returned as it is;
-* the tools are offered to the model on a clone of the options (the caller's object is
-  never mutated); tool calls of one turn run concurrently when `allow_concurrent`;
-* arguments are validated against the tool's signature before the call; a tool that
-  raises an `Exception`, invalid arguments and unknown tool names become tool results the
-  model can read (the exception's type only, unless ``include_detailed_errors=True``),
-  never exceptions. So does a `CancelledError` a tool raises while nobody cancelled it;
-* structured concurrency: a turn's calls run in an `asyncio.TaskGroup`. When one raises a
-  `BaseException` that is not an `Exception` (``KeyboardInterrupt``, `SystemExit`, a
-  custom one), or when the request is cancelled, every sibling is cancelled and awaited
-  before the request ends: no tool runs on after its request failed. The exception
-  propagates as itself (a `BaseExceptionGroup` only when several siblings raised);
-* every tool call has an idempotency key made of the request's operation id, the tool name
-  and the canonical arguments. The key is claimed in the store before the call runs
-  (atomically, also in Redis), so one key runs once: a key recorded as completed reuses
-  its result; a key another request or process is running waits for that run's result.
-  A call that fails gives its claim back (a retry runs it again). The operation id is the
-  one of the enclosing `operation_scope`, else the one a router set for the request (so
-  the routes of one non-streaming request share it), else a fresh one per request;
-* identical calls that overlap in one layer (two requests under one `operation_scope`)
-  share one run, shielded from each waiter's cancellation: cancelling one request never
-  cancels the other or the run it waits for. A run nobody waits for any more is
-  cancelled (and its claim given back);
-* streaming: the model's updates (tool calls included) are forwarded as they come, and
-  each round's tool results are yielded as one update with role ``tool``;
-* tool arguments and results never reach logs or telemetry (tool spans carry the tool name
-  and call id only).
-
-Order matters: a router outside this layer runs one route per whole tool loop (on a
-non-streaming failover the backup starts the loop again, and the idempotency store keeps
-side effects from repeating); a router inside it may pick a route per model turn.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

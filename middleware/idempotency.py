@@ -1,32 +1,11 @@
 """Idempotency for tool calls: where calls are claimed and their results recorded, and
 their keys.
 
-Every tool call has a key made of the request's operation id, the tool name and the
-canonical arguments (`idempotency_key`). Before a call runs, the function-invocation layer
-*claims* its key in the store; the claim is atomic, so one key runs once:
+A key is claimed atomically before its call runs, so one key runs once; a holder that
+dies frees it when its claim expires; `MemoryIdempotencyStore` serves one process,
+`RedisIdempotencyStore` every process sharing the Redis.
 
-* `claim(key, ttl)` returns a `Claim`: either the recorded result (``claim.done``), or the
-  right to run the call, held for at most `ttl` seconds (a holder that dies frees the key
-  when its claim expires: after `ttl`, or sooner with a store whose claims are leases).
-  While another holder's claim is live, `claim` waits (for at most `ttl`) until that holder
-  completes (then it returns the result) or gives up (then it claims). Cancelling a waiter
-  never touches the holder;
-* `complete(claim, result)` records the result and gives the claim up;
-* `release(claim)` gives the claim up without a result (the call failed or was
-  cancelled), so a retry runs the call.
-
-`MemoryIdempotencyStore` serves one process (claims are futures: waiting costs nothing);
-`RedisIdempotencyStore` shares claims and results between processes (``SET NX PX`` for the
-claim, then the result; the claims waited for are polled together, with a bounded
-backoff). Its claims are leases: short, and renewed while their holder runs (for at most
-`ttl`), so a claim whose holder is gone (a process that died, or a caller that gave up
-waiting for a stalled Redis that took the claim later) frees its key after the lease, not
-after `ttl`.
-
-Stores written for the earlier protocol, with only ``get(key) -> (found, result)`` and
-``put(key, result)``, keep working: the layer wraps them (`claiming_store`) with claims
-kept in this process, so one key still runs once per process, but two processes may both
-run it; give such a store ``claim``/``complete``/``release`` to make it atomic everywhere.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

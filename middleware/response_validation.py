@@ -1,45 +1,10 @@
 """The response-validation layer: check each response's shape before the caller trusts it.
 
-A fallback route can answer in another shape than the primary (a smaller model that ignores
-the JSON instructions, a provider that wraps JSON in a markdown fence). This layer checks
-every response against a validator, so a format problem surfaces as a typed
-`ResponseValidationError` (kind ``INVALID_RESPONSE``) instead of a parse error somewhere in
-the application. The validator is a pydantic model class, a JSON schema (a dict; needs the
-``jsonschema`` extra) or a callable taking the `ChatResponse` and raising (see
-`pipeline._validation` for the exact rules, fences included).
+A valid answer comes back with `ChatResponse.value` set; an invalid one raises
+`ResponseValidationError`, whose message never quotes the response; a turn asking for
+tool calls passes unchecked.
 
-Promises:
-
-* a valid response is returned with `ChatResponse.value` set to the validated object (the
-  model instance, the decoded JSON, or what the callable returned); the response is a copy,
-  the inner client's object is not changed;
-* an invalid one raises `ResponseValidationError`, whose message and `problems` hold
-  locations and error types only, never the response text or a value from it; the
-  validator's own exception is not chained (its message may quote the response);
-* a turn that asks for tool calls is not the answer yet and is passed through unchecked
-  (place the layer beneath `use_function_invocation` and each model turn is checked, only
-  the answer being validated);
-* streaming, unbuffered (the default): updates pass through as they come; the whole
-  response is validated when the inner stream completed. A failure is then raised after
-  output: terminal, as any failure after output (no failover). An empty stream that fails
-  validation fails before output;
-* streaming with ``buffer_streams=True``: the updates are held until the whole response
-  validated, then released at once, so an invalid streamed answer fails *before* output and
-  a router above can still fail over. The caller's time to first update becomes the whole
-  response time (the routers record it as such);
-* after a streamed response validated, one more update is yielded, with no contents and
-  `ChatResponseUpdate.value` set (when the value is not None);
-  ``ChatResponse.from_updates`` carries it to the assembled response's `value`;
-* cancellation, an abandoned stream and the inner client's own failures pass through
-  unchanged; nothing is validated then.
-
-Placed on a route (in the route's own pipeline, beneath the router), a malformed answer is
-a failure of that route: `is_failover_eligible` accepts it, `is_retryable` does not (the
-same route asked again tends to answer the same way; pass ``retry_on`` to the retry layer to
-retry it anyway), and the circuit breaker counts it as a deployment failure when the
-validation layer is beneath the breaker. The usual order on a route is::
-
-    builder.use_circuit_breaker().use_retry().use_response_validation(Invoice)
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

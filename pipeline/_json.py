@@ -1,23 +1,6 @@
 """Request bodies as JSON: UTF-8 only, nesting bounded before anything recurses over it.
 
-`json_body` is what every inbound format parses its body with:
-
-* the body must be UTF-8 (RFC 8259): Python's ``json.loads`` would also take UTF-16 and
-  UTF-32 bytes, which OpenAI refuses; anything else is 400 ``invalid_json``;
-* it may nest objects and arrays `MAX_JSON_DEPTH` levels deep at most: deeper documents
-  are 400 before they are parsed, since the parser and everything after it (copying the
-  options, validating tool schemas) recurse once per level, and a document nested 600
-  levels deep, well under the body limit, would otherwise fail deep inside the pipeline
-  (a ``RecursionError`` answered as a 503 to retry);
-* what is wrong is a `ValueError` with our own words (the formats answer it as a 400),
-  never the parser's message;
-* the bound costs two ``bytes.count`` calls for a body with fewer brackets than the bound
-  (most requests); otherwise strings are cut out and the running depth of the brackets
-  left is computed with numpy, linear in the body's size;
-* it is decoded by `pipeline._json_codec` (orjson when installed, with the standard
-  library's answers); a body orjson does not take (``NaN``, an integer beyond 64 bits) is
-  marked, for the request it is parsed in, as one that cannot be forwarded as it came
-  (`decoded_exactly`).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -2,61 +2,11 @@
 idempotency, and the gateway's readiness. One place checks what the caller gave, connects,
 bounds each call, runs Lua scripts, backs off and warns through an outage, and pings.
 
-Promises, to every component built on it:
+Building never contacts Redis; each call is bounded as a whole by the caller's timeout;
+a component that can do without Redis fails open through an `Outage`, which warns at most
+once a minute and never echoes a URL or a reply.
 
-* what a caller passes as ``redis`` is a ``redis://``, ``rediss://`` or ``unix://`` URL
-  (`check_url`: a `ValueError` in our own words, never echoing the URL, which may hold a
-  password) or a ``redis.asyncio`` client; a synchronous client is a `TypeError` (it would
-  block the event loop);
-* building never contacts Redis: the client for a URL is made in the running event loop at
-  the first call (a new loop gets a client of its own), and the ``redis`` package is
-  imported while building, not inside a request's first call;
-* a client made here bounds connecting, reading and writing by the caller's timeout and
-  never retries behind the caller's back (redis-py retries three times by default: time no
-  caller's bound allows for);
-* at most `POOL_SIZE` calls of one component are on Redis at once; a call that finds them
-  all busy *waits* for its turn (first come, first served) within its own bound, instead
-  of failing with ``MaxConnectionsError`` as redis-py's default pool (100 connections)
-  does. So a healthy Redis is never reported unavailable because one process had many
-  calls in flight. A client made here has a pool of exactly that size; a client of your
-  own needs a pool of at least that size;
-* each call (`RedisClient.call`) is bounded by the timeout as a whole (waiting for its
-  turn, connecting, the round trip); a call cut short closes its connection, so a late
-  reply can never be read as another call's;
-* `Batched` turns the calls of one turn of the event loop into one Redis call (an
-  ``MGET`` of every session looked up, one ``INCRBY`` for every failure counted): a
-  thousand requests at once cost Redis a few round trips, not thousands, which keeps them
-  well inside their bound;
-* Lua scripts are registered once per client and run with ``EVALSHA``, loaded again on
-  ``NOSCRIPT`` (a restarted or failed-over Redis), as redis-py's ``Script`` does;
-* `Outage` is how a component that can do without Redis for a while fails open: after a
-  failure it skips Redis for a retry interval, and it warns when an outage starts, then at
-  most once a minute (also when Redis flaps), naming the component and the error's type
-  only (an error's text may name hosts or echo a reply), and says when Redis is reachable
-  again.
-
-A component (the breaker's shared state, an affinity store, a health store) holds a
-`RedisClient` (``shared``) for the ``redis`` it was given and, if it can do without Redis
-for a while, an `Outage`. Each of its operations is a function of the ``redis.asyncio``
-client, run with ``shared.attempt(outage, operation)`` (failing open: `RedisUnavailable`) or
-``shared.call(operation)`` (raising); its Lua runs with ``shared.evaluate(client, SOURCE,
-keys, args)`` inside an operation, or ``shared.script(SOURCE, keys, args)`` alone; calls
-that may come by the thousand go through a `Batched`.
-
-Pool size: a process's Redis throughput is bounded by its own CPU (redis-py spends about
-0.1 ms of Python per command), not by connections: 1,000 concurrent commands from one
-process complete in the same time through 4 or 128 pooled connections on loopback. 32
-connections keep that CPU busy up to round trips of about 3 ms (32 commands on the wire
-per round trip); more would only cost Redis client slots, which every pool of every worker
-of every replica takes from one ``maxclients``.
-
-Waiting for a turn: an `asyncio.Semaphore` of `POOL_SIZE` in front of redis-py's plain
-pool, rather than redis-py's ``BlockingConnectionPool``. Both make a call wait for a free
-connection; the blocking pool funnels every checkout and return through one
-``asyncio.Condition``, whose waiter list costs O(waiters) per wake-up (and, before Python
-3.13, can lose a wake-up when a waiter's timeout fires as it is notified). The semaphore
-admits in order at O(1): about 30% less CPU per command with 3,000 calls waiting, measured
-on loopback. It also covers a client of the caller's own.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,41 +1,11 @@
 """Budgets and rate limits shared by replicas: each request's reservation, checked and
 taken for every scope at once in Redis, settled when the request ends.
 
-Promises:
+One Lua script reserves a request's estimated cost on each of its budgets and takes its
+rate-limit cells, all or nothing, and settles it when it ends; a request costs Redis one
+round trip at most.
 
-* one Lua script (`SCRIPT`, run with ``EVALSHA``) does everything: it reserves a request's
-  estimated cost on each of its budgets and takes its rate-limit cells, all or nothing;
-  settles a request (its reservation released, its actual cost spent, its token estimate
-  corrected by its usage); and rebuilds lost counters;
-* one call of that script is on the way at a time: a reservation goes out at once when
-  none is, else it waits with the others that come meanwhile and they go out together when
-  the reply comes; the settlements waiting since the last call go with them. So a request
-  costs Redis one round trip at most, and under load many requests share one. A settlement
-  waits for the next reservation, or goes out within `SETTLE_DELAY` (and the round trip on
-  the way then) without one: one timer for every settlement, never one each;
-* what a caller's requests count against (`Limits`: its budgets and rate limits) is encoded
-  once; a request adds its token, amount and tokens (the script's arguments name each
-  operation's keys by where they start), and its answer is read from the reply as it
-  arrives, with no task, future or turn of the event loop but the caller's own;
-* a budget admits a request while what is spent and reserved is under its limit, so what
-  a budget's scope spends ends under its limit plus one request's cost; a refusal names the
-  budget's scope; a soft limit passed is told in the grant (what remains);
-* a rate limit is a cell-rate limit (GCRA) on Redis's clock: `limit` per minute with a
-  burst of `burst` seconds' worth; a refusal tells when a retry can be admitted, and every
-  answer tells each limit's remaining and reset, as the response headers need;
-* a reservation holds a lease: one whose request never settles (a replica that died) is
-  released when the lease ends; a settlement counted twice (a retry of a call that timed
-  out after Redis ran it) is not;
-* every answer but `Refused` is settled by its caller, `Unavailable` included (a call that
-  timed out may still run in Redis; a request served while Redis was away counts when it
-  is back);
-* counters are rebuilt when Redis lost them (restarted without persistence, flushed): the
-  script refuses reservations until a rebuild ran (`Unavailable`), elects one caller to run
-  it (the ``rebuild`` callable: spent amounts from the ledger), and a settlement whose
-  reservation was lost adds its actual cost.
-
-Amounts are integers of `NANOS` per currency unit (exact in Redis; Lua's doubles keep them
-exact below $9,000,000 per counter).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

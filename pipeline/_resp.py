@@ -1,30 +1,7 @@
 """A bare Redis connection for the one call a governed request makes: commands written as
 they come on one connection (pipelined), replies parsed by hiredis, each call bounded.
 
-Promises:
-
-* one connection per client per event loop, opened at the first call (``redis://``,
-  ``rediss://`` or ``unix://`` URLs, with user, password and database), never while
-  building; a URL that does not parse is a `ValueError` in our words (it may hold a
-  password);
-* a call is bounded by `RespClient.timeout` as a whole (connecting included); a call that
-  runs out of time closes the connection, so every call waiting on it fails at once
-  (`ConnectionError`) instead of each waiting out its bound on a Redis that stopped
-  answering, and the next call connects again. One timer per connection watches the oldest
-  call, not one per call;
-* `RespClient.evalsha_then` runs an encoded script call with a plain callback, called from
-  the connection's reply itself: no task, no future, no extra turn of the event loop on the
-  common path (the cost every governed request pays);
-* a caller cancelled while its reply is on the way never gets another call's reply: replies
-  are matched to calls in order, and an abandoned call's reply is read and dropped;
-* Lua scripts run with ``EVALSHA``, loaded on ``NOSCRIPT`` (a restarted Redis);
-* an error reply is `RespError` carrying Redis's first word only (``NOSCRIPT``, ``ERR``...):
-  the rest may echo arguments.
-
-Why not redis-py's asyncio client on this path: the client CPU of one ``EVALSHA`` is the
-cost governance adds to a request, and redis-py's connection pool, command parser and
-per-call coroutines cost several times what this connection does (figures in the docs'
-keys, budgets and limits page, measured by ``benchmarks/bench_gateway.py --governed``).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,36 +1,6 @@
 """Request scope: what one request may still spend, and the operation it belongs to.
 
-Routers open a scope per request (and make it current while a route runs); layers beneath
-read it through this small API, so no layer needs to know about routing:
-
-* `current_budget()`: the request's `RequestBudget` (provider calls left, deadline), or
-  `None` outside a router with limits. The retry layer spends a call per retry from it and
-  never sleeps past its deadline.
-* `current_operation()`: the operation id tool calls are idempotent within, set by
-  `operation_scope` (public, in `middleware.function_invocation`), by a router for its
-  routes, or by the function-invocation layer for its loop;
-* `current_report()`: the `RouteReport` a telemetry layer above a router holds open, which
-  the router fills as its attempts end (the served route, the attempt count, whether a
-  fallback served), so the request's span can tell the failover story;
-* `attempt_timed_out()`: true while a router is cancelling the current attempt because the
-  attempt's time is up (not because the caller cancelled), so a breaker beneath counts the
-  timeout against its deployment instead of ignoring it like a caller's cancellation;
-* `failover_possible(error)`: whether the router running this attempt could still move the
-  request to another route if the attempt failed now with `error`, before any output, so a
-  retry layer beneath does not wait out a ``Retry-After`` while another route could serve;
-* `current_attempt_log()`: the `AttemptLog` of the request, if a layer above opened one
-  (`open_attempt_log`: the spend layer, the gateway): every router beneath adds each attempt
-  that reached a provider as a `PricedAttempt` (what it used, the model that served, what it
-  cost), once, when the attempt ends; a cache adds its hits. Read it after the request ended
-  (a spend ledger records it; a budget settles its reservation with it);
-* `current_attempt_mark()`: the `AttemptMark` of the attempt whose route is running (a
-  router's, or a call a layer logs without a router beneath), while the request is logged
-  and before output. A logger beneath (a router, a cache hit) takes it when it starts and
-  counts its records on it, so the attempt above adds none of its own: one record per
-  provider call, however deep the routers nest. A retry beneath reads it to record its
-  retried calls under the attempt's route.
-
-Everything here is request-local (context variables); nothing outlives the request.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

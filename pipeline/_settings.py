@@ -1,16 +1,6 @@
 """One frozen settings class per layer, validated in one place.
 
-A layer's constructor, the builder's ``use_*`` method and the TOML loader all build the
-layer's `Settings` subclass, so each default and each check is written once (on the class's
-fields). Validation is pydantic's, in strict mode: no silent coercion (``"3"`` is not 3,
-``True`` is not 1), no NaN or infinity, unknown names refused with a suggestion.
-
-A bad value raises `TypeError` when every problem is a wrong type and `ValueError`
-otherwise; the message names every problem, in our words (``max_attempts must be at least
-1, got 0``) and never echoes a string value (it might be a secret; the one exception is a
-short discriminator of a tagged union, a name such as ``provider = "gemnii"``). The loader
-turns the same problems into `ConfigError` lines with their key paths; a tagged union's
-tag is not part of a path (``routes.a.model``, not ``routes.a.openai.model``).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

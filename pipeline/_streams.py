@@ -1,18 +1,6 @@
 """One way to forward a stream and to tell how it ended.
 
-Every layer that wraps a stream of updates forwards it with `forward`, giving a
-`StreamWatcher` for what it needs to see. How a stream ended is decided here, once:
-
-* ``completed``: the inner stream ran out and closed cleanly;
-* ``failed``: the inner stream raised (or raised on close), and the caller was not
-  cancelling; the exception propagates unchanged;
-* ``canceled``: the caller's task is being cancelled (a `CancelledError` raised by a client
-  while the caller is *not* being cancelled is an ordinary failure);
-* ``abandoned``: the caller stopped reading and closed the stream (or threw into it).
-
-The inner stream is always closed, exactly once; an exception raised while closing it is
-part of how the stream ended (it fails a stream that had completed, and it replaces the
-`GeneratorExit` of an abandoned one).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

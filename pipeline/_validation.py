@@ -1,24 +1,7 @@
 """Checking a response's shape: the one implementation behind the response-validation
 layer (`middleware.response_validation`) and the eval runner (`pipeline.evals`).
 
-A validator is one of:
-
-* a pydantic model class: the response text must be JSON of that model
-  (``Model.model_validate_json``); the value is the model instance;
-* a JSON schema (a mapping): the response text must be JSON valid against it, checked with
-  the `jsonschema-rs` package (the ``jsonschema`` extra; drafts 4 to 2020-12, ``$ref`` only
-  within the schema, never fetched); the value is the decoded JSON;
-* a callable taking the `ChatResponse` (plain or coroutine function): any exception it
-  raises rejects the response; what it returns is the value.
-
-With ``strip_fences`` a text that is exactly one markdown code fence (```` ```json ... ``` ````,
-any or no language tag, whitespace around it) is checked by the fence's contents; prose
-around a fence is still a failure.
-
-Failures raise `ResponseValidationError`, whose message and problems are built from
-locations and error types only: never the response text, never a value from it. A JSON
-location names the validator's own fields; any other key (a key the model invented, a
-dict key) shows as ``*``.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

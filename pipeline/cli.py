@@ -1,33 +1,6 @@
-"""The `chat-pipeline` command (also `python -m pipeline`).
-
-``chat-pipeline demo`` runs an embedded, network-free pipeline: a primary route that fails
-before any output and a backup that streams the answer, then prints each request's trace
-tree (chat span, one span per attempt with its outcome, output commitment and time to
-first update). With ``--otlp URL`` or the ``OTEL_EXPORTER_OTLP_ENDPOINT`` variable set, the
-spans and metrics are exported over OTLP too (``OTEL_METRICS_EXPORTER=none`` for a
-traces-only backend such as Arize Phoenix).
-
-``chat-pipeline ask --config FILE [--env NAME] "question"`` streams an answer from a
-pipeline built from TOML. ``chat-pipeline eval --config FILE --cases CASES.jsonl`` sends a
-case set to each route of a TOML file directly and prints a per-route table (see
-`pipeline.evals`); it exits 1 when a route is below ``--min-pass-rate``, 2 on a usage or
-configuration error. ``chat-pipeline fake-server --port N [--format
-anthropic|gemini|bedrock]`` serves a fake OpenAI-compatible (or Anthropic Messages, Gemini, or
-Bedrock Converse) API on 127.0.0.1. ``chat-pipeline fake-fleet --scenario FILE`` serves a
-`pipeline.testing.FakeFleet` from a TOML or JSON scenario and prints each deployment's URL (see
-`pipeline.testing.FakeFleet.from_scenario` and the commands it reads on stdin).
-
-``chat-pipeline db upgrade --config FILE [--env NAME]`` applies the migrations the database
-of the file's ``[spend]`` table lacks (``--database-env VAR``: the database whose URL the
-variable holds, instead); ``chat-pipeline db status`` says its schema's version.
-
-``chat-pipeline spend --config FILE [--group-by key,team] [--since 24h] [--until T]
-[--where FIELD=VALUE ...] [--format table|json|csv]`` adds up the spend ledger's records (see
-`pipeline.spend.SpendLedger.summary`).
-
-``chat-pipeline serve --config FILE [--env NAME] [--host H] [--port N] [--workers N]
-[--log-level L] [--prometheus-metrics]`` serves a pipeline built from TOML as an
-OpenAI-compatible API (`pipeline.gateway`; needs the ``gateway`` extra).
+"""The `chat-pipeline` command (also `python -m pipeline`): ``demo``, ``ask``, ``eval``,
+``serve``, ``db``, ``spend``, ``keys``, ``fake-server`` and ``fake-fleet``. Each prints its
+options with ``--help``; the CLI reference in the docs describes them.
 """
 
 from __future__ import annotations
@@ -334,31 +307,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 async def _fake_server(port: int, wire_format: str = "openai") -> int:
-    from pipeline.testing import (
-        FakeAnthropicServer,
-        FakeBedrockServer,
-        FakeGeminiServer,
-        FakeOpenAIServer,
-    )
+    from pipeline.testing import FAKE_SERVERS
 
-    server: FakeOpenAIServer | FakeAnthropicServer | FakeBedrockServer | FakeGeminiServer
-    if wire_format == "anthropic":
-        server = FakeAnthropicServer(port=port)
-        await server.start()
-        print(f"fake Anthropic Messages server on {server.base_url}", flush=True)
-    elif wire_format == "bedrock":
-        # It accepts its default test key (`FakeBedrockServer.environment()`), in us-east-1.
-        server = FakeBedrockServer(port=port)
-        await server.start()
-        print(f"fake Bedrock Converse server on {server.base_url}", flush=True)
-    elif wire_format == "gemini":
-        server = FakeGeminiServer(port=port)
-        await server.start()
-        print(f"fake Gemini API server on {server.base_url}", flush=True)
-    else:
-        server = FakeOpenAIServer(port=port)
-        await server.start()
-        print(f"fake OpenAI-compatible server on {server.base_url}", flush=True)
+    server = FAKE_SERVERS[wire_format](port=port)
+    await server.start()
+    print(f"fake {server.title} server on {server.base_url}", flush=True)
     # Stop cleanly on Ctrl-C or SIGTERM, even where the shell that started the command left
     # SIGINT ignored (a background job of a non-interactive shell does).
     stop = asyncio.Event()
@@ -535,6 +488,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipeline.testing import FAKE_SERVERS
+
     parser = argparse.ArgumentParser(prog="chat-pipeline", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the embedded, network-free demo pipeline")
@@ -575,7 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     server.add_argument("--port", type=int, default=8765)
     server.add_argument(
         "--format",
-        choices=("openai", "anthropic", "gemini", "bedrock"),
+        choices=tuple(FAKE_SERVERS),
         default="openai",
         help="the wire format to speak (default: openai)",
     )

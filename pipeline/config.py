@@ -1,54 +1,10 @@
 """Pipelines from TOML: routes, a router, layers, and per-environment overlays.
 
-::
+Every problem is reported at once, each with its key path, as one `ConfigError`, which
+echoes nothing read from the file but numbers and names; loading a file without a semantic
+router does not import numpy.
 
-    [routes.small]
-    provider = "openai"              # openai | openai_responses | azure_openai | ollama
-                                     # | anthropic | gemini | vertex | bedrock | scripted,
-                                     # or a vendor: groq | mistral | deepseek | together
-                                     # | fireworks | openrouter | xai | vllm
-    model = "gpt-4o-mini"
-    api_key_env = "OPENAI_API_KEY"   # secrets come only from environment variables
-    max_input_tokens = 8000
-    capabilities = ["tools", "json"]
-    price = { input_per_million = 0.15, output_per_million = 0.6 }
-    retry = { max_attempts = 2 }
-    breaker = { fail_max = 5, reset_timeout = 30 }
-
-    [router]
-    kind = "tiered"                  # ordered | balanced | hedged | tiered | semantic
-    default = "small"
-
-    [layers]
-    telemetry = true
-
-    [gateway]                        # `chat-pipeline serve` (see pipeline.gateway)
-    api_keys_env = "GATEWAY_KEYS"
-
-    [environments.development.layers]
-    telemetry = false
-
-The environment is the `environment` argument, else ``CHAT_PIPELINE_ENV``; its table is
-merged over the base (tables key by key, other values replaced; a route whose provider the
-environment changes is replaced whole).
-
-Each table is a typed, frozen settings class, and the file is a union of them: a route is a
-`RouteConfig`, one class per `provider` (`OpenAIRouteConfig`, `OpenAIResponsesRouteConfig`,
-`AzureOpenAIRouteConfig`, `OllamaRouteConfig`, `AnthropicRouteConfig`,
-`GeminiRouteConfig`, `VertexRouteConfig`, `BedrockRouteConfig`, `VendorRouteConfig`,
-`ScriptedRouteConfig`), each the provider's settings (`pipeline.providers._settings`) plus
-the route's facts (`RouteFacts`) and its own layers (`RetrySettings`, `BreakerConfig`); the
-router is a `RouterConfig`, one class per `kind` (`OrderedRouterConfig`,
-`BalancedRouterConfig`, `HedgedRouterConfig`, `TieredRouterConfig`, `SemanticRouterConfig`),
-built on the routers' own settings (`FailoverSettings`, `BalancedSettings`,
-`HedgingSettings`, `SemanticSettings`). A default or a check is written once, on those
-classes; a new provider or router kind is one class and one member of its union.
-
-Every problem is reported at once, each with its key path, as one `ConfigError`; an
-unknown key is an error with a suggestion (``routes.a.modle: unknown setting; did you mean
-'model'?``); a named `api_key_env` that is unset is an error. Nothing read from the file (a
-secret, a prompt) is echoed in an error message except numbers and names. Loading a file
-without a semantic router does not import numpy.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,43 +1,9 @@
 """Per-route evals: send a case set to each route directly and score the answers.
 
-A fallback is only as good as the answers it gives; this runs a case set against every
-route alone (no router, no failover: each route's own client, with its own retry and
-breaker layers) and reports, per route, the pass rate, latency and time to first update
-(p50/p95), tokens and cost, so a tier's quality is a known quantity before it serves
-traffic. From a shell: ``chat-pipeline eval --config FILE --cases CASES.jsonl``.
+Each case goes to each route alone (no failover); the report holds per-route pass rates,
+latency percentiles, tokens and cost, and the answers only when asked for.
 
-A case is one JSON object per line of a JSONL file (blank lines are skipped)::
-
-    {"id": "invoice-1",
-     "messages": "text, or a list of {\\"role\\": ..., \\"content\\": ...}",
-     "options": {"temperature": 0, "max_output_tokens": 200},
-     "expect": {"validator": "Invoice"}}
-
-`options` are `ChatOptions` fields that JSON can hold (not tools). `expect` holds any of:
-``validator`` (the name of a validator given in code: ``run_eval(..., validators={"Invoice":
-Invoice})``: a pydantic model class, a JSON schema or a check callable, as for
-`use_response_validation`), ``json_schema`` (an inline schema), ``contains`` (a substring),
-``regex`` (searched with `re.search`), and ``strip_fences`` (accept JSON in one markdown
-fence); every one given must hold. Without `expect` a case passes when the route answers.
-
-Promises:
-
-* every case is sent to every selected route once, streamed (to time the first update),
-  with at most `concurrency` requests in flight and each bounded by `request_timeout`;
-* a result says why a case failed, by error kind and type or by which expectation failed,
-  never by quoting the answer; answers are kept only with ``include_text=True``;
-* a bad case file, an unknown route or validator name is a `ConfigError` naming the
-  problems (line numbers, case ids), raised before any request is sent: the first
-  `MAX_REPORTED_PROBLEMS`, then how many more there are;
-* a case file is read a line at a time: a line longer than `MAX_LINE_BYTES` or a file
-  larger than `MAX_CASES_BYTES` is a `ConfigError`, read no further (``/dev/zero`` is one);
-* a ``regex`` expectation is searched in a worker process, killed when the search takes
-  longer than `request_timeout`: a pattern that backtracks catastrophically fails its case
-  (the regex "did not finish") instead of hanging the run;
-* percentiles are nearest-rank: latency over the calls that answered, time to first
-  update over the calls that produced an update;
-* routes built from a configuration are closed at the end; clients given in a mapping
-  belong to the caller and are left open.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

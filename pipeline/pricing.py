@@ -178,6 +178,7 @@ class Price(Settings):
 PROVIDERS: Mapping[str, str | None] = {
     "openai": "openai",
     "azure.ai.openai": "azure",
+    "azure.ai.inference": "azure",
     "azure_openai": "azure",
     "anthropic": "anthropic",
     "gcp.gemini": "google",
@@ -196,13 +197,17 @@ PROVIDERS: Mapping[str, str | None] = {
     "openrouter": "openrouter",
     "perplexity": "perplexity",
     "cohere": "cohere",
+    "ibm.watsonx.ai": None,  # not in genai-prices
     # Models run by the caller's own hardware, or simulated: no price to look up.
     "ollama": None,
     "vllm": None,
     "local": None,
     "scripted": None,
 }
-"""Our providers' names (`gen_ai.provider.name`) -> genai-prices' provider ids."""
+"""Providers' names (`gen_ai.provider.name`) -> genai-prices' provider ids: every name the
+semantic conventions define (a test holds it whole, so a provider of a new wire API that
+reports one of them needs no entry here), and the vendors' and our own names; a name not
+here is looked up as it is."""
 
 # The usage keys of genai-prices we report, by their place in `_price`'s counts.
 _KEYS = (

@@ -150,6 +150,7 @@ SURFACES = {
         "CONVERSE_PATH",
         "Collected",
         "EMBEDDINGS_PATH",
+        "FAKE_SERVERS",
         "FakeAnthropicServer",
         "FakeBedrockServer",
         "FakeDeployment",

@@ -1,34 +1,6 @@
 """The attempt engine every router runs on.
 
-`AttemptEngine` is the base of `RoutingChatClient` (one attempt per request) and of
-`FailoverChatClient` (as many as its limits and policy allow). It owns the promise of this
-package: another attempt happens only while it is still safe. For `get_response` and
-`get_streaming_response` alike:
-
-* a failure before any output reached the caller may move to another route, unless the
-  caller is being cancelled, the attempt limit or the request budget is reached, or the
-  policy says no;
-* once a streamed update reached the caller the attempt is terminal: the caller keeps the
-  updates and gets the original exception, with a note naming the route;
-* caller cancellation is terminal (``canceled``) and propagates; a `CancelledError` raised by
-  a client while the caller's task is not being cancelled is an ordinary failure;
-* a caller that closes the stream early ends the attempt as ``abandoned``, and the inner
-  stream is closed;
-* the selector raising (or choosing nothing) ends the request with that error, and no
-  attempt is reported; the attempt report raising on a terminal attempt replaces the
-  result, on a nonterminal one it stops routing with that exception.
-
-Every attempt is traced (`RouteTelemetry`), told to the telemetry layer above (the request
-scope's `RouteReport`) and reported once, as a `FailoverAttempt`. Policy hooks may be plain
-functions or coroutine functions: the engine awaits what needs awaiting.
-
-A router tells the engine what a request runs under when it starts (`_new_request`: the
-limits, a `FailoverSettings`; the attempt limit; the budget; the session affinity; the hook
-each attempt is reported to and the one asked whether a failure may move on), with a
-one-shot router's answer as the default: one attempt, the enclosing request's budget, no
-affinity, no hooks. The pieces of a request (`_new_request`, `_prefer`, `_select`,
-`_begin`, `_deadline`, `_enter`/`_exit`, `_finish`, `_failed`) are separate, so that a
-router with another request loop (several attempts at once) reuses them.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

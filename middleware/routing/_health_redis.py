@@ -1,30 +1,6 @@
 """`RedisHealthStore`: route health shared by replicas, never on a request's path.
 
-Each process keeps its own `RouteHealth` and, every `sync_interval` seconds while it has
-traffic (the sync is started by an attempt and runs beside it, bounded by `timeout`),
-publishes what it learnt and reads what the others did:
-
-* ``<namespace>:{<route>}`` is a hash with one field per replica: its latency estimates
-  (peak and typical, effective: an attempt hanging there counts with its age), its decayed
-  failures and attempts, and when it wrote them (milliseconds since the epoch). Fields
-  older than `ttl` are ignored, and the hash expires after `ttl` without writes;
-* ``<namespace>:{<route>}:cooldown`` holds the end of the route's cooldown (milliseconds
-  since the epoch), written at once when a replica starts one (the longer one wins) and
-  expiring with it. Each sync reads it back, and a replica whose own cooldown is still
-  running and longer than what Redis holds writes it again: a cooldown whose write failed
-  (Redis down, or skipped during an outage) or that a restarted, empty Redis lost reaches
-  the other replicas with the next sync after Redis is back.
-
-A replica then sees a route as slow as the slowest estimate any replica published
-recently, failing as the failures and attempts of all of them together (each decayed from
-when it was written), and cooling down while any replica's cooldown lasts. In-flight
-counts stay local. Clocks: cooldown ends and write times are wall-clock milliseconds, so
-replicas' clocks should agree (NTP), as for the shared breaker.
-
-Redis never blocks or fails a request: every call is made by a background task, bounded by
-`timeout`; after a failure the store is skipped for `retry_interval` and a warning (route
-names and error types only) is logged once per outage, then at most once a minute, while
-each replica goes on with what it knows (`pipeline._redis.Outage`).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """Session affinity: a session keeps the route that last served it, while that route is healthy.
 
-Switching routes every turn discards a provider's prompt cache, so a failover router with
-``affinity=SessionAffinity(store)`` does this for requests whose options carry a
-``session_id``:
+A store that is slow, down or broken never fails a request nor delays it past the store's
+`timeout`: the request is routed as if its session were new.
 
-* the request starts on the route that last completed for that session (the policy puts
-  it first), unless the router no longer has that route or its circuit breaker is open;
-* the route that completes the request is recorded for the session, so a failover moves
-  the session to the backup (and an open breaker, by the rule above, too);
-* nothing else: a failure, cancellation or abandoned stream records nothing.
-
-Stores: `MemoryAffinityStore` (one process; bounded, least recently used first out, each
-entry expiring after `ttl` seconds) and `RedisAffinityStore` (shared by every replica;
-each entry expiring after `ttl`), or any object with async ``get(session_id)`` and
-``set(session_id, route_name)``.
-
-A store that is slow, down or broken never fails a request, and never delays it by more
-than the store's `timeout`, nor past the request's deadline when the router passes its
-budget (or has made it current): every store call is bounded and guarded. A lookup that
-fails or runs out of time routes the request as if the session were new; a record that
-does (after the answer) changes nothing for the request, whose answer stands. After a
-failure the store is skipped for `retry_interval` seconds (requests route without it
-meanwhile, instead of each paying the timeout), and a warning is logged when an outage
-starts, then at most once a minute: the error's type only, never the session id.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,28 +1,7 @@
 """`BalancedFailoverChatClient`: spread requests over a fleet by route health, and fail
 over before output like every failover router.
 
-Where ordered failover sends everything to its first route until that route fails, a
-balanced router chooses each attempt among the routes the request has not tried yet:
-
-* routes whose breaker is open, that are cooling down after a ``Retry-After``, or that are
-  over their declared `Route.rpm`/`Route.tpm` are skipped while any other route can serve
-  (with none left, one is tried anyway: a cooldown is an estimate, an open breaker fails
-  fast and says why);
-* outliers (much slower than the others, or failing much more: see `RouteHealth`) get no
-  traffic but one probe per interval, cut early when it does not answer like the others
-  (the request then fails over), so a route that recovers earns its traffic back and a
-  probe of one that has not costs its caller little;
-* among the rest the `strategy` picks: ``peak_ewma`` (the default: of two routes drawn at
-  random, the one with the lower latency estimate x (in flight + 1) x failure penalty, and
-  a little exploration so a route the estimates undervalue still gets samples),
-  ``least_busy`` (fewest attempts in flight), ``weighted`` (at random by `Route.weight`) or
-  ``round_robin``;
-* a request whose session has an affinity starts on its route while that route is
-  healthy; the failover order after the first pick follows the same rules.
-
-Every attempt feeds the router's `RouteHealth` (latency, failures, cooldowns, in flight).
-Give one `RouteHealth` to several routers over the same deployments and they learn
-together; give it a `RedisHealthStore` and replicas do.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,46 +1,6 @@
 """Route health: what every attempt teaches a router about the routes it can choose.
 
-A `RouteHealth` keeps, per route name, four signals fed by every attempt a router makes:
-
-* **in flight**: attempts started and not yet ended (local to this process);
-* **latency**: a peak-EWMA of the time to first update (Finagle's and Linkerd's load
-  balancer estimate), which weighs the choice among routes: a slower sample raises it at
-  once, a faster one lowers it with a decay of `latency_decay` seconds; and the **typical**
-  latency, the median of the last five answers, which tells an outlier (one answer in a
-  route's tail does not make one; a route whose answers all slowed down is one within a
-  few answers). A route that has answered nothing since its oldest waiting attempt started
-  counts as at least that slow, so a hang is seen while it hangs, not only when its
-  attempts are cut; an attempt that failed before output after waiting counts its wait (it
-  learnt nothing faster);
-* **failure ratio**: deployment failures (the breaker's kind of failure, failures after
-  output included) over attempts, both decayed with `failure_decay` seconds, so old
-  failures fade;
-* **cooldown**: a rate-limited or unavailable answer carrying ``Retry-After`` takes the
-  route out of rotation for that long (at most `max_cooldown`); a provider's quota or credit
-  exhausted (`QuotaExhaustedError`) takes it out for `quota_cooldown` (15 minutes by default,
-  or longer when the provider says so).
-
-A route is an **outlier** when its typical latency is over `outlier_latency_ratio` times the
-median of the other routes' (and `outlier_latency_gap` seconds over it; once an outlier, it
-stays one until it is under half that excess: 1.5x for the default 2x), or its failure ratio over
-theirs by `outlier_failure_gap` (with at least `min_failures` decayed failures). Balanced
-routers send an outlier no traffic but **probes**: the first `probe_interval` seconds after
-it became one, then after twice as long each time a probe does not answer in time (up to
-`max_probe_interval`). A probe is bounded by `probe_timeout_ratio` times the other routes'
-median latency: a probe that misses it is cut and its request fails over, so probing a route
-that has not recovered costs its caller little (and the cut is not held against the
-route's breaker: the bound was the router's choice). `recovery_probes` good probes in a
-row (answered within that bound) readmit a slow route: its latency estimate becomes
-theirs, instead of decaying from the peak it reached.
-
-What counts as a failure (`counts`): the deployment's failures (rate limits, transient
-and unknown errors, invalid responses, failures after output), not the request's (invalid,
-too long, filtered, unauthenticated), and not an attempt the router cut for time: that
-says how slow the route is, and counts in its latency.
-
-Health is local by default; `RedisHealthStore` (in `middleware.routing`) shares cooldowns,
-failure ratios and latency across replicas without ever putting Redis on a request's path.
-Nothing about a request's content is kept: only route names, times and error kinds.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

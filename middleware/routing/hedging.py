@@ -1,44 +1,10 @@
 """`HedgingChatClient`: when an attempt is slow to produce its first update, start the next
 route too, and keep whichever answers first.
 
-A hedging router is a balanced router (`BalancedFailoverChatClient`: the first attempt, each
-hedge and each failover go to a healthy route its `strategy` picks among those the request
-has not taken, and every attempt feeds its `RouteHealth`) that does not wait for a slow
-attempt alone. For `get_response` and `get_streaming_response` alike:
+The first attempt to answer wins and alone reaches the caller; every other is cancelled
+and awaited; hedges spend a budget that bounds the load they add.
 
-* when the attempt started last has produced no first update after `delay` (seconds, or a
-  percentile such as ``"p90"`` of that route's recent times to first update: see
-  `HedgingSettings`), the next route starts too, up to `max_hedged_attempts` extra attempts
-  running at once;
-* the first attempt whose first update arrives (streaming) or whose response completes
-  (not streaming) wins and is the only one that reaches the caller; every other attempt is
-  cancelled (its stream closed, its task awaited: nothing is left running) and reported
-  ``abandoned``;
-* a failure before output of one attempt does not end the request while another runs: it
-  is reported (``failed_before_output``) and the others go on; a hedge may then start at
-  once, since the attempt still running is past its delay. When the last running attempt
-  fails, the router fails over as every failover router does;
-* hedges spend a budget: each request adds `budget` tokens to a bucket that holds at most
-  `budget_burst` (and starts full), each hedge takes one, so over time hedges stay under
-  that fraction of requests and a slow fleet is not doubled (the retry budgets of Envoy and
-  Finagle). The bucket belongs to the router, in this process;
-* the output boundary does not move: once the winner's first update reached the caller
-  nothing switches, and a failure after it is the caller's, as on every router. Caller
-  cancellation cancels every attempt (each ``canceled``; no new attempt starts); a caller
-  closing the stream abandons the winner.
-
-Hedges count as attempts: `max_attempts_per_request`, `max_provider_calls_per_request`,
-`request_timeout` (with `min_attempt_budget`) and `attempt_timeout` bound them as they bound
-a failover. While another attempt runs, or another route could still take the request, the
-request scope tells a route's retry layer so (`failover_possible`): it does not wait out a
-``Retry-After`` that a hedge or a failover can beat. Affinity starts a request on its
-session's route; the winner's route is recorded for the session.
-
-Telemetry: each attempt's span is a sibling under the request's span, with
-``chat_pipeline.route.selection`` (``hedge`` for a hedge) and ``chat_pipeline.route.hedge``;
-hedges started and
-won are counted by route; the request span's routing story names the winner, and its
-attempt count includes the hedges.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """`SemanticRoutingChatClient`: pick the route whose example utterances best match the query.
 
-Promises:
-
-* profile utterances are embedded once, lazily or by ``await router.warm()``, even under
-  concurrent first requests; a failed build is retried by the next request. The index holds
-  the normalized float32 vectors; a query is scored with single-threaded BLAS products;
-* the query is the text of the last user message; with none, `default` is chosen;
-* the `top_k` best utterances across all routes are aggregated per route by ``mean``,
-  ``sum`` or ``max`` (``top_k=1``: the single best match); when the best route's score is
-  below its threshold (its profile's `threshold`, else the router's) the default route is
-  chosen. After ``fit(..., head=True)`` a trained linear head over the embedding decides
-  instead (with its own out-of-scope class and per-route probability thresholds);
-* `add_route` / `remove_route` work while serving: every request routes on one complete
-  index (the one before the change or the one after), never on a half-built one;
-* `save(path)` / `load(path)` keep the embedded index (with thresholds and a fitted head) in
-  one ``.npz`` file; `load` refuses a file made by another embedder (identity, dimension,
-  or the vectors of a few probe texts) with `SemanticIndexError`;
-* `route(text)` / `route_sync(text or vector)` answer a `RouteDecision` without calling a
-  route: the chosen route or None, its score and every route's score, ranked;
-* embedding the query has a time limit (`embedding_timeout`); when it fails, times out or
-  returns a zero or non-finite vector, `default` is chosen (or, with
-  ``on_embedding_error="raise"``, the error is raised). A wrong embedding count or
-  dimension is a `RoutingError` naming what was expected;
-* invalid configuration fails at construction with a clear message; so does an embedder
-  that cannot be used (a synchronous one is wrapped in a `LocalEmbeddingGenerator`);
-* the chosen route, its score and why it was chosen go on the attempt span (never text).
-
-It is a one-shot router: the chosen route is called once. Put an ordered failover inside
-a route (or around this router) for failover.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,6 @@
 """`TieredRoutingChatClient`: start on the right tier, escalate along a fallback chain.
 
-Selection is deterministic, from signals of the request:
-
-* the starting route: a per-request pin (``additional_properties["chat_pipeline.route"]``),
-  else the session's route (session affinity: the route that last completed a request
-  with the same ``session_id``, while its breaker is not open), else the route mapped to
-  the request kind
-  (``additional_properties["chat_pipeline.kind"]``), else `default`;
-* the chain: the starting route, then its `fallback` routes, then theirs (each once);
-* a route is skipped when its context window (`Route.max_input_tokens`) cannot hold the
-  estimated input tokens or when it lacks a required capability (``tools`` when tools are
-  offered, ``json`` when a response format is set, ``vision`` when a message carries data);
-  each skip is logged as an escalation, with the reason and never the text;
-* failures before output move along the chain like `OrderedFailoverChatClient` (same
-  boundaries, limits and policy); with no eligible route the request fails with a
-  `RoutingError` saying what was required.
-
-The routing hints are removed from the options the routes receive.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The event loop a synchronously called adapter runs its pipeline on.
 
-A pipeline's HTTP connections belong to the event loop that opened them: a connection
-opened on one loop cannot be used from another. Async callers run the pipeline on their own
-loop. Blocking callers (LangChain's ``invoke``/``stream``/``batch``, from any thread,
-inside a running loop or not) need a loop too; starting one per call would strand the
-pipeline's connections, and ``asyncio.run`` inside a running loop fails. So a `HomeLoop`
-keeps the pipeline on one loop:
-
-* the first call decides: an async call adopts the caller's loop, a blocking call starts a
-  private loop on a daemon thread (kept for later calls, from any thread);
-* after that, async calls on the home loop run directly; async calls on another loop are
-  handed to the private loop, if that is home (it runs until `close`); a blocking call is
-  handed to the private loop, or refused with a clear error when home is a caller's loop
-  (waiting on it could deadlock it, or hang if it stops);
-* a home loop that closed is given up: the next call decides again.
-
-Handing over copies the caller's context (OpenTelemetry's current span, the request scope)
-into the task on the private loop, and cancelling the caller cancels that task and waits
-for it to end, so nothing outlives the request.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

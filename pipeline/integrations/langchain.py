@@ -1,37 +1,6 @@
 """A LangChain chat model over a pipeline: ``PipelineChatModel(chat=pipeline)``.
 
-Install with ``pip install 'chat-pipeline[langchain]'`` (``langchain-core``). What it
-promises:
-
-* ``invoke``/``ainvoke``/``stream``/``astream`` (and ``batch``/``abatch``) send LangChain's
-  messages (system, human with text and image blocks, AI turns with their tool calls, tool
-  results, generic role messages) through the pipeline; tool-call ids survive the round trip,
-  so the model works inside a LangGraph tool loop (``ToolNode``);
-* ``bind_tools`` offers tools as definitions: the answer carries ``tool_calls`` and the
-  caller (the graph, the agent) runs them. A pipeline that would run tools itself (a
-  function-invocation layer) is refused when the model is made;
-* ``tool_choice``: ``"auto"``, ``"none"``, ``"required"``/``"any"``/``True``, a tool name, or
-  ``{"type": "function", "function": {"name": ...}}``; other bound keyword arguments map to
-  the pipeline's options (``temperature``, ``top_p``, ``max_tokens``, ``seed``,
-  ``response_format``, ``reasoning_effort``) or go to the provider as extra fields;
-* streaming uses the pipeline's ``get_streaming_response``: a route that fails before the
-  first chunk fails over inside the pipeline, invisibly; a failure after it reaches the
-  caller as the route's original error, after the chunks it already has;
-* ``usage_metadata`` carries the token counts; ``response_metadata`` the served model
-  (``model_name``), the finish reason, the response id and the served route (``route``,
-  ``route_attempts``, ``route_fallback``); a stream's last chunk carries both;
-* errors propagate as the pipeline raised them (``with_fallbacks`` catches them);
-  cancelling an ``ainvoke``/``astream`` task cancels the attempt (no backup call);
-* async calls run on the caller's event loop; blocking calls (from any thread, inside a
-  running loop too, as in a notebook) run on a private event loop the model starts on a
-  daemon thread. A pipeline stays on the loop it first ran on (its connections cannot move):
-  after blocking calls, async calls are handed to the private loop; after async calls, a
-  blocking call is refused with a clear error. `close()` (or `aclose()`) closes the pipeline
-  on its loop and stops the private loop;
-* LangChain has no OpenTelemetry spans of its own (its tracing is callbacks, sent to
-  LangSmith): the pipeline's spans nest under whatever span is current when the model is
-  called, in the caller's thread (blocking calls carry that context to the private loop).
-  No content reaches them.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,33 +1,6 @@
 """A Pydantic AI ``Model`` over a pipeline: ``Agent(PipelineModel(chat))``.
 
-Install with ``pip install 'chat-pipeline[pydantic-ai]'`` (``pydantic-ai-slim``: the pipeline
-is the provider, so no provider SDK is needed). What it promises:
-
-* the agent's conversation (system prompts, instructions, user prompts with text, images
-  and files by URL or bytes, earlier model turns, tool calls and tool results) reaches the
-  pipeline as its own types; tool-call ids survive the round trip both ways;
-* the agent runs its own tools: its function tools and output tools are offered to the
-  model as definitions, and a pipeline that would run tools itself (a function-invocation
-  layer) is refused when the model is made;
-* ``agent.run_stream()`` (and every other streamed request) uses the pipeline's
-  ``get_streaming_response``; the first update is read before the stream is handed to the
-  agent, so a route that fails before output fails over inside the pipeline, invisibly,
-  and a pipeline that fails before output raises before the agent sees a stream (which is
-  when ``FallbackModel`` can still fall back);
-* usage, the response id, the finish reason and the served model come from the pipeline's
-  response; the served route (name, attempts, whether a fallback served) is in
-  ``ModelResponse.provider_details``;
-* pipeline failures become Pydantic AI's ``ModelAPIError`` categories (rate limit,
-  unavailable, server, timeout, connection, rejected request, authentication, context
-  window), with the original error as ``__cause__``, so ``FallbackModel`` around this model
-  falls back on them as it does for its own models; an error after streamed output is
-  marked ``in_stream``. Other exceptions propagate unchanged;
-* cancelling the agent's task cancels the pipeline's attempt (no backup call is made);
-* spans the pipeline makes nest under Pydantic AI's own (``instrument=``) when those are
-  current, and carry no content (the pipeline's rule; Pydantic AI's spans follow its own
-  ``InstrumentationSettings``).
-
-The pipeline stays the caller's: this model never closes it.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """`AiohttpTransport`: the providers' HTTP calls over an ``aiohttp.ClientSession``.
 
-Made to behave as the client's own ``httpx2.AsyncClient`` does (`Httpx2Transport`):
-
-* a pool of at most 100 connections, every idle one kept alive (5 s, as httpx2);
-* `timeout` read as httpx2 reads it: ``connect`` bounds opening a connection (TCP and TLS),
-  ``read`` each wait for the server, ``pool`` the wait for a free connection (added to
-  ``connect``, since aiohttp bounds the two together); aiohttp has no write timeout;
-* TLS verified as httpx2 verifies it (`httpx2.create_ssl_context`: ``SSL_CERT_FILE`` or
-  ``SSL_CERT_DIR`` when set, else the system's certificates);
-* ``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` honoured, read once when
-  the session opens (aiohttp's own ``trust_env`` reads them, and ``~/.netrc``, in a thread
-  on every request; a ``.netrc`` entry would also collide with our ``Authorization``);
-* the session opens on first use, in the running event loop (aiohttp binds a session to
-  its loop; a client built outside one, or used again from a new loop, gets a new one).
-
-Every failure of aiohttp's own (timeouts, refused or reset connections, TLS, DNS, a body
-cut short) is an ``aiohttp.ClientError``.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

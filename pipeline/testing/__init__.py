@@ -1,47 +1,12 @@
 """Fakes for testing pipelines, this library's and yours.
 
-`ScriptedChatClient` is an in-process chat client that plays a script, one step per call,
-and records every call, stream close and client close, so a test can assert exactly which
-route was called, with what, and what was released::
-
-    from pipeline.testing import ScriptedChatClient, fail, reply
-
-    primary = ScriptedChatClient([fail(TransientProviderError())], name="primary")
-    backup = ScriptedChatClient(reply("hi", chunks=["h", "i"]), name="backup")
-    ...
-    assert primary.call_count == 1 and backup.call_count == 1
-
-Steps: `reply` (text, optionally streamed in chunks with a delay), `fail` (raise before any
-output), `fail_after` (stream some chunks, then raise), `hang` (wait until cancelled,
-optionally after some chunks) and `call_tools` (ask for tool calls). Any step can also fail
-when its stream is closed (``reply("x").failing_on_close(exc)``). A step may be a callable
-of (messages, options) returning a step, for replies that depend on the request.
-
-`FakeOpenAIServer` is a real OpenAI-compatible HTTP server on 127.0.0.1, scriptable per
-request with `FakeResponse` (latency, statuses, Retry-After, disconnects, malformed SSE,
-in-band errors, hangs), for testing real provider clients end to end.
-
-`FakeBedrockServer` is Amazon Bedrock's Converse and ConverseStream on 127.0.0.1, scripted
-with the same `FakeResponse`: it verifies every request's SigV4 signature and streams AWS's
-binary event-stream frames (`environment()` points botocore's credentials at it).
-`FakeGeminiServer` is the same for Google's Gemini API, with Vertex AI's paths (Gemini and
-Anthropic's models) on it; `FakeGoogleTokenServer` is the token endpoint Google service
-accounts (made by it, with fresh keys) get their access tokens from.
-
-`FakeFleet` is several such deployments of one model, with latency drawn from seeded
-distributions (`Latency`) and faults on a schedule (`Fault`: a fraction of 429s, brownout,
-hang then recovery, cuts after output, down), for rehearsing a routing configuration
-against partial degradation; it counts what each deployment did (`FleetCounts`,
-`FleetCall`).
-
-Pytest fixtures for these (`streaming`, `fake_openai_server`, `fake_anthropic_server`,
-`fake_bedrock_server`, `fake_gemini_server`) are
-in `pipeline.testing.pytest_plugin`, loaded only by a conftest that names it.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipeline.client import ChatClient as ChatClientLike
@@ -68,6 +33,7 @@ from pipeline.testing._fake_server import (
     RESPONSES_PATH,
     FakeOpenAIServer,
     FakeResponse,
+    FakeServer,
     RecordedRequest,
 )
 from pipeline.testing._scripted import (
@@ -86,6 +52,7 @@ __all__ = [
     "CHAT_PATH",
     "CONVERSE_PATH",
     "EMBEDDINGS_PATH",
+    "FAKE_SERVERS",
     "GENERATE_CONTENT",
     "MESSAGES_PATH",
     "MODELS_PATH",
@@ -115,6 +82,13 @@ __all__ = [
     "hang",
     "reply",
 ]
+
+FAKE_SERVERS: Mapping[str, type[FakeServer]] = {
+    fake.wire_format: fake
+    for fake in (FakeOpenAIServer, FakeAnthropicServer, FakeGeminiServer, FakeBedrockServer)
+}
+"""Each wire format's fake server, by the name ``chat-pipeline fake-server --format`` takes
+(``openai`` first: the command's default)."""
 
 
 @dataclass(slots=True)

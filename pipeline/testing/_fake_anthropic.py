@@ -1,22 +1,6 @@
 """`FakeAnthropicServer`: a fault-injecting fake of the Anthropic Messages API.
 
-The same `FakeResponse` scripts as the OpenAI-compatible fake (latency, statuses with
-``retry-after``, disconnects after N events, in-band ``event: error``, malformed SSE, hangs,
-tool use), answered in the Messages API's wire format: ``POST /v1/messages``, streamed as
-``message_start``, ``content_block_start``/``_delta``/``_stop``, ``ping``,
-``message_delta`` and ``message_stop`` events, errors as ``{"type": "error", "error":
-{"type", "message"}}`` with a ``request-id`` header.
-
-Like the real API it thinks when asked to (``thinking`` ``enabled`` or ``adaptive``): the
-answer starts with a ``thinking`` block (`FakeResponse.thinking`, streamed as
-``thinking_delta`` then ``signature_delta``) signed by this server, and it checks strictly
-what comes back: a thinking block whose signature is not one it made for that text, or a
-last assistant turn with ``tool_use`` but without its thinking while thinking is on, is a
-400, and so is a request with more than four ``cache_control`` breakpoints (tools, system,
-messages and a top-level one counted together). It counts prompt caching when the request
-has ``cache_control`` breakpoints: the first
-request with a prefix writes it (``cache_creation_input_tokens``), later ones read it
-(``cache_read_input_tokens``), about four characters a token.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -302,10 +286,8 @@ class FakeAnthropicServer(MessagesAnswers):
     """
 
     default_path = MESSAGES_PATH
-
-    @property
-    def base_url(self) -> str:
-        return self.origin
+    wire_format = "anthropic"
+    title = "Anthropic Messages"
 
     async def _handle(
         self,

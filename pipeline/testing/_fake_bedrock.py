@@ -1,20 +1,6 @@
 """`FakeBedrockServer`: a fault-injecting fake of Amazon Bedrock's Converse and ConverseStream.
 
-The same `FakeResponse` scripts as the other fakes, answered as Bedrock answers:
-``POST /model/{modelId}/converse`` (JSON) and ``/converse-stream`` (AWS's binary event
-stream: ``messageStart``, ``contentBlockStart``/``Delta``/``Stop``, ``messageStop``,
-``metadata``), errors as ``{"message"}`` with an ``x-amzn-ErrorType`` header, in-band
-errors as exception frames (``throttlingException``...).
-
-It is a judge, written apart from the client it judges: it verifies the SigV4 signature of
-every request with its own implementation of the algorithm (hashlib and hmac; neither
-botocore nor the project's codec), and writes the event-stream frames with its own encoder
-(struct and zlib's CRC32), which botocore's decoder, in the client and in boto3, must read.
-It checks requests as strictly as the service does where a mistake would be the client's
-(roles alternating from a user turn, blank text, tool results for the previous turn's tool
-uses, a ``toolConfig`` wherever tool blocks are, at most four cache points, reasoning
-signed by this server), and thinks when asked to (``thinking`` or ``reasoningConfig`` in
-``additionalModelRequestFields``), signing its reasoning like the Anthropic fake.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -153,6 +139,8 @@ class FakeBedrockServer(FakeServer):
     """
 
     default_path = CONVERSE_PATH
+    wire_format = "bedrock"
+    title = "Bedrock Converse"
 
     def __init__(
         self,
@@ -173,10 +161,6 @@ class FakeBedrockServer(FakeServer):
         self._reasoning_key = os.urandom(16)
         self._cached_prefixes: set[str] = set()
 
-    @property
-    def base_url(self) -> str:
-        return self.origin
-
     def environment(self) -> dict[str, str]:
         """Environment variables that point botocore's credential chain at this server's
         first key and region, and away from anything else (no shared config files, no
@@ -194,6 +178,10 @@ class FakeBedrockServer(FakeServer):
         if key in self.session_tokens:
             variables["AWS_SESSION_TOKEN"] = self.session_tokens[key]
         return variables
+
+    def fixture_environment(self) -> Mapping[str, str | None]:
+        """`environment()`, and no ``AWS_PROFILE`` (the empty configuration has no profile)."""
+        return {**self.environment(), "AWS_PROFILE": None}
 
     def response_for(self, request: RecordedRequest) -> FakeResponse:
         queue = self._scripts.get(CONVERSE_PATH)

@@ -1,22 +1,7 @@
 """`FakeFleet`: several fake OpenAI-compatible deployments of one model, on loopback, whose
 latency is drawn from distributions and whose faults follow a schedule.
 
-It is the rehearsal ground for partial degradation: a deployment that answers 429 to a
-fraction of requests, one whose latency triples, one that hangs for a while and comes back,
-one that cuts streams after output, one that is down, and a heavy latency tail. Point a
-pipeline's routes at `FakeFleet.base_urls`, send traffic, and read what each deployment
-saw (`counts()`, `calls`).
-
-Reproducible: every call's fate (its latency draws and whether a fractional fault hits it)
-is drawn from a generator seeded with ``(seed, deployment, request number, call number of
-that request on that deployment)``, never from the order calls happen to arrive in. So two
-libraries sent the same requests meet the same draws wherever they send each one. A request
-names its number with `FakeFleet.tag` in a message (or an ``X-Fleet-Request`` header);
-untagged requests are numbered per deployment in arrival order.
-
-The schedule runs on the fleet's clock (`clock`, ``time.monotonic`` unless injected),
-relative to `FakeFleet.start`; a fault applies to the calls that *arrive* while it is
-active (a call already being answered is not touched by a fault that begins later).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -2,20 +2,7 @@
 (Gemini and Anthropic's models on it); `FakeGoogleTokenServer`: the OAuth 2.0 token endpoint
 Google service accounts get their access tokens from.
 
-The same `FakeResponse` scripts as the other fakes (latency, statuses, ``Retry-After``,
-disconnects after N chunks, in-band errors, malformed SSE, hangs, tool calls), answered in
-the Gemini API's wire format: ``POST /v1beta/models/{model}:generateContent`` and
-``:streamGenerateContent?alt=sse`` (chunks of ``GenerateContentResponse``, the last with a
-``finishReason``), errors as ``{"error": {"code", "message", "status", "details"}}`` with
-a wait as ``google.rpc.RetryInfo``. Requests are checked as strictly as the API checks
-them: an unknown field, a part with two kinds of data, a function response that answers no
-call, a thought signature this server did not make, or, when the request thinks, a
-function call of the current turn without its signature, is a 400.
-
-Like the real API it thinks when asked to (``thinkingConfig``, not a budget of 0): a
-thought summary first when ``includeThoughts`` (`FakeResponse.thinking`), and a thought
-signature on the first function call, else on the answer's last text (streamed: an empty
-text part in the last chunk).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -240,6 +227,8 @@ class FakeGeminiServer(MessagesAnswers):
     """
 
     default_path = GENERATE_CONTENT
+    wire_format = "gemini"
+    title = "Gemini API"
 
     def __init__(
         self,

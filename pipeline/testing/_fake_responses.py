@@ -1,16 +1,7 @@
 """The Responses API side of `FakeOpenAIServer` (``POST /v1/responses``): checking a
 request as strictly as the API does, and the bodies and events of its answers.
 
-Pure functions of the request's JSON and its `FakeResponse` script: the server's HTTP
-machinery (faults, delays, cuts) is `pipeline.testing._fake_server`'s. A request the API would
-refuse (an unknown parameter, a tool in the Chat Completions shape, an input item without
-its required fields, ``max_output_tokens`` below 16) is a 400 naming the parameter, so a
-client that sends the wrong shape fails its tests here rather than against the real API.
-
-Reasoning is checked as strictly: ``encrypted_content`` comes back only when the request
-``include``s ``reasoning.encrypted_content``, and a reasoning item sent back must carry one
-this server issued (else 400 ``invalid_encrypted_content``; without one, 404: with
-``store: false`` nothing else can be found).
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from pipeline._counting import CountWaiters
 from pipeline.testing import _fake_responses
@@ -229,6 +229,11 @@ class FakeServer:
     """
 
     default_path = CHAT_PATH
+    wire_format: ClassVar[str] = ""
+    """The API it speaks, as ``chat-pipeline fake-server --format`` names it (and the pytest
+    plugin its fixture, ``fake_<wire_format>_server``); empty: neither offers it."""
+    title: ClassVar[str] = ""
+    """What the command says it serves (``fake {title} server on {base_url}``)."""
 
     def __init__(
         self, *, port: int = 0, default: FakeResponse | None = None, host: str = "127.0.0.1"
@@ -265,6 +270,16 @@ class FakeServer:
     @property
     def origin(self) -> str:
         return f"http://{self._host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The URL to give a client of the API it speaks."""
+        return self.origin
+
+    def fixture_environment(self) -> Mapping[str, str | None]:
+        """The environment a test using it runs in (None: unset), as the pytest plugin's
+        fixture sets it: nothing, unless its clients find their credentials there."""
+        return {}
 
     def script(self, *responses: FakeResponse, path: str | None = None) -> None:
         """Queue `responses` for the next requests to `path` (then the default applies)."""
@@ -468,6 +483,9 @@ class FakeOpenAIServer(FakeServer):
     lists. Streams send the usage chunk only when ``stream_options.include_usage`` asks for
     it; ``n`` > 1 answers that many choices.
     """
+
+    wire_format = "openai"
+    title = "OpenAI-compatible"
 
     def __init__(
         self,

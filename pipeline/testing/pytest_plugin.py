@@ -5,34 +5,22 @@ into every pytest run): name it in your top-level ``conftest.py``::
 
 * `streaming`: runs a test twice, once per call shape (``get_response``, then
   ``get_streaming_response``), so a behaviour is asserted for both;
-* `fake_openai_server`, `fake_anthropic_server`, `fake_gemini_server`: a started
-  `FakeOpenAIServer` / `FakeAnthropicServer` / `FakeGeminiServer` on 127.0.0.1 (a free
-  port) for the test, closed after it. The async fixtures need pytest-asyncio;
-* `fake_bedrock_server`: a started `FakeBedrockServer`, with the environment botocore reads
-  pointed at it (its key, secret and region) for the test.
+* ``fake_<format>_server`` for each fake of `pipeline.testing.FAKE_SERVERS` (such as
+  `fake_openai_server`): the fake started on 127.0.0.1 (a free port) for the test, in the
+  environment its clients read (its `fixture_environment()`), closed after it. The async
+  fixtures need pytest-asyncio.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from pipeline.testing import (
-    FakeAnthropicServer,
-    FakeBedrockServer,
-    FakeGeminiServer,
-    FakeOpenAIServer,
-)
-
-__all__ = [
-    "fake_anthropic_server",
-    "fake_bedrock_server",
-    "fake_gemini_server",
-    "fake_openai_server",
-    "streaming",
-]
+from pipeline.testing import FAKE_SERVERS
+from pipeline.testing._fake_server import FakeServer
 
 
 @pytest.fixture(params=[False, True], ids=["get_response", "get_streaming_response"])
@@ -41,35 +29,20 @@ def streaming(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 
 
-@pytest_asyncio.fixture
-async def fake_openai_server() -> AsyncIterator[FakeOpenAIServer]:
-    """A started `FakeOpenAIServer` (its `base_url` is the OpenAI ``base_url``)."""
-    async with FakeOpenAIServer() as server:
-        yield server
+def _fixture(fake: type[FakeServer]) -> Callable[..., Any]:
+    async def started(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeServer]:
+        async with fake() as server:
+            for name, value in server.fixture_environment().items():
+                if value is None:
+                    monkeypatch.delenv(name, raising=False)
+                else:
+                    monkeypatch.setenv(name, value)
+            yield server
+
+    started.__doc__ = f"A started `{fake.__name__}`, closed after the test."
+    return pytest_asyncio.fixture(started, name=f"fake_{fake.wire_format}_server")
 
 
-@pytest_asyncio.fixture
-async def fake_anthropic_server() -> AsyncIterator[FakeAnthropicServer]:
-    """A started `FakeAnthropicServer`."""
-    async with FakeAnthropicServer() as server:
-        yield server
+globals().update({f"fake_{name}_server": _fixture(fake) for name, fake in FAKE_SERVERS.items()})
 
-
-@pytest_asyncio.fixture
-async def fake_bedrock_server(
-    monkeypatch: pytest.MonkeyPatch,
-) -> AsyncIterator[FakeBedrockServer]:
-    """A started `FakeBedrockServer`, its credentials and region in the environment (so a
-    `BedrockChatClient` with ``base_url=server.base_url`` reaches it as it is)."""
-    async with FakeBedrockServer() as server:
-        for name, value in server.environment().items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.delenv("AWS_PROFILE", raising=False)
-        yield server
-
-
-@pytest_asyncio.fixture
-async def fake_gemini_server() -> AsyncIterator[FakeGeminiServer]:
-    """A started `FakeGeminiServer` (its `base_url` is `GeminiChatClient`'s ``base_url``)."""
-    async with FakeGeminiServer() as server:
-        yield server
+__all__ = ["streaming", *(f"fake_{name}_server" for name in FAKE_SERVERS)]

@@ -278,3 +278,15 @@ def test_estimates_count_characters() -> None:
     assert pricing.streamed_characters(update) == 12 + 5 + 1 + len(repr({"a": 1}))
     assert pricing.estimated_output_tokens(9) == 3
     assert pricing.estimated_output_tokens(0) == 0
+
+
+def test_every_provider_name_of_the_semantic_conventions_has_its_price_book_id() -> None:
+    """A provider reporting a `gen_ai.provider.name` of the conventions needs no entry of its
+    own in `PROVIDERS` (docs/development.md, "Adding a wire API")."""
+    from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+        GenAiProviderNameValues,
+    )
+
+    assert {name.value for name in GenAiProviderNameValues} <= set(pricing.PROVIDERS)
+    known = {provider.id for provider in data_snapshot.get_snapshot().providers}
+    assert {book for book in pricing.PROVIDERS.values() if book is not None} <= known

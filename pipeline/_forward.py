@@ -1,20 +1,8 @@
 """The forwarded path: a request sent on as its client wrote it, and the provider's own
-answer sent back, when the client's API and the route's are the same.
+answer sent back, when the client's API and the route's are the same and every layer in
+between keeps answers whole.
 
-The gateway makes a `Forward` for a request it parsed (the client's body, checked, and what
-it parsed from it) and makes it current while the pipeline runs (`enter_forward`). A
-provider client the gateway let forward (`forwarding`), of the same API, that is handed
-exactly what the gateway parsed (no layer changed the messages or the options) sends the
-client's body with its own model instead of encoding the request again, and answers with
-its provider's payload kept on the response (`ChatResponse.raw_representation`; a stream's
-updates keep the events of each read). Layers in between see the same responses and
-updates as ever, so routing, failover before output, retries, breakers, telemetry and spend
-work as they do on the parsed path.
-
-A provider may forward only below layers that pass answers on untouched
-(`keeps_raw_answers`, a class attribute every such layer sets): `forwarding_clients` finds
-them, so a cache, a response validation or a layer of the user's own keeps its provider on
-the parsed path.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The gateway's side of the forwarded path (`pipeline._forward`) for Chat Completions: a
-body the route may get as the client wrote it, and the provider's own answer written back.
+body the route may get as the client wrote it, and the provider's own answer written back
+with the gateway's ids, byte for byte what the parsed path would write where it can be.
 
-`ChatForwarder.forward` says whether a parsed request may be forwarded: its body decoded
-exactly (`pipeline._json.decoded_exactly`) and every message in a shape the parsed
-path would send unchanged (string contents, no ``developer`` role, no field the parse leaves
-out); the body goes without the fields the parse drops (`parse_request`: the caller's and
-storage fields) and without empty or null ones. Then a provider that forwards it answers
-with its payload, and:
-
-* a whole answer is the provider's body with the gateway's ``id`` and ``created`` (and the
-  ``refusal: null`` the parsed path writes, when the provider left it out), when
-  its choice is in the shape the parsed path writes (a known finish reason, a served model
-  named, reasoning under ``reasoning_content``); else the parsed answer is written;
-* a stream is the provider's events with the gateway's ``id`` and ``created`` (finish
-  reasons and reasoning named as the parsed path names them), without the usage the
-  client did not ask for, one write per read of the upstream; tool calls are written whole,
-  one chunk each, where the parsed path writes them (the upstream's pieces of them are
-  not); a finish chunk or usage chunk the upstream did not send is written at the end as
-  the parsed path writes it, then ``[DONE]``. Updates that carry no events (a route that
-  did not forward) are written by the parsed encoder.
+The details and the reasons: the design notes (docs/internals.md).
 """
 
 from __future__ import annotations

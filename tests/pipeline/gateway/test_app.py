@@ -861,3 +861,28 @@ async def test_a_model_is_found_by_its_id_slashes_included(
         async with gateway.client("wrong") as wrong:
             with pytest.raises(openai.AuthenticationError):
                 await wrong.models.retrieve("smart")
+
+
+def test_every_route_kind_a_price_book_knows_is_priced_for_budget_reservations() -> None:
+    """A budget reserves at a route's price, else the book's: every ``provider =`` kind
+    but the local and scripted ones has a name the book prices by."""
+    import typing
+
+    from pipeline import config as config_module
+    from pipeline.gateway import app as app_module
+    from pipeline.pricing import PROVIDERS
+
+    union = typing.get_args(typing.get_args(config_module.RouteConfig)[0])
+    kinds = {
+        kind
+        for table in union
+        for kind in typing.get_args(table.model_fields["provider"].annotation)
+    }
+    assert {"gemini", "vertex", "bedrock", "groq", "openrouter"} <= kinds
+    unpriced = {"ollama", "scripted", "vllm"}
+    for kind in sorted(kinds):
+        name = app_module._book_provider(kind)
+        if kind in unpriced:
+            assert name is None or PROVIDERS.get(name) is None, kind
+        else:
+            assert name is not None and PROVIDERS.get(name), kind

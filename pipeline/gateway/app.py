@@ -121,29 +121,6 @@ FORMATS: tuple[InboundFormat, ...] = (CHAT_COMPLETIONS, RESPONSES, MESSAGES)
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
-# A route's provider setting -> its name in the price book (its `gen_ai.provider.name`); the
-# OpenAI-compatible vendors' come from their clients (`_book_provider`).
-_BOOK_PROVIDERS = {
-    "openai": "openai",
-    "openai_responses": "openai",
-    "azure_openai": "azure_openai",
-    "anthropic": "anthropic",
-    "gemini": "gcp.gemini",
-    "vertex": "gcp.vertex_ai",
-    "bedrock": "aws.bedrock",
-}
-
-
-def _book_provider(kind: str) -> str | None:
-    """The price book's name for routes of ``provider = kind``; None when nothing prices
-    them (a local server, a scripted route)."""
-    from pipeline.providers.vendors import VENDOR_CLIENTS
-
-    vendor = VENDOR_CLIENTS.get(kind)
-    if vendor is not None:
-        return vendor.provider_name
-    return _BOOK_PROVIDERS.get(kind)
-
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -341,7 +318,7 @@ class Gateway:
         if price is not None:
             return Decimal(str(price.input_per_million)), Decimal(str(price.output_per_million))
         book = self.governance.prices
-        provider = _book_provider(route.provider)
+        provider = route.gen_ai_provider_name()
         model = getattr(route, "model", None)
         if book is None or provider is None or not model:
             return None

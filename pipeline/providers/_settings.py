@@ -101,6 +101,11 @@ class Credentials(Settings):
 class ProviderSettings(Credentials):
     """How a route reaches its model: `client()` builds the provider's client."""
 
+    def gen_ai_provider_name(self) -> str | None:
+        """The ``gen_ai.provider.name`` this route's client reports (what a price book prices
+        it by); None for a client that names no provider."""
+        return None
+
     @abc.abstractmethod
     def client(self, name: str, api_key: str | None) -> ChatClient:
         """The provider's client, named `name`, authenticated with `api_key`."""
@@ -205,6 +210,11 @@ class OpenAISettings(OpenAIEndpoint, ChatCompletionsSettings):
     provider: Literal["openai"] = "openai"
     """`openai`: OpenAI, or any server speaking Chat Completions (`OpenAIChatClient`)."""
 
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.openai import OpenAIChatClient as client_class
+
+        return client_class.provider_name
+
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai import OpenAIChatClient
 
@@ -220,6 +230,11 @@ class OpenAIResponsesSettings(OpenAIEndpoint, HTTPProviderSettings):
     provider: Literal["openai_responses"] = "openai_responses"
     """`openai_responses`: OpenAI's Responses API, or a server speaking it
     (`OpenAIResponsesChatClient`)."""
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.openai_responses import OpenAIResponsesChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai_responses import OpenAIResponsesChatClient
@@ -248,6 +263,11 @@ class AzureOpenAISettings(KeyedEndpoint, ChatCompletionsSettings):
     def requires_key(self) -> bool:
         return True
 
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.azure import AzureOpenAIChatClient as client_class
+
+        return client_class.provider_name
+
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.azure import AzureOpenAIChatClient
 
@@ -270,6 +290,11 @@ class OllamaSettings(ChatCompletionsSettings):
     """The model name, as Ollama knows it (`llama3.2`)."""
     base_url: HttpUrl = "http://localhost:11434/v1"
     """The Ollama server's `/v1` endpoint."""
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.ollama import OllamaChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.ollama import OllamaChatClient
@@ -298,6 +323,11 @@ class AnthropicSettings(KeyedEndpoint, HTTPProviderSettings):
 
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://api.anthropic.com")
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.anthropic import AnthropicChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.anthropic import AnthropicChatClient
@@ -332,6 +362,11 @@ class BedrockSettings(HTTPProviderSettings):
     VPC endpoint, a proxy)."""
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     """The output limit sent when a request sets none (unset: the model's own)."""
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.bedrock import BedrockChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.bedrock import BedrockChatClient
@@ -377,6 +412,11 @@ class VendorSettings(KeyedEndpoint, ChatCompletionsSettings):
     def requires_key(self) -> bool:
         return self.base_url is None and VENDORS[self.provider].key_required
 
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.vendors import VENDOR_CLIENTS
+
+        return VENDOR_CLIENTS[self.provider].provider_name
+
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.vendors import VENDOR_CLIENTS, OpenRouterChatClient
 
@@ -410,6 +450,11 @@ class GeminiSettings(KeyedEndpoint, HTTPProviderSettings):
 
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://generativelanguage.googleapis.com")
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.gemini import GeminiChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.gemini import GeminiChatClient
@@ -454,6 +499,11 @@ class VertexSettings(HTTPProviderSettings):
     """Vertex AI's endpoint; unset: the location's (`https://{location}-aiplatform.googleapis.com`)."""
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     """Anthropic models only: the output limit sent when a request sets none."""
+
+    def gen_ai_provider_name(self) -> str | None:
+        from pipeline.providers.vertex import VertexChatClient as client_class
+
+        return client_class.provider_name
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.vertex import VertexChatClient, publisher_of

@@ -25,6 +25,7 @@ NOT_TELEMETRY = {
     "chat_pipeline.kind",
     "chat_pipeline.exchange",
     "chat_pipeline.read_timed_out",
+    "chat_pipeline.on_disconnect",
 }
 
 

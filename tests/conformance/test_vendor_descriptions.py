@@ -39,6 +39,7 @@ from tests.conformance.harness import MODELS, Api, Rig
 
 pytestmark = [pytest.mark.gateway, pytest.mark.conformance]
 
+
 def _openai_allowances(schemas: dict[str, Any]) -> None:
     """Where OpenAI's description is stricter than OpenAI's own API (see each). Its 3.0
     keyword ``nullable`` in a 3.1 document (which would make a stream chunk's

@@ -585,6 +585,8 @@ async def test_bedrock_checks_every_signature(brk: tuple[FakeBedrockServer, Any]
     assert caught.value.response["Error"]["Code"] == "InvalidSignatureException"
     assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     assert server.verified_signatures == 0
+
+
 # -- ids --------------------------------------------------------------------------------------
 
 TWO_CALLS = FakeResponse(text="", tool_calls=[("f", ARGUMENTS), ("g", ARGUMENTS)])

@@ -14,6 +14,7 @@ This module imports no provider and no numpy: a configuration is validated witho
 from __future__ import annotations
 
 import abc
+import importlib
 import re
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypedDict
 from urllib.parse import urlsplit
@@ -101,10 +102,19 @@ class Credentials(Settings):
 class ProviderSettings(Credentials):
     """How a route reaches its model: `client()` builds the provider's client."""
 
+    client_class_path: ClassVar[str | None] = None
+    """The dotted path of the client class `client()` builds, when one class serves every
+    route of the kind (imported only when asked for: a provider's extra may be missing)."""
+
     def gen_ai_provider_name(self) -> str | None:
         """The ``gen_ai.provider.name`` this route's client reports (what a price book prices
         it by); None for a client that names no provider."""
-        return None
+        path = self.client_class_path
+        if path is None:
+            return None
+        module, _, name = path.rpartition(".")
+        provider_name: str | None = getattr(importlib.import_module(module), name).provider_name
+        return provider_name
 
     @abc.abstractmethod
     def client(self, name: str, api_key: str | None) -> ChatClient:
@@ -210,10 +220,7 @@ class OpenAISettings(OpenAIEndpoint, ChatCompletionsSettings):
     provider: Literal["openai"] = "openai"
     """`openai`: OpenAI, or any server speaking Chat Completions (`OpenAIChatClient`)."""
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.openai import OpenAIChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.openai.OpenAIChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai import OpenAIChatClient
@@ -231,10 +238,9 @@ class OpenAIResponsesSettings(OpenAIEndpoint, HTTPProviderSettings):
     """`openai_responses`: OpenAI's Responses API, or a server speaking it
     (`OpenAIResponsesChatClient`)."""
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.openai_responses import OpenAIResponsesChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = (
+        "pipeline.providers.openai_responses.OpenAIResponsesChatClient"
+    )
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.openai_responses import OpenAIResponsesChatClient
@@ -263,10 +269,7 @@ class AzureOpenAISettings(KeyedEndpoint, ChatCompletionsSettings):
     def requires_key(self) -> bool:
         return True
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.azure import AzureOpenAIChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.azure.AzureOpenAIChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.azure import AzureOpenAIChatClient
@@ -291,10 +294,7 @@ class OllamaSettings(ChatCompletionsSettings):
     base_url: HttpUrl = "http://localhost:11434/v1"
     """The Ollama server's `/v1` endpoint."""
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.ollama import OllamaChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.ollama.OllamaChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.ollama import OllamaChatClient
@@ -324,10 +324,7 @@ class AnthropicSettings(KeyedEndpoint, HTTPProviderSettings):
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://api.anthropic.com")
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.anthropic import AnthropicChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.anthropic.AnthropicChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.anthropic import AnthropicChatClient
@@ -363,10 +360,7 @@ class BedrockSettings(HTTPProviderSettings):
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     """The output limit sent when a request sets none (unset: the model's own)."""
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.bedrock import BedrockChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.bedrock.BedrockChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.bedrock import BedrockChatClient
@@ -451,10 +445,7 @@ class GeminiSettings(KeyedEndpoint, HTTPProviderSettings):
     def requires_key(self) -> bool:
         return self.base_url.startswith("https://generativelanguage.googleapis.com")
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.gemini import GeminiChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.gemini.GeminiChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.gemini import GeminiChatClient
@@ -500,10 +491,7 @@ class VertexSettings(HTTPProviderSettings):
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
     """Anthropic models only: the output limit sent when a request sets none."""
 
-    def gen_ai_provider_name(self) -> str | None:
-        from pipeline.providers.vertex import VertexChatClient as client_class
-
-        return client_class.provider_name
+    client_class_path: ClassVar[str | None] = "pipeline.providers.vertex.VertexChatClient"
 
     def client(self, name: str, api_key: str | None) -> ChatClient:
         from pipeline.providers.vertex import VertexChatClient, publisher_of

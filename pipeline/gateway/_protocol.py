@@ -15,7 +15,10 @@ connection of a worker has:
   ``http.disconnect``) and the scope marked `READ_TIMED_OUT`, so it logs a 408, not a
   client that left (see `pipeline.gateway._body`);
 * keep-alive: an idle connection stays open ``timeout_keep_alive`` seconds (uvicorn's own
-  timer, set from ``[gateway] keep_alive_timeout``);
+  timer, set from ``[gateway] keep_alive_timeout``), then ends as an answer of this layer's
+  does (below), as does an idle connection closed to make room or a silent one past its
+  head deadline: a request the client sent just as it ended is read for nothing, and the
+  client sees the connection end without an answer (which it may retry), never a reset;
 * a response sent before its request's body was all read (a refusal: 401, 405, 413, 415,
   429 ...) says what becomes of the connection, as RFC 9110 asks: when at most
   `DISCARD_BYTES` of the body are still to come (by its ``Content-Length``), the rest is
@@ -173,7 +176,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if oldest is None:
             return False
         _logger.debug("closing the connection idle the longest to accept a new one")
-        oldest.transport.close()
+        oldest._end()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -230,6 +233,13 @@ class GatewayProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
+    def timeout_keep_alive_handler(self) -> None:
+        # Closed at once, a connection whose client sent a request just as the timer fired
+        # would be reset under it (its request unread); ended this way, the client reads
+        # the end of the connection and knows its request was not served.
+        self.timeout_keep_alive_task = None
+        self._end()
+
     # -- reading -----------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -259,6 +269,10 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # Not idle any more. uvicorn stops the keep-alive timer as a read begins; one armed
+        # within this read (the end of a refused body, see `on_message_complete`, then this
+        # request) would otherwise end the connection under this request's answer.
+        self._unset_keepalive_if_required()
         self._idle_since = None
         self._answered_early = False
         self._in_head = True
@@ -357,7 +371,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if not self._in_head:
             # Opened and silent (the head of a request that began arrives with its bytes).
             _logger.debug("closing a connection that sent no request in time")
-            self.transport.close()
+            self._end()
             return
         _logger.debug("a request head did not arrive in time: 408")
         self._answer_and_end(*_HEAD_LATE)

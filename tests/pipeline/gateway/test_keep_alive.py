@@ -10,10 +10,13 @@ import asyncio
 import contextlib
 import functools
 import json
+import types
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import h11
+import httpcore._async.http11
 import httpx
 import pytest
 
@@ -175,14 +178,17 @@ def _request(n: int, streaming: bool, content_type: bytes = b"application/json")
 class _Client:
     """One raw connection to the gateway; responses read with h11."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, port: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.port = port
         self.reader = reader
         self.writer = writer
         self._h11 = h11.Connection(h11.CLIENT)
 
     @classmethod
     async def open(cls, port: int) -> _Client:
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
+        return cls(port, *await asyncio.open_connection("127.0.0.1", port))
 
     async def response(self) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """The next whole response (status, headers, body)."""
@@ -222,6 +228,18 @@ class _Client:
         self.writer.close()
 
 
+@contextlib.asynccontextmanager
+async def connected(upstream: _Upstream) -> AsyncIterator[tuple[_Watch, _Client]]:
+    """The gateway over `upstream`, its connections watched, and one raw connection to it."""
+    watch = _Watch()
+    async with serving(config({"a": upstream}), watch) as port:
+        client = await _Client.open(port)
+        try:
+            yield watch, client
+        finally:
+            client.close()
+
+
 async def _answered(client: _Client, n: int, streaming: bool) -> None:
     status, headers, body = await client.response()
     _check(n, streaming, status, headers, body)
@@ -231,19 +249,14 @@ async def _answered(client: _Client, n: int, streaming: bool) -> None:
 async def test_a_head_and_its_body_in_separate_reads_on_a_reused_connection(
     upstream: _Upstream, streaming: bool
 ) -> None:
-    watch = _Watch()
-    async with serving(config({"a": upstream}), watch) as port:
-        client = await _Client.open(port)
-        try:
-            for n in (1, 2, 3, 4):  # each on the connection the last left idle
-                request = _request(n, streaming)
-                head, body = request.split(b"\r\n\r\n", 1)
-                client.writer.write(head + b"\r\n\r\n")
-                await watch.wait_heads(n)  # the gateway read the head alone
-                client.writer.write(body)
-                await _answered(client, n, streaming)
-        finally:
-            client.close()
+    async with connected(upstream) as (watch, client):
+        for n in (1, 2, 3, 4):  # each on the connection the last left idle
+            request = _request(n, streaming)
+            head, body = request.split(b"\r\n\r\n", 1)
+            client.writer.write(head + b"\r\n\r\n")
+            await watch.wait_heads(n)  # the gateway read the head alone
+            client.writer.write(body)
+            await _answered(client, n, streaming)
     assert len(watch.protocols) == 1
     assert upstream.count() == 4
 
@@ -251,21 +264,15 @@ async def test_a_head_and_its_body_in_separate_reads_on_a_reused_connection(
 async def test_a_pipelined_request_is_answered_after_the_first(
     upstream: _Upstream, streaming: bool
 ) -> None:
-    watch = _Watch()
-    async with serving(config({"a": upstream}), watch) as port:
-        client = await _Client.open(port)
-        try:
-            await client.writer.drain()
-            client.writer.write(_request(1, streaming))
-            await _answered(client, 1, streaming)
-            # Two requests in one write on the reused connection: answered in order.
-            client.writer.write(_request(2, streaming) + _request(3, streaming))
-            await _answered(client, 2, streaming)
-            await _answered(client, 3, streaming)
-            client.writer.write(_request(4, streaming))
-            await _answered(client, 4, streaming)
-        finally:
-            client.close()
+    async with connected(upstream) as (watch, client):
+        client.writer.write(_request(1, streaming))
+        await _answered(client, 1, streaming)
+        # Two requests in one write on the reused connection: answered in order.
+        client.writer.write(_request(2, streaming) + _request(3, streaming))
+        await _answered(client, 2, streaming)
+        await _answered(client, 3, streaming)
+        client.writer.write(_request(4, streaming))
+        await _answered(client, 4, streaming)
     assert len(watch.protocols) == 1
     assert [_number(r.json["messages"][-1]["content"]) for r in upstream.requests] == [1, 2, 3, 4]
 
@@ -277,27 +284,22 @@ async def test_the_rest_of_a_refused_body_and_the_next_request_in_one_read(
     # that body and the next request then come in one read. The next request is served,
     # and no keep-alive timer runs while it is (one armed as the refused body ended would
     # end the connection under the answer once it fired).
-    watch = _Watch()
-    async with serving(config({"a": upstream}), watch) as port:
-        client = await _Client.open(port)
-        try:
-            refused = _request(1, streaming, content_type=b"text/plain")
-            head, body = refused.split(b"\r\n\r\n", 1)
-            client.writer.write(head + b"\r\n\r\n")
-            status, headers, _ = await client.response()
-            assert status == 415
-            assert (b"connection", b"close") not in headers
-            upstream.gate.clear()  # the next answer waits
-            client.writer.write(body + _request(2, streaming))
-            async with asyncio.timeout(30):
-                await upstream.wait_for_requests(1)
-            (protocol,) = watch.protocols
-            assert protocol.timeout_keep_alive_task is None  # serving: not idle
-            upstream.gate.set()
-            await _answered(client, 2, streaming)
-            assert protocol.timeout_keep_alive_task is not None  # idle again
-        finally:
-            client.close()
+    async with connected(upstream) as (watch, client):
+        refused = _request(1, streaming, content_type=b"text/plain")
+        head, body = refused.split(b"\r\n\r\n", 1)
+        client.writer.write(head + b"\r\n\r\n")
+        status, headers, _ = await client.response()
+        assert status == 415
+        assert (b"connection", b"close") not in headers
+        upstream.gate.clear()  # the next answer waits
+        client.writer.write(body + _request(2, streaming))
+        async with asyncio.timeout(30):
+            await upstream.wait_for_requests(1)
+        (protocol,) = watch.protocols
+        assert protocol.timeout_keep_alive_task is None  # serving: not idle
+        upstream.gate.set()
+        await _answered(client, 2, streaming)
+        assert protocol.timeout_keep_alive_task is not None  # idle again
 
 
 async def test_a_request_arriving_as_the_keep_alive_timer_ends_the_connection(
@@ -307,28 +309,91 @@ async def test_a_request_arriving_as_the_keep_alive_timer_ends_the_connection(
     # just as the server ends it. The gateway reads that request for nothing and the client
     # reads the end of the connection (no answer: it knows the request was not served and
     # may send it again), never a reset, which would be all it sees.
-    watch = _Watch()
-    async with serving(config({"a": upstream}), watch) as port:
-        client = await _Client.open(port)
-        try:
-            client.writer.write(_request(1, streaming))
-            await _answered(client, 1, streaming)
-            (protocol,) = watch.protocols
-            timer = protocol.timeout_keep_alive_task
-            assert timer is not None
-            # The request reaches the gateway's socket (loopback: at once) before its loop
-            # reads it; the timer fires first.
-            client.writer.write(_request(2, streaming))
-            timer.cancel()
-            protocol.timeout_keep_alive_handler()
-            assert await client.until_closed() == b""
-        finally:
-            client.close()
+    async with connected(upstream) as (watch, client):
+        client.writer.write(_request(1, streaming))
+        await _answered(client, 1, streaming)
+        (protocol,) = watch.protocols
+        timer = protocol.timeout_keep_alive_task
+        assert timer is not None
+        # The request reaches the gateway's socket (loopback: at once) before its loop
+        # reads it; the timer fires first.
+        client.writer.write(_request(2, streaming))
+        timer.cancel()
+        protocol.timeout_keep_alive_handler()
+        assert await client.until_closed() == b""
         # A new connection is served.
-        client = await _Client.open(port)
+        fresh = await _Client.open(client.port)
         try:
-            client.writer.write(_request(4, streaming))
-            await _answered(client, 4, streaming)
+            fresh.writer.write(_request(4, streaming))
+            await _answered(fresh, 4, streaming)
         finally:
-            client.close()
+            fresh.close()
     assert [_number(r.json["messages"][-1]["content"]) for r in upstream.requests] == [1, 4]
+
+
+# -- the client's pool ----------------------------------------------------------------------
+
+
+async def test_httpx_pool_loses_an_answer_closing_a_connection_it_handed_to_a_request(
+    upstream: _Upstream, streaming: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # encode/httpcore#1110, as the gateway's chaos test met it: httpx's pool (httpcore
+    # 1.0.9) hands an idle connection to a request; before the request starts on it,
+    # another request's pass over the pool picks that connection to close (expired, here;
+    # surplus to `max_keepalive_connections`, in the chaos test), and closes it once the
+    # request went out on it: the gateway got the request and answers, the client raises
+    # ReadError from its own ClosedResourceError. The pass closes what it picked one by
+    # one, yielding between them (the picked connection was the 21st here); a busy loop
+    # (1,000 requests in flight) lets the request go out meanwhile. Here the close waits
+    # for it to have gone out, which makes the order certain.
+    clock = [1000.0]  # httpcore's idea of the time, to expire idle connections at will
+    monkeypatch.setattr(
+        httpcore._async.http11, "time", types.SimpleNamespace(monotonic=lambda: clock[0])
+    )
+    pool = httpcore.AsyncConnectionPool
+    close = pool._close_connections
+    picked: list[list[Any]] = []
+
+    async def close_once_the_request_went_out(self: Any, closing: list[Any]) -> None:
+        if closing and not picked:
+            picked.append(list(closing))
+            async with asyncio.timeout(30):
+                await upstream.wait_for_requests(2)  # the gateway got the request
+        await close(self, closing)
+
+    monkeypatch.setattr(pool, "_close_connections", close_once_the_request_went_out)
+    watch = _Watch()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=5)
+    async with (
+        FakeOpenAIServer() as other,
+        serving(config({"a": upstream}), watch) as port,
+        httpx.AsyncClient(limits=limits, timeout=30) as http,
+    ):
+        gateway = f"http://127.0.0.1:{port}{PATH}"
+        # Idle connections to another origin, first in the pool; then one to the gateway.
+        await asyncio.gather(
+            *(http.post(other.origin + PATH, content=_body(1, False)) for _ in range(20))
+        )
+        response = await http.post(gateway, content=_body(1, streaming))
+        _check(1, streaming, response.status_code, response.headers.raw, response.content)
+        connections = http._transport._pool.connections  # type: ignore[attr-defined]
+        (handed,) = [c for c in connections if str(port) in c.info()]
+        upstream.gate.clear()  # the gateway's answer waits until the client failed
+        lost = asyncio.create_task(http.post(gateway, content=_body(2, streaming)))
+        await asyncio.sleep(0)  # one turn: the request is handed the idle connection
+        clock[0] += 10  # every idle connection has expired
+        closing = asyncio.create_task(http.post(other.origin + PATH, content=_body(4, False)))
+        (outcome,) = await asyncio.gather(lost, return_exceptions=True)
+        upstream.gate.set()
+        assert (await closing).status_code == 200
+    assert handed in picked[0]  # picked to close, after it was handed to a request
+    # Once httpcore keeps a connection it handed out, this fails: a client may then bound
+    # its pool again (the chaos test, docs/gateway/operations.md).
+    assert isinstance(outcome, httpx.ReadError), outcome
+    causes = []
+    error: BaseException | None = outcome
+    while error is not None:
+        causes.append(type(error))
+        error = error.__cause__ or error.__context__
+    assert anyio.ClosedResourceError in causes  # the client closed its own connection
+    assert upstream.count() == 2  # and the gateway had its request

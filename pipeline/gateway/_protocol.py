@@ -256,11 +256,16 @@ class GatewayProtocol(HttpToolsProtocol):
                 self._answer_and_end(*_HEAD_TOO_LARGE)
             elif self._deadline is None:  # a head begun after an idle keep-alive period
                 self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
-        elif self._in_body and self._deadline is None:
+        elif self._in_body and self._deadline is None and not self.pipeline:
             # The body did not come with its head: from now on it has a deadline, and a
-            # response may start before the rest of it arrived.
-            self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
-            self._watch_early_answer()
+            # response may start before the rest of it arrived. (A pipelined request waiting
+            # for the answers before its own is not read meanwhile: its deadline starts when
+            # it does, `on_response_complete`.)
+            self._body_deadline()
+
+    def _body_deadline(self) -> None:
+        self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
+        self._watch_early_answer()
 
     def eof_received(self) -> None:
         if self._ended:
@@ -308,8 +313,14 @@ class GatewayProtocol(HttpToolsProtocol):
                 )
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # starts the next pipelined request, if one waits
         if self.transport.is_closing() or self._ended:
+            return
+        if not self.cycle.response_complete:
+            # A pipelined request is served now (or waits behind another): not idle, and
+            # not answered early. Its body, when incomplete, is read from now on.
+            if self._in_body and self._deadline is None and not self.pipeline:
+                self._body_deadline()
             return
         if self._in_body:
             # Answered before its body was all read (a refusal), without ``connection:

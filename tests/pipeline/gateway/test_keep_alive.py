@@ -277,6 +277,34 @@ async def test_a_pipelined_request_is_answered_after_the_first(
     assert [_number(r.json["messages"][-1]["content"]) for r in upstream.requests] == [1, 2, 3, 4]
 
 
+async def test_a_pipelined_request_whose_body_comes_later_is_not_taken_for_idle(
+    upstream: _Upstream, streaming: bool
+) -> None:
+    # A second request pipelined behind the first, its body not sent yet. While the first
+    # is served, the second waits unread: its body deadline (which would answer 408 into
+    # the first answer) starts only when it does. When the first answer ends, the second
+    # request starts; its answer has not (it is not answered early), so once its body
+    # arrives no keep-alive timer runs while it is served.
+    async with connected(upstream) as (watch, client):
+        head, body = _request(2, streaming).split(b"\r\n\r\n", 1)
+        upstream.gate.clear()
+        client.writer.write(_request(1, streaming) + head + b"\r\n\r\n")
+        await watch.wait_heads(2)
+        (protocol,) = watch.protocols
+        assert protocol._deadline is None  # no deadline runs for the waiting request
+        upstream.gate.set()
+        await _answered(client, 1, streaming)
+        assert protocol._deadline is not None  # its body deadline, from its start
+        upstream.gate.clear()  # the next answer waits
+        client.writer.write(body)
+        async with asyncio.timeout(30):
+            await upstream.wait_for_requests(2)
+        assert protocol.timeout_keep_alive_task is None  # serving: not idle
+        upstream.gate.set()
+        await _answered(client, 2, streaming)
+        assert protocol.timeout_keep_alive_task is not None  # idle now
+
+
 async def test_the_rest_of_a_refused_body_and_the_next_request_in_one_read(
     upstream: _Upstream, streaming: bool
 ) -> None:

@@ -415,8 +415,8 @@ async def test_httpx_pool_loses_an_answer_closing_a_connection_it_handed_to_a_re
         upstream.gate.set()
         assert (await closing).status_code == 200
     assert handed in picked[0]  # picked to close, after it was handed to a request
-    # Once httpcore keeps a connection it handed out, this fails: a client may then bound
-    # its pool again (the chaos test, docs/gateway/operations.md).
+    # Once httpcore keeps a connection it handed out, this fails: a bounded httpx pool is
+    # then safe under bursts (say so in docs/gateway/operations.md).
     assert isinstance(outcome, httpx.ReadError), outcome
     causes = []
     error: BaseException | None = outcome

@@ -214,12 +214,13 @@ class GatewayProtocol(HttpToolsProtocol):
         nothing, when it may (see the module docstring)."""
         global _lingering
         transport = self.transport
-        if transport.is_closing():
+        if transport.is_closing() or self._ended:
             return
         self._ended = True
         self._in_head = self._in_body = False
         self._idle_since = None
         self._cancel_deadline()
+        self._unset_keepalive_if_required()  # (made room for another: it ends once)
         if _lingering < self._limits.max_connections and transport.can_write_eof():
             _lingering += 1
             self._lingers = True

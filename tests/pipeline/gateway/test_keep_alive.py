@@ -359,6 +359,30 @@ async def test_a_request_arriving_as_the_keep_alive_timer_ends_the_connection(
     assert [_number(r.json["messages"][-1]["content"]) for r in upstream.requests] == [1, 4]
 
 
+async def test_an_idle_connection_closed_to_make_room_ends_once(
+    upstream: _Upstream, streaming: bool
+) -> None:
+    # One connection allowed: a second one makes the first, idle, end (it lingers, reading
+    # for nothing, until its client closes). Its keep-alive timer stops: firing during the
+    # linger, it would end the connection a second time (and count it twice as lingering).
+    watch = _Watch()
+    async with serving(config({"a": upstream}, gateway={"max_connections": 1}), watch) as port:
+        first = await _Client.open(port)
+        try:
+            first.writer.write(_request(1, streaming))
+            await _answered(first, 1, streaming)
+            second = await _Client.open(port)
+            try:
+                second.writer.write(_request(2, streaming))
+                await _answered(second, 2, streaming)
+            finally:
+                second.close()
+            assert await first.until_closed() == b""  # ended without a word, no reset
+            assert watch.protocols[0].timeout_keep_alive_task is None
+        finally:
+            first.close()
+
+
 # -- the client's pool ----------------------------------------------------------------------
 
 

@@ -246,6 +246,20 @@ async def _answered(client: _Client, n: int, streaming: bool) -> None:
     assert (b"connection", b"close") not in headers  # the connection stays open
 
 
+async def _served_not_idle(
+    client: _Client, protocol: GatewayProtocol, upstream: _Upstream, n: int, streaming: bool
+) -> None:
+    """Request `n`, sent while `upstream` holds its answers (its gate clear), is served with
+    no keep-alive timer running on its connection, which is idle once it is answered."""
+    async with asyncio.timeout(30):
+        while not any(r.json["messages"][-1]["content"] == f"ask {n}" for r in upstream.requests):
+            await upstream.wait_for_requests(len(upstream.requests) + 1)
+    assert protocol.timeout_keep_alive_task is None  # serving: not idle
+    upstream.gate.set()
+    await _answered(client, n, streaming)
+    assert protocol.timeout_keep_alive_task is not None  # idle again
+
+
 async def test_a_head_and_its_body_in_separate_reads_on_a_reused_connection(
     upstream: _Upstream, streaming: bool
 ) -> None:
@@ -297,12 +311,7 @@ async def test_a_pipelined_request_whose_body_comes_later_is_not_taken_for_idle(
         assert protocol._deadline is not None  # its body deadline, from its start
         upstream.gate.clear()  # the next answer waits
         client.writer.write(body)
-        async with asyncio.timeout(30):
-            await upstream.wait_for_requests(2)
-        assert protocol.timeout_keep_alive_task is None  # serving: not idle
-        upstream.gate.set()
-        await _answered(client, 2, streaming)
-        assert protocol.timeout_keep_alive_task is not None  # idle now
+        await _served_not_idle(client, protocol, upstream, 2, streaming)
 
 
 async def test_the_rest_of_a_refused_body_and_the_next_request_in_one_read(
@@ -321,13 +330,8 @@ async def test_the_rest_of_a_refused_body_and_the_next_request_in_one_read(
         assert (b"connection", b"close") not in headers
         upstream.gate.clear()  # the next answer waits
         client.writer.write(body + _request(2, streaming))
-        async with asyncio.timeout(30):
-            await upstream.wait_for_requests(1)
         (protocol,) = watch.protocols
-        assert protocol.timeout_keep_alive_task is None  # serving: not idle
-        upstream.gate.set()
-        await _answered(client, 2, streaming)
-        assert protocol.timeout_keep_alive_task is not None  # idle again
+        await _served_not_idle(client, protocol, upstream, 2, streaming)
 
 
 async def test_a_request_arriving_as_the_keep_alive_timer_ends_the_connection(

@@ -15,7 +15,10 @@ connection of a worker has:
   ``http.disconnect``) and the scope marked `READ_TIMED_OUT`, so it logs a 408, not a
   client that left (see `pipeline.gateway._body`);
 * keep-alive: an idle connection stays open ``timeout_keep_alive`` seconds (uvicorn's own
-  timer, set from ``[gateway] keep_alive_timeout``);
+  timer, set from ``[gateway] keep_alive_timeout``), then ends as an answer of this layer's
+  does (below), as does an idle connection closed to make room or a silent one past its
+  head deadline: a request the client sent just as it ended is read for nothing, and the
+  client sees the connection end without an answer (which it may retry), never a reset;
 * a response sent before its request's body was all read (a refusal: 401, 405, 413, 415,
   429 ...) says what becomes of the connection, as RFC 9110 asks: when at most
   `DISCARD_BYTES` of the body are still to come (by its ``Content-Length``), the rest is
@@ -173,7 +176,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if oldest is None:
             return False
         _logger.debug("closing the connection idle the longest to accept a new one")
-        oldest.transport.close()
+        oldest._end()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -211,12 +214,13 @@ class GatewayProtocol(HttpToolsProtocol):
         nothing, when it may (see the module docstring)."""
         global _lingering
         transport = self.transport
-        if transport.is_closing():
+        if transport.is_closing() or self._ended:
             return
         self._ended = True
         self._in_head = self._in_body = False
         self._idle_since = None
         self._cancel_deadline()
+        self._unset_keepalive_if_required()  # (made room for another: it ends once)
         if _lingering < self._limits.max_connections and transport.can_write_eof():
             _lingering += 1
             self._lingers = True
@@ -229,6 +233,13 @@ class GatewayProtocol(HttpToolsProtocol):
         self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        # Closed at once, a connection whose client sent a request just as the timer fired
+        # would be reset under it (its request unread); ended this way, the client reads
+        # the end of the connection and knows its request was not served.
+        self.timeout_keep_alive_task = None
+        self._end()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -246,11 +257,16 @@ class GatewayProtocol(HttpToolsProtocol):
                 self._answer_and_end(*_HEAD_TOO_LARGE)
             elif self._deadline is None:  # a head begun after an idle keep-alive period
                 self._deadline = self.loop.call_later(self._limits.header_timeout, self._head_late)
-        elif self._in_body and self._deadline is None:
+        elif self._in_body and self._deadline is None and not self.pipeline:
             # The body did not come with its head: from now on it has a deadline, and a
-            # response may start before the rest of it arrived.
-            self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
-            self._watch_early_answer()
+            # response may start before the rest of it arrived. (A pipelined request waiting
+            # for the answers before its own is not read meanwhile: its deadline starts when
+            # it does, `on_response_complete`.)
+            self._body_deadline()
+
+    def _body_deadline(self) -> None:
+        self._deadline = self.loop.call_later(self._limits.body_timeout, self._body_late)
+        self._watch_early_answer()
 
     def eof_received(self) -> None:
         if self._ended:
@@ -259,6 +275,10 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # Not idle any more. uvicorn stops the keep-alive timer as a read begins; one armed
+        # within this read (the end of a refused body, see `on_message_complete`, then this
+        # request) would otherwise end the connection under this request's answer.
+        self._unset_keepalive_if_required()
         self._idle_since = None
         self._answered_early = False
         self._in_head = True
@@ -294,8 +314,14 @@ class GatewayProtocol(HttpToolsProtocol):
                 )
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # starts the next pipelined request, if one waits
         if self.transport.is_closing() or self._ended:
+            return
+        if not self.cycle.response_complete:
+            # A pipelined request is served now (or waits behind another): not idle, and
+            # not answered early. Its body, when incomplete, is read from now on.
+            if self._in_body and self._deadline is None and not self.pipeline:
+                self._body_deadline()
             return
         if self._in_body:
             # Answered before its body was all read (a refusal), without ``connection:
@@ -357,7 +383,7 @@ class GatewayProtocol(HttpToolsProtocol):
         if not self._in_head:
             # Opened and silent (the head of a request that began arrives with its bytes).
             _logger.debug("closing a connection that sent no request in time")
-            self.transport.close()
+            self._end()
             return
         _logger.debug("a request head did not arrive in time: 408")
         self._answer_and_end(*_HEAD_LATE)

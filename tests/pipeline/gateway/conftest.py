@@ -57,16 +57,18 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(config: PipelineConfig, **app_options: Any) -> AsyncIterator[Running]:
-    """`create_app(config)` served by uvicorn on a free loopback port until the block ends."""
+async def running(
+    config: PipelineConfig, *, http_protocol: Any = None, **app_options: Any
+) -> AsyncIterator[Running]:
+    """`create_app(config)` served by uvicorn on a free loopback port until the block ends
+    (`http_protocol`: a factory of connections in place of the gateway's own, given its
+    `ConnectionLimits`)."""
     app = create_app(config, **app_options)
+    options = uvicorn_options(config.gateway)
+    if http_protocol is not None:
+        options["http"] = http_protocol(options["http"].keywords["limits"])
     server_config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        lifespan="on",
-        **uvicorn_options(config.gateway),
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **options
     )
     sock = listening_socket(server_config)
     port = sock.getsockname()[1]

@@ -37,7 +37,7 @@ from pipeline._retry_signal import attach as attach_retry_signal
 from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline._settings import Settings
-from pipeline._streams import Adopting, Forwarded, caller_cancelling, close_stream, ending_of
+from pipeline._streams import caller_cancelling, close_stream, ending_of
 from pipeline.client import ChatClient, circuit_open, client_name, ensure_chat_client, metadata_of
 from pipeline.errors import (
     AttemptTimeoutError,
@@ -844,157 +844,112 @@ class AttemptEngine(abc.ABC):
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None
     ) -> AsyncGenerator[ChatResponseUpdate, None]:
-        context = self._context(messages, options, streaming=True)
-        if type(self)._stream is not AttemptEngine._stream:  # a router with its own stream
-            return self._stream(context)
-        # The layers above that forward the stream (logging, telemetry, a breaker) are run
-        # by this stream's own loop when they wrap it directly (`pipeline._streams`).
-        return Adopting(lambda chain: self._attempt_stream(context, chain))
+        return self._stream(self._context(messages, options, streaming=True))
 
-    def _stream(self, context: RoutingContext) -> AsyncGenerator[ChatResponseUpdate, None]:
-        """The request's stream (a router with a stream of its own overrides this)."""
-        return self._attempt_stream(context, None)
-
-    async def _attempt_stream(
-        self, context: RoutingContext, chain: Forwarded | None
-    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+    async def _stream(self, context: RoutingContext) -> AsyncGenerator[ChatResponseUpdate, None]:
         # Started at the first read, inside the step of the telemetry layer above (if any).
-        # With a `chain`, the layers above are run here as their own loop would run them:
-        # left before each update is yielded, re-entered when the caller reads again, and
-        # ended after this stream ended (`Adopting`).
-        try:
-            request = self._new_request(context)
-            if request.affinity is not None:
-                await self._prefer(request, request.affinity)
-            budget = request.budget
-            clock = self._clock
-            movable = request if request.alternatives is not None else None
-            while True:
-                attempt = await self._select(context)
-                self._begin(request, attempt)
-                elapsed = 0.0  # time spent inside the route, not with the caller
-                first_update: float | None = None
-                error: BaseException | None = None
-                stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
-                started = clock()
-                number = len(context.attempts) + 1
-                counting = request.log is not None  # an estimate may need the output's size
-                tokens = self._enter(attempt, budget, None, movable)
-                try:
-                    stream = attempt.client.get_streaming_response(
-                        attempt.messages, attempt.options
-                    )
-                except BaseException as exc:
-                    error = exc
-                finally:
-                    self._exit(tokens)
-                elapsed += clock() - started
-                if stream is not None:
-                    # Without a span context, a budget or an attempt limit there is nothing to
-                    # make current or to time: skip the bookkeeping on every update.
-                    plain = (
-                        attempt.span_context is None
-                        and budget is None
-                        and request.settings.attempt_timeout is None
-                        and attempt.timeout is None
-                    )
-                    watch = attempt.watch
-                    while True:
-                        if plain and (
-                            first_update is not None or (movable is None and not attempt.logged)
-                        ):
-                            deadline = timeout = None
-                            tokens = _NO_TOKENS
+        request = self._new_request(context)
+        if request.affinity is not None:
+            await self._prefer(request, request.affinity)
+        budget = request.budget
+        clock = self._clock
+        movable = request if request.alternatives is not None else None
+        while True:
+            attempt = await self._select(context)
+            self._begin(request, attempt)
+            elapsed = 0.0  # time spent inside the route, not with the caller
+            first_update: float | None = None
+            error: BaseException | None = None
+            stream: AsyncGenerator[ChatResponseUpdate, None] | None = None
+            started = clock()
+            number = len(context.attempts) + 1
+            counting = request.log is not None  # an estimate may need the output's size
+            tokens = self._enter(attempt, budget, None, movable)
+            try:
+                stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
+            except BaseException as exc:
+                error = exc
+            finally:
+                self._exit(tokens)
+            elapsed += clock() - started
+            if stream is not None:
+                # Without a span context, a budget or an attempt limit there is nothing to
+                # make current or to time: skip the bookkeeping on every update.
+                plain = (
+                    attempt.span_context is None
+                    and budget is None
+                    and request.settings.attempt_timeout is None
+                    and attempt.timeout is None
+                )
+                watch = attempt.watch
+                while True:
+                    if plain and (
+                        first_update is not None or (movable is None and not attempt.logged)
+                    ):
+                        deadline = timeout = None
+                        tokens = _NO_TOKENS
+                    else:
+                        output = first_update is not None
+                        deadline = self._deadline(request, attempt, started, number, output=output)
+                        timeout = self._timeout(deadline)
+                        tokens = self._enter(
+                            attempt,
+                            budget,
+                            _held_against(timeout, deadline),
+                            None if output else movable,
+                            output=output,
+                        )
+                    mark = clock()
+                    try:
+                        if timeout is None:
+                            update = await stream.__anext__()
                         else:
-                            output = first_update is not None
-                            deadline = self._deadline(
-                                request, attempt, started, number, output=output
-                            )
-                            timeout = self._timeout(deadline)
-                            tokens = self._enter(
-                                attempt,
-                                budget,
-                                _held_against(timeout, deadline),
-                                None if output else movable,
-                                output=output,
-                            )
-                        mark = clock()
-                        try:
-                            if timeout is None:
+                            async with timeout:
                                 update = await stream.__anext__()
-                            else:
-                                async with timeout:
-                                    update = await stream.__anext__()
-                        except StopAsyncIteration:
-                            break
-                        except BaseException as exc:
-                            error = self._timed_out(request, exc, timeout, deadline, attempt)
-                            break
-                        finally:
-                            elapsed += clock() - mark
-                            if tokens is not _NO_TOKENS:
-                                self._exit(tokens)
-                        if first_update is None:
-                            first_update = elapsed
-                            if watch is not None:
-                                watch.first_update()
-                        attempt.tally(update, counting)
-                        if chain is not None:
-                            left = chain.leave(update)
-                            if left is not None:
-                                # A layer above failed on the update: like the caller, its
-                                # loop would stop reading this stream.
-                                close_error = await self._caller_left(
-                                    request, attempt, stream, elapsed, first_update
-                                )
-                                raise await chain.failed_at(*left, close_error)
-                        try:
-                            yield update
-                        except BaseException:
-                            # The caller closed the stream (GeneratorExit) or threw into it.
-                            close_error = await self._caller_left(
-                                request, attempt, stream, elapsed, first_update
-                            )
-                            if chain is not None:
-                                close_error = await chain.abandoned(close_error)
-                            if close_error is not None:
-                                raise close_error from None
-                            raise
-                        if chain is not None:
-                            entered = chain.reenter()
-                            if entered is not None:
-                                close_error = await self._caller_left(
-                                    request, attempt, stream, elapsed, first_update
-                                )
-                                raise await chain.failed_at(*entered, close_error)
-                    error, closing = await self._close_route_stream(attempt, stream, error)
-                    elapsed += closing
-                if error is not None:
-                    await self._failed(
-                        request,
-                        attempt,
-                        error,
-                        duration=elapsed,
-                        time_to_first_update=first_update,
-                    )
-                    continue
-                pending = self._finish(
+                    except StopAsyncIteration:
+                        break
+                    except BaseException as exc:
+                        error = self._timed_out(request, exc, timeout, deadline, attempt)
+                        break
+                    finally:
+                        elapsed += clock() - mark
+                        if tokens is not _NO_TOKENS:
+                            self._exit(tokens)
+                    if first_update is None:
+                        first_update = elapsed
+                        if watch is not None:
+                            watch.first_update()
+                    attempt.tally(update, counting)
+                    try:
+                        yield update
+                    except BaseException:
+                        # The caller closed the stream (GeneratorExit) or threw into it.
+                        close_error = await self._caller_left(
+                            request, attempt, stream, elapsed, first_update
+                        )
+                        if close_error is not None:
+                            raise close_error from None
+                        raise
+                error, closing = await self._close_route_stream(attempt, stream, error)
+                elapsed += closing
+            if error is not None:
+                await self._failed(
                     request,
                     attempt,
-                    outcome="completed",
-                    exception=None,
+                    error,
                     duration=elapsed,
                     time_to_first_update=first_update,
-                    terminal=True,
                 )
-                if pending is not None:
-                    await pending
-                break
-        except BaseException as error:
-            if chain is not None:
-                raise await chain.unwind(error)  # noqa: B904 (the same error, or an end's)
-            raise
-        if chain is not None:
-            ended_with = await chain.completed()
-            if ended_with is not None:
-                raise ended_with
+                continue
+            pending = self._finish(
+                request,
+                attempt,
+                outcome="completed",
+                exception=None,
+                duration=elapsed,
+                time_to_first_update=first_update,
+                terminal=True,
+            )
+            if pending is not None:
+                await pending
+            return

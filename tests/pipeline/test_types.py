@@ -1,3 +1,4 @@
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from pipeline import (
     TextContent,
     UsageDetails,
 )
-from pipeline.types import as_messages
+from pipeline.types import CacheMode, ReasoningOptions, ToolChoice, as_messages
 
 
 def test_role_is_str_enum() -> None:
@@ -132,6 +133,40 @@ def test_options_clone_is_independent() -> None:
     assert options.tools == ["t"]
     assert options.response_format["schema"]["a"] == 1
     assert options.additional_properties == {"nested": {"k": [1]}}
+
+
+def test_options_clone_copies_every_field() -> None:
+    # A field added to ChatOptions must be added to `clone` too: every field is set here to
+    # a value other than its default, and the clone must carry each one.
+    values: dict[str, Any] = {
+        "model_id": "m",
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "max_output_tokens": 7,
+        "stop": ["x"],
+        "seed": 3,
+        "tools": ["t"],
+        "tool_mode": ToolChoice.REQUIRED,
+        "response_format": {"type": "json_object"},
+        "reasoning_effort": "low",
+        "session_id": "s",
+        "additional_properties": {"k": 1},
+        "reasoning": ReasoningOptions(effort="high"),
+        "cache": CacheMode.REFRESH,
+    }
+    assert set(values) == {f.name for f in dataclasses.fields(ChatOptions)}
+    options = ChatOptions(**values)
+    clone = options.clone()
+    assert type(clone) is ChatOptions
+    assert {name: getattr(clone, name) for name in values} == values
+
+
+def test_options_clone_normalises_a_tool_mode_string_set_after_construction() -> None:
+    options = ChatOptions()
+    options.tool_mode = "required"  # type: ignore[assignment]
+    with pytest.warns(DeprecationWarning, match="tool_mode as a string"):
+        clone = options.clone()
+    assert clone.tool_mode is ToolChoice.REQUIRED
 
 
 def nested(depth: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ _MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call
 _CALL_FIELDS = frozenset({"id", "type", "function"})
 _FUNCTION_FIELDS = frozenset({"name", "arguments"})
 _FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
+_EMPTY_TEXT = {"content": ""}
 _PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a frame holds
 
 
@@ -194,6 +195,8 @@ class ForwardedChunks:
                 frame, text, data = event
                 if frame is not self._frame:
                     self._learn(frame)
+                if not text:
+                    continue  # an empty delta, which the parsed path does not write
                 if self._frame_bytes is not None:
                     head, tail = self._frame_bytes
                     out.append(head + dumps(text) + tail)
@@ -233,6 +236,8 @@ class ForwardedChunks:
                             choice["finish_reason"] = finish_reason(reason, self._called_tools)
                     if type(delta) is dict and "reasoning" in delta:
                         delta.setdefault("reasoning_content", delta.pop("reasoning"))
+                elif delta == _EMPTY_TEXT and "usage" not in event:
+                    continue  # an empty delta, which the parsed path does not write
             out.append(b"data: " + dumps(event) + b"\n\n")
         if calls:  # calls the stream's end completed (no finish reason came)
             out.append(self._whole_calls(calls))

@@ -787,8 +787,8 @@ class ChatResponseUpdate:
     `value` is set only on the update a response-validation layer adds after a streamed
     response validated (an update with no contents): the validated object, as on
     `ChatResponse.value`. `raw_representation` is what the provider sent for it, when the
-    provider was asked to keep it (the gateway's forwarded path: the decoded events of one
-    read of the stream); None otherwise.
+    provider was asked to keep it (the gateway's forwarded path: the events of one read of
+    the stream, as `pipeline.providers._forwarding` keeps them); None otherwise.
     """
 
     role: ChatRole | None = ChatRole.ASSISTANT

@@ -11,8 +11,9 @@ from typing import Any
 
 from pipeline._forward import CHAT_COMPLETIONS, Forward
 from pipeline._json import decoded_exactly
-from pipeline._json_codec import dumps
+from pipeline._json_codec import dumps, loads
 from pipeline.gateway._shared import StreamEncoder
+from pipeline.providers._forwarding import DeltaFrame, ForwardedUpdate
 from pipeline.types import ChatResponseUpdate, FinishReason, FunctionCallContent, UsageDetails
 from pipeline.wire import ChatRequest, WireError
 from pipeline.wire.chat_completions.inbound import finish_reason, usage_payload
@@ -28,6 +29,8 @@ _MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call
 _CALL_FIELDS = frozenset({"id", "type", "function"})
 _FUNCTION_FIELDS = frozenset({"name", "arguments"})
 _FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
+_EMPTY_TEXT = {"content": ""}
+_PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a frame holds
 
 
 def _sent_unchanged(message: Any) -> bool:
@@ -135,6 +138,8 @@ class ForwardedChunks:
         "_created",
         "_finish",
         "_finished",
+        "_frame",
+        "_frame_bytes",
         "_id",
         "_include_usage",
         "_model",
@@ -165,6 +170,8 @@ class ForwardedChunks:
         self._usage: UsageDetails | None = None
         self._called_tools = False
         self._calls_primed = False  # the parsed encoder knows its role chunk went out
+        self._frame: DeltaFrame | None = None  # the frame of the last delta written
+        self._frame_bytes: tuple[bytes, bytes] | None = None  # what goes around its strings
 
     def update(self, update: ChatResponseUpdate) -> str | bytes:
         events = update.raw_representation
@@ -175,45 +182,90 @@ class ForwardedChunks:
             self._finish = update.finish_reason
         if update.usage is not None:
             self._usage = update.usage if self._usage is None else self._usage + update.usage
-        calls = [c for c in update.contents if type(c) is FunctionCallContent]
+        if type(update) is ForwardedUpdate:
+            calls = update.calls  # its contents stay unmade
+        else:
+            calls = [c for c in update.contents if type(c) is FunctionCallContent]
         if calls:
             self._called_tools = True
         out = []
-        include_usage = self._include_usage
+        response_id, created = self._id, self._created
         for event in events:
+            if type(event) is tuple:  # a delta of a known frame (`DeltaFrame`)
+                frame, text, data = event
+                if frame is not self._frame:
+                    self._learn(frame)
+                if not text:
+                    continue  # an empty delta, which the parsed path does not write
+                if self._frame_bytes is not None:
+                    head, tail = self._frame_bytes
+                    out.append(head + dumps(text) + tail)
+                    continue
+                event = loads(data[6:])  # a frame this encoder cannot write around
             if "usage" in event:
-                if not include_usage:
+                if not self._include_usage:
                     if event.get("choices") == []:
                         continue  # the usage chunk, which the client did not ask for
                     del event["usage"]
                 else:
                     self._usage_sent = True
-            event["id"] = self._id
-            event["created"] = self._created
+            event["id"] = response_id
+            event["created"] = created
             choices = event.get("choices")
             if choices:
                 choice = choices[0]
                 delta = choice.get("delta")
-                if type(delta) is dict and "tool_calls" in delta:
-                    del delta["tool_calls"]  # a piece of a call: the calls are written whole
-                    if choice.get("finish_reason") is None and all(
-                        value is None or key == "role" for key, value in delta.items()
-                    ):
-                        continue  # nothing else in it
                 reason = choice.get("finish_reason")
-                if reason is not None and calls:
-                    out.append(self._whole_calls(calls))
-                    calls = []
-                if reason is not None:
-                    self._finished = True
-                    if reason not in _FINISH_REASONS:
-                        choice["finish_reason"] = finish_reason(reason, self._called_tools)
-                if type(delta) is dict and "reasoning" in delta:
-                    delta.setdefault("reasoning_content", delta.pop("reasoning"))
+                # A text delta (most events) goes as it is; the rest is named and placed as
+                # the parsed path writes it.
+                if reason is not None or (
+                    type(delta) is dict and ("tool_calls" in delta or "reasoning" in delta)
+                ):
+                    if type(delta) is dict and "tool_calls" in delta:
+                        del delta["tool_calls"]  # a piece of a call: calls are written whole
+                        if reason is None and all(
+                            value is None or key == "role" for key, value in delta.items()
+                        ):
+                            continue  # nothing else in it
+                    if reason is not None:
+                        if calls:
+                            out.append(self._whole_calls(calls))
+                            calls = []
+                        self._finished = True
+                        if reason not in _FINISH_REASONS:
+                            choice["finish_reason"] = finish_reason(reason, self._called_tools)
+                    if type(delta) is dict and "reasoning" in delta:
+                        delta.setdefault("reasoning_content", delta.pop("reasoning"))
+                elif delta == _EMPTY_TEXT and "usage" not in event:
+                    continue  # an empty delta, which the parsed path does not write
             out.append(b"data: " + dumps(event) + b"\n\n")
         if calls:  # calls the stream's end completed (no finish reason came)
             out.append(self._whole_calls(calls))
         return b"".join(out)
+
+    def _learn(self, frame: DeltaFrame) -> None:
+        """The bytes this stream writes around the string of `frame`'s deltas: its source
+        event as `update` wrote it (which it did: the source came first), with a probe
+        string in place of the delta's, cut at the probe."""
+        self._frame = frame
+        self._frame_bytes = None
+        source = frame.source
+        source["id"] = self._id
+        source["created"] = self._created
+        if "usage" in source and not self._include_usage:
+            del source["usage"]
+        delta = source["choices"][0]["delta"]
+        if "reasoning" in delta:
+            delta.setdefault("reasoning_content", delta.pop("reasoning"))
+        ((key, value),) = delta.items()
+        delta[key] = "\x00"
+        try:
+            written = dumps(source)
+        finally:
+            delta[key] = value
+        if written.count(_PROBE) == 1:
+            head, _, tail = written.partition(_PROBE)
+            self._frame_bytes = (b"data: " + head, tail + b"\n\n")
 
     def _whole_calls(self, calls: list[FunctionCallContent]) -> bytes:
         """The parsed path's chunks of whole tool calls."""

@@ -154,6 +154,11 @@ class HTTPChatClient(AsyncClosing):
         # (`pipeline._forward.forwarding_clients`): it forwards the requests it may.
         self.forwarding = False
         self._signs = type(self)._signed is not HTTPChatClient._signed
+        # A stream of plain server-sent events (what `ForwardedReads` may read from bytes).
+        self._plain_sse = (
+            type(self)._stream_payloads is HTTPChatClient._stream_payloads
+            and not self.stream_end_types
+        )
         self._closed = False
         # Built once: parsing URLs costs more than the rest of a request's own work.
         self._url = self._chat_url()
@@ -342,7 +347,7 @@ class HTTPChatClient(AsyncClosing):
             reader,
             self._extra_headers(options),
             self._destination(options, True),
-            ForwardedReads(reader),
+            ForwardedReads(reader, self._stream_payloads, sse=self._plain_sse),
         )
 
     async def _stream(
@@ -362,7 +367,7 @@ class HTTPChatClient(AsyncClosing):
         if self._signs:
             headers = await self._signed(where, body, headers)
         headers = traced(headers)
-        payloads = self._stream_payloads()
+        payloads = self._stream_payloads() if forwarded is None else forwarded.events
         stream: StreamBody | None = None
         try:
             try:

@@ -3,25 +3,42 @@ the route's own fields, and a stream's reads turned into updates that keep their
 
 `chat_completions_body` is the Chat Completions request a forwarded body becomes: the
 route's model and token field, and the stream fields every streamed request carries (usage
-asked for, as on the parsed path). `ForwardedReads` feeds each event of a read to the
-format's own stream reader (so what fails, and what the layers above see, is what the
-parsed path gives) and makes one update of each read that carries anything, keeping its
-events, and those of the reads before it that carried nothing, in ``raw_representation``:
-an update comes exactly where the parsed path's first one would, so output is committed
-(and failover ends) at the same event.
+asked for, as on the parsed path). `ForwardedReads` makes one update of each read of a
+forwarded stream that carries anything, keeping its events, and those of the reads before it
+that carried nothing, in ``raw_representation``: an update comes exactly where the parsed
+path's first one would, so output is committed (and failover ends) at the same event. What
+the layers read of every update (finish reason, usage, ids) is read at once; its contents
+are made when something asks for them (`ForwardedUpdate`). `ForwardedEvents` reads the
+events of a plain server-sent event stream from its bytes, and hands any stream it does not
+read exactly so to the general decoder. The details and the reasons: docs/internals.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline._json_codec import dumps
-from pipeline.types import ChatResponseUpdate, UsageDetails
+from pipeline._json_codec import FAST, dumps
+from pipeline.errors import ProviderError
+from pipeline.types import (
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    FunctionCallContent,
+    ReasoningContent,
+    UsageDetails,
+    checked_text,
+)
+from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
+from pipeline.wire.sse import MAX_LINE, Payloads
 
 if TYPE_CHECKING:
     from pipeline._forward import Forward
 
-__all__ = ["ForwardedReads", "chat_completions_body"]
+if FAST:
+    from orjson import loads as _orjson_loads
+
+__all__ = ["ForwardedEvents", "ForwardedReads", "ForwardedUpdate", "chat_completions_body"]
 
 _TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
@@ -53,6 +70,225 @@ def chat_completions_body(
     return dumps(body)
 
 
+# -- the events of a stream ---------------------------------------------------------------------
+
+# bytes.translate and find spot a run of 19 digits (which orjson may not read as json does:
+# `pipeline._json_codec`) at a small fraction of a regular expression's cost.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
+_DELTA_TEXTS = {"content": True, "reasoning_content": False, "reasoning": False}
+_NUL = b"\\u0000"  # how JSON writes the character a frame's probe puts in the string
+_MAX_FRAMES = 4  # frames one stream may learn (its deltas change shape a few times at most)
+
+
+class DeltaFrame:
+    """What the text (or reasoning) deltas of one stream share: the bytes of an event (with
+    its ``data: ``) before the string of its delta's one field (`head`) and after it
+    (`tail`). An event of these bytes around another JSON string is that event with that
+    string (a JSON string is one token, whatever it holds), so `ForwardedEvents` decodes
+    the string alone and passes ``(frame, text, event bytes)`` on.
+
+    `text` says whether the field is ``content`` (else reasoning); `ids` holds the event's
+    ``id`` and ``model``; `source` is the decoded event the frame was learned from, which
+    came before every event of the frame (the gateway writes their bytes around it)."""
+
+    __slots__ = ("head", "ids", "source", "tail", "text")
+
+    def __init__(
+        self, head: bytes, tail: bytes, text: bool, ids: dict[str, Any], source: dict[str, Any]
+    ) -> None:
+        self.head = head
+        self.tail = tail
+        self.text = text
+        self.ids = ids
+        self.source = source
+
+
+def _past_blanks(data: bytes, at: int) -> int:
+    while data[at : at + 1] == b" " or data[at : at + 1] == b"\t":  # bounded by len(data)
+        at += 1
+    return at
+
+
+def _string_end(data: bytes, at: int) -> int:
+    """Where the JSON string whose text starts at `at` ends (its closing quote), or -1."""
+    while True:  # bounded: each turn starts past the quote the last one found
+        end = data.find(b'"', at)
+        if end < 0:
+            return -1
+        escapes = end
+        while data[escapes - 1] == 0x5C:  # a backslash; bounded by the opening quote
+            escapes -= 1
+        if (end - escapes) % 2 == 0:
+            return end
+        at = end + 1
+
+
+def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
+    """The frame of a decoded event (`part`: its ``data: `` line), when it is a delta of one
+    text or reasoning string and nothing else the layers read (no finish reason, no usage),
+    and its bytes are proved to place that string (a probe string in its place decodes as
+    the delta's); else None."""
+    if type(event) is not dict or event.get("usage") is not None or event.get("error"):
+        return None
+    choices = event.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if (
+        type(choice) is not dict
+        or choice.get("finish_reason") is not None
+        or choice.get("index", 0) != 0
+    ):
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or len(delta) != 1:
+        return None
+    ((key, value),) = delta.items()
+    text = _DELTA_TEXTS.get(key)
+    if text is None or type(value) is not str or part.find(_NUL) >= 0:
+        return None
+    token = b'"' + key.encode() + b'"'
+    found = part.rfind(token)
+    if found < 0:
+        return None
+    at = _past_blanks(part, found + len(token))
+    if part[at : at + 1] != b":":
+        return None
+    start = _past_blanks(part, at + 1)
+    if part[start : start + 1] != b'"':
+        return None
+    end = _string_end(part, start + 1)
+    if end < 0:
+        return None
+    try:
+        probe = _orjson_loads(part[6:start] + b'"' + _NUL + b'"' + part[end + 1 :])
+        placed = probe["choices"][0]["delta"] == {key: "\x00"}
+    except (ValueError, LookupError, TypeError):
+        return None
+    if not placed:
+        return None
+    ids = {"id": event.get("id"), "model": event.get("model")}
+    return DeltaFrame(part[:start], part[end + 1 :], text, ids, event)
+
+
+class ForwardedEvents:
+    """The events of a server-sent event stream of JSON objects, read from its bytes where
+    every event is one ``data: {...}`` line (a `Payloads`): each event as its decoded object,
+    or, when `frames`, a delta of a shape seen before as ``(frame, text, event bytes)``
+    (`DeltaFrame`).
+
+    Anything else (a carriage return, another field, a comment, data that orjson does not
+    read exactly as ``json.loads`` does, an event longer than a line may be) hands the
+    stream from that event on to the decoder `general` makes (an `SSEPayloads`), whose
+    answers, failures and limits are then the stream's: an event boundary is a state both
+    share."""
+
+    __slots__ = (
+        "_frame",
+        "_general",
+        "_handed",
+        "_learnable",
+        "_made",
+        "_rest",
+        "done",
+        "failure",
+    )
+
+    def __init__(self, general: Callable[[], Payloads], *, frames: bool) -> None:
+        self._general = general
+        self._made: Payloads | None = None  # `general`'s decoder, once handed the stream
+        self._handed = False
+        self._rest = b""  # the bytes of an event not complete yet
+        self._frame: DeltaFrame | None = None
+        self._learnable = _MAX_FRAMES if frames else 0
+        self.done = False
+        self.failure: ProviderError | None = None
+
+    def feed(self, chunk: bytes) -> list[Any]:
+        if self._made is not None:
+            return self._from_general(self._made.feed, chunk, [])
+        if self.done:
+            return []
+        data = self._rest + chunk if self._rest else chunk
+        if data.find(b"\r") >= 0 or len(data) > MAX_LINE:
+            return self._hand_over(data, [])
+        parts = data.split(b"\n\n")
+        self._rest = parts.pop()
+        payloads: list[Any] = []
+        frame = self._frame
+        for index, part in enumerate(parts):
+            if frame is not None and part.startswith(frame.head) and part.endswith(frame.tail):
+                literal = part[len(frame.head) : len(part) - len(frame.tail)]
+                if literal.find(b"\n") < 0:
+                    try:
+                        text = _orjson_loads(literal)
+                    except ValueError:
+                        text = None
+                    if type(text) is str:
+                        payloads.append((frame, text, part))
+                        continue
+            if (
+                part[:7] == b"data: {"
+                and part.find(b"\n") < 0
+                and part.translate(_DIGITS_AS_ZERO).find(_LONG_RUN) < 0
+            ):
+                try:
+                    payload = _orjson_loads(part[6:])
+                except ValueError:
+                    pass  # not JSON to orjson: the general decoder says what it is
+                else:
+                    payloads.append(payload)
+                    if self._learnable:
+                        learned = _frame_of(part, payload)
+                        if learned is not None:
+                            frame = self._frame = learned
+                            self._learnable -= 1
+                    continue
+            elif part == b"data: [DONE]":
+                self.done = True
+                return payloads  # what follows the end does not count, bad or not
+            elif not part:
+                continue  # more blank lines between events
+            return self._hand_over(b"\n\n".join([*parts[index:], self._rest]), payloads)
+        return payloads
+
+    def finish(self) -> list[Any]:
+        if self._made is not None:
+            made = self._made
+            return self._from_general(lambda _: made.finish(), b"", [])
+        if self.done:
+            return []
+        rest, self._rest = self._rest, b""
+        general = self._made = self._general()
+        # `rest` holds no blank line: fed, it completes no event, and its end decides.
+        return self._from_general(lambda _: general.feed(rest) or general.finish(), b"", [])
+
+    def _hand_over(self, data: bytes, payloads: list[Any]) -> list[Any]:
+        self._rest = b""
+        general = self._made = self._general()
+        return self._from_general(general.feed, data, payloads)
+
+    def _from_general(
+        self, feed: Callable[[bytes], list[Any]], data: bytes, payloads: list[Any]
+    ) -> list[Any]:
+        """`payloads` and what `feed(data)` completes (`feed` is the general decoder's); a
+        failure after payloads is kept in `failure`, as `SSEPayloads` keeps it."""
+        try:
+            payloads += feed(data)
+        except ProviderError as exc:
+            if not payloads:
+                raise
+            self.failure = exc
+        else:
+            self.failure = self._made.failure if self._made is not None else None
+        self.done = self._made is not None and self._made.done
+        return payloads
+
+
+# -- the updates of a stream --------------------------------------------------------------------
+
+
 class _Reader(Protocol):
     """A format's stream reader (`pipeline.providers._base.StreamReader`)."""
 
@@ -60,35 +296,206 @@ class _Reader(Protocol):
     def finish(self) -> ChatResponseUpdate | None: ...
 
 
+_CONTENTS = ChatResponseUpdate.__dict__["contents"]  # the dataclass's own slot
+_get_contents = _CONTENTS.__get__
+_set_contents = _CONTENTS.__set__
+_new_object = object.__new__
+_ASSISTANT = ChatRole.ASSISTANT
+_NO_DELTA: dict[str, Any] = {}
+
+
+class ForwardedUpdate(ChatResponseUpdate):
+    """A `ChatResponseUpdate` of one forwarded read whose `contents` are made the first time
+    they are read (from the texts and contents the read's events gave, in order), then kept:
+    every other field is set at once. Equal to a `ChatResponseUpdate` with the same fields."""
+
+    __slots__ = ("_calls", "_pieces")
+    _calls: list[FunctionCallContent]
+    _pieces: list[Any]  # texts (made `TextContent`s when read) and contents, in order
+
+    @property
+    def contents(self) -> list[Content]:
+        try:
+            return _get_contents(self)  # type: ignore[no-any-return]
+        except AttributeError:  # not made yet
+            contents = [
+                checked_text(piece) if type(piece) is str else piece for piece in self._pieces
+            ]
+            _set_contents(self, contents)
+            return contents
+
+    @contents.setter
+    def contents(self, value: list[Content]) -> None:
+        _set_contents(self, value)
+        self._calls = [content for content in value if type(content) is FunctionCallContent]
+
+    @property
+    def calls(self) -> list[FunctionCallContent]:
+        """The tool calls among the contents (read without making the contents)."""
+        return self._calls
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChatResponseUpdate):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+
+def _fields(update: ChatResponseUpdate) -> tuple[Any, ...]:
+    return (
+        update.role,
+        update.contents,
+        update.response_id,
+        update.model_id,
+        update.finish_reason,
+        update.usage,
+        update.value,
+    )
+
+
+def _update(
+    pieces: list[Any],
+    calls: list[FunctionCallContent],
+    last: Any,
+    finish: str | None,
+    usage: UsageDetails | None,
+    events: list[Any],
+) -> ForwardedUpdate:
+    update: ForwardedUpdate = _new_object(ForwardedUpdate)
+    update._pieces = pieces
+    update._calls = calls
+    update.role = _ASSISTANT
+    response_id = last.get("id")
+    model_id = last.get("model")
+    update.response_id = response_id if type(response_id) is str else None
+    update.model_id = model_id if type(model_id) is str else None
+    update.finish_reason = finish
+    update.usage = usage
+    update.value = None
+    update.raw_representation = events
+    return update
+
+
 class ForwardedReads:
-    """One forwarded stream's reads as updates (see the module docstring)."""
+    """One forwarded stream's reads as updates (see the module docstring).
 
-    __slots__ = ("_held", "_reader")
+    With the Chat Completions stream reader (`StreamAssembler`), an event of the common
+    shape (text or reasoning in its delta, a finish reason, usage) is read here, as the
+    reader would read it, without making its contents; the others (tool-call pieces, a
+    finish with calls pending, an error, anything the reader would refuse) go to the reader.
+    With any other reader, every event does."""
 
-    def __init__(self, reader: _Reader) -> None:
+    __slots__ = ("_assembler", "_held", "_reader", "events")
+
+    def __init__(self, reader: _Reader, events: Callable[[], Payloads], *, sse: bool) -> None:
         self._reader = reader
+        self._assembler = reader if type(reader) is StreamAssembler else None
         self._held: list[Any] = []
+        self.events: Payloads = (
+            ForwardedEvents(events, frames=self._assembler is not None)
+            if FAST and sse
+            else events()
+        )
+        """The decoder of the stream's body (`events` makes the general one; `sse`: it is
+        the plain server-sent events of JSON objects `ForwardedEvents` reads)."""
 
     def read(self, payloads: list[Any]) -> tuple[ChatResponseUpdate | None, Exception | None]:
         """The update of one read's events (None when they carry nothing yet), and the
         failure an event was (the events before it are the update's)."""
-        merged: ChatResponseUpdate | None = None
-        failure: Exception | None = None
-        held = self._held
+        assembler = self._assembler
         feed = self._reader.feed
+        pieces: list[Any] = []
+        calls: list[FunctionCallContent] = []
+        finish: str | None = None
+        usage: UsageDetails | None = None
+        last: Any = None  # the last event that carried anything: the ids are its
+        failure: Exception | None = None
+        read = 0
         for payload in payloads:
+            if type(payload) is tuple:  # a delta of a known frame (`ForwardedEvents`)
+                read += 1
+                text = payload[1]
+                if text:
+                    frame = payload[0]
+                    pieces.append(text if frame.text else ReasoningContent(text))
+                    last = frame.ids
+                continue
+            if assembler is not None and type(payload) is dict and not payload.get("error"):
+                choices = payload.get("choices")
+                plain = True
+                reasoning = text = reason = None
+                if choices:
+                    choice = choices[0] if type(choices) is list else None
+                    if type(choice) is dict and choice.get("index", 0) == 0:
+                        delta = choice.get("delta") or _NO_DELTA
+                        reason = choice.get("finish_reason")
+                        if (
+                            type(delta) is not dict
+                            or "tool_calls" in delta
+                            or (
+                                reason is not None
+                                and (type(reason) is not str or assembler.pending_calls)
+                            )
+                        ):
+                            plain = False  # the reader says what it is
+                        else:
+                            reasoning = delta.get("reasoning_content")
+                            if reasoning is None:
+                                reasoning = delta.get("reasoning")
+                            text = delta.get("content")
+                            plain = (reasoning is None or type(reasoning) is str) and (
+                                text is None or type(text) is str
+                            )
+                    else:
+                        plain = False
+                elif choices is not None and type(choices) is not list:
+                    plain = False
+                if plain:
+                    read += 1
+                    carried = False
+                    if reasoning:
+                        pieces.append(ReasoningContent(reasoning))
+                        carried = True
+                    if text:
+                        pieces.append(text)
+                        carried = True
+                    if reason is not None:
+                        finish = reason
+                        carried = True
+                    raw_usage = payload.get("usage")
+                    if raw_usage is not None:
+                        more = parse_usage(raw_usage)
+                        if more is not None:
+                            usage = more if usage is None else usage + more
+                            carried = True
+                    if carried:
+                        last = payload
+                    continue
             try:
                 update = feed(payload)
             except Exception as exc:  # a failure after the events before it, as parsed
                 failure = exc
                 break
-            held.append(payload)
+            read += 1
             if update is not None:
-                merged = update if merged is None else _merged(merged, update)
-        if merged is not None:
-            merged.raw_representation = held
-            self._held = []
-        return merged, failure
+                for content in update.contents:
+                    pieces.append(content)
+                    if type(content) is FunctionCallContent:
+                        calls.append(content)
+                if update.finish_reason is not None:
+                    finish = update.finish_reason
+                if update.usage is not None:
+                    usage = update.usage if usage is None else usage + update.usage
+                last = {"id": update.response_id, "model": update.model_id}
+        held = self._held
+        if read == len(payloads):
+            held = payloads if not held else held + payloads
+        else:
+            held = held + payloads[:read]
+        if last is None:
+            self._held = held
+            return None, failure
+        self._held = []
+        return _update(pieces, calls, last, finish, usage, held), failure
 
     def finish(self) -> ChatResponseUpdate | None:
         """What is still pending once the stream ended (the format reader's), with the
@@ -98,19 +505,3 @@ class ForwardedReads:
             tail.raw_representation = self._held
             self._held = []
         return tail
-
-
-def _merged(first: ChatResponseUpdate, then: ChatResponseUpdate) -> ChatResponseUpdate:
-    """Two updates of one read as one: contents in order, the last ids, model and finish
-    reason, usage summed."""
-    usage: UsageDetails | None = first.usage
-    if then.usage is not None:
-        usage = then.usage if usage is None else usage + then.usage
-    return ChatResponseUpdate(
-        first.role,
-        [*first.contents, *then.contents],
-        then.response_id or first.response_id,
-        then.model_id or first.model_id,
-        then.finish_reason or first.finish_reason,
-        usage,
-    )

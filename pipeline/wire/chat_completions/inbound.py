@@ -427,9 +427,12 @@ class ChunkEncoder:
 
     __slots__ = (
         "_called_tools",
+        "_created",
         "_finish",
         "_include_usage",
+        "_model",
         "_prefix",
+        "_response_id",
         "_started",
         "_suffix",
         "_tool_index",
@@ -438,17 +441,10 @@ class ChunkEncoder:
 
     def __init__(self, *, model: str, response_id: str, created: int, include_usage: bool) -> None:
         self._include_usage = include_usage
-        # Every chunk shares id, object, created and model: the JSON around the choices is
-        # built once, the per-update work is the delta alone.
-        head = dumps(
-            {
-                "id": response_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-            }
-        )
-        self._prefix = "data: " + head[:-1] + ',"choices":[{"index":0,"delta":'
+        self._model = model
+        self._response_id = response_id
+        self._created = created
+        self._prefix = ""  # made at the first chunk (a forwarded stream may write none)
         self._suffix = "}]}\n\n"
         self._started = False
         self._finish: str | None = None
@@ -457,6 +453,18 @@ class ChunkEncoder:
         self._tool_index = 0
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        if not self._prefix:
+            # Every chunk shares id, object, created and model: the JSON around the choices
+            # is built once, the per-update work is the delta alone.
+            head = dumps(
+                {
+                    "id": self._response_id,
+                    "object": "chat.completion.chunk",
+                    "created": self._created,
+                    "model": self._model,
+                }
+            )
+            self._prefix = "data: " + head[:-1] + ',"choices":[{"index":0,"delta":'
         tail = ',"logprobs":null,"finish_reason":' + ("null" if finish is None else f'"{finish}"')
         return self._prefix + dumps(delta) + tail + self._suffix
 

@@ -285,6 +285,11 @@ class StreamAssembler:
         self._calls: dict[int, _PendingCall] = {}
         self.finished = False
 
+    @property
+    def pending_calls(self) -> bool:
+        """Whether pieces of tool calls wait for the finish (or the end) that completes them."""
+        return bool(self._calls)
+
     def _flush_calls(self) -> list[Content]:
         if any(not pending.name for pending in self._calls.values()):
             raise malformed(self.provider, "a streamed tool call has no function name")

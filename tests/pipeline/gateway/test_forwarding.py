@@ -93,6 +93,14 @@ ANSWERS = {
         True,
     ),
     "length": (FakeResponse(chunks=["Hel"], stop_reason="length"), False),
+    "long-text": (  # many deltas of one shape: written around their strings
+        FakeResponse(chunks=["Héllo", ' "quoted"', " \\ back", "\n", "✓ " * 3, "", "end."] * 4),
+        True,
+    ),
+    "reasoning-then-text": (
+        FakeResponse(chunks=["One ", "two ", "three."], reasoning="Think of a few words."),
+        True,
+    ),
     "every-option": (FakeResponse(chunks=['{"a":', "1}"], text='{"a":1}'), True),
 }
 # What the "every-option" request sets besides (each one the gateway reads or passes on).
@@ -292,3 +300,43 @@ async def test_routes_under_a_hedging_router_keep_the_parsed_path(
         response = await post(run, body)
     assert response.status_code == 200, response.text
     assert forwarded.calls == 0
+
+
+def chunk_line(delta: dict[str, Any], finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    head = {"id": "up", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return "data: " + json.dumps({**head, "choices": [choice]}) + "\n"
+
+
+@pytest.mark.parametrize("at", ["before-output", "after-output"])
+async def test_a_malformed_event_is_a_typed_failure_on_the_forwarded_path(
+    primary: FakeOpenAIServer, backup: FakeOpenAIServer, forwarded: Forwarded, at: str
+) -> None:
+    # A stream's own behaviour: a whole answer has no events.
+    role = [chunk_line({"role": "assistant", "content": ""}), ""]
+    text = [chunk_line({"content": "Hel"}), "", chunk_line({"content": "lo"}), ""]
+    bad = ['data: {"choices": [{"index": 0, "delta": {"content": "x"}', ""]
+    lines = role + bad if at == "before-output" else role + text + bad
+    primary.script(FakeResponse(raw_lines=lines))
+    backup.default = FakeResponse(chunks=["The backup ", "answered."])
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": True}
+    async with running(config({"primary": primary, "backup": backup})) as run:
+        response = await post(run, body)
+    assert forwarded.calls == (2 if at == "before-output" else 1)
+    assert response.status_code == 200, response.text
+    chunks = events(response.content)
+    text_sent = "".join(
+        (c["choices"][0]["delta"].get("content") or "")
+        for c in chunks
+        if c != "[DONE]"
+        if c.get("choices")
+    )
+    if at == "before-output":  # nothing reached the client: the backup answered
+        assert text_sent == "The backup answered."
+        assert chunks[-1] == "[DONE]"
+        assert (primary.count(), backup.count()) == (1, 1)
+    else:  # what was streamed stays, the failure is told in-band, nothing fails over
+        assert text_sent == "Hello"
+        assert "[DONE]" not in chunks
+        assert chunks[-1]["error"]["code"] == "upstream_error"  # malformed: a typed error
+        assert (primary.count(), backup.count()) == (1, 0)

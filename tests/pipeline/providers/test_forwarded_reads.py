@@ -1,0 +1,220 @@
+"""A forwarded stream's reads (`pipeline.providers._forwarding`) against the parsed path's:
+the same events decoded (`ForwardedEvents` against `SSEPayloads`), the same failures at the
+same event, and one update a read whose fields and contents are what the Chat Completions
+stream reader gives for those events, whatever the chunks the bytes come in."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from pipeline.errors import ProviderError
+from pipeline.providers._forwarding import ForwardedReads, ForwardedUpdate
+from pipeline.types import ChatResponseUpdate, FunctionCallContent, ReasoningContent, TextContent
+from pipeline.wire.chat_completions.outbound import StreamAssembler
+from pipeline.wire.sse import SSEPayloads
+
+HEAD = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {**HEAD, "choices": [choice], **extra}
+
+
+def sse(events: list[Any], *, compact: bool = False, done: bool = True) -> bytes:
+    separators = (",", ":") if compact else (", ", ": ")
+    lines = [
+        f"data: {e if isinstance(e, str) else json.dumps(e, separators=separators)}\n\n"
+        for e in events
+    ]
+    return ("".join(lines) + ("data: [DONE]\n\n" if done else "")).encode()
+
+
+USAGE = {**HEAD, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}}
+TEXT = [chunk({"role": "assistant", "content": ""})] + [
+    chunk({"content": piece}) for piece in ["Hello ", "wörld ", 'say "hi"\\n', "✓", ""]
+]
+STREAMS: dict[str, bytes] = {
+    "text": sse([*TEXT, chunk({}, "stop"), USAGE]),
+    "text-compact": sse([*TEXT, chunk({}, "stop"), USAGE], compact=True),
+    "reasoning": sse(
+        [
+            chunk({"reasoning_content": "Think "}),
+            chunk({"reasoning_content": "more."}),
+            chunk({"reasoning": "Other "}),
+            chunk({"content": "Hi."}),
+            chunk({}, "stop"),
+        ]
+    ),
+    "tool-calls": sse(
+        [
+            chunk({"role": "assistant", "content": None}),
+            chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}),
+            chunk({"content": "and text"}),
+            chunk({}, "tool_calls"),
+            USAGE,
+        ]
+    ),
+    "calls-ended-by-the-stream": sse(
+        [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "g"}}]})]
+    ),
+    "length": sse([chunk({"content": "Hel"}), chunk({"content": "lo"}), chunk({}, "length")]),
+    "usage-null-everywhere": sse(
+        [chunk({"content": "a"}, usage=None), chunk({"content": "b"}, usage=None), USAGE]
+    ),
+    "a-lookalike-after-the-delta": sse(
+        [
+            chunk({"content": "x"}, extra={"content": "x"}),
+            chunk({"content": "x"}, extra={"content": "y"}),
+        ]
+    ),
+    "carriage-returns": sse([chunk({"content": "a"})]).replace(b"\n", b"\r\n"),
+    "comments-and-fields": b": ping\n\nevent: message\n" + sse([chunk({"content": "a"})]),
+    "multi-line-data": b'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "x"}}]}\n\n'
+    + sse([chunk({"content": "y"})]),
+    "long-digits": sse(
+        [chunk({"content": "a"}, n=12345678901234567890123), chunk({"content": "b"})]
+    ),
+    "nul-in-text": sse(
+        [chunk({"content": "a\u0000"}), chunk({"content": "b"}), chunk({"content": "c"})]
+    ),
+    "other-choice": sse(
+        [chunk({"content": "a"}), {**HEAD, "choices": [{"index": 1, "delta": {"content": "z"}}]}]
+    ),
+    "malformed-json-mid-stream": sse(
+        [chunk({"content": "a"}), chunk({"content": "b"}), '{"choices": [', chunk({"content": "c"})]
+    ),
+    "not-an-object": sse([chunk({"content": "a"}), "[1, 2]"]),
+    "content-not-a-string": sse([chunk({"content": "a"}), chunk({"content": 5})]),
+    "in-band-error": sse(
+        [chunk({"content": "a"}), {"error": {"message": "boom", "code": "server_error"}}]
+    ),
+    "not-utf8": sse([chunk({"content": "a"})]) + b'data: {"x": "\xff"}\n\n',
+    "after-done": sse([chunk({"content": "a"})]) + b"data: garbage\n\n",
+    "no-done": sse([chunk({"content": "a"}), chunk({"content": "b"})], done=False),
+    "unfinished-last-event": sse([chunk({"content": "a"})], done=False) + b'data: {"choices": []}',
+}
+
+
+def parsed(body: bytes, cuts: list[int]) -> tuple[list[Any], list[ChatResponseUpdate], Any]:
+    """What the parsed path reads of `body` cut at `cuts`: the payloads, each event's update
+    (in order) and the failure (its type and message), or None."""
+    decoder, reader = SSEPayloads("p"), StreamAssembler("p")
+    payloads: list[Any] = []
+    updates: list[ChatResponseUpdate] = []
+    try:
+        for piece in pieces(body, cuts):
+            batch = decoder.feed(piece) if piece else decoder.finish()
+            for payload in batch:
+                payloads.append(payload)
+                update = reader.feed(payload)
+                if update is not None:
+                    updates.append(update)
+            if decoder.failure is not None:
+                raise decoder.failure
+            if decoder.done:
+                break
+        tail = reader.finish()
+        if tail is not None:
+            updates.append(tail)
+    except ProviderError as exc:
+        return payloads, updates, (type(exc), str(exc))
+    return payloads, updates, None
+
+
+def forwarded(body: bytes, cuts: list[int]) -> tuple[list[Any], list[ChatResponseUpdate], Any]:
+    """The same through `ForwardedReads`: payloads (deltas of a frame decoded back into
+    their events), the updates of every read, the failure."""
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+    payloads: list[Any] = []
+    updates: list[ChatResponseUpdate] = []
+    try:
+        for piece in pieces(body, cuts):
+            batch = reads.events.feed(piece) if piece else reads.events.finish()
+            payloads += [json.loads(p[2][6:]) if type(p) is tuple else p for p in batch]
+            update, failure = reads.read(batch)
+            if update is not None:
+                updates.append(update)
+            if failure is not None:
+                raise failure
+            if reads.events.failure is not None:
+                raise reads.events.failure
+            if reads.events.done:
+                break
+        tail = reads.finish()
+        if tail is not None:
+            updates.append(tail)
+    except ProviderError as exc:
+        return payloads, updates, (type(exc), str(exc))
+    return payloads, updates, None
+
+
+def pieces(body: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *cuts, len(body)]
+    return [body[a:b] for a, b in itertools.pairwise(bounds) if b > a] + [b""]
+
+
+def merged(updates: list[ChatResponseUpdate]) -> tuple[Any, ...]:
+    """What the layers read of a stream: contents in order, the last finish reason, usage
+    summed, the last ids."""
+    contents = [c for u in updates for c in u.contents]
+    finish = [u.finish_reason for u in updates if u.finish_reason is not None]
+    usages = [u.usage for u in updates if u.usage is not None]
+    usage = None
+    for more in usages:
+        usage = more if usage is None else usage + more
+    ids = [(u.response_id, u.model_id) for u in updates]
+    return contents, finish[-1:], usage, ids[-1:]
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_a_forwarded_stream_reads_as_the_parsed_path_in_any_chunks(name: str) -> None:
+    body = STREAMS[name]
+    # Whole, cut into single bytes' worth at every point, and a few splits at once.
+    cut_sets = [[], *([at] for at in range(1, len(body))), list(range(7, len(body), 23))]
+    for cuts in cut_sets:  # bounded: the body's length plus two
+        want_payloads, want_updates, want_failure = parsed(body, cuts)
+        got_payloads, got_updates, got_failure = forwarded(body, cuts)
+        assert got_failure == want_failure, cuts
+        assert got_payloads == want_payloads, cuts
+        assert merged(got_updates) == merged(want_updates), cuts
+        # An update comes at the read where the parsed path's first does, never earlier.
+        assert bool(got_updates) == bool(want_updates), cuts
+
+
+def test_forwarded_contents_are_made_when_read_and_equal_the_parsed_ones() -> None:
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+    batch = reads.events.feed(STREAMS["reasoning"])
+    update, failure = reads.read(batch)
+    assert failure is None and isinstance(update, ForwardedUpdate)
+    assert sum(type(p) is tuple for p in batch) == 1  # a delta of a learned frame
+    assert update.calls == []
+    expected = [
+        ReasoningContent("Think "),
+        ReasoningContent("more."),
+        ReasoningContent("Other "),
+        TextContent("Hi."),
+    ]
+    assert update.contents == expected
+    assert update.contents is update.contents  # made once
+    assert update.text == "Hi."
+    assert update == ChatResponseUpdate(
+        contents=expected, response_id="chatcmpl-up", model_id="m", finish_reason="stop"
+    )
+    update.contents = [TextContent("changed")]
+    assert update.text == "changed"
+
+
+def test_forwarded_tool_calls_are_told_without_making_the_contents() -> None:
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+    update, failure = reads.read(reads.events.feed(STREAMS["tool-calls"]))
+    assert failure is None and isinstance(update, ForwardedUpdate)
+    assert [call.name for call in update.calls] == ["f"]
+    assert [type(c) for c in update.contents] == [TextContent, FunctionCallContent]
+    assert update.finish_reason == "tool_calls"

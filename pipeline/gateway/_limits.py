@@ -1,11 +1,12 @@
-"""The limits layer: how many requests one caller may have in flight in this worker.
+"""The limits layer: how many requests one caller may have in flight in this worker
+(`Slots`: the endpoint takes a slot and gives it back).
 
 A caller is its API key (its identity, `Exchange.key`) or, on a gateway without keys, its
 client address (``scope["client"]``, which uvicorn takes from ``X-Forwarded-For`` when the
 connection comes from a trusted proxy), so one client cannot take every other client's
 slots. One request more than ``max_concurrent_per_key`` is 429 with ``Retry-After``.
 
-The slot is taken after the body arrived (the body layer runs outside this one): a client
+The slot is taken after the body arrived (the endpoint reads the body first): a client
 sending its body slowly holds a connection until ``body_timeout``, never a slot that a
 complete request could use.
 """

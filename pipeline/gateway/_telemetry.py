@@ -64,12 +64,8 @@ from pipeline._semconv import (
     tracer,
 )
 from pipeline.gateway._exchange import (
-    EXCHANGE,
-    ASGIApp,
     Exchange,
-    Receive,
     Scope,
-    Send,
     loggable,
 )
 from pipeline.gateway.wire import WireError
@@ -78,7 +74,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["RequestTelemetry", "TelemetryMiddleware"]
+__all__ = ["RequestTelemetry"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
@@ -296,34 +292,6 @@ _new_record = object.__new__
 
 
 _Traced = tuple[trace.Span, "contextvars.Token[otel_context.Context]"]
-
-
-class TelemetryMiddleware:
-    """`RequestTelemetry` as a layer of an ASGI stack: around `app`."""
-
-    __slots__ = ("_telemetry", "app")
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        route: str,
-        tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
-    ) -> None:
-        self.app = app
-        self._telemetry = RequestTelemetry(
-            route=route, tracer_provider=tracer_provider, meter_provider=meter_provider
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange: Exchange = scope[EXCHANGE]
-        telemetry = self._telemetry
-        traced = telemetry.begin(exchange, scope)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            telemetry.end(traced, exchange, scope)
 
 
 def _story(exchange: Exchange) -> tuple[str | None, int, bool, str | None]:

@@ -20,8 +20,8 @@ stops. Endpoints:
 * ``GET /admin/spend`` with ``admin_key_env`` and ``[spend]``: the spend ledger's summary
   (`pipeline.gateway._endpoints`), for the admin key only.
 
-An inbound format's endpoint is a stack of layers, each a module of its own, outermost
-first:
+An inbound format's endpoint runs these layers, each a module of its own, in this order,
+in one call per request (`_Endpoint`: no coroutine and no frame per layer):
 
 1. the exchange (`pipeline.gateway._exchange`): the request id (an incoming valid
    ``x-request-id``, else a fresh one, echoed on every response, errors included) and the

@@ -39,15 +39,20 @@ FAST = _loads is not None
 
 
 # Integers of 18 digits fit in 64 bits; a longer run of digits (in a number, or in a string
-# or a float, which then only take the slower way) goes to the standard library.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# or a float, which then only take the slower way) goes to the standard library. Bytes are
+# searched with every ASCII digit mapped to "0" and every other byte to " ": two passes in C,
+# where the regular expression tried a match at every position (a ninth of the instructions
+# for a whole answer of 400 bytes, and every streamed event pays it).
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= code <= 0x39 else 0x20 for code in range(256))
+_LONG_RUN = b"0" * 19
 _LONG_DIGITS_TEXT = re.compile(r"[0-9]{19}")
 
 
 def _orjson_reads(data: bytes | str) -> bool:
     """Whether orjson reads `data` as ``json.loads`` does, when it reads it at all."""
-    found = _LONG_DIGITS.search(data) if isinstance(data, bytes) else _LONG_DIGITS_TEXT.search(data)
-    return found is None
+    if isinstance(data, bytes):
+        return _LONG_RUN not in data.translate(_DIGITS_ONLY)
+    return _LONG_DIGITS_TEXT.search(data) is None
 
 
 def fast_loads(data: bytes | str) -> Any:

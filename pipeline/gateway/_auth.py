@@ -28,7 +28,7 @@ from pipeline.gateway.wire import WireError
 if TYPE_CHECKING:
     from pipeline.keys import KeyRing
 
-__all__ = ["NO_KEY", "AuthMiddleware", "authenticate", "key_identity"]
+__all__ = ["NO_KEY", "AuthMiddleware", "Authenticator", "authenticate", "key_identity"]
 
 _INVALID = WireError(
     401, "missing or invalid API key", type="invalid_request_error", code="invalid_api_key"
@@ -77,13 +77,66 @@ def authenticate(
     return found
 
 
+class Authenticator:
+    """Who a request's key says its caller is (see the module docstring): `admit` sets the
+    caller's identity on its `Exchange`, or says the 401 to answer. `ring` holds the
+    virtual keys; `x_api_key`: the key may come in ``x-api-key`` too."""
+
+    __slots__ = ("_identities", "_keys", "_open", "_ring", "_x_api_key")
+
+    def __init__(
+        self, *, keys: Sequence[bytes], x_api_key: bool = False, ring: KeyRing | None = None
+    ) -> None:
+        self._keys = tuple(keys)
+        self._identities = tuple(key_identity(key) for key in self._keys)
+        self._ring = ring
+        self._x_api_key = x_api_key
+        self._open = not self._keys and ring is None
+
+    def admit(self, exchange: Exchange) -> WireError | None:
+        """Set the exchange's caller (`Exchange.key`, `key_name`, `virtual_key`) from its
+        key; the 401 to answer when it has no valid key (the exchange is left as it was)."""
+        if self._open:
+            exchange.key = NO_KEY
+            return None
+        return self._check(exchange, exchange.authorization, exchange.x_api_key)
+
+    def _check(
+        self, exchange: Exchange | None, authorization: bytes | None, x_api_key: bytes | None
+    ) -> WireError | None:
+        x_api_key = x_api_key if self._x_api_key else None
+        ring = self._ring
+        if ring is not None:
+            token = _token(authorization, x_api_key)
+            if ring.looks_like_secret(token):
+                found = ring.find(token)
+                if found is None:
+                    return _INVALID
+                if found.refused is not None:
+                    return _REFUSED[found.refused]
+                if exchange is not None:
+                    key = found.key
+                    exchange.key = key.identity
+                    exchange.key_name = key.name
+                    exchange.virtual_key = key
+                return None
+        index = authenticate(self._keys, authorization, x_api_key) if self._keys else None
+        if index is None or index < 0:
+            return _INVALID
+        if exchange is not None:
+            identity = self._identities[index]
+            exchange.key = identity
+            exchange.key_name = identity[:10]
+        return None
+
+
 class AuthMiddleware:
     """Lets a request with a valid key (or any request, without keys) through to `app`;
-    answers 401 otherwise (see the module docstring). Works inside an inbound format's
-    endpoint (its `Exchange` holds the headers and writes the error in the format's own
-    body) and around plain endpoints (``/v1/models``). `ring` holds the virtual keys."""
+    answers 401 otherwise (see the module docstring). Works inside an endpoint with an
+    `Exchange` (which holds the headers and writes the error in the format's own body) and
+    around plain endpoints (``/v1/models``). `ring` holds the virtual keys."""
 
-    __slots__ = ("_identities", "_keys", "_ring", "_x_api_key", "app")
+    __slots__ = ("_auth", "app")
 
     def __init__(
         self,
@@ -94,47 +147,23 @@ class AuthMiddleware:
         ring: KeyRing | None = None,
     ) -> None:
         self.app = app
-        self._keys = tuple(keys)
-        self._identities = tuple(key_identity(key) for key in self._keys)
-        self._ring = ring
-        self._x_api_key = x_api_key
+        self._auth = Authenticator(keys=keys, x_api_key=x_api_key, ring=ring)
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         # A plain function returning what to await (the app's call, or the 401): the
         # layer adds no coroutine of its own to every request.
         exchange = scope.get(EXCHANGE)
-        ring = self._ring
-        if not self._keys and ring is None:
-            if exchange is not None:
-                exchange.key = NO_KEY
-            return self.app(scope, receive, send)
         if exchange is not None:
-            authorization, x_api_key = exchange.authorization, exchange.x_api_key
+            error = self._auth.admit(exchange)
+        elif self._auth._open:
+            error = None
         else:
             headers = dict(scope["headers"])
-            authorization, x_api_key = headers.get(b"authorization"), headers.get(b"x-api-key")
-        x_api_key = x_api_key if self._x_api_key else None
-        if ring is not None:
-            token = _token(authorization, x_api_key)
-            if ring.looks_like_secret(token):
-                found = ring.find(token)
-                if found is None:
-                    return _refuse(exchange, send, _INVALID)
-                if found.refused is not None:
-                    return _refuse(exchange, send, _REFUSED[found.refused])
-                if exchange is not None:
-                    key = found.key
-                    exchange.key = key.identity
-                    exchange.key_name = key.name
-                    exchange.virtual_key = key
-                return self.app(scope, receive, send)
-        index = authenticate(self._keys, authorization, x_api_key) if self._keys else None
-        if index is None or index < 0:
-            return _refuse(exchange, send, _INVALID)
-        if exchange is not None:
-            identity = self._identities[index]
-            exchange.key = identity
-            exchange.key_name = identity[:10]
+            error = self._auth._check(
+                None, headers.get(b"authorization"), headers.get(b"x-api-key")
+            )
+        if error is not None:
+            return _refuse(exchange, send, error)
         return self.app(scope, receive, send)
 
 

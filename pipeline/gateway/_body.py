@@ -19,19 +19,11 @@ from __future__ import annotations
 
 from pipeline.gateway import _builtin_tools
 from pipeline.gateway._builtin_tools import BuiltinToolPolicy
-from pipeline.gateway._exchange import (
-    EXCHANGE,
-    ASGIApp,
-    Exchange,
-    Message,
-    Receive,
-    Scope,
-    Send,
-)
+from pipeline.gateway._exchange import Exchange, Message, Receive, Scope
 from pipeline.gateway._shared import READ_TIMED_OUT
-from pipeline.gateway.wire import WireError
+from pipeline.gateway.wire import ChatRequest, WireError
 
-__all__ = ["READ_TIMED_OUT", "BodyMiddleware"]
+__all__ = ["READ_TIMED_OUT", "BodyReader"]
 
 _METHOD = WireError(405, "use POST", code="method_not_allowed")
 _MEDIA_TYPE = WireError(
@@ -43,21 +35,20 @@ _MEDIA_TYPE = WireError(
 _TIMED_OUT = WireError(408, "the request body did not arrive in time", code="request_timeout")
 
 
-class BodyMiddleware:
-    """Reads and parses the request's body into its `Exchange` (`Exchange.request`), or
+class BodyReader:
+    """Reads and parses a request's body into its `Exchange` (`Exchange.request`), or
     answers 400/405/408/413/415 (see the module docstring)."""
 
-    __slots__ = ("_builtin_tools", "_limit", "app")
+    __slots__ = ("_builtin_tools", "_limit")
 
-    def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, builtin_tools: BuiltinToolPolicy = "drop"
-    ) -> None:
-        self.app = app
+    def __init__(self, *, max_body_bytes: int, builtin_tools: BuiltinToolPolicy = "drop") -> None:
         self._limit = max_body_bytes
         self._builtin_tools: BuiltinToolPolicy = builtin_tools
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange: Exchange = scope[EXCHANGE]
+    async def read(self, exchange: Exchange, scope: Scope, receive: Receive) -> ChatRequest | None:
+        """The request the body describes (also left on the exchange), or None when there is
+        none: the error was answered, or the client left (`Exchange.disconnected`), or the
+        body did not arrive in time (a 408 the connection answered)."""
         try:
             if scope["method"] != "POST":
                 raise _METHOD
@@ -91,22 +82,23 @@ class BodyMiddleware:
                     exchange.failure = _TIMED_OUT
                 else:
                     exchange.disconnected = True  # the client left before its request
-                return
+                return None
             request = exchange.format.parse(body, session_id=exchange.session)
-            said = _builtin_tools.header_value(request, self._builtin_tools)
+            policy = self._builtin_tools
+            said = _builtin_tools.header_value(request, policy)
             if said is not None:
                 exchange.extra_headers.append(
                     (_builtin_tools.BUILTIN_TOOLS_HEADER, said.encode("latin-1"))
                 )
                 exchange.builtin_tools = said
-            _builtin_tools.apply(request, self._builtin_tools)
+            _builtin_tools.apply(request, policy)
         except WireError as error:
             exchange.failure = error
             await exchange.error(error)
-            return
+            return None
         exchange.request = request
         exchange.model = request.model
-        await self.app(scope, receive, send)
+        return request
 
     async def _read(self, message: Message, receive: Receive) -> bytes | None:
         """A body that did not come in one message, from its first (None when the client

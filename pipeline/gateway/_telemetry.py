@@ -25,7 +25,11 @@ histogram and the request's log line.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
+import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +64,8 @@ from pipeline._semconv import (
     tracer,
 )
 from pipeline.gateway._exchange import (
-    EXCHANGE,
-    ASGIApp,
     Exchange,
-    Receive,
     Scope,
-    Send,
     loggable,
 )
 from pipeline.gateway.wire import WireError
@@ -74,26 +74,25 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
     from opentelemetry.trace import TracerProvider
 
-__all__ = ["TelemetryMiddleware"]
+__all__ = ["RequestTelemetry"]
 
 _logger = logging.getLogger("chat_pipeline.gateway")
 
 
-class TelemetryMiddleware:
-    """Traces, measures and logs each request of one inbound format's endpoint (see the
-    module docstring)."""
+class RequestTelemetry:
+    """Traces, measures and logs the requests of one endpoint (see the module docstring):
+    `begin` when a request starts, `end` once it ended (its response written, or it
+    failed), whatever happened in between."""
 
-    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer", "app")
+    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer")
 
     def __init__(
         self,
-        app: ASGIApp,
         *,
         route: str,
         tracer_provider: TracerProvider | None = None,
         meter_provider: MeterProvider | None = None,
     ) -> None:
-        self.app = app
         self._route = route
         self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
@@ -106,35 +105,35 @@ class TelemetryMiddleware:
             "Duration of HTTP server requests.",
         )
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        exchange: Exchange = scope[EXCHANGE]
-        method = scope["method"]
+    def begin(self, exchange: Exchange, scope: Scope) -> _Traced | None:
+        """Start the request's span and make it current (None when nothing is traced: no
+        tracer provider, and no caller's trace to pass on upstream)."""
         carrier = exchange.carrier
         if (
             not carrier
             and self._global
             and isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
         ):
-            # No tracing and no caller's trace to pass on upstream: the API's span would be
-            # invalid, its context change nothing.
-            try:
-                await self.app(scope, receive, send)
-            finally:
-                self._finish(None, exchange, method, scope)
-            return
+            return None
         parent = propagate.extract(carrier) if carrier else None
+        method = scope["method"]
         span = self._tracer.start_span(
             f"{method} {self._route}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes=self._start_attributes(scope, method, exchange.request_id),
         )
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            otel_context.detach(token)
-            self._finish(span, exchange, method, scope)
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
+
+    def end(self, traced: _Traced | None, exchange: Exchange, scope: Scope) -> None:
+        """End the request's span (made current by `begin`), record its duration and write
+        its log line."""
+        if traced is None:
+            self._finish(None, exchange, scope["method"], scope)
+            return
+        span, token = traced
+        otel_context.detach(token)
+        self._finish(span, exchange, scope["method"], scope)
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
         # What a connection's requests share is built once (a worker has few listeners).
@@ -223,15 +222,8 @@ class TelemetryMiddleware:
         if _logger.isEnabledFor(level):
             key = exchange.key_name
             builtin = exchange.builtin_tools
-            # A record made directly: `Logger.log` would walk the stack for the caller's
-            # file and line on every request, which the line does not show.
-            record = _logger.makeRecord(
-                _logger.name,
+            record = _line_record(
                 level,
-                __file__,
-                0,
-                "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
-                "fallback=%s served_model=%s key=%s%s: %s",
                 (
                     method,
                     self._route,
@@ -251,9 +243,55 @@ class TelemetryMiddleware:
                     "" if builtin is None else f" builtin_tools={builtin}",
                     outcome,
                 ),
-                None,
             )
             _logger.handle(record)
+
+
+_LINE = (
+    "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "
+    "fallback=%s served_model=%s key=%s%s: %s"
+)
+
+# What the request line's records share within a process and thread (name, level, file,
+# process and thread ids and names), by (level, thread): copied into each new record
+# instead of computed again by `LogRecord.__init__` (a quarter of the line's cost). Emptied
+# in a forked child, whose process differs.
+_TEMPLATES: dict[tuple[int, int], dict[str, Any]] = {}
+os.register_at_fork(after_in_child=_TEMPLATES.clear)
+
+
+def _line_record(level: int, args: tuple[Any, ...]) -> logging.LogRecord:
+    """The request line's record: as `Logger.makeRecord` makes it (never through
+    `Logger.log`, which walks the stack for the caller's file and line the line does not
+    show), from a template when the record factory is logging's own."""
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return _logger.makeRecord(_logger.name, level, __file__, 0, _LINE, args, None)
+    key = (level, threading.get_ident())
+    template = _TEMPLATES.get(key)
+    if template is None:
+        made = logging.LogRecord(_logger.name, level, __file__, 0, _LINE, None, None)
+        template = _TEMPLATES[key] = dict(made.__dict__)
+    record = _new_record(logging.LogRecord)
+    record.__dict__.update(template)
+    now = time.time_ns()
+    created = now / 1e9
+    record.args = args
+    record.created = created
+    record.msecs = (now % 1_000_000_000) // 1_000_000 + 0.0
+    record.relativeCreated = template["relativeCreated"] + (created - template["created"]) * 1000
+    if "taskName" in template and getattr(logging, "logAsyncioTasks", False):
+        # Python 3.12 and later name the current task, as `LogRecord.__init__` does.
+        try:
+            record.taskName = asyncio.current_task().get_name()  # type: ignore[union-attr]
+        except Exception:
+            record.taskName = None
+    return record
+
+
+_new_record = object.__new__
+
+
+_Traced = tuple[trace.Span, "contextvars.Token[otel_context.Context]"]
 
 
 def _story(exchange: Exchange) -> tuple[str | None, int, bool, str | None]:

@@ -20,8 +20,8 @@ stops. Endpoints:
 * ``GET /admin/spend`` with ``admin_key_env`` and ``[spend]``: the spend ledger's summary
   (`pipeline.gateway._endpoints`), for the admin key only.
 
-An inbound format's endpoint is a stack of layers, each a module of its own, outermost
-first:
+An inbound format's endpoint runs these layers, each a module of its own, in this order,
+in one call per request (`_Endpoint`: no coroutine and no frame per layer):
 
 1. the exchange (`pipeline.gateway._exchange`): the request id (an incoming valid
    ``x-request-id``, else a fresh one, echoed on every response, errors included) and the
@@ -65,8 +65,8 @@ from pipeline.client import ChatClient
 from pipeline.errors import ConfigError
 from pipeline.gateway._admin import KeysAdmin
 from pipeline.gateway._anthropic_messages import COUNT_TOKENS, MESSAGES, CountTokensHandler
-from pipeline.gateway._auth import AuthMiddleware
-from pipeline.gateway._body import BodyMiddleware
+from pipeline.gateway._auth import Authenticator, AuthMiddleware
+from pipeline.gateway._body import BodyReader
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
 from pipeline.gateway._endpoints import Endpoints, prometheus_reader
 from pipeline.gateway._exchange import (
@@ -84,7 +84,7 @@ from pipeline.gateway._exchange import SESSION_HEADER as _SESSION_HEADER
 from pipeline.gateway._forwarding import CHAT_FORWARDER
 from pipeline.gateway._governance import Governance, GovernanceMiddleware, MeteredClient
 from pipeline.gateway._handler import AnswerHooks, FormatHandler, InboundFormat
-from pipeline.gateway._limits import LimitsMiddleware, Slots
+from pipeline.gateway._limits import Slots
 from pipeline.gateway._responses import RESPONSES
 from pipeline.gateway._stored_responses import (
     PATH as STORED_RESPONSES_PATH,
@@ -94,14 +94,14 @@ from pipeline.gateway._stored_responses import (
     StoredResponseEndpoint,
     StoredResponses,
 )
-from pipeline.gateway._telemetry import TelemetryMiddleware
+from pipeline.gateway._telemetry import RequestTelemetry
 from pipeline.gateway.response_store import (
     MemoryResponseStore,
     RedisResponseStore,
     ResponseStore,
 )
 from pipeline.gateway.settings import PIPELINE_MODEL, GatewaySettings, api_keys, is_pattern
-from pipeline.gateway.wire import now
+from pipeline.gateway.wire import WireError, now
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -473,15 +473,40 @@ def _stored_responses(
 
 
 class _Endpoint:
-    """The outermost layer of an inbound format's endpoint: the request's `Exchange`
-    (its id, current for log lines), counted in flight until its response is written."""
+    """One endpoint's layers (see the module docstring), folded into one call per request:
+    the request's `Exchange` (its id, current for log lines) counted in flight until its
+    response is written; its telemetry; its caller's key (a virtual key only when
+    `virtual`); its body (when `body` reads one) and a slot of the caller's (with a limit),
+    then `app`, the handler."""
 
-    __slots__ = ("_format", "_gateway", "app")
+    __slots__ = ("_auth", "_body", "_format", "_gateway", "_slots", "_telemetry", "app")
 
-    def __init__(self, app: ASGIApp, *, gateway: Gateway, format: InboundFormat) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        gateway: Gateway,
+        format: InboundFormat,
+        route: str,
+        body: BodyReader | None = None,
+        slots: Slots | None = None,
+        virtual: bool = True,
+    ) -> None:
         self.app = app
         self._gateway = gateway
         self._format = format
+        self._telemetry = RequestTelemetry(
+            route=route,
+            tracer_provider=gateway.tracer_provider,
+            meter_provider=gateway.meter_provider,
+        )
+        self._auth = Authenticator(
+            keys=gateway.keys,
+            x_api_key=format.x_api_key,
+            ring=gateway.governance.ring if virtual else None,
+        )
+        self._body = body
+        self._slots = slots if slots is not None and slots.limit is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, send, self._format)
@@ -492,9 +517,33 @@ class _Endpoint:
         gateway = self._gateway
         gateway.enter(task)
         token = enter_request_id(exchange.request_id)
+        telemetry = self._telemetry
+        traced = telemetry.begin(exchange, scope)
         try:
-            await self.app(scope, receive, send)
+            error = self._auth.admit(exchange)
+            if error is not None:  # 401, before the body is read
+                exchange.failure = error
+                await exchange.error(error)
+                return
+            body = self._body
+            if body is not None and await body.read(exchange, scope, receive) is None:
+                return  # answered, or the client left
+            slots = self._slots
+            if slots is None:
+                await self.app(scope, receive, send)
+                return
+            try:
+                caller = slots.take(exchange, scope)  # once the body arrived
+            except WireError as refused:
+                exchange.failure = refused
+                await exchange.error(refused)
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                slots.give_back(caller)
         finally:
+            telemetry.end(traced, exchange, scope)
             exit_request_id(token)
             gateway.leave(task)
 
@@ -532,8 +581,8 @@ class _FormatEndpoints:
 def _format_endpoint(
     gateway: Gateway, format: InboundFormat, slots: Slots, handler: ASGIApp | None = None
 ) -> ASGIApp:
-    """The stack of layers of one inbound format (see the module docstring) around its
-    handler (the pipeline call, unless given)."""
+    """The endpoint of one inbound format (see the module docstring) around its handler
+    (the pipeline call, unless given)."""
     settings = gateway.settings
     inner: ASGIApp
     if handler is None:
@@ -548,34 +597,17 @@ def _format_endpoint(
             inner = GovernanceMiddleware(inner, governance=governance, path=format.path)
     else:
         inner = handler
-    limited = LimitsMiddleware(inner, slots=slots)
-    read = BodyMiddleware(
-        limited, max_body_bytes=settings.max_body_bytes, builtin_tools=settings.builtin_tools
+    body = BodyReader(max_body_bytes=settings.max_body_bytes, builtin_tools=settings.builtin_tools)
+    return _Endpoint(
+        inner, gateway=gateway, format=format, route=format.path, body=body, slots=slots
     )
-    authenticated = AuthMiddleware(
-        read, keys=gateway.keys, x_api_key=format.x_api_key, ring=gateway.governance.ring
-    )
-    traced = TelemetryMiddleware(
-        authenticated,
-        route=format.path,
-        tracer_provider=gateway.tracer_provider,
-        meter_provider=gateway.meter_provider,
-    )
-    return _Endpoint(traced, gateway=gateway, format=format)
 
 
 def _stored_endpoint(gateway: Gateway, route: str) -> ASGIApp:
-    """The stack of one stored responses' path: request id, telemetry, auth (the caller's
-    key is the partition), then the store."""
+    """The endpoint of one stored responses' path: request id, telemetry, auth (the
+    caller's key is the partition; virtual keys are not taken here), then the store."""
     endpoint = StoredResponseEndpoint(gateway.stored_responses)
-    authenticated = AuthMiddleware(endpoint, keys=gateway.keys, x_api_key=RESPONSES.x_api_key)
-    traced = TelemetryMiddleware(
-        authenticated,
-        route=route,
-        tracer_provider=gateway.tracer_provider,
-        meter_provider=gateway.meter_provider,
-    )
-    return _Endpoint(traced, gateway=gateway, format=RESPONSES)
+    return _Endpoint(endpoint, gateway=gateway, format=RESPONSES, route=route, virtual=False)
 
 
 def create_app(

@@ -9,6 +9,7 @@ import contextvars
 import importlib
 import importlib.util
 import json
+import re
 import sys
 from types import ModuleType
 from typing import Any
@@ -104,6 +105,32 @@ def test_what_orjson_refuses_is_read_by_the_standard_library(text: str, exact: b
     value, flag = fast.loads_exact(text)
     assert flag is exact
     assert json.dumps(value) == json.dumps(json.loads(text))
+
+
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=8), st.sampled_from([b"0", b"9", b"12345", b"\xb9", b"\x00"])),
+        max_size=40,
+    )
+)
+def test_a_run_of_19_digits_is_found_in_bytes_as_in_text(parts: list[bytes]) -> None:
+    data = b"".join(parts)
+    expected = re.search(rb"[0-9]{19}", data) is None
+    assert fast._orjson_reads(data) is expected
+    assert fast._orjson_reads(data.decode("latin-1")) is expected
+
+
+@pytest.mark.parametrize(
+    ("data", "reads"),
+    [
+        (b'{"a": 123456789012345678}', True),  # 18 digits
+        (b'{"a": 1234567890123456789}', False),  # 19
+        (b'"x1234567890123456789y"', False),  # in a string too
+        (b"123456789012345678 9", True),
+    ],
+)
+def test_long_runs_of_digits_go_to_the_standard_library(data: bytes, reads: bool) -> None:
+    assert fast._orjson_reads(data) is reads
 
 
 @pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "nul", "[1,]"])

@@ -221,3 +221,43 @@ async def test_without_a_tracer_provider_a_callers_trace_still_goes_upstream(
     first, second = primary.requests
     assert first.headers["traceparent"].split("-")[1] == trace_id
     assert "traceparent" not in second.headers
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.WARNING])
+def test_the_request_lines_record_is_what_make_record_makes(level: int) -> None:
+    # The line's record is copied from a template (`_line_record`): every field a formatter
+    # may read is the one `Logger.makeRecord` gives, the clock's apart (read a moment later).
+    from pipeline.gateway import _telemetry
+
+    args = ("POST", "/v1/x", 200, 1.5, "req_1", "-", "m", "r", 1, "false", "-", "-", "", "ok")
+    logger = _telemetry._logger
+    expected = logger.makeRecord(
+        logger.name, level, _telemetry.__file__, 0, _telemetry._LINE, args, None
+    ).__dict__
+    for _ in range(2):  # the first call makes the template, the second copies it
+        record = _telemetry._line_record(level, args)
+        assert type(record) is logging.LogRecord
+        made = record.__dict__
+        clock = {"created", "msecs", "relativeCreated"}
+        assert {k: v for k, v in made.items() if k not in clock} == {
+            k: v for k, v in expected.items() if k not in clock
+        }
+        assert 0 <= made["created"] - expected["created"] < 60
+        assert 0 <= made["msecs"] < 1000
+        assert made["relativeCreated"] >= expected["relativeCreated"]
+        assert record.getMessage() == _telemetry._LINE % args
+
+
+def test_a_record_factory_of_the_users_makes_the_request_lines_record() -> None:
+    from pipeline.gateway import _telemetry
+
+    class Mine(logging.LogRecord):
+        pass
+
+    saved = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(Mine)
+    try:
+        record = _telemetry._line_record(logging.INFO, ("POST",) * 14)
+    finally:
+        logging.setLogRecordFactory(saved)
+    assert type(record) is Mine

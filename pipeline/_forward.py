@@ -1,6 +1,8 @@
 """The forwarded path: a request sent on as its client wrote it, and the provider's own
 answer sent back, when the client's API and the route's are the same and every layer in
-between keeps answers whole.
+between keeps answers whole. A forwarded stream's updates (`ForwardedUpdate`) and the shape
+of its text deltas (`DeltaFrame`) live here, where the providers that make them and the
+gateway that writes them both reach.
 
 The details and the reasons: the design notes (docs/internals.md).
 """
@@ -11,12 +13,16 @@ import contextvars
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from pipeline.types import ChatResponseUpdate, Content, FunctionCallContent, checked_text
+
 if TYPE_CHECKING:
     from pipeline.types import ChatMessage, ChatOptions
 
 __all__ = [
     "CHAT_COMPLETIONS",
+    "DeltaFrame",
     "Forward",
+    "ForwardedUpdate",
     "current_forward",
     "enter_forward",
     "exit_forward",
@@ -87,3 +93,82 @@ def forwarding_clients(roots: Iterable[Any]) -> list[Any]:
             below.extend(owned())
         pending.extend((child, passes) for child in below)
     return [client for client, ok in safe.values() if ok]
+
+
+# -- what a provider hands the gateway of a forwarded stream -------------------------------
+
+
+class DeltaFrame:
+    """What the text (or reasoning) deltas of one stream share: the bytes of an event (with
+    its ``data: ``) before the string of its delta's one field (`head`) and after it
+    (`tail`). An event of these bytes around another JSON string is that event with that
+    string (a JSON string is one token, whatever it holds), so `ForwardedEvents` decodes
+    the string alone and passes ``(frame, text, event bytes)`` on.
+
+    `text` says whether the field is ``content`` (else reasoning); `ids` holds the event's
+    ``id`` and ``model``; `source` is the decoded event the frame was learned from, which
+    came before every event of the frame (the gateway writes their bytes around it)."""
+
+    __slots__ = ("head", "ids", "source", "tail", "text")
+
+    def __init__(
+        self, head: bytes, tail: bytes, text: bool, ids: dict[str, Any], source: dict[str, Any]
+    ) -> None:
+        self.head = head
+        self.tail = tail
+        self.text = text
+        self.ids = ids
+        self.source = source
+
+
+_CONTENTS = ChatResponseUpdate.__dict__["contents"]  # the dataclass's own slot
+_get_contents = _CONTENTS.__get__
+_set_contents = _CONTENTS.__set__
+
+
+class ForwardedUpdate(ChatResponseUpdate):
+    """A `ChatResponseUpdate` of one forwarded read whose `contents` are made the first time
+    they are read (from the texts and contents the read's events gave, in order), then kept:
+    every other field is set at once. Equal to a `ChatResponseUpdate` with the same fields."""
+
+    __slots__ = ("_calls", "_pieces")
+    _calls: list[FunctionCallContent]
+    _pieces: list[Any]  # texts (made `TextContent`s when read) and contents, in order
+
+    @property
+    def contents(self) -> list[Content]:
+        try:
+            return _get_contents(self)  # type: ignore[no-any-return]
+        except AttributeError:  # not made yet
+            contents = [
+                checked_text(piece) if type(piece) is str else piece for piece in self._pieces
+            ]
+            _set_contents(self, contents)
+            return contents
+
+    @contents.setter
+    def contents(self, value: list[Content]) -> None:
+        _set_contents(self, value)
+        self._calls = [content for content in value if type(content) is FunctionCallContent]
+
+    @property
+    def calls(self) -> list[FunctionCallContent]:
+        """The tool calls among the contents (read without making the contents)."""
+        return self._calls
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChatResponseUpdate):
+            return NotImplemented
+        return _fields(self) == _fields(other)
+
+
+def _fields(update: ChatResponseUpdate) -> tuple[Any, ...]:
+    return (
+        update.role,
+        update.contents,
+        update.response_id,
+        update.model_id,
+        update.finish_reason,
+        update.usage,
+        update.value,
+    )

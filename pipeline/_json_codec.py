@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FAST", "dumps", "fast_loads", "loads", "loads_exact"]
+__all__ = ["FAST", "dumps", "fast_loads", "loads", "loads_exact", "orjson_reads"]
 
 _loads: Callable[[bytes | str], Any] | None
 _dumps: Callable[[Any], bytes] | None
@@ -48,7 +48,7 @@ _LONG_RUN = b"0" * 19
 _LONG_DIGITS_TEXT = re.compile(r"[0-9]{19}")
 
 
-def _orjson_reads(data: bytes | str) -> bool:
+def orjson_reads(data: bytes | str) -> bool:
     """Whether orjson reads `data` as ``json.loads`` does, when it reads it at all."""
     if isinstance(data, bytes):
         return _LONG_RUN not in data.translate(_DIGITS_ONLY)
@@ -60,7 +60,7 @@ def fast_loads(data: bytes | str) -> Any:
     refuses, JSON or not, and for what it would read otherwise); only when `FAST`."""
     if _loads is None:  # pragma: no cover - the gateway extra has orjson
         raise ValueError("orjson is not installed")
-    if not _orjson_reads(data):
+    if not orjson_reads(data):
         raise ValueError("a run of digits orjson may not read exactly")
     return _loads(data)
 
@@ -70,7 +70,7 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def loads(data: bytes | str) -> Any:
     """``json.loads(data)``'s value (`ValueError` for what is not JSON)."""
-    if _loads is not None and _orjson_reads(data):
+    if _loads is not None and orjson_reads(data):
         try:
             return _loads(data)
         except ValueError:
@@ -82,7 +82,7 @@ def loads_exact(data: bytes | str) -> tuple[Any, bool]:
     """`loads`, and whether the value holds only what `dumps` writes back as it came: True
     when orjson decoded it (no ``NaN``, no integer beyond 64 bits); without orjson, True."""
     if _loads is not None:
-        if _orjson_reads(data):
+        if orjson_reads(data):
             try:
                 return _loads(data), True
             except ValueError:

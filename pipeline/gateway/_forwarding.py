@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline._forward import CHAT_COMPLETIONS, Forward
+from pipeline._forward import CHAT_COMPLETIONS, DeltaFrame, Forward, ForwardedUpdate
 from pipeline._json import decoded_exactly
 from pipeline._json_codec import dumps, loads
 from pipeline.gateway._shared import StreamEncoder
-from pipeline.providers._forwarding import DeltaFrame, ForwardedUpdate
 from pipeline.types import ChatResponseUpdate, FinishReason, FunctionCallContent, UsageDetails
 from pipeline.wire import ChatRequest, WireError
 from pipeline.wire.chat_completions.inbound import finish_reason, usage_payload

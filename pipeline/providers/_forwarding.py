@@ -18,16 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline._json_codec import FAST, dumps
+from pipeline._forward import DeltaFrame, ForwardedUpdate
+from pipeline._json_codec import FAST, dumps, orjson_reads
 from pipeline.errors import ProviderError
 from pipeline.types import (
     ChatResponseUpdate,
     ChatRole,
-    Content,
     FunctionCallContent,
     ReasoningContent,
     UsageDetails,
-    checked_text,
 )
 from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
 from pipeline.wire.sse import MAX_LINE, Payloads
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
 if FAST:
     from orjson import loads as _orjson_loads
 
-__all__ = ["ForwardedEvents", "ForwardedReads", "ForwardedUpdate", "chat_completions_body"]
+__all__ = ["ForwardedEvents", "ForwardedReads", "chat_completions_body"]
 
 _TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
@@ -72,36 +71,9 @@ def chat_completions_body(
 
 # -- the events of a stream ---------------------------------------------------------------------
 
-# bytes.translate and find spot a run of 19 digits (which orjson may not read as json does:
-# `pipeline._json_codec`) at a small fraction of a regular expression's cost.
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_LONG_RUN = b"0" * 19
 _DELTA_TEXTS = {"content": True, "reasoning_content": False, "reasoning": False}
 _NUL = b"\\u0000"  # how JSON writes the character a frame's probe puts in the string
 _MAX_FRAMES = 4  # frames one stream may learn (its deltas change shape a few times at most)
-
-
-class DeltaFrame:
-    """What the text (or reasoning) deltas of one stream share: the bytes of an event (with
-    its ``data: ``) before the string of its delta's one field (`head`) and after it
-    (`tail`). An event of these bytes around another JSON string is that event with that
-    string (a JSON string is one token, whatever it holds), so `ForwardedEvents` decodes
-    the string alone and passes ``(frame, text, event bytes)`` on.
-
-    `text` says whether the field is ``content`` (else reasoning); `ids` holds the event's
-    ``id`` and ``model``; `source` is the decoded event the frame was learned from, which
-    came before every event of the frame (the gateway writes their bytes around it)."""
-
-    __slots__ = ("head", "ids", "source", "tail", "text")
-
-    def __init__(
-        self, head: bytes, tail: bytes, text: bool, ids: dict[str, Any], source: dict[str, Any]
-    ) -> None:
-        self.head = head
-        self.tail = tail
-        self.text = text
-        self.ids = ids
-        self.source = source
 
 
 def _past_blanks(data: bytes, at: int) -> int:
@@ -228,11 +200,7 @@ class ForwardedEvents:
                     if type(text) is str:
                         payloads.append((frame, text, part))
                         continue
-            if (
-                part[:7] == b"data: {"
-                and part.find(b"\n") < 0
-                and part.translate(_DIGITS_AS_ZERO).find(_LONG_RUN) < 0
-            ):
+            if part[:7] == b"data: {" and part.find(b"\n") < 0 and orjson_reads(part):
                 try:
                     payload = _orjson_loads(part[6:])
                 except ValueError:
@@ -296,60 +264,9 @@ class _Reader(Protocol):
     def finish(self) -> ChatResponseUpdate | None: ...
 
 
-_CONTENTS = ChatResponseUpdate.__dict__["contents"]  # the dataclass's own slot
-_get_contents = _CONTENTS.__get__
-_set_contents = _CONTENTS.__set__
 _new_object = object.__new__
 _ASSISTANT = ChatRole.ASSISTANT
 _NO_DELTA: dict[str, Any] = {}
-
-
-class ForwardedUpdate(ChatResponseUpdate):
-    """A `ChatResponseUpdate` of one forwarded read whose `contents` are made the first time
-    they are read (from the texts and contents the read's events gave, in order), then kept:
-    every other field is set at once. Equal to a `ChatResponseUpdate` with the same fields."""
-
-    __slots__ = ("_calls", "_pieces")
-    _calls: list[FunctionCallContent]
-    _pieces: list[Any]  # texts (made `TextContent`s when read) and contents, in order
-
-    @property
-    def contents(self) -> list[Content]:
-        try:
-            return _get_contents(self)  # type: ignore[no-any-return]
-        except AttributeError:  # not made yet
-            contents = [
-                checked_text(piece) if type(piece) is str else piece for piece in self._pieces
-            ]
-            _set_contents(self, contents)
-            return contents
-
-    @contents.setter
-    def contents(self, value: list[Content]) -> None:
-        _set_contents(self, value)
-        self._calls = [content for content in value if type(content) is FunctionCallContent]
-
-    @property
-    def calls(self) -> list[FunctionCallContent]:
-        """The tool calls among the contents (read without making the contents)."""
-        return self._calls
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ChatResponseUpdate):
-            return NotImplemented
-        return _fields(self) == _fields(other)
-
-
-def _fields(update: ChatResponseUpdate) -> tuple[Any, ...]:
-    return (
-        update.role,
-        update.contents,
-        update.response_id,
-        update.model_id,
-        update.finish_reason,
-        update.usage,
-        update.value,
-    )
 
 
 def _update(

@@ -116,8 +116,8 @@ def test_what_orjson_refuses_is_read_by_the_standard_library(text: str, exact: b
 def test_a_run_of_19_digits_is_found_in_bytes_as_in_text(parts: list[bytes]) -> None:
     data = b"".join(parts)
     expected = re.search(rb"[0-9]{19}", data) is None
-    assert fast._orjson_reads(data) is expected
-    assert fast._orjson_reads(data.decode("latin-1")) is expected
+    assert fast.orjson_reads(data) is expected
+    assert fast.orjson_reads(data.decode("latin-1")) is expected
 
 
 @pytest.mark.parametrize(
@@ -130,7 +130,7 @@ def test_a_run_of_19_digits_is_found_in_bytes_as_in_text(parts: list[bytes]) -> 
     ],
 )
 def test_long_runs_of_digits_go_to_the_standard_library(data: bytes, reads: bool) -> None:
-    assert fast._orjson_reads(data) is reads
+    assert fast.orjson_reads(data) is reads
 
 
 @pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "nul", "[1,]"])

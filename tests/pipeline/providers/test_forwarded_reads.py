@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from pipeline._forward import ForwardedUpdate
 from pipeline.errors import ProviderError
-from pipeline.providers._forwarding import ForwardedReads, ForwardedUpdate
+from pipeline.providers._forwarding import ForwardedReads
 from pipeline.types import ChatResponseUpdate, FunctionCallContent, ReasoningContent, TextContent
 from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEPayloads

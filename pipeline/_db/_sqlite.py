@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,6 +63,24 @@ def _statements(sql: str) -> list[str]:
     return found
 
 
+_WAL_RETRY_PAUSE = 0.01
+
+
+def _switch_to_wal(raw: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode, waiting up to `timeout` seconds for other connections
+    switching it at the same moment: SQLite answers "database is locked" at once there,
+    without its busy handler (which could deadlock), so replicas opening one new file
+    together would fail."""
+    for attempt in range(max(1, int(timeout / _WAL_RETRY_PAUSE))):  # bounded by `timeout`
+        try:
+            raw.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or (attempt + 1) * _WAL_RETRY_PAUSE >= timeout:
+                raise
+        time.sleep(_WAL_RETRY_PAUSE)  # on the database's own thread, never the loop's
+
+
 class SQLiteDatabase(Database):
     """A SQLite file (made with its folder when missing). One connection, used only by this
     database's own thread; calls run one at a time, in order (a transaction's statements
@@ -89,7 +108,7 @@ class SQLiteDatabase(Database):
             raw = sqlite3.connect(
                 self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
             )
-            raw.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(raw, self.timeout)
             raw.execute("PRAGMA synchronous=NORMAL")
             self._raw = raw
         return raw

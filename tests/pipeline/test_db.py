@@ -4,12 +4,14 @@ the same tests over SQLite and a real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from pipeline import _db
+from pipeline._db import _sqlite
 from pipeline.cli import main
 from pipeline.errors import SchemaVersionError
 from tests.postgres_server import PostgresServer
@@ -234,3 +236,40 @@ def test_a_stopped_database_is_told_by_its_error_type_only(
     assert main(["db", "status", "--database-env", "LEDGER_DSN"]) == 1
     err = capsys.readouterr().err
     assert "failed (" in err and "s3cret" not in err
+
+
+class _LockedThenFree:
+    """A connection whose switch to WAL finds the file locked `times` times (another
+    replica switching it at that moment), then succeeds."""
+
+    def __init__(self, times: int, error: str = "database is locked") -> None:
+        self.times = times
+        self.error = error
+        self.calls = 0
+
+    def execute(self, sql: str) -> None:
+        assert sql == "PRAGMA journal_mode=WAL"
+        self.calls += 1
+        if self.calls <= self.times:
+            raise sqlite3.OperationalError(self.error)
+
+
+def test_switching_to_wal_waits_for_a_replica_switching_the_same_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(_sqlite.time, "sleep", pauses.append)
+    raw = _LockedThenFree(times=3)
+    _sqlite._switch_to_wal(raw, timeout=5.0)  # type: ignore[arg-type]
+    assert raw.calls == 4 and len(pauses) == 3
+
+    # Another error is raised at once; a lock that outlasts the bound is raised at the bound.
+    other = _LockedThenFree(times=1, error="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _sqlite._switch_to_wal(other, timeout=5.0)  # type: ignore[arg-type]
+    assert other.calls == 1
+    pauses.clear()
+    stuck = _LockedThenFree(times=10_000)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _sqlite._switch_to_wal(stuck, timeout=0.05)  # type: ignore[arg-type]
+    assert stuck.calls == 5 and len(pauses) == 4

@@ -61,11 +61,17 @@ def malformed(provider: str, what: str) -> ProviderError:
 
 
 def int_or_none(value: Any) -> int | None:
+    # What JSON decodes to (an int, or nothing) first: every usage count of every response
+    # comes through here.
+    if type(value) is int:
+        return value
+    if value is None:
+        return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
+    return value if type(value) is str or isinstance(value, str) else None
 
 
 def cache_counted_apart(
@@ -127,13 +133,19 @@ UsageFields = Mapping[str, tuple[str, ...]]
 def read_usage(value: Any, fields: UsageFields) -> UsageDetails | None:
     """The usage an object says, each count read where `fields` puts it (a count that is
     not an integer is unknown); None when `value` is not an object."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         return None
     counts: dict[str, int | None] = {}
     for name, path in fields.items():
         found: Any = value
         for key in path:
-            found = found.get(key) if isinstance(found, Mapping) else None
+            # A decoded body's objects are dicts: the `Mapping` check (an ABC's, some ten
+            # times dearer) only for anything else.
+            if type(found) is dict or (found is not None and isinstance(found, Mapping)):
+                found = found.get(key)
+            else:
+                found = None
+                break
         counts[name] = int_or_none(found)
     return UsageDetails(**counts)
 

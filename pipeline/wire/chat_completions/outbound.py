@@ -226,7 +226,7 @@ def parse_response(
 ) -> ChatResponse:
     """A non-streaming Chat Completions response (`custom_tools`: the names of the request's
     custom tools, whose calls come back as custom calls)."""
-    if not isinstance(payload, Mapping):
+    if type(payload) is not dict and not isinstance(payload, Mapping):
         raise malformed(provider, "the body is not a JSON object")
     if "error" in payload and payload.get("error"):
         raise error_from_payload(payload["error"], provider)
@@ -234,7 +234,7 @@ def parse_response(
     if choice is None:
         raise malformed(provider, "the response has no choices")
     message = choice.get("message")
-    if not isinstance(message, Mapping):
+    if type(message) is not dict and not isinstance(message, Mapping):
         raise malformed(provider, "the choice has no message object")
     contents: list[Content] = []
     reasoning = _reasoning_text(message, provider)

@@ -25,6 +25,7 @@ from pipeline.providers._http import (
     capped_body,
     decode_json,
     status_error_of,
+    too_large,
     transport_error,
 )
 
@@ -154,10 +155,15 @@ class AiohttpTransport:
             response = await self._post(target, body, headers, provider, where)
             try:
                 # Chunk by chunk (aiohttp decompresses each one bounded), so the size bound
-                # holds while the body arrives.
-                data = await capped_body(
-                    response.content.readany, self.max_response_bytes, provider, where
-                )
+                # holds while the body arrives; a body that came whole (a chat answer, as a
+                # rule) is done at its first read, without a read that finds its end.
+                content = response.content
+                limit = self.max_response_bytes
+                data = await content.readany()
+                if not content.at_eof():
+                    data = await capped_body(content.readany, limit, provider, where, data)
+                elif len(data) > limit:
+                    raise too_large(limit, provider, where)
             finally:
                 response.release()
         except aiohttp.ClientError as exc:

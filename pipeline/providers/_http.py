@@ -51,6 +51,7 @@ __all__ = [
     "service_url",
     "status_error",
     "status_error_of",
+    "too_large",
     "traced",
     "transport_error",
 ]
@@ -196,24 +197,32 @@ async def bounded_body(read: Read, errors: tuple[type[Exception], ...]) -> bytes
     return body
 
 
-async def capped_body(read: Read, limit: int, provider: str, url: str) -> bytes:
+async def capped_body(read: Read, limit: int, provider: str, url: str, first: bytes = b"") -> bytes:
     """A response's whole body, decoded (the transport decompresses it chunk by chunk, each
     chunk bounded), failing with a `ProviderError` (code ``response_too_large``) as soon as
-    it passes `limit` bytes: never more than `limit` and one chunk are held."""
-    body = bytearray()
+    it passes `limit` bytes: never more than `limit` and one chunk are held. `first` is what
+    the caller already read of it."""
+    if len(first) > limit:
+        raise too_large(limit, provider, url)
+    body = bytearray(first)
     while True:
         chunk = await read()
         if not chunk:
             return bytes(body)
         if len(body) + len(chunk) > limit:
-            raise provider_error(
-                FailureKind.UNKNOWN,
-                f"the response body is larger than {limit} bytes",
-                provider=provider,
-                code="response_too_large",
-                url=url,
-            )
+            raise too_large(limit, provider, url)
         body += chunk
+
+
+def too_large(limit: int, provider: str, url: str) -> ProviderError:
+    """The failure of a response body larger than `limit` bytes."""
+    return provider_error(
+        FailureKind.UNKNOWN,
+        f"the response body is larger than {limit} bytes",
+        provider=provider,
+        code="response_too_large",
+        url=url,
+    )
 
 
 def positive_bytes(value: object, name: str) -> int:

@@ -18,7 +18,8 @@ from pipeline.testing import collect
 from tests.pipeline.providers.raw_http import RawHTTPServer
 
 SSE_HEAD = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
-JSON_GZIP_HEAD = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip"
+JSON_HEAD = "HTTP/1.1 200 OK\r\ncontent-type: application/json"
+JSON_GZIP_HEAD = JSON_HEAD + "\r\ncontent-encoding: gzip"
 SSE_GZIP_HEAD = SSE_HEAD + "\r\ncontent-encoding: gzip"
 
 
@@ -91,6 +92,25 @@ async def test_a_body_inside_the_bound_is_read_whole(transport: str) -> None:
         finally:
             await client.aclose()
     assert result.error is None and result.text.strip() == "ok"
+
+
+async def test_a_plain_body_past_the_bound_fails_typed_whether_or_not_it_came_whole(
+    transport: str,
+) -> None:
+    # Far past the bound and not compressed: aiohttp may hand it over in one read, which
+    # is checked against the bound like every later chunk.
+    answer = {"id": "c1", "object": "chat.completion", "model": "m", "pad": "x" * 5_000}
+    async with RawHTTPServer(JSON_HEAD, json.dumps(answer).encode()) as server:
+        client = OpenAIChatClient(
+            "m", api_key="sk-test", base_url=server.base_url, max_response_bytes=1_000
+        )
+        try:
+            result = await collect(client, "hi", streaming=False)
+        finally:
+            await client.aclose()
+    error = result.error
+    assert isinstance(error, ProviderError) and error.code == "response_too_large"
+    assert "1000 bytes" in str(error)
 
 
 def test_the_bound_must_be_positive_bytes() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
 
-from pipeline.client import ChatClient, DelegatingChatClient, check_options
-from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
+from pipeline.client import Answer, ChatClient, DelegatingChatClient, check_options, raising
+from pipeline.types import ChatOptions, ChatResponseUpdate, Messages
 
 __all__ = ["ConfigureOptionsChatClient", "OptionsConfigurer"]
 
@@ -44,10 +44,13 @@ class ConfigureOptionsChatClient(DelegatingChatClient):
         # the inner layers mutate it, so anything but our clone is cloned again.
         return result if result is base else result.clone()
 
-    async def get_response(
-        self, messages: Messages, options: ChatOptions | None = None
-    ) -> ChatResponse:
-        return await self.inner.get_response(messages, self._options(options))
+    def get_response(self, messages: Messages, options: ChatOptions | None = None) -> Answer:
+        # The inner call's coroutine, not one of our own around it (`ChatPipeline`'s reason).
+        try:
+            configured = self._options(options)
+        except Exception as exc:
+            return raising(exc)
+        return self.inner.get_response(messages, configured)
 
     def get_streaming_response(
         self, messages: Messages, options: ChatOptions | None = None

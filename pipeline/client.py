@@ -9,10 +9,10 @@ everything beneath it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 from pipeline.types import ChatOptions, ChatResponse, ChatResponseUpdate, Messages
 
@@ -104,6 +104,17 @@ def check_options(options: object) -> ChatOptions | None:
     if options is None or type(options) is ChatOptions or isinstance(options, ChatOptions):
         return options
     raise TypeError(f"options must be ChatOptions or None, not {type(options).__name__}")
+
+
+async def raising(error: BaseException) -> Any:
+    """A coroutine that raises `error` when awaited: for a `get_response` that returns the
+    inner call's coroutine instead of awaiting it in one of its own, so a bad argument still
+    fails where the call is awaited, as it does in an ``async def``."""
+    raise error
+
+
+Answer = Coroutine[Any, Any, ChatResponse]
+"""What `get_response` returns without a coroutine of its own (the inner call's)."""
 
 
 def client_name(client: ChatClient) -> str:

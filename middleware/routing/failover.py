@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from middleware.routing._engine import (
     DEFAULT_MAX_ATTEMPTS,
+    Alternatives,
     FailoverPolicy,
     FailoverSettings,
+    MayFailOver,
+    OnAttempt,
     RequestState,
     Watch,
 )
@@ -128,8 +131,16 @@ class FailoverChatClient(RoutingChatClient):
 
     # -- what the engine asks -------------------------------------------------------------
 
+    # The policy hooks, bound once: three bound methods made per request would be three more
+    # objects every request in flight holds (see the performance notes, "The library at
+    # concurrency").
+    _hooks: tuple[OnAttempt, MayFailOver, Alternatives] | None = None
+
     def _new_request(self, context: RoutingContext) -> RequestState:
         settings = self.settings
+        hooks = self._hooks
+        if hooks is None:
+            hooks = self._hooks = (self.on_routing_update, self.should_failover, self._alternatives)
         return RequestState(
             context,
             settings,
@@ -137,9 +148,9 @@ class FailoverChatClient(RoutingChatClient):
             self._new_budget(settings),
             _scope.current_report(),
             self.affinity,
-            self.on_routing_update,
-            self.should_failover,
-            self._alternatives,
+            hooks[0],
+            hooks[1],
+            hooks[2],
             self._watch_attempt,
         )
 

@@ -240,3 +240,23 @@ async def test_a_client_without_metadata_works_everywhere(streaming: bool) -> No
     routed = ChatPipeline.builder().use_ordered_failover([NoMetadata()]).build()  # type: ignore[list-item]
     assert routed.describe() == ["OrderedFailoverChatClient(NoMetadata)"]
     assert (await collect(routed, "hi", streaming=streaming)).text == "plain"
+
+
+async def test_a_bad_argument_fails_where_the_call_is_awaited_not_where_it_is_made() -> None:
+    # `ChatPipeline` and configure-options hand over the inner call's coroutine instead of
+    # awaiting it in one of their own: the failure still comes at the await, as from an
+    # `async def`, and a good call after it is served.
+    def configure(options: ChatOptions) -> ChatOptions:
+        return "not options" if options.model_id == "bad" else options  # type: ignore[return-value]
+
+    inner = ScriptedChatClient("hello")
+    pipeline = ChatPipeline.builder().configure_options(configure).build(inner)
+    not_messages = pipeline.get_response(42)  # type: ignore[arg-type]
+    badly_configured = pipeline.get_response("hi", ChatOptions(model_id="bad"))
+    with pytest.raises(TypeError, match="messages"):
+        await not_messages
+    with pytest.raises(TypeError, match="configure must return ChatOptions"):
+        await badly_configured
+    assert inner.calls == []
+    assert (await pipeline.get_response("hi")).text == "hello"
+    assert len(inner.calls) == 1

@@ -126,7 +126,7 @@ class ChatPipeline(AsyncClosing):
 
     def get_response(self, messages: Messages, options: ChatOptions | None = None) -> Answer:
         # The layers' coroutine itself, not one of our own around it: a request in flight
-        # holds one object less (see the performance notes on collections at concurrency).
+        # holds one object less (see the performance notes, "The library at concurrency").
         try:
             checked = as_messages(messages), check_options(options)
         except Exception as exc:

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.errors import ProviderError
 from pipeline.providers import OpenAIChatClient
-from pipeline.testing import collect
+from pipeline.testing import Collected, collect
 from tests.pipeline.providers.raw_http import RawHTTPServer
 
 SSE_HEAD = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
@@ -43,6 +43,18 @@ def chunk(text: str) -> bytes:
         "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
     }
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def whole_answer(head: str, body: bytes, *, max_response_bytes: int) -> Collected:
+    """A non-streamed call to a server answering `head` and `body`, with that bound."""
+    async with RawHTTPServer(head, body) as server:
+        client = OpenAIChatClient(
+            "m", api_key="sk-test", base_url=server.base_url, max_response_bytes=max_response_bytes
+        )
+        try:
+            return await collect(client, "hi", streaming=False)
+        finally:
+            await client.aclose()
 
 
 async def test_a_non_streamed_body_past_the_bound_fails_typed_holding_little(
@@ -83,14 +95,7 @@ async def test_a_body_inside_the_bound_is_read_whole(transport: str) -> None:
         ],
     }
     body = gzip.compress(json.dumps(answer).encode())
-    async with RawHTTPServer(JSON_GZIP_HEAD, body) as server:
-        client = OpenAIChatClient(
-            "m", api_key="sk-test", base_url=server.base_url, max_response_bytes=200_000
-        )
-        try:
-            result = await collect(client, "hi", streaming=False)
-        finally:
-            await client.aclose()
+    result = await whole_answer(JSON_GZIP_HEAD, body, max_response_bytes=200_000)
     assert result.error is None and result.text.strip() == "ok"
 
 
@@ -100,14 +105,7 @@ async def test_a_plain_body_past_the_bound_fails_typed_whether_or_not_it_came_wh
     # Far past the bound and not compressed: aiohttp may hand it over in one read, which
     # is checked against the bound like every later chunk.
     answer = {"id": "c1", "object": "chat.completion", "model": "m", "pad": "x" * 5_000}
-    async with RawHTTPServer(JSON_HEAD, json.dumps(answer).encode()) as server:
-        client = OpenAIChatClient(
-            "m", api_key="sk-test", base_url=server.base_url, max_response_bytes=1_000
-        )
-        try:
-            result = await collect(client, "hi", streaming=False)
-        finally:
-            await client.aclose()
+    result = await whole_answer(JSON_HEAD, json.dumps(answer).encode(), max_response_bytes=1_000)
     error = result.error
     assert isinstance(error, ProviderError) and error.code == "response_too_large"
     assert "1000 bytes" in str(error)

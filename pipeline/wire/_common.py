@@ -127,14 +127,19 @@ UsageFields = Mapping[str, tuple[str, ...]]
 def read_usage(value: Any, fields: UsageFields) -> UsageDetails | None:
     """The usage an object says, each count read where `fields` puts it (a count that is
     not an integer is unknown); None when `value` is not an object."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         return None
     counts: dict[str, int | None] = {}
+    # Exact types first: a decoded object is a dict and a count an int (every stream's
+    # usage passes here, and an ABC's isinstance costs some thousand instructions).
     for name, path in fields.items():
         found: Any = value
         for key in path:
-            found = found.get(key) if isinstance(found, Mapping) else None
-        counts[name] = int_or_none(found)
+            if type(found) is not dict and (found is None or not isinstance(found, Mapping)):
+                found = None
+                break
+            found = found.get(key)
+        counts[name] = found if type(found) is int or found is None else int_or_none(found)
     return UsageDetails(**counts)
 
 

@@ -29,6 +29,7 @@ _CALL_FIELDS = frozenset({"id", "type", "function"})
 _FUNCTION_FIELDS = frozenset({"name", "arguments"})
 _FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
 _EMPTY_TEXT = {"content": ""}
+_DONE = b"data: [DONE]\n\n"
 _PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a frame holds
 
 
@@ -277,6 +278,8 @@ class ForwardedChunks:
     def end(self) -> str | bytes:
         if not self._raw:
             return self._parsed.end()
+        if self._finished and (self._usage_sent or not self._include_usage):
+            return _DONE  # the stream's own finish (and usage) went out: only the end is left
         out = []
         head = {
             "id": self._id,
@@ -291,7 +294,7 @@ class ForwardedChunks:
         if self._include_usage and not self._usage_sent:
             usage = usage_payload(self._usage)
             out.append(b"data: " + dumps({**head, "choices": [], "usage": usage}) + b"\n\n")
-        out.append(b"data: [DONE]\n\n")
+        out.append(_DONE)
         return b"".join(out)
 
     def error(self, error: WireError) -> str:

@@ -336,6 +336,18 @@ class ChatMessage:
         return f"ChatMessage(role={self.role.value!r}, contents=[{kinds}])"
 
 
+def checked_message(role: ChatRole, contents: list[Content]) -> ChatMessage:
+    """`ChatMessage(role, contents)` for a `role` that is a `ChatRole` and `contents` the
+    caller made as content objects (the list is kept, not copied), without the init's
+    checks: the gateway makes one for every message of a request."""
+    message: ChatMessage = _new_object(ChatMessage)
+    message.role = role
+    message.contents = contents
+    message.author_name = None
+    message.additional_properties = None
+    return message
+
+
 Messages: TypeAlias = str | ChatMessage | Sequence[ChatMessage]
 
 

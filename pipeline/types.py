@@ -731,6 +731,28 @@ _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ChatOptions))
 _new_object = object.__new__
 
 
+def session_options(session_id: str | None) -> ChatOptions:
+    """`ChatOptions(session_id=session_id)`, every other field its default, set field by
+    field on a bare instance as `ChatOptions.clone` does: the gateway makes one for every
+    request that sets no option."""
+    options: ChatOptions = _new_object(ChatOptions)
+    options.model_id = None
+    options.temperature = None
+    options.top_p = None
+    options.max_output_tokens = None
+    options.stop = None
+    options.seed = None
+    options.tools = None
+    options.tool_mode = None
+    options.response_format = None
+    options.reasoning_effort = None
+    options.session_id = session_id
+    options.additional_properties = {}
+    options.reasoning = None
+    options.cache = None
+    return options
+
+
 def _copy_json(value: Any) -> Any:
     """`value` with every dict and list in it copied, at any depth. A loop over the copies
     still to fill, not recursion: JSON nested thousands of levels deep is copied like any

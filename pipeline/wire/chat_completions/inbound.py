@@ -30,6 +30,7 @@ from pipeline.types import (
     UsageDetails,
     checked_message,
     checked_text,
+    session_options,
 )
 from pipeline.wire import sse
 from pipeline.wire._common import (
@@ -284,7 +285,7 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         return ChatRequest(
             model,
             messages,
-            ChatOptions(session_id=session_id),
+            session_options(session_id),
             bool(stream),
             False,
             _NO_NAMES,

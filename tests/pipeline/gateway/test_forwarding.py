@@ -19,9 +19,9 @@ import pipeline.providers.openai as openai_provider
 from pipeline.config import parse_config
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
 from pipeline.gateway._forwarding import CHAT_FORWARDER, _sent_unchanged
+from pipeline.testing import FakeOpenAIServer, FakeResponse
 from pipeline.wire import WireError
 from pipeline.wire.chat_completions.inbound import _message, parse_request
-from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.pipeline.gateway.conftest import Running, config, running
 
 pytestmark = pytest.mark.gateway

@@ -336,6 +336,18 @@ class ChatMessage:
         return f"ChatMessage(role={self.role.value!r}, contents=[{kinds}])"
 
 
+def checked_message(role: ChatRole, contents: list[Content]) -> ChatMessage:
+    """`ChatMessage(role, contents)` for a `role` that is a `ChatRole` and `contents` the
+    caller made as content objects (the list is kept, not copied), without the init's
+    checks: the gateway makes one for every message of a request."""
+    message: ChatMessage = _new_object(ChatMessage)
+    message.role = role
+    message.contents = contents
+    message.author_name = None
+    message.additional_properties = None
+    return message
+
+
 Messages: TypeAlias = str | ChatMessage | Sequence[ChatMessage]
 
 
@@ -717,6 +729,28 @@ class ChatOptions:
 
 _OPTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ChatOptions))
 _new_object = object.__new__
+
+
+def session_options(session_id: str | None) -> ChatOptions:
+    """`ChatOptions(session_id=session_id)`, every other field its default, set field by
+    field on a bare instance as `ChatOptions.clone` does: the gateway makes one for every
+    request that sets no option."""
+    options: ChatOptions = _new_object(ChatOptions)
+    options.model_id = None
+    options.temperature = None
+    options.top_p = None
+    options.max_output_tokens = None
+    options.stop = None
+    options.seed = None
+    options.tools = None
+    options.tool_mode = None
+    options.response_format = None
+    options.reasoning_effort = None
+    options.session_id = session_id
+    options.additional_properties = {}
+    options.reasoning = None
+    options.cache = None
+    return options
 
 
 def _copy_json(value: Any) -> Any:

@@ -23,6 +23,8 @@ __all__ = ["CHAT_FORWARDER", "ChatForwarder", "ForwardedChunks"]
 _NOT_SENT = frozenset(
     {"store", "metadata", "service_tier", "user", "safety_identifier", "prompt_cache_key"}
 )
+# A body of only these fields (none of them null) goes as it is.
+_AS_IS = frozenset({"model", "messages", "stream"})
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 _MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 _CALL_FIELDS = frozenset({"id", "type", "function"})
@@ -66,9 +68,14 @@ class ChatForwarder:
         payload = request.body
         if payload is None or not decoded_exactly():
             return None
-        for message in payload["messages"]:
-            if not _sent_unchanged(message):
-                return None
+        if request.plain_messages:  # the parse saw each message was of the plain shape
+            if _AS_IS.issuperset(payload) and payload.get("stream", False) is not None:
+                # Nothing to leave out: the body itself (the provider sends a copy).
+                return Forward(CHAT_COMPLETIONS, payload, request.messages, request.options)
+        else:
+            for message in payload["messages"]:
+                if not _sent_unchanged(message):
+                    return None
         body = {
             key: value
             for key, value in payload.items()

@@ -350,6 +350,10 @@ class ChatRequest:
     """What the body says of its caller, for the spend ledger's attribution (`caller_of`)."""
     body: dict[str, Any] | None = None
     """The body's JSON object as it came (a Chat Completions one: the forwarded path's)."""
+    plain_messages: bool = False
+    """Every message of `body` is of the plain shape (a ``role`` of system, user or
+    assistant and a non-empty string ``content``, nothing else), which the forwarded path
+    sends as it came without looking at each again; False says nothing either way."""
 
 
 def user_of(payload: Mapping[str, Any]) -> str | None:

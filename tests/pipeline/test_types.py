@@ -16,7 +16,15 @@ from pipeline import (
     TextContent,
     UsageDetails,
 )
-from pipeline.types import CacheMode, ReasoningOptions, ToolChoice, as_messages
+from pipeline.types import (
+    CacheMode,
+    ReasoningOptions,
+    ToolChoice,
+    as_messages,
+    checked_message,
+    checked_text,
+    session_options,
+)
 
 
 def test_role_is_str_enum() -> None:
@@ -159,6 +167,29 @@ def test_options_clone_copies_every_field() -> None:
     clone = options.clone()
     assert type(clone) is ChatOptions
     assert {name: getattr(clone, name) for name in values} == values
+
+
+@pytest.mark.parametrize("session_id", [None, "s-1"])
+def test_session_options_are_the_defaults_with_a_session(session_id: str | None) -> None:
+    # Made on a bare instance: a field added to ChatOptions must be set there too (the
+    # comparison reads every field; one left unset raises).
+    options = session_options(session_id)
+    assert type(options) is ChatOptions
+    assert options == ChatOptions(session_id=session_id)
+    assert options.additional_properties is not session_options(session_id).additional_properties
+
+
+def test_a_checked_message_is_the_message_init_makes() -> None:
+    contents: list[Any] = [checked_text("hi")]
+    message = checked_message(ChatRole.USER, contents)
+    assert type(message) is ChatMessage and message.contents is contents
+    assert message == ChatMessage(ChatRole.USER, "hi")  # every field read: none left unset
+    assert [getattr(message, f.name) for f in dataclasses.fields(ChatMessage)] == [
+        ChatRole.USER,
+        [TextContent("hi")],
+        None,
+        None,
+    ]
 
 
 def test_options_clone_normalises_a_tool_mode_string_set_after_construction() -> None:

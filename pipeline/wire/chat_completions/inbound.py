@@ -28,6 +28,9 @@ from pipeline.types import (
     TextContent,
     ToolChoice,
     UsageDetails,
+    checked_message,
+    checked_text,
+    session_options,
 )
 from pipeline.wire import sse
 from pipeline.wire._common import (
@@ -103,6 +106,12 @@ _ACCEPTED = _KNOWN | _PASSED | _DROPPED
 # taken (a value the gateway does not know yet goes on as it is) and only its type is
 # checked here; a route of another API refuses what it cannot translate.
 _ENUMS = ("reasoning_effort", "verbosity", "service_tier")
+# A body of only these fields sets no option and names no caller.
+_PLAIN_FIELDS = frozenset({"model", "messages", "stream"})
+# The roles of a message the forwarded path sends as it came (a developer message goes as a
+# system one).
+_PLAIN_ROLES = {"system": ChatRole.SYSTEM, "user": ChatRole.USER, "assistant": ChatRole.ASSISTANT}
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 def _text_parts(content: Any, param: str, *, images: bool) -> list[Content]:
@@ -248,19 +257,44 @@ def _tool_mode(value: Any, names: frozenset[str]) -> ToolChoice:
 def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
     """The request a Chat Completions body describes (see the module docstring)."""
     payload = request_object(body)
-    unknown = [key for key in payload if key not in _ACCEPTED]
-    if unknown:
-        raise unsupported_parameter(sorted(unknown)[0])
+    if not _ACCEPTED.issuperset(payload):
+        raise unsupported_parameter(sorted(key for key in payload if key not in _ACCEPTED)[0])
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("model", "is required (a model name from /v1/models)", "missing_required")
     raw_messages = payload.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise invalid("messages", "expected a non-empty list of messages", "missing_required")
-    messages = [_message(raw, index) for index, raw in enumerate(raw_messages)]
+    messages: list[ChatMessage] = []
+    plain = True
+    for index, raw in enumerate(raw_messages):
+        # Most messages are a role and its text, nothing else: made without the general
+        # reader's steps, and known to be forwarded as they came (`ChatRequest.plain_messages`).
+        if type(raw) is dict and len(raw) == 2:
+            role = raw.get("role")
+            text = raw.get("content")
+            if type(text) is str and text and type(role) is str and role in _PLAIN_ROLES:
+                messages.append(checked_message(_PLAIN_ROLES[role], [checked_text(text)]))
+                continue
+        plain = False
+        messages.append(_message(raw, index))
     stream = payload.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise invalid("stream", "expected true or false")
+    if _PLAIN_FIELDS.issuperset(payload):  # no option to read: none set, no caller named
+        return ChatRequest(
+            model,
+            messages,
+            session_options(session_id),
+            bool(stream),
+            False,
+            _NO_NAMES,
+            [],
+            None,
+            None,
+            payload,
+            plain,
+        )
     include_usage = False
     stream_options = payload.get("stream_options")
     if stream_options is not None:
@@ -314,15 +348,17 @@ def parse_request(body: bytes, *, session_id: str | None = None) -> ChatRequest:
         if key in payload:
             options.additional_properties[key] = payload[key]
     return ChatRequest(
-        model=model,
-        messages=messages,
-        options=options,
-        stream=bool(stream),
-        include_usage=include_usage,
-        tool_names=names,
-        user=user_of(payload),
-        caller=caller_of(payload),
-        body=payload,
+        model,
+        messages,
+        options,
+        bool(stream),
+        include_usage,
+        names,
+        [],
+        user_of(payload),
+        caller_of(payload),
+        payload,
+        plain,
     )
 
 

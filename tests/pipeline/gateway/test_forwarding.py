@@ -5,18 +5,23 @@ parsed answer (the response cache) keep their routes on the parsed path. Both ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import pipeline.gateway._handler as handler
 import pipeline.providers.openai as openai_provider
 from pipeline.config import parse_config
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
-from pipeline.gateway._forwarding import CHAT_FORWARDER
+from pipeline.gateway._forwarding import CHAT_FORWARDER, _sent_unchanged
 from pipeline.testing import FakeOpenAIServer, FakeResponse
+from pipeline.wire import WireError
+from pipeline.wire.chat_completions.inbound import _message, parse_request
 from tests.pipeline.gateway.conftest import Running, config, running
 
 pytestmark = pytest.mark.gateway
@@ -102,6 +107,7 @@ ANSWERS = {
         True,
     ),
     "every-option": (FakeResponse(chunks=['{"a":', "1}"], text='{"a":1}'), True),
+    "bare-body": (FakeResponse(chunks=["Hello", "."]), False),  # model, messages, stream
 }
 # What the "every-option" request sets besides (each one the gateway reads or passes on).
 OPTIONS: dict[str, Any] = {
@@ -168,6 +174,8 @@ async def test_the_forwarded_answer_is_the_parsed_answer_byte_for_byte(
     if answer == "every-option":
         del body["max_tokens"]
         body.update(OPTIONS)
+    if answer == "bare-body":
+        body = {"model": "pipeline", "messages": MESSAGES, "stream": streaming}
     if usage:
         body["stream_options"] = {"include_usage": True}
     async with running(config({"primary": primary})) as run:
@@ -188,6 +196,61 @@ async def test_the_forwarded_answer_is_the_parsed_answer_byte_for_byte(
     else:
         whole = json.loads(first.content)
         assert (whole["id"], whole["created"]) == (RESPONSE_ID, CREATED)
+
+
+# Messages of every shape the forwarded path tells apart, and fields that change what it sends.
+_SHAPES = st.sampled_from(
+    [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": "be brief"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": ""},
+        {"role": "user", "content": "hi", "name": "ann"},
+        {"role": "user", "content": "hi", "name": ""},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {"role": "assistant", "content": None},
+        {"role": "assistant", "content": None, "tool_calls": []},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}},
+        {"role": ["user"], "content": "hi"},
+        {"content": "hi", "name": "ann"},
+        {"role": "user"},
+    ]
+)
+_FIELDS = st.dictionaries(
+    st.sampled_from(["stream", "temperature", "user", "tools", "tool_choice", "stop"]),
+    st.sampled_from([None, True, False, 0.5, "x", [], ["y"]]),
+    max_size=3,
+)
+
+
+@given(messages=st.lists(_SHAPES, min_size=1, max_size=4), fields=_FIELDS)
+def test_the_parse_tells_the_forwarded_path_only_what_its_own_checks_would(
+    messages: list[dict[str, Any]], fields: dict[str, Any]
+) -> None:
+    body = json.dumps({"model": "pipeline", "messages": messages, **fields}).encode()
+    try:
+        request = parse_request(body)
+    except WireError:
+        return  # a field of the wrong type: refused before any forwarding
+    # Each message as the general reader makes it, however the parse made it.
+    assert request.messages == [_message(raw, index) for index, raw in enumerate(messages)]
+    if request.plain_messages:
+        assert all(_sent_unchanged(raw) for raw in messages)
+    forward = CHAT_FORWARDER.forward(request)
+    checked = CHAT_FORWARDER.forward(dataclasses.replace(request, plain_messages=False))
+    assert (forward is None) is (checked is None)
+    if forward is not None and checked is not None:
+        assert forward.body == checked.body
+        assert forward.messages is request.messages and forward.options is request.options
 
 
 async def test_a_failure_before_output_fails_over_on_the_forwarded_path(

@@ -30,7 +30,6 @@ from pipeline.types import (
     ReasoningContent,
     UsageDetails,
 )
-from pipeline.wire._common import str_or_none
 from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
 from pipeline.wire.chat_completions.vocab import REASONING_FIELDS
 from pipeline.wire.sse import MAX_LINE, Payloads
@@ -73,6 +72,9 @@ def chat_completions_body(
     return dumps(body)
 
 
+_REASONING, _OTHER_REASONING = REASONING_FIELDS
+
+
 def forwarded_response(payload: Any) -> ForwardedResponse | None:
     """The response `parse_response` makes of a whole Chat Completions answer (`payload`,
     decoded), the same in every field, with its message made only when read; None for an
@@ -90,15 +92,18 @@ def forwarded_response(payload: Any) -> ForwardedResponse | None:
     if type(message) is not dict or message.get("tool_calls"):
         return None
     text = message.get("content")
-    if (text is not None and type(text) is not str) or any(
-        message.get(key) is not None for key in REASONING_FIELDS
+    if (text is not None and type(text) is not str) or not (
+        message.get(_REASONING) is None and message.get(_OTHER_REASONING) is None
     ):
         return None
+    # `str_or_none` inline: three calls cost more than the rest of these checks.
+    response_id, model_id = payload.get("id"), payload.get("model")
+    finish_reason = choice.get("finish_reason")
     return ForwardedResponse.of(
         text,
-        response_id=str_or_none(payload.get("id")),
-        model_id=str_or_none(payload.get("model")),
-        finish_reason=str_or_none(choice.get("finish_reason")),
+        response_id=response_id if isinstance(response_id, str) else None,
+        model_id=model_id if isinstance(model_id, str) else None,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         usage=parse_usage(payload.get("usage")),
         raw=payload,
     )

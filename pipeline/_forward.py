@@ -1,8 +1,8 @@
 """The forwarded path: a request sent on as its client wrote it, and the provider's own
 answer sent back, when the client's API and the route's are the same and every layer in
-between keeps answers whole. A forwarded stream's updates (`ForwardedUpdate`) and the shape
-of its text deltas (`DeltaFrame`) live here, where the providers that make them and the
-gateway that writes them both reach.
+between keeps answers whole. A forwarded whole answer (`ForwardedResponse`), a forwarded
+stream's updates (`ForwardedUpdate`) and the shape of its text deltas (`DeltaFrame`) live
+here, where the providers that make them and the gateway that writes them both reach.
 
 The details and the reasons: the design notes (docs/internals.md).
 """
@@ -13,15 +13,25 @@ import contextvars
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pipeline.types import ChatResponseUpdate, Content, FunctionCallContent, checked_text
+from pipeline.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseUpdate,
+    ChatRole,
+    Content,
+    FunctionCallContent,
+    UsageDetails,
+    checked_text,
+)
 
 if TYPE_CHECKING:
-    from pipeline.types import ChatMessage, ChatOptions
+    from pipeline.types import ChatOptions
 
 __all__ = [
     "CHAT_COMPLETIONS",
     "DeltaFrame",
     "Forward",
+    "ForwardedResponse",
     "ForwardedUpdate",
     "current_forward",
     "enter_forward",
@@ -171,4 +181,76 @@ def _fields(update: ChatResponseUpdate) -> tuple[Any, ...]:
         update.finish_reason,
         update.usage,
         update.value,
+    )
+
+
+# -- what a provider hands the gateway of a forwarded whole answer -------------------------
+
+_MESSAGES = ChatResponse.__dict__["messages"]  # the dataclass's own slot
+_get_messages = _MESSAGES.__get__
+_set_messages = _MESSAGES.__set__
+_new_object = object.__new__
+_ASSISTANT = ChatRole.ASSISTANT
+
+
+class ForwardedResponse(ChatResponse):
+    """A `ChatResponse` of a forwarded whole answer of one assistant message of text, whose
+    `messages` are made the first time they are read (the message of `_text`, with no
+    contents when it is empty), then kept: every other field is set at once (`of`). Equal
+    to a `ChatResponse` with the same fields."""
+
+    __slots__ = ("_text",)
+    _text: str | None
+
+    @classmethod
+    def of(
+        cls,
+        text: str | None,
+        *,
+        response_id: str | None,
+        model_id: str | None,
+        finish_reason: str | None,
+        usage: UsageDetails | None,
+        raw: Any,
+    ) -> ForwardedResponse:
+        """The response of an answer whose message says `text` (checked: a str or None), and
+        the provider's decoded answer (`raw`) as its ``raw_representation``."""
+        response: ForwardedResponse = _new_object(cls)  # no init: the fields are set here
+        response._text = text
+        response.response_id = response_id
+        response.model_id = model_id
+        response.finish_reason = finish_reason
+        response.usage = usage
+        response.value = None
+        response.raw_representation = raw
+        return response
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        try:
+            return _get_messages(self)  # type: ignore[no-any-return]
+        except AttributeError:  # not made yet
+            text = self._text
+            messages = [ChatMessage(_ASSISTANT, [checked_text(text)] if text else [])]
+            _set_messages(self, messages)
+            return messages
+
+    @messages.setter
+    def messages(self, value: list[ChatMessage]) -> None:
+        _set_messages(self, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChatResponse):
+            return NotImplemented
+        return _response_fields(self) == _response_fields(other)
+
+
+def _response_fields(response: ChatResponse) -> tuple[Any, ...]:
+    return (
+        response.messages,
+        response.response_id,
+        response.model_id,
+        response.finish_reason,
+        response.usage,
+        response.value,
     )

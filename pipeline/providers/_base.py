@@ -325,9 +325,15 @@ class HTTPChatClient(AsyncClosing):
         payload = await self._transport.post_json(
             target, body, traced(headers), self.provider_name, where
         )
+        if forward is None:
+            return self._parse_response_for(payload, options)
+        return self._forwarded_response(payload, options)
+
+    def _forwarded_response(self, payload: Any, options: ChatOptions | None) -> ChatResponse:
+        """The response of a forwarded request's answer (`payload`, decoded), which it keeps
+        as ``raw_representation``: the parsed one, unless the format reads it for less."""
         response = self._parse_response_for(payload, options)
-        if forward is not None:
-            response.raw_representation = payload
+        response.raw_representation = payload
         return response
 
     def get_streaming_response(

@@ -3,7 +3,9 @@ the route's own fields, and a stream's reads turned into updates that keep their
 
 `chat_completions_body` is the Chat Completions request a forwarded body becomes: the
 route's model and token field, and the stream fields every streamed request carries (usage
-asked for, as on the parsed path). `ForwardedReads` makes one update of each read of a
+asked for, as on the parsed path). `forwarded_response` reads of a whole answer what the
+layers read (ids, finish reason, usage) and leaves its message to be made when something
+asks for it (`ForwardedResponse`). `ForwardedReads` makes one update of each read of a
 forwarded stream that carries anything, keeping its events, and those of the reads before it
 that carried nothing, in ``raw_representation``: an update comes exactly where the parsed
 path's first one would, so output is committed (and failover ends) at the same event. What
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline._forward import DeltaFrame, ForwardedUpdate
+from pipeline._forward import DeltaFrame, ForwardedResponse, ForwardedUpdate
 from pipeline._json_codec import FAST, dumps, orjson_reads
 from pipeline.errors import ProviderError
 from pipeline.types import (
@@ -29,6 +31,7 @@ from pipeline.types import (
     UsageDetails,
 )
 from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
+from pipeline.wire.chat_completions.vocab import REASONING_FIELDS
 from pipeline.wire.sse import MAX_LINE, Payloads
 
 if TYPE_CHECKING:
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
 if FAST:
     from orjson import loads as _orjson_loads
 
-__all__ = ["ForwardedEvents", "ForwardedReads", "chat_completions_body"]
+__all__ = ["ForwardedEvents", "ForwardedReads", "chat_completions_body", "forwarded_response"]
 
 _TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
@@ -67,6 +70,43 @@ def chat_completions_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return dumps(body)
+
+
+_REASONING, _OTHER_REASONING = REASONING_FIELDS
+
+
+def forwarded_response(payload: Any) -> ForwardedResponse | None:
+    """The response `parse_response` makes of a whole Chat Completions answer (`payload`,
+    decoded), the same in every field, with its message made only when read; None for an
+    answer that is not one message of text (tool calls, reasoning, an error, anything
+    malformed), which the caller parses whole (and so refuses as `parse_response` does)."""
+    if type(payload) is not dict or payload.get("error"):
+        return None
+    choices = payload.get("choices")
+    if type(choices) is not list or not choices:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict:
+        return None
+    message = choice.get("message")
+    if type(message) is not dict or message.get("tool_calls"):
+        return None
+    text = message.get("content")
+    if (text is not None and type(text) is not str) or not (
+        message.get(_REASONING) is None and message.get(_OTHER_REASONING) is None
+    ):
+        return None
+    # `str_or_none` inline: three calls cost more than the rest of these checks.
+    response_id, model_id = payload.get("id"), payload.get("model")
+    finish_reason = choice.get("finish_reason")
+    return ForwardedResponse.of(
+        text,
+        response_id=response_id if isinstance(response_id, str) else None,
+        model_id=model_id if isinstance(model_id, str) else None,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        usage=parse_usage(payload.get("usage")),
+        raw=payload,
+    )
 
 
 # -- the events of a stream ---------------------------------------------------------------------

@@ -32,7 +32,7 @@ import httpx2
 from pipeline._forward import CHAT_COMPLETIONS, Forward
 from pipeline.client import check_options
 from pipeline.providers._base import HTTPChatClient, StreamReader
-from pipeline.providers._forwarding import chat_completions_body
+from pipeline.providers._forwarding import chat_completions_body, forwarded_response
 from pipeline.providers._http import DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TransportName
 from pipeline.types import ChatOptions, ChatResponse, Messages, as_messages
 from pipeline.wire.chat_completions.outbound import (
@@ -219,6 +219,14 @@ class OpenAIChatClient(OpenAIAPIClient):
     def _parse_response_for(self, payload: Any, options: ChatOptions | None) -> ChatResponse:
         custom = custom_tool_names(options.tools if options is not None else None)
         return parse_response(payload, self.provider_name, custom)
+
+    def _forwarded_response(self, payload: Any, options: ChatOptions | None) -> ChatResponse:
+        # A message of text is read lazily; `_parse_response_for` reads anything else (a
+        # subclass reading its own dialect forwards nothing: its `forward_api` is None).
+        response = forwarded_response(payload)
+        if response is None:
+            return super()._forwarded_response(payload, options)
+        return response
 
     def _stream_reader_for(self, options: ChatOptions | None) -> StreamReader:
         custom = custom_tool_names(options.tools if options is not None else None)

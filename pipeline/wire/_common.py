@@ -7,6 +7,7 @@ prompt text)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -130,23 +131,31 @@ UsageFields = Mapping[str, tuple[str, ...]]
 `read_usage` and written by its inbound codec with `put`."""
 
 
+_new_object = object.__new__
+_USAGE_SLOTS = tuple(
+    (count.name, UsageDetails.__dict__[count.name].__set__)
+    for count in dataclasses.fields(UsageDetails)
+)
+
+
 def read_usage(value: Any, fields: UsageFields) -> UsageDetails | None:
     """The usage an object says, each count read where `fields` puts it (a count that is
     not an integer is unknown); None when `value` is not an object."""
+    # Every answer has usage, and this was half of a whole answer's parse: decoded JSON holds
+    # plain dicts and ints, whose exact types are checked before the Mapping ABC's check,
+    # and the counts go straight into the slots of a frozen dataclass of counts only.
     if type(value) is not dict and not isinstance(value, Mapping):
         return None
-    counts: dict[str, int | None] = {}
-    # Exact types first: a decoded object is a dict and a count an int (every stream's
-    # usage passes here, and an ABC's isinstance costs some thousand instructions).
-    for name, path in fields.items():
+    usage: UsageDetails = _new_object(UsageDetails)
+    for name, set_count in _USAGE_SLOTS:
         found: Any = value
-        for key in path:
-            if type(found) is not dict and (found is None or not isinstance(found, Mapping)):
+        for key in fields.get(name, ()):  # a count the format does not have stays unknown
+            if type(found) is not dict and not isinstance(found, Mapping):
                 found = None
                 break
             found = found.get(key)
-        counts[name] = int_or_none(found)
-    return UsageDetails(**counts)
+        set_count(usage, int_or_none(found))
+    return usage
 
 
 def put(body: dict[str, Any], path: tuple[str, ...], value: Any) -> None:

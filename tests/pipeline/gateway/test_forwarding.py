@@ -403,3 +403,35 @@ async def test_a_malformed_event_is_a_typed_failure_on_the_forwarded_path(
         assert "[DONE]" not in chunks
         assert chunks[-1]["error"]["code"] == "upstream_error"  # malformed: a typed error
         assert (primary.count(), backup.count()) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        {"id": "up", "model": "m", "choices": [{"message": {"content": 5}}]},
+        {"id": "up", "model": "m", "choices": []},
+        [{"id": "up"}],
+    ],
+    ids=["content-a-number", "no-choices", "not-an-object"],
+)
+async def test_a_malformed_whole_answer_is_a_typed_failure_that_fails_over(
+    primary: FakeOpenAIServer,
+    backup: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    garbage: Any,
+) -> None:
+    # A whole answer's own behaviour: refused before any output, so the backup answers.
+    primary.script(FakeResponse(body=garbage), FakeResponse(body=garbage))
+    backup.default = FakeResponse(text="The backup answered.")
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": False}
+    async with running(config({"primary": primary, "backup": backup})) as run:
+        response = await post(run, body)
+        assert forwarded.calls == 2  # both attempts forwarded
+        reference = await parsed(run, body, monkeypatch)
+    assert response.status_code == 200, response.text
+    assert response.content == reference  # the backup's answer, as the parsed path writes it
+    assert json.loads(response.content)["choices"][0]["message"]["content"] == (
+        "The backup answered."
+    )
+    assert (primary.count(), backup.count()) == (2, 2)

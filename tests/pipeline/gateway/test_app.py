@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -92,6 +93,27 @@ async def two_routes(primary: FakeOpenAIServer, backup: FakeOpenAIServer) -> Asy
 async def one_route(primary: FakeOpenAIServer) -> AsyncIterator[Running]:
     async with running(config({"primary": primary})) as gateway:
         yield gateway
+
+
+async def test_the_young_collection_threshold_is_raised_while_workers_serve_and_put_back(
+    primary: FakeOpenAIServer,
+) -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(700, *before[1:])
+    try:
+        async with running(config({"primary": primary})):
+            raised = gc.get_threshold()
+            assert raised[0] > 700 and raised[1:] == before[1:]
+            async with running(config({"primary": primary})):
+                assert gc.get_threshold() == raised
+            assert gc.get_threshold() == raised  # another worker still serves
+        assert gc.get_threshold() == (700, *before[1:])
+        gc.set_threshold(0)  # the collector off: the gateway leaves it so
+        async with running(config({"primary": primary})):
+            assert gc.get_threshold()[0] == 0
+        assert gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*before)
 
 
 # -- answers ----------------------------------------------------------------------------------

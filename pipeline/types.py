@@ -732,25 +732,15 @@ _new_object = object.__new__
 
 
 def session_options(session_id: str | None) -> ChatOptions:
-    """`ChatOptions(session_id=session_id)`, every other field its default, set field by
-    field on a bare instance as `ChatOptions.clone` does: the gateway makes one for every
-    request that sets no option."""
-    options: ChatOptions = _new_object(ChatOptions)
-    options.model_id = None
-    options.temperature = None
-    options.top_p = None
-    options.max_output_tokens = None
-    options.stop = None
-    options.seed = None
-    options.tools = None
-    options.tool_mode = None
-    options.response_format = None
-    options.reasoning_effort = None
+    """`ChatOptions(session_id=session_id)`, every other field its default: a clone of the
+    defaults (field by field, a third of `__init__`'s cost), which the gateway makes for
+    every request that sets no option."""
+    options = _DEFAULT_OPTIONS.clone()
     options.session_id = session_id
-    options.additional_properties = {}
-    options.reasoning = None
-    options.cache = None
     return options
+
+
+_DEFAULT_OPTIONS = ChatOptions()  # never handed out: `session_options` clones it
 
 
 def _copy_json(value: Any) -> Any:

@@ -72,7 +72,7 @@ def int_or_none(value: Any) -> int | None:
 
 
 def str_or_none(value: Any) -> str | None:
-    return value if type(value) is str or isinstance(value, str) else None
+    return value if isinstance(value, str) else None
 
 
 def cache_counted_apart(

@@ -108,7 +108,8 @@ class Outage:
     then once a minute while it lasts, and a Redis that flaps (or a burst of calls that
     outlast their bound) is at most one warning a minute. The first success after an outage
     that was warned about is an info line. Messages: `subject` (``"session affinity
-    store"``), the error's type, what the component does meanwhile (`fallback`)."""
+    store"``), the error's type, what the component does meanwhile (`fallback`). `clock`
+    (seconds, monotonic) is what the interval is measured on."""
 
     WARN_EVERY = 60.0
 
@@ -125,7 +126,7 @@ class Outage:
         self.subject = subject
         self.fallback = fallback
         self.retry_interval = retry_interval
-        self._clock = clock
+        self.clock = clock
         self._down_until: float | None = None
         self._last_warning = -float("inf")
         self._warned = False  # about the outage under way
@@ -138,10 +139,10 @@ class Outage:
     def skipping(self) -> bool:
         """Whether to do without the store for now (a failure less than `retry_interval`
         seconds ago)."""
-        return self._down_until is not None and self._clock() < self._down_until
+        return self._down_until is not None and self.clock() < self._down_until
 
     def failed(self, exc: BaseException) -> None:
-        now = self._clock()
+        now = self.clock()
         self._down_until = now + self.retry_interval
         if now - self._last_warning >= self.WARN_EVERY:
             self._last_warning = now

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
@@ -58,9 +59,15 @@ SCRIPT = Script(
 -- KEYS[1] epoch, KEYS[2] leases (zset: token -> end, ms), KEYS[3] lease records (hash),
 -- KEYS[4] rebuild election; KEYS[5...] the counters: each operation's own, from its `base`
 -- (budgets first, then rate limits; a key may come again for another operation).
--- ARGV: one operation each (R: reserve, S: settle, B: rebuild; fields in _reservations.py).
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- ARGV: one operation each (R: reserve, S: settle, B: rebuild; fields in _reservations.py),
+-- after 'T ms' when the caller keeps the time (its `clock`) in place of Redis's.
+local first, now = 1, nil
+if string.byte(ARGV[1] or '', 1) == 84 then
+  now, first = tonumber(string.sub(ARGV[1], 3)), 2
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local epoch = redis.call('EXISTS', KEYS[1]) == 1
 local function int(x) return string.format('%d', x) end
 
@@ -92,10 +99,11 @@ local function rate_info(rates, tats)
 end
 
 local replies = {}
-for n = 1, #ARGV do
+for n = first, #ARGV do
   -- One operation an argument: its fields separated by spaces (few arguments to encode).
   local f = {}
   for w in string.gmatch(ARGV[n], '%S+') do f[#f + 1] = w end
+  local slot = n - first + 1
   local op = f[1]
   if op == 'R' then
     -- R token lease amount base tokens nb (limit soft expire)*nb nr (interval tau cost)*nr;
@@ -124,7 +132,7 @@ for n = 1, #ARGV do
     if not epoch then
       local elected = 0
       if redis.call('SET', KEYS[4], '1', 'NX', 'PX', 60000) then elected = 1 end
-      replies[n] = {4, elected}
+      replies[slot] = {4, elected}
     else
       local refused, left, soft_left = nil, 0, nil
       for b, check in ipairs(budgets) do
@@ -140,7 +148,7 @@ for n = 1, #ARGV do
         end
       end
       if refused then
-        replies[n] = {2, refused, int(left)}
+        replies[slot] = {2, refused, int(left)}
       else
         local tats, limited, wait = {}, nil, 0
         for r, check in ipairs(rates) do
@@ -155,7 +163,7 @@ for n = 1, #ARGV do
         if limited then
           local reply = {3, limited, math.ceil(wait)}
           for _, x in ipairs(rate_info(rates, tats)) do reply[#reply + 1] = x end
-          replies[n] = reply
+          replies[slot] = reply
         else
           local record = amount
           for _, check in ipairs(budgets) do
@@ -174,7 +182,7 @@ for n = 1, #ARGV do
           end
           local reply = {1, soft_left and int(soft_left) or false}
           for _, x in ipairs(rate_info(rates, tats)) do reply[#reply + 1] = x end
-          replies[n] = reply
+          replies[slot] = reply
         end
       end
     end
@@ -201,7 +209,7 @@ for n = 1, #ARGV do
       k = k + 1
     end
     if record == 's' then
-      replies[n] = {0}  -- settled already (a call sent again)
+      replies[slot] = {0}  -- settled already (a call sent again)
     else
       for _, check in ipairs(budgets) do
         -- A lease gone (ended, or lost with Redis) reserved nothing here any more.
@@ -226,7 +234,7 @@ for n = 1, #ARGV do
       -- Remembered a minute, so that the same settlement sent again counts once.
       redis.call('HSET', KEYS[3], token, 's')
       redis.call('ZADD', KEYS[2], now + 60000, token)
-      replies[n] = {0}
+      replies[slot] = {0}
     end
   elseif op == 'B' then
     local nb = tonumber(f[2])
@@ -241,7 +249,7 @@ for n = 1, #ARGV do
     redis.call('SET', KEYS[1], now)
     redis.call('DEL', KEYS[4])
     epoch = true
-    replies[n] = {5}
+    replies[slot] = {5}
   else
     return redis.error_reply('ERR unknown operation')
   end
@@ -480,7 +488,7 @@ class Reservations:
     docstring). `namespace` prefixes every key; `rebuild` (optional) returns the spent
     amounts to restore per counter key, with their expiry, when Redis lost them; it runs
     `rebuild_delay` seconds after the loss was seen (time for every replica's ledger to
-    write what it holds)."""
+    write what it holds). `clock` (seconds; see the property) is for tests."""
 
     def __init__(
         self,
@@ -493,11 +501,13 @@ class Reservations:
         max_pending: int = 100_000,
         fallback: str = "requests are served without budgets or rate limits",
         retry_interval: float = 1.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.redis = redis
         self.outage = Outage(
             _logger, "budget and rate-limit store (Redis)", fallback, retry_interval
         )
+        self.clock = clock
         self.namespace = namespace
         self._fixed = [
             f"{namespace}:epoch",
@@ -520,6 +530,23 @@ class Reservations:
         self._idle: list[asyncio.Future[None]] = []  # `flush` callers waiting for them
         self._rebuilding: asyncio.Task[None] | None = None
         self.calls = 0  # script calls made (each one round trip)
+
+    @property
+    def clock(self) -> Callable[[], float] | None:
+        """The time (seconds) of the rate limits, the leases and the outage's retry interval:
+        None (the default) is Redis's own clock (``TIME``: one clock for every replica) and
+        `time.monotonic` for the outage. A test gives one (also to a running gateway's
+        reservations) to freeze or advance the time."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float] | None) -> None:
+        self._clock = clock
+        self.outage.clock = time.monotonic if clock is None else clock
+
+    def _time_op(self, clock: Callable[[], float]) -> str:
+        """The script's first argument when `clock` keeps the time: its milliseconds."""
+        return f"T {int(clock() * 1000)}"
 
     # -- the operations ----------------------------------------------------------------------
 
@@ -638,7 +665,7 @@ class Reservations:
         """The batch's ``EVALSHA``: one argument per operation, its fields joined by spaces;
         each operation's keys after the fixed ones, from its `base` (1-based)."""
         keys = [self._fixed_resp]
-        ops: list[str] = []
+        ops: list[str] = [] if self._clock is None else [self._time_op(self._clock)]
         count = len(self._fixed)
         # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
@@ -785,7 +812,9 @@ class Reservations:
             for index, (key, amount, expire_at) in enumerate(spent):
                 keys.append(key)
                 fields.append(f"{index + 5} {amount} {expire_at}")
-            await self.redis.evalsha(SCRIPT, keys, [" ".join(fields)])
+            clock = self._clock
+            args = [" ".join(fields)] if clock is None else [self._time_op(clock), " ".join(fields)]
+            await self.redis.evalsha(SCRIPT, keys, args)
         except Exception as exc:  # the next elected caller tries again
             _logger.warning("rebuilding budget counters failed (%s)", type(exc).__name__)
             return

@@ -134,19 +134,48 @@ async def rows(dsn: str) -> list[Any]:
         await connection.close()
 
 
+INSERTED = "chat_pipeline_spend_inserted"
+"""The channel a statement inserting into the ledger's table notifies (`notify_inserts`)."""
+
+
+async def notify_inserts(dsn: str) -> None:
+    """Make every statement inserting into the ledger's table NOTIFY `INSERTED` (once its
+    transaction commits), so that the test can wait for rows instead of polling."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION test_spend_inserted() RETURNS trigger
+            LANGUAGE plpgsql AS $$ BEGIN NOTIFY {INSERTED}; RETURN NULL; END $$;
+            CREATE OR REPLACE TRIGGER test_spend_inserted
+            AFTER INSERT ON chat_pipeline_spend
+            FOR EACH STATEMENT EXECUTE FUNCTION test_spend_inserted();
+            """
+        )
+    finally:
+        await connection.close()
+
+
 async def count_reaches(dsn: str, wanted: int, within: float = 120.0) -> int:
     """The table's row count once it reaches `wanted` (or `within` seconds pass): the replicas
-    write on their own schedule, in other processes."""
-    deadline = time.monotonic() + within
-    while True:
-        connection = await asyncpg.connect(dsn)
-        try:
+    write on their own schedule, in other processes; each insert they commit wakes the count
+    (`notify_inserts`)."""
+    inserted = asyncio.Event()
+    deadline = asyncio.get_running_loop().time() + within
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.add_listener(INSERTED, lambda *_: inserted.set())
+        while True:  # once per insert statement at most, until the deadline
+            # Cleared before counting: a row committed after the count wakes the next one.
+            inserted.clear()
             count = int(await connection.fetchval("SELECT COUNT(*) FROM chat_pipeline_spend"))
-        finally:
-            await connection.close()
-        if count >= wanted or time.monotonic() > deadline:
-            return count
-        await asyncio.sleep(0.1)
+            if count >= wanted or asyncio.get_running_loop().time() >= deadline:
+                return count
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):  # the wait only, never a query
+                    await inserted.wait()
+    finally:
+        await connection.close()
 
 
 @pytest.mark.timeout(900)
@@ -157,6 +186,7 @@ async def test_one_record_per_attempt_through_an_outage_and_a_kill(
     database = _db.open_database(dsn)
     await _db.upgrade(database)  # what `chat-pipeline db upgrade` does
     await database.aclose()
+    await notify_inserts(dsn)
     configs = [
         write_config(tmp_path / f"replica-{n}.toml", upstream, tmp_path / f"spool-{n}")
         for n in (1, 2)

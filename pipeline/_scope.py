@@ -127,20 +127,37 @@ class FailoverCheck(Protocol):
     def failover_possible(self, error: BaseException) -> bool: ...
 
 
-_failover_check: contextvars.ContextVar[FailoverCheck | None] = contextvars.ContextVar(
+# A request's object is held for a context variable through a slot, a list of one (the
+# cheapest object to make), emptied when it is left: a copy of the context taken meanwhile
+# (a timer's or a pooled connection's, which outlive the request) keeps an empty slot, not
+# the request.
+_CheckSlot = list[FailoverCheck | None]
+_failover_check: contextvars.ContextVar[_CheckSlot | None] = contextvars.ContextVar(
     "chat_pipeline_failover_check", default=None
 )
+FailoverCheckToken = contextvars.Token[_CheckSlot | None]
 
 
 def failover_possible(error: BaseException) -> bool:
     """Whether the router running this attempt could move the request to another route if
     the attempt failed now, before output, with `error` (False outside a router)."""
-    check = _failover_check.get()
+    slot = _failover_check.get()
+    check = slot[0] if slot is not None else None
     return check is not None and check.failover_possible(error)
 
 
-enter_failover_check = _failover_check.set
-exit_failover_check = _failover_check.reset
+def enter_failover_check(check: FailoverCheck) -> FailoverCheckToken:
+    """Make `check` current while an attempt runs before output; leave with
+    `exit_failover_check` in the same context."""
+    return _failover_check.set([check])
+
+
+def exit_failover_check(token: FailoverCheckToken) -> None:
+    """Leave what `enter_failover_check` made current (its slot is emptied)."""
+    slot = _failover_check.get()
+    if slot is not None:
+        slot[0] = None
+    _failover_check.reset(token)
 
 
 class RouteReport:
@@ -257,15 +274,31 @@ class AttemptMark(Protocol):
     beneath: int
 
 
-_attempt_mark: contextvars.ContextVar[AttemptMark | None] = contextvars.ContextVar(
+_MarkSlot = list[AttemptMark | None]  # a slot, as for the failover check
+_attempt_mark: contextvars.ContextVar[_MarkSlot | None] = contextvars.ContextVar(
     "chat_pipeline_attempt_mark", default=None
 )
-AttemptMarkToken = contextvars.Token[AttemptMark | None]
+AttemptMarkToken = contextvars.Token[_MarkSlot | None]
 
-current_attempt_mark = _attempt_mark.get
-"""The attempt whose route is running in this context, while its request is logged."""
-enter_attempt_mark = _attempt_mark.set
-exit_attempt_mark = _attempt_mark.reset
+
+def current_attempt_mark() -> AttemptMark | None:
+    """The attempt whose route is running in this context, while its request is logged."""
+    slot = _attempt_mark.get()
+    return slot[0] if slot is not None else None
+
+
+def enter_attempt_mark(mark: AttemptMark) -> AttemptMarkToken:
+    """Make `mark` current while its route runs; leave with `exit_attempt_mark` in the same
+    context."""
+    return _attempt_mark.set([mark])
+
+
+def exit_attempt_mark(token: AttemptMarkToken) -> None:
+    """Leave what `enter_attempt_mark` made current (its slot is emptied)."""
+    slot = _attempt_mark.get()
+    if slot is not None:
+        slot[0] = None
+    _attempt_mark.reset(token)
 
 
 def open_attempt_log(

@@ -14,7 +14,8 @@ from middleware.routing import (
     RoutingContext,
     RoutingSelection,
 )
-from pipeline import ChatMessage, ChatOptions, ChatPipeline
+from middleware.routing._engine import AttemptState
+from pipeline import ChatMessage, ChatOptions, ChatPipeline, _scope
 from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline.errors import (
     CircuitOpenError,
@@ -23,7 +24,17 @@ from pipeline.errors import (
     RoutingError,
     TransientProviderError,
 )
-from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from pipeline.providers import OpenAIChatClient
+from pipeline.testing import (
+    FakeOpenAIServer,
+    FakeResponse,
+    ScriptedChatClient,
+    collect,
+    fail,
+    fail_after,
+    hang,
+    reply,
+)
 
 from .conftest import RecordingFailover
 
@@ -856,3 +867,45 @@ async def test_deeply_nested_options_are_sent_or_refused_with_a_typed_error(
     assert backup.call_count == 0
     outcome = "completed" if sent else "failed_before_output"
     assert router.summary() == [("primary", outcome, True)]  # terminal: not failed over
+
+
+async def test_no_request_state_outlives_its_request_over_a_real_http_client(
+    streaming: bool,
+) -> None:
+    # A real HTTP client copies the request's context into what outlives the request: its
+    # read timer (cancelled, it stays in the loop until its deadline) and each pooled
+    # connection's reader. Every fifth request fails over (the primary answers 503 first);
+    # every request is logged (as under a spend layer), so its attempts are marked too.
+    async with FakeOpenAIServer() as first, FakeOpenAIServer() as second:
+        first.script(
+            *[FakeResponse.error(503) if n % 5 == 0 else FakeResponse() for n in range(48)]
+        )
+        clients = [
+            OpenAIChatClient(model="m", base_url=server.base_url, api_key="k")
+            for server in (first, second)
+        ]
+        router = RecordingFailover(clients)
+        gate = asyncio.Semaphore(8)
+
+        async def one() -> None:
+            async with gate:
+                log, token = _scope.open_attempt_log()
+                try:
+                    result = await collect(router, "hi", streaming=streaming)
+                finally:
+                    if token is not None:
+                        _scope.exit_attempt_log(token)
+                assert result.error is None and result.text and len(log.attempts) >= 1
+
+        await asyncio.gather(*(one() for _ in range(48)))
+        assert (first.count(), second.count()) == (48, 10)
+        refs = [weakref.ref(c) for c in router.contexts]
+        router.contexts.clear()
+        router.updates.clear()
+        assert len(refs) == 48
+        gc.collect()
+        # The clients and their pooled connections are still open, as between requests.
+        assert [r for r in refs if r() is not None] == []  # and so no RequestState either
+        attempts = [o for o in gc.get_objects() if isinstance(o, AttemptState)]
+        assert [a for a in attempts if a.client in clients] == []
+        await router.aclose()

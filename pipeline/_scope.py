@@ -11,7 +11,7 @@ import contextvars
 import itertools
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from pipeline.types import UsageDetails
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 # `pipeline.pricing.PriceBook`.
 Cost = Any
 PriceBook = Any
+_V = TypeVar("_V")
 
 __all__ = [
     "AttemptLog",
@@ -127,37 +128,48 @@ class FailoverCheck(Protocol):
     def failover_possible(self, error: BaseException) -> bool: ...
 
 
-# A request's object is held for a context variable through a slot, a list of one (the
-# cheapest object to make), emptied when it is left: a copy of the context taken meanwhile
-# (a timer's or a pooled connection's, which outlive the request) keeps an empty slot, not
-# the request.
-_CheckSlot = list[FailoverCheck | None]
-_failover_check: contextvars.ContextVar[_CheckSlot | None] = contextvars.ContextVar(
-    "chat_pipeline_failover_check", default=None
-)
-FailoverCheckToken = contextvars.Token[_CheckSlot | None]
+class _SlotVar(Generic[_V]):
+    """A context variable that holds a request's object through a slot (a list of one, the
+    cheapest object to make), emptied when the object is left: a copy of the context taken
+    meanwhile (a timer's or a pooled connection's, which outlive the request) keeps an
+    empty slot, not the request."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, name: str) -> None:
+        self.var: contextvars.ContextVar[list[_V | None] | None] = contextvars.ContextVar(
+            name, default=None
+        )
+
+    def get(self) -> _V | None:
+        slot = self.var.get()
+        return slot[0] if slot is not None else None
+
+    def enter(self, value: _V) -> contextvars.Token[list[_V | None] | None]:
+        """Make `value` current; leave with `exit` in the same context."""
+        return self.var.set([value])
+
+    def exit(self, token: contextvars.Token[list[_V | None] | None]) -> None:
+        """Leave what `enter` made current (its slot is emptied)."""
+        slot = self.var.get()
+        if slot is not None:
+            slot[0] = None
+        self.var.reset(token)
+
+
+_failover_check = _SlotVar[FailoverCheck]("chat_pipeline_failover_check")
 
 
 def failover_possible(error: BaseException) -> bool:
     """Whether the router running this attempt could move the request to another route if
     the attempt failed now, before output, with `error` (False outside a router)."""
-    slot = _failover_check.get()
-    check = slot[0] if slot is not None else None
+    check = _failover_check.get()
     return check is not None and check.failover_possible(error)
 
 
-def enter_failover_check(check: FailoverCheck) -> FailoverCheckToken:
-    """Make `check` current while an attempt runs before output; leave with
-    `exit_failover_check` in the same context."""
-    return _failover_check.set([check])
-
-
-def exit_failover_check(token: FailoverCheckToken) -> None:
-    """Leave what `enter_failover_check` made current (its slot is emptied)."""
-    slot = _failover_check.get()
-    if slot is not None:
-        slot[0] = None
-    _failover_check.reset(token)
+enter_failover_check = _failover_check.enter
+"""Make a router's request current while its attempt runs before output."""
+exit_failover_check = _failover_check.exit
 
 
 class RouteReport:
@@ -274,31 +286,13 @@ class AttemptMark(Protocol):
     beneath: int
 
 
-_MarkSlot = list[AttemptMark | None]  # a slot, as for the failover check
-_attempt_mark: contextvars.ContextVar[_MarkSlot | None] = contextvars.ContextVar(
-    "chat_pipeline_attempt_mark", default=None
-)
-AttemptMarkToken = contextvars.Token[_MarkSlot | None]
+_attempt_mark = _SlotVar[AttemptMark]("chat_pipeline_attempt_mark")
+AttemptMarkToken = contextvars.Token[list[AttemptMark | None] | None]
 
-
-def current_attempt_mark() -> AttemptMark | None:
-    """The attempt whose route is running in this context, while its request is logged."""
-    slot = _attempt_mark.get()
-    return slot[0] if slot is not None else None
-
-
-def enter_attempt_mark(mark: AttemptMark) -> AttemptMarkToken:
-    """Make `mark` current while its route runs; leave with `exit_attempt_mark` in the same
-    context."""
-    return _attempt_mark.set([mark])
-
-
-def exit_attempt_mark(token: AttemptMarkToken) -> None:
-    """Leave what `enter_attempt_mark` made current (its slot is emptied)."""
-    slot = _attempt_mark.get()
-    if slot is not None:
-        slot[0] = None
-    _attempt_mark.reset(token)
+current_attempt_mark = _attempt_mark.get
+"""The attempt whose route is running in this context, while its request is logged."""
+enter_attempt_mark = _attempt_mark.enter
+exit_attempt_mark = _attempt_mark.exit
 
 
 def open_attempt_log(

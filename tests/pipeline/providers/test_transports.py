@@ -25,7 +25,7 @@ from pipeline.errors import (
     retry_after_of,
 )
 from pipeline.providers import OpenAIChatClient
-from pipeline.providers._aiohttp import client_timeout
+from pipeline.providers._aiohttp import _ReadWatch, _Waiting, client_timeout
 from pipeline.providers._http import decode_json
 from pipeline.testing import FakeOpenAIServer, collect
 from tests.compat.servers import ThreadedFakeServer
@@ -226,3 +226,127 @@ async def test_a_route_names_its_transport_in_toml(name: str | None) -> None:
     config = parse_config({"routes": {"a": route}})
     async with config.build_route("a").client as client:
         assert client.transport == (name or _http.DEFAULT_TRANSPORT)
+
+
+# -- the read timeout of the aiohttp transport --------------------------------------------------
+
+
+class _StallingServer:
+    """Answers every request with a head and the start of a body, then sends `pieces` more
+    bytes `pace` seconds apart (the server's pace, not a wait for a state), then closes the
+    connection when `finish`, else sends nothing more until the test ends."""
+
+    def __init__(
+        self, streaming: bool, *, pieces: int = 0, pace: float = 0.0, finish: bool = False
+    ) -> None:
+        self.streaming = streaming
+        self.pieces = pieces
+        self.pace = pace
+        self.finish = finish
+        self.done = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.done.set()
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        await reader.readexactly(length)
+        if self.streaming:
+            event = b'data: {"id": "c", "choices": []}\n\n'
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(event), event)
+            )
+        else:
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 4096\r\n\r\n{"
+            )
+        for _ in range(self.pieces):  # bounded
+            await writer.drain()
+            await asyncio.sleep(self.pace)
+            writer.write(b":\n\n" if self.streaming else b" ")
+        await writer.drain()
+        if not self.finish:
+            await self.done.wait()
+        writer.close()
+
+
+async def test_an_aiohttp_answer_whose_body_stalls_ends_at_the_read_timeout(
+    streaming: bool,
+) -> None:
+    async with (
+        _StallingServer(streaming) as url,
+        OpenAIChatClient("m", api_key="k", base_url=url, timeout=0.2, transport="aiohttp") as c,
+    ):
+        result = await collect(c, "hi", streaming=streaming)
+    assert isinstance(result.error, TransientProviderError)
+    assert isinstance(result.error.__cause__, aiohttp.SocketTimeoutError)
+    assert str(result.error).endswith("transport failure: SocketTimeoutError")
+
+
+async def test_an_aiohttp_whole_answer_that_keeps_coming_is_read_past_its_timeout() -> None:
+    # 25 bytes a tenth of a second apart: 2.5 s of body, no gap near the 1.5 s timeout. The
+    # answer ends short of its length when the server closes: cut by the server, not by the
+    # timeout.
+    server = _StallingServer(False, pieces=25, pace=0.1, finish=True)
+    async with (
+        server as url,
+        OpenAIChatClient("m", api_key="k", base_url=url, timeout=1.5, transport="aiohttp") as c,
+    ):
+        result = await collect(c, "hi", streaming=False)
+        watch = c._transport._watch  # type: ignore[attr-defined]
+        assert watch is not None and not watch.waiting  # nothing kept once the call ended
+    assert isinstance(result.error, TransientProviderError)
+    assert isinstance(result.error.__cause__, aiohttp.ClientPayloadError)
+
+
+@pytest.mark.parametrize("caller_cancels", [False, True])
+async def test_the_read_watch_tells_its_expiry_from_a_callers_cancellation(
+    caller_cancels: bool,
+) -> None:
+    watch = _ReadWatch(60.0, asyncio.get_running_loop())
+    waiting_started = asyncio.Event()
+    told: list[bool] = []
+
+    async def call() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        waiting = _Waiting(task)
+        watch.add(waiting)
+        try:
+            waiting_started.set()
+            await asyncio.Event().wait()  # a read that never comes
+        except asyncio.CancelledError:
+            told.append(waiting.timed_out())
+            raise
+        finally:
+            waiting.stop()
+
+    task = asyncio.create_task(call())
+    await waiting_started.wait()
+    [waiting] = watch.waiting
+    waiting.due = 0.0  # its wait is over: the watch's next check ends it
+    watch._check()
+    if caller_cancels:
+        task.cancel()  # at the same time: the caller's cancellation wins
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert told == [not caller_cancels]
+    assert not watch.waiting
+    assert task.cancelling() == (1 if caller_cancels else 0)
+    watch.close()

@@ -25,7 +25,7 @@ from pipeline.errors import (
     retry_after_of,
 )
 from pipeline.providers import OpenAIChatClient
-from pipeline.providers._aiohttp import _ReadWatch, _Waiting, client_timeout
+from pipeline.providers._aiohttp import client_timeout
 from pipeline.providers._http import decode_json
 from pipeline.testing import FakeOpenAIServer, collect
 from tests.compat.servers import ThreadedFakeServer
@@ -309,44 +309,5 @@ async def test_an_aiohttp_whole_answer_that_keeps_coming_is_read_past_its_timeou
         OpenAIChatClient("m", api_key="k", base_url=url, timeout=1.5, transport="aiohttp") as c,
     ):
         result = await collect(c, "hi", streaming=False)
-        watch = c._transport._watch  # type: ignore[attr-defined]
-        assert watch is not None and not watch.waiting  # nothing kept once the call ended
     assert isinstance(result.error, TransientProviderError)
     assert isinstance(result.error.__cause__, aiohttp.ClientPayloadError)
-
-
-@pytest.mark.parametrize("caller_cancels", [False, True])
-async def test_the_read_watch_tells_its_expiry_from_a_callers_cancellation(
-    caller_cancels: bool,
-) -> None:
-    watch = _ReadWatch(60.0, asyncio.get_running_loop())
-    waiting_started = asyncio.Event()
-    told: list[bool] = []
-
-    async def call() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        waiting = _Waiting(task)
-        watch.add(waiting)
-        try:
-            waiting_started.set()
-            await asyncio.Event().wait()  # a read that never comes
-        except asyncio.CancelledError:
-            told.append(waiting.timed_out())
-            raise
-        finally:
-            waiting.stop()
-
-    task = asyncio.create_task(call())
-    await waiting_started.wait()
-    [waiting] = watch.waiting
-    waiting.due = 0.0  # its wait is over: the watch's next check ends it
-    watch._check()
-    if caller_cancels:
-        task.cancel()  # at the same time: the caller's cancellation wins
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert told == [not caller_cancels]
-    assert not watch.waiting
-    assert task.cancelling() == (1 if caller_cancels else 0)
-    watch.close()

@@ -11,11 +11,14 @@ from typing import Any
 
 from pipeline._forward import CHAT_COMPLETIONS, DeltaFrame, Forward, ForwardedUpdate
 from pipeline._json import decoded_exactly
-from pipeline._json_codec import dumps, loads
+from pipeline._json_codec import FAST, dumps, loads
 from pipeline.gateway._shared import StreamEncoder
 from pipeline.types import ChatResponseUpdate, FinishReason, FunctionCallContent, UsageDetails
 from pipeline.wire import ChatRequest, WireError
 from pipeline.wire.chat_completions.inbound import finish_reason, usage_payload
+
+if FAST:
+    from orjson import dumps as _orjson_dumps
 
 __all__ = ["CHAT_FORWARDER", "ChatForwarder", "ForwardedChunks"]
 
@@ -206,7 +209,9 @@ class ForwardedChunks:
                     continue  # an empty delta, which the parsed path does not write
                 if self._frame_bytes is not None:
                     head, tail = self._frame_bytes
-                    out.append(head + dumps(text) + tail)
+                    # orjson's own encoder: a frame's text is orjson's decoding (frames are
+                    # read only when orjson is there), so it holds no lone surrogate.
+                    out.append(head + _orjson_dumps(text) + tail)
                     continue
                 event = loads(data[6:])  # a frame this encoder cannot write around
             if "usage" in event:

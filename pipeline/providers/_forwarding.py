@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pipeline._forward import Forward
 
 if FAST:
+    from orjson import dumps as _orjson_dumps
     from orjson import loads as _orjson_loads
 
 __all__ = ["ForwardedEvents", "ForwardedReads", "chat_completions_body", "forwarded_response"]
@@ -160,6 +161,16 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     text = _DELTA_TEXTS.get(key)
     if text is None or type(value) is not str or part.find(_NUL) >= 0:
         return None
+    # Where the upstream wrote the string as orjson writes it (most do), its last occurrence
+    # is found in one search (the probe then proves it is the delta's); else, or when the
+    # probe says it is not, the field's name leads to it. A decoded string holds no lone
+    # surrogate, so orjson's own encoder writes it.
+    written = _orjson_dumps(value)
+    start = part.rfind(written)
+    if start >= 0:
+        end = start + len(written) - 1
+        if _placed(part, key, start, end):
+            return _frame(part, event, text, start, end)
     token = b'"' + key.encode() + b'"'
     found = part.rfind(token)
     if found < 0:
@@ -171,15 +182,22 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     if part[start : start + 1] != b'"':
         return None
     end = _string_end(part, start + 1)
-    if end < 0:
+    if end < 0 or not _placed(part, key, start, end):
         return None
+    return _frame(part, event, text, start, end)
+
+
+def _placed(part: bytes, key: str, start: int, end: int) -> bool:
+    """Whether the JSON string from `start` to `end` (its quotes) in `part` is the delta's
+    `key` field: a probe string in its place decodes as that field."""
     try:
         probe = _orjson_loads(part[6:start] + b'"' + _NUL + b'"' + part[end + 1 :])
-        placed = probe["choices"][0]["delta"] == {key: "\x00"}
+        return bool(probe["choices"][0]["delta"] == {key: "\x00"})
     except (ValueError, LookupError, TypeError):
-        return None
-    if not placed:
-        return None
+        return False
+
+
+def _frame(part: bytes, event: dict[str, Any], text: bool, start: int, end: int) -> DeltaFrame:
     ids = {"id": event.get("id"), "model": event.get("model")}
     return DeltaFrame(part[:start], part[end + 1 :], text, ids, event)
 

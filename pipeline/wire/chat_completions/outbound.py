@@ -181,8 +181,48 @@ def build_request(
 # -- responses --------------------------------------------------------------------------------
 
 
+_PLAIN_COUNTS = frozenset({int, type(None)})
+_new_usage = object.__new__
+_set_input, _set_output, _set_total, _set_reasoning, _set_cache_read, _set_cache_write = (
+    UsageDetails.__dict__[name].__set__  # the slots' own setters: the dataclass is frozen
+    for name in (
+        "input_tokens",
+        "output_tokens",
+        "total_tokens",
+        "reasoning_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+    )
+)
+
+
 def parse_usage(value: Any) -> UsageDetails | None:
     """A ``usage`` object, with its cached prompt tokens and reasoning tokens."""
+    # Every answer and every stream carries one. One of plain objects and integers (as
+    # decoded) is read here, each of `USAGE_FIELDS`' paths written out and each count put in
+    # its slot (some 3 thousand instructions fewer than `read_usage`'s loops); any other
+    # (a count of another type, a mapping that is not a dict) is `read_usage`'s.
+    if type(value) is dict:
+        asked = value.get("prompt_tokens_details")
+        done = value.get("completion_tokens_details")
+        if (asked is None or type(asked) is dict) and (done is None or type(done) is dict):
+            prompt = value.get("prompt_tokens")
+            completion = value.get("completion_tokens")
+            total = value.get("total_tokens")
+            reasoning = done.get("reasoning_tokens") if done else None
+            cache_read = asked.get("cached_tokens") if asked else None
+            cache_write = asked.get("cache_write_tokens") if asked else None
+            if _PLAIN_COUNTS.issuperset(
+                map(type, (prompt, completion, total, reasoning, cache_read, cache_write))
+            ):
+                usage: UsageDetails = _new_usage(UsageDetails)
+                _set_input(usage, prompt)
+                _set_output(usage, completion)
+                _set_total(usage, total)
+                _set_reasoning(usage, reasoning)
+                _set_cache_read(usage, cache_read)
+                _set_cache_write(usage, cache_write)
+                return usage
     return read_usage(value, USAGE_FIELDS)
 
 

@@ -75,6 +75,12 @@ STREAMS: dict[str, bytes] = {
             chunk({"content": "x"}, extra={"content": "y"}),
         ]
     ),
+    "first-delta-escaped-otherwise": sse(
+        [chunk({"content": "wörld"}), chunk({"content": "a"}), chunk({"content": "ö"})]
+    ),
+    "first-delta-text-also-after-it": sse(
+        [chunk({"content": "x"}, note="x"), chunk({"content": "y"}, note="x")]
+    ),
     "carriage-returns": sse([chunk({"content": "a"})]).replace(b"\n", b"\r\n"),
     "comments-and-fields": b": ping\n\nevent: message\n" + sse([chunk({"content": "a"})]),
     "multi-line-data": b'data: {"choices": [{"index": 0,\ndata: "delta": {"content": "x"}}]}\n\n'
@@ -219,3 +225,25 @@ def test_forwarded_tool_calls_are_told_without_making_the_contents() -> None:
     assert [call.name for call in update.calls] == ["f"]
     assert [type(c) for c in update.contents] == [TextContent, FunctionCallContent]
     assert update.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        chunk({"content": "Hello "}),  # the string as orjson writes it: found by itself
+        chunk({"content": "wörld"}),  # escaped otherwise (json's \u00f6): by the field's name
+        chunk({"content": "x"}, note="x"),  # the same string after it: the name, after a probe
+        chunk({"content": "m"}),  # the same string before it (the model): found last, itself
+    ],
+)
+def test_a_frame_is_learned_wherever_the_first_delta_puts_its_text(first: Any) -> None:
+    """The deltas after the first are read as their one string, and are the events the
+    parsed path decodes."""
+    extra = {"note": first["note"]} if "note" in first else {}
+    later = [chunk({"content": text}, **extra) for text in ["a", "ö", 'q"\\']]
+    body = sse([first, *later])
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+    batch = reads.events.feed(body)
+    assert [type(p) is tuple for p in batch] == [False, True, True, True]
+    assert [json.loads(p[2][6:]) if type(p) is tuple else p for p in batch] == [first, *later]
+    assert [p[1] for p in batch[1:]] == ["a", "ö", 'q"\\']

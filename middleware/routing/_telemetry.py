@@ -71,7 +71,7 @@ class RouteTelemetry:
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.tracer = tracer(ROUTING_SCOPE, tracer_provider)
-        # The global provider's proxy makes no-op spans until a provider is set.
+        # The global provider's proxy makes no-op spans until a provider is set (then False).
         self._proxy = type(self.tracer) is ProxyTracer
         self.meter_provider = meter_provider  # for what a router makes beside it (health)
         self._provider_key = provider_key()
@@ -119,7 +119,10 @@ class RouteTelemetry:
         the tracer is the global one and no global provider is set (the API would return the
         current span or a no-op one carrying the current span's context, which stays current
         anyway). Asked per attempt: a provider set later traces the attempts after it."""
-        return not self._proxy or _global_provider_set()
+        if self._proxy and not _global_provider_set():
+            return False
+        self._proxy = False  # a global provider, once set, stays
+        return True
 
     def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
         """The span of one attempt, with its route's GenAI provider, server and model (the

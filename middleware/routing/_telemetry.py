@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
+from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import ProxyTracer, Span, SpanKind, TracerProvider
@@ -62,6 +63,12 @@ def _global_provider_set() -> bool:
     return getattr(trace, "_TRACER_PROVIDER", True) is not None
 
 
+def _global_meter_provider_set() -> bool:
+    # Likewise for the global meter provider (until one is set, the global meter's
+    # instruments record nothing).
+    return getattr(_metrics_api, "_METER_PROVIDER", True) is not None
+
+
 class RouteTelemetry:
     """The tracer and instruments of one router (global providers unless given)."""
 
@@ -74,6 +81,8 @@ class RouteTelemetry:
         # The global provider's proxy makes no-op spans until a provider is set (then False).
         self._proxy = type(self.tracer) is ProxyTracer
         self.meter_provider = meter_provider  # for what a router makes beside it (health)
+        # The global meter's instruments record nothing until a provider is set (then False).
+        self._unmetered = meter_provider is None
         self._provider_key = provider_key()
         self._clients: dict[int, tuple[object, dict[str, AttributeValue]]] = {}
         instruments = meter(ROUTING_SCOPE, meter_provider)
@@ -122,6 +131,14 @@ class RouteTelemetry:
         if self._proxy and not _global_provider_set():
             return False
         self._proxy = False  # a global provider, once set, stays
+        return True
+
+    def counted(self) -> bool:
+        """Whether the attempt metrics record anything: not while the meter is the global
+        one and no global provider is set (asked per attempt, as `traced`)."""
+        if self._unmetered and not _global_meter_provider_set():
+            return False
+        self._unmetered = False  # a global provider, once set, stays
         return True
 
     def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
@@ -178,6 +195,8 @@ class RouteTelemetry:
                     # No description: exception messages may quote provider bodies or prompts.
                     span.set_status(ERROR_STATUS)
             span.end()
+        if not self.counted():
+            return
         # Terminal or not tells a failure that moved on to another route (a fallback) from
         # one that ended the request (nowhere left to go).
         labels: dict[str, AttributeValue] = {

@@ -322,6 +322,11 @@ class CircuitBreakerChatClient(DelegatingChatClient):
             throw_new_error_on_trip=False,
         )
         self._probe_in_flight = False
+        # This process alone, no window and no slow calls: a success while closed changes
+        # nothing but a failure count that may already be zero (pybreaker's closed state
+        # resets it; our own listener hears nothing of successes), so `_record` can tell
+        # that without the state machine.
+        self._plain = window is None and self._slow_after is None and storage is None
         # The shared opening this process knows of (the `:opened` value), if any.
         self._opening: str | None = None
 
@@ -368,6 +373,8 @@ class CircuitBreakerChatClient(DelegatingChatClient):
     def _admit(self) -> bool:
         """Let a call through or raise `CircuitOpenError`; True when the call is a probe."""
         breaker = self.breaker
+        if breaker._state.name == _CLOSED and breaker._state_storage.state == _CLOSED:
+            return False  # (what `breaker.state` would say, with nothing to bring up to date)
         with breaker._lock:
             state = breaker.state
             if state.name == _OPEN:
@@ -404,10 +411,19 @@ class CircuitBreakerChatClient(DelegatingChatClient):
     ) -> None:
         """Record how an admitted call ended (`slow`: it took longer than
         `slow_call_duration`; `windowed`: it is already in the window)."""
+        breaker = self.breaker
+        if error is None and not probe and self._plain:
+            storage = breaker._state_storage
+            if (
+                breaker._state.name == _CLOSED
+                and storage.state == _CLOSED
+                and storage.counter == 0
+                and len(breaker._listeners) == 1  # ours alone: none added that hears successes
+            ):
+                return
         if isinstance(error, UnsendableRequestError):
             self._release(probe)  # never sent: the deployment was not asked
             return
-        breaker = self.breaker
         with breaker._lock:
             closed = self._window is not None and breaker._state.name == _CLOSED
             if probe:

@@ -28,6 +28,7 @@ from middleware.routing.context import (
     RoutingContext,
     RoutingSelection,
     SelectionResult,
+    attempt_record,
     with_instructions,
 )
 from pipeline import _scope
@@ -364,6 +365,11 @@ class AttemptEngine(abc.ABC):
         if route is not None and not circuit_open(route.client):
             context.preferred_route = name
 
+    # The router's own selection as a plain function, when `select_client` is that router's
+    # and only wraps it in a coroutine (the ordered router): each attempt is chosen without
+    # a coroutine of its own. A subclass that overrides `select_client` is asked as usual.
+    _select_now: Callable[[RoutingContext], SelectionResult] | None = None
+
     async def _select(self, context: RoutingContext) -> AttemptState:
         result = self.select_client(context)
         if type(result) is CoroutineType or (
@@ -372,6 +378,10 @@ class AttemptEngine(abc.ABC):
             and inspect.isawaitable(result)
         ):
             result = await result
+        return self._attempt_of(context, result)
+
+    def _attempt_of(self, context: RoutingContext, result: object) -> AttemptState:
+        """The attempt on what the selector chose (awaited, if it had to be)."""
         options: ChatOptions | None = None
         attributes: Mapping[str, AttributeValue] | None = None
         timeout: float | None = None
@@ -433,19 +443,21 @@ class AttemptEngine(abc.ABC):
             raise exhausted
         if not attempt.number:
             attempt.number = len(request.context.attempts) + 1
-        span = self._telemetry.start(
-            attempt.route_name,
-            attempt.number,
-            attempt.client,
-            attempt.options.model_id,
-        )
-        attempt.span = span
-        if attempt.attributes and span.is_recording():
-            span.set_attributes(attempt.attributes)
-        # A sampled-out span still carries a valid context its children must inherit (or
-        # they would start traces of their own); only the no-op API's span has none.
-        if span.get_span_context().is_valid:
-            attempt.span_context = trace.set_span_in_context(span)
+        telemetry = self._telemetry
+        if telemetry.traced():
+            span = telemetry.start(
+                attempt.route_name,
+                attempt.number,
+                attempt.client,
+                attempt.options.model_id,
+            )
+            attempt.span = span
+            if attempt.attributes and span.is_recording():
+                span.set_attributes(attempt.attributes)
+            # A sampled-out span still carries a valid context its children must inherit (or
+            # they would start traces of their own); only the no-op API's span has none.
+            if span.get_span_context().is_valid:
+                attempt.span_context = trace.set_span_in_context(span)
         request.running = attempt.route_name
         if request.log is not None:
             attempt.started_at = time.time()
@@ -589,16 +601,14 @@ class AttemptEngine(abc.ABC):
         watch = attempt.watch
         if watch is not None:
             watch.ended(outcome, exception, usage)
-        record = FailoverAttempt(
-            route_name=attempt.route_name,
-            client=attempt.client,
-            number=attempt.number,
-            outcome=outcome,
-            exception=exception,
-            duration=duration,
-            time_to_first_update=time_to_first_update,
-            response_completed=outcome == "completed",
-            output_committed=time_to_first_update is not None,
+        record = attempt_record(
+            attempt.route_name,
+            attempt.client,
+            attempt.number,
+            outcome,
+            exception,
+            duration,
+            time_to_first_update,
         )
         context.attempts.append(record)
         cost: Cost | None = None
@@ -611,15 +621,14 @@ class AttemptEngine(abc.ABC):
                 within.beneath += 1
         elif (log is not None or attempt.price is not None) and reached_provider(exception):
             cost = self._price(request, attempt, record, response, log)
-        if attempt.span is not None:
-            self._telemetry.finish(
-                attempt.span,
-                record,
-                cost,
-                attempt.model,
-                terminal=terminal,
-                selection=attempt.attributes.get(ROUTE_SELECTION) if attempt.attributes else None,
-            )
+        self._telemetry.finish(
+            attempt.span,
+            record,
+            cost,
+            attempt.model,
+            terminal=terminal,
+            selection=attempt.attributes.get(ROUTE_SELECTION) if attempt.attributes else None,
+        )
         report = request.report
         if report is not None:
             report.route_name = record.route_name
@@ -792,7 +801,12 @@ class AttemptEngine(abc.ABC):
             movable = request if request.alternatives is not None else None
             deadline = timeout = None
             while True:
-                attempt = await self._select(context)
+                select_now = self._select_now
+                attempt = (
+                    await self._select(context)
+                    if select_now is None
+                    else self._attempt_of(context, select_now(context))
+                )
                 self._begin(request, attempt)
                 started = clock()
                 if timed or attempt.timeout is not None:
@@ -859,7 +873,12 @@ class AttemptEngine(abc.ABC):
         clock = self._clock
         movable = request if request.alternatives is not None else None
         while True:
-            attempt = await self._select(context)
+            select_now = self._select_now
+            attempt = (
+                await self._select(context)
+                if select_now is None
+                else self._attempt_of(context, select_now(context))
+            )
             self._begin(request, attempt)
             elapsed = 0.0  # time spent inside the route, not with the caller
             first_update: float | None = None
@@ -894,8 +913,13 @@ class AttemptEngine(abc.ABC):
                         tokens = _NO_TOKENS
                     else:
                         output = first_update is not None
-                        deadline = self._deadline(request, attempt, started, number, output=output)
-                        timeout = self._timeout(deadline)
+                        if plain:  # only the failover check or the attempt mark to make current
+                            deadline = timeout = None
+                        else:
+                            deadline = self._deadline(
+                                request, attempt, started, number, output=output
+                            )
+                            timeout = self._timeout(deadline)
                         tokens = self._enter(
                             attempt,
                             budget,
@@ -934,8 +958,16 @@ class AttemptEngine(abc.ABC):
                         if close_error is not None:
                             raise close_error from None
                         raise
-                error, closing = await self._close_route_stream(attempt, stream, error)
-                elapsed += closing
+                if error is None:  # it ran out: closed here, the path nearly every stream takes
+                    mark = clock()
+                    try:
+                        await stream.aclose()
+                    except BaseException as exc:
+                        error = exc
+                    elapsed += clock() - mark
+                else:
+                    error, closing = await self._close_route_stream(attempt, stream, error)
+                    elapsed += closing
             if error is not None:
                 await self._failed(
                     request,

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from opentelemetry import trace
+from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
-from opentelemetry.trace import Span, SpanKind, TracerProvider
+from opentelemetry.trace import ProxyTracer, Span, SpanKind, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from pipeline._genai import ERROR_STATUS, client_attributes, provider_key
@@ -53,6 +55,20 @@ __all__ = ["RouteTelemetry"]
 _FAILED = frozenset({"failed_before_output", "failed_after_output"})
 
 
+def _global_provider_set() -> bool:
+    # The API keeps the global provider in this module variable (None until one is set;
+    # `get_tracer_provider()`, the public way to ask, reads the environment at every call,
+    # dearer than the span it would spare). Should a release rename it, every attempt is
+    # traced as before, which is only slower.
+    return getattr(trace, "_TRACER_PROVIDER", True) is not None
+
+
+def _global_meter_provider_set() -> bool:
+    # Likewise for the global meter provider (until one is set, the global meter's
+    # instruments record nothing).
+    return getattr(_metrics_api, "_METER_PROVIDER", True) is not None
+
+
 class RouteTelemetry:
     """The tracer and instruments of one router (global providers unless given)."""
 
@@ -62,7 +78,11 @@ class RouteTelemetry:
         meter_provider: MeterProvider | None = None,
     ) -> None:
         self.tracer = tracer(ROUTING_SCOPE, tracer_provider)
+        # The global provider's proxy makes no-op spans until a provider is set (then False).
+        self._proxy = type(self.tracer) is ProxyTracer
         self.meter_provider = meter_provider  # for what a router makes beside it (health)
+        # The global meter's instruments record nothing until a provider is set (then False).
+        self._unmetered = meter_provider is None
         self._provider_key = provider_key()
         self._clients: dict[int, tuple[object, dict[str, AttributeValue]]] = {}
         instruments = meter(ROUTING_SCOPE, meter_provider)
@@ -103,6 +123,24 @@ class RouteTelemetry:
             return attributes
         return cached[1]
 
+    def traced(self) -> bool:
+        """Whether an attempt's span could record or carry a context of its own: not while
+        the tracer is the global one and no global provider is set (the API would return the
+        current span or a no-op one carrying the current span's context, which stays current
+        anyway). Asked per attempt: a provider set later traces the attempts after it."""
+        if self._proxy and not _global_provider_set():
+            return False
+        self._proxy = False  # a global provider, once set, stays
+        return True
+
+    def counted(self) -> bool:
+        """Whether the attempt metrics record anything: not while the meter is the global
+        one and no global provider is set (asked per attempt, as `traced`)."""
+        if self._unmetered and not _global_meter_provider_set():
+            return False
+        self._unmetered = False  # a global provider, once set, stays
+        return True
+
     def start(self, route_name: str, number: int, client: object, model: str | None) -> Span:
         """The span of one attempt, with its route's GenAI provider, server and model (the
         attempt's own model when its options name one)."""
@@ -121,7 +159,7 @@ class RouteTelemetry:
 
     def finish(
         self,
-        span: Span,
+        span: Span | None,
         attempt: FailoverAttempt,
         cost: Cost | None,
         response_model: str | None,
@@ -129,33 +167,36 @@ class RouteTelemetry:
         terminal: bool,
         selection: AttributeValue | None = None,
     ) -> None:
-        """End the attempt's span and count it (by route, outcome, terminal and, when the
-        router said why it chose the route, `selection`), with its `cost` when it was priced
-        (`chat_pipeline.cost` on the span, the cost counter). Only a failed attempt is an
-        error (ERROR status and `error.type`); a canceled or abandoned one ends with UNSET
-        status, its outcome telling what happened."""
+        """End the attempt's span (if it has one) and count it (by route, outcome, terminal
+        and, when the router said why it chose the route, `selection`), with its `cost` when
+        it was priced (`chat_pipeline.cost` on the span, the cost counter). Only a failed
+        attempt is an error (ERROR status and `error.type`); a canceled or abandoned one ends
+        with UNSET status, its outcome telling what happened."""
         failed = attempt.outcome in _FAILED
-        if span.is_recording():
-            attributes: dict[str, AttributeValue] = {
-                ROUTE_OUTCOME: attempt.outcome,
-                ROUTE_OUTPUT_COMMITTED: attempt.output_committed,
-                ROUTE_DURATION: attempt.duration,
-                ROUTE_TERMINAL: terminal,
-            }
-            if attempt.time_to_first_update is not None:
-                attributes[ROUTE_TIME_TO_FIRST_UPDATE] = attempt.time_to_first_update
-            if response_model:
-                attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
-            if failed and attempt.exception is not None:
-                attributes[ERROR_TYPE] = type(attempt.exception).__name__
-            if cost is not None:
-                attributes[COST] = float(cost.amount)
-                attributes[COST_ESTIMATED] = cost.estimated
-            span.set_attributes(attributes)
-            if failed:
-                # No description: exception messages may quote provider bodies or prompts.
-                span.set_status(ERROR_STATUS)
-        span.end()
+        if span is not None:
+            if span.is_recording():
+                attributes: dict[str, AttributeValue] = {
+                    ROUTE_OUTCOME: attempt.outcome,
+                    ROUTE_OUTPUT_COMMITTED: attempt.output_committed,
+                    ROUTE_DURATION: attempt.duration,
+                    ROUTE_TERMINAL: terminal,
+                }
+                if attempt.time_to_first_update is not None:
+                    attributes[ROUTE_TIME_TO_FIRST_UPDATE] = attempt.time_to_first_update
+                if response_model:
+                    attributes[gen_ai.GEN_AI_RESPONSE_MODEL] = response_model
+                if failed and attempt.exception is not None:
+                    attributes[ERROR_TYPE] = type(attempt.exception).__name__
+                if cost is not None:
+                    attributes[COST] = float(cost.amount)
+                    attributes[COST_ESTIMATED] = cost.estimated
+                span.set_attributes(attributes)
+                if failed:
+                    # No description: exception messages may quote provider bodies or prompts.
+                    span.set_status(ERROR_STATUS)
+            span.end()
+        if not self.counted():
+            return
         # Terminal or not tells a failure that moved on to another route (a fallback) from
         # one that ended the request (nowhere left to go).
         labels: dict[str, AttributeValue] = {

@@ -8,6 +8,7 @@ client, a `Route`, or a `RoutingSelection` whose `options` apply to that one att
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeAlias
@@ -188,6 +189,47 @@ class FailoverAttempt:
             f"FailoverAttempt(route={self.route_name!r}, number={self.number}, "
             f"outcome={self.outcome!r}, error={error}, committed={self.output_committed})"
         )
+
+
+# A frozen dataclass sets each field through `object.__setattr__`; the engine, which makes
+# one record per attempt, sets the slots directly (half the cost). One name per field, in
+# order: a field added to `FailoverAttempt` fails here until it is named.
+(
+    _set_route_name,
+    _set_client,
+    _set_number,
+    _set_outcome,
+    _set_exception,
+    _set_duration,
+    _set_time_to_first_update,
+    _set_response_completed,
+    _set_output_committed,
+) = (getattr(FailoverAttempt, f.name).__set__ for f in dataclasses.fields(FailoverAttempt))
+_new_object = object.__new__
+
+
+def attempt_record(
+    route_name: str,
+    client: ChatClient,
+    number: int,
+    outcome: AttemptOutcome,
+    exception: BaseException | None,
+    duration: float,
+    time_to_first_update: float | None,
+) -> FailoverAttempt:
+    """`FailoverAttempt` of these fields (`response_completed` and `output_committed` from
+    them), made the engine's cheaper way."""
+    record: FailoverAttempt = _new_object(FailoverAttempt)
+    _set_route_name(record, route_name)
+    _set_client(record, client)
+    _set_number(record, number)
+    _set_outcome(record, outcome)
+    _set_exception(record, exception)
+    _set_duration(record, duration)
+    _set_time_to_first_update(record, time_to_first_update)
+    _set_response_completed(record, outcome == "completed")
+    _set_output_committed(record, time_to_first_update is not None)
+    return record
 
 
 class RoutingContext:

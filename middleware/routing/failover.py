@@ -134,13 +134,19 @@ class FailoverChatClient(RoutingChatClient):
     # The policy hooks, bound once: three bound methods made per request would be three more
     # objects every request in flight holds (see the performance notes, "The library at
     # concurrency").
-    _hooks: tuple[OnAttempt, MayFailOver, Alternatives] | None = None
+    _hooks: tuple[OnAttempt | None, MayFailOver, Alternatives] | None = None
 
     def _new_request(self, context: RoutingContext) -> RequestState:
         settings = self.settings
         hooks = self._hooks
         if hooks is None:
-            hooks = self._hooks = (self.on_routing_update, self.should_failover, self._alternatives)
+            # A policy that keeps nothing per request is not told of its attempts.
+            told = type(self).on_routing_update is not FailoverChatClient.on_routing_update
+            hooks = self._hooks = (
+                self.on_routing_update if told else None,
+                self.should_failover,
+                self._alternatives,
+            )
         return RequestState(
             context,
             settings,
@@ -224,7 +230,20 @@ class OrderedFailoverChatClient(ListedRoutesFailover):
     caps the attempts below the number of routes (``None``: every route once).
     """
 
+    def __init__(
+        self,
+        routes: Sequence[Route | ChatClient],
+        settings: FailoverSettings | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(routes, settings, **options)
+        if type(self).select_client is OrderedFailoverChatClient.select_client:
+            self._select_now = self._next_route
+
     async def select_client(self, context: RoutingContext) -> SelectionResult:
+        return self._next_route(context)
+
+    def _next_route(self, context: RoutingContext) -> Route:
         preferred = context.preferred_route
         if preferred is None:
             return self.routes[len(context.attempts)]

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pybreaker
 import pytest
 import redis.asyncio as redis_asyncio
 from opentelemetry.sdk.trace import TracerProvider
@@ -162,6 +163,36 @@ async def test_half_open_probe_closes_on_success(streaming: bool) -> None:
         ("p", "half-open", "closed"),
     ]
     assert inner.call_count == 2
+
+
+async def test_a_success_between_failures_starts_the_count_again(streaming: bool) -> None:
+    # A closed breaker's success takes a short path only when no failure is counted.
+    transient = fail(TransientProviderError())
+    inner = ScriptedChatClient([transient, reply("ok"), transient, reply("ok"), transient])
+    client = breaker(inner, fail_max=2)
+    outcomes = [(await collect(client, "hi", streaming=streaming)).error for _ in range(5)]
+    assert [type(e).__name__ if e else None for e in outcomes] == [
+        "TransientProviderError",
+        None,
+        "TransientProviderError",
+        None,
+        "TransientProviderError",
+    ]
+    assert client.state == "closed" and client.breaker.fail_counter == 1
+
+
+async def test_a_listener_added_to_the_breaker_hears_every_success(streaming: bool) -> None:
+    heard: list[str] = []
+
+    class Successes(pybreaker.CircuitBreakerListener):
+        def success(self, cb: pybreaker.CircuitBreaker) -> None:
+            heard.append(cb.name)
+
+    client = breaker(ScriptedChatClient([reply("a"), reply("b")]), name="p")
+    client.breaker.add_listener(Successes())
+    for _ in range(2):
+        assert (await collect(client, "hi", streaming=streaming)).error is None
+    assert heard == ["p", "p"]
 
 
 async def test_half_open_probe_failure_reopens(streaming: bool) -> None:

@@ -2,6 +2,8 @@
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -270,3 +272,74 @@ async def test_an_abandoned_stream_is_not_an_error(otel: Otel) -> None:
     assert dict(root.attributes or {})["chat_pipeline.request.end"] == "abandoned"
     assert dict(attempt.attributes or {})["chat_pipeline.route.outcome"] == "abandoned"
     assert all(s.status.status_code is StatusCode.UNSET for s in (root, attempt))
+
+
+async def test_attempts_are_counted_without_a_tracer_provider(otel: Otel, streaming: bool) -> None:
+    # The global tracer with no provider set: no span is made, the metrics still count.
+    clients = [
+        ScriptedChatClient(fail(TransientProviderError()), name="r0"),
+        ScriptedChatClient(reply("b"), name="r1"),
+    ]
+    chat = OrderedFailoverChatClient(clients, meter_provider=otel.meter_provider)
+    result = await collect(chat, "hi", streaming=streaming)
+    assert result.text == "b"
+    assert otel.attempt_spans() == []
+    assert otel.total("chat_pipeline.route.attempt.count") == 2
+    assert otel.total("chat_pipeline.route.backup_calls") == 1
+
+
+_GLOBAL_PROVIDERS_SET_LATER = """
+import asyncio
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from middleware.routing import OrderedFailoverChatClient
+from pipeline.testing import ScriptedChatClient, reply
+
+def attempts_counted(reader: InMemoryMetricReader) -> int:
+    data = reader.get_metrics_data()
+    return sum(
+        point.value
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "chat_pipeline.route.attempt.count"
+        for point in metric.data.data_points
+    )
+
+async def main() -> None:
+    chat = OrderedFailoverChatClient([ScriptedChatClient([reply("a"), reply("b")], name="r0")])
+    await chat.get_response("hi")  # no providers yet: nothing to record
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    with trace.get_tracer("test").start_as_current_span("caller") as caller:
+        await chat.get_response("hi")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    attempt = spans["route_attempt r0"]
+    assert len(spans) == 2, sorted(spans)
+    assert attempt.parent is not None
+    assert attempt.parent.span_id == caller.get_span_context().span_id
+    assert attempts_counted(reader) == 1
+    print("traced and counted")
+
+asyncio.run(main())
+"""
+
+
+def test_global_providers_set_later_trace_and_count_the_attempts_after_them() -> None:
+    # A global provider can be set once per process: its own process.
+    done = subprocess.run(
+        [sys.executable, "-c", _GLOBAL_PROVIDERS_SET_LATER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "traced and counted"

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_internal
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as _gen_ai
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_HEADER_TEMPLATE
 from opentelemetry.semconv.schemas import Schemas
@@ -292,3 +293,22 @@ def meter(scope: str, provider: MeterProvider | None = None) -> Meter:
     """The meter of `scope` (the global provider unless one is given), with the library's
     version and `SCHEMA_URL`."""
     return metrics.get_meter(scope, __version__, provider, schema_url=SCHEMA_URL)
+
+
+def global_tracer_provider_set() -> bool:
+    """Whether a global tracer provider is set (until then the global tracer's spans
+    record nothing and carry no context of their own).
+
+    The API keeps it in a module variable, None until set: `trace.get_tracer_provider()`,
+    the public way to ask, reads the environment at every call, dearer than the span it
+    would spare. Should a release rename the variable, this says True (spans are made as
+    before, only slower). A provider the environment names
+    (``OTEL_PYTHON_TRACER_PROVIDER``) is set at the first `get_tracer_provider()`: whoever
+    asks this per request calls that once first."""
+    return getattr(trace, "_TRACER_PROVIDER", True) is not None
+
+
+def global_meter_provider_set() -> bool:
+    """Whether a global meter provider is set (until then the global meter's instruments
+    record nothing); as `global_tracer_provider_set`."""
+    return getattr(_metrics_internal, "_METER_PROVIDER", True) is not None

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import ProxyTracer, Span, SpanKind, TracerProvider
@@ -39,6 +38,8 @@ from pipeline._semconv import (
     ROUTE_TIME_TO_FIRST_UPDATE,
     ROUTING_SCOPE,
     TIME_TO_FIRST_UPDATE_METRIC,
+    global_meter_provider_set,
+    global_tracer_provider_set,
     meter,
     tracer,
 )
@@ -55,20 +56,6 @@ __all__ = ["RouteTelemetry"]
 _FAILED = frozenset({"failed_before_output", "failed_after_output"})
 
 
-def _global_provider_set() -> bool:
-    # The API keeps the global provider in this module variable (None until one is set;
-    # `get_tracer_provider()`, the public way to ask, reads the environment at every call,
-    # dearer than the span it would spare). Should a release rename it, every attempt is
-    # traced as before, which is only slower.
-    return getattr(trace, "_TRACER_PROVIDER", True) is not None
-
-
-def _global_meter_provider_set() -> bool:
-    # Likewise for the global meter provider (until one is set, the global meter's
-    # instruments record nothing).
-    return getattr(_metrics_api, "_METER_PROVIDER", True) is not None
-
-
 class RouteTelemetry:
     """The tracer and instruments of one router (global providers unless given)."""
 
@@ -80,6 +67,8 @@ class RouteTelemetry:
         self.tracer = tracer(ROUTING_SCOPE, tracer_provider)
         # The global provider's proxy makes no-op spans until a provider is set (then False).
         self._proxy = type(self.tracer) is ProxyTracer
+        if self._proxy:
+            trace.get_tracer_provider()  # sets the one the environment names, if any
         self.meter_provider = meter_provider  # for what a router makes beside it (health)
         # The global meter's instruments record nothing until a provider is set (then False).
         self._unmetered = meter_provider is None
@@ -128,7 +117,7 @@ class RouteTelemetry:
         the tracer is the global one and no global provider is set (the API would return the
         current span or a no-op one carrying the current span's context, which stays current
         anyway). Asked per attempt: a provider set later traces the attempts after it."""
-        if self._proxy and not _global_provider_set():
+        if self._proxy and not global_tracer_provider_set():
             return False
         self._proxy = False  # a global provider, once set, stays
         return True
@@ -136,7 +125,7 @@ class RouteTelemetry:
     def counted(self) -> bool:
         """Whether the attempt metrics record anything: not while the meter is the global
         one and no global provider is set (asked per attempt, as `traced`)."""
-        if self._unmetered and not _global_meter_provider_set():
+        if self._unmetered and not global_meter_provider_set():
             return False
         self._unmetered = False  # a global provider, once set, stays
         return True

@@ -46,7 +46,7 @@ from opentelemetry.semconv.attributes.network_attributes import NETWORK_PROTOCOL
 from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.semconv.attributes.url_attributes import URL_PATH, URL_SCHEME
 from opentelemetry.semconv.metrics.http_metrics import HTTP_SERVER_REQUEST_DURATION
-from opentelemetry.trace import ProxyTracerProvider, SpanKind
+from opentelemetry.trace import SpanKind
 
 from pipeline._genai import ERROR_STATUS
 from pipeline._metrics import duration_histogram
@@ -60,6 +60,8 @@ from pipeline._semconv import (
     ROUTE_ATTEMPTS,
     ROUTE_FALLBACK,
     ROUTE_NAME,
+    global_meter_provider_set,
+    global_tracer_provider_set,
     meter,
     tracer,
 )
@@ -84,7 +86,7 @@ class RequestTelemetry:
     `begin` when a request starts, `end` once it ended (its response written, or it
     failed), whatever happened in between."""
 
-    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer")
+    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer", "_unmetered")
 
     def __init__(
         self,
@@ -99,6 +101,11 @@ class RequestTelemetry:
         # With no provider given, spans are made once a global one is set (until then the
         # API's would record nothing: the span and its context are skipped).
         self._global = tracer_provider is None
+        if self._global:
+            trace.get_tracer_provider()  # sets the one the environment names, if any
+        # The global meter's instruments record nothing until a provider is set (then
+        # False: once set, it stays).
+        self._unmetered = meter_provider is None
         self._duration = duration_histogram(
             meter(GATEWAY_SCOPE, meter_provider),
             HTTP_SERVER_REQUEST_DURATION,
@@ -109,11 +116,7 @@ class RequestTelemetry:
         """Start the request's span and make it current (None when nothing is traced: no
         tracer provider, and no caller's trace to pass on upstream)."""
         carrier = exchange.carrier
-        if (
-            not carrier
-            and self._global
-            and isinstance(trace.get_tracer_provider(), ProxyTracerProvider)
-        ):
+        if not carrier and self._global and not global_tracer_provider_set():
             return None
         parent = propagate.extract(carrier) if carrier else None
         method = scope["method"]
@@ -167,22 +170,24 @@ class RequestTelemetry:
         status = exchange.status
         failure = exchange.failure
         duration = time.perf_counter() - exchange.started
-        # The HTTP server conventions require `url.scheme` on the duration metric and
-        # recommend `network.protocol.version`: the same values the span starts with.
-        attributes: dict[str, Any] = {
-            HTTP_REQUEST_METHOD: method,
-            HTTP_ROUTE: self._route,
-            URL_SCHEME: scope.get("scheme", "http"),
-            NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-        }
-        if status:
-            attributes[HTTP_RESPONSE_STATUS_CODE] = status
         error_type = None
         if status >= 500 or (status == 200 and failure is not None):
             error_type = type(failure).__name__ if failure is not None else str(status)
-        if error_type is not None:
-            attributes[ERROR_TYPE] = error_type
-        self._duration.record(duration, attributes)
+        if not self._unmetered or global_meter_provider_set():
+            self._unmetered = False
+            # The HTTP server conventions require `url.scheme` on the duration metric and
+            # recommend `network.protocol.version`: the same values the span starts with.
+            attributes: dict[str, Any] = {
+                HTTP_REQUEST_METHOD: method,
+                HTTP_ROUTE: self._route,
+                URL_SCHEME: scope.get("scheme", "http"),
+                NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+            }
+            if status:
+                attributes[HTTP_RESPONSE_STATUS_CODE] = status
+            if error_type is not None:
+                attributes[ERROR_TYPE] = error_type
+            self._duration.record(duration, attributes)
         route, attempts, fallback, served = _story(exchange)
         if span is not None and span.is_recording():
             ending: dict[str, Any] = {}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -261,3 +264,90 @@ def test_a_record_factory_of_the_users_makes_the_request_lines_record() -> None:
     finally:
         logging.setLogRecordFactory(saved)
     assert type(record) is Mine
+
+
+_GLOBAL_PROVIDERS_SET_LATER = """
+import asyncio, json, sys
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pipeline.config import load_config
+from pipeline.gateway.app import create_app
+
+BODY = json.dumps({"model": "pipeline", "messages": [{"role": "user", "content": "hi"}]})
+
+async def call(app) -> int:
+    sent, given = [], asyncio.Event()
+    async def receive():
+        if given.is_set():
+            await asyncio.Event().wait()  # no disconnect: the request runs out
+        given.set()
+        return {"type": "http.request", "body": BODY.encode(), "more_body": False}
+    async def send(message):
+        sent.append(message)
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "query_string": b"", "client": ("127.0.0.1", 5555), "server": ("127.0.0.1", 8080),
+        "scheme": "http", "root_path": "", "state": {},
+        "headers": [(b"host", b"gateway"), (b"content-type", b"application/json")],
+    }
+    await app(scope, receive, send)
+    return sent[0]["status"]
+
+def durations(reader: InMemoryMetricReader) -> int:
+    data = reader.get_metrics_data()
+    return sum(
+        point.count
+        for resource in (data.resource_metrics if data else [])
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "http.server.request.duration"
+        for point in metric.data.data_points
+    )
+
+async def main() -> None:
+    app = create_app(load_config(sys.argv[1]))
+    inbox, outbox = asyncio.Queue(), asyncio.Queue()
+    await inbox.put({"type": "lifespan.startup"})
+    life = asyncio.create_task(
+        app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, inbox.get, outbox.put)
+    )
+    assert (await outbox.get())["type"] == "lifespan.startup.complete"
+    assert await call(app) == 200  # no providers yet: nothing to record
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    assert await call(app) == 200
+    names = [span.name for span in exporter.get_finished_spans()]
+    assert names.count("POST /v1/chat/completions") == 1, names
+    assert durations(reader) == 1
+    await inbox.put({"type": "lifespan.shutdown"})
+    await outbox.get()
+    await life
+    print("traced and measured")
+
+asyncio.run(main())
+"""
+
+
+def test_global_providers_set_later_trace_and_measure_the_requests_after_them(
+    tmp_path: Path,
+) -> None:
+    # A global provider can be set once per process: its own process.
+    config = tmp_path / "gateway.toml"
+    config.write_text('[routes.primary]\nprovider = "scripted"\nreply = "Hello."\n')
+    done = subprocess.run(
+        [sys.executable, "-c", _GLOBAL_PROVIDERS_SET_LATER, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "traced and measured"

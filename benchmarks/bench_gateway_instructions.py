@@ -9,8 +9,11 @@ request to a route calling ``chat-pipeline fake-server`` (run in a process of it
 counted) over loopback: ``plain`` is one OpenAI-compatible route, ``full`` ordered failover
 over two with retry and a breaker on the first. Each case runs `--requests` and 5x
 `--requests` requests in fresh processes under callgrind; the difference, divided by the
-extra requests, cancels the start-up. With ``--logs`` the gateway's loggers write to
-/dev/null at INFO (the request line it logs by default); without, they are off.
+extra requests, cancels the start-up. The app runs on uvloop when it is installed, as
+``chat-pipeline serve`` does (asyncio's own loop makes its timers in Python: aiohttp's read
+timers alone cost some 30 thousand instructions a request more there). With ``--logs``
+the gateway's loggers write to /dev/null at INFO (the request line it logs by default);
+without, they are off.
 ``--baseline PATH`` counts the checkout at PATH too (e.g. ``git archive`` of an older
 commit) and prints each case's ratio to it.
 """
@@ -89,7 +92,12 @@ CHILD = textwrap.dedent(
         await outbox.get()
         await life
 
-    asyncio.run(main())
+    try:
+        import uvloop  # the loop the gateway serves on (uvicorn's "auto")
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
     """
 )
 

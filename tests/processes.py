@@ -104,6 +104,22 @@ def require_binary(name: str, *, package: str | None = None, marker: str) -> str
     return found
 
 
+def run_python(script: str, *args: str, timeout: float = 60) -> str:
+    """What `script` prints, run by this Python in a process of its own from the project's
+    root (so `tests` imports): for what a process allows once, as setting a global
+    OpenTelemetry provider. Fails with its error output unless it exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"the script exited {done.returncode}: {done.stderr[-3000:]}")
+    return done.stdout.strip()
+
+
 def free_port() -> int:
     """A loopback port free at this moment, for a server that cannot bind port 0 and report
     what it got (redis-server). Another process may take it before the server binds it: the

@@ -2,8 +2,6 @@
 
 import asyncio
 import contextlib
-import subprocess
-import sys
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -17,6 +15,7 @@ from pipeline import ChatPipeline, UsageDetails
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
 from tests.otel import Otel
+from tests.processes import run_python
 
 
 def router(otel: Otel, *scripts: object, **options: object) -> OrderedFailoverChatClient:
@@ -291,42 +290,24 @@ async def test_attempts_are_counted_without_a_tracer_provider(otel: Otel, stream
 _GLOBAL_PROVIDERS_SET_LATER = """
 import asyncio
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from middleware.routing import OrderedFailoverChatClient
 from pipeline.testing import ScriptedChatClient, reply
-
-def attempts_counted(reader: InMemoryMetricReader) -> int:
-    data = reader.get_metrics_data()
-    return sum(
-        point.value
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "chat_pipeline.route.attempt.count"
-        for point in metric.data.data_points
-    )
+from tests.otel import make_otel
 
 async def main() -> None:
     chat = OrderedFailoverChatClient([ScriptedChatClient([reply("a"), reply("b")], name="r0")])
     await chat.get_response("hi")  # no providers yet: nothing to record
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    otel = make_otel()
+    trace.set_tracer_provider(otel.tracer_provider)
+    metrics.set_meter_provider(otel.meter_provider)
     with trace.get_tracer("test").start_as_current_span("caller") as caller:
         await chat.get_response("hi")
-    spans = {s.name: s for s in exporter.get_finished_spans()}
+    spans = {s.name: s for s in otel.finished()}
     attempt = spans["route_attempt r0"]
     assert len(spans) == 2, sorted(spans)
     assert attempt.parent is not None
     assert attempt.parent.span_id == caller.get_span_context().span_id
-    assert attempts_counted(reader) == 1
+    assert otel.total("chat_pipeline.route.attempt.count") == 1
     print("traced and counted")
 
 asyncio.run(main())
@@ -335,11 +316,4 @@ asyncio.run(main())
 
 def test_global_providers_set_later_trace_and_count_the_attempts_after_them() -> None:
     # A global provider can be set once per process: its own process.
-    done = subprocess.run(
-        [sys.executable, "-c", _GLOBAL_PROVIDERS_SET_LATER],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "traced and counted"
+    assert run_python(_GLOBAL_PROVIDERS_SET_LATER) == "traced and counted"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from pipeline.gateway._auth import key_identity
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Otel
 from tests.pipeline.gateway.conftest import config, keyed, running
+from tests.processes import run_python
 
 pytestmark = pytest.mark.gateway
 
@@ -269,13 +268,9 @@ def test_a_record_factory_of_the_users_makes_the_request_lines_record() -> None:
 _GLOBAL_PROVIDERS_SET_LATER = """
 import asyncio, json, sys
 from opentelemetry import metrics, trace
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pipeline.config import load_config
 from pipeline.gateway.app import create_app
+from tests.otel import make_otel
 
 BODY = json.dumps({"model": "pipeline", "messages": [{"role": "user", "content": "hi"}]})
 
@@ -298,17 +293,6 @@ async def call(app) -> int:
     await app(scope, receive, send)
     return sent[0]["status"]
 
-def durations(reader: InMemoryMetricReader) -> int:
-    data = reader.get_metrics_data()
-    return sum(
-        point.count
-        for resource in (data.resource_metrics if data else [])
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == "http.server.request.duration"
-        for point in metric.data.data_points
-    )
-
 async def main() -> None:
     app = create_app(load_config(sys.argv[1]))
     inbox, outbox = asyncio.Queue(), asyncio.Queue()
@@ -318,16 +302,13 @@ async def main() -> None:
     )
     assert (await outbox.get())["type"] == "lifespan.startup.complete"
     assert await call(app) == 200  # no providers yet: nothing to record
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    reader = InMemoryMetricReader()
-    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    otel = make_otel()
+    trace.set_tracer_provider(otel.tracer_provider)
+    metrics.set_meter_provider(otel.meter_provider)
     assert await call(app) == 200
-    names = [span.name for span in exporter.get_finished_spans()]
+    names = [span.name for span in otel.finished()]
     assert names.count("POST /v1/chat/completions") == 1, names
-    assert durations(reader) == 1
+    assert otel.total("http.server.request.duration") == 1
     await inbox.put({"type": "lifespan.shutdown"})
     await outbox.get()
     await life
@@ -343,11 +324,4 @@ def test_global_providers_set_later_trace_and_measure_the_requests_after_them(
     # A global provider can be set once per process: its own process.
     config = tmp_path / "gateway.toml"
     config.write_text('[routes.primary]\nprovider = "scripted"\nreply = "Hello."\n')
-    done = subprocess.run(
-        [sys.executable, "-c", _GLOBAL_PROVIDERS_SET_LATER, str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "traced and measured"
+    assert run_python(_GLOBAL_PROVIDERS_SET_LATER, str(config)) == "traced and measured"

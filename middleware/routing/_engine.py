@@ -958,16 +958,8 @@ class AttemptEngine(abc.ABC):
                         if close_error is not None:
                             raise close_error from None
                         raise
-                if error is None:  # it ran out: closed here, the path nearly every stream takes
-                    mark = clock()
-                    try:
-                        await stream.aclose()
-                    except BaseException as exc:
-                        error = exc
-                    elapsed += clock() - mark
-                else:
-                    error, closing = await self._close_route_stream(attempt, stream, error)
-                    elapsed += closing
+                error, closing = await self._close_route_stream(attempt, stream, error)
+                elapsed += closing
             if error is not None:
                 await self._failed(
                     request,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -73,12 +72,16 @@ async def test_ten_times_more_calls_than_connections_wait_their_turn(
     lists = [f"pool-test:{given}:{i}" for i in range(n)]
     # Each call holds its connection until its list gets an item (BLPOP), so calls pile
     # up: redis-py's default pool would raise MaxConnectionsError past 100.
-    calls = [asyncio.create_task(client.call(lambda c, k=k: c.blpop([k], 30))) for k in lists]
     observer = redis_asyncio.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 30  # the server gives no signal: bounded polling
-    while (await observer.info("clients"))["blocked_clients"] < _redis.POOL_SIZE:
-        assert time.monotonic() < deadline, "the calls never reached Redis"
-        await asyncio.sleep(0.01)
+    # The server tells a MONITOR connection of every command it runs: a BLPOP it has run
+    # blocks its connection, so the pool's connections are all held once it told of as many.
+    async with observer.monitor() as monitor:
+        calls = [asyncio.create_task(client.call(lambda c, k=k: c.blpop([k], 30))) for k in lists]
+        async with asyncio.timeout(30):  # bounded: the calls never reaching Redis fails here
+            blocked = 0
+            while blocked < _redis.POOL_SIZE:
+                command = await monitor.next_command()
+                blocked += command["command"].upper().startswith("BLPOP")
     pool = client.client().connection_pool
     assert len(pool._in_use_connections) == _redis.POOL_SIZE
     assert not any(call.done() for call in calls)  # the others wait for their turn

@@ -169,6 +169,14 @@ class _LineFormatter(logging.Formatter):
         self._colors = sys.stderr.isatty() if use_colors is None else use_colors
         self._prefixes: dict[int, str] = {}
 
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        # A line without a traceback (all the request lines): `Formatter.format`'s steps
+        # without its questions of the format string (it holds no time).
+        record.message = record.getMessage()
+        return self.formatMessage(record)
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         prefix = self._prefixes.get(record.levelno)
         if prefix is None:

@@ -449,3 +449,42 @@ async def test_idle_connections_outlive_the_sdks_own_idle_expiry(tmp_path: Path)
                     assert early is None, f"the idle connection gave {early!r}"
             writer.close()
             assert await server.terminate()
+
+
+
+def test_the_line_formatter_writes_tracebacks_and_the_request_id() -> None:
+    import io
+    import logging
+    import sys
+
+    from pipeline.gateway import server
+    from pipeline.gateway._exchange import enter_request_id, exit_request_id
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)  # as `log_config` makes it, on a stream of ours
+    handler.setFormatter(server._LineFormatter(use_colors=False))
+    handler.addFilter(server._RequestIdFilter())
+
+    def record(name: str, level: int, message: str, *args: Any, **kwargs: Any) -> None:
+        made = logging.getLogger(name).makeRecord(name, level, "f.py", 1, message, args, None)
+        made.__dict__.update(kwargs)
+        handler.handle(made)
+
+    token = enter_request_id("req_x")
+    try:
+        record("chat_pipeline.gateway", logging.INFO, "%s %d", "line", 1)
+        record("chat_pipeline.layer", logging.WARNING, "layer")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            record("chat_pipeline.layer", logging.ERROR, "failed", exc_info=sys.exc_info())
+    finally:
+        exit_request_id(token)
+    # The gateway's own line carries its request id already; other lines get it appended,
+    # and a traceback follows its line.
+    written = stream.getvalue()
+    assert written.startswith(
+        "INFO:     line 1\nWARNING:  layer request_id=req_x\n"
+        "ERROR:    failed request_id=req_x\nTraceback (most recent call last):\n"
+    )
+    assert written.endswith("ValueError: boom\n")

@@ -377,9 +377,10 @@ class FormatHandler:
         forward: Forward | None,
     ) -> BaseException | None:
         try:
-            response = await target.client.get_response(
-                self._messages(request, target), request.options
-            )
+            messages = request.messages
+            if target.instructions is not None:
+                messages = self._messages(request, target)
+            response = await target.client.get_response(messages, request.options)
         except Exception as exc:
             return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()

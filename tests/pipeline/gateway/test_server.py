@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
+from pipeline.gateway._exchange import enter_request_id, exit_request_id
+from pipeline.gateway.server import _LineFormatter, _RequestIdFilter
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Receiver
 from tests.processes import UVICORN_PORT, ChildProcess, StartError, serve_argv
@@ -451,19 +456,11 @@ async def test_idle_connections_outlive_the_sdks_own_idle_expiry(tmp_path: Path)
             assert await server.terminate()
 
 
-
 def test_the_line_formatter_writes_tracebacks_and_the_request_id() -> None:
-    import io
-    import logging
-    import sys
-
-    from pipeline.gateway import server
-    from pipeline.gateway._exchange import enter_request_id, exit_request_id
-
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)  # as `log_config` makes it, on a stream of ours
-    handler.setFormatter(server._LineFormatter(use_colors=False))
-    handler.addFilter(server._RequestIdFilter())
+    handler.setFormatter(_LineFormatter(use_colors=False))
+    handler.addFilter(_RequestIdFilter())
 
     def record(name: str, level: int, message: str, *args: Any, **kwargs: Any) -> None:
         made = logging.getLogger(name).makeRecord(name, level, "f.py", 1, message, args, None)

@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
 from pipeline.gateway._exchange import enter_request_id, exit_request_id
-from pipeline.gateway.server import _LineFormatter, _RequestIdFilter
+from pipeline.gateway.server import _LineFormatter, _RequestIdFilter, log_config
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Receiver
 from tests.processes import UVICORN_PORT, ChildProcess, StartError, serve_argv
@@ -485,3 +485,26 @@ def test_the_line_formatter_writes_tracebacks_and_the_request_id() -> None:
         "ERROR:    failed request_id=req_x\nTraceback (most recent call last):\n"
     )
     assert written.endswith("ValueError: boom\n")
+
+
+@pytest.mark.parametrize("stream", ["line-buffered", "unbuffered", "buffered"])
+def test_each_log_line_reaches_the_file_as_it_is_written(tmp_path: Path, stream: str) -> None:
+    path = tmp_path / "log"
+    raw = io.FileIO(path, "w")
+    text: io.TextIOWrapper[Any]
+    if stream == "unbuffered":  # stderr under PYTHONUNBUFFERED
+        text = io.TextIOWrapper(raw, write_through=True)
+    else:  # stderr otherwise (line-buffered), and a file's (flushed by the handler)
+        text = io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=stream == "line-buffered")
+    config = log_config("info")["handlers"]["chat_pipeline"]
+    handler = config["()"](stream=text)
+    handler.setFormatter(_LineFormatter(use_colors=False))
+    logger = logging.getLogger("chat_pipeline.gateway")
+    try:
+        for n in range(2):
+            handler.handle(
+                logger.makeRecord(logger.name, logging.INFO, "f.py", 1, "line %d", (n,), None)
+            )
+            assert path.read_text() == "".join(f"INFO:     line {i}\n" for i in range(n + 1))
+    finally:
+        text.close()

@@ -84,14 +84,15 @@ class BodyReader:
                     exchange.disconnected = True  # the client left before its request
                 return None
             request = exchange.format.parse(body, session_id=exchange.session)
-            policy = self._builtin_tools
-            said = _builtin_tools.header_value(request, policy)
-            if said is not None:
-                exchange.extra_headers.append(
-                    (_builtin_tools.BUILTIN_TOOLS_HEADER, said.encode("latin-1"))
-                )
-                exchange.builtin_tools = said
-            _builtin_tools.apply(request, policy)
+            if request.builtin_tools:  # (most requests offer none: nothing to say or apply)
+                policy = self._builtin_tools
+                said = _builtin_tools.header_value(request, policy)
+                if said is not None:
+                    exchange.extra_headers.append(
+                        (_builtin_tools.BUILTIN_TOOLS_HEADER, said.encode("latin-1"))
+                    )
+                    exchange.builtin_tools = said
+                _builtin_tools.apply(request, policy)
         except WireError as error:
             exchange.failure = error
             await exchange.error(error)

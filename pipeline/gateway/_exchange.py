@@ -65,6 +65,23 @@ TAGS_HEADER = b"x-chat-pipeline-tags"
 """The request header carrying the caller's spend tags, comma-separated."""
 JSON = [(b"content-type", b"application/json")]
 
+# The request headers `Exchange` reads (a set: the others are passed over in one look-up).
+_READ = frozenset(
+    {
+        b"authorization",
+        b"content-length",
+        b"content-type",
+        REQUEST_ID_HEADER,
+        SESSION_HEADER,
+        b"x-api-key",
+        b"anthropic-beta",
+        TAGS_HEADER,
+        b"traceparent",
+        b"tracestate",
+        b"baggage",
+    }
+)
+
 _VALID_ID = re.compile(rb"[\x20-\x7e]{1,256}")
 _PREFIX = "req_" + os.urandom(6).hex()
 _counter = itertools.count(1)
@@ -106,7 +123,8 @@ class Exchange:
     The head fields are raw header values (``None`` when absent); `key` is the caller's
     identity, the same in every replica and process (set by the auth layer: a virtual key's
     id, a keyed hash of an ``api_keys_env`` key, `NO_KEY` without keys; never a key's
-    position nor its secret), `key_name` what log lines show of it, and `virtual_key` the
+    position nor its secret), `key_name` what log lines show of it, `logged_id` the request
+    id as a log line's field (`loggable`), and `virtual_key` the
     caller's `pipeline.keys.VirtualKey` when it has one; `request` is the
     parsed body (set by the body layer); `status`, `failure` and `disconnected` say how the
     request ended;
@@ -129,6 +147,7 @@ class Exchange:
         "format",
         "key",
         "key_name",
+        "logged_id",
         "model",
         "report",
         "request",
@@ -155,7 +174,10 @@ class Exchange:
         request_id = authorization = x_api_key = length = content_type = session = None
         tags: bytes | None = None
         carrier: dict[str, str] | None = None
+        read = _READ
         for name, value in scope["headers"]:
+            if name not in read:
+                continue  # most of a request's headers: one look-up, not a comparison each
             if name == b"authorization":
                 authorization = value
             elif name == b"content-length":
@@ -172,11 +194,16 @@ class Exchange:
                 self.anthropic_beta = value
             elif name == TAGS_HEADER:
                 tags = value
-            elif name in (b"traceparent", b"tracestate", b"baggage"):
+            else:  # traceparent, tracestate, baggage
                 if carrier is None:
                     carrier = {}
                 carrier[name.decode()] = value.decode("latin-1")
-        self.request_id = request_id_of(request_id)
+        if request_id is not None and _VALID_ID.fullmatch(request_id):
+            given = request_id.decode("ascii")
+            self.request_id = given
+            self.logged_id = loggable(given)
+        else:  # a fresh id is one field of a log line as it is: nothing to escape
+            self.request_id = self.logged_id = f"{_PREFIX}{next(_counter):x}"
         self.authorization: bytes | None = authorization
         self.x_api_key: bytes | None = x_api_key
         self.content_length: bytes | None = length
@@ -276,9 +303,9 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-def enter_request_id(request_id: str) -> contextvars.Token[str | None]:
-    """Make `request_id` the current request's (for log lines)."""
-    return _request_id.set(request_id)
+enter_request_id = _request_id.set
+"""Make a request id the current request's (for log lines); returns the token
+`exit_request_id` takes."""
 
 
 exit_request_id = _request_id.reset

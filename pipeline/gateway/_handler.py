@@ -235,7 +235,7 @@ class FormatHandler:
         cache_token: Any = None
         forward_token: Any = None
         forward: Forward | None = None
-        started = _Started()
+        started: _Started | None = None  # a stream's, once it runs
         report = RouteReport()
         exchange.report = report
         token = _scope.enter_report(report)
@@ -272,6 +272,7 @@ class FormatHandler:
                     forward_token = enter_forward(forward)
             watch = _Disconnect(scope, receive, task)
             if request.stream:
+                started = _Started()
                 exchange.failure = await self._stream(
                     exchange, request, target, watch, started, forward
                 )
@@ -337,13 +338,16 @@ class FormatHandler:
             if watch is not None:
                 watch.close()
 
-    async def _unfinished(self, exchange: Exchange, error: WireError, started: _Started) -> None:
+    async def _unfinished(
+        self, exchange: Exchange, error: WireError, started: _Started | None
+    ) -> None:
         """End a response that could not complete: a status, or an in-band error (a body
         cut short by its end when it is no stream)."""
         if not exchange.status:
             await exchange.error(error)
             return
-        event = started.encoder.error(error) if started.encoder is not None else ""
+        encoder = started.encoder if started is not None else None
+        event = encoder.error(error) if encoder is not None else ""
         await exchange.body_part(_bytes(event), False)
 
     @staticmethod
@@ -373,9 +377,10 @@ class FormatHandler:
         forward: Forward | None,
     ) -> BaseException | None:
         try:
-            response = await target.client.get_response(
-                self._messages(request, target), request.options
-            )
+            messages = request.messages
+            if target.instructions is not None:
+                messages = self._messages(request, target)
+            response = await target.client.get_response(messages, request.options)
         except Exception as exc:
             return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()

@@ -122,7 +122,10 @@ def _too_many(limits: ConnectionLimits) -> tuple[bytes, bytes]:
 
 class GatewayProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the deadlines and the bound of the module
-    docstring. uvicorn makes one per connection (through `protocol_factory`)."""
+    docstring. uvicorn makes one per connection (through `protocol_factory`).
+
+    The parser's callbacks, called several times a request, call the base class's by name:
+    Python 3.11's ``super()`` makes an object per call, about as dear as the call itself."""
 
     def __init__(
         self,
@@ -246,7 +249,7 @@ class GatewayProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._ended:
             return  # read for nothing while the answer reaches the client
-        super().data_received(data)
+        HttpToolsProtocol.data_received(self, data)
         # Deadlines are armed only for what this chunk left incomplete: a request whose
         # head and body come in one read (most) arms none.
         if self._in_head:
@@ -274,7 +277,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().eof_received()
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        HttpToolsProtocol.on_message_begin(self)
         # Not idle any more. uvicorn stops the keep-alive timer as a read begins; one armed
         # within this read (the end of a refused body, see `on_message_complete`, then this
         # request) would otherwise end the connection under this request's answer.
@@ -287,7 +290,7 @@ class GatewayProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         self._body_seen += len(body)
-        super().on_body(body)
+        HttpToolsProtocol.on_body(self, body)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -296,13 +299,13 @@ class GatewayProtocol(HttpToolsProtocol):
             self._cancel_deadline()
         # The app may leave a callable here: it is called if the client leaves early.
         self.scope[ON_DISCONNECT] = None  # type: ignore[literal-required]
-        super().on_headers_complete()
+        HttpToolsProtocol.on_headers_complete(self)
 
     def on_message_complete(self) -> None:
         self._in_body = False
         if self._deadline is not None:
             self._cancel_deadline()
-        super().on_message_complete()
+        HttpToolsProtocol.on_message_complete(self)
         if self._answered_early:
             # The rest of the body came in, read for nothing: the connection is idle and
             # open, as its response said (it did not say ``connection: close``).
@@ -314,7 +317,8 @@ class GatewayProtocol(HttpToolsProtocol):
                 )
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()  # starts the next pipelined request, if one waits
+        # Starts the next pipelined request, if one waits.
+        HttpToolsProtocol.on_response_complete(self)
         if self.transport.is_closing() or self._ended:
             return
         if not self.cycle.response_complete:

@@ -86,7 +86,7 @@ class RequestTelemetry:
     `begin` when a request starts, `end` once it ended (its response written, or it
     failed), whatever happened in between."""
 
-    __slots__ = ("_bases", "_duration", "_global", "_route", "_tracer", "_unmetered")
+    __slots__ = ("_bases", "_duration", "_global", "_models", "_route", "_tracer", "_unmetered")
 
     def __init__(
         self,
@@ -97,6 +97,8 @@ class RequestTelemetry:
     ) -> None:
         self._route = route
         self._bases: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # The model names requests asked for, as log fields (`loggable`): a worker sees few.
+        self._models: dict[str, str] = {}
         self._tracer = tracer(GATEWAY_SCOPE, tracer_provider)
         # With no provider given, spans are made once a global one is set (until then the
         # API's would record nothing: the span and its context are skipped).
@@ -131,42 +133,11 @@ class RequestTelemetry:
     def end(self, traced: _Traced | None, exchange: Exchange, scope: Scope) -> None:
         """End the request's span (made current by `begin`), record its duration and write
         its log line."""
-        if traced is None:
-            self._finish(None, exchange, scope["method"], scope)
-            return
-        span, token = traced
-        otel_context.detach(token)
-        self._finish(span, exchange, scope["method"], scope)
-
-    def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
-        # What a connection's requests share is built once (a worker has few listeners).
-        server = scope.get("server")
-        if server is not None and type(server) is not tuple:
-            server = tuple(server)  # a list, from some servers: the cache key must hash
-        key = (method, scope.get("scheme"), scope.get("http_version"), server)
-        base = self._bases.get(key)
-        if base is None:
-            base = {
-                HTTP_REQUEST_METHOD: method,
-                HTTP_ROUTE: self._route,
-                URL_PATH: self._route,
-                URL_SCHEME: scope.get("scheme", "http"),
-                NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
-                OPENINFERENCE_SPAN_KIND: OPENINFERENCE_CHAIN,
-            }
-            if server:
-                base[SERVER_ADDRESS] = server[0]
-                if server[1] is not None:
-                    base[SERVER_PORT] = server[1]
-            if len(self._bases) < 64:
-                self._bases[key] = base
-        attributes = dict(base)
-        attributes[GATEWAY_REQUEST_ID] = (request_id,)
-        return attributes
-
-    def _finish(
-        self, span: trace.Span | None, exchange: Exchange, method: str, scope: Scope
-    ) -> None:
+        span: trace.Span | None = None
+        if traced is not None:
+            span, token = traced
+            otel_context.detach(token)
+        method = scope["method"]
         status = exchange.status
         failure = exchange.failure
         duration = time.perf_counter() - exchange.started
@@ -235,12 +206,12 @@ class RequestTelemetry:
                     status or "-",
                     duration * 1000,
                     # What the client wrote is escaped: it cannot forge a field or a line.
-                    loggable(exchange.request_id),
+                    exchange.logged_id,
                     exchange.response_id or "-",
-                    loggable(exchange.model) if exchange.model else "-",
+                    self._logged_model(exchange.model) if exchange.model else "-",
                     route or "-",
                     attempts if route is not None else "-",
-                    str(fallback).lower() if route is not None else "-",
+                    ("true" if fallback else "false") if route is not None else "-",
                     served or "-",
                     key or "-",
                     # Only a request that offered built-in tools says what became of them.
@@ -251,6 +222,42 @@ class RequestTelemetry:
             )
             _logger.handle(record)
 
+    def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
+        # What a connection's requests share is built once (a worker has few listeners).
+        server = scope.get("server")
+        if server is not None and type(server) is not tuple:
+            server = tuple(server)  # a list, from some servers: the cache key must hash
+        key = (method, scope.get("scheme"), scope.get("http_version"), server)
+        base = self._bases.get(key)
+        if base is None:
+            base = {
+                HTTP_REQUEST_METHOD: method,
+                HTTP_ROUTE: self._route,
+                URL_PATH: self._route,
+                URL_SCHEME: scope.get("scheme", "http"),
+                NETWORK_PROTOCOL_VERSION: scope.get("http_version", "1.1"),
+                OPENINFERENCE_SPAN_KIND: OPENINFERENCE_CHAIN,
+            }
+            if server:
+                base[SERVER_ADDRESS] = server[0]
+                if server[1] is not None:
+                    base[SERVER_PORT] = server[1]
+            if len(self._bases) < 64:
+                self._bases[key] = base
+        attributes = dict(base)
+        attributes[GATEWAY_REQUEST_ID] = (request_id,)
+        return attributes
+
+    def _logged_model(self, model: str) -> str:
+        logged = self._models.get(model)
+        if logged is None:
+            logged = loggable(model)
+            if len(self._models) < _MODELS_KEPT:
+                self._models[model] = logged
+        return logged
+
+
+_MODELS_KEPT = 256
 
 _LINE = (
     "%s %s %s %.1f ms request_id=%s response_id=%s model=%s route=%s attempts=%s "

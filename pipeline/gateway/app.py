@@ -226,8 +226,9 @@ class Gateway:
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._redis: dict[str, Any] = {}
         self._requests: set[asyncio.Task[Any]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Set once no request is in flight; made only while someone waits (`wait_idle`), so
+        # that a request in a quiet worker changes no event.
+        self._idle: asyncio.Event | None = None
         self.started_at = now()
         self.ready = False
         self.stored_responses = _stored_responses(self.settings, response_store)
@@ -406,15 +407,20 @@ class Gateway:
         """A request of an inbound format starts (its task runs until its response is
         written)."""
         self._requests.add(task)
-        self._idle.clear()
 
     def leave(self, task: asyncio.Task[Any]) -> None:
-        self._requests.discard(task)
-        if not self._requests:
+        requests = self._requests
+        requests.discard(task)
+        if not requests and self._idle is not None:
             self._idle.set()
+            self._idle = None
 
     async def wait_idle(self) -> None:
         """Return once no request of an inbound format is in flight in this worker."""
+        if not self._requests:
+            return
+        if self._idle is None:
+            self._idle = asyncio.Event()
         await self._idle.wait()
 
     async def _close(self) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import io
 import logging
 import math
 import os
@@ -169,6 +170,14 @@ class _LineFormatter(logging.Formatter):
         self._colors = sys.stderr.isatty() if use_colors is None else use_colors
         self._prefixes: dict[int, str] = {}
 
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        # A line without a traceback (all the request lines): `Formatter.format`'s steps
+        # without its questions of the format string (it holds no time).
+        record.message = record.getMessage()
+        return self.formatMessage(record)
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         prefix = self._prefixes.get(record.levelno)
         if prefix is None:
@@ -182,6 +191,41 @@ class _LineFormatter(logging.Formatter):
         return f"{prefix} {record.message}{getattr(record, 'request', '')}"
 
 
+class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that leaves out the flush after each line when its stream writes
+    a line through by itself: line-buffered (stderr is), or unbuffered (stderr under
+    ``PYTHONUNBUFFERED``). The flush (a lock and three calls) cost as much as the write."""
+
+    _checked: object = None  # the stream `_through` was found for
+    _through = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = self.stream
+        if stream is not self._checked:
+            self._checked = stream
+            self._through = _writes_lines_through(stream) and self.terminator.endswith("\n")
+        if not self._through:
+            super().emit(record)
+            return
+        try:
+            stream.write(self.format(record) + self.terminator)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)  # as `StreamHandler.emit` does
+
+
+def _writes_lines_through(stream: object) -> bool:
+    """Whether a line written to `stream` (its end included) reaches the file without a
+    flush."""
+    if getattr(stream, "line_buffering", False) is True:
+        return True  # a text stream that flushes at every line's end
+    # A text stream writing straight to the file, with no buffer between.
+    return getattr(stream, "write_through", False) is True and isinstance(
+        getattr(stream, "buffer", None), io.RawIOBase
+    )
+
+
 def log_config(log_level: str) -> dict[str, Any]:
     """uvicorn's logging configuration, with the ``chat_pipeline`` loggers (the gateway's
     and the pipeline's layers') on stderr at `log_level`."""
@@ -190,7 +234,7 @@ def log_config(log_level: str) -> dict[str, Any]:
     config["formatters"]["chat_pipeline"] = {"()": _LineFormatter}
     config["handlers"]["chat_pipeline"] = {
         "formatter": "chat_pipeline",
-        "class": "logging.StreamHandler",
+        "()": _LineHandler,
         "stream": "ext://sys.stderr",
         "filters": ["request_id"],
     }

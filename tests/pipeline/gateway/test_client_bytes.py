@@ -85,15 +85,19 @@ async def test_the_model_a_client_wrote_cannot_forge_a_log_line(
     cfg = config({"primary": primary}, gateway={"models": models} if models else None)
     model = f"claude-x route=evil key=#9{FORGED}"
     async with running(cfg) as gateway, httpx.AsyncClient() as http:
-        response = await http.post(
-            f"{gateway.url}{path}",
-            json=body(path, model, streaming),
-            headers={"x-request-id": "id route=evil"},
-        )
-        await gateway.gateway.wait_idle()
-    assert response.status_code == (200 if table == "pattern" else 404), response.text
-    (line,) = lines(caplog)
-    assert "\n" not in line and "\r" not in line
-    # Quoted whole, with the line break escaped: no field of the line is the client's.
-    assert ' request_id="id route=evil" ' in line
-    assert 'model="claude-x route=evil key=#9\\r\\nINFO:' in line
+        # Twice: the second line shows the model name as the gateway kept it from the first.
+        for _ in range(2):
+            response = await http.post(
+                f"{gateway.url}{path}",
+                json=body(path, model, streaming),
+                headers={"x-request-id": "id route=evil"},
+            )
+            await gateway.gateway.wait_idle()
+            assert response.status_code == (200 if table == "pattern" else 404), response.text
+    logged = lines(caplog)
+    assert len(logged) == 2
+    for line in logged:
+        assert "\n" not in line and "\r" not in line
+        # Quoted whole, with the line break escaped: no field of the line is the client's.
+        assert ' request_id="id route=evil" ' in line
+        assert 'model="claude-x route=evil key=#9\\r\\nINFO:' in line

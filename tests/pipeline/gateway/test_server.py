@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,8 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace import TracerProvider
 
 from pipeline.cli import main
+from pipeline.gateway._exchange import enter_request_id, exit_request_id
+from pipeline.gateway.server import _LineFormatter, _RequestIdFilter, log_config
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from tests.otel import Receiver
 from tests.processes import UVICORN_PORT, ChildProcess, StartError, serve_argv
@@ -449,3 +454,57 @@ async def test_idle_connections_outlive_the_sdks_own_idle_expiry(tmp_path: Path)
                     assert early is None, f"the idle connection gave {early!r}"
             writer.close()
             assert await server.terminate()
+
+
+def test_the_line_formatter_writes_tracebacks_and_the_request_id() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)  # as `log_config` makes it, on a stream of ours
+    handler.setFormatter(_LineFormatter(use_colors=False))
+    handler.addFilter(_RequestIdFilter())
+
+    def record(name: str, level: int, message: str, *args: Any, **kwargs: Any) -> None:
+        made = logging.getLogger(name).makeRecord(name, level, "f.py", 1, message, args, None)
+        made.__dict__.update(kwargs)
+        handler.handle(made)
+
+    token = enter_request_id("req_x")
+    try:
+        record("chat_pipeline.gateway", logging.INFO, "%s %d", "line", 1)
+        record("chat_pipeline.layer", logging.WARNING, "layer")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            record("chat_pipeline.layer", logging.ERROR, "failed", exc_info=sys.exc_info())
+    finally:
+        exit_request_id(token)
+    # The gateway's own line carries its request id already; other lines get it appended,
+    # and a traceback follows its line.
+    written = stream.getvalue()
+    assert written.startswith(
+        "INFO:     line 1\nWARNING:  layer request_id=req_x\n"
+        "ERROR:    failed request_id=req_x\nTraceback (most recent call last):\n"
+    )
+    assert written.endswith("ValueError: boom\n")
+
+
+@pytest.mark.parametrize("stream", ["line-buffered", "unbuffered", "buffered"])
+def test_each_log_line_reaches_the_file_as_it_is_written(tmp_path: Path, stream: str) -> None:
+    path = tmp_path / "log"
+    raw = io.FileIO(path, "w")
+    text: io.TextIOWrapper[Any]
+    if stream == "unbuffered":  # stderr under PYTHONUNBUFFERED
+        text = io.TextIOWrapper(raw, write_through=True)
+    else:  # stderr otherwise (line-buffered), and a file's (flushed by the handler)
+        text = io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=stream == "line-buffered")
+    config = log_config("info")["handlers"]["chat_pipeline"]
+    handler = config["()"](stream=text)
+    handler.setFormatter(_LineFormatter(use_colors=False))
+    logger = logging.getLogger("chat_pipeline.gateway")
+    try:
+        for n in range(2):
+            handler.handle(
+                logger.makeRecord(logger.name, logging.INFO, "f.py", 1, "line %d", (n,), None)
+            )
+            assert path.read_text() == "".join(f"INFO:     line {i}\n" for i in range(n + 1))
+    finally:
+        text.close()

@@ -295,6 +295,12 @@ class EventShapes:
         event = frame.source
         choice = event["choices"][0]
         ((key, _),) = choice["delta"].items()
+        if not _CHOICE_FIELDS.issuperset(choice) or choice.get("logprobs") is not None:
+            return
+        # Its fields but the delta's are a shape's (what a route's streams share, no text).
+        fields = _fields_but_ids(event)
+        if all(_fields_but_ids(shape.source) != fields for shape in self.by_tail.values()):
+            return
         rest = frame.head[len(known) :]
         other = 2 if event.get("created") == 1 else 1
         probe = self.head + _NUL + self.middle + str(other).encode() + rest
@@ -346,6 +352,10 @@ class EventShapes:
         ):
             return None
         return shape, "", part, ident.decode()
+
+
+def _fields_but_ids(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in event.items() if key not in ("id", "created", "choices")}
 
 
 class ForwardedEvents:

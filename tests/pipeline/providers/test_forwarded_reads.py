@@ -287,7 +287,11 @@ SHAPED: dict[str, tuple[bytes, bool]] = {
         sse(shaped()).replace(b'{"content": "Hi."}', b'{"content": "\\u0048i."}'),
         True,
     ),
-    "compact": (sse(shaped(), compact=True), False),  # other bytes: learned, not matched
+    "compact": (sse(shaped(), compact=True), False),
+    "a-delta-with-a-field-of-its-own": (  # no frame kept: the field may be this answer's
+        sse(shaped()).replace(b'"Hi."}}]', b'"Hi."}}], "echo": "Hi."'),
+        True,
+    ),  # other bytes: learned, not matched
     "fields-in-another-order": (sse(shaped({"model": "m", **HEAD})), False),
     "created-first": (sse(shaped({"created": 1, **HEAD})), False),
     "one-field-more": (sse(shaped(system_fingerprint="fp")), False),
@@ -349,3 +353,12 @@ def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> 
         assert merged(got_updates) == merged(want_updates), cuts
         assert bool(got_updates) == bool(want_updates), cuts
     assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
+
+
+def test_a_delta_frame_is_kept_for_later_streams_only_of_fields_a_shape_has() -> None:
+    own = sse(shaped()).replace(b'"Hi."}}]', b'"Hi."}}], "echo": "Hi."')
+    for body, kept in [(own, False), (sse(shaped()), True)]:
+        shapes = EventShapes()
+        assert forwarded(body, [], shapes)[2] is None
+        assert len(shapes.by_tail) == 2
+        assert (shapes.delta is not None) is kept

@@ -150,15 +150,8 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     the delta's); else None."""
     if type(event) is not dict or event.get("usage") is not None or event.get("error"):
         return None
-    choices = event.get("choices")
-    if type(choices) is not list or len(choices) != 1:
-        return None
-    choice = choices[0]
-    if (
-        type(choice) is not dict
-        or choice.get("finish_reason") is not None
-        or choice.get("index", 0) != 0
-    ):
+    choice = _one_choice(event)
+    if choice is None or choice.get("finish_reason") is not None:
         return None
     delta = choice.get("delta")
     if type(delta) is not dict or len(delta) != 1:
@@ -191,6 +184,15 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     if end < 0 or not _placed(part, key, start, end):
         return None
     return _frame(part, event, text, start, end)
+
+
+def _one_choice(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The event's one choice, when it has one, of index 0."""
+    choices = event.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    return choice if type(choice) is dict and choice.get("index", 0) == 0 else None
 
 
 def _placed(part: bytes, key: str, start: int, end: int) -> bool:
@@ -246,14 +248,10 @@ class EventShapes:
         ident, created = event.get("id"), event.get("created")
         if type(ident) is not str or type(created) is not int or not 0 <= created < 10**18:
             return None
-        choices = event.get("choices")
-        if type(choices) is not list or len(choices) != 1:
-            return None
-        choice = choices[0]
+        choice = _one_choice(event)
         if (
-            type(choice) is not dict
+            choice is None
             or not _CHOICE_FIELDS.issuperset(choice)
-            or choice.get("index", 0) != 0
             or choice.get("logprobs") is not None
         ):
             return None

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHAT_COMPLETIONS",
     "DeltaFrame",
+    "EventShape",
     "Forward",
     "ForwardedResponse",
     "ForwardedUpdate",
@@ -129,6 +130,25 @@ class DeltaFrame:
         self.text = text
         self.ids = ids
         self.source = source
+
+
+class EventShape:
+    """An event that is not a delta (a role's, a finish's) which an upstream writes alike in
+    every stream but for its ``id`` string and its ``created`` number: `ForwardedEvents`
+    passes an event of these bytes on as ``(shape, "", event bytes, id)`` without decoding
+    it. `finish` is its finish reason (None: it carries nothing the layers read), `model` its
+    model, `source` the decoded event it was learned from (any event of the shape decodes as
+    it, but for those two fields). `written` is the gateway's, made by the first stream that
+    writes the shape: its bytes around the gateway's own id and created."""
+
+    __slots__ = ("finish", "model", "size", "source", "written")
+
+    def __init__(self, finish: str | None, model: Any, source: dict[str, Any], size: int) -> None:
+        self.finish = finish
+        self.model = model if type(model) is str else None
+        self.source = source
+        self.size = size  # its bytes after the created number
+        self.written: Any = None
 
 
 _CONTENTS = ChatResponseUpdate.__dict__["contents"]  # the dataclass's own slot

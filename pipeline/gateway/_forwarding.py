@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline._forward import CHAT_COMPLETIONS, DeltaFrame, Forward, ForwardedUpdate
+from pipeline._forward import (
+    CHAT_COMPLETIONS,
+    DeltaFrame,
+    EventShape,
+    Forward,
+    ForwardedUpdate,
+)
 from pipeline._json import decoded_exactly
 from pipeline._json_codec import FAST, dumps, loads
 from pipeline.gateway._shared import StreamEncoder
@@ -36,6 +42,9 @@ _FINISH_REASONS = frozenset(reason.value for reason in FinishReason)
 _EMPTY_TEXT = {"content": ""}
 _DONE = b"data: [DONE]\n\n"
 _PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a frame holds
+# A created number in a shape's bytes, cut out there: written once, or the shape is not cut.
+_CREATED_PROBE = 918_273_645_546_372_819
+_CREATED_PROBE_BYTES = str(_CREATED_PROBE).encode()
 
 
 def _sent_unchanged(message: Any) -> bool:
@@ -151,6 +160,7 @@ class ForwardedChunks:
         "_frame",
         "_frame_bytes",
         "_id",
+        "_ids",
         "_include_usage",
         "_model",
         "_parsed",
@@ -182,6 +192,7 @@ class ForwardedChunks:
         self._calls_primed = False  # the parsed encoder knows its role chunk went out
         self._frame: DeltaFrame | None = None  # the frame of the last delta written
         self._frame_bytes: tuple[bytes, bytes] | None = None  # what goes around its strings
+        self._ids: tuple[bytes, bytes] | None = None  # the id and created as written
 
     def update(self, update: ChatResponseUpdate) -> str | bytes:
         events = update.raw_representation
@@ -201,19 +212,37 @@ class ForwardedChunks:
         out = []
         response_id, created = self._id, self._created
         for event in events:
-            if type(event) is tuple:  # a delta of a known frame (`DeltaFrame`)
-                frame, text, data = event
-                if frame is not self._frame:
-                    self._learn(frame)
-                if not text:
+            if type(event) is tuple:  # a delta of a known frame, or an event of a known shape
+                text = event[1]
+                if text:  # (`DeltaFrame`, text, bytes)
+                    frame = event[0]
+                    if frame is not self._frame:
+                        self._learn(frame)
+                    if self._frame_bytes is not None:
+                        head, tail = self._frame_bytes
+                        # orjson's own encoder: a frame's text is orjson's decoding (frames
+                        # are read only when orjson is there): it holds no lone surrogate.
+                        out.append(head + _orjson_dumps(text) + tail)
+                        continue
+                elif len(event) == 4:  # (`EventShape`, "", bytes, id)
+                    shape = event[0]
+                    written = shape.written
+                    if written is None:
+                        written = shape.written = _shape_bytes(shape)
+                    if written:
+                        if shape.finish is not None:
+                            if calls:
+                                out.append(self._whole_calls(calls))
+                                calls = []
+                            self._finished = True
+                        ids = self._ids
+                        if ids is None:
+                            ids = self._ids = (_orjson_dumps(response_id), b"%d" % created)
+                        out.append(written[0] + ids[0] + written[1] + ids[1] + written[2])
+                        continue
+                else:
                     continue  # an empty delta, which the parsed path does not write
-                if self._frame_bytes is not None:
-                    head, tail = self._frame_bytes
-                    # orjson's own encoder: a frame's text is orjson's decoding (frames are
-                    # read only when orjson is there), so it holds no lone surrogate.
-                    out.append(head + _orjson_dumps(text) + tail)
-                    continue
-                event = loads(data[6:])  # a frame this encoder cannot write around
+                event = loads(event[2][6:])  # written as the parsed path writes its event
             if "usage" in event:
                 if not self._include_usage:
                     if event.get("choices") == []:
@@ -311,6 +340,27 @@ class ForwardedChunks:
 
     def error(self, error: WireError) -> str:
         return self._parsed.error(error)
+
+
+def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:
+    """How every stream writes an event of `shape` (a role's event, or a finish the parsed
+    path names as it comes), as `ForwardedChunks.update` writes it: its bytes before its id,
+    between its id and its created (which follows, as in every shape), and after; False when
+    the finish is renamed or the cut is not sure (the event is then decoded and written as
+    any other)."""
+    if shape.finish is not None and shape.finish not in _FINISH_REASONS:
+        return False
+    source = {**shape.source, "id": "\x00", "created": _CREATED_PROBE}
+    written = b"data: " + dumps(source) + b"\n\n"
+    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
+    if (
+        written.count(_PROBE) != 1
+        or written.count(_CREATED_PROBE_BYTES) != 1
+        or not 0 <= at < number
+    ):
+        return False
+    between = written[at + len(_PROBE) : number]
+    return written[:at], between, written[number + len(_CREATED_PROBE_BYTES) :]
 
 
 def _bytes(data: str | bytes) -> bytes:

@@ -22,7 +22,7 @@ from pipeline.errors import (
     UnsendableRequestError,
     provider_error,
 )
-from pipeline.providers._forwarding import ForwardedReads
+from pipeline.providers._forwarding import EventShapes, ForwardedReads
 from pipeline.providers._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     Deadline,
@@ -160,6 +160,7 @@ class HTTPChatClient(AsyncClosing):
             and not self.stream_end_types
         )
         self._closed = False
+        self._event_shapes = EventShapes()  # what its forwarded streams repeat
         # Built once: parsing URLs costs more than the rest of a request's own work.
         self._url = self._chat_url()
         self._endpoint = endpoint(self._url)
@@ -353,7 +354,9 @@ class HTTPChatClient(AsyncClosing):
             reader,
             self._extra_headers(options),
             self._destination(options, True),
-            ForwardedReads(reader, self._stream_payloads, sse=self._plain_sse),
+            ForwardedReads(
+                reader, self._stream_payloads, sse=self._plain_sse, shapes=self._event_shapes
+            ),
         )
 
     async def _stream(

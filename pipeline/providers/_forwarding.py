@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline._forward import DeltaFrame, ForwardedResponse, ForwardedUpdate
+from pipeline._forward import DeltaFrame, EventShape, ForwardedResponse, ForwardedUpdate
 from pipeline._json_codec import FAST, dumps, orjson_reads
 from pipeline.errors import ProviderError
 from pipeline.types import (
@@ -41,7 +41,13 @@ if FAST:
     from orjson import dumps as _orjson_dumps
     from orjson import loads as _orjson_loads
 
-__all__ = ["ForwardedEvents", "ForwardedReads", "chat_completions_body", "forwarded_response"]
+__all__ = [
+    "EventShapes",
+    "ForwardedEvents",
+    "ForwardedReads",
+    "chat_completions_body",
+    "forwarded_response",
+]
 
 _TOKEN_FIELDS = ("max_completion_tokens", "max_tokens")
 
@@ -144,15 +150,8 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     the delta's); else None."""
     if type(event) is not dict or event.get("usage") is not None or event.get("error"):
         return None
-    choices = event.get("choices")
-    if type(choices) is not list or len(choices) != 1:
-        return None
-    choice = choices[0]
-    if (
-        type(choice) is not dict
-        or choice.get("finish_reason") is not None
-        or choice.get("index", 0) != 0
-    ):
+    choice = _one_choice(event)
+    if choice is None or choice.get("finish_reason") is not None:
         return None
     delta = choice.get("delta")
     if type(delta) is not dict or len(delta) != 1:
@@ -187,6 +186,15 @@ def _frame_of(part: bytes, event: Any) -> DeltaFrame | None:
     return _frame(part, event, text, start, end)
 
 
+def _one_choice(event: dict[str, Any]) -> dict[str, Any] | None:
+    """The event's one choice, when it has one, of index 0."""
+    choices = event.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    return choice if type(choice) is dict and choice.get("index", 0) == 0 else None
+
+
 def _placed(part: bytes, key: str, start: int, end: int) -> bool:
     """Whether the JSON string from `start` to `end` (its quotes) in `part` is the delta's
     `key` field: a probe string in its place decodes as that field."""
@@ -202,11 +210,158 @@ def _frame(part: bytes, event: dict[str, Any], text: bool, start: int, end: int)
     return DeltaFrame(part[:start], part[end + 1 :], text, ids, event)
 
 
+# -- events of a shape every stream repeats ----------------------------------------------------
+
+_MAX_SHAPES = 4  # shapes one client keeps (a role's event, a finish or two)
+_CHOICE_FIELDS = frozenset({"index", "delta", "logprobs", "finish_reason"})
+_ROLE_DELTA = {"role": "assistant", "content": ""}
+# What an id's text may hold to be its own JSON string's bytes: printable ASCII but the
+# quote (which ends it) and the backslash (which escapes).
+_PLAIN = bytes(code for code in range(0x20, 0x7F) if code not in b'"\\')
+
+
+class EventShapes:
+    """The shapes (`EventShape`) one client's streams repeat, keyed by their bytes after the
+    ``created`` number, and the bytes all of them share: `head` (the event up to the text of
+    its ``id`` string), `middle` (from that string's closing quote to ``created``'s digits)
+    and `after` (the first byte after the digits). At most a few, learned from events
+    decoded whole and proved by a probe (another id and created in their places decode as
+    the event with those); kept for the client's life, holding no id or number of any
+    stream."""
+
+    __slots__ = ("after", "by_tail", "delta", "head", "middle")
+
+    def __init__(self) -> None:
+        self.head = self.middle = self.after = b""
+        self.by_tail: dict[bytes, EventShape] = {}
+        self.delta: tuple[bytes, bytes, bool, dict[str, Any], str] | None = None
+        """The text deltas' frame of the client's streams, after a stream's ``created``
+        digits: its bytes before the string and after it, whether it is text, its event
+        (with no id, no created and an empty string) and the string's field."""
+
+    def learn(self, part: bytes, event: Any) -> EventShape | None:
+        """Keep the shape of `event` (decoded from `part`, its ``data: `` line) when it is a
+        role's event or a finish of nothing else, of the bytes the others share; the shape
+        kept, or None."""
+        if type(event) is not dict or "usage" in event or "error" in event:
+            return None
+        ident, created = event.get("id"), event.get("created")
+        if type(ident) is not str or type(created) is not int or not 0 <= created < 10**18:
+            return None
+        choice = _one_choice(event)
+        if (
+            choice is None
+            or not _CHOICE_FIELDS.issuperset(choice)
+            or choice.get("logprobs") is not None
+        ):
+            return None
+        delta, reason = choice.get("delta"), choice.get("finish_reason")
+        if not ((reason is None and delta == _ROLE_DELTA) or (type(reason) is str and delta == {})):
+            return None
+        written = _orjson_dumps(ident)
+        start = part.find(written)
+        if start < 0 or written.strip(b'"').strip(_PLAIN):
+            return None  # not found, or an id a later stream's could not be read as
+        end = start + len(written) - 1  # the id's closing quote
+        digits = str(created).encode()
+        at = part.find(digits, end)
+        if at < 0:
+            return None
+        head, middle, tail = part[: start + 1], part[end:at], part[at + len(digits) :]
+        if not tail or (
+            self.by_tail and (head != self.head or middle != self.middle or tail[:1] != self.after)
+        ):
+            return None
+        other = 2 if created == 1 else 1
+        try:
+            probe = _orjson_loads(head[6:] + _NUL + middle + str(other).encode() + tail)
+        except ValueError:
+            return None
+        if probe != {**event, "id": "\x00", "created": other}:
+            return None
+        if len(self.by_tail) >= _MAX_SHAPES:
+            return None
+        self.head, self.middle, self.after = head, middle, tail[:1]
+        source = {**event, "id": "", "created": 0}  # no stream's own id survives it
+        shape = self.by_tail[tail] = EventShape(reason, event.get("model"), source, len(tail))
+        return shape
+
+    def learn_delta(self, known: bytes, frame: DeltaFrame) -> None:
+        """Keep `frame` (learned by a stream whose events begin `known`, its id and created
+        as `match` read them) for the streams after it, when another id and created in their
+        places decode as its event with those."""
+        event = frame.source
+        choice = event["choices"][0]
+        ((key, _),) = choice["delta"].items()
+        if not _CHOICE_FIELDS.issuperset(choice) or choice.get("logprobs") is not None:
+            return
+        # Its fields but the delta's are a shape's (what a route's streams share, no text).
+        fields = _fields_but_ids(event)
+        if all(_fields_but_ids(shape.source) != fields for shape in self.by_tail.values()):
+            return
+        rest = frame.head[len(known) :]
+        other = 2 if event.get("created") == 1 else 1
+        probe = self.head + _NUL + self.middle + str(other).encode() + rest
+        try:
+            decoded = _orjson_loads(probe[6:] + b'"x"' + frame.tail)
+        except ValueError:
+            return
+        source = {**event, "id": "", "created": 0, "choices": [{**choice, "delta": {key: ""}}]}
+        if decoded == {
+            **source,
+            "id": "\x00",
+            "created": other,
+            "choices": [{**choice, "delta": {key: "x"}}],
+        }:
+            self.delta = (rest, frame.tail, frame.text, source, key)
+
+    def frame(self, known: bytes, ident: str) -> DeltaFrame | None:
+        """The frame of the text deltas of a stream whose events begin `known` (of the id
+        `ident`), when one was learned."""
+        learned = self.delta
+        if learned is None:
+            return None
+        rest, tail, text, source, key = learned
+        choice = source["choices"][0]
+        # The gateway writes its own ids and strings into its copy of the event.
+        copy = {**source, "choices": [{**choice, "delta": {key: ""}}]}
+        return DeltaFrame(
+            known + rest, tail, text, {"id": ident, "model": source.get("model")}, copy
+        )
+
+    def match(self, part: bytes) -> tuple[EventShape, str, bytes, str] | None:
+        """``(shape, "", part, id)`` when `part` is an event of a known shape (its id a
+        plain string, its created a number of at most 18 digits); else None."""
+        at = len(self.head)
+        end = part.find(b'"', at)
+        if end < 0 or not part.startswith(self.middle, end):
+            return None
+        digits_at = end + len(self.middle)
+        stop = part.find(self.after, digits_at)
+        shape = self.by_tail.get(part[stop:]) if stop > 0 else None
+        if shape is None:
+            return None
+        digits, ident = part[digits_at:stop], part[at:end]
+        if (
+            not digits.isdigit()
+            or len(digits) > 18
+            or (digits[0] == 0x30 and len(digits) > 1)
+            or ident.strip(_PLAIN)
+        ):
+            return None
+        return shape, "", part, ident.decode()
+
+
+def _fields_but_ids(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in event.items() if key not in ("id", "created", "choices")}
+
+
 class ForwardedEvents:
     """The events of a server-sent event stream of JSON objects, read from its bytes where
     every event is one ``data: {...}`` line (a `Payloads`): each event as its decoded object,
     or, when `frames`, a delta of a shape seen before as ``(frame, text, event bytes)``
-    (`DeltaFrame`).
+    (`DeltaFrame`), and, given `shapes`, an event of a shape the client's streams repeat as
+    ``(shape, "", event bytes, id)`` (`EventShape`).
 
     Anything else (a carriage return, another field, a comment, data that orjson does not
     read exactly as ``json.loads`` does, an event longer than a line may be) hands the
@@ -218,20 +373,32 @@ class ForwardedEvents:
         "_frame",
         "_general",
         "_handed",
+        "_ident",
+        "_known",
         "_learnable",
         "_made",
         "_rest",
+        "_shapes",
         "done",
         "failure",
     )
 
-    def __init__(self, general: Callable[[], Payloads], *, frames: bool) -> None:
+    def __init__(
+        self,
+        general: Callable[[], Payloads],
+        *,
+        frames: bool,
+        shapes: EventShapes | None = None,
+    ) -> None:
         self._general = general
+        self._shapes = shapes if frames else None
         self._made: Payloads | None = None  # `general`'s decoder, once handed the stream
         self._handed = False
         self._rest = b""  # the bytes of an event not complete yet
         self._frame: DeltaFrame | None = None
         self._learnable = _MAX_FRAMES if frames else 0
+        self._known = b""  # the bytes its events of a known shape begin with, through created
+        self._ident = ""  # the id those hold
         self.done = False
         self.failure: ProviderError | None = None
 
@@ -247,6 +414,7 @@ class ForwardedEvents:
         self._rest = parts.pop()
         payloads: list[Any] = []
         frame = self._frame
+        shapes = self._shapes
         for index, part in enumerate(parts):
             if frame is not None and part.startswith(frame.head) and part.endswith(frame.tail):
                 literal = part[len(frame.head) : len(part) - len(frame.tail)]
@@ -257,6 +425,22 @@ class ForwardedEvents:
                         text = None
                     if type(text) is str:
                         payloads.append((frame, text, part))
+                        continue
+            if shapes is not None and shapes.by_tail:
+                known = self._known
+                if known and part.startswith(known):
+                    shape = shapes.by_tail.get(part[len(known) :])
+                    if shape is not None:
+                        payloads.append((shape, "", part, self._ident))
+                        continue
+                elif part.startswith(shapes.head):
+                    shaped = shapes.match(part)
+                    if shaped is not None:
+                        payloads.append(shaped)
+                        known = self._known = part[: len(part) - shaped[0].size]
+                        self._ident = shaped[3]
+                        if frame is None and self._learnable:
+                            frame = self._frame = shapes.frame(known, shaped[3])
                         continue
             if part[:7] == b"data: {" and part.find(b"\n") < 0 and orjson_reads(part):
                 try:
@@ -270,6 +454,18 @@ class ForwardedEvents:
                         if learned is not None:
                             frame = self._frame = learned
                             self._learnable -= 1
+                            if (
+                                shapes is not None
+                                and shapes.delta is None
+                                and self._known
+                                and learned.head.startswith(self._known)
+                            ):
+                                shapes.learn_delta(self._known, learned)
+                        elif shapes is not None and len(shapes.by_tail) < _MAX_SHAPES:
+                            shape = shapes.learn(part, payload)
+                            if shape is not None and not self._known:
+                                self._known = part[: len(part) - shape.size]
+                                self._ident = payload["id"]
                     continue
             elif part == b"data: [DONE]":
                 self.done = True
@@ -361,17 +557,25 @@ class ForwardedReads:
 
     __slots__ = ("_assembler", "_held", "_reader", "events")
 
-    def __init__(self, reader: _Reader, events: Callable[[], Payloads], *, sse: bool) -> None:
+    def __init__(
+        self,
+        reader: _Reader,
+        events: Callable[[], Payloads],
+        *,
+        sse: bool,
+        shapes: EventShapes | None = None,
+    ) -> None:
         self._reader = reader
         self._assembler = reader if type(reader) is StreamAssembler else None
         self._held: list[Any] = []
         self.events: Payloads = (
-            ForwardedEvents(events, frames=self._assembler is not None)
+            ForwardedEvents(events, frames=self._assembler is not None, shapes=shapes)
             if FAST and sse
             else events()
         )
         """The decoder of the stream's body (`events` makes the general one; `sse`: it is
-        the plain server-sent events of JSON objects `ForwardedEvents` reads)."""
+        the plain server-sent events of JSON objects `ForwardedEvents` reads; `shapes`:
+        the client's `EventShapes`, which it learns and reads)."""
 
     def read(self, payloads: list[Any]) -> tuple[ChatResponseUpdate | None, Exception | None]:
         """The update of one read's events (None when they carry nothing yet), and the
@@ -386,14 +590,23 @@ class ForwardedReads:
         failure: Exception | None = None
         read = 0
         for payload in payloads:
-            if type(payload) is tuple:  # a delta of a known frame (`ForwardedEvents`)
-                read += 1
+            if type(payload) is tuple:  # a delta of a known frame, or an event of a known shape
                 text = payload[1]
                 if text:
+                    read += 1
                     frame = payload[0]
                     pieces.append(text if frame.text else ReasoningContent(text))
                     last = frame.ids
-                continue
+                    continue
+                if len(payload) != 4 or payload[0].finish is None:
+                    read += 1
+                    continue  # an empty delta, or a role's event: nothing carried
+                if assembler is None or not assembler.pending_calls:
+                    read += 1
+                    finish = payload[0].finish
+                    last = {"id": payload[3], "model": payload[0].model}
+                    continue
+                payload = _orjson_loads(payload[2][6:])  # a finish the reader completes calls of
             if assembler is not None and type(payload) is dict and not payload.get("error"):
                 choices = payload.get("choices")
                 plain = True

@@ -17,12 +17,17 @@ from hypothesis import strategies as st
 import pipeline.gateway._handler as handler
 import pipeline.providers.openai as openai_provider
 from pipeline.config import parse_config
+from pipeline.errors import ProviderError
 from pipeline.gateway._chat_completions import CHAT_COMPLETIONS
 from pipeline.gateway._forwarding import CHAT_FORWARDER, _sent_unchanged
+from pipeline.providers._forwarding import EventShapes, ForwardedReads
 from pipeline.testing import FakeOpenAIServer, FakeResponse
 from pipeline.wire import WireError
 from pipeline.wire.chat_completions.inbound import _message, parse_request
+from pipeline.wire.chat_completions.outbound import StreamAssembler
+from pipeline.wire.sse import SSEPayloads
 from tests.pipeline.gateway.conftest import Running, config, running
+from tests.pipeline.providers.test_forwarded_reads import SHAPED, shaped, sse
 
 pytestmark = pytest.mark.gateway
 
@@ -435,3 +440,82 @@ async def test_a_malformed_whole_answer_is_a_typed_failure_that_fails_over(
         "The backup answered."
     )
     assert (primary.count(), backup.count()) == (2, 2)
+
+
+@pytest.mark.parametrize("answer", ["text", "text-no-usage", "length", "tool-calls"])
+async def test_streams_after_the_first_write_the_parsed_answer_byte_for_byte(
+    primary: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    answer: str,
+) -> None:
+    # A stream's own behaviour: the role's event and the finish of the streams after the
+    # first are read as the shapes the first taught the route (a whole answer has none).
+    monkeypatch.setattr(primary, "answer_tag", lambda: "fixed")
+    primary.default, usage = ANSWERS[answer]
+    body: dict[str, Any] = {"model": "pipeline", "messages": MESSAGES, "stream": True}
+    if answer == "tool-calls":
+        body["tools"] = TOOLS
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    batches: list[list[Any]] = []
+    read = ForwardedReads.read
+
+    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
+        batches.append(payloads)
+        return read(reads, payloads)
+
+    monkeypatch.setattr(ForwardedReads, "read", spied)
+    async with running(config({"primary": primary})) as run:
+        answers = []
+        for _ in range(3):  # each upstream stream has an id and a created of its own
+            response = await post(run, body)
+            assert response.status_code == 200, response.text
+            answers.append(response.content)
+        assert forwarded.calls == 3
+        reference = await parsed(run, body, monkeypatch)
+    assert answers == [reference] * 3
+    kinds = [len(p) if type(p) is tuple else 0 for batch in batches for p in batch]
+    assert kinds.count(4) == 4  # the role's event and the finish of the last two streams
+    if answer != "tool-calls":  # the later streams' first deltas too, by the frame it taught
+        assert kinds.count(0) == 4 + 2  # decoded: the first's role, delta, finish, usage; usage
+
+
+@pytest.mark.parametrize("name", list(SHAPED))
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_events_of_a_known_shape_are_written_as_when_decoded(
+    name: str, include_usage: bool
+) -> None:
+    body = SHAPED[name][0]
+    shapes = EventShapes()
+    assert write(sse(shaped()), shapes, include_usage) == write(sse(shaped()), None, include_usage)
+    assert write(body, shapes, include_usage) == write(body, None, include_usage)
+    taught = EventShapes()  # by the stream itself, then read again with what it taught
+    assert write(body, taught, include_usage) == write(body, None, include_usage)
+    assert write(body, taught, include_usage) == write(body, None, include_usage)
+
+
+def write(body: bytes, shapes: EventShapes | None, include_usage: bool) -> bytes:
+    """What the gateway writes of a forwarded stream's `body` (one read, then its end), or
+    of its failure, read with the client's `shapes` or without any."""
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
+    asked: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+    if include_usage:
+        asked["stream_options"] = {"include_usage": True}
+    request = parse_request(json.dumps(asked).encode())
+    ids: dict[str, Any] = {"model": "m", "response_id": RESPONSE_ID, "created": CREATED}
+    chunks = CHAT_FORWARDER.encoder(CHAT_COMPLETIONS.encoder(request, **ids), request, **ids)
+    out: list[str | bytes] = []
+    try:
+        update, failure = reads.read(reads.events.feed(body))
+        if update is not None:
+            out.append(chunks.update(update))
+        if failure is not None:
+            raise failure
+        tail = reads.finish()
+        if tail is not None:
+            out.append(chunks.update(tail))
+        out.append(chunks.end())
+    except ProviderError as exc:
+        out.append(type(exc).__name__)
+    return b"".join(part.encode() if isinstance(part, str) else part for part in out)

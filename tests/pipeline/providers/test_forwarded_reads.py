@@ -13,7 +13,7 @@ import pytest
 
 from pipeline._forward import ForwardedUpdate
 from pipeline.errors import ProviderError
-from pipeline.providers._forwarding import ForwardedReads
+from pipeline.providers._forwarding import EventShapes, ForwardedReads
 from pipeline.types import ChatResponseUpdate, FunctionCallContent, ReasoningContent, TextContent
 from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEPayloads
@@ -135,10 +135,13 @@ def parsed(body: bytes, cuts: list[int]) -> tuple[list[Any], list[ChatResponseUp
     return payloads, updates, None
 
 
-def forwarded(body: bytes, cuts: list[int]) -> tuple[list[Any], list[ChatResponseUpdate], Any]:
-    """The same through `ForwardedReads`: payloads (deltas of a frame decoded back into
-    their events), the updates of every read, the failure."""
-    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+def forwarded(
+    body: bytes, cuts: list[int], shapes: EventShapes | None = None
+) -> tuple[list[Any], list[ChatResponseUpdate], Any]:
+    """The same through `ForwardedReads` (with the client's `shapes`, when given): payloads
+    (deltas of a frame and events of a shape decoded back into their events), the updates
+    of every read, the failure."""
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
     payloads: list[Any] = []
     updates: list[ChatResponseUpdate] = []
     try:
@@ -247,3 +250,115 @@ def test_a_frame_is_learned_wherever_the_first_delta_puts_its_text(first: Any) -
     assert [type(p) is tuple for p in batch] == [False, True, True, True]
     assert [json.loads(p[2][6:]) if type(p) is tuple else p for p in batch] == [first, *later]
     assert [p[1] for p in batch[1:]] == ["a", "ö", 'q"\\']
+
+
+def shaped(head: dict[str, Any] | None = None, **extra: Any) -> list[dict[str, Any]]:
+    """A stream's role event, a delta, a finish and its usage, with `head`'s fields first."""
+    fields = head if head is not None else HEAD
+    role = {**fields, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    text = {**fields, "choices": [{"index": 0, "delta": {"content": "Hi."}}]}
+    finish = {**fields, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    for event in (role, finish):
+        event["choices"][0]["logprobs"] = None
+        event.update(extra)
+    return [role, text, finish, {**fields, "choices": [], "usage": USAGE["usage"]}]
+
+
+def written(events: list[dict[str, Any]]) -> bytes:
+    return sse(events).replace(b'"id": "chatcmpl-up"', b'"id": "chatcmpl-the-next-one-00"')
+
+
+# Streams read after the client's streams taught it the shapes of `shaped()`'s role event
+# and finish: `True` when their role's event and finish are read as those shapes.
+SHAPED: dict[str, tuple[bytes, bool]] = {
+    "another-id-and-created": (
+        written(shaped({**HEAD, "created": 1_765_000_000})).replace(b"e-00", b"e-0000000"),
+        True,
+    ),
+    "delta-of-another-shape": (
+        sse(shaped()).replace(b'{"content": "Hi."}', b'{"content": "Hi.", "refusal": null}'),
+        True,
+    ),
+    "reasoning-delta": (
+        sse(shaped()).replace(b'{"content": "Hi."}', b'{"reasoning_content": "Hm."}'),
+        True,
+    ),
+    "delta-then-the-same-delta-escaped": (
+        sse(shaped()).replace(b'{"content": "Hi."}', b'{"content": "\\u0048i."}'),
+        True,
+    ),
+    "compact": (sse(shaped(), compact=True), False),
+    "a-delta-with-a-field-of-its-own": (  # no frame kept: the field may be this answer's
+        sse(shaped()).replace(b'"Hi."}}]', b'"Hi."}}], "echo": "Hi."'),
+        True,
+    ),  # other bytes: learned, not matched
+    "fields-in-another-order": (sse(shaped({"model": "m", **HEAD})), False),
+    "created-first": (sse(shaped({"created": 1, **HEAD})), False),
+    "one-field-more": (sse(shaped(system_fingerprint="fp")), False),
+    "another-model": (sse(shaped({**HEAD, "model": "n"})), False),
+    "id-escaped": (sse(shaped()).replace(b'"chatcmpl-up"', b'"chatcmpl-\\u0075p"'), False),
+    "id-quoted": (sse(shaped({**HEAD, "id": 'a"b'})), False),
+    "id-not-ascii": (sse(shaped({**HEAD, "id": "chatcmpl-ü"})), False),
+    "id-not-utf8": (sse(shaped()).replace(b"chatcmpl-up", b"chatcmpl-\xff"), False),
+    "id-a-number": (sse(shaped({**HEAD, "id": 5})), False),
+    "created-leading-zero": (sse(shaped()).replace(b'"created": 1,', b'"created": 01,'), False),
+    "created-19-digits": (sse(shaped({**HEAD, "created": 10**18 + 1})), False),
+    "created-negative": (sse(shaped({**HEAD, "created": -1})), False),
+    "created-a-float": (sse(shaped()).replace(b'"created": 1,', b'"created": 1.5,'), False),
+    "created-huge": (sse(shaped({**HEAD, "created": 10**30})), False),
+    "unknown-finish": (sse(shaped()).replace(b'"stop"', b'"thought_too_long"'), True),
+    "garbage-before-and-after": (
+        b"data: garbage\n\n" + sse(shaped()) + b"data: more garbage\n\n",
+        False,
+    ),
+    "tool-calls-then-finish": (
+        sse(
+            [
+                shaped()[0],
+                chunk({"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f"}}]}),
+                chunk({"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}),
+                shaped()[2],
+            ]
+        ),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SHAPED))
+def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> None:
+    body, matched = SHAPED[name]
+    shapes = EventShapes()
+    for _ in range(2):  # the first stream teaches the shapes; the second leaves them as they are
+        assert forwarded(sse(shaped()), [], shapes)[2] is None
+    assert len(shapes.by_tail) == 2  # the role's event and the finish
+    assert shapes.delta is not None and "Hi." not in repr(shapes.delta)  # no text kept
+    assert all(
+        b"chatcmpl-up" not in repr(shape.source).encode() for shape in shapes.by_tail.values()
+    )
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
+    try:
+        batch = reads.events.feed(body)
+    except ProviderError:
+        batch = []  # the stream's first event is its failure: nothing read as a shape
+    assert any(type(p) is tuple and len(p) == 4 for p in batch) is matched
+    if name == "another-id-and-created":  # the delta read by the frame the first taught
+        assert [len(p) if type(p) is tuple else 0 for p in batch] == [4, 3, 4, 0]
+    cut_sets = [[], *([at] for at in range(1, len(body))), list(range(7, len(body), 23))]
+    for cuts in cut_sets:  # bounded: the body's length plus two
+        want_payloads, want_updates, want_failure = parsed(body, cuts)
+        got_payloads, got_updates, got_failure = forwarded(body, cuts, shapes)
+        assert got_failure == want_failure, cuts
+        assert got_payloads == want_payloads, cuts
+        assert merged(got_updates) == merged(want_updates), cuts
+        assert bool(got_updates) == bool(want_updates), cuts
+    assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
+
+
+def test_a_delta_frame_is_kept_for_later_streams_only_of_fields_a_shape_has() -> None:
+    own = sse(shaped()).replace(b'"Hi."}}]', b'"Hi."}}], "echo": "Hi."')
+    for body, kept in [(own, False), (sse(shaped()), True)]:
+        shapes = EventShapes()
+        assert forwarded(body, [], shapes)[2] is None
+        assert len(shapes.by_tail) == 2
+        assert (shapes.delta is not None) is kept

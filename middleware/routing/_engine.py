@@ -691,11 +691,11 @@ class AttemptEngine(abc.ABC):
         stream: AsyncGenerator[ChatResponseUpdate, None],
         elapsed: float,
         time_to_first_update: float | None,
-    ) -> BaseException | None:
+    ) -> None:
         """The caller closed a stream it had updates of (or threw into it): close the
         route's stream and report the attempt, terminal: ``canceled`` while the caller is
-        being cancelled, else ``abandoned``. Returns what closing raised (it replaces the
-        caller's exception)."""
+        being cancelled, else ``abandoned``. Raises what closing raised (it replaces the
+        caller's exception), else returns and the caller's exception propagates."""
         clock = self._clock
         mark = clock()
         close_error = await close_stream(stream)
@@ -710,7 +710,8 @@ class AttemptEngine(abc.ABC):
         )
         if pending is not None:
             await pending
-        return close_error
+        if close_error is not None:
+            raise close_error from None
 
     async def _close_route_stream(
         self,
@@ -955,11 +956,7 @@ class AttemptEngine(abc.ABC):
                         yield update
                     except BaseException:
                         # The caller closed the stream (GeneratorExit) or threw into it.
-                        close_error = await self._caller_left(
-                            request, attempt, stream, elapsed, first_update
-                        )
-                        if close_error is not None:
-                            raise close_error from None
+                        await self._caller_left(request, attempt, stream, elapsed, first_update)
                         raise
                 if rest:
                     # Past the first update of a plain stream nothing is made current or
@@ -982,11 +979,7 @@ class AttemptEngine(abc.ABC):
                         try:
                             yield update
                         except BaseException:
-                            close_error = await self._caller_left(
-                                request, attempt, stream, elapsed, first_update
-                            )
-                            if close_error is not None:
-                                raise close_error from None
+                            await self._caller_left(request, attempt, stream, elapsed, first_update)
                             raise
                 # A native generator that ran out has nothing left to close.
                 if (

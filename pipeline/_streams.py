@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from types import TracebackType
+from types import AsyncGeneratorType, TracebackType
 from typing import Any, Literal, TypeAlias
 
 from pipeline.types import ChatResponseUpdate
@@ -112,34 +112,45 @@ async def forward(
             watcher.exit(token)
     ended = False  # set once the end was reported from inside the loop
     # Hooks the watcher does not override cost nothing per update; `scoped` is read at each
-    # step, so a watcher may stop scoping once it has nothing to make current.
+    # step, so a watcher may stop scoping once it has nothing to make current (it never
+    # starts again: a watcher that is not scoped now runs the loop without the scope's steps).
     update_hook = None if type(watcher).update is StreamWatcher.update else watcher.update
     try:
-        while True:
-            scoped = watcher.scoped
-            token = watcher.enter() if scoped else None
-            try:
-                update = await stream.__anext__()
-            except StopAsyncIteration:
-                break
-            finally:
-                if scoped:
-                    watcher.exit(token)
-            if update_hook is not None:
-                update_hook(update)
-            try:
-                yield update
-            except BaseException:
-                # The caller closed the stream (GeneratorExit) or threw into it.
-                ended = True
-                how: StreamEnd = "canceled" if caller_cancelling() else "abandoned"
-                close_error = await close_stream(stream)
-                ended_by = watcher.end(how, close_error)
-                if ended_by is not None:
-                    await ended_by
-                if close_error is not None:
-                    raise close_error from None
-                raise
+        if watcher.scoped:
+            while True:
+                scoped = watcher.scoped
+                token = watcher.enter() if scoped else None
+                try:
+                    update = await stream.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    if scoped:
+                        watcher.exit(token)
+                if update_hook is not None:
+                    update_hook(update)
+                try:
+                    yield update
+                except BaseException:
+                    # The caller closed the stream (GeneratorExit) or threw into it.
+                    ended = True
+                    await _caller_left(stream, watcher)
+                    raise
+        else:
+            anext = stream.__anext__
+            while True:
+                try:
+                    update = await anext()
+                except StopAsyncIteration:
+                    break
+                if update_hook is not None:
+                    update_hook(update)
+                try:
+                    yield update
+                except BaseException:
+                    ended = True
+                    await _caller_left(stream, watcher)
+                    raise
     except BaseException as error:
         if ended:
             raise
@@ -150,20 +161,35 @@ async def forward(
         if ended_by is not None:
             await ended_by
         raise
-    # (`close_stream`, inline: the path every stream that ran out takes.)
-    close_error = None
-    try:
-        await stream.aclose()
-    except BaseException as exc:
-        close_error = exc
-    if close_error is not None:
-        ended_by = watcher.end(ending_of(close_error), close_error)
-        if ended_by is not None:
-            await ended_by
-        raise close_error
+    # A native generator that ran out has nothing left to close (its `aclose()` would
+    # return at once); anything else is closed here (`close_stream`, inline).
+    if type(stream) is not AsyncGeneratorType or stream.ag_frame is not None:
+        close_error = None
+        try:
+            await stream.aclose()
+        except BaseException as exc:
+            close_error = exc
+        if close_error is not None:
+            ended_by = watcher.end(ending_of(close_error), close_error)
+            if ended_by is not None:
+                await ended_by
+            raise close_error
     ended_by = watcher.end("completed", None)
     if ended_by is not None:
         await ended_by
+
+
+async def _caller_left(stream: Updates, watcher: StreamWatcher) -> None:
+    """The caller closed a forwarded stream (or threw into it): close the inner stream,
+    tell the watcher, and raise what closing raised, if anything (the caller's exception
+    propagates otherwise)."""
+    how: StreamEnd = "canceled" if caller_cancelling() else "abandoned"
+    close_error = await close_stream(stream)
+    ended_by = watcher.end(how, close_error)
+    if ended_by is not None:
+        await ended_by
+    if close_error is not None:
+        raise close_error from None
 
 
 class OpenedLater(AsyncGenerator[ChatResponseUpdate, None]):

@@ -11,7 +11,7 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import CoroutineType
+from types import AsyncGeneratorType, CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 from opentelemetry import context as otel_context
@@ -691,11 +691,11 @@ class AttemptEngine(abc.ABC):
         stream: AsyncGenerator[ChatResponseUpdate, None],
         elapsed: float,
         time_to_first_update: float | None,
-    ) -> BaseException | None:
+    ) -> None:
         """The caller closed a stream it had updates of (or threw into it): close the
         route's stream and report the attempt, terminal: ``canceled`` while the caller is
-        being cancelled, else ``abandoned``. Returns what closing raised (it replaces the
-        caller's exception)."""
+        being cancelled, else ``abandoned``. Raises what closing raised (it replaces the
+        caller's exception), else returns and the caller's exception propagates."""
         clock = self._clock
         mark = clock()
         close_error = await close_stream(stream)
@@ -710,7 +710,8 @@ class AttemptEngine(abc.ABC):
         )
         if pending is not None:
             await pending
-        return close_error
+        if close_error is not None:
+            raise close_error from None
 
     async def _close_route_stream(
         self,
@@ -905,10 +906,12 @@ class AttemptEngine(abc.ABC):
                     and attempt.timeout is None
                 )
                 watch = attempt.watch
+                rest = False  # the rest of a plain stream is read by the loop below
                 while True:
-                    if plain and (
-                        first_update is not None or (movable is None and not attempt.logged)
-                    ):
+                    if plain and first_update is not None:
+                        rest = True
+                        break
+                    if plain and movable is None and not attempt.logged:
                         deadline = timeout = None
                         tokens = _NO_TOKENS
                     else:
@@ -947,19 +950,45 @@ class AttemptEngine(abc.ABC):
                         first_update = elapsed
                         if watch is not None:
                             watch.first_update()
-                    attempt.tally(update, counting)
+                    if update.usage is not None or update.model_id is not None or counting:
+                        attempt.tally(update, counting)
                     try:
                         yield update
                     except BaseException:
                         # The caller closed the stream (GeneratorExit) or threw into it.
-                        close_error = await self._caller_left(
-                            request, attempt, stream, elapsed, first_update
-                        )
-                        if close_error is not None:
-                            raise close_error from None
+                        await self._caller_left(request, attempt, stream, elapsed, first_update)
                         raise
-                error, closing = await self._close_route_stream(attempt, stream, error)
-                elapsed += closing
+                if rest:
+                    # Past the first update of a plain stream nothing is made current or
+                    # timed out: each step only reads the clock around the route's work.
+                    anext = stream.__anext__
+                    while True:
+                        mark = clock()
+                        try:
+                            update = await anext()
+                        except StopAsyncIteration:
+                            elapsed += clock() - mark
+                            break
+                        except BaseException as exc:
+                            elapsed += clock() - mark
+                            error = exc
+                            break
+                        elapsed += clock() - mark
+                        if update.usage is not None or update.model_id is not None or counting:
+                            attempt.tally(update, counting)
+                        try:
+                            yield update
+                        except BaseException:
+                            await self._caller_left(request, attempt, stream, elapsed, first_update)
+                            raise
+                # A native generator that ran out has nothing left to close.
+                if (
+                    error is not None
+                    or type(stream) is not AsyncGeneratorType
+                    or stream.ag_frame is not None
+                ):
+                    error, closing = await self._close_route_stream(attempt, stream, error)
+                    elapsed += closing
             if error is not None:
                 await self._failed(
                     request,

@@ -411,11 +411,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
                         yield update
                     except BaseException:
                         # The caller closed the stream (GeneratorExit) or threw into it.
-                        close_error = await self._caller_left(
-                            request, attempt, stream, elapsed, first_update
-                        )
-                        if close_error is not None:
-                            raise close_error from None
+                        await self._caller_left(request, attempt, stream, elapsed, first_update)
                         raise
                     # Output reached the caller: only the request's deadline applies now.
                     deadline = timeout = None

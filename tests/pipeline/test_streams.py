@@ -374,14 +374,17 @@ async def test_a_failing_stream_that_also_fails_to_close_keeps_its_error_with_a_
     [("aclose", None), ("aclose", OSError("reset")), ("athrow", None)],
     ids=["closed", "closed-and-closing-fails", "thrown-into"],
 )
+@pytest.mark.parametrize("scoped", [False, True], ids=["plain", "scoped"])
+@pytest.mark.parametrize("read", [1, 2], ids=["after-the-first", "after-the-second"])
 async def test_a_caller_that_stops_reading_abandons_the_stream(
-    stop: str, close_error: OSError | None
+    stop: str, close_error: OSError | None, scoped: bool, read: int
 ) -> None:
     # What the caller threw propagates; a close error replaces the GeneratorExit of a close.
-    inner = Inner("a", "b", close_error=close_error)
-    watcher = Recorder()
+    # (A watcher that is not scoped is forwarded by a loop of its own: both are checked.)
+    inner = Inner("a", "b", "c", close_error=close_error)
+    watcher = Recorder(scoped=scoped)
     stream = forward(lambda: inner, watcher)
-    assert (await anext(stream)).text == "a"
+    assert [(await anext(stream)).text for _ in range(read)] == ["a", "b"][:read]
     raised: BaseException | None = None
     try:
         await (stream.aclose() if stop == "aclose" else stream.athrow(KeyError("stop")))
@@ -392,7 +395,8 @@ async def test_a_caller_that_stops_reading_abandons_the_stream(
     else:
         assert isinstance(raised, KeyError) if stop == "athrow" else raised is None
     assert watcher.ends() == [("end", "abandoned", close_error)]
-    assert (inner.closes, inner.reads) == (1, 1)
+    assert (inner.closes, inner.reads) == (1, read)
+    assert watcher.depth == 0
 
 
 async def test_a_caller_cancelled_while_holding_an_update_is_canceled() -> None:

@@ -255,6 +255,29 @@ async def test_caller_closing_the_stream_abandons_the_attempt() -> None:
     assert attempt.output_committed and not attempt.response_completed
 
 
+async def test_caller_closing_the_stream_past_its_first_update_abandons_the_attempt() -> None:
+    # Past the first update the engine reads a plain stream in a loop of its own.
+    primary, backup = routes(reply("abc", chunks=["a", "b", "c"]), reply("b"))
+    router = RecordingFailover([primary, backup])
+    async with contextlib.aclosing(router.get_streaming_response("hi")) as stream:
+        assert [(await anext(stream)).text for _ in range(2)] == ["a", "b"]
+    assert primary.streams_abandoned == 1 and primary.streams_closed == 1
+    assert backup.call_count == 0
+    assert router.summary() == [("r0", "abandoned", True)]
+
+
+async def test_a_failure_past_the_second_update_is_terminal_and_keeps_the_output() -> None:
+    error = TransientProviderError("reset")
+    primary, backup = routes(fail_after(["a", "b"], error), reply("backup"))
+    router = RecordingFailover([primary, backup])
+    result = await collect(router, "hi", streaming=True)
+    assert result.error is error and [u.text for u in result.updates] == ["a", "b"]
+    assert router.summary() == [("r0", "failed_after_output", True)]
+    assert primary.streams_closed == 1 and backup.call_count == 0
+    attempt = router.updates[0][0]
+    assert attempt.output_committed and attempt.time_to_first_update is not None
+
+
 async def test_stream_creation_failure_may_fail_over() -> None:
     class Broken(ScriptedChatClient):
         def get_streaming_response(self, messages, options=None):  # type: ignore[no-untyped-def]

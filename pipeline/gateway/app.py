@@ -129,13 +129,14 @@ class _YoungThreshold:
     they keep the young generation past CPython's default 700 and every few requests pay a
     young collection that finds almost nothing (and promotes the requests in flight, which
     brings full collections sooner): some 20 thousand instructions a request at
-    concurrency 16 (docs/performance/gateway.md). Not further: a young collection's pause
-    grows with the threshold, and every request in flight waits it out (at 10,000, some 4
-    ms of CPU each, which showed in the p99 at concurrency 16; at 2,000, under 1 ms, for
-    the same instructions a request). Process-wide, so counted: the first worker to start
-    raises it, the last to stop puts back what was there."""
+    concurrency 16 (docs/performance/gateway.md). Not as far as 10,000: a young
+    collection's pause grows with the threshold, and every request in flight waits it out
+    (at 10,000 some 4 ms of CPU, which showed in the p99 at concurrency 16); nor as low as
+    2,000, where one request at a time meets a collection every 70 or so requests, more
+    often than one in a hundred, and its p99 showed that. Process-wide, so counted: the
+    first worker to start raises it, the last to stop puts back what was there."""
 
-    RAISED = 2_000
+    RAISED = 5_000
 
     def __init__(self) -> None:
         self._workers = 0

@@ -544,9 +544,11 @@ class Reservations:
         self._clock = clock
         self.outage.clock = time.monotonic if clock is None else clock
 
-    def _time_op(self, clock: Callable[[], float]) -> str:
-        """The script's first argument when `clock` keeps the time: its milliseconds."""
-        return f"T {int(clock() * 1000)}"
+    def _leading_args(self) -> list[str]:
+        """The script's arguments before its operations: the time in milliseconds when
+        `clock` keeps it, else none (the script reads Redis's)."""
+        clock = self._clock
+        return [] if clock is None else [f"T {int(clock() * 1000)}"]
 
     # -- the operations ----------------------------------------------------------------------
 
@@ -665,7 +667,7 @@ class Reservations:
         """The batch's ``EVALSHA``: one argument per operation, its fields joined by spaces;
         each operation's keys after the fixed ones, from its `base` (1-based)."""
         keys = [self._fixed_resp]
-        ops: list[str] = [] if self._clock is None else [self._time_op(self._clock)]
+        ops = self._leading_args()
         count = len(self._fixed)
         # Settlements first: what they give back is there for the reservations after them.
         for settlement in batch.settles:
@@ -812,9 +814,7 @@ class Reservations:
             for index, (key, amount, expire_at) in enumerate(spent):
                 keys.append(key)
                 fields.append(f"{index + 5} {amount} {expire_at}")
-            clock = self._clock
-            args = [" ".join(fields)] if clock is None else [self._time_op(clock), " ".join(fields)]
-            await self.redis.evalsha(SCRIPT, keys, args)
+            await self.redis.evalsha(SCRIPT, keys, [*self._leading_args(), " ".join(fields)])
         except Exception as exc:  # the next elected caller tries again
             _logger.warning("rebuilding budget counters failed (%s)", type(exc).__name__)
             return

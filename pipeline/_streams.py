@@ -21,6 +21,7 @@ __all__ = [
     "close_stream",
     "ending_of",
     "forward",
+    "left_open",
 ]
 
 StreamEnd: TypeAlias = Literal["completed", "failed", "abandoned", "canceled"]
@@ -39,6 +40,12 @@ def ending_of(error: BaseException) -> StreamEnd:
     if isinstance(error, asyncio.CancelledError) and caller_cancelling():
         return "canceled"
     return "failed"
+
+
+def left_open(stream: Updates) -> bool:
+    """Whether `stream`, which ran out or failed, may hold something to close: anything but
+    a native async generator whose frame ended (its ``aclose()`` would return at once)."""
+    return type(stream) is not AsyncGeneratorType or stream.ag_frame is not None
 
 
 async def close_stream(stream: Updates) -> BaseException | None:
@@ -161,9 +168,9 @@ async def forward(
         if ended_by is not None:
             await ended_by
         raise
-    # A native generator that ran out has nothing left to close (its `aclose()` would
-    # return at once); anything else is closed here (`close_stream`, inline).
-    if type(stream) is not AsyncGeneratorType or stream.ag_frame is not None:
+    # A native generator that ran out has nothing left to close; anything else is closed
+    # here (`close_stream`, inline).
+    if left_open(stream):
         close_error = None
         try:
             await stream.aclose()

@@ -11,7 +11,7 @@ import inspect
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import AsyncGeneratorType, CoroutineType
+from types import CoroutineType
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol
 
 from opentelemetry import context as otel_context
@@ -38,7 +38,7 @@ from pipeline._retry_signal import attach as attach_retry_signal
 from pipeline._retry_signal import signal_of as retry_signal_of
 from pipeline._semconv import ROUTE_SELECTION
 from pipeline._settings import Settings
-from pipeline._streams import caller_cancelling, close_stream, ending_of
+from pipeline._streams import caller_cancelling, close_stream, ending_of, left_open
 from pipeline.client import ChatClient, circuit_open, client_name, ensure_chat_client, metadata_of
 from pipeline.errors import (
     AttemptTimeoutError,
@@ -982,11 +982,7 @@ class AttemptEngine(abc.ABC):
                             await self._caller_left(request, attempt, stream, elapsed, first_update)
                             raise
                 # A native generator that ran out has nothing left to close.
-                if (
-                    error is not None
-                    or type(stream) is not AsyncGeneratorType
-                    or stream.ag_frame is not None
-                ):
+                if error is not None or left_open(stream):
                     error, closing = await self._close_route_stream(attempt, stream, error)
                     elapsed += closing
             if error is not None:

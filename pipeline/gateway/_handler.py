@@ -377,10 +377,9 @@ class FormatHandler:
         forward: Forward | None,
     ) -> BaseException | None:
         try:
-            messages = request.messages
-            if target.instructions is not None:
-                messages = self._messages(request, target)
-            response = await target.client.get_response(messages, request.options)
+            response = await target.client.get_response(
+                self._messages(request, target), request.options
+            )
         except Exception as exc:
             return await self._before_output(exchange, watch, exc)
         response_id = exchange.response_id = self.format.new_response_id()

@@ -213,15 +213,16 @@ async def test_a_settlement_sent_twice_counts_once_and_a_lost_lease_adds_actual(
 
 
 async def test_a_lease_that_ends_unsettled_gives_its_reservation_back(redis_url: str) -> None:
-    reservations = await ready(redis_url)
+    now = [1_000_000.0]  # the leases' clock: it moves only when told
+    reservations = await ready(redis_url, clock=lambda: now[0])
     key = budget(reservations, "k6", "0.000001")
     granted = await reservations.reserve(Demand([key], 10**9, lease=0.05))
     assert isinstance(granted, Granted)
     assert isinstance(await reservations.reserve(Demand([key], 1)), Refused)
-    for _ in range(200):  # the next calls sweep it once its lease ended
-        await asyncio.sleep(0.01)
-        if isinstance(await reservations.reserve(Demand([key], 0, lease=0.05)), Granted):
-            break
+    now[0] += 0.04  # the lease still runs: its reservation still counts
+    assert isinstance(await reservations.reserve(Demand([key], 1)), Refused)
+    now[0] += 0.02  # it ended: the next call sweeps it
+    assert isinstance(await reservations.reserve(Demand([key], 0, lease=0.05)), Granted)
     raw = redis_asyncio.Redis.from_url(redis_url)
     assert await raw.hget(key.key, "r") == b"0"
     await raw.aclose()

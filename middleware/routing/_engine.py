@@ -407,7 +407,10 @@ class AttemptEngine(abc.ABC):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return AttemptState(name, client, messages, options, price, attributes, timeout=timeout)
+        # Positionally, up to `timeout` (a keyword costs the call a search of the names).
+        return AttemptState(
+            name, client, messages, options, price, attributes, None, None, False, timeout
+        )
 
     async def _is_terminal(
         self,
@@ -787,11 +790,7 @@ class AttemptEngine(abc.ABC):
         context = self._context(messages, options, streaming=False)
         # Every route of this request shares one operation id, so a tool call that a route
         # completed before failing is not repeated by the next one.
-        operation = (
-            _scope.set_operation(_scope.new_operation_id())
-            if _scope.current_operation() is None
-            else None
-        )
+        operation = _scope.open_operation()
         try:
             request = self._new_request(context)
             if request.affinity is not None:

@@ -321,14 +321,9 @@ def new_operation_id() -> str:
     return f"{_OPERATION_PREFIX}-{next(_operation_counter):x}"
 
 
-class _PendingOperation:
-    """A router's request's operation, whose id is made when something reads it (a tool
-    layer): most requests never ask."""
-
-    __slots__ = ("id",)
-
-    def __init__(self) -> None:
-        self.id: str | None = None
+# A router's request's operation before anything read its id: a slot (a list of one, the
+# cheapest object to make) the first reader fills.
+_PendingOperation = list[str | None]
 
 
 def current_operation() -> str | None:
@@ -336,9 +331,10 @@ def current_operation() -> str | None:
     value = _operation.get()
     if value is None or isinstance(value, str):
         return value
-    if value.id is None:
-        value.id = new_operation_id()
-    return value.id
+    made = value[0]
+    if made is None:
+        made = value[0] = new_operation_id()
+    return made
 
 
 OperationToken = contextvars.Token[str | _PendingOperation | None]
@@ -349,7 +345,7 @@ def open_operation() -> OperationToken | None:
     when first read); give the token back with `reset_operation` when it is not None."""
     if _operation.get() is not None:
         return None
-    return _operation.set(_PendingOperation())
+    return _operation.set([None])
 
 
 set_operation = _operation.set

@@ -145,19 +145,11 @@ async def forward(
                     raise
         else:
             anext = stream.__anext__
-            # Past its first update an `OpenedLater` only hands on its inner stream's steps:
-            # read those directly (it is still the stream closed at the end).
-            opened_later = type(stream) is OpenedLater
             while True:
                 try:
                     update = await anext()
                 except StopAsyncIteration:
                     break
-                if opened_later:
-                    opened_later = False
-                    inner = stream._stream  # type: ignore[attr-defined]
-                    if inner is not None:
-                        anext = inner.__anext__
                 if update_hook is not None:
                     update_hook(update)
                 try:

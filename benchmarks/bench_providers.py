@@ -21,9 +21,19 @@ stream with botocore's parser too.
 
     python benchmarks/bench_providers.py [--requests 1000] [--rounds 3] [--formats ...]
     python benchmarks/bench_providers.py --own-code --requests 5000 --rounds 5
+    python benchmarks/bench_providers.py --instructions [--requests 100] [--baseline DIR]
 
 ``--own-code`` measures only the pipeline's own code per call, in process: the full
 pipeline around scripted routes minus the bare scripted client.
+
+``--instructions`` counts, under valgrind's callgrind, the instructions per call of raw
+aiohttp, ``OpenAIChatClient`` alone and the full pipeline (both on aiohttp, Chat Completions
+against the openai fake server in its own process, which is not counted), whole and
+streamed, at concurrency 1 and 32: what the CPU-time mode compares, without a shared
+machine's noise. One process under callgrind runs every contender; for each cell the counts
+of ``--requests`` and 5x ``--requests`` calls (each zeroed before and dumped after with
+``callgrind_control``) are subtracted, so what every count shares drops out.
+``--baseline DIR`` counts the checkout at DIR too (its ``pipeline`` and ``middleware``).
 """
 
 from __future__ import annotations
@@ -34,13 +44,16 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import aiohttp
 import httpx2
@@ -452,9 +465,136 @@ async def own_code(calls: int, rounds: int) -> None:
         )
 
 
+# --instructions: the contenders the child counts, raw aiohttp's first (the ratios' base).
+COUNTED = (BASELINE, "OpenAIChatClient alone", "full pipeline")
+
+
+async def counted_calls(calls: int, concurrency: int, call: Call) -> None:
+    queue = iter(range(calls))
+
+    async def worker() -> None:
+        for _ in queue:
+            await call()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def instructions_child(url: str) -> None:
+    """Under callgrind: run the calls each stdin line asks for ("contender streaming
+    concurrency calls"), answering "done" on stdout when they ended; the parent zeroes the
+    counts before the line and dumps them after the answer."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
+    single = OpenAIChatClient("m", api_key="k", base_url=url)
+    full = full_pipeline(
+        OpenAIChatClient("m", api_key="k", base_url=url),
+        OpenAIChatClient("m", api_key="k", base_url=url),
+    )
+    makers: dict[str, Maker] = {
+        COUNTED[0]: raw_aiohttp_calls(
+            session, f"{url}/chat/completions", OPENAI_BODY, OPENAI_STREAM, {}
+        ),
+        COUNTED[1]: client_calls(single),
+        COUNTED[2]: client_calls(full),
+    }
+    print("ready", flush=True)
+    while line := sys.stdin.readline():  # bounded by the parent's lines
+        contender, streaming, concurrency, calls = line.rstrip("\n").split("|")
+        call = makers[contender](streaming == "1")
+        await counted_calls(int(calls), int(concurrency), call)
+        print("done", flush=True)
+    for closable in (single, full):
+        await closable.aclose()
+    await session.close()
+
+
+class Counted:
+    """A child process under callgrind, counting the calls it is asked for."""
+
+    def __init__(self, tree: Path, url: str, workdir: Path) -> None:
+        self.out = workdir / f"callgrind.{abs(hash(tree))}"
+        self.process = subprocess.Popen(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                f"--callgrind-out-file={self.out}.%p",
+                sys.executable,
+                __file__,
+                "--instructions-child",
+                url,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(tree)},
+        )
+        self.stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
+        self.stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
+        if self.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the counted child under {tree} did not start")
+
+    def control(self, flag: str) -> None:
+        subprocess.run(
+            ["callgrind_control", flag, str(self.process.pid)], check=True, capture_output=True
+        )
+
+    def count(self, contender: str, streaming: bool, concurrency: int, calls: int) -> int:
+        """The instructions of `calls` calls (and of the fixed work around every count)."""
+        self.control("-z")
+        self.stdin.write(f"{contender}|{int(streaming)}|{concurrency}|{calls}\n")
+        self.stdin.flush()
+        if self.stdout.readline().strip() != "done":
+            raise RuntimeError(f"the counted child failed on {contender}")
+        self.control("-d")
+        dumps = self.out.parent.glob(f"{self.out.name}.{self.process.pid}.*")
+        latest = max(dumps, key=lambda path: int(path.suffix[1:]))
+        found = re.search(r"^summary: (\d+)", latest.read_text(), re.MULTILINE)
+        if found is None:
+            raise RuntimeError(f"no summary in {latest}")
+        return int(found.group(1))
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(timeout=600)
+
+
+def instructions(calls: int, baseline: Path | None) -> None:
+    """Instructions per call of each contender, as the difference of 5x `calls` and `calls`
+    calls over 4x `calls`, and as ratios to raw aiohttp's in the same tree."""
+    trees = {"this checkout": Path(__file__).resolve().parents[1]}
+    if baseline is not None:
+        trees["baseline"] = baseline.resolve()
+    more = calls * 5
+    with fake_server("openai") as url, tempfile.TemporaryDirectory() as work:
+        for name, tree in trees.items():
+            child = Counted(tree, url, Path(work))
+            try:
+                print(f"\n{name} ({tree}): instructions per call, thousands "
+                      f"({more} calls minus {calls}, over {more - calls})")  # fmt: skip
+                for streaming in (False, True):
+                    for concurrency in (1, 32):
+                        per_call: dict[str, float] = {}
+                        for contender in COUNTED:
+                            child.count(contender, streaming, concurrency, calls)  # warm
+                            low = child.count(contender, streaming, concurrency, calls)
+                            high = child.count(contender, streaming, concurrency, more)
+                            per_call[contender] = (high - low) / (more - calls)
+                        base = per_call[BASELINE]
+                        cells = "  ".join(
+                            f"{label} {count / 1000:8.1f}k ({count / base:4.2f}x)"
+                            for label, count in per_call.items()
+                        )
+                        kind = "streamed" if streaming else "whole"
+                        print(f"  {kind:8} c{concurrency:<3} {cells}", flush=True)
+            finally:
+                child.close()
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument(
+        "--requests", type=int, help="calls a round (default 1,000; --instructions: 100)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     parser.add_argument(
@@ -462,8 +602,19 @@ if __name__ == "__main__":
         action="store_true",
         help="only the pipeline's own code per call, in process (--requests calls a round)",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions per call under callgrind (--requests and 5x that many calls)",
+    )
+    parser.add_argument("--baseline", type=Path, help="with --instructions: a checkout too")
+    parser.add_argument("--instructions-child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.own_code:
-        asyncio.run(own_code(args.requests, args.rounds))
+    if args.instructions_child:
+        asyncio.run(instructions_child(args.instructions_child))
+    elif args.instructions:
+        instructions(args.requests or 100, args.baseline)
+    elif args.own_code:
+        asyncio.run(own_code(args.requests or 1000, args.rounds))
     else:
-        main(args.requests, args.rounds, tuple(args.formats))
+        main(args.requests or 1000, args.rounds, tuple(args.formats))

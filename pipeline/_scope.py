@@ -50,6 +50,7 @@ __all__ = [
     "exit_report",
     "new_operation_id",
     "open_attempt_log",
+    "open_operation",
     "operation_scope",
     "set_operation",
     "reset_operation",
@@ -93,7 +94,8 @@ class RequestBudget:
 _budget: contextvars.ContextVar[RequestBudget | None] = contextvars.ContextVar(
     "chat_pipeline_request_budget", default=None
 )
-_operation: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+# A string, or a router's request's `_PendingOperation` whose id is made when first read.
+_operation: contextvars.ContextVar[str | _PendingOperation | None] = contextvars.ContextVar(
     "chat_pipeline_operation_id", default=None
 )
 
@@ -319,8 +321,33 @@ def new_operation_id() -> str:
     return f"{_OPERATION_PREFIX}-{next(_operation_counter):x}"
 
 
-current_operation = _operation.get
-"""The operation id of the request being served, if one was set."""
+# A router's request's operation before anything read its id: a slot (a list of one, the
+# cheapest object to make) the first reader fills.
+_PendingOperation = list[str | None]
+
+
+def current_operation() -> str | None:
+    """The operation id of the request being served, if one was set."""
+    value = _operation.get()
+    if value is None or isinstance(value, str):
+        return value
+    made = value[0]
+    if made is None:
+        made = value[0] = new_operation_id()
+    return made
+
+
+OperationToken = contextvars.Token[str | _PendingOperation | None]
+
+
+def open_operation() -> OperationToken | None:
+    """Start an operation for a router's request unless one is current (its id is made
+    when first read); give the token back with `reset_operation` when it is not None."""
+    if _operation.get() is not None:
+        return None
+    return _operation.set([None])
+
+
 set_operation = _operation.set
 reset_operation = _operation.reset
 

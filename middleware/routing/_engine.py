@@ -407,7 +407,10 @@ class AttemptEngine(abc.ABC):
             options = context.options.clone()
         elif not isinstance(options, ChatOptions):
             raise TypeError("RoutingSelection.options must be ChatOptions or None")
-        return AttemptState(name, client, messages, options, price, attributes, timeout=timeout)
+        # Positionally, up to `timeout` (a keyword costs the call a search of the names).
+        return AttemptState(
+            name, client, messages, options, price, attributes, None, None, False, timeout
+        )
 
     async def _is_terminal(
         self,
@@ -787,11 +790,7 @@ class AttemptEngine(abc.ABC):
         context = self._context(messages, options, streaming=False)
         # Every route of this request shares one operation id, so a tool call that a route
         # completed before failing is not repeated by the next one.
-        operation = (
-            _scope.set_operation(_scope.new_operation_id())
-            if _scope.current_operation() is None
-            else None
-        )
+        operation = _scope.open_operation()
         try:
             request = self._new_request(context)
             if request.affinity is not None:
@@ -817,7 +816,20 @@ class AttemptEngine(abc.ABC):
                     timeout = self._timeout(deadline)
                 else:
                     deadline = timeout = None
-                tokens = self._enter(attempt, budget, _held_against(timeout, deadline), movable)
+                # The common attempt (no span context, budget, timeout or log) has at most
+                # the failover check to make current: made so here, without `_enter`'s tuple.
+                check = None
+                if (
+                    timeout is None
+                    and budget is None
+                    and attempt.span_context is None
+                    and (not attempt.logged)
+                ):
+                    tokens = _NO_TOKENS
+                    if movable is not None:
+                        check = _scope.enter_failover_check(movable)
+                else:
+                    tokens = self._enter(attempt, budget, _held_against(timeout, deadline), movable)
                 failure: BaseException | None = None
                 try:
                     if timeout is None:
@@ -832,7 +844,10 @@ class AttemptEngine(abc.ABC):
                 except BaseException as exc:
                     failure = self._timed_out(request, exc, timeout, deadline, attempt)
                 finally:
-                    self._exit(tokens)
+                    if check is not None:
+                        _scope.exit_failover_check(check)
+                    elif tokens is not _NO_TOKENS:
+                        self._exit(tokens)
                 duration = clock() - started
                 if failure is not None:
                     await self._failed(
@@ -888,13 +903,25 @@ class AttemptEngine(abc.ABC):
             started = clock()
             number = len(context.attempts) + 1
             counting = request.log is not None  # an estimate may need the output's size
-            tokens = self._enter(attempt, budget, None, movable)
+            # As in `get_response`: at most the failover check to make current, made so here.
+            simple = budget is None and attempt.span_context is None and not attempt.logged
+            check = None
+            if simple:
+                tokens = _NO_TOKENS
+                if movable is not None:
+                    check = _scope.enter_failover_check(movable)
+            else:
+                tokens = self._enter(attempt, budget, None, movable)
             try:
                 stream = attempt.client.get_streaming_response(attempt.messages, attempt.options)
             except BaseException as exc:
                 error = exc
             finally:
-                self._exit(tokens)
+                if check is not None:
+                    _scope.exit_failover_check(check)
+                    check = None
+                elif tokens is not _NO_TOKENS:
+                    self._exit(tokens)
             elapsed += clock() - started
             if stream is not None:
                 # Without a span context, a budget or an attempt limit there is nothing to
@@ -911,9 +938,13 @@ class AttemptEngine(abc.ABC):
                     if plain and first_update is not None:
                         rest = True
                         break
-                    if plain and movable is None and not attempt.logged:
+                    if plain and simple:
+                        # Before the first update (a plain stream's only step here): at most
+                        # the failover check to make current.
                         deadline = timeout = None
                         tokens = _NO_TOKENS
+                        if movable is not None:
+                            check = _scope.enter_failover_check(movable)
                     else:
                         output = first_update is not None
                         if plain:  # only the failover check or the attempt mark to make current
@@ -944,7 +975,10 @@ class AttemptEngine(abc.ABC):
                         break
                     finally:
                         elapsed += clock() - mark
-                        if tokens is not _NO_TOKENS:
+                        if check is not None:
+                            _scope.exit_failover_check(check)
+                            check = None
+                        elif tokens is not _NO_TOKENS:
                             self._exit(tokens)
                     if first_update is None:
                         first_update = elapsed

@@ -191,20 +191,18 @@ class FailoverAttempt:
         )
 
 
-# A frozen dataclass sets each field through `object.__setattr__`; the engine, which makes
-# one record per attempt, sets the slots directly (half the cost). One name per field, in
-# order: a field added to `FailoverAttempt` fails here until it is named.
-(
-    _set_route_name,
-    _set_client,
-    _set_number,
-    _set_outcome,
-    _set_exception,
-    _set_duration,
-    _set_time_to_first_update,
-    _set_response_completed,
-    _set_output_committed,
-) = (getattr(FailoverAttempt, f.name).__set__ for f in dataclasses.fields(FailoverAttempt))
+# A frozen dataclass sets each field through `object.__setattr__`. The engine, which makes
+# one record per attempt, fills a mutable twin of the same slots and then makes it a
+# `FailoverAttempt` (a `__class__` assignment between layouts CPython holds identical): half
+# the instructions of setting the slots through their descriptors. The twin has the record's
+# slots, so a field added to `FailoverAttempt` is a slot the engine must set too.
+class _OpenRecord:
+    __slots__ = FailoverAttempt.__slots__
+
+
+if tuple(f.name for f in dataclasses.fields(FailoverAttempt)) != _OpenRecord.__slots__:
+    raise RuntimeError("FailoverAttempt's fields and slots differ")  # pragma: no cover
+
 _new_object = object.__new__
 
 
@@ -219,17 +217,19 @@ def attempt_record(
 ) -> FailoverAttempt:
     """`FailoverAttempt` of these fields (`response_completed` and `output_committed` from
     them), made the engine's cheaper way."""
-    record: FailoverAttempt = _new_object(FailoverAttempt)
-    _set_route_name(record, route_name)
-    _set_client(record, client)
-    _set_number(record, number)
-    _set_outcome(record, outcome)
-    _set_exception(record, exception)
-    _set_duration(record, duration)
-    _set_time_to_first_update(record, time_to_first_update)
-    _set_response_completed(record, outcome == "completed")
-    _set_output_committed(record, time_to_first_update is not None)
-    return record
+    record: Any = _new_object(_OpenRecord)
+    record.route_name = route_name
+    record.client = client
+    record.number = number
+    record.outcome = outcome
+    record.exception = exception
+    record.duration = duration
+    record.time_to_first_update = time_to_first_update
+    record.response_completed = outcome == "completed"
+    record.output_committed = time_to_first_update is not None
+    record.__class__ = FailoverAttempt
+    made: FailoverAttempt = record
+    return made
 
 
 class RoutingContext:

@@ -147,11 +147,17 @@ class FailoverChatClient(RoutingChatClient):
                 self.should_failover,
                 self._alternatives,
             )
+        # Without limits of its own the request runs in the enclosing budget, if any.
+        budget = (
+            _scope.current_budget()
+            if settings.request_timeout is None and settings.max_provider_calls_per_request is None
+            else self._new_budget(settings)
+        )
         return RequestState(
             context,
             settings,
             self._attempt_limit(settings),
-            self._new_budget(settings),
+            budget,
             _scope.current_report(),
             self.affinity,
             hooks[0],

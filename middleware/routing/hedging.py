@@ -355,11 +355,7 @@ class HedgingChatClient(BalancedFailoverChatClient):
     ) -> ChatResponse:
         context = self._context(messages, options, streaming=False)
         # Every route of this request shares one operation id, as on every router.
-        operation = (
-            _scope.set_operation(_scope.new_operation_id())
-            if _scope.current_operation() is None
-            else None
-        )
+        operation = _scope.open_operation()
         try:
             race = await self._open(context)
             try:

@@ -17,6 +17,7 @@ read exactly so to the general decoder. The details and the reasons: docs/intern
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -234,7 +235,8 @@ class EventShapes:
     and `after` (the first byte after the digits). At most a few, learned from events
     decoded whole and proved by a probe (another id and created in their places decode as
     the event with those); kept for the client's life, holding no id or number of any
-    stream."""
+    stream. Its `usage` is the usage's event of its streams (`UsageShape`), learned as its
+    shapes are once a stream's bytes through its created are known (`learn_usage`)."""
 
     __slots__ = ("after", "by_tail", "delta", "head", "middle", "usage")
 
@@ -431,14 +433,7 @@ def _object_end(data: bytes, start: int) -> int:
 _COUNT = rb"(0|[1-9][0-9]{0,17})"  # a count as orjson reads it exactly: 18 digits at most
 _DIGIT_RUNS = re.compile(rb"[0-9]+")
 _COUNT_PROBE = 10**17  # the probe's counts: 10**17 and up, each 18 digits
-_COUNT_NAMES = (
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "reasoning_tokens",
-    "cache_read_tokens",
-    "cache_write_tokens",
-)
+_COUNT_NAMES = tuple(count.name for count in dataclasses.fields(UsageDetails))
 _set_input, _set_output, _set_total, _set_reasoning, _set_cache_read, _set_cache_write = (
     UsageDetails.__dict__[name].__set__  # the slots' own setters: the dataclass is frozen
     for name in _COUNT_NAMES
@@ -537,7 +532,8 @@ class ForwardedEvents:
     every event is one ``data: {...}`` line (a `Payloads`): each event as its decoded object,
     or, when `frames`, a delta of a shape seen before as ``(frame, text, event bytes)``
     (`DeltaFrame`), and, given `shapes`, an event of a shape the client's streams repeat as
-    ``(shape, "", event bytes, id)`` (`EventShape`).
+    ``(shape, "", event bytes, id)`` (`EventShape`) and their usage's event as ``(shape, "",
+    event bytes, id, usage, counts)`` (`UsageShape`).
 
     Anything else (a carriage return, another field, a comment, data that orjson does not
     read exactly as ``json.loads`` does, an event longer than a line may be) hands the

@@ -350,6 +350,13 @@ def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> 
     assert any(type(p) is tuple and len(p) == 4 for p in batch) is matched
     if name == "another-id-and-created":  # the delta read by the frame the first taught
         assert [len(p) if type(p) is tuple else 0 for p in batch] == [4, 3, 4, 6]
+    read_alike_in_any_chunks(body, shapes)
+    assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
+
+
+def read_alike_in_any_chunks(body: bytes, shapes: EventShapes) -> None:
+    """`body` read with `shapes` as the parsed path reads it: whole, cut at every byte,
+    and in pieces of 23 bytes."""
     cut_sets = [[], *([at] for at in range(1, len(body))), list(range(7, len(body), 23))]
     for cuts in cut_sets:  # bounded: the body's length plus two
         want_payloads, want_updates, want_failure = parsed(body, cuts)
@@ -358,7 +365,6 @@ def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> 
         assert got_payloads == want_payloads, cuts
         assert merged(got_updates) == merged(want_updates), cuts
         assert bool(got_updates) == bool(want_updates), cuts
-    assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
 
 
 def test_a_delta_frame_is_kept_for_later_streams_only_of_fields_a_shape_has() -> None:
@@ -491,14 +497,7 @@ def test_a_usage_of_a_shape_the_client_saw_reads_as_the_parsed_path(name: str) -
     except ProviderError:
         batch = []
     assert usage_kinds(batch)[-1:] == [how] or (how is None and not batch)
-    cut_sets = [[], *([at] for at in range(1, len(body))), list(range(7, len(body), 23))]
-    for cuts in cut_sets:  # bounded: the body's length plus two
-        want_payloads, want_updates, want_failure = parsed(body, cuts)
-        got_payloads, got_updates, got_failure = forwarded(body, cuts, shapes)
-        assert got_failure == want_failure, cuts
-        assert got_payloads == want_payloads, cuts
-        assert merged(got_updates) == merged(want_updates), cuts
-        assert bool(got_updates) == bool(want_updates), cuts
+    read_alike_in_any_chunks(body, shapes)
 
 
 def test_the_usage_read_by_its_counts_is_the_parsed_one_in_every_count() -> None:

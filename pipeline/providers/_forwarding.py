@@ -238,13 +238,14 @@ class EventShapes:
     stream. Its `usage` is the usage's event of its streams (`UsageShape`), learned as its
     shapes are once a stream's bytes through its created are known (`learn_usage`)."""
 
-    __slots__ = ("after", "by_tail", "delta", "head", "middle", "usage")
+    __slots__ = ("_usage_tries", "after", "by_tail", "delta", "head", "middle", "usage")
 
     def __init__(self) -> None:
         self.head = self.middle = self.after = b""
         self.by_tail: dict[bytes, EventShape] = {}
         self.usage: UsageShape | None = None
         """The usage's event of the client's streams, after a stream's ``created`` digits."""
+        self._usage_tries = _MAX_SHAPES  # a route whose usage is never proved stops trying
         self.delta: tuple[bytes, bytes, bool, dict[str, Any], str] | None = None
         """The text deltas' frame of the client's streams, after a stream's ``created``
         digits: its bytes before the string and after it, whether it is text, its event
@@ -337,8 +338,10 @@ class EventShapes:
             or event.get("choices") != []
             or "error" in event
             or type(event.get("usage")) is not dict
+            or self._usage_tries <= 0
         ):
             return
+        self._usage_tries -= 1
         rest = part[len(known) :]
         name = rest.rfind(b'"usage"')
         if name < 0:
@@ -629,8 +632,8 @@ class ForwardedEvents:
                             continue
                         raw = _usage_of(rest, counted)
                         if raw is not None:
-                            read = parse_usage(raw)  # a dict's: never None
-                            payloads.append((counted, "", part, self._ident, read, raw))
+                            details = parse_usage(raw)  # a dict's: never None
+                            payloads.append((counted, "", part, self._ident, details, raw))
                             continue
                 elif part.startswith(shapes.head):
                     shaped = shapes.match(part)

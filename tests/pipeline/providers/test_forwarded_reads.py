@@ -563,3 +563,16 @@ def test_no_usage_shape_is_learned_of_another_event(event: dict[str, Any]) -> No
     body = sse([*shaped()[:3], event])
     assert read_alike(forwarded(body, [], shapes), parsed(body, []))
     assert shapes.usage is None
+
+
+def test_a_usage_shape_that_is_never_proved_is_tried_a_few_times_only() -> None:
+    # A brace in a string of the object: the cut that counts braces is never the object.
+    shapes = EventShapes()
+    body = with_usage(b'{"note": "}", "prompt_tokens": 3}')
+    tries = []
+    for _ in range(8):  # bounded: eight streams
+        tried = shapes._usage_tries
+        assert read_alike(forwarded(body, [], shapes), parsed(body, []))
+        tries.append(tried - shapes._usage_tries)
+    assert shapes.usage is None
+    assert tries == [1, 1, 1, 1, 0, 0, 0, 0]

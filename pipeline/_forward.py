@@ -10,6 +10,7 @@ The details and the reasons: the design notes (docs/internals.md).
 from __future__ import annotations
 
 import contextvars
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "Forward",
     "ForwardedResponse",
     "ForwardedUpdate",
+    "UsageShape",
     "current_forward",
     "enter_forward",
     "exit_forward",
@@ -148,6 +150,35 @@ class EventShape:
         self.model = model if type(model) is str else None
         self.source = source
         self.size = size  # its bytes after the created number
+        self.written: Any = None
+
+
+class UsageShape:
+    """The usage's event (no choices, a ``usage`` object) which an upstream writes alike in
+    every stream but for its ``id`` string, its ``created`` number and its ``usage`` object:
+    the bytes from after ``created``'s digits to that object (`before`) and after it
+    (`after`). `ForwardedEvents` passes an event of these bytes on as ``(shape, "", event
+    bytes, id, usage, counts)``: its `UsageDetails`, and the counts' digits (read by
+    `counts`, a pattern of the bytes after ``created`` whose groups are the counts, where
+    the object is of the learned one's bytes but for its counts) or else the usage object
+    (decoded alone). `slots` are the groups of `UsageDetails`' counts in its order (-1:
+    unknown);
+    `paths` are the object's counts in order (`source` holds the object with each 0).
+
+    `model` is the event's model, `source` the decoded event it was learned from, with no
+    id, created or counts; `written` is the gateway's, made by the first stream that writes
+    the shape: its bytes around the gateway's own id, created and usage."""
+
+    __slots__ = ("after", "before", "counts", "model", "paths", "slots", "source", "written")
+
+    def __init__(self, before: bytes, after: bytes, model: Any, source: dict[str, Any]) -> None:
+        self.before = before
+        self.after = after
+        self.model = model if type(model) is str else None
+        self.source = source
+        self.counts: re.Pattern[bytes] | None = None
+        self.slots: tuple[int, ...] = ()
+        self.paths: tuple[tuple[str, ...], ...] = ()
         self.written: Any = None
 
 

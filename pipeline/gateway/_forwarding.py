@@ -15,6 +15,7 @@ from pipeline._forward import (
     EventShape,
     Forward,
     ForwardedUpdate,
+    UsageShape,
 )
 from pipeline._json import decoded_exactly
 from pipeline._json_codec import FAST, dumps, loads
@@ -45,6 +46,7 @@ _PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a f
 # A created number in a shape's bytes, cut out there: written once, or the shape is not cut.
 _CREATED_PROBE = 918_273_645_546_372_819
 _CREATED_PROBE_BYTES = str(_CREATED_PROBE).encode()
+_USAGE_PROBE = b'"\\u0001"'  # the string "\x01" as JSON, in a usage shape's object's place
 
 
 def _sent_unchanged(message: Any) -> bool:
@@ -240,6 +242,25 @@ class ForwardedChunks:
                             ids = self._ids = (_orjson_dumps(response_id), b"%d" % created)
                         out.append(written[0] + ids[0] + written[1] + ids[1] + written[2])
                         continue
+                elif len(event) == 6:  # (`UsageShape`, "", bytes, id, usage, counts)
+                    if not self._include_usage:
+                        continue  # the usage chunk, which the client did not ask for
+                    counted = event[0]
+                    written = counted.written
+                    if written is None:
+                        written = counted.written = _usage_shape_bytes(counted)
+                    if written:
+                        self._usage_sent = True
+                        ids = self._ids
+                        if ids is None:
+                            ids = self._ids = (_orjson_dumps(response_id), b"%d" % created)
+                        out.append(written[0] + ids[0] + written[1] + ids[1])
+                        counts = event[5]
+                        if type(counts) is dict:  # orjson's decoding: its encoder writes it
+                            out.append(written[2] + _orjson_dumps(counts) + written[3])
+                        else:  # the digits of the counts, in the object as the shape's
+                            out.append(written[4] % counts)
+                        continue
                 else:
                     continue  # an empty delta, which the parsed path does not write
                 event = loads(event[2][6:])  # written as the parsed path writes its event
@@ -361,6 +382,47 @@ def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:
         return False
     between = written[at + len(_PROBE) : number]
     return written[:at], between, written[number + len(_CREATED_PROBE_BYTES) :]
+
+
+def _usage_shape_bytes(shape: UsageShape) -> tuple[bytes, bytes, bytes, bytes, bytes] | bool:
+    """How every stream writes a usage's event of `shape`, as `ForwardedChunks.update`
+    writes it: its bytes before its id, between its id and its created, between its created
+    and its usage object, after it, and (when the shape reads the counts' digits:
+    `UsageShape.paths`) from its created to its end as a format of those digits; False when
+    a cut is not sure (the event is then decoded and written as any other)."""
+    source = {**shape.source, "id": "\x00", "created": _CREATED_PROBE, "usage": "\x01"}
+    written = b"data: " + dumps(source) + b"\n\n"
+    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
+    usage = written.find(_USAGE_PROBE)
+    if (
+        written.count(_PROBE) != 1
+        or written.count(_CREATED_PROBE_BYTES) != 1
+        or written.count(_USAGE_PROBE) != 1
+        or not 0 <= at < number < usage
+    ):
+        return False
+    between = written[number + len(_CREATED_PROBE_BYTES) : usage]
+    after = written[usage + len(_USAGE_PROBE) :]
+    # The object with a mark in each count's place (in the order the shape reads them),
+    # written, and cut at the marks.
+    counted = {
+        key: dict(inner) if type(inner) is dict else inner
+        for key, inner in shape.source["usage"].items()
+    }
+    marks = []
+    for index, path in enumerate(shape.paths):
+        holder = counted
+        for key in path[:-1]:  # bounded: a path is two keys at most
+            holder = holder[key]
+        holder[path[-1]] = _CREATED_PROBE + index
+        marks.append(str(_CREATED_PROBE + index).encode())
+    pieces = [between + dumps(counted) + after]
+    for mark in marks:
+        if pieces[-1].count(mark) != 1:
+            return False
+        pieces[-1:] = pieces[-1].split(mark)
+    form = b"%s".join(piece.replace(b"%", b"%%") for piece in pieces)
+    return written[:at], written[at + len(_PROBE) : number], between, after, form
 
 
 def _bytes(data: str | bytes) -> bytes:

@@ -17,10 +17,18 @@ read exactly so to the general decoder. The details and the reasons: docs/intern
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline._forward import DeltaFrame, EventShape, ForwardedResponse, ForwardedUpdate
+from pipeline._forward import (
+    DeltaFrame,
+    EventShape,
+    ForwardedResponse,
+    ForwardedUpdate,
+    UsageShape,
+)
 from pipeline._json_codec import FAST, dumps, orjson_reads
 from pipeline.errors import ProviderError
 from pipeline.types import (
@@ -31,7 +39,7 @@ from pipeline.types import (
     UsageDetails,
 )
 from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
-from pipeline.wire.chat_completions.vocab import REASONING_FIELDS
+from pipeline.wire.chat_completions.vocab import REASONING_FIELDS, USAGE_FIELDS
 from pipeline.wire.sse import MAX_LINE, Payloads
 
 if TYPE_CHECKING:
@@ -227,13 +235,17 @@ class EventShapes:
     and `after` (the first byte after the digits). At most a few, learned from events
     decoded whole and proved by a probe (another id and created in their places decode as
     the event with those); kept for the client's life, holding no id or number of any
-    stream."""
+    stream. Its `usage` is the usage's event of its streams (`UsageShape`), learned as its
+    shapes are once a stream's bytes through its created are known (`learn_usage`)."""
 
-    __slots__ = ("after", "by_tail", "delta", "head", "middle")
+    __slots__ = ("_usage_tries", "after", "by_tail", "delta", "head", "middle", "usage")
 
     def __init__(self) -> None:
         self.head = self.middle = self.after = b""
         self.by_tail: dict[bytes, EventShape] = {}
+        self.usage: UsageShape | None = None
+        """The usage's event of the client's streams, after a stream's ``created`` digits."""
+        self._usage_tries = _MAX_SHAPES  # a route whose usage is never proved stops trying
         self.delta: tuple[bytes, bytes, bool, dict[str, Any], str] | None = None
         """The text deltas' frame of the client's streams, after a stream's ``created``
         digits: its bytes before the string and after it, whether it is text, its event
@@ -315,6 +327,58 @@ class EventShapes:
         }:
             self.delta = (rest, frame.tail, frame.text, source, key)
 
+    def learn_usage(self, known: bytes, part: bytes, event: Any) -> None:
+        """Keep the shape of `event` (decoded from `part`, which begins `known`, a stream's
+        bytes through its created as `match` read them) when it is a usage's event (no
+        choices, a usage object), for the streams after it: when its usage object's bytes
+        decode alone as its usage, and a probe id, created and usage in their places decode
+        as the event with those."""
+        if (
+            type(event) is not dict
+            or event.get("choices") != []
+            or "error" in event
+            or type(event.get("usage")) is not dict
+            or self._usage_tries <= 0
+        ):
+            return
+        self._usage_tries -= 1
+        rest = part[len(known) :]
+        name = rest.rfind(b'"usage"')
+        if name < 0:
+            return
+        at = _past_blanks(rest, name + 7)
+        if rest[at : at + 1] != b":":
+            return
+        start = _past_blanks(rest, at + 1)
+        end = _object_end(rest, start)
+        if end < 0 or end == len(rest):
+            return
+        other = 2 if event.get("created") == 1 else 1
+        before, after = rest[:start], rest[end:]
+        probe = (
+            self.head
+            + _NUL
+            + self.middle
+            + str(other).encode()
+            + before
+            + b'"'
+            + _NUL
+            + b'"'
+            + after
+        )
+        try:
+            if _orjson_loads(rest[start:end]) != event["usage"]:
+                return
+            decoded = _orjson_loads(probe[6:])
+        except ValueError:
+            return
+        if decoded != {**event, "id": "\x00", "created": other, "usage": "\x00"}:
+            return
+        source = {**event, "id": "", "created": 0, "usage": {}}  # no stream's own counts
+        shape = UsageShape(before, after, event.get("model"), source)
+        _learn_counts(shape, rest[start:end], event["usage"])
+        self.usage = shape
+
     def frame(self, known: bytes, ident: str) -> DeltaFrame | None:
         """The frame of the text deltas of a stream whose events begin `known` (of the id
         `ident`), when one was learned."""
@@ -352,6 +416,116 @@ class EventShapes:
         return shape, "", part, ident.decode()
 
 
+def _object_end(data: bytes, start: int) -> int:
+    """Where the JSON object at `start` in `data` ends (past its closing brace), counting
+    braces only (its decoding proves the cut), or -1."""
+    if data[start : start + 1] != b"{":
+        return -1
+    depth = 0
+    for at in range(start, len(data)):  # bounded by the event's length
+        byte = data[at]
+        if byte == 0x7B:
+            depth += 1
+        elif byte == 0x7D:
+            depth -= 1
+            if not depth:
+                return at + 1
+    return -1
+
+
+_COUNT = rb"(0|[1-9][0-9]{0,17})"  # a count as orjson reads it exactly: 18 digits at most
+_DIGIT_RUNS = re.compile(rb"[0-9]+")
+_COUNT_PROBE = 10**17  # the probe's counts: 10**17 and up, each 18 digits
+_COUNT_NAMES = tuple(count.name for count in dataclasses.fields(UsageDetails))
+_set_input, _set_output, _set_total, _set_reasoning, _set_cache_read, _set_cache_write = (
+    UsageDetails.__dict__[name].__set__  # the slots' own setters: the dataclass is frozen
+    for name in _COUNT_NAMES
+)
+
+
+def _learn_counts(shape: UsageShape, value: bytes, usage: dict[str, Any]) -> None:
+    """Set `shape`'s `counts`, `slots` and `paths` when `value` (a usage object's bytes,
+    `usage` decoded) holds its counts as its only digits (integers, in objects at most one
+    deep) and `parse_usage` reads each of its counts as an integer or unknown, proved by a
+    probe count in each count's place."""
+    paths = _count_paths(usage)
+    runs = list(_DIGIT_RUNS.finditer(value))
+    if paths is None or not paths or len(runs) != len(paths):
+        return
+    slots = []
+    for name in _COUNT_NAMES:
+        path = USAGE_FIELDS[name]
+        found: Any = usage
+        for key in path:  # bounded: a path is two keys at most
+            found = found.get(key) if type(found) is dict else None
+        if path in paths:
+            slots.append(paths.index(path))
+        elif found is None:
+            slots.append(-1)  # the null after the counts
+        else:
+            return  # a count `parse_usage` reads otherwise: decoded as the object it is
+    cuts = [0, *(at for run in runs for at in run.span()), len(value)]
+    pieces = [value[cuts[at] : cuts[at + 1]] for at in range(0, len(cuts), 2)]
+    probe = pieces[0]
+    expected = {key: dict(inner) if type(inner) is dict else inner for key, inner in usage.items()}
+    for index, (path, piece) in enumerate(zip(paths, pieces[1:], strict=True)):
+        probe += str(_COUNT_PROBE + index).encode() + piece
+        holder = expected
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = _COUNT_PROBE + index
+    try:
+        if _orjson_loads(probe) != expected:
+            return
+    except ValueError:
+        return
+    pieces[0] = shape.before + pieces[0]
+    pieces[-1] += shape.after
+    shape.counts = re.compile(_COUNT.join(re.escape(piece) for piece in pieces))
+    shape.slots = tuple(slots)
+    shape.paths = tuple(paths)
+    for key, inner in expected.items():
+        if type(inner) is dict:
+            expected[key] = {name: 0 if (key, name) in paths else v for name, v in inner.items()}
+        elif (key,) in paths:
+            expected[key] = 0
+    shape.source["usage"] = expected
+
+
+def _count_paths(usage: dict[str, Any]) -> list[tuple[str, ...]] | None:
+    """The paths of `usage`'s integers, in its order, when it holds them in objects at most
+    one deep and no list; else None."""
+    paths: list[tuple[str, ...]] = []
+    for key, value in usage.items():
+        if type(value) is int:
+            paths.append((key,))
+        elif type(value) is dict:
+            for name, count in value.items():
+                if type(count) is int:
+                    paths.append((key, name))
+                elif type(count) is dict or type(count) is list:
+                    return None
+        elif type(value) is list:
+            return None
+    return paths
+
+
+def _usage_of(rest: bytes, shape: UsageShape) -> Any:
+    """The usage object of an event whose bytes after its created are `rest`, when they are
+    `shape`'s around one JSON object orjson reads exactly; else None."""
+    before, after = shape.before, shape.after
+    if not (rest.startswith(before) and rest.endswith(after)):
+        return None
+    value = rest[len(before) : len(rest) - len(after)]
+    if value.find(b"\n") >= 0 or not orjson_reads(value):
+        return None
+    try:
+        usage = _orjson_loads(value)
+    except ValueError:
+        return None
+    return usage if type(usage) is dict else None
+
+
 def _fields_but_ids(event: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in event.items() if key not in ("id", "created", "choices")}
 
@@ -361,7 +535,8 @@ class ForwardedEvents:
     every event is one ``data: {...}`` line (a `Payloads`): each event as its decoded object,
     or, when `frames`, a delta of a shape seen before as ``(frame, text, event bytes)``
     (`DeltaFrame`), and, given `shapes`, an event of a shape the client's streams repeat as
-    ``(shape, "", event bytes, id)`` (`EventShape`).
+    ``(shape, "", event bytes, id)`` (`EventShape`) and their usage's event as ``(shape, "",
+    event bytes, id, usage, counts)`` (`UsageShape`).
 
     Anything else (a carriage return, another field, a comment, data that orjson does not
     read exactly as ``json.loads`` does, an event longer than a line may be) hands the
@@ -429,10 +604,37 @@ class ForwardedEvents:
             if shapes is not None and shapes.by_tail:
                 known = self._known
                 if known and part.startswith(known):
-                    shape = shapes.by_tail.get(part[len(known) :])
+                    rest = part[len(known) :]
+                    shape = shapes.by_tail.get(rest)
                     if shape is not None:
                         payloads.append((shape, "", part, self._ident))
                         continue
+                    counted = shapes.usage
+                    if counted is not None:
+                        counts = counted.counts
+                        found = counts.fullmatch(rest) if counts is not None else None
+                        if found is not None:
+                            digits = found.groups()
+                            # Each count's digits as orjson reads them (18 at most), and
+                            # null for the counts the object has not.
+                            values = _orjson_loads(b"[%s,null]" % b",".join(digits))
+                            usage = _new_object(UsageDetails)
+                            at_input, at_output, at_total, at_reasoning, at_read, at_write = (
+                                counted.slots
+                            )
+                            _set_input(usage, values[at_input])
+                            _set_output(usage, values[at_output])
+                            _set_total(usage, values[at_total])
+                            _set_reasoning(usage, values[at_reasoning])
+                            _set_cache_read(usage, values[at_read])
+                            _set_cache_write(usage, values[at_write])
+                            payloads.append((counted, "", part, self._ident, usage, digits))
+                            continue
+                        raw = _usage_of(rest, counted)
+                        if raw is not None:
+                            details = parse_usage(raw)  # a dict's: never None
+                            payloads.append((counted, "", part, self._ident, details, raw))
+                            continue
                 elif part.startswith(shapes.head):
                     shaped = shapes.match(part)
                     if shaped is not None:
@@ -461,11 +663,19 @@ class ForwardedEvents:
                                 and learned.head.startswith(self._known)
                             ):
                                 shapes.learn_delta(self._known, learned)
-                        elif shapes is not None and len(shapes.by_tail) < _MAX_SHAPES:
-                            shape = shapes.learn(part, payload)
-                            if shape is not None and not self._known:
-                                self._known = part[: len(part) - shape.size]
-                                self._ident = payload["id"]
+                        elif shapes is not None:
+                            if len(shapes.by_tail) < _MAX_SHAPES:
+                                shape = shapes.learn(part, payload)
+                                if shape is not None and not self._known:
+                                    self._known = part[: len(part) - shape.size]
+                                    self._ident = payload["id"]
+                            if (
+                                shapes.usage is None
+                                and self._known
+                                and "usage" in payload
+                                and part.startswith(self._known)
+                            ):
+                                shapes.learn_usage(self._known, part, payload)
                     continue
             elif part == b"data: [DONE]":
                 self.done = True
@@ -597,6 +807,13 @@ class ForwardedReads:
                     frame = payload[0]
                     pieces.append(text if frame.text else ReasoningContent(text))
                     last = frame.ids
+                    continue
+                if len(payload) == 6:  # (`UsageShape`, "", bytes, id, usage, counts)
+                    read += 1
+                    more = payload[4]
+                    if more is not None:
+                        usage = more if usage is None else usage + more
+                        last = {"id": payload[3], "model": payload[0].model}
                     continue
                 if len(payload) != 4 or payload[0].finish is None:
                     read += 1

@@ -6,7 +6,9 @@ parsed answer (the response cache) keep their routes on the parsed path. Both ca
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,7 +29,14 @@ from pipeline.wire.chat_completions.inbound import _message, parse_request
 from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEPayloads
 from tests.pipeline.gateway.conftest import Running, config, running
-from tests.pipeline.providers.test_forwarded_reads import SHAPED, shaped, sse
+from tests.pipeline.providers.test_forwarded_reads import (
+    NEXT,
+    SHAPED,
+    USAGE_READS,
+    shaped,
+    sse,
+    with_usage,
+)
 
 pytestmark = pytest.mark.gateway
 
@@ -477,8 +486,56 @@ async def test_streams_after_the_first_write_the_parsed_answer_byte_for_byte(
     assert answers == [reference] * 3
     kinds = [len(p) if type(p) is tuple else 0 for batch in batches for p in batch]
     assert kinds.count(4) == 4  # the role's event and the finish of the last two streams
+    assert kinds.count(6) == 2  # the usage of the last two streams, by its shape's counts
     if answer != "tool-calls":  # the later streams' first deltas too, by the frame it taught
-        assert kinds.count(0) == 4 + 2  # decoded: the first's role, delta, finish, usage; usage
+        assert kinds.count(0) == 4  # decoded: the first's role, delta, finish, usage
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+async def test_the_ledger_records_the_usage_the_parsed_path_reads(
+    primary: FakeOpenAIServer,
+    forwarded: Forwarded,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    include_usage: bool,
+) -> None:
+    # The later streams' usage is read by the shape the first taught (its counts' digits):
+    # each stream's counts differ, details included, and the ledger records them as parsed.
+    answers = [
+        FakeResponse(
+            chunks=["Hi."], usage=(10 + n, 3 + n), cache_usage=(0, n), reasoning_tokens=2 * n
+        )
+        for n in range(3)
+    ]
+    body: dict[str, Any] = {"model": "pipeline", "messages": MESSAGES, "stream": True}
+    if include_usage:
+        body["stream_options"] = {"include_usage": True}
+    kinds: list[int] = []
+    read = ForwardedReads.read
+
+    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
+        kinds.extend(len(p) if type(p) is tuple else 0 for p in payloads)
+        return read(reads, payloads)
+
+    monkeypatch.setattr(ForwardedReads, "read", spied)
+    routes = {"primary": {"provider": "openai", "model": "m", "base_url": primary.base_url}}
+    spend = {"path": str(tmp_path / "spend.db"), "flush_interval": 0.05}
+    async with running(parse_config({"routes": routes, "spend": spend})) as run:
+        answered = []
+        for answer in answers:
+            primary.default = answer
+            answered.append((await post(run, body)).content)
+        assert forwarded.calls == 3 and kinds.count(6) == 2
+        for answer, content in zip(answers, answered, strict=True):
+            primary.default = answer
+            assert await parsed(run, body, monkeypatch) == content
+        assert run.gateway.spend is not None
+        records = await run.gateway.spend.records()
+    counts = [
+        (r.input_tokens, r.output_tokens, r.cache_read_tokens, r.reasoning_tokens) for r in records
+    ]
+    want = [(10 + n, 3 + n, n, 2 * n) for n in range(3)]
+    assert counts == want + want  # forwarded, then parsed
 
 
 @pytest.mark.parametrize("name", list(SHAPED))
@@ -495,9 +552,28 @@ def test_events_of_a_known_shape_are_written_as_when_decoded(
     assert write(body, taught, include_usage) == write(body, None, include_usage)
 
 
-def write(body: bytes, shapes: EventShapes | None, include_usage: bool) -> bytes:
-    """What the gateway writes of a forwarded stream's `body` (one read, then its end), or
-    of its failure, read with the client's `shapes` or without any."""
+@pytest.mark.parametrize("name", list(USAGE_READS))
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_usage_of_a_known_shape_is_written_as_when_decoded(
+    name: str, include_usage: bool
+) -> None:
+    taught, usage, _ = USAGE_READS[name]
+    shapes = EventShapes()
+    first = with_usage(taught)
+    assert write(first, shapes, include_usage) == write(first, None, include_usage)
+    assert shapes.usage is not None
+    body = with_usage(usage, NEXT)
+    for at in range(len(body) + 1):  # whole, and cut at every byte
+        cuts = [at] if 0 < at < len(body) else []
+        assert write(body, shapes, include_usage, cuts) == write(body, None, include_usage, cuts)
+
+
+def write(
+    body: bytes, shapes: EventShapes | None, include_usage: bool, cuts: list[int] | None = None
+) -> bytes:
+    """What the gateway writes of a forwarded stream's `body` (one read, or one a piece of it
+    cut at `cuts`, then its end), or of its failure, read with the client's `shapes` or
+    without any."""
     reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
     asked: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
     if include_usage:
@@ -506,12 +582,18 @@ def write(body: bytes, shapes: EventShapes | None, include_usage: bool) -> bytes
     ids: dict[str, Any] = {"model": "m", "response_id": RESPONSE_ID, "created": CREATED}
     chunks = CHAT_FORWARDER.encoder(CHAT_COMPLETIONS.encoder(request, **ids), request, **ids)
     out: list[str | bytes] = []
+    bounds = [0, *(cuts or []), len(body)]
     try:
-        update, failure = reads.read(reads.events.feed(body))
-        if update is not None:
-            out.append(chunks.update(update))
-        if failure is not None:
-            raise failure
+        for start, end in itertools.pairwise(bounds):  # bounded: the cuts plus one
+            update, failure = reads.read(reads.events.feed(body[start:end]))
+            if update is not None:
+                out.append(chunks.update(update))
+            if failure is not None:
+                raise failure
+            if reads.events.failure is not None:
+                raise reads.events.failure
+            if reads.events.done:
+                break
         tail = reads.finish()
         if tail is not None:
             out.append(chunks.update(tail))

@@ -14,8 +14,14 @@ import pytest
 from pipeline._forward import ForwardedUpdate
 from pipeline.errors import ProviderError
 from pipeline.providers._forwarding import EventShapes, ForwardedReads
-from pipeline.types import ChatResponseUpdate, FunctionCallContent, ReasoningContent, TextContent
-from pipeline.wire.chat_completions.outbound import StreamAssembler
+from pipeline.types import (
+    ChatResponseUpdate,
+    FunctionCallContent,
+    ReasoningContent,
+    TextContent,
+    UsageDetails,
+)
+from pipeline.wire.chat_completions.outbound import StreamAssembler, parse_usage
 from pipeline.wire.sse import SSEPayloads
 
 HEAD = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m"}
@@ -343,7 +349,14 @@ def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> 
         batch = []  # the stream's first event is its failure: nothing read as a shape
     assert any(type(p) is tuple and len(p) == 4 for p in batch) is matched
     if name == "another-id-and-created":  # the delta read by the frame the first taught
-        assert [len(p) if type(p) is tuple else 0 for p in batch] == [4, 3, 4, 0]
+        assert [len(p) if type(p) is tuple else 0 for p in batch] == [4, 3, 4, 6]
+    read_alike_in_any_chunks(body, shapes)
+    assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
+
+
+def read_alike_in_any_chunks(body: bytes, shapes: EventShapes) -> None:
+    """`body` read with `shapes` as the parsed path reads it: whole, cut at every byte,
+    and in pieces of 23 bytes."""
     cut_sets = [[], *([at] for at in range(1, len(body))), list(range(7, len(body), 23))]
     for cuts in cut_sets:  # bounded: the body's length plus two
         want_payloads, want_updates, want_failure = parsed(body, cuts)
@@ -352,7 +365,6 @@ def test_events_of_a_shape_the_client_saw_read_as_the_parsed_path(name: str) -> 
         assert got_payloads == want_payloads, cuts
         assert merged(got_updates) == merged(want_updates), cuts
         assert bool(got_updates) == bool(want_updates), cuts
-    assert len(shapes.by_tail) <= 4  # a few at most, whatever the streams
 
 
 def test_a_delta_frame_is_kept_for_later_streams_only_of_fields_a_shape_has() -> None:
@@ -362,3 +374,205 @@ def test_a_delta_frame_is_kept_for_later_streams_only_of_fields_a_shape_has() ->
         assert forwarded(body, [], shapes)[2] is None
         assert len(shapes.by_tail) == 2
         assert (shapes.delta is not None) is kept
+
+
+PLAIN_USAGE = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+DETAILED_USAGE = {
+    **PLAIN_USAGE,
+    "prompt_tokens_details": {"cached_tokens": 2, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 4},
+}
+NEXT = {**HEAD, "id": "chatcmpl-the-next-one-00", "created": 1_765_000_000}
+
+
+def with_usage(usage: dict[str, Any] | bytes, head: dict[str, Any] | None = None) -> bytes:
+    """`shaped()`'s stream whose usage's event has `usage` (an object, or its bytes as the
+    upstream writes them) and `head`'s id and created."""
+    fields = {**HEAD, **(head or {})}
+    events: list[Any] = [{**event, **fields} for event in shaped()[:3]]
+    usage_bytes = usage if isinstance(usage, bytes) else json.dumps(usage).encode()
+    last = json.dumps({**fields, "choices": [], "usage": "@"}).encode()
+    return sse([*events, last.replace(b'"@"', usage_bytes).decode()])
+
+
+# A usage's event read after the client's streams taught it their usage's shape: what they
+# taught, the bytes of the later stream's usage object, and how it is read: "counts" (its
+# digits, by the object's bytes), "object" (its object alone, decoded), None (all of it).
+USAGE_READS: dict[str, tuple[dict[str, Any], bytes, str | None]] = {
+    "other-counts": (
+        PLAIN_USAGE,
+        b'{"prompt_tokens": 123456789012345678, "completion_tokens": 0, "total_tokens": 1}',
+        "counts",
+    ),
+    "details": (
+        DETAILED_USAGE,
+        b'{"prompt_tokens": 30, "completion_tokens": 50, "total_tokens": 80, '
+        b'"prompt_tokens_details": {"cached_tokens": 20, "audio_tokens": 1}, '
+        b'"completion_tokens_details": {"reasoning_tokens": 40}}',
+        "counts",
+    ),
+    "details-not-taught": (
+        PLAIN_USAGE,
+        json.dumps(DETAILED_USAGE).encode(),
+        "object",
+    ),
+    "a-detail-more": (
+        DETAILED_USAGE,
+        json.dumps(
+            {**DETAILED_USAGE, "completion_tokens_details": {"reasoning_tokens": 4, "x": 1}}
+        ).encode(),
+        "object",
+    ),
+    "compact": (PLAIN_USAGE, json.dumps(PLAIN_USAGE, separators=(",", ":")).encode(), "object"),
+    "counts-in-another-order": (
+        PLAIN_USAGE,
+        b'{"completion_tokens": 5, "prompt_tokens": 3, "total_tokens": 8}',
+        "object",
+    ),
+    "a-key-escaped": (
+        PLAIN_USAGE,
+        b'{"prompt_\\u0074okens": 3, "completion_tokens": 5, "total_tokens": 8}',
+        "object",
+    ),
+    "a-float-count": (
+        PLAIN_USAGE,
+        b'{"prompt_tokens": 1.5, "completion_tokens": 5, "total_tokens": 8}',
+        "object",
+    ),
+    "a-negative-count": (
+        PLAIN_USAGE,
+        b'{"prompt_tokens": -3, "completion_tokens": 5, "total_tokens": 8}',
+        "object",
+    ),
+    "a-string-count": (
+        PLAIN_USAGE,
+        b'{"prompt_tokens": "3", "completion_tokens": 5, "total_tokens": 8}',
+        "object",
+    ),
+    "a-count-of-19-digits": (  # the digit guard: orjson would read it as a float
+        PLAIN_USAGE,
+        b'{"prompt_tokens": 1234567890123456789, "completion_tokens": 5, "total_tokens": 8}',
+        None,
+    ),
+    "a-huge-count": (
+        PLAIN_USAGE,
+        json.dumps({**PLAIN_USAGE, "prompt_tokens": 10**30}).encode(),
+        None,
+    ),
+    "a-leading-zero": (
+        PLAIN_USAGE,
+        b'{"prompt_tokens": 03, "completion_tokens": 5, "total_tokens": 8}',
+        None,
+    ),
+    "usage-null": (PLAIN_USAGE, b"null", None),
+    "usage-a-number": (PLAIN_USAGE, b"7", None),
+    "two-objects": (PLAIN_USAGE, b'{"prompt_tokens": 3}, "usage": {"prompt_tokens": 4}', None),
+    "not-closed": (PLAIN_USAGE, b'{"prompt_tokens": 3', None),
+    "a-field-after-it": (PLAIN_USAGE, json.dumps(PLAIN_USAGE).encode() + b', "x": 1', None),
+}
+
+
+def usage_kinds(batch: list[Any]) -> list[str | None]:
+    """How each event of a batch was read: by its usage's counts, its usage object, or
+    otherwise (None)."""
+    return [
+        ("object" if type(p[5]) is dict else "counts") if type(p) is tuple and len(p) == 6 else None
+        for p in batch
+    ]
+
+
+@pytest.mark.parametrize("name", list(USAGE_READS))
+def test_a_usage_of_a_shape_the_client_saw_reads_as_the_parsed_path(name: str) -> None:
+    taught, usage, how = USAGE_READS[name]
+    shapes = EventShapes()
+    for _ in range(2):  # the first stream teaches the shapes; the second leaves them as they are
+        assert forwarded(with_usage(taught), [], shapes)[2] is None
+    assert shapes.usage is not None and shapes.usage.counts is not None
+    assert b"chatcmpl-up" not in repr(shapes.usage.source).encode()
+    assert set(str(shapes.usage.source["usage"])) & set("123456789") == set()  # no count kept
+    body = with_usage(usage, NEXT)
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
+    try:
+        batch = reads.events.feed(body)
+    except ProviderError:
+        batch = []
+    assert usage_kinds(batch)[-1:] == [how] or (how is None and not batch)
+    read_alike_in_any_chunks(body, shapes)
+
+
+def test_the_usage_read_by_its_counts_is_the_parsed_one_in_every_count() -> None:
+    shapes = EventShapes()
+    forwarded(with_usage(DETAILED_USAGE), [], shapes)
+    usage = USAGE_READS["details"][1]
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
+    batch = reads.events.feed(with_usage(usage, NEXT))
+    assert usage_kinds(batch) == [None, None, None, "counts"]
+    update, failure = reads.read(batch)
+    assert failure is None and update is not None
+    assert update.usage == UsageDetails(
+        input_tokens=30,
+        output_tokens=50,
+        total_tokens=80,
+        reasoning_tokens=40,
+        cache_read_tokens=20,
+        cache_write_tokens=None,
+    )
+    assert update.usage == parse_usage(json.loads(usage))
+    assert (update.response_id, update.model_id) == ("chatcmpl-the-next-one-00", "m")
+
+
+def read_alike(got: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    """Whether two reads of a stream give the same payloads, layers' reads and failure."""
+    return (got[0], merged(got[1]), got[2]) == (want[0], merged(want[1]), want[2])
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {**PLAIN_USAGE, "note": "v2"},  # digits that are no count
+        {**PLAIN_USAGE, "cost": 0.25},  # a number that is no integer
+        {**PLAIN_USAGE, "prompt_tokens_details": {"cached_tokens": "2"}},  # a count not one
+        {**PLAIN_USAGE, "per_choice": [1, 2]},
+        {**PLAIN_USAGE, "prompt_tokens_details": {"by_kind": {"text": 3}}},
+        {"prompt_tokens": True, "completion_tokens": 5},
+    ],
+)
+def test_a_usage_the_counts_cannot_be_read_of_is_read_as_its_object(
+    usage: dict[str, Any],
+) -> None:
+    shapes = EventShapes()
+    assert forwarded(with_usage(usage), [], shapes)[2] is None
+    assert shapes.usage is not None and shapes.usage.counts is None
+    body = with_usage(usage, NEXT)
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True, shapes=shapes)
+    assert usage_kinds(reads.events.feed(body))[-1] == "object"
+    assert read_alike(forwarded(body, [], shapes), parsed(body, []))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {**HEAD, "choices": [{"index": 0, "delta": {}}], "usage": PLAIN_USAGE},  # a choice
+        {**HEAD, "choices": [], "usage": PLAIN_USAGE, "error": None},
+        {**HEAD, "choices": [], "usage": None},
+        {**HEAD, "usage": PLAIN_USAGE},  # no choices at all
+    ],
+)
+def test_no_usage_shape_is_learned_of_another_event(event: dict[str, Any]) -> None:
+    shapes = EventShapes()
+    body = sse([*shaped()[:3], event])
+    assert read_alike(forwarded(body, [], shapes), parsed(body, []))
+    assert shapes.usage is None
+
+
+def test_a_usage_shape_that_is_never_proved_is_tried_a_few_times_only() -> None:
+    # A brace in a string of the object: the cut that counts braces is never the object.
+    shapes = EventShapes()
+    body = with_usage(b'{"note": "}", "prompt_tokens": 3}')
+    tries = []
+    for _ in range(8):  # bounded: eight streams
+        tried = shapes._usage_tries
+        assert read_alike(forwarded(body, [], shapes), parsed(body, []))
+        tries.append(tried - shapes._usage_tries)
+    assert shapes.usage is None
+    assert tries == [1, 1, 1, 1, 0, 0, 0, 0]

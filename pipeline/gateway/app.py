@@ -229,7 +229,7 @@ class Gateway:
         self._patterns: list[tuple[str, Target]] = []
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._redis: dict[str, Any] = {}
-        self._requests: set[asyncio.Task[Any]] = set()
+        self._in_flight = 0  # requests of the inbound formats not yet ended
         # Set once no request is in flight; made only while someone waits (`wait_idle`), so
         # that a request in a quiet worker changes no event.
         self._idle: asyncio.Event | None = None
@@ -407,21 +407,20 @@ class Gateway:
                 await self.wait_idle()
         await self._close()
 
-    def enter(self, task: asyncio.Task[Any]) -> None:
-        """A request of an inbound format starts (its task runs until its response is
-        written)."""
-        self._requests.add(task)
+    def enter(self) -> None:
+        """A request of an inbound format starts (it is in flight until `leave`: its
+        response written, or it failed)."""
+        self._in_flight += 1
 
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        requests = self._requests
-        requests.discard(task)
-        if not requests and self._idle is not None:
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight and self._idle is not None:
             self._idle.set()
             self._idle = None
 
     async def wait_idle(self) -> None:
         """Return once no request of an inbound format is in flight in this worker."""
-        if not self._requests:
+        if not self._in_flight:
             return
         if self._idle is None:
             self._idle = asyncio.Event()
@@ -558,11 +557,8 @@ class _Endpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = Exchange(scope, send, self._format)
         scope[EXCHANGE] = exchange
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - ASGI servers run each request in a task
-            raise RuntimeError("the gateway serves requests from inside an asyncio task")
         gateway = self._gateway
-        gateway.enter(task)
+        gateway.enter()
         token = enter_request_id(exchange.request_id)
         telemetry = self._telemetry
         traced = telemetry.begin(exchange, scope)
@@ -592,7 +588,10 @@ class _Endpoint:
         finally:
             telemetry.end(traced, exchange, scope)
             exit_request_id(token)
-            gateway.leave(task)
+            # The scope and its exchange refer to each other: parted, what the request made
+            # is freed as it ends instead of left to the cyclic collector.
+            del scope[EXCHANGE]
+            gateway.leave()
 
 
 class _FormatEndpoints:

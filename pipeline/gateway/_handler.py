@@ -108,8 +108,12 @@ class _Disconnect:
 
     def close(self) -> None:
         self.done = True
-        if self._watch is not None:
-            self._watch.cancel()
+        watch = self._watch
+        if watch is not None:
+            # Let go of it: its cancellation's traceback holds `_run`'s frame, and so this
+            # watcher, which would otherwise make a cycle only the collector frees.
+            self._watch = None
+            watch.cancel()
 
 
 class _Started:

@@ -590,7 +590,9 @@ class Reservations:
 
     async def prepare(self, bound: float = 10.0) -> bool:
         """Make sure the counters exist (a fresh or restarted Redis has them rebuilt now,
-        not at a request), within `bound` seconds; whether Redis answered."""
+        not at a request), within `bound` seconds; whether Redis answered. A rebuild run
+        here is awaited to its end; False at once while an outage is skipped (a test moves
+        `clock` past the retry interval first)."""
         try:
             async with asyncio.timeout(bound):
                 while True:
@@ -600,10 +602,12 @@ class Reservations:
                     if answer.reason != "rebuilding":
                         return False
                     rebuilding = self._rebuilding
-                    if rebuilding is not None:
+                    if rebuilding is not None and not rebuilding.done():
                         await asyncio.wait({rebuilding})
                     else:
-                        await asyncio.sleep(0.05)  # another replica rebuilds
+                        # Another replica was elected (an earlier rebuild of ours is over):
+                        # its end is told to nobody here, so ask Redis again in a moment.
+                        await asyncio.sleep(0.05)
         except TimeoutError:
             return False
 

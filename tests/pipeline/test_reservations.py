@@ -275,11 +275,13 @@ async def test_counters_lost_with_redis_are_rebuilt_and_reservations_wait(
         rebuilt.append(1)
         return [(f"{namespace}:b:k9", 9 * NANOS // 10, 0)]  # the ledger: $0.90 spent
 
+    now = [1_000_000.0]  # the outage's clock: it moves only when told
     reservations = Reservations(
         RespClient(redis_server.url, timeout=2.0),
         namespace=namespace,
         rebuild=rebuild,
         rebuild_delay=0.0,
+        clock=lambda: now[0],
     )
     key = BudgetCheck(f"{namespace}:b:k9", NANOS)
     assert await reservations.reserve(Demand([key], 1)) == Unavailable("rebuilding")
@@ -295,11 +297,12 @@ async def test_counters_lost_with_redis_are_rebuilt_and_reservations_wait(
     redis_server.start()
     answers = await asyncio.gather(*(reservations.reserve(Demand([key], 1)) for _ in range(10)))
     assert all(isinstance(a, Unavailable) for a in answers)
-    for _ in range(200):
-        answer = await reservations.reserve(Demand([key], 1))
-        if not isinstance(answer, Unavailable):
-            break
-        await asyncio.sleep(0.01)
+    # The restart was seen as a closed connection (an outage, over once its retry interval
+    # is) or as lost counters (a rebuild under way): either way `prepare` ends when the
+    # counters are back.
+    now[0] += reservations.outage.retry_interval
+    assert await reservations.prepare(10.0), "the counters were never rebuilt"
+    answer = await reservations.reserve(Demand([key], 1))
     assert isinstance(answer, Granted) and rebuilt == [1, 1]
     await reservations.aclose()
 
@@ -307,7 +310,8 @@ async def test_counters_lost_with_redis_are_rebuilt_and_reservations_wait(
 async def test_an_outage_answers_unavailable_at_once_and_keeps_settlements(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    reservations = await ready(redis_server.url)
+    now = [1_000_000.0]  # the outage's clock: it moves only when told
+    reservations = await ready(redis_server.url, clock=lambda: now[0])
     key = budget(reservations, "k10", "1000")
     granted = await reservations.reserve(Demand([key], 100))
     assert isinstance(granted, Granted)
@@ -328,11 +332,10 @@ async def test_an_outage_answers_unavailable_at_once_and_keeps_settlements(
     finally:
         redis_server.resume()
     reservations.redis.timeout = 5.0
-    reservations.outage._down_until = 0.0  # the retry interval is over
-    for _ in range(100):
-        if isinstance(await reservations.reserve(Demand([key], 0)), Granted):
-            break
-        await asyncio.sleep(0.02)
+    assert await reservations.reserve(Demand([key], 0)) == Unavailable("outage")  # still
+    now[0] += reservations.outage.retry_interval  # the retry interval is over
+    # Redis answers again: the first call takes the settlements that waited with it.
+    assert isinstance(await reservations.reserve(Demand([key], 0)), Granted)
     await reservations.flush()
     raw = redis_asyncio.Redis.from_url(redis_server.url)
     assert await raw.hmget(key.key, ["s", "r"]) == [b"60", b"0"]

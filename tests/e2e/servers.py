@@ -30,18 +30,29 @@ PROMETHEUS_PORT = re.compile(r'msg="Listening on" address=\S+:(\d+)')
 
 
 def poll(probe: Callable[[], T | None], *, timeout: float, interval: float, what: str) -> T:
-    """Call `probe` until it returns something other than None, for at most `timeout` s.
+    """Call `probe` until it returns something other than None, every `interval` s for at
+    most `timeout` s; then an `AssertionError` naming `what` and how often it was asked. A
+    probe that raises (a query to a server that died) fails at once.
 
-    Only for the state of an external process (a scrape, an asynchronous ingest), which
-    announces nothing we could wait on; the deadline bounds the loop."""
+    Never for a server's start (that is its own log line: `ChildProcess.wait_for_line`).
+    Only for what a started third-party server does later, on its own schedule, and tells
+    no one (no line in its output, nothing in its API to wait on): Prometheus storing a
+    scrape (every second), Jaeger storing what the collector's exporter queue sends a
+    moment after it took it, Phoenix's bulk inserter writing spans after it acknowledged
+    their export. Asking again is the only way to see those; the deadline bounds it."""
     deadline = time.monotonic() + timeout
+    asked = 0
     while True:
+        asked += 1
         found = probe()
         if found is not None:
             return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for {what} (asked {asked} times)"
+            )
+        time.sleep(min(interval, left))
 
 
 # -- Prometheus ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pipeline._resp import RespClient, Script
 
 __all__ = [
     "NANOS",
+    "REBUILD_POLL",
     "SCRIPT",
     "SETTLE_DELAY",
     "BudgetCheck",
@@ -44,6 +45,9 @@ NANOS = 1_000_000_000
 """Counter units per currency unit."""
 SETTLE_DELAY = 0.05
 """Seconds a settlement waits for a reservation to share its round trip with."""
+REBUILD_POLL = 0.05
+"""Seconds `Reservations.prepare` waits before asking again while another replica rebuilds
+the counters."""
 
 _logger = logging.getLogger("chat_pipeline.budgets")
 
@@ -607,7 +611,7 @@ class Reservations:
                     else:
                         # Another replica was elected (an earlier rebuild of ours is over):
                         # its end is told to nobody here, so ask Redis again in a moment.
-                        await asyncio.sleep(0.05)
+                        await asyncio.sleep(REBUILD_POLL)
         except TimeoutError:
             return False
 

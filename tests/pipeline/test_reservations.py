@@ -12,6 +12,7 @@ import redis.asyncio as redis_asyncio
 
 from pipeline._reservations import (
     NANOS,
+    REBUILD_POLL,
     BudgetCheck,
     Demand,
     Granted,
@@ -305,6 +306,41 @@ async def test_counters_lost_with_redis_are_rebuilt_and_reservations_wait(
     answer = await reservations.reserve(Demand([key], 1))
     assert isinstance(answer, Granted) and rebuilt == [1, 1]
     await reservations.aclose()
+
+
+async def test_a_replica_waits_for_the_rebuild_another_runs_without_hammering_redis(
+    redis_url: str,
+) -> None:
+    other = await ready(redis_url)  # its own rebuild ran and is over
+    release = asyncio.Event()
+
+    async def rebuild() -> list[tuple[str, int, int]]:
+        await release.wait()
+        return []
+
+    elected = Reservations(
+        RespClient(redis_url, timeout=5.0),
+        namespace=other.namespace,
+        rebuild=rebuild,
+        rebuild_delay=0.0,
+    )
+    raw = redis_asyncio.Redis.from_url(redis_url)
+    await raw.delete(f"{other.namespace}:epoch")  # the counters are lost
+    await raw.aclose()
+    assert await elected.reserve(Demand()) == Unavailable("rebuilding")  # elected
+    calls = other.calls
+    bound = 5 * REBUILD_POLL
+    # The other replica's rebuild is not one of its own: it asks again every REBUILD_POLL
+    # (at most once per interval whatever the machine's speed), not round trip after round
+    # trip.
+    assert not await other.prepare(bound)
+    assert 1 <= other.calls - calls <= bound / REBUILD_POLL + 1
+    release.set()
+    assert await elected.prepare(10.0)  # awaits its own rebuild
+    assert await other.prepare(10.0)
+    assert isinstance(await other.reserve(Demand()), Granted)
+    await elected.aclose()
+    await other.aclose()
 
 
 async def test_an_outage_answers_unavailable_at_once_and_keeps_settlements(

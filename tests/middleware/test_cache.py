@@ -184,10 +184,8 @@ async def test_a_cancelled_call_is_not_stored(streaming: bool) -> None:
     inner = ScriptedChatClient([hang(), reply("ok")])
     chat = cached(inner)
     task = asyncio.ensure_future(ask(chat, "q", None, streaming))
-    for _ in range(100):
-        if inner.call_count:
-            break
-        await asyncio.sleep(0)
+    async with asyncio.timeout(10):
+        await inner.wait_for_calls(1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -91,15 +91,13 @@ class LoggingChatClient(DelegatingChatClient):
 
 class _StreamLog(StreamWatcher):
     __slots__ = ("layer", "model", "started", "updates")
+    counts_updates = True
 
     def __init__(self, layer: LoggingChatClient, model: str, started: float) -> None:
         self.layer = layer
         self.model = model
         self.started = started
         self.updates = 0
-
-    def update(self, update: ChatResponseUpdate) -> None:
-        self.updates += 1
 
     def end(self, how: StreamEnd, error: BaseException | None) -> None:
         layer = self.layer

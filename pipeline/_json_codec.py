@@ -54,7 +54,14 @@ def orjson_reads(data: bytes | str) -> bool:
     """Whether orjson reads `data` as ``json.loads`` does, when it reads it at all."""
     if isinstance(data, bytes):
         return data.translate(_DIGITS_ONLY).find(_LONG_RUN) < 0
-    return _LONG_DIGITS_TEXT.search(data) is None
+    # Text is searched as its UTF-8 bytes (a copy in C): the regular expression costs five
+    # times as much, and every streamed event is text. A lone surrogate has no UTF-8, and
+    # orjson refuses it anyway: the regular expression decides.
+    try:
+        encoded = data.encode()
+    except UnicodeEncodeError:
+        return _LONG_DIGITS_TEXT.search(data) is None
+    return encoded.translate(_DIGITS_ONLY).find(_LONG_RUN) < 0
 
 
 def fast_loads(data: bytes | str) -> Any:

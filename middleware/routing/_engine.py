@@ -984,7 +984,14 @@ class AttemptEngine(abc.ABC):
                         first_update = elapsed
                         if watch is not None:
                             watch.first_update()
-                    if update.usage is not None or update.model_id is not None or counting:
+                    # A stream may name its model on every update (Chat Completions does):
+                    # only usage, a new model or counted output need the tally.
+                    model = update.model_id
+                    if (
+                        update.usage is not None
+                        or counting
+                        or (model is not None and model != attempt.model)
+                    ):
                         attempt.tally(update, counting)
                     try:
                         yield update
@@ -1008,7 +1015,12 @@ class AttemptEngine(abc.ABC):
                             error = exc
                             break
                         elapsed += clock() - mark
-                        if update.usage is not None or update.model_id is not None or counting:
+                        model = update.model_id
+                        if (
+                            update.usage is not None
+                            or counting
+                            or (model is not None and model != attempt.model)
+                        ):
                             attempt.tally(update, counting)
                         try:
                             yield update

@@ -41,6 +41,7 @@ async def test_logs_failure_by_type_only(streaming: bool, caplog: pytest.LogCapt
     end = caplog.records[-1]
     assert end.levelno == logging.WARNING
     assert "error=ValueError" in end.getMessage()
+    assert f"updates={1 if streaming else 0}" in end.getMessage()  # the one before the failure
     assert all(CANARY not in r.getMessage() for r in caplog.records)
 
 
@@ -52,6 +53,7 @@ async def test_logs_abandoned_stream(caplog: pytest.LogCaptureFixture) -> None:
         async with contextlib.aclosing(chat.get_streaming_response("x")) as stream:
             await anext(stream)
     assert "abandoned" in caplog.records[-1].getMessage()
+    assert "updates=1" in caplog.records[-1].getMessage()
     assert inner.streams_abandoned == 1
 
 

@@ -133,6 +133,19 @@ def test_long_runs_of_digits_go_to_the_standard_library(data: bytes, reads: bool
     assert fast.orjson_reads(data) is reads
 
 
+@pytest.mark.parametrize(
+    ("text", "reads"),
+    [
+        ('{"a": "\u00e9", "b": 123456789012345678}', True),  # text beyond ASCII, 18 digits
+        ('{"a": "\u00e9", "b": 1234567890123456789}', False),
+        ('["\ud800", 12]', True),  # a lone surrogate (no UTF-8): searched as text
+        ('["\ud800", 1234567890123456789]', False),
+    ],
+)
+def test_text_is_searched_for_long_runs_of_digits_as_its_bytes_are(text: str, reads: bool) -> None:
+    assert fast.orjson_reads(text) is reads
+
+
 @pytest.mark.parametrize("text", ["", "{", '{"a": 1} x', "nul", "[1,]"])
 def test_what_is_not_json_is_a_value_error_either_way(text: str, fallback: ModuleType) -> None:
     for module in (fast, fallback):

@@ -323,6 +323,46 @@ async def test_a_watcher_may_stop_scoping_between_steps() -> None:
     assert watcher.depth == 0
 
 
+class Counting(StreamWatcher):
+    """A watcher that has `forward` count its updates, and records the count at its end."""
+
+    __slots__ = ("at_end", "scoped", "updates")
+    counts_updates = True
+
+    def __init__(self, *, scoped: bool) -> None:
+        self.scoped = scoped
+        self.updates = 0
+        self.at_end: list[tuple[StreamEnd, int]] = []
+
+    def end(self, how: StreamEnd, error: BaseException | None) -> None:
+        self.at_end.append((how, self.updates))
+
+
+@pytest.mark.parametrize("scoped", [False, True])
+@pytest.mark.parametrize(
+    ("inner", "read", "ended"),
+    [
+        (lambda: Inner("a", "b", "c"), 3, ("completed", 3)),
+        (lambda: Inner("a", "b", error=OSError("reset")), 2, ("failed", 2)),
+        (lambda: Inner("a", "b", "c"), 1, ("abandoned", 1)),  # the caller closes after one
+    ],
+)
+async def test_a_counting_watcher_hears_the_updates_passed_on_by_its_end(
+    scoped: bool, inner: Callable[[], Inner], read: int, ended: tuple[StreamEnd, int]
+) -> None:
+    watcher = Counting(scoped=scoped)
+    stream = forward(inner, watcher)
+    texts = []
+    with contextlib.suppress(OSError):
+        async with contextlib.aclosing(stream):
+            while len(texts) < read:
+                texts.append((await anext(stream)).text)
+            if ended[0] != "abandoned":
+                assert [u.text async for u in stream] == []
+    assert texts == ["a", "b", "c"][:read]
+    assert watcher.at_end == [ended]
+
+
 async def test_opening_that_raises_is_reported_once_and_propagates() -> None:
     error = ConnectionError("refused")
     watcher = Recorder(scoped=True)

@@ -356,7 +356,14 @@ class StreamAssembler:
             raise error_from_payload(payload["error"], self.provider)
         contents: list[Content] = []
         finish_reason = None
-        choice = _first_choice(payload, self.provider)
+        # `_first_choice`, inline for the common chunk (it runs for every one); anything
+        # else is left to it, to be None or malformed.
+        choices = payload.get("choices")
+        choice: Mapping[str, Any] | None
+        if type(choices) is list and choices and type(choices[0]) is dict:
+            choice = choices[0]
+        else:
+            choice = _first_choice(payload, self.provider)
         # Another choice's chunk (n > 1) is skipped: the response is choice 0.
         if choice is not None and not choice.get("index", 0):
             delta = choice.get("delta") or {}

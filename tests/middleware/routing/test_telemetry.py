@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+from collections.abc import AsyncGenerator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -14,6 +15,7 @@ from middleware.routing import OrderedFailoverChatClient, Price, Route, RoutingC
 from pipeline import ChatPipeline, UsageDetails
 from pipeline.errors import TransientProviderError
 from pipeline.testing import ScriptedChatClient, collect, fail, fail_after, hang, reply
+from pipeline.types import ChatMessage, ChatResponse, ChatResponseUpdate, TextContent
 from tests.otel import Otel
 from tests.processes import run_python
 
@@ -317,3 +319,31 @@ asyncio.run(main())
 def test_global_providers_set_later_trace_and_count_the_attempts_after_them() -> None:
     # A global provider can be set once per process: its own process.
     assert run_python(_GLOBAL_PROVIDERS_SET_LATER) == "traced and counted"
+
+
+class _NamingModels:
+    """A route whose stream names a model on each update, as Chat Completions streams do,
+    and another one partway through."""
+
+    async def get_response(self, messages: object, options: object = None) -> ChatResponse:
+        return ChatResponse(messages=[ChatMessage.assistant("ab")], model_id="m-2")
+
+    async def get_streaming_response(
+        self, messages: object, options: object = None
+    ) -> AsyncGenerator[ChatResponseUpdate, None]:
+        for model in ("m-1", "m-1", "m-2", None):
+            yield ChatResponseUpdate(contents=[TextContent("a")], model_id=model)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_the_attempt_span_names_the_last_model_the_answer_named(
+    otel: Otel, streaming: bool
+) -> None:
+    from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+
+    chat = OrderedFailoverChatClient([_NamingModels()], **otel.providers)  # type: ignore[list-item]
+    await collect(chat, "hi", streaming=streaming)
+    (span,) = otel.attempt_spans()
+    assert dict(span.attributes or {})[gen_ai.GEN_AI_RESPONSE_MODEL] == "m-2"

@@ -26,7 +26,7 @@ from pipeline.errors import (
 )
 from pipeline.providers import OpenAIChatClient
 from pipeline.providers._aiohttp import client_timeout
-from pipeline.providers._http import decode_json
+from pipeline.providers._http import decode_json, encode_json
 from pipeline.testing import FakeOpenAIServer, collect
 from tests.compat.servers import ThreadedFakeServer
 
@@ -213,6 +213,22 @@ def test_bodies_decode_as_json_loads_decodes_them() -> None:
     for bad in (b"", b"not json", b'{"a": 1} x', b"\xff\xfe\xff"):
         with pytest.raises(ProviderError, match="the body is not JSON"):
             decode_json(bad, "p")
+
+
+def test_bodies_encode_as_the_strict_standard_library_encodes_them() -> None:
+    class Text(str):
+        pass
+
+    strict = {"ensure_ascii": False, "separators": (",", ":"), "allow_nan": False}
+    for body in (
+        {"model": "m", "messages": [{"role": "user", "content": "h\u00e9llo"}], "t": 0.1},
+        {"a": None, "b": [1, 2.5, True]},  # a null: written by the standard library
+        {"big": 2**70, 1: "a key that is no string", "text": Text("x")},
+    ):
+        assert encode_json(body) == json.dumps(body, **strict).encode()  # type: ignore[arg-type]
+    for bad in ({"t": float("nan")}, [float("inf")], {"a": "\ud800"}, {"d": object()}):
+        with pytest.raises((TypeError, ValueError)):
+            encode_json(bad)
 
 
 @pytest.mark.parametrize("name", [None, "aiohttp", "httpx2"])

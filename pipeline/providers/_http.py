@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import enum
 import json
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, get_args
@@ -240,7 +242,18 @@ def decode_json(body: bytes, provider: str) -> Any:
 
 
 # One encoder for every request: json.dumps builds a new one per call for these settings.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+def _value_of(value: Any) -> Any:
+    """What orjson writes for an enum or a UUID, so a body encodes the same either way."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_value_of
+)
 _orjson_dumps: Callable[..., bytes] | None
 try:
     import orjson
@@ -259,8 +272,8 @@ else:
 
 def encode_json(body: Any) -> bytes:
     """`body` as compact UTF-8 JSON; `TypeError`/`ValueError` for what JSON cannot hold
-    (other objects, NaN and infinities, lone surrogates). Enums and UUIDs are written as
-    their values when orjson is installed."""
+    (other objects, NaN and infinities, lone surrogates). Enums are written as their values
+    and UUIDs as their strings, with orjson installed or not."""
     if _orjson_dumps is not None:
         # A fifth of the standard library's cost. orjson writes NaN and the infinities as
         # null, so a body with a null in it is written again by the standard library, which

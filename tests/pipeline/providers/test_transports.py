@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import enum
 import json
 import ssl
 import subprocess
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -229,6 +231,21 @@ def test_bodies_encode_as_the_strict_standard_library_encodes_them() -> None:
     for bad in ({"t": float("nan")}, [float("inf")], {"a": "\ud800"}, {"d": object()}):
         with pytest.raises((TypeError, ValueError)):
             encode_json(bad)
+
+
+def test_enums_and_uuids_encode_alike_whichever_encoder_writes_the_body() -> None:
+    class Tier(enum.Enum):
+        FLEX = "flex"
+
+    class Seed(enum.IntEnum):
+        ONE = 1
+
+    ident = uuid.UUID(int=7)
+    expected = b'"flex",1,"00000000-0000-0000-0000-000000000007"'
+    # A body without a null may be written by orjson; one with a null is always written
+    # by the standard library (which refuses NaN where orjson would write null).
+    assert encode_json([Tier.FLEX, Seed.ONE, ident]) == b"[" + expected + b"]"
+    assert encode_json([Tier.FLEX, Seed.ONE, ident, None]) == b"[" + expected + b",null]"
 
 
 @pytest.mark.parametrize("name", [None, "aiohttp", "httpx2"])

@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import enum
 import json
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, get_args
@@ -26,7 +24,7 @@ import httpx2
 from opentelemetry.propagate import inject
 from opentelemetry.trace import get_current_span
 
-from pipeline._json_codec import loads
+from pipeline._json_codec import dumps_strict, loads
 from pipeline.errors import FailureKind, ProviderError, parse_retry_after, provider_error
 from pipeline.wire import error_from_payload, malformed
 
@@ -241,52 +239,8 @@ def decode_json(body: bytes, provider: str) -> Any:
         raise malformed(provider, "the body is not JSON") from None
 
 
-# One encoder for every request: json.dumps builds a new one per call for these settings.
-def _value_of(value: Any) -> Any:
-    """What orjson writes for an enum or a UUID, so a body encodes the same either way."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-_ENCODER = json.JSONEncoder(
-    ensure_ascii=False, separators=(",", ":"), allow_nan=False, default=_value_of
-)
-_orjson_dumps: Callable[..., bytes] | None
-try:
-    import orjson
-except ImportError:  # pragma: no cover - the gateway extra installs it
-    _orjson_dumps = None
-else:
-    _orjson_dumps = orjson.dumps
-    # Dataclasses, dates and subclasses of str, int, dict and list go to the standard
-    # library, which decides as it always did (orjson would write them its own way).
-    _ORJSON_STRICT = (
-        orjson.OPT_PASSTHROUGH_DATACLASS
-        | orjson.OPT_PASSTHROUGH_DATETIME
-        | orjson.OPT_PASSTHROUGH_SUBCLASS
-    )
-
-
-def encode_json(body: Any) -> bytes:
-    """`body` as compact UTF-8 JSON; `TypeError`/`ValueError` for what JSON cannot hold
-    (other objects, NaN and infinities, lone surrogates). Enums are written as their values
-    and UUIDs as their strings, with orjson installed or not."""
-    if _orjson_dumps is not None:
-        # A fifth of the standard library's cost. orjson writes NaN and the infinities as
-        # null, so a body with a null in it is written again by the standard library, which
-        # refuses them; what orjson refuses (big integers, keys that are no strings, lone
-        # surrogates, the types passed through) goes there too, to be written or refused.
-        try:
-            encoded = _orjson_dumps(body, option=_ORJSON_STRICT)
-        except TypeError:
-            pass
-        else:
-            if encoded.find(b"null") < 0:
-                return encoded
-    return _ENCODER.encode(body).encode()
+encode_json = dumps_strict
+"""`body` as compact UTF-8 JSON for a request (`pipeline._json_codec.dumps_strict`)."""
 
 
 # -- deadlines --------------------------------------------------------------------------------

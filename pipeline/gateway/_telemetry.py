@@ -198,29 +198,28 @@ class RequestTelemetry:
         if _logger.isEnabledFor(level):
             key = exchange.key_name
             builtin = exchange.builtin_tools
-            record = _line_record(
-                level,
-                (
-                    method,
-                    self._route,
-                    status or "-",
-                    duration * 1000,
-                    # What the client wrote is escaped: it cannot forge a field or a line.
-                    exchange.logged_id,
-                    exchange.response_id or "-",
-                    self._logged_model(exchange.model) if exchange.model else "-",
-                    route or "-",
-                    attempts if route is not None else "-",
-                    ("true" if fallback else "false") if route is not None else "-",
-                    served or "-",
-                    key or "-",
-                    # Only a request that offered built-in tools says what became of them.
-                    # Percent-encoded tokens (`_builtin_tools.header_value`).
-                    "" if builtin is None else f" builtin_tools={builtin}",
-                    outcome,
-                ),
+            args = (
+                method,
+                self._route,
+                status or "-",
+                duration * 1000,
+                # What the client wrote is escaped: it cannot forge a field or a line.
+                exchange.logged_id,
+                exchange.response_id or "-",
+                self._logged_model(exchange.model) if exchange.model else "-",
+                route or "-",
+                attempts if route is not None else "-",
+                ("true" if fallback else "false") if route is not None else "-",
+                served or "-",
+                key or "-",
+                # Only a request that offered built-in tools says what became of them.
+                # Percent-encoded tokens (`_builtin_tools.header_value`).
+                "" if builtin is None else f" builtin_tools={builtin}",
+                outcome,
             )
-            _logger.handle(record)
+            handler = _only_handler()
+            if handler is None or not handler.write_line(level, _LINE % args):
+                _logger.handle(_line_record(level, args))
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:
         # What a connection's requests share is built once (a worker has few listeners).
@@ -270,6 +269,26 @@ _LINE = (
 # in a forked child, whose process differs.
 _TEMPLATES: dict[tuple[int, int], dict[str, Any]] = {}
 os.register_at_fork(after_in_child=_TEMPLATES.clear)
+
+
+def _only_handler() -> Any:
+    """The one handler the request line's record would reach, when it is one that can
+    write the line without the record (``write_line``: `log_config`'s), the gateway's
+    logger filtering nothing; else None. Asked at every line: a configuration may change
+    while the gateway serves."""
+    logger: logging.Logger | None = _logger
+    if _logger.filters or _logger.disabled:
+        return None
+    found = None
+    while logger is not None:
+        for handler in logger.handlers:
+            if found is not None:
+                return None
+            found = handler
+        if not logger.propagate:
+            break
+        logger = logger.parent
+    return found if found is not None and hasattr(found, "write_line") else None
 
 
 def _line_record(level: int, args: tuple[Any, ...]) -> logging.LogRecord:

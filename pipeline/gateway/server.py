@@ -179,16 +179,22 @@ class _LineFormatter(logging.Formatter):
         return self.formatMessage(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        prefix = self._prefixes.get(record.levelno)
+        prefix = self._prefixes.get(record.levelno) or self.prefix(record.levelno)
+        return f"{prefix} {record.message}{getattr(record, 'request', '')}"
+
+    def prefix(self, level: int) -> str:
+        """What a line at `level` starts with: its level's name (coloured on a terminal),
+        a colon and the padding to the message's column."""
+        prefix = self._prefixes.get(level)
         if prefix is None:
-            name = record.levelname
+            name = logging.getLevelName(level)
             shown = (
-                uvicorn.logging.ColourizedFormatter().color_level_name(name, record.levelno)
+                uvicorn.logging.ColourizedFormatter().color_level_name(name, level)
                 if self._colors
                 else name
             )
-            prefix = self._prefixes[record.levelno] = f"{shown}:{' ' * (8 - len(name))}"
-        return f"{prefix} {record.message}{getattr(record, 'request', '')}"
+            prefix = self._prefixes[level] = f"{shown}:{' ' * (8 - len(name))}"
+        return prefix
 
 
 class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -213,6 +219,38 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
             raise
         except Exception:
             self.handleError(record)  # as `StreamHandler.emit` does
+
+    def write_line(self, level: int, message: str) -> bool:
+        """Writes the gateway's request line (`message`, already formatted, at `level`) as
+        `handle` writes its record, without making a record or walking logging's handler
+        chain, when nothing but this handler's own parts would see the record: its
+        formatter is `_LineFormatter`, its only filter `_RequestIdFilter` (which adds
+        nothing to the gateway's own lines), its stream writes a line through. False,
+        having written nothing, otherwise: the caller then logs the record as usual.
+        Logging's chain (a record of 20-odd fields, the filters, the formatter's steps) cost
+        more than half of the request line."""
+        if level < self.level or type(self.formatter) is not _LineFormatter:
+            return False
+        for found in self.filters:
+            if type(found) is not _RequestIdFilter:
+                return False
+        stream = self.stream
+        if stream is not self._checked:
+            self._checked = stream
+            self._through = _writes_lines_through(stream) and self.terminator.endswith("\n")
+        if not self._through:
+            return False
+        line = self.formatter.prefix(level) + " " + message + self.terminator
+        with self.lock:  # type: ignore[union-attr]  # made by `Handler.__init__`
+            try:
+                stream.write(line)
+            except RecursionError:
+                raise
+            except Exception:
+                self.handleError(
+                    logging.makeLogRecord({"name": _logger.name, "levelno": level, "msg": message})
+                )
+        return True
 
 
 def _writes_lines_through(stream: object) -> bool:

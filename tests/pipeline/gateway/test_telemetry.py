@@ -225,6 +225,88 @@ async def test_without_a_tracer_provider_a_callers_trace_still_goes_upstream(
     assert "traceparent" not in second.headers
 
 
+class _Listing(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize(
+    "beside", ["nothing", "a second handler", "a filter of the users", "a buffered stream"]
+)
+async def test_the_request_line_reads_the_same_with_or_without_its_record(
+    primary: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    streaming: bool,
+    beside: str,
+) -> None:
+    # `log_config`'s handler writes the request line without a record while nothing else
+    # would see the record; anything else beside it (another handler, a filter of the
+    # user's, a stream the handler must flush) gets the record, and the line is the same.
+    from pipeline.gateway import _telemetry
+    from pipeline.gateway.server import _LineFormatter, _RequestIdFilter, log_config
+
+    records: list[int] = []
+    make_record = _telemetry._line_record
+
+    def counted(level: int, args: tuple[Any, ...]) -> logging.LogRecord:
+        records.append(level)
+        return make_record(level, args)
+
+    monkeypatch.setattr(_telemetry, "_line_record", counted)
+    path = tmp_path / "log"
+    text = open(path, "w", buffering=-1 if beside == "a buffered stream" else 1)  # noqa: SIM115
+    handler = log_config("info")["handlers"]["chat_pipeline"]["()"](stream=text)
+    handler.setFormatter(_LineFormatter(use_colors=False))
+    handler.addFilter(_RequestIdFilter())
+    listing = _Listing()
+    seen: list[str] = []
+    if beside == "a filter of the users":
+        handler.addFilter(lambda record: seen.append(record.getMessage()) or True)
+    logger = logging.getLogger("chat_pipeline")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    logger.handlers[:] = [handler]
+    if beside == "a second handler":
+        logging.getLogger("chat_pipeline.gateway").addHandler(listing)
+    logger.propagate, logger.level = False, logging.INFO
+    body = {"model": "pipeline", "messages": MESSAGES, "stream": streaming}
+    try:
+        async with running(config({"primary": primary})) as gateway:
+            async with httpx.AsyncClient(base_url=gateway.url) as http:
+                answered = await http.post("/v1/chat/completions", json=body)
+                refused = await http.post("/v1/chat/completions", json={"model": "pipeline"})
+            await gateway.gateway.wait_idle()
+    finally:
+        logger.handlers[:], logger.propagate, logger.level = saved
+        logging.getLogger("chat_pipeline.gateway").removeHandler(listing)
+        text.close()
+    assert (answered.status_code, refused.status_code) == (200, 400)
+    lines = [line for line in path.read_text().splitlines() if " /v1/chat/completions " in line]
+    ids = [answered.headers["x-request-id"], refused.headers["x-request-id"]]
+    assert [line.split("request_id=")[1].split()[0] for line in lines] == ids
+    ok, bad = lines
+    assert ok.startswith("INFO:     POST /v1/chat/completions 200 ")
+    assert ok.endswith(
+        " route=primary attempts=1 fallback=false served_model=model-primary key=-: ok"
+    )
+    assert bad.startswith("INFO:     POST /v1/chat/completions 400 ")
+    assert bad.endswith(": WireError missing_required")
+    assert "request_id=" not in ok.split(" ms ")[1].split("request_id=", 1)[1]  # once
+    made = 0 if beside == "nothing" else 2
+    assert records == [logging.INFO] * made
+    if beside == "a second handler":
+        requested = [line for line in listing.lines if " /v1/chat/completions " in line]
+        assert requested == [line.split(" ", 1)[1].lstrip() for line in lines]
+    if beside == "a filter of the users":
+        assert [line for line in seen if " /v1/chat/completions " in line] == [
+            line.split(" ", 1)[1].lstrip() for line in lines
+        ]
+
+
 @pytest.mark.parametrize("level", [logging.INFO, logging.WARNING])
 def test_the_request_lines_record_is_what_make_record_makes(level: int) -> None:
     # The line's record is copied from a template (`_line_record`): every field a formatter

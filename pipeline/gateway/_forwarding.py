@@ -7,6 +7,7 @@ The details and the reasons: the design notes (docs/internals.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pipeline._forward import (
@@ -129,7 +130,7 @@ class ChatForwarder:
 
     def encoder(
         self,
-        parsed: StreamEncoder,
+        parsed: Callable[[], StreamEncoder],
         request: ChatRequest,
         *,
         model: str,
@@ -151,7 +152,8 @@ CHAT_FORWARDER = ChatForwarder()
 
 class ForwardedChunks:
     """A Chat Completions stream of forwarded events (see the module docstring); a stream
-    of parsed updates goes to `parsed`."""
+    of parsed updates goes to the encoder `parsed` makes, made when the first such update
+    comes (most forwarded streams have none)."""
 
     __slots__ = (
         "_called_tools",
@@ -164,6 +166,7 @@ class ForwardedChunks:
         "_id",
         "_ids",
         "_include_usage",
+        "_make_parsed",
         "_model",
         "_parsed",
         "_raw",
@@ -173,14 +176,15 @@ class ForwardedChunks:
 
     def __init__(
         self,
-        parsed: StreamEncoder,
+        parsed: Callable[[], StreamEncoder],
         *,
         model: str,
         response_id: str,
         created: int,
         include_usage: bool,
     ) -> None:
-        self._parsed = parsed
+        self._make_parsed = parsed
+        self._parsed: StreamEncoder | None = None
         self._model = model
         self._id = response_id
         self._created = created
@@ -199,7 +203,7 @@ class ForwardedChunks:
     def update(self, update: ChatResponseUpdate) -> str | bytes:
         events = update.raw_representation
         if events is None:
-            return self._parsed.update(update)
+            return self._parsed_encoder().update(update)
         self._raw = True
         if update.finish_reason is not None:
             self._finish = update.finish_reason
@@ -331,7 +335,7 @@ class ForwardedChunks:
 
     def _whole_calls(self, calls: list[FunctionCallContent]) -> bytes:
         """The parsed path's chunks of whole tool calls."""
-        parsed = self._parsed
+        parsed = self._parsed_encoder()
         if not self._calls_primed:
             self._calls_primed = True
             parsed.update(ChatResponseUpdate())  # its role chunk: written already
@@ -339,7 +343,7 @@ class ForwardedChunks:
 
     def end(self) -> str | bytes:
         if not self._raw:
-            return self._parsed.end()
+            return self._parsed_encoder().end()
         if self._finished and (self._usage_sent or not self._include_usage):
             return _DONE  # the stream's own finish (and usage) went out: only the end is left
         out = []
@@ -360,7 +364,13 @@ class ForwardedChunks:
         return b"".join(out)
 
     def error(self, error: WireError) -> str:
-        return self._parsed.error(error)
+        return self._parsed_encoder().error(error)
+
+    def _parsed_encoder(self) -> StreamEncoder:
+        parsed = self._parsed
+        if parsed is None:
+            parsed = self._parsed = self._make_parsed()
+        return parsed
 
 
 def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:

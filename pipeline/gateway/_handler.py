@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any, Protocol
 
 from pipeline import _scope
@@ -434,16 +435,25 @@ class FormatHandler:
             exchange.response_model = model
             response_id = exchange.response_id = self.format.new_response_id()
             created = now()
-            encoder = self.format.encoder(
-                request, model=model or request.model, response_id=response_id, created=created
-            )
+            encoder: StreamEncoder
             if forward is not None and self.forwarder is not None:
+                # The format's own encoder only if an update comes unforwarded.
                 encoder = self.forwarder.encoder(
-                    encoder,
+                    partial(
+                        self.format.encoder,
+                        request,
+                        model=model or request.model,
+                        response_id=response_id,
+                        created=created,
+                    ),
                     request,
                     model=model or request.model,
                     response_id=response_id,
                     created=created,
+                )
+            else:
+                encoder = self.format.encoder(
+                    request, model=model or request.model, response_id=response_id, created=created
                 )
             started.encoder = encoder
             await exchange.start(200, self.format.stream_headers)

@@ -5,7 +5,7 @@ inbound formats implement `InboundFormat` and `StreamEncoder`, the layers share 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from pipeline._forward import Forward
@@ -99,15 +99,15 @@ class Forwarder(Protocol):
 
     def encoder(
         self,
-        parsed: StreamEncoder,
+        parsed: Callable[[], StreamEncoder],
         request: ChatRequest,
         *,
         model: str,
         response_id: str,
         created: int,
     ) -> StreamEncoder:
-        """The encoder of a stream whose updates may carry the provider's events (`parsed`
-        writes the others)."""
+        """The encoder of a stream whose updates may carry the provider's events (the
+        encoder `parsed` makes, when one is needed, writes the others)."""
 
 
 class ServedTarget(Protocol):

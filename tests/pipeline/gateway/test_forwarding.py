@@ -6,6 +6,7 @@ parsed answer (the response cache) keep their routes on the parsed path. Both ca
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 from pathlib import Path
@@ -580,7 +581,9 @@ def write(
         asked["stream_options"] = {"include_usage": True}
     request = parse_request(json.dumps(asked).encode())
     ids: dict[str, Any] = {"model": "m", "response_id": RESPONSE_ID, "created": CREATED}
-    chunks = CHAT_FORWARDER.encoder(CHAT_COMPLETIONS.encoder(request, **ids), request, **ids)
+    chunks = CHAT_FORWARDER.encoder(
+        functools.partial(CHAT_COMPLETIONS.encoder, request, **ids), request, **ids
+    )
     out: list[str | bytes] = []
     bounds = [0, *(cuts or []), len(body)]
     try:

@@ -259,7 +259,7 @@ async def test_the_request_line_reads_the_same_with_or_without_its_record(
 
     monkeypatch.setattr(_telemetry, "_line_record", counted)
     path = tmp_path / "log"
-    text = open(path, "w", buffering=-1 if beside == "a buffered stream" else 1)  # noqa: SIM115
+    text = open(path, "w", buffering=-1 if beside == "a buffered stream" else 1)  # noqa: ASYNC230, SIM115
     handler = log_config("info")["handlers"]["chat_pipeline"]["()"](stream=text)
     handler.setFormatter(_LineFormatter(use_colors=False))
     handler.addFilter(_RequestIdFilter())

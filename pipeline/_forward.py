@@ -120,18 +120,28 @@ class DeltaFrame:
 
     `text` says whether the field is ``content`` (else reasoning); `ids` holds the event's
     ``id`` and ``model``; `source` is the decoded event the frame was learned from, which
-    came before every event of the frame (the gateway writes their bytes around it)."""
+    came before every event of the frame (the gateway writes their bytes around it).
+    `written` is shared by the frames of a client's streams made from one learned frame
+    (`EventShapes.frame`; None for a frame a stream learned itself): the gateway keeps there
+    how every stream writes the frame, around its own id and created."""
 
-    __slots__ = ("head", "ids", "source", "tail", "text")
+    __slots__ = ("head", "ids", "source", "tail", "text", "written")
 
     def __init__(
-        self, head: bytes, tail: bytes, text: bool, ids: dict[str, Any], source: dict[str, Any]
+        self,
+        head: bytes,
+        tail: bytes,
+        text: bool,
+        ids: dict[str, Any],
+        source: dict[str, Any],
+        written: dict[Any, Any] | None = None,
     ) -> None:
         self.head = head
         self.tail = tail
         self.text = text
         self.ids = ids
         self.source = source
+        self.written = written
 
 
 class EventShape:

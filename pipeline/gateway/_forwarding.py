@@ -48,6 +48,7 @@ _PROBE = b'"\\u0000"'  # the string "\x00" as JSON, which no other string of a f
 _CREATED_PROBE = 918_273_645_546_372_819
 _CREATED_PROBE_BYTES = str(_CREATED_PROBE).encode()
 _USAGE_PROBE = b'"\\u0001"'  # the string "\x01" as JSON, in a usage shape's object's place
+_TEXT_PROBE = b'"\\u0002"'  # the string "\x02" as JSON, in a shared frame's delta's place
 
 
 def _sent_unchanged(message: Any) -> bool:
@@ -312,9 +313,25 @@ class ForwardedChunks:
     def _learn(self, frame: DeltaFrame) -> None:
         """The bytes this stream writes around the string of `frame`'s deltas: its source
         event as `update` wrote it (which it did: the source came first), with a probe
-        string in place of the delta's, cut at the probe."""
+        string in place of the delta's, cut at the probe. A frame a client's streams share
+        is written once a client (`_frame_pieces`), and each stream puts its ids in."""
         self._frame = frame
         self._frame_bytes = None
+        shared = frame.written
+        if shared is not None:
+            usage = self._include_usage
+            pieces = shared.get(usage)
+            if pieces is None:
+                pieces = shared[usage] = _frame_pieces(frame, usage)
+            if pieces:
+                ids = self._ids
+                if ids is None:
+                    ids = self._ids = (_orjson_dumps(self._id), b"%d" % self._created)
+                self._frame_bytes = (
+                    pieces[0] + ids[0] + pieces[1] + ids[1] + pieces[2],
+                    pieces[3],
+                )
+                return
         source = frame.source
         source["id"] = self._id
         source["created"] = self._created
@@ -371,6 +388,40 @@ class ForwardedChunks:
         if parsed is None:
             parsed = self._parsed = self._make_parsed()
         return parsed
+
+
+def _frame_pieces(frame: DeltaFrame, include_usage: bool) -> tuple[bytes, ...]:
+    """How every stream writes the deltas of `frame` (one a client's streams share), as
+    `ForwardedChunks._learn` writes a stream's own: its bytes before its id, between its id
+    and its created, between its created and the delta's string, and after that string (the
+    event's end included); empty when a cut is not sure (each stream then learns the frame
+    itself)."""
+    source = {**frame.source, "id": "\x00", "created": _CREATED_PROBE}
+    if "usage" in source and not include_usage:
+        del source["usage"]
+    choice = source["choices"][0]
+    delta = dict(choice["delta"])
+    if "reasoning" in delta:
+        delta.setdefault("reasoning_content", delta.pop("reasoning"))
+    ((key, _),) = delta.items()
+    delta[key] = "\x02"
+    source["choices"] = [{**choice, "delta": delta}, *source["choices"][1:]]
+    written = b"data: " + dumps(source) + b"\n\n"
+    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
+    text = written.find(_TEXT_PROBE)
+    if (
+        written.count(_PROBE) != 1
+        or written.count(_CREATED_PROBE_BYTES) != 1
+        or written.count(_TEXT_PROBE) != 1
+        or not 0 <= at < number < text
+    ):
+        return ()
+    return (
+        written[:at],
+        written[at + len(_PROBE) : number],
+        written[number + len(_CREATED_PROBE_BYTES) : text],
+        written[text + len(_TEXT_PROBE) :],
+    )
 
 
 def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:

@@ -246,10 +246,11 @@ class EventShapes:
         self.usage: UsageShape | None = None
         """The usage's event of the client's streams, after a stream's ``created`` digits."""
         self._usage_tries = _MAX_SHAPES  # a route whose usage is never proved stops trying
-        self.delta: tuple[bytes, bytes, bool, dict[str, Any], str] | None = None
+        self.delta: tuple[bytes, bytes, bool, dict[str, Any], str, dict[Any, Any]] | None = None
         """The text deltas' frame of the client's streams, after a stream's ``created``
         digits: its bytes before the string and after it, whether it is text, its event
-        (with no id, no created and an empty string) and the string's field."""
+        (with no id, no created and an empty string), the string's field and what the
+        gateway keeps of it (`DeltaFrame.written`)."""
 
     def learn(self, part: bytes, event: Any) -> EventShape | None:
         """Keep the shape of `event` (decoded from `part`, its ``data: `` line) when it is a
@@ -325,7 +326,7 @@ class EventShapes:
             "created": other,
             "choices": [{**choice, "delta": {key: "x"}}],
         }:
-            self.delta = (rest, frame.tail, frame.text, source, key)
+            self.delta = (rest, frame.tail, frame.text, source, key, {})
 
     def learn_usage(self, known: bytes, part: bytes, event: Any) -> None:
         """Keep the shape of `event` (decoded from `part`, which begins `known`, a stream's
@@ -385,12 +386,12 @@ class EventShapes:
         learned = self.delta
         if learned is None:
             return None
-        rest, tail, text, source, key = learned
+        rest, tail, text, source, key, written = learned
         choice = source["choices"][0]
         # The gateway writes its own ids and strings into its copy of the event.
         copy = {**source, "choices": [{**choice, "delta": {key: ""}}]}
         return DeltaFrame(
-            known + rest, tail, text, {"id": ident, "model": source.get("model")}, copy
+            known + rest, tail, text, {"id": ident, "model": source.get("model")}, copy, written
         )
 
     def match(self, part: bytes) -> tuple[EventShape, str, bytes, str] | None:

@@ -553,6 +553,29 @@ def test_events_of_a_known_shape_are_written_as_when_decoded(
     assert write(body, taught, include_usage) == write(body, None, include_usage)
 
 
+@pytest.mark.parametrize("field", ["content", "reasoning_content"])
+def test_a_frame_the_streams_share_is_written_once_as_each_stream_would_write_it(
+    field: str,
+) -> None:
+    # The text deltas' frame the first stream taught is written once a client, around each
+    # stream's own id and created, with and without the usage the client asked for.
+    def stream(head: dict[str, Any]) -> bytes:
+        role, text, finish, usage = shaped(head)
+        texts = ["Hi.", 'q"\\', "ünï ✓", ""]
+        deltas = [{**text, "choices": [{"index": 0, "delta": {field: t}}]} for t in texts]
+        return sse([role, *deltas, finish, usage])
+
+    shapes = EventShapes()
+    first = stream(dict(NEXT, id="chatcmpl-first"))
+    assert write(first, shapes, True) == write(first, None, True)
+    assert shapes.delta is not None and shapes.delta[5] == {}  # learned, not yet written
+    for n, include_usage in enumerate([True, False, True, False]):
+        body = stream(dict(NEXT, id=f"chatcmpl-{n}", created=NEXT["created"] + n))
+        assert write(body, shapes, include_usage) == write(body, None, include_usage)
+    written = shapes.delta[5]
+    assert set(written) == {True, False} and all(written.values())
+
+
 @pytest.mark.parametrize("name", list(USAGE_READS))
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_a_usage_of_a_known_shape_is_written_as_when_decoded(

@@ -615,6 +615,8 @@ async def test_state_is_released_after_many_mixed_concurrent_requests() -> None:
 
 async def test_concurrent_requests_have_independent_state(streaming: bool) -> None:
     release = asyncio.Event()
+    all_waiting = asyncio.Event()
+    waiting: list[RoutingContext] = []
 
     class Policy(FailoverChatClient):
         def __init__(self) -> None:
@@ -623,6 +625,9 @@ async def test_concurrent_requests_have_independent_state(streaming: bool) -> No
         async def select_client(self, context: RoutingContext):  # type: ignore[no-untyped-def]
             context.state["count"] = context.state.get("count", 0) + 1
             if context.state["count"] == 1:
+                waiting.append(context)
+                if len(waiting) == 20:
+                    all_waiting.set()
                 await release.wait()
                 return failing
             return ok
@@ -631,7 +636,8 @@ async def test_concurrent_requests_have_independent_state(streaming: bool) -> No
     ok = ScriptedChatClient(lambda m, o: reply(m[-1].text), name="ok")
     policy = Policy()
     tasks = [asyncio.create_task(collect(policy, f"q{i}", streaming=streaming)) for i in range(20)]
-    await asyncio.sleep(0)
+    await all_waiting.wait()  # every request's first attempt is under way at once
+    assert len({id(context.state) for context in waiting}) == 20
     release.set()
     results = await asyncio.gather(*tasks)
     assert [r.text for r in results] == [f"q{i}" for i in range(20)]

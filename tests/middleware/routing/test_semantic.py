@@ -29,12 +29,14 @@ class TableGenerator:
         self.dimensions = dimensions
         self.calls: list[list[str]] = []
         self.gate: asyncio.Event | None = None
+        self.called = asyncio.Event()  # set by the first call
         self.fail_with: BaseException | None = None
         self.override: object = None
         self.close_count = 0
 
     async def generate(self, values: Sequence[str]) -> npt.NDArray[np.float32]:
         self.calls.append(list(values))
+        self.called.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_with is not None:
@@ -93,7 +95,7 @@ async def test_concurrent_first_requests_embed_once(streaming: bool) -> None:
     tasks = [
         asyncio.create_task(collect(router, "invoice?", streaming=streaming)) for _ in range(10)
     ]
-    await asyncio.sleep(0)
+    await generator.called.wait()  # the profile's build is under way, held at the gate
     generator.gate.set()
     results = await asyncio.gather(*tasks)
     assert {r.text for r in results} == {"billing"}
@@ -106,7 +108,7 @@ async def test_cancelled_first_request_does_not_cancel_the_build() -> None:
     router = make(generator, clients("billing", "code", "general"))
     first = asyncio.create_task(router.get_response("invoice?"))
     second = asyncio.create_task(router.get_response("bug?"))
-    await asyncio.sleep(0)
+    await generator.called.wait()  # the build the first request started is under way
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first

@@ -520,6 +520,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run every server under valgrind's callgrind and report instructions per "
         "request too (steady on a busy machine; some 50x slower: use a few hundred requests)",
     )
+    parser.add_argument(
+        "--chunk-delay",
+        type=float,
+        metavar="S",
+        help="the fake upstream pauses S seconds between a stream's content events, as "
+        "upstreams that write each event as they make it (each then comes in a read of its "
+        "own; the default writes a stream at once)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.governed:
@@ -533,7 +541,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict[str, Result]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            upstream = stack.enter_context(_fake_upstream(workdir))
+            upstream = stack.enter_context(_fake_upstream(workdir, args.chunk_delay))
             servers = []
             variants: dict[bool | None, str] = {
                 False: "",
@@ -901,13 +909,15 @@ def governed(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _fake_upstream(workdir: Path) -> Iterator[str]:
-    """``chat-pipeline fake-server`` pinned to the client's core, on port 0; ready when it
-    says so, with its base URL."""
+def _fake_upstream(workdir: Path, chunk_delay: float | None = None) -> Iterator[str]:
+    """``chat-pipeline fake-server`` pinned to the client's core, on port 0 (pausing
+    `chunk_delay` seconds between a stream's content events, when given); ready when it says
+    so, with its base URL."""
     log = workdir / "upstream.log"
+    paced = ["--chunk-delay", str(chunk_delay)] if chunk_delay else []
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "fake-server", "--port", "0"],
+            [sys.executable, "-m", "pipeline", "fake-server", "--port", "0", *paced],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -306,10 +306,17 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fake_server(port: int, wire_format: str = "openai") -> int:
-    from pipeline.testing import FAKE_SERVERS
+# The fakes whose streams pause `FakeResponse.chunk_delay` between content events.
+_PACED_FORMATS = ("openai", "bedrock")
 
-    server = FAKE_SERVERS[wire_format](port=port)
+
+async def _fake_server(
+    port: int, wire_format: str = "openai", chunk_delay: float | None = None
+) -> int:
+    from pipeline.testing import FAKE_SERVERS, FakeResponse
+
+    default = FakeResponse(chunk_delay=chunk_delay) if chunk_delay else None
+    server = FAKE_SERVERS[wire_format](port=port, default=default)
     await server.start()
     print(f"fake {server.title} server on {server.base_url}", flush=True)
     # Stop cleanly on Ctrl-C or SIGTERM, even where the shell that started the command left
@@ -534,6 +541,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="openai",
         help="the wire format to speak (default: openai)",
     )
+    server.add_argument(
+        "--chunk-delay",
+        type=_positive_seconds,
+        metavar="S",
+        help="pause S seconds between a stream's content events, as an upstream that writes "
+        "each as it makes it (each then comes in a read of its own); the openai and bedrock "
+        "formats",
+    )
     fleet = commands.add_parser(
         "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
     )
@@ -606,8 +621,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "eval":
         return _eval(args)
     if args.command == "fake-server":
+        if args.chunk_delay and args.format not in _PACED_FORMATS:
+            print(
+                f"fake-server: --chunk-delay: the {args.format} fake does not pace its events "
+                f"(these do: {', '.join(_PACED_FORMATS)})",
+                file=sys.stderr,
+            )
+            return 2
         try:
-            return asyncio.run(_fake_server(args.port, args.format))
+            return asyncio.run(_fake_server(args.port, args.format, args.chunk_delay))
         except KeyboardInterrupt:
             return 0
     if args.command == "fake-fleet":

@@ -1,3 +1,4 @@
+import json
 import signal
 import subprocess
 import sys
@@ -98,6 +99,51 @@ def test_fake_server_command_serves_until_interrupted(stop_signal: signal.Signal
             timeout=10,
         )
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
+
+
+def test_fake_server_command_paces_a_streams_events_when_asked() -> None:
+    # The pause only spaces the events (what arrives is the same stream); a fake that does
+    # not pace its events refuses the option rather than ignore it.
+    with fake_server_process(extra=["--chunk-delay", "0.001"]) as base_url:
+        events = []
+        with httpx2.stream(
+            "POST",
+            f"{base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            timeout=10,
+        ) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    text = "".join(
+        json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
+        for e in events[:-1]
+        if json.loads(e[6:])["choices"]
+    )
+    assert text == "Hello from the fake server."
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "fake-server",
+            "--format",
+            "gemini",
+            "--chunk-delay",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "--chunk-delay: the gemini fake does not pace its events" in refused.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipeline", "fake-server", "--chunk-delay", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "expected a positive number of seconds" in bad.stderr
 
 
 def test_fake_server_command_speaks_the_anthropic_format() -> None:

@@ -405,7 +405,17 @@ class HTTPChatClient(AsyncClosing):
                     raise payloads.failure  # after the payloads its chunk completed before it
                 try:
                     if idle is None:
-                        batch = await next_payloads(read, payloads)
+                        # `next_payloads` inline for the common read, which completes
+                        # events (one coroutine less a read); a read that completes none, or
+                        # the body's end, goes to it.
+                        chunk = await read()
+                        batch = payloads.feed(chunk) if chunk else None
+                        if not batch:
+                            batch = (
+                                await next_payloads(read, payloads)
+                                if chunk
+                                else payloads.finish() or None
+                            )
                     else:
                         async with Deadline(idle, provider, "next chunk"):
                             batch = await next_payloads(read, payloads)

@@ -306,10 +306,6 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-# The fakes whose streams pause `FakeResponse.chunk_delay` between content events.
-_PACED_FORMATS = ("openai", "bedrock")
-
-
 async def _fake_server(
     port: int, wire_format: str = "openai", chunk_delay: float | None = None
 ) -> int:
@@ -546,8 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=_positive_seconds,
         metavar="S",
         help="pause S seconds between a stream's content events, as an upstream that writes "
-        "each as it makes it (each then comes in a read of its own); the openai and bedrock "
-        "formats",
+        "each as it makes it (each then comes in a read of its own; the formats whose fakes "
+        "pace their events)",
     )
     fleet = commands.add_parser(
         "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
@@ -621,10 +617,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "eval":
         return _eval(args)
     if args.command == "fake-server":
-        if args.chunk_delay and args.format not in _PACED_FORMATS:
+        if args.chunk_delay and not FAKE_SERVERS[args.format].paces_events:
+            paced = ", ".join(name for name, fake in FAKE_SERVERS.items() if fake.paces_events)
             print(
                 f"fake-server: --chunk-delay: the {args.format} fake does not pace its events "
-                f"(these do: {', '.join(_PACED_FORMATS)})",
+                f"(these do: {paced})",
                 file=sys.stderr,
             )
             return 2

@@ -141,6 +141,7 @@ class FakeBedrockServer(FakeServer):
     default_path = CONVERSE_PATH
     wire_format = "bedrock"
     title = "Bedrock Converse"
+    paces_events = True
 
     def __init__(
         self,

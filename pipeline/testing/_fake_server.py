@@ -234,6 +234,9 @@ class FakeServer:
     plugin its fixture, ``fake_<wire_format>_server``); empty: neither offers it."""
     title: ClassVar[str] = ""
     """What the command says it serves (``fake {title} server on {base_url}``)."""
+    paces_events: ClassVar[bool] = False
+    """Whether its streams pause `FakeResponse.chunk_delay` between content events
+    (``chat-pipeline fake-server --chunk-delay`` refuses a fake that does not)."""
 
     def __init__(
         self, *, port: int = 0, default: FakeResponse | None = None, host: str = "127.0.0.1"
@@ -486,6 +489,7 @@ class FakeOpenAIServer(FakeServer):
 
     wire_format = "openai"
     title = "OpenAI-compatible"
+    paces_events = True
 
     def __init__(
         self,

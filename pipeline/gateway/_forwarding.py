@@ -199,7 +199,8 @@ class ForwardedChunks:
         self._calls_primed = False  # the parsed encoder knows its role chunk went out
         self._frame: DeltaFrame | None = None  # the frame of the last delta written
         self._frame_bytes: tuple[bytes, bytes] | None = None  # what goes around its strings
-        self._ids: tuple[bytes, bytes] | None = None  # the id and created as written
+        # The id and created as the shapes' and frames' bytes take them.
+        self._ids = (dumps(response_id), b"%d" % created)
 
     def update(self, update: ChatResponseUpdate) -> str | bytes:
         events = update.raw_representation
@@ -243,8 +244,6 @@ class ForwardedChunks:
                                 calls = []
                             self._finished = True
                         ids = self._ids
-                        if ids is None:
-                            ids = self._ids = (_orjson_dumps(response_id), b"%d" % created)
                         out.append(written[0] + ids[0] + written[1] + ids[1] + written[2])
                         continue
                 elif len(event) == 6:  # (`UsageShape`, "", bytes, id, usage, counts)
@@ -257,8 +256,6 @@ class ForwardedChunks:
                     if written:
                         self._usage_sent = True
                         ids = self._ids
-                        if ids is None:
-                            ids = self._ids = (_orjson_dumps(response_id), b"%d" % created)
                         out.append(written[0] + ids[0] + written[1] + ids[1])
                         counts = event[5]
                         if type(counts) is dict:  # orjson's decoding: its encoder writes it
@@ -325,8 +322,6 @@ class ForwardedChunks:
                 pieces = shared[usage] = _frame_pieces(frame, usage)
             if pieces:
                 ids = self._ids
-                if ids is None:
-                    ids = self._ids = (_orjson_dumps(self._id), b"%d" % self._created)
                 self._frame_bytes = (
                     pieces[0] + ids[0] + pieces[1] + ids[1] + pieces[2],
                     pieces[3],
@@ -390,13 +385,34 @@ class ForwardedChunks:
         return parsed
 
 
+def _cut(source: dict[str, Any], mark: bytes | None = None) -> tuple[bytes, ...] | None:
+    """`source` written as `ForwardedChunks.update` writes an event, with a probe id and
+    created in their places, cut there and at `mark` (a probe the caller put after them):
+    its bytes before the id, between the id and the created, after the created (up to
+    `mark`, and after it); None when a probe is not written once, in that order."""
+    written = b"data: " + dumps({**source, "id": "\x00", "created": _CREATED_PROBE}) + b"\n\n"
+    probes = (
+        (_PROBE, _CREATED_PROBE_BYTES) if mark is None else (_PROBE, _CREATED_PROBE_BYTES, mark)
+    )
+    pieces = []
+    start = 0
+    for probe in probes:  # bounded: three at most
+        at = written.find(probe, start)
+        if at < 0 or written.count(probe) != 1:
+            return None
+        pieces.append(written[start:at])
+        start = at + len(probe)
+    pieces.append(written[start:])
+    return tuple(pieces)
+
+
 def _frame_pieces(frame: DeltaFrame, include_usage: bool) -> tuple[bytes, ...]:
     """How every stream writes the deltas of `frame` (one a client's streams share), as
     `ForwardedChunks._learn` writes a stream's own: its bytes before its id, between its id
     and its created, between its created and the delta's string, and after that string (the
     event's end included); empty when a cut is not sure (each stream then learns the frame
     itself)."""
-    source = {**frame.source, "id": "\x00", "created": _CREATED_PROBE}
+    source = dict(frame.source)
     if "usage" in source and not include_usage:
         del source["usage"]
     choice = source["choices"][0]
@@ -406,22 +422,7 @@ def _frame_pieces(frame: DeltaFrame, include_usage: bool) -> tuple[bytes, ...]:
     ((key, _),) = delta.items()
     delta[key] = "\x02"
     source["choices"] = [{**choice, "delta": delta}, *source["choices"][1:]]
-    written = b"data: " + dumps(source) + b"\n\n"
-    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
-    text = written.find(_TEXT_PROBE)
-    if (
-        written.count(_PROBE) != 1
-        or written.count(_CREATED_PROBE_BYTES) != 1
-        or written.count(_TEXT_PROBE) != 1
-        or not 0 <= at < number < text
-    ):
-        return ()
-    return (
-        written[:at],
-        written[at + len(_PROBE) : number],
-        written[number + len(_CREATED_PROBE_BYTES) : text],
-        written[text + len(_TEXT_PROBE) :],
-    )
+    return _cut(source, _TEXT_PROBE) or ()
 
 
 def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:
@@ -432,17 +433,8 @@ def _shape_bytes(shape: EventShape) -> tuple[bytes, bytes, bytes] | bool:
     any other)."""
     if shape.finish is not None and shape.finish not in _FINISH_REASONS:
         return False
-    source = {**shape.source, "id": "\x00", "created": _CREATED_PROBE}
-    written = b"data: " + dumps(source) + b"\n\n"
-    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
-    if (
-        written.count(_PROBE) != 1
-        or written.count(_CREATED_PROBE_BYTES) != 1
-        or not 0 <= at < number
-    ):
-        return False
-    between = written[at + len(_PROBE) : number]
-    return written[:at], between, written[number + len(_CREATED_PROBE_BYTES) :]
+    pieces = _cut(shape.source)
+    return False if pieces is None else (pieces[0], pieces[1], pieces[2])
 
 
 def _usage_shape_bytes(shape: UsageShape) -> tuple[bytes, bytes, bytes, bytes, bytes] | bool:
@@ -451,19 +443,10 @@ def _usage_shape_bytes(shape: UsageShape) -> tuple[bytes, bytes, bytes, bytes, b
     and its usage object, after it, and (when the shape reads the counts' digits:
     `UsageShape.paths`) from its created to its end as a format of those digits; False when
     a cut is not sure (the event is then decoded and written as any other)."""
-    source = {**shape.source, "id": "\x00", "created": _CREATED_PROBE, "usage": "\x01"}
-    written = b"data: " + dumps(source) + b"\n\n"
-    at, number = written.find(_PROBE), written.find(_CREATED_PROBE_BYTES)
-    usage = written.find(_USAGE_PROBE)
-    if (
-        written.count(_PROBE) != 1
-        or written.count(_CREATED_PROBE_BYTES) != 1
-        or written.count(_USAGE_PROBE) != 1
-        or not 0 <= at < number < usage
-    ):
+    cut = _cut({**shape.source, "usage": "\x01"}, _USAGE_PROBE)
+    if cut is None:
         return False
-    between = written[number + len(_CREATED_PROBE_BYTES) : usage]
-    after = written[usage + len(_USAGE_PROBE) :]
+    head, middle, between, after = cut
     # The object with a mark in each count's place (in the order the shape reads them),
     # written, and cut at the marks.
     counted = {
@@ -483,7 +466,7 @@ def _usage_shape_bytes(shape: UsageShape) -> tuple[bytes, bytes, bytes, bytes, b
             return False
         pieces[-1:] = pieces[-1].split(mark)
     form = b"%s".join(piece.replace(b"%", b"%%") for piece in pieces)
-    return written[:at], written[at + len(_PROBE) : number], between, after, form
+    return head, middle, between, after, form
 
 
 def _bytes(data: str | bytes) -> bytes:

@@ -218,7 +218,7 @@ class RequestTelemetry:
                 outcome,
             )
             handler = _only_handler()
-            if handler is None or not handler.write_line(level, _LINE % args):
+            if handler is None or not handler.write_line(level, _LINE, args):
                 _logger.handle(_line_record(level, args))
 
     def _start_attributes(self, scope: Scope, method: str, request_id: str) -> dict[str, Any]:

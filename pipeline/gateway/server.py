@@ -179,8 +179,7 @@ class _LineFormatter(logging.Formatter):
         return self.formatMessage(record)
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        prefix = self._prefixes.get(record.levelno) or self.prefix(record.levelno)
-        return f"{prefix} {record.message}{getattr(record, 'request', '')}"
+        return f"{self.prefix(record.levelno)} {record.message}{getattr(record, 'request', '')}"
 
     def prefix(self, level: int) -> str:
         """What a line at `level` starts with: its level's name (coloured on a terminal),
@@ -207,10 +206,7 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         stream = self.stream
-        if stream is not self._checked:
-            self._checked = stream
-            self._through = _writes_lines_through(stream) and self.terminator.endswith("\n")
-        if not self._through:
+        if not self._writes_through(stream):
             super().emit(record)
             return
         try:
@@ -220,26 +216,32 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:
             self.handleError(record)  # as `StreamHandler.emit` does
 
-    def write_line(self, level: int, message: str) -> bool:
-        """Writes the gateway's request line (`message`, already formatted, at `level`) as
-        `handle` writes its record, without making a record or walking logging's handler
-        chain, when nothing but this handler's own parts would see the record: its
-        formatter is `_LineFormatter`, its only filter `_RequestIdFilter` (which adds
-        nothing to the gateway's own lines), its stream writes a line through. False,
-        having written nothing, otherwise: the caller then logs the record as usual.
-        Logging's chain (a record of 20-odd fields, the filters, the formatter's steps) cost
-        more than half of the request line."""
+    def _writes_through(self, stream: object) -> bool:
+        """Whether a line this handler writes to `stream` reaches the file without a flush
+        (found once a stream)."""
+        if stream is not self._checked:
+            self._checked = stream
+            self._through = _writes_lines_through(stream) and self.terminator.endswith("\n")
+        return self._through
+
+    def write_line(self, level: int, msg: str, args: tuple[Any, ...]) -> bool:
+        """Writes the gateway's request line (`msg % args`, at `level`) as `handle` writes
+        its record, without making a record or walking logging's handler chain, when
+        nothing but this handler's own parts would see the record: its formatter is
+        `_LineFormatter`, its only filter `_RequestIdFilter` (which adds nothing to the
+        gateway's own lines), its stream writes a line through. False, having formatted and
+        written nothing, otherwise: the caller then logs the record as usual. Logging's
+        chain (a record of 20-odd fields, the filters, the formatter's steps) cost more than
+        half of the request line."""
         if level < self.level or type(self.formatter) is not _LineFormatter:
             return False
         for found in self.filters:
             if type(found) is not _RequestIdFilter:
                 return False
         stream = self.stream
-        if stream is not self._checked:
-            self._checked = stream
-            self._through = _writes_lines_through(stream) and self.terminator.endswith("\n")
-        if not self._through:
+        if not self._writes_through(stream):
             return False
+        message = msg % args
         line = self.formatter.prefix(level) + " " + message + self.terminator
         with self.lock:  # type: ignore[union-attr]  # made by `Handler.__init__`
             try:
@@ -248,7 +250,9 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
                 raise
             except Exception:
                 self.handleError(
-                    logging.makeLogRecord({"name": _logger.name, "levelno": level, "msg": message})
+                    logging.makeLogRecord(
+                        {"name": _logger.name, "levelno": level, "msg": msg, "args": args}
+                    )
                 )
         return True
 

@@ -406,16 +406,13 @@ class HTTPChatClient(AsyncClosing):
                 try:
                     if idle is None:
                         # `next_payloads` inline for the common read, which completes
-                        # events (one coroutine less a read); a read that completes none, or
-                        # the body's end, goes to it.
+                        # events (one coroutine less a read); a read that completes none
+                        # goes to it.
                         chunk = await read()
-                        batch = payloads.feed(chunk) if chunk else None
-                        if not batch:
-                            batch = (
-                                await next_payloads(read, payloads)
-                                if chunk
-                                else payloads.finish() or None
-                            )
+                        if chunk:
+                            batch = payloads.feed(chunk) or await next_payloads(read, payloads)
+                        else:
+                            batch = payloads.finish() or None
                     else:
                         async with Deadline(idle, provider, "next chunk"):
                             batch = await next_payloads(read, payloads)

@@ -104,15 +104,16 @@ def test_fake_server_command_serves_until_interrupted(stop_signal: signal.Signal
 def test_fake_server_command_paces_a_streams_events_when_asked() -> None:
     # The pause only spaces the events (what arrives is the same stream); a fake that does
     # not pace its events refuses the option rather than ignore it.
-    with fake_server_process(extra=["--chunk-delay", "0.001"]) as base_url:
-        events = []
-        with httpx2.stream(
+    with (
+        fake_server_process(extra=["--chunk-delay", "0.001"]) as base_url,
+        httpx2.stream(
             "POST",
             f"{base_url}/chat/completions",
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
             timeout=10,
-        ) as response:
-            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        ) as response,
+    ):
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     text = "".join(
         json.loads(e[6:])["choices"][0]["delta"].get("content") or ""

@@ -528,6 +528,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "upstreams that write each event as they make it (each then comes in a read of its "
         "own; the default writes a stream at once)",
     )
+    parser.add_argument(
+        "--words",
+        type=int,
+        metavar="N",
+        help="the fake upstream answers N words, a stream's content events one a word (the "
+        "default answers five)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.governed:
@@ -541,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict[str, Result]] = {}
     try:
         with contextlib.ExitStack() as stack:
-            upstream = stack.enter_context(_fake_upstream(workdir, args.chunk_delay))
+            upstream = stack.enter_context(_fake_upstream(workdir, args.chunk_delay, args.words))
             servers = []
             variants: dict[bool | None, str] = {
                 False: "",
@@ -909,12 +916,16 @@ def governed(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _fake_upstream(workdir: Path, chunk_delay: float | None = None) -> Iterator[str]:
+def _fake_upstream(
+    workdir: Path, chunk_delay: float | None = None, words: int | None = None
+) -> Iterator[str]:
     """``chat-pipeline fake-server`` pinned to the client's core, on port 0 (pausing
-    `chunk_delay` seconds between a stream's content events, when given); ready when it says
-    so, with its base URL."""
+    `chunk_delay` seconds between a stream's content events, answering `words` words, when
+    given); ready when it says so, with its base URL."""
     log = workdir / "upstream.log"
     paced = ["--chunk-delay", str(chunk_delay)] if chunk_delay else []
+    if words:
+        paced += ["--words", str(words)]
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline", "fake-server", "--port", "0", *paced],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -307,11 +308,19 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 async def _fake_server(
-    port: int, wire_format: str = "openai", chunk_delay: float | None = None
+    port: int,
+    wire_format: str = "openai",
+    chunk_delay: float | None = None,
+    words: int | None = None,
 ) -> int:
     from pipeline.testing import FAKE_SERVERS, FakeResponse
 
-    default = FakeResponse(chunk_delay=chunk_delay) if chunk_delay else None
+    default = None
+    if chunk_delay or words:
+        default = FakeResponse(chunk_delay=chunk_delay or 0.0)
+        if words:  # a stream's content events, one a word
+            text = " ".join(f"word{n}" for n in range(1, words + 1)) + "."
+            default = dataclasses.replace(default, text=text)
     server = FAKE_SERVERS[wire_format](port=port, default=default)
     await server.start()
     print(f"fake {server.title} server on {server.base_url}", flush=True)
@@ -545,6 +554,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "each as it makes it (each then comes in a read of its own; the formats whose fakes "
         "pace their events)",
     )
+    server.add_argument(
+        "--words",
+        type=_positive_int,
+        metavar="N",
+        help="answer N words (a stream's content events, one a word) instead of its sentence",
+    )
     fleet = commands.add_parser(
         "fake-fleet", help="serve a FakeFleet scenario (TOML or JSON) on 127.0.0.1 until stopped"
     )
@@ -626,7 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 2
         try:
-            return asyncio.run(_fake_server(args.port, args.format, args.chunk_delay))
+            return asyncio.run(_fake_server(args.port, args.format, args.chunk_delay, args.words))
         except KeyboardInterrupt:
             return 0
     if args.command == "fake-fleet":

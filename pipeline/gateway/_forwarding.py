@@ -217,12 +217,13 @@ class ForwardedChunks:
             calls = [c for c in update.contents if type(c) is FunctionCallContent]
         if calls:
             self._called_tools = True
-        out = []
-        response_id, created = self._id, self._created
+        out: list[bytes] = []
         for event in events:
             if type(event) is tuple:  # a delta of a known frame, or an event of a known shape
                 text = event[1]
-                if text:  # (`DeltaFrame`, text, bytes)
+                if (
+                    text
+                ):  # (`DeltaFrame`, text, bytes); a run's (`DeltaFrame`, texts, bytes, strings)
                     frame = event[0]
                     if frame is not self._frame:
                         self._learn(frame)
@@ -230,7 +231,17 @@ class ForwardedChunks:
                         head, tail = self._frame_bytes
                         # orjson's own encoder: a frame's text is orjson's decoding (frames
                         # are read only when orjson is there): it holds no lone surrogate.
-                        out.append(head + _orjson_dumps(text) + tail)
+                        if type(text) is str:
+                            out.append(head + _orjson_dumps(text) + tail)
+                        elif event[3] is not None:  # a run's strings, as orjson writes them
+                            quoted = b'"' + tail + head + b'"'
+                            out.append(head + b'"' + quoted.join(event[3]) + b'"' + tail)
+                        else:  # a run
+                            out.append(head + (tail + head).join(map(_orjson_dumps, text)) + tail)
+                        continue
+                    if type(text) is not str:  # a run this stream cannot cut: each event
+                        for part in event[2].split(b"\n\n"):  # bounded: the run's events
+                            calls = self._event(loads(part[6:]), calls, out)
                         continue
                 elif len(event) == 4:  # (`EventShape`, "", bytes, id)
                     shape = event[0]
@@ -266,46 +277,54 @@ class ForwardedChunks:
                 else:
                     continue  # an empty delta, which the parsed path does not write
                 event = loads(event[2][6:])  # written as the parsed path writes its event
-            if "usage" in event:
-                if not self._include_usage:
-                    if event.get("choices") == []:
-                        continue  # the usage chunk, which the client did not ask for
-                    del event["usage"]
-                else:
-                    self._usage_sent = True
-            event["id"] = response_id
-            event["created"] = created
-            choices = event.get("choices")
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta")
-                reason = choice.get("finish_reason")
-                # A text delta (most events) goes as it is; the rest is named and placed as
-                # the parsed path writes it.
-                if reason is not None or (
-                    type(delta) is dict and ("tool_calls" in delta or "reasoning" in delta)
-                ):
-                    if type(delta) is dict and "tool_calls" in delta:
-                        del delta["tool_calls"]  # a piece of a call: calls are written whole
-                        if reason is None and all(
-                            value is None or key == "role" for key, value in delta.items()
-                        ):
-                            continue  # nothing else in it
-                    if reason is not None:
-                        if calls:
-                            out.append(self._whole_calls(calls))
-                            calls = []
-                        self._finished = True
-                        if reason not in _FINISH_REASONS:
-                            choice["finish_reason"] = finish_reason(reason, self._called_tools)
-                    if type(delta) is dict and "reasoning" in delta:
-                        delta.setdefault("reasoning_content", delta.pop("reasoning"))
-                elif delta == _EMPTY_TEXT and "usage" not in event:
-                    continue  # an empty delta, which the parsed path does not write
-            out.append(b"data: " + dumps(event) + b"\n\n")
+            calls = self._event(event, calls, out)
         if calls:  # calls the stream's end completed (no finish reason came)
             out.append(self._whole_calls(calls))
         return b"".join(out)
+
+    def _event(
+        self, event: Any, calls: list[FunctionCallContent], out: list[bytes]
+    ) -> list[FunctionCallContent]:
+        """Write a decoded event to `out` as the parsed path writes it (and the whole calls
+        before a finish); the calls still to write."""
+        if "usage" in event:
+            if not self._include_usage:
+                if event.get("choices") == []:
+                    return calls  # the usage chunk, which the client did not ask for
+                del event["usage"]
+            else:
+                self._usage_sent = True
+        event["id"] = self._id
+        event["created"] = self._created
+        choices = event.get("choices")
+        if choices:
+            choice = choices[0]
+            delta = choice.get("delta")
+            reason = choice.get("finish_reason")
+            # A text delta (most events) goes as it is; the rest is named and placed as the
+            # parsed path writes it.
+            if reason is not None or (
+                type(delta) is dict and ("tool_calls" in delta or "reasoning" in delta)
+            ):
+                if type(delta) is dict and "tool_calls" in delta:
+                    del delta["tool_calls"]  # a piece of a call: calls are written whole
+                    if reason is None and all(
+                        value is None or key == "role" for key, value in delta.items()
+                    ):
+                        return calls  # nothing else in it
+                if reason is not None:
+                    if calls:
+                        out.append(self._whole_calls(calls))
+                        calls = []
+                    self._finished = True
+                    if reason not in _FINISH_REASONS:
+                        choice["finish_reason"] = finish_reason(reason, self._called_tools)
+                if type(delta) is dict and "reasoning" in delta:
+                    delta.setdefault("reasoning_content", delta.pop("reasoning"))
+            elif delta == _EMPTY_TEXT and "usage" not in event:
+                return calls  # an empty delta, which the parsed path does not write
+        out.append(b"data: " + dumps(event) + b"\n\n")
+        return calls
 
     def _learn(self, frame: DeltaFrame) -> None:
         """The bytes this stream writes around the string of `frame`'s deltas: its source

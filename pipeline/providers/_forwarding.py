@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import islice
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline._forward import (
@@ -527,6 +529,61 @@ def _usage_of(rest: bytes, shape: UsageShape) -> Any:
     return usage if type(usage) is dict else None
 
 
+def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tuple[Any, int]:
+    """The deltas of `frame` from ``parts[start]`` on (two at least, each of a text that is
+    not empty), read at once as ``(frame, texts, their events' bytes, strings)``, or None
+    when one of them is not such a delta; and the index of the part after those tried.
+    `strings` are the texts' JSON strings without their quotes where none holds an escape
+    (orjson writes them so, then), else None. `whole`: all the read's events from `start`
+    but a few at its end are tried as one run first (most reads are that)."""
+    head, tail = frame.head + b'"', b'"' + frame.tail  # the frame's, with the quotes
+    end = len(parts)
+    if whole:
+        # The events after the run: a finish, a usage, the end (bounded by the read's).
+        while end > start and not (
+            parts[end - 1].startswith(head) and parts[end - 1].endswith(tail)
+        ):
+            end -= 1
+        run = parts[start:end]
+        strings = list(map(itemgetter(slice(len(head), -len(tail))), run))
+        events = b"\n\n".join(run)
+        # The events are the frame's bytes around each string exactly when they are the
+        # events rebuilt from those strings: one comparison, not two for each event.
+        if events != head + (tail + b"\n\n" + head).join(strings) + tail:
+            whole = False  # not all of them: those from `start` on, one by one
+    if not whole:
+        end = start
+        while end < len(parts) and parts[end].startswith(head) and parts[end].endswith(tail):
+            end += 1  # bounded by the read's events
+        run = parts[start:end]
+        strings = list(map(itemgetter(slice(len(head), -len(tail))), run))
+        events = b"\n\n".join(run)
+    if end - start < 2:
+        return None, max(end, start + 1)
+    inner = b'","'.join(strings)
+    # No quote but the joins', no escape.
+    plain = inner.count(b'"') == 2 * (end - start - 1) and inner.find(b"\\") < 0
+    try:
+        if plain:
+            # One array of the strings, decoded at once (a control character, or bytes
+            # that are not UTF-8, fail it as they fail each string).
+            texts = _orjson_loads(b'["' + inner + b'"]')
+        else:  # each string by itself (each is one JSON string, then, or fails)
+            texts = list(
+                map(_orjson_loads, map(itemgetter(slice(len(head) - 1, 1 - len(tail))), run))
+            )
+    except ValueError:
+        return None, end
+    if not all(texts):
+        return None, end  # an empty one (the parsed path writes none)
+    return (frame, texts, events, strings if plain else None), end
+
+
+def _skip(items: Iterator[Any], count: int) -> None:
+    """Move `items` on by `count` items."""
+    next(islice(items, count, count), None)
+
+
 def _fields_but_ids(event: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in event.items() if key not in ("id", "created", "choices")}
 
@@ -591,17 +648,29 @@ class ForwardedEvents:
         payloads: list[Any] = []
         frame = self._frame
         shapes = self._shapes
-        for index, part in enumerate(parts):
-            if frame is not None and part.startswith(frame.head) and part.endswith(frame.tail):
-                literal = part[len(frame.head) : len(part) - len(frame.tail)]
-                if literal.find(b"\n") < 0:
-                    try:
-                        text = _orjson_loads(literal)
-                    except ValueError:
-                        text = None
-                    if type(text) is str:
-                        payloads.append((frame, text, part))
+        count = len(parts)
+        tried = 0  # the parts a run was tried on: none is tried twice
+        whole = True  # a run not tried yet: the read's events tried as one
+        indexed = enumerate(parts)
+        for index, part in indexed:
+            if frame is not None and part.startswith(frame.head):
+                if index >= tried and index + 1 < count and parts[index + 1].startswith(frame.head):
+                    run, tried = _run(parts, index, frame, whole)
+                    whole = False
+                    if run is not None:
+                        payloads.append(run)
+                        _skip(indexed, len(run[1]) - 1)
                         continue
+                if part.endswith(frame.tail):
+                    literal = part[len(frame.head) : len(part) - len(frame.tail)]
+                    if literal.find(b"\n") < 0:
+                        try:
+                            text = _orjson_loads(literal)
+                        except ValueError:
+                            text = None
+                        if type(text) is str:
+                            payloads.append((frame, text, part))
+                            continue
             if shapes is not None and shapes.by_tail:
                 known = self._known
                 if known and part.startswith(known):
@@ -806,7 +875,10 @@ class ForwardedReads:
                 if text:
                     read += 1
                     frame = payload[0]
-                    pieces.append(text if frame.text else ReasoningContent(text))
+                    if type(text) is str:
+                        pieces.append(text if frame.text else ReasoningContent(text))
+                    else:  # a run of the frame's deltas: their texts
+                        pieces += text if frame.text else map(ReasoningContent, text)
                     last = frame.ids
                     continue
                 if len(payload) == 6:  # (`UsageShape`, "", bytes, id, usage, counts)

@@ -147,6 +147,28 @@ def test_fake_server_command_paces_a_streams_events_when_asked() -> None:
     assert bad.returncode == 2 and "expected a positive number of seconds" in bad.stderr
 
 
+def test_fake_server_command_answers_as_many_words_as_asked() -> None:
+    with (
+        fake_server_process(extra=["--words", "40"]) as base_url,
+        httpx2.stream(
+            "POST",
+            f"{base_url}/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            timeout=10,
+        ) as response,
+    ):
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line[6:7] == "{"]
+    texts = [e["choices"][0]["delta"].get("content") for e in events if e["choices"]]
+    assert [text for text in texts if text] == [f"word{n} " for n in range(1, 40)] + ["word40."]
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipeline", "fake-server", "--words", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "expected a positive integer" in bad.stderr
+
+
 def test_fake_server_command_speaks_the_anthropic_format() -> None:
     with fake_server_process("anthropic") as base_url:
         response = httpx2.post(

@@ -31,9 +31,12 @@ from pipeline.wire.chat_completions.outbound import StreamAssembler
 from pipeline.wire.sse import SSEPayloads
 from tests.pipeline.gateway.conftest import Running, config, running
 from tests.pipeline.providers.test_forwarded_reads import (
+    HEAD,
     NEXT,
     SHAPED,
+    USAGE,
     USAGE_READS,
+    chunk,
     shaped,
     sse,
     with_usage,
@@ -485,7 +488,12 @@ async def test_streams_after_the_first_write_the_parsed_answer_byte_for_byte(
         assert forwarded.calls == 3
         reference = await parsed(run, body, monkeypatch)
     assert answers == [reference] * 3
-    kinds = [len(p) if type(p) is tuple else 0 for batch in batches for p in batch]
+    # A run of deltas (read at once where a read has several) is a tuple of its texts.
+    kinds = [
+        (len(p) if type(p[1]) is not list else "run") if type(p) is tuple else 0
+        for batch in batches
+        for p in batch
+    ]
     assert kinds.count(4) == 4  # the role's event and the finish of the last two streams
     assert kinds.count(6) == 2  # the usage of the last two streams, by its shape's counts
     if answer != "tool-calls":  # the later streams' first deltas too, by the frame it taught
@@ -574,6 +582,84 @@ def test_a_frame_the_streams_share_is_written_once_as_each_stream_would_write_it
         assert write(body, shapes, include_usage) == write(body, None, include_usage)
     written = shapes.delta[5]
     assert set(written) == {True, False} and all(written.values())
+
+
+def deltas(texts: list[str], *, compact: bool = False) -> bytes:
+    """A stream (of every field the parsed path writes) whose first delta says "First."
+    and the next say `texts`."""
+    role = chunk({"role": "assistant", "content": ""})
+    events = [chunk({"content": text}) for text in ["First.", *texts]]
+    usage = {**HEAD, "choices": [], "usage": {**USAGE["usage"], "total_tokens": 8}}
+    return sse([role, *events, chunk({}, "stop"), usage], compact=compact)
+
+
+@given(
+    texts=st.lists(
+        st.one_of(st.text(max_size=6), st.sampled_from(["Hi ", "", 'q"', "\\", "\n", "é", "✓"])),
+        min_size=2,
+        max_size=6,
+    ),
+    compact=st.booleans(),
+    include_usage=st.booleans(),
+)
+def test_a_run_of_deltas_read_at_once_is_written_as_each_read_by_itself(
+    texts: list[str], compact: bool, include_usage: bool
+) -> None:
+    # Deltas in one read come as a run (plain strings written as they came, others
+    # encoded); read one at a time, each is a delta of its own: the same bytes either way.
+    body = deltas(texts, compact=compact)
+    events = body.split(b"\n\n")
+    each = list(itertools.accumulate(len(event) + 2 for event in events[:-2]))
+    written = write(body, None, include_usage)
+    assert written == write(body, None, include_usage, each)
+    assert written == parsed_write(body, include_usage)
+
+
+@pytest.mark.parametrize(
+    ("texts", "strings"),
+    [
+        (["Hello ", "from ", "the ", "fake."], True),  # as orjson writes them: as they came
+        (["Hello ", "wörld", "✓"], False),  # escaped by the upstream (json's \u00f6): encoded
+        (['say "hi"', "\\n"], False),  # escapes of any upstream: encoded
+    ],
+)
+def test_a_run_is_read_at_once_and_written_as_the_parsed_path_writes_it(
+    texts: list[str], strings: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = deltas(texts)
+    batches: list[list[Any]] = []
+    read = ForwardedReads.read
+
+    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
+        batches.append(payloads)
+        return read(reads, payloads)
+
+    monkeypatch.setattr(ForwardedReads, "read", spied)
+    written = write(body, None, True)
+    ((run,),) = [[p for p in batch if type(p) is tuple and type(p[1]) is list] for batch in batches]
+    assert run[1] == texts
+    assert (run[3] is not None) is strings
+    assert written == parsed_write(body, True)
+
+
+def parsed_write(body: bytes, include_usage: bool) -> bytes:
+    """What the gateway's parsed path writes of the stream `body`."""
+    asked: dict[str, Any] = {"model": "m", "messages": MESSAGES, "stream": True}
+    if include_usage:
+        asked["stream_options"] = {"include_usage": True}
+    request = parse_request(json.dumps(asked).encode())
+    encoder = CHAT_COMPLETIONS.encoder(request, model="m", response_id=RESPONSE_ID, created=CREATED)
+    decoder, reader = SSEPayloads("p"), StreamAssembler("p")
+    out = []
+    for payload in decoder.feed(body):
+        update = reader.feed(payload)
+        if update is not None:
+            out.append(encoder.update(update))
+    tail = reader.finish()
+    if tail is not None:
+        out.append(encoder.update(tail))
+    out.append(encoder.end())
+    return b"".join(part.encode() if isinstance(part, str) else part for part in out)
 
 
 @pytest.mark.parametrize("name", list(USAGE_READS))

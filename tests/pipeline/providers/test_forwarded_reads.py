@@ -112,6 +112,27 @@ STREAMS: dict[str, bytes] = {
     "after-done": sse([chunk({"content": "a"})]) + b"data: garbage\n\n",
     "no-done": sse([chunk({"content": "a"}), chunk({"content": "b"})], done=False),
     "unfinished-last-event": sse([chunk({"content": "a"})], done=False) + b'data: {"choices": []}',
+    # Deltas after the first come as runs, read at once; a run that is not one of plain
+    # deltas is read event by event.
+    "runs": sse(
+        [chunk({"role": "assistant", "content": ""})]
+        + [chunk({"content": t}) for t in ["a", "b", "ö", 'q"\\', "✓"]]
+        + [chunk({}, "stop"), USAGE]
+    ),
+    "a-run-with-an-empty-delta": sse([chunk({"content": t}) for t in ["a", "b", "", "c", "d"]]),
+    "a-run-with-a-line-end": sse([chunk({"content": "a"}), chunk({"content": "b"})])
+    + b'data: {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",'
+    b' "choices": [{"index": 0, "delta": {"content": "c"}\n, "logprobs": null, "finish_reason":'
+    b" null}]}\n\n" + sse([chunk({"content": "d"})]),
+    "a-run-broken-by-another-event": sse(
+        [chunk({"content": t}) for t in ["a", "b", "c"]]
+        + [chunk({"content": "d"}, note="x")]
+        + [chunk({"content": t}) for t in ["e", "f"]]
+    ),
+    "a-run-with-a-malformed-delta": sse([chunk({"content": t}) for t in ["a", "b"]])
+    + b'data: {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",'
+    b' "choices": [{"index": 0, "delta": {"content": "c" "x"}, "logprobs": null, "finish_reason":'
+    b" null}]}\n\n" + sse([chunk({"content": "d"})]),
 }
 
 
@@ -153,7 +174,7 @@ def forwarded(
     try:
         for piece in pieces(body, cuts):
             batch = reads.events.feed(piece) if piece else reads.events.finish()
-            payloads += [json.loads(p[2][6:]) if type(p) is tuple else p for p in batch]
+            payloads += decoded(batch)
             update, failure = reads.read(batch)
             if update is not None:
                 updates.append(update)
@@ -169,6 +190,18 @@ def forwarded(
     except ProviderError as exc:
         return payloads, updates, (type(exc), str(exc))
     return payloads, updates, None
+
+
+def decoded(batch: list[Any]) -> list[Any]:
+    """A read's payloads with its deltas of a frame, its runs of those and its events of a
+    shape decoded back into their events."""
+    events: list[Any] = []
+    for payload in batch:
+        if type(payload) is tuple:
+            events += [json.loads(part[6:]) for part in payload[2].split(b"\n\n")]
+        else:
+            events.append(payload)
+    return events
 
 
 def pieces(body: bytes, cuts: list[int]) -> list[bytes]:
@@ -253,9 +286,14 @@ def test_a_frame_is_learned_wherever_the_first_delta_puts_its_text(first: Any) -
     body = sse([first, *later])
     reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
     batch = reads.events.feed(body)
-    assert [type(p) is tuple for p in batch] == [False, True, True, True]
-    assert [json.loads(p[2][6:]) if type(p) is tuple else p for p in batch] == [first, *later]
-    assert [p[1] for p in batch[1:]] == ["a", "ö", 'q"\\']
+    assert [type(p) is tuple for p in batch] == [False, True]  # a run of the three
+    assert decoded(batch) == [first, *later]
+    assert batch[1][1] == ["a", "ö", 'q"\\']
+    # Read one at a time, each is a delta of its own.
+    reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
+    batches = [reads.events.feed(part + b"\n\n") for part in body.split(b"\n\n")[:4]]
+    assert [[type(p) is tuple for p in batch] for batch in batches] == [[False], *[[True]] * 3]
+    assert [batch[0][1] for batch in batches[1:]] == ["a", "ö", 'q"\\']
 
 
 def shaped(head: dict[str, Any] | None = None, **extra: Any) -> list[dict[str, Any]]:

@@ -235,9 +235,9 @@ class ForwardedChunks:
                             out.append(head + _orjson_dumps(text) + tail)
                         elif event[3] is not None:  # a run's strings, as orjson writes them
                             quoted = b'"' + tail + head + b'"'
-                            out.append(head + b'"' + quoted.join(event[3]) + b'"' + tail)
+                            out += (head + b'"', quoted.join(event[3]), b'"' + tail)
                         else:  # a run
-                            out.append(head + (tail + head).join(map(_orjson_dumps, text)) + tail)
+                            out += (head, (tail + head).join(map(_orjson_dumps, text)), tail)
                         continue
                     if type(text) is not str:  # a run this stream cannot cut: each event
                         for part in event[2].split(b"\n\n"):  # bounded: the run's events

@@ -537,6 +537,7 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
     (orjson writes them so, then), else None. `whole`: all the read's events from `start`
     but a few at its end are tried as one run first (most reads are that)."""
     head, tail = frame.head + b'"', b'"' + frame.tail  # the frame's, with the quotes
+    cut = itemgetter(slice(len(head), -len(tail)))  # (empty where the two overlap)
     end = len(parts)
     if whole:
         # The events after the run: a finish, a usage, the end (bounded by the read's).
@@ -545,18 +546,25 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
         ):
             end -= 1
         run = parts[start:end]
-        strings = list(map(itemgetter(slice(len(head), -len(tail))), run))
+        strings = list(map(cut, run))
         events = b"\n\n".join(run)
-        # The events are the frame's bytes around each string exactly when they are the
-        # events rebuilt from those strings: one comparison, not two for each event.
-        if events != head + (tail + b"\n\n" + head).join(strings) + tail:
+        # Every event is the frame's bytes around its string when the events are those
+        # strings joined by the frame's tail and head, between its head and tail: one
+        # comparison of bytes (no copy of them), not two tests an event.
+        between = (tail + b"\n\n" + head).join(strings)
+        if not (
+            len(events) == len(head) + len(between) + len(tail)
+            and events.startswith(head)
+            and events.startswith(between, len(head))
+            and events.endswith(tail)
+        ):
             whole = False  # not all of them: those from `start` on, one by one
     if not whole:
         end = start
         while end < len(parts) and parts[end].startswith(head) and parts[end].endswith(tail):
             end += 1  # bounded by the read's events
         run = parts[start:end]
-        strings = list(map(itemgetter(slice(len(head), -len(tail))), run))
+        strings = list(map(cut, run))
         events = b"\n\n".join(run)
     if end - start < 2:
         return None, max(end, start + 1)
@@ -567,7 +575,7 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
         if plain:
             # One array of the strings, decoded at once (a control character, or bytes
             # that are not UTF-8, fail it as they fail each string).
-            texts = _orjson_loads(b'["' + inner + b'"]')
+            texts = _orjson_loads(b"".join((b'["', inner, b'"]')))
         else:  # each string by itself (each is one JSON string, then, or fails)
             texts = list(
                 map(_orjson_loads, map(itemgetter(slice(len(head) - 1, 1 - len(tail))), run))

@@ -125,7 +125,7 @@ class DeltaFrame:
     (`EventShapes.frame`; None for a frame a stream learned itself): the gateway keeps there
     how every stream writes the frame, around its own id and created."""
 
-    __slots__ = ("head", "ids", "source", "tail", "text", "written")
+    __slots__ = ("head", "ids", "run", "source", "tail", "text", "written")
 
     def __init__(
         self,
@@ -142,6 +142,7 @@ class DeltaFrame:
         self.ids = ids
         self.source = source
         self.written = written
+        self.run: Any = None  # how a provider reads a run of the frame's deltas, once made
 
 
 class EventShape:

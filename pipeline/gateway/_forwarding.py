@@ -171,6 +171,7 @@ class ForwardedChunks:
         "_model",
         "_parsed",
         "_raw",
+        "_run_bytes",
         "_usage",
         "_usage_sent",
     )
@@ -199,6 +200,8 @@ class ForwardedChunks:
         self._calls_primed = False  # the parsed encoder knows its role chunk went out
         self._frame: DeltaFrame | None = None  # the frame of the last delta written
         self._frame_bytes: tuple[bytes, bytes] | None = None  # what goes around its strings
+        # What goes before, between and after a run's strings (of no escape), once made.
+        self._run_bytes: tuple[bytes, bytes, bytes] | None = None
         # The id and created as the shapes' and frames' bytes take them.
         self._ids = (dumps(response_id), b"%d" % created)
 
@@ -234,8 +237,14 @@ class ForwardedChunks:
                         if type(text) is str:
                             out.append(head + _orjson_dumps(text) + tail)
                         elif event[3] is not None:  # a run's strings, as orjson writes them
-                            quoted = b'"' + tail + head + b'"'
-                            out += (head + b'"', quoted.join(event[3]), b'"' + tail)
+                            around = self._run_bytes
+                            if around is None:
+                                around = self._run_bytes = (
+                                    head + b'"',
+                                    b'"' + tail + head + b'"',
+                                    b'"' + tail,
+                                )
+                            out += (around[0], around[1].join(event[3]), around[2])
                         else:  # a run
                             out += (head, (tail + head).join(map(_orjson_dumps, text)), tail)
                         continue
@@ -332,7 +341,7 @@ class ForwardedChunks:
         string in place of the delta's, cut at the probe. A frame a client's streams share
         is written once a client (`_frame_pieces`), and each stream puts its ids in."""
         self._frame = frame
-        self._frame_bytes = None
+        self._frame_bytes = self._run_bytes = None
         shared = frame.written
         if shared is not None:
             usage = self._include_usage

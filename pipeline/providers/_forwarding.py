@@ -529,15 +529,29 @@ def _usage_of(rest: bytes, shape: UsageShape) -> Any:
     return usage if type(usage) is dict else None
 
 
-def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tuple[Any, int]:
-    """The deltas of `frame` from ``parts[start]`` on (two at least, each of a text that is
-    not empty), read at once as ``(frame, texts, their events' bytes, strings)``, or None
-    when one of them is not such a delta; and the index of the part after those tried.
-    `strings` are the texts' JSON strings without their quotes where none holds an escape
-    (orjson writes them so, then), else None. `whole`: all the read's events from `start`
-    but a few at its end are tried as one run first (most reads are that)."""
-    head, tail = frame.head + b'"', b'"' + frame.tail  # the frame's, with the quotes
-    cut = itemgetter(slice(len(head), -len(tail)))  # (empty where the two overlap)
+# The fewest deltas read as a run: a run's steps cost more than the steps of two or three
+# deltas read one by one (benchmarks/bench_gateway.py --words measures long runs).
+_RUN = 4
+
+
+def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> Any:
+    """The deltas of `frame` from ``parts[start]`` on (`_RUN` at least, each of a text that
+    is not empty), read at once as ``(frame, texts, their events' bytes, strings)``, or None
+    when fewer come in a row or one of them is not such a delta. `strings` are the texts'
+    JSON strings without their quotes where none holds an escape (orjson writes them so,
+    then), else None. `whole`: all the read's events from `start` but a few at its end are
+    tried as one run first (most reads are that)."""
+    made = frame.run
+    if made is None:
+        head, tail = frame.head + b'"', b'"' + frame.tail  # the frame's, with the quotes
+        # (A string is empty where the two overlap.)
+        made = frame.run = (
+            head,
+            tail,
+            tail + b"\n\n" + head,
+            itemgetter(slice(len(head), -len(tail))),
+        )
+    head, tail, between, cut = made
     end = len(parts)
     if whole:
         # The events after the run: a finish, a usage, the end (bounded by the read's).
@@ -550,14 +564,8 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
         events = b"\n\n".join(run)
         # Every event is the frame's bytes around its string when the events are those
         # strings joined by the frame's tail and head, between its head and tail: one
-        # comparison of bytes (no copy of them), not two tests an event.
-        between = (tail + b"\n\n" + head).join(strings)
-        if not (
-            len(events) == len(head) + len(between) + len(tail)
-            and events.startswith(head)
-            and events.startswith(between, len(head))
-            and events.endswith(tail)
-        ):
+        # comparison, not two tests an event.
+        if events != b"".join((head, between.join(strings), tail)):
             whole = False  # not all of them: those from `start` on, one by one
     if not whole:
         end = start
@@ -566,8 +574,8 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
         run = parts[start:end]
         strings = list(map(cut, run))
         events = b"\n\n".join(run)
-    if end - start < 2:
-        return None, max(end, start + 1)
+    if end - start < _RUN:
+        return None
     inner = b'","'.join(strings)
     # No quote but the joins', no escape.
     plain = inner.count(b'"') == 2 * (end - start - 1) and inner.find(b"\\") < 0
@@ -577,14 +585,12 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> tupl
             # that are not UTF-8, fail it as they fail each string).
             texts = _orjson_loads(b"".join((b'["', inner, b'"]')))
         else:  # each string by itself (each is one JSON string, then, or fails)
-            texts = list(
-                map(_orjson_loads, map(itemgetter(slice(len(head) - 1, 1 - len(tail))), run))
-            )
+            texts = list(map(_orjson_loads, map(b'"%s"'.__mod__, strings)))
     except ValueError:
-        return None, end
+        return None
     if not all(texts):
-        return None, end  # an empty one (the parsed path writes none)
-    return (frame, texts, events, strings if plain else None), end
+        return None  # an empty one (the parsed path writes none)
+    return (frame, texts, events, strings if plain else None)
 
 
 def _skip(items: Iterator[Any], count: int) -> None:
@@ -600,9 +606,10 @@ class ForwardedEvents:
     """The events of a server-sent event stream of JSON objects, read from its bytes where
     every event is one ``data: {...}`` line (a `Payloads`): each event as its decoded object,
     or, when `frames`, a delta of a shape seen before as ``(frame, text, event bytes)``
-    (`DeltaFrame`), and, given `shapes`, an event of a shape the client's streams repeat as
-    ``(shape, "", event bytes, id)`` (`EventShape`) and their usage's event as ``(shape, "",
-    event bytes, id, usage, counts)`` (`UsageShape`).
+    (`DeltaFrame`; a run of them in a row as one, `_run`), and, given `shapes`, an event of
+    a shape the client's streams repeat as ``(shape, "", event bytes, id)`` (`EventShape`)
+    and their usage's event as ``(shape, "", event bytes, id, usage, counts)``
+    (`UsageShape`).
 
     Anything else (a carriage return, another field, a comment, data that orjson does not
     read exactly as ``json.loads`` does, an event longer than a line may be) hands the
@@ -656,16 +663,17 @@ class ForwardedEvents:
         payloads: list[Any] = []
         frame = self._frame
         shapes = self._shapes
-        count = len(parts)
-        tried = 0  # the parts a run was tried on: none is tried twice
-        whole = True  # a run not tried yet: the read's events tried as one
+        last = len(parts) - _RUN  # the last event a run may start at (-1: no more runs)
+        whole = True  # no run tried yet: the read's events tried as one
         indexed = enumerate(parts)
         for index, part in indexed:
             if frame is not None and part.startswith(frame.head):
-                if index >= tried and index + 1 < count and parts[index + 1].startswith(frame.head):
-                    run, tried = _run(parts, index, frame, whole)
+                if index <= last and parts[index + _RUN - 1].startswith(frame.head):
+                    run = _run(parts, index, frame, whole)
                     whole = False
-                    if run is not None:
+                    if run is None:
+                        last = -1  # not a run: the read's deltas from here one by one
+                    else:
                         payloads.append(run)
                         _skip(indexed, len(run[1]) - 1)
                         continue

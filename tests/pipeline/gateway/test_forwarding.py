@@ -619,8 +619,8 @@ def test_a_run_of_deltas_read_at_once_is_written_as_each_read_by_itself(
     ("texts", "strings"),
     [
         (["Hello ", "from ", "the ", "fake."], True),  # as orjson writes them: as they came
-        (["Hello ", "wörld", "✓"], False),  # escaped by the upstream (json's \u00f6): encoded
-        (['say "hi"', "\\n"], False),  # escapes of any upstream: encoded
+        (["Hello ", "wörld", "✓", "!"], False),  # escaped by the upstream (json's \u00f6): encoded
+        (['say "hi"', "\\n", "a", "b"], False),  # escapes of any upstream: encoded
     ],
 )
 def test_a_run_is_read_at_once_and_written_as_the_parsed_path_writes_it(

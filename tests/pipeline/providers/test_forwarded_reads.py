@@ -119,17 +119,19 @@ STREAMS: dict[str, bytes] = {
         + [chunk({"content": t}) for t in ["a", "b", "ö", 'q"\\', "✓"]]
         + [chunk({}, "stop"), USAGE]
     ),
-    "a-run-with-an-empty-delta": sse([chunk({"content": t}) for t in ["a", "b", "", "c", "d"]]),
-    "a-run-with-a-line-end": sse([chunk({"content": "a"}), chunk({"content": "b"})])
+    "a-run-with-an-empty-delta": sse(
+        [chunk({"content": t}) for t in ["a", "b", "c", "", "d", "e", "f", "g"]]
+    ),
+    "a-run-with-a-line-end": sse([chunk({"content": t}) for t in ["a", "b", "c", "d"]])
     + b'data: {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",'
     b' "choices": [{"index": 0, "delta": {"content": "c"}\n, "logprobs": null, "finish_reason":'
     b" null}]}\n\n" + sse([chunk({"content": "d"})]),
     "a-run-broken-by-another-event": sse(
-        [chunk({"content": t}) for t in ["a", "b", "c"]]
-        + [chunk({"content": "d"}, note="x")]
-        + [chunk({"content": t}) for t in ["e", "f"]]
+        [chunk({"content": t}) for t in ["a", "b", "c", "d", "e"]]
+        + [chunk({"content": "f"}, note="x")]
+        + [chunk({"content": t}) for t in ["g", "h", "i", "j", "k"]]
     ),
-    "a-run-with-a-malformed-delta": sse([chunk({"content": t}) for t in ["a", "b"]])
+    "a-run-with-a-malformed-delta": sse([chunk({"content": t}) for t in ["a", "b", "c", "d"]])
     + b'data: {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",'
     b' "choices": [{"index": 0, "delta": {"content": "c" "x"}, "logprobs": null, "finish_reason":'
     b" null}]}\n\n" + sse([chunk({"content": "d"})]),
@@ -282,18 +284,18 @@ def test_a_frame_is_learned_wherever_the_first_delta_puts_its_text(first: Any) -
     """The deltas after the first are read as their one string, and are the events the
     parsed path decodes."""
     extra = {"note": first["note"]} if "note" in first else {}
-    later = [chunk({"content": text}, **extra) for text in ["a", "ö", 'q"\\']]
+    later = [chunk({"content": text}, **extra) for text in ["a", "ö", 'q"\\', "z"]]
     body = sse([first, *later])
     reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
     batch = reads.events.feed(body)
-    assert [type(p) is tuple for p in batch] == [False, True]  # a run of the three
+    assert [type(p) is tuple for p in batch] == [False, True]  # a run of the four
     assert decoded(batch) == [first, *later]
-    assert batch[1][1] == ["a", "ö", 'q"\\']
+    assert batch[1][1] == ["a", "ö", 'q"\\', "z"]
     # Read one at a time, each is a delta of its own.
     reads = ForwardedReads(StreamAssembler("p"), lambda: SSEPayloads("p"), sse=True)
-    batches = [reads.events.feed(part + b"\n\n") for part in body.split(b"\n\n")[:4]]
-    assert [[type(p) is tuple for p in batch] for batch in batches] == [[False], *[[True]] * 3]
-    assert [batch[0][1] for batch in batches[1:]] == ["a", "ö", 'q"\\']
+    batches = [reads.events.feed(part + b"\n\n") for part in body.split(b"\n\n")[:5]]
+    assert [[type(p) is tuple for p in batch] for batch in batches] == [[False], *[[True]] * 4]
+    assert [batch[0][1] for batch in batches[1:]] == ["a", "ö", 'q"\\', "z"]
 
 
 def shaped(head: dict[str, Any] | None = None, **extra: Any) -> list[dict[str, Any]]:

@@ -224,9 +224,8 @@ class ForwardedChunks:
         for event in events:
             if type(event) is tuple:  # a delta of a known frame, or an event of a known shape
                 text = event[1]
-                if (
-                    text
-                ):  # (`DeltaFrame`, text, bytes); a run's (`DeltaFrame`, texts, bytes, strings)
+                # (`DeltaFrame`, text, bytes), or a run's (`DeltaFrame`, texts, bytes, strings)
+                if text:
                     frame = event[0]
                     if frame is not self._frame:
                         self._learn(frame)

@@ -584,11 +584,11 @@ def test_a_frame_the_streams_share_is_written_once_as_each_stream_would_write_it
     assert set(written) == {True, False} and all(written.values())
 
 
-def deltas(texts: list[str], *, compact: bool = False) -> bytes:
+def deltas(texts: list[str], *, compact: bool = False, field: str = "content") -> bytes:
     """A stream (of every field the parsed path writes) whose first delta says "First."
-    and the next say `texts`."""
+    and the next say `texts` (in `field`)."""
     role = chunk({"role": "assistant", "content": ""})
-    events = [chunk({"content": text}) for text in ["First.", *texts]]
+    events = [chunk({field: text}) for text in ["First.", *texts]]
     usage = {**HEAD, "choices": [], "usage": {**USAGE["usage"], "total_tokens": 8}}
     return sse([role, *events, chunk({}, "stop"), usage], compact=compact)
 
@@ -623,10 +623,11 @@ def test_a_run_of_deltas_read_at_once_is_written_as_each_read_by_itself(
         (['say "hi"', "\\n", "a", "b"], False),  # escapes of any upstream: encoded
     ],
 )
+@pytest.mark.parametrize("field", ["content", "reasoning_content"])
 def test_a_run_is_read_at_once_and_written_as_the_parsed_path_writes_it(
-    texts: list[str], strings: bool, monkeypatch: pytest.MonkeyPatch
+    texts: list[str], strings: bool, field: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body = deltas(texts)
+    body = deltas(texts, field=field)
     batches: list[list[Any]] = []
     read = ForwardedReads.read
 

@@ -552,30 +552,28 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> Any:
             itemgetter(slice(len(head), -len(tail))),
         )
     head, tail, between, cut = made
-    end = len(parts)
     if whole:
-        # The events after the run: a finish, a usage, the end (bounded by the read's).
-        while end > start and not (
+        # The read's events but those after the run: a finish, a usage, the end.
+        end = len(parts)
+        while end > start and not (  # bounded by the read's events
             parts[end - 1].startswith(head) and parts[end - 1].endswith(tail)
         ):
             end -= 1
+    else:
+        end = _deltas_end(parts, start, head, tail)
+    while True:  # bounded: twice at most (the read's events, then the deltas one by one)
+        if end - start < _RUN:
+            return None
         run = parts[start:end]
         strings = list(map(cut, run))
         events = b"\n\n".join(run)
         # Every event is the frame's bytes around its string when the events are those
         # strings joined by the frame's tail and head, between its head and tail: one
-        # comparison, not two tests an event.
-        if events != b"".join((head, between.join(strings), tail)):
-            whole = False  # not all of them: those from `start` on, one by one
-    if not whole:
-        end = start
-        while end < len(parts) and parts[end].startswith(head) and parts[end].endswith(tail):
-            end += 1  # bounded by the read's events
-        run = parts[start:end]
-        strings = list(map(cut, run))
-        events = b"\n\n".join(run)
-    if end - start < _RUN:
-        return None
+        # comparison, not two tests an event (the deltas found one by one are so).
+        if not whole or events == b"".join((head, between.join(strings), tail)):
+            break
+        whole = False  # not all of them: those from `start` on, one by one
+        end = _deltas_end(parts, start, head, tail)
     inner = b'","'.join(strings)
     # No quote but the joins', no escape.
     plain = inner.count(b'"') == 2 * (end - start - 1) and inner.find(b"\\") < 0
@@ -591,6 +589,15 @@ def _run(parts: list[bytes], start: int, frame: DeltaFrame, whole: bool) -> Any:
     if not all(texts):
         return None  # an empty one (the parsed path writes none)
     return (frame, texts, events, strings if plain else None)
+
+
+def _deltas_end(parts: list[bytes], start: int, head: bytes, tail: bytes) -> int:
+    """The index of the first of `parts` from `start` on that is not `head` and `tail`
+    around a string."""
+    end = start
+    while end < len(parts) and parts[end].startswith(head) and parts[end].endswith(tail):
+        end += 1  # bounded by the read's events
+    return end
 
 
 def _skip(items: Iterator[Any], count: int) -> None:

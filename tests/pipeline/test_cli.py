@@ -101,19 +101,22 @@ def test_fake_server_command_serves_until_interrupted(stop_signal: signal.Signal
         assert response.json()["choices"][0]["message"]["content"] == "Hello from the fake server."
 
 
+def streamed_events(base_url: str) -> list[str]:
+    """The ``data: `` lines of a Chat Completions stream of the fake at `base_url`."""
+    with httpx2.stream(
+        "POST",
+        f"{base_url}/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        timeout=10,
+    ) as response:
+        return [line for line in response.iter_lines() if line.startswith("data: ")]
+
+
 def test_fake_server_command_paces_a_streams_events_when_asked() -> None:
     # The pause only spaces the events (what arrives is the same stream); a fake that does
     # not pace its events refuses the option rather than ignore it.
-    with (
-        fake_server_process(extra=["--chunk-delay", "0.001"]) as base_url,
-        httpx2.stream(
-            "POST",
-            f"{base_url}/chat/completions",
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-            timeout=10,
-        ) as response,
-    ):
-        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    with fake_server_process(extra=["--chunk-delay", "0.001"]) as base_url:
+        events = streamed_events(base_url)
     assert events[-1] == "data: [DONE]"
     text = "".join(
         json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
@@ -148,16 +151,10 @@ def test_fake_server_command_paces_a_streams_events_when_asked() -> None:
 
 
 def test_fake_server_command_answers_as_many_words_as_asked() -> None:
-    with (
-        fake_server_process(extra=["--words", "40"]) as base_url,
-        httpx2.stream(
-            "POST",
-            f"{base_url}/chat/completions",
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
-            timeout=10,
-        ) as response,
-    ):
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line[6:7] == "{"]
+    with fake_server_process(extra=["--words", "40"]) as base_url:
+        lines = streamed_events(base_url)
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
     texts = [e["choices"][0]["delta"].get("content") for e in events if e["choices"]]
     assert [text for text in texts if text] == [f"word{n} " for n in range(1, 40)] + ["word40."]
     bad = subprocess.run(

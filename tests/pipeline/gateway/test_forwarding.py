@@ -60,6 +60,20 @@ class Forwarded:
 
 
 @pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[list[Any]]:
+    """The payloads of every read `ForwardedReads` reads in the test, a list a read."""
+    read = ForwardedReads.read
+    found: list[list[Any]] = []
+
+    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
+        found.append(payloads)
+        return read(reads, payloads)
+
+    monkeypatch.setattr(ForwardedReads, "read", spied)
+    return found
+
+
+@pytest.fixture
 def forwarded(monkeypatch: pytest.MonkeyPatch) -> Forwarded:
     """The gateway's ids fixed (an answer's bytes compare across requests), and a count of
     the forwarded bodies the OpenAI client built."""
@@ -460,6 +474,7 @@ async def test_streams_after_the_first_write_the_parsed_answer_byte_for_byte(
     primary: FakeOpenAIServer,
     forwarded: Forwarded,
     monkeypatch: pytest.MonkeyPatch,
+    batches: list[list[Any]],
     answer: str,
 ) -> None:
     # A stream's own behaviour: the role's event and the finish of the streams after the
@@ -471,14 +486,6 @@ async def test_streams_after_the_first_write_the_parsed_answer_byte_for_byte(
         body["tools"] = TOOLS
     if usage:
         body["stream_options"] = {"include_usage": True}
-    batches: list[list[Any]] = []
-    read = ForwardedReads.read
-
-    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
-        batches.append(payloads)
-        return read(reads, payloads)
-
-    monkeypatch.setattr(ForwardedReads, "read", spied)
     async with running(config({"primary": primary})) as run:
         answers = []
         for _ in range(3):  # each upstream stream has an id and a created of its own
@@ -625,17 +632,9 @@ def test_a_run_of_deltas_read_at_once_is_written_as_each_read_by_itself(
 )
 @pytest.mark.parametrize("field", ["content", "reasoning_content"])
 def test_a_run_is_read_at_once_and_written_as_the_parsed_path_writes_it(
-    texts: list[str], strings: bool, field: str, monkeypatch: pytest.MonkeyPatch
+    texts: list[str], strings: bool, field: str, batches: list[list[Any]]
 ) -> None:
     body = deltas(texts, field=field)
-    batches: list[list[Any]] = []
-    read = ForwardedReads.read
-
-    def spied(reads: ForwardedReads, payloads: list[Any]) -> Any:
-        batches.append(payloads)
-        return read(reads, payloads)
-
-    monkeypatch.setattr(ForwardedReads, "read", spied)
     written = write(body, None, True)
     ((run,),) = [[p for p in batch if type(p) is tuple and type(p[1]) is list] for batch in batches]
     assert run[1] == texts

@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,9 @@ class Setup:
     path: Path
     redis_url: str
     store: SQLiteKeyStore
+    # The test's own keys in the shared Redis: an `id` is used again once its object is
+    # freed, and a test reading its counters found the previous test's there too.
+    namespace: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def config(self, **budgets: Any) -> PipelineConfig:
         return parse_config(
@@ -57,7 +61,7 @@ class Setup:
                 "keys": {"refresh_interval": 0.05},
                 "budgets": {
                     "redis_url_env": "KEYS_TEST_REDIS",
-                    "namespace": f"t{id(self)}",
+                    "namespace": self.namespace,
                     "rebuild_delay": 0.0,
                     **budgets,
                 },
@@ -319,7 +323,7 @@ async def test_a_hedged_request_settles_once_with_both_attempts_costs(
     setup: Setup, streaming: bool
 ) -> None:
     issued = await setup.store.create("hedger", budget=Budget("1000"))
-    namespace = f"hedge{id(setup)}"
+    namespace = setup.namespace
     price = {"input_per_million": 1e6, "output_per_million": 1e6}
     # Whichever route goes first, the other starts 1 ms later: the slow one never answers,
     # the other answers after 0.2 s and wins; the slow one is abandoned.
@@ -372,7 +376,7 @@ async def test_a_route_served_by_name_settles_at_its_price_without_a_spend_layer
     setup: Setup, streaming: bool
 ) -> None:
     issued = await setup.store.create("direct", budget=Budget("1000"))
-    namespace = f"direct{id(setup)}"
+    namespace = setup.namespace
     config = parse_config(
         {
             "routes": {

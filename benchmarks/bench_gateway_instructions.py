@@ -35,8 +35,9 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
+
+from bench_gateway import _fake_upstream
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +65,7 @@ CHILD = textwrap.dedent(
         logging.disable(logging.CRITICAL)
     headers = []
     if config.startswith("floor="):
-        sys.path.insert(0, os.path.dirname(sys.argv[5]))
+        sys.path.insert(0, sys.argv[5])  # the benchmarks' directory
         from _floor import Floor
         floor_log = logging.getLogger("floor")
         floor_log.setLevel(logging.INFO if logs else logging.CRITICAL)
@@ -156,7 +157,7 @@ def instructions(
             str(config),
             "logs" if logs else "-",
             "stream" if stream else "whole",
-            str(tree / "benchmarks" / "_floor.py"),
+            str(tree / "benchmarks"),
         ],
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
@@ -183,26 +184,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp())
     child = work / "child.py"
     child.write_text(CHILD)
-    upstream_log = work / "upstream.log"
-    fake_options = []
-    if args.words:
-        fake_options += ["--words", str(args.words)]
-    if args.chunk_delay:
-        fake_options += ["--chunk-delay", str(args.chunk_delay)]
-    with open(upstream_log, "wb") as out:
-        upstream = subprocess.Popen(
-            [sys.executable, "-m", "pipeline", "fake-server", "--port", "0", *fake_options],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while not (found := re.search(r"(http://127\.0\.0\.1:\d+/v1)", upstream_log.read_text())):
-            if upstream.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the fake upstream did not start: " + upstream_log.read_text())
-            time.sleep(0.05)
-        url = found.group(1)
+    with _fake_upstream(work, args.chunk_delay, args.words) as url:
         trees = {"this checkout": ROOT}
         if args.baseline is not None:
             trees["baseline"] = args.baseline.resolve()
@@ -229,9 +211,6 @@ def main() -> int:
                 line += f"  / floor {row['this checkout'] / floor:.2f}x"
             print(line)
         print(json.dumps(results))
-    finally:
-        upstream.terminate()
-        upstream.wait(timeout=30)
     return 0
 
 
